@@ -1,0 +1,1 @@
+"""The GPU worker role: runs extract jobs, writes batch files into the local spool."""

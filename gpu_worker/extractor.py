@@ -1,0 +1,141 @@
+"""The model side of a GPU worker: load once, run a padded batch, capture layers.
+
+Contract (per ../DESIGN.md): layer id i is the output of decoder layer i, i.e.
+Hugging Face ``hidden_states[i + 1]``; for the last layer HF reports the
+output after the final norm, and so do we. The forward stops after the last
+layer it needs and ``lm_head`` never runs (it is not even loaded).
+
+Rows are right-padded and no attention mask is passed: attention is causal,
+so a real token never sees the padding after it, and the padded positions are
+dropped. This keeps SDPA on its fused causal path.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def text_config(config):
+    return getattr(config, "text_config", None) or config
+
+
+def _decoder(model):
+    """The module holding ``layers``, ``norm`` and ``embed_tokens``."""
+    for candidate in (model, getattr(model, "model", None), getattr(model, "language_model", None),
+                      getattr(getattr(model, "model", None), "language_model", None)):
+        if candidate is not None and hasattr(candidate, "layers") and hasattr(candidate, "norm"):
+            return candidate
+    raise TypeError(f"cannot find the decoder layers of {type(model).__name__}")
+
+
+@dataclass
+class PaddedBatch:
+    """A batch ready for the GPU: built off the GPU thread, pinned when the target is CUDA."""
+
+    input_ids: torch.Tensor   # [B, T] int64, right-padded
+    flat_index: torch.Tensor  # [N] int64: positions b*T + t of real tokens, in sample order
+    n_tokens: int
+
+
+def pad_batch(packed_ids: torch.Tensor, cu_seqlens: torch.Tensor, padded_len: int, pad_id: int, pin: bool) -> PaddedBatch:
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    rows = lengths.shape[0]
+    if int(lengths.max()) > padded_len:
+        raise ValueError(f"a sample of {int(lengths.max())} tokens does not fit the padded length {padded_len}")
+    real = torch.arange(padded_len).unsqueeze(0) < lengths.unsqueeze(1)       # [B, T]
+    ids = torch.full((rows, padded_len), pad_id, dtype=torch.int64)
+    ids[real] = packed_ids.to(torch.int64)
+    flat_index = real.reshape(-1).nonzero().squeeze(1)
+    if pin:
+        ids, flat_index = ids.pin_memory(), flat_index.pin_memory()
+    return PaddedBatch(ids, flat_index, int(lengths.sum()))
+
+
+class Extractor:
+    """Holds the model; ``run`` maps a PaddedBatch to packed hidden states on the device."""
+
+    def __init__(self, model_path: str, layer_ids: list[int], store_final: bool, device: str,
+                 out_dtype: str = "bfloat16", model_dtype: str | None = None, attn_implementation: str = "sdpa"):
+        from transformers import AutoConfig, AutoModel
+
+        self.device = torch.device(device)
+        self.out_dtype = DTYPES[out_dtype]
+        cpu = self.device.type == "cpu"
+        compute = DTYPES[model_dtype] if model_dtype else (torch.float32 if cpu else torch.bfloat16)
+        config = AutoConfig.from_pretrained(model_path)
+        self.num_layers = text_config(config).num_hidden_layers
+        self.layer_ids, self.store_final = sorted(layer_ids), store_final
+        model = AutoModel.from_pretrained(model_path, dtype=compute, attn_implementation=attn_implementation)
+        self._setup(model)
+
+    @classmethod
+    def from_model(cls, model, layer_ids: list[int], store_final: bool, out_dtype: str = "bfloat16") -> "Extractor":
+        """Wrap an already-built model (benchmarks build random real shapes from a config)."""
+        self = cls.__new__(cls)
+        self.device = next(model.parameters()).device
+        self.out_dtype = DTYPES[out_dtype]
+        self.num_layers = text_config(model.config).num_hidden_layers
+        self.layer_ids, self.store_final = sorted(layer_ids), store_final
+        self._setup(model)
+        return self
+
+    def _setup(self, model) -> None:
+        decoder = _decoder(model)
+        self.hidden_size = text_config(model.config).hidden_size
+        last = self.layer_ids[-1]
+        # The normed final output is needed when the last layer or the final hidden state is asked for.
+        self.use_final_norm = self.store_final or last == self.num_layers - 1
+        if not self.use_final_norm:
+            decoder.layers = decoder.layers[: last + 1]
+        self.model = model.to(self.device).eval()
+        self.decoder = decoder
+        self._capture: dict[int, torch.Tensor] = {}
+        self._out: torch.Tensor | None = None
+        self._flat_index: torch.Tensor | None = None
+        hooked = [i for i in self.layer_ids if not (self.use_final_norm and i == self.num_layers - 1)]
+        for slot, layer_id in enumerate(self.layer_ids):
+            if layer_id in hooked:
+                decoder.layers[layer_id].register_forward_hook(self._make_hook(slot))
+
+    def _make_hook(self, slot: int):
+        H = self.hidden_size
+
+        def hook(module, args, output):
+            h = output[0] if isinstance(output, tuple) else output
+            # Pack real tokens of this layer straight into its column block; the padded
+            # activation of the layer is freed as soon as the next layer is done with it.
+            self._out[:, slot * H:(slot + 1) * H] = h.reshape(-1, H).index_select(0, self._flat_index)
+
+        return hook
+
+    @property
+    def width(self) -> int:
+        return len(self.layer_ids) * self.hidden_size
+
+    @torch.inference_mode()
+    def run(self, batch: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return (hidden_states [N, n*H], final_hidden_states [N, H] or None) on the device."""
+        ids = batch.input_ids.to(self.device, non_blocking=True)
+        self._flat_index = batch.flat_index.to(self.device, non_blocking=True)
+        self._out = torch.empty((batch.n_tokens, self.width), dtype=self.out_dtype, device=self.device)
+        try:
+            result = self.decoder(input_ids=ids, use_cache=False)
+            final = None
+            if self.use_final_norm:
+                H = self.hidden_size
+                normed = result.last_hidden_state.reshape(-1, H).index_select(0, self._flat_index).to(self.out_dtype)
+                if self.layer_ids[-1] == self.num_layers - 1:
+                    self._out[:, (len(self.layer_ids) - 1) * H:] = normed
+                if self.store_final:
+                    final = normed
+            return self._out, final
+        finally:
+            self._out = self._flat_index = None

@@ -1,0 +1,12 @@
+"""rq job functions of the GPU worker. Kwargs are small JSON; the model lives in the runtime."""
+
+from __future__ import annotations
+
+from gpu_worker import runtime
+
+
+def extract_batch(run: str, batch_id: str, attempt: int = 1) -> str:
+    rt = runtime.current()
+    if run != rt.run:
+        raise ValueError(f"job of run {run!r} reached a worker of run {rt.run!r}")
+    return rt.extract(batch_id, attempt)

@@ -1,0 +1,61 @@
+"""Fetch and pad the inputs of upcoming batches while the GPU works on the current one."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from hsx import batchfile, layout
+from hsx.ledger import BatchSpec
+from gpu_worker.extractor import PaddedBatch, pad_batch
+
+log = logging.getLogger(__name__)
+
+
+class Prefetcher:
+    """A small cache batch_id -> Future[(PaddedBatch, BatchContents)], filled ahead of need."""
+
+    def __init__(self, store, run: str, pad_id: int, pin: bool, depth: int):
+        self.store, self.run, self.pad_id, self.pin, self.depth = store, run, pad_id, pin, depth
+        self._pool = ThreadPoolExecutor(max(1, depth), thread_name_prefix="hsx-prefetch")
+        self._cache: OrderedDict[str, Future] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _load(self, spec: BatchSpec) -> tuple[PaddedBatch, batchfile.BatchContents]:
+        key = layout.input_key(self.run, spec.shard, spec.batch_id)
+        try:
+            data = self.store.get_bytes(key)
+        except KeyError:
+            raise FileNotFoundError(f"inputs of {spec.batch_id} are missing from the store ({key}); re-run hsx produce") from None
+        contents = batchfile.read_bytes(data, where=key)
+        if contents.sample_ids != spec.sample_ids:
+            raise batchfile.BatchFileError(f"{key}: sample ids differ from the plan of {spec.batch_id}")
+        return pad_batch(contents.input_ids, contents.cu_seqlens, spec.max_len, self.pad_id, self.pin), contents
+
+    def _future(self, spec: BatchSpec) -> Future:
+        with self._lock:
+            fut = self._cache.get(spec.batch_id)
+            if fut is None:
+                fut = self._pool.submit(self._load, spec)
+                self._cache[spec.batch_id] = fut
+                while len(self._cache) > self.depth + 2:
+                    self._cache.popitem(last=False)
+            return fut
+
+    def hint(self, specs: list[BatchSpec]) -> None:
+        """Start loading these (the next jobs in the queue), if not already."""
+        for spec in specs[: self.depth]:
+            self._future(spec)
+
+    def take(self, spec: BatchSpec) -> tuple[PaddedBatch, batchfile.BatchContents]:
+        fut = self._future(spec)
+        try:
+            return fut.result()
+        finally:
+            with self._lock:
+                self._cache.pop(spec.batch_id, None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

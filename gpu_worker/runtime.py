@@ -1,0 +1,193 @@
+"""What one GPU worker process holds across jobs: model, writer, prefetcher, leases.
+
+rq calls ``gpu_worker.jobs.extract_batch`` in this same process (no fork), so
+the model is loaded once; the job finds this object through ``current()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+
+from hsx import heartbeat, layout, ledger, queues, spool
+from hsx.batchfile import file_sha256
+from hsx.config import WorkerConfig
+from hsx.devices import GpuProbe
+from gpu_worker.extractor import Extractor
+from gpu_worker.prefetch import Prefetcher
+from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
+
+log = logging.getLogger(__name__)
+_current: "WorkerRuntime | None" = None
+
+
+def current() -> "WorkerRuntime":
+    if _current is None:
+        raise RuntimeError("extract jobs run only inside `hsx worker` (no worker runtime in this process)")
+    return _current
+
+
+def install(runtime: "WorkerRuntime | None") -> None:
+    global _current
+    _current = runtime
+
+
+class WorkerRuntime:
+    def __init__(self, cfg: WorkerConfig, r, store, manifest: dict, extractor: Extractor):
+        self.cfg, self.r, self.store, self.manifest, self.extractor = cfg, r, store, manifest, extractor
+        self.run, self.worker_id = cfg.run, cfg.worker_name
+        self.cuda = extractor.device.type == "cuda"
+        self.writer = SpoolWriter(r, cfg.run, manifest, cfg.spool_dir, cfg.host, cfg.worker_name,
+                                  on_failure=self.fail_batch, depth=2)
+        self.prefetcher = Prefetcher(store, cfg.run, manifest.get("pad_token_id", 0), pin=self.cuda, depth=2)
+        self.pinned = PinnedPool(3, manifest["token_budget"] * extractor.width, extractor.out_dtype) if self.cuda else None
+        self.final_pinned = (PinnedPool(3, manifest["token_budget"] * extractor.hidden_size, extractor.out_dtype)
+                             if self.cuda and extractor.store_final else None)
+        self.copy_stream = torch.cuda.Stream(device=extractor.device) if self.cuda else None
+        self.probe = GpuProbe(extractor.device.index if self.cuda else None)
+        self.current_batch: str | None = None
+        self.batches_run = 0
+        self.tokens_run = 0
+        self.started = time.time()
+        self._stop = threading.Event()
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="hsx-heartbeat", daemon=True)
+
+    # ---- lifecycle -------------------------------------------------------
+    def start(self) -> None:
+        self.writer.start()
+        self._hb_thread.start()
+        self.beat()
+
+    def close(self, drain_timeout: float | None = None) -> bool:
+        drained = self.writer.drain(drain_timeout)
+        self._stop.set()
+        self._hb_thread.join(timeout=5)
+        self.prefetcher.close()
+        self.r.delete(f"hsx:{self.run}:hb:{self.worker_id}")
+        return drained
+
+    def recover_spool(self) -> int:
+        """After a restart: drop temp files, re-enqueue uploads of complete files not yet done."""
+        for tmp in spool.temp_files(self.cfg.spool_dir, self.run):
+            log.info("removing unfinished temp file %s", tmp)
+            tmp.unlink(missing_ok=True)
+        pending = queues.pending_batches(self.r, queues.upload_queue_name(self.cfg.host), self.run)
+        requeued = 0
+        for path in spool.complete_files(self.cfg.spool_dir, self.run):
+            bid = path.name.removesuffix(".safetensors")
+            if ledger.is_done(self.r, self.run, bid):
+                path.unlink(missing_ok=True)  # uploaded and verified; the delete was what got lost
+                continue
+            if bid in pending:
+                continue
+            queues.enqueue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size, file_sha256(path))
+            requeued += 1
+        if requeued:
+            log.info("re-enqueued uploads of %d spool files left from before", requeued)
+        return requeued
+
+    # ---- heartbeat and leases -------------------------------------------
+    def stats(self) -> dict:
+        usage = spool.usage(self.cfg.spool_dir)
+        elapsed = max(time.time() - self.started, 1e-9)
+        return {"host": self.cfg.host, "device": str(self.extractor.device), "pid": __import__("os").getpid(),
+                "current_batch": self.current_batch, "batches": self.batches_run, "tokens": self.tokens_run,
+                "tokens_per_s": self.tokens_run / elapsed, "spooled": self.writer.written,
+                "spool_bytes": usage.bytes, "spool_files": usage.files, **self.probe.stats()}
+
+    def beat(self) -> None:
+        leases = sorted(self.writer.in_flight | ({self.current_batch} if self.current_batch else set()))
+        stats = self.stats()
+        heartbeat.publish_heartbeat(self.r, self.run, self.worker_id, stats, int(self.cfg.heartbeat_seconds * 6),
+                                    leases, self.cfg.lease_seconds)
+        heartbeat.publish_host(self.r, self.run, self.cfg.host, {
+            "spool_bytes": stats["spool_bytes"], "spool_files": stats["spool_files"],
+            "spool_budget_bytes": self.cfg.spool_budget_bytes})
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.cfg.heartbeat_seconds):
+            try:
+                self.beat()
+            except Exception as exc:  # Redis away: keep computing, beat again later
+                log.warning("heartbeat failed: %s", exc)
+
+    def spool_full(self) -> bool:
+        return spool.usage(self.cfg.spool_dir).bytes >= self.cfg.spool_budget_bytes
+
+    # ---- the job ---------------------------------------------------------
+    def extract(self, bid: str, attempt: int) -> str:
+        if ledger.is_done(self.r, self.run, bid):
+            return f"{bid} already done"
+        spec = ledger.get_spec(self.r, self.run, bid)
+        if spec is None:
+            raise KeyError(f"batch {bid} is not in the plan of run {self.run}")
+        heartbeat.acquire_lease(self.r, self.run, bid, self.worker_id, self.cfg.lease_seconds)
+        self.current_batch = bid
+        try:
+            padded, contents = self.prefetcher.take(spec)
+            self._hint_next()
+            hidden, final = self.extractor.run(padded)
+            self.writer.submit(self._to_host(spec, attempt, contents, hidden, final))
+        except BaseException:
+            heartbeat.release_lease(self.r, self.run, bid)
+            raise
+        finally:
+            self.current_batch = None
+        self.batches_run += 1
+        self.tokens_run += spec.tokens
+        return f"{bid}: {spec.samples} samples, {spec.tokens} tokens"
+
+    def _hint_next(self) -> None:
+        q = queues.queue(self.r, queues.extract_queue_name(self.run))
+        upcoming = []
+        for job_id in q.get_job_ids(0, 2):
+            parsed = queues.batch_of_job(job_id)
+            spec = parsed and ledger.get_spec(self.r, self.run, parsed[1])
+            if spec:
+                upcoming.append(spec)
+        self.prefetcher.hint(upcoming)
+
+    def _to_host(self, spec, attempt, contents, hidden, final) -> Finished:
+        finite = torch.isfinite(hidden).all()
+        if final is not None:
+            finite = finite & torch.isfinite(final).all()
+        if not self.cuda:
+            return Finished(spec, attempt, contents, hidden, final, finite, None, lambda: None)
+        buf = self.pinned.get()
+        fbuf = self.final_pinned.get() if final is not None else None
+        stream = self.copy_stream
+        stream.wait_stream(torch.cuda.current_stream(self.extractor.device))
+        with torch.cuda.stream(stream):
+            host = buf[: hidden.numel()].view(hidden.shape)
+            host.copy_(hidden, non_blocking=True)
+            hidden.record_stream(stream)
+            host_final = None
+            if final is not None:
+                host_final = fbuf[: final.numel()].view(final.shape)
+                host_final.copy_(final, non_blocking=True)
+                final.record_stream(stream)
+            host_finite = torch.empty((), dtype=torch.bool, pin_memory=True)
+            host_finite.copy_(finite, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+
+        def release():
+            self.pinned.put(buf)
+            if fbuf is not None:
+                self.final_pinned.put(fbuf)
+
+        return Finished(spec, attempt, contents, host, host_final, host_finite, event, release)
+
+    # ---- failures --------------------------------------------------------
+    def fail_batch(self, bid: str, attempt: int, error: str) -> None:
+        """Count a failure; re-enqueue with the next attempt, or leave a dead letter."""
+        heartbeat.release_lease(self.r, self.run, bid)
+        attempts = ledger.record_failure(self.r, self.run, bid, error, self.cfg.max_attempts)
+        if attempts < self.cfg.max_attempts:
+            queues.enqueue_extract(self.r, self.run, bid, attempt=attempt + 1)
+            log.warning("batch %s failed (attempt %d/%d), re-enqueued: %s", bid, attempts, self.cfg.max_attempts, error)
+        else:
+            log.error("batch %s failed %d times; moved to dead letters: %s", bid, attempts, error)

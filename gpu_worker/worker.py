@@ -1,0 +1,82 @@
+"""`hsx worker`: an rq SimpleWorker (no fork: the model stays loaded) on the run's extract queue."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from rq.serializers import JSONSerializer
+from rq.worker import SimpleWorker
+
+from hsx import ledger, queues
+from hsx.config import StoreSettings, WorkerConfig
+from hsx.manifest import config_hash
+from hsx.redisconn import connect, redact
+from gpu_worker import runtime as runtime_mod
+from gpu_worker.extractor import Extractor
+from gpu_worker.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+
+class WorkerSetupError(RuntimeError):
+    """The worker cannot start; the message says why."""
+
+
+class ExtractWorker(SimpleWorker):
+    """Takes a job only while the host spool is under its byte budget (backpressure, never failure)."""
+
+    hsx_runtime: WorkerRuntime | None = None
+
+    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+        rt = self.hsx_runtime
+        waited = False
+        while rt is not None and rt.spool_full() and not self._stop_requested:
+            if not waited:
+                log.warning("spool is full (budget %d bytes): waiting for uploads before taking a job",
+                            rt.cfg.spool_budget_bytes)
+                waited = True
+            self.heartbeat()
+            time.sleep(1.0)
+        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+
+
+def _on_failure(job, exc_type, exc_value, tb):
+    parsed = queues.batch_of_job(job.id)
+    rt = ExtractWorker.hsx_runtime
+    if parsed and rt is not None:
+        rt.fail_batch(parsed[1], parsed[2], f"{exc_type.__name__}: {exc_value}")
+    return True
+
+
+def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
+    r = connect(cfg.redis_url)
+    manifest = ledger.get_manifest(r, cfg.run)
+    if manifest is None:
+        raise WorkerSetupError(f"run {cfg.run!r} is not planned in Redis at {redact(cfg.redis_url)}: run `hsx produce` first")
+    model_path = cfg.model_override or manifest["model"]
+    if config_hash(model_path) != manifest["model_config_hash"]:
+        raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
+    store = StoreSettings.resolve(None, recorded=manifest["store"]).open()
+    log.info("loading %s on %s (layers %s)", model_path, cfg.device, manifest["layer_ids"])
+    extractor = Extractor(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"])
+    return WorkerRuntime(cfg, r, store, manifest, extractor)
+
+
+def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRuntime:
+    rt = rt or load_runtime(cfg)
+    rt.recover_spool()
+    runtime_mod.install(rt)
+    ExtractWorker.hsx_runtime = rt
+    worker = ExtractWorker([queues.queue(rt.r, queues.extract_queue_name(cfg.run))], connection=rt.r,
+                           name=cfg.worker_name, serializer=JSONSerializer, job_class=queues.HsxJob,
+                           exception_handlers=[_on_failure])
+    rt.start()
+    try:
+        worker.work(burst=cfg.burst, logging_level="WARNING")
+    finally:
+        if not rt.close(drain_timeout=600):
+            log.error("writer did not drain within 600 s; unwritten batches will be re-run via their leases")
+        runtime_mod.install(None)
+        ExtractWorker.hsx_runtime = None
+    return rt

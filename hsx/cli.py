@@ -1,0 +1,257 @@
+"""`hsx`: one command, a sub-command per role.
+
+Every flag falls back to an HSX_* environment variable (named in its help);
+credentials are never flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from hsx import __version__, defaults as D
+from hsx.config import ConfigError, env, hostname, redis_url_from
+
+log = logging.getLogger("hsx")
+
+
+def _redis_url(args) -> str:
+    url = redis_url_from(getattr(args, "redis_url", None))
+    if not url:
+        raise ConfigError("no Redis: set HSX_REDIS_URL (or REDIS_URL), e.g. redis://127.0.0.1:6379/0")
+    return url
+
+
+def _worker_name(role: str, extra: str = "") -> str:
+    return f"{role}-{hostname()}-{extra + '-' if extra else ''}{os.getpid()}"
+
+
+def _add_redis(p):
+    p.add_argument("--redis-url", help="Redis URL without a password [HSX_REDIS_URL or REDIS_URL; put passwords there]")
+
+
+def _add_store(p, required_help: str):
+    p.add_argument("--store", default=None, help=f"s3://bucket/prefix or a local directory [HSX_STORE] {required_help}")
+    p.add_argument("--s3-endpoint-url", help="any S3-compatible endpoint, e.g. http://minio:9000 [HSX_S3_ENDPOINT_URL, AWS_ENDPOINT_URL]")
+    p.add_argument("--s3-region", help="S3 region [HSX_S3_REGION, AWS_REGION]")
+    p.add_argument("--s3-addressing-style", choices=("auto", "path", "virtual"), help="S3 addressing [HSX_S3_ADDRESSING_STYLE]")
+
+
+def cmd_produce(args) -> int:
+    from hsx.config import ProduceConfig, StoreSettings
+    from producer.produce import produce
+
+    if not args.dataset or not args.model:
+        raise ConfigError("hsx produce needs --dataset and --model (or HSX_DATASET / HSX_MODEL)")
+    cfg = ProduceConfig(
+        run=args.run, dataset=Path(args.dataset), model=args.model, layers=args.layers,
+        store=StoreSettings.resolve(args.store, args.s3_endpoint_url, args.s3_region, args.s3_addressing_style),
+        redis_url=_redis_url(args), token_budget=args.token_budget, max_length=args.max_length,
+        overlong=args.overlong, max_batch_rows=args.max_batch_rows, pad_multiple=args.pad_multiple,
+        dtype=args.dtype, batches_per_shard=args.batches_per_shard, tokenise_workers=args.tokenise_workers,
+        enqueue=not args.no_enqueue)
+    report = produce(cfg)
+    print("\n".join(report.lines()))
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from hsx.config import WorkerConfig
+    from gpu_worker.worker import run_worker
+
+    device = args.device or (f"cuda:{args.gpu}" if args.gpu is not None else env("DEVICE"))
+    if device is None:
+        gpu = env("GPU")
+        device = f"cuda:{gpu}" if gpu is not None else None
+    if device is None:
+        raise ConfigError("say which device: --gpu N or --device cpu (or HSX_GPU / HSX_DEVICE)")
+    cfg = WorkerConfig(
+        run=args.run, redis_url=_redis_url(args), device=device, spool_dir=Path(args.spool_dir),
+        spool_budget_bytes=int(args.spool_budget_gb * 2**30), host=args.host, model_override=args.model,
+        burst=args.burst, worker_name=args.name or _worker_name("gpu", device.replace(":", "")),
+        max_attempts=args.max_attempts, lease_seconds=args.lease_seconds,
+        heartbeat_seconds=args.heartbeat_seconds)
+    rt = run_worker(cfg)
+    print(f"worker {cfg.worker_name}: {rt.batches_run} batches, {rt.tokens_run} tokens, {rt.writer.written} spooled")
+    return 0
+
+
+def cmd_upload(args) -> int:
+    from hsx.config import UploadConfig
+    from uploader.worker import run_uploader
+
+    run_uploader(UploadConfig(redis_url=_redis_url(args), spool_dir=Path(args.spool_dir), host=args.host,
+                              burst=args.burst, worker_name=args.name or _worker_name("upload"),
+                              max_attempts=args.max_attempts))
+    return 0
+
+
+def cmd_status(args) -> int:
+    from hsx import ledger
+    from hsx.progress import run_progress, summary_lines
+    from hsx.redisconn import connect
+
+    r = connect(_redis_url(args), retries=2)
+    runs = [args.run] if args.run else ledger.list_runs(r)
+    if not runs:
+        print("no runs in this Redis")
+        return 1
+    if args.watch:
+        from hsx.watch import watch
+
+        return watch(r, runs[0], args.interval)
+    reports = [run_progress(r, run) for run in runs]
+    if args.json:
+        print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, default=str))
+    else:
+        for p in reports:
+            print("\n".join(summary_lines(p)))
+    return 0
+
+
+def cmd_retry_failed(args) -> int:
+    from hsx import ledger, queues
+    from hsx.redisconn import connect
+
+    r = connect(_redis_url(args))
+    taken = ledger.take_dead_letters(r, args.run, args.batch or None)
+    for bid in taken:
+        queues.enqueue_extract(r, args.run, bid, attempt=1000 + len(taken))
+    print(f"re-enqueued {len(taken)} dead-letter batches of run {args.run}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from hsx.demo import run_demo
+
+    return run_demo(Path(args.store), Path(args.workdir), samples=args.samples)
+
+
+def cmd_dashboard(args) -> int:
+    try:
+        from dashboard.app import serve
+    except ImportError as exc:
+        raise ConfigError(f"the dashboard is not available in this install ({exc})") from None
+    return serve(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hsx", description="Extract hidden states from a target LLM into S3, "
+                                "for training speculative-decoding drafters. Roles meet in Redis.")
+    p.add_argument("--version", action="version", version=f"hsx {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    s = sub.add_parser("produce", help="plan a run and enqueue its batches (safe to re-run)",
+                       description="Tokenise the dataset with the model's chat template, cut length-bucketed batches "
+                       "under a token budget, record plan and manifest in Redis and the store, and enqueue every "
+                       "batch that is neither done nor pending.")
+    s.add_argument("--dataset", default=env("DATASET"), help="JSONL, Parquet or a `datasets` folder [HSX_DATASET]")
+    s.add_argument("--model", default=env("MODEL"), help="target model: local path or hub id [HSX_MODEL]")
+    s.add_argument("--layers", default=env("LAYERS", "dflash"), help="dflash, dflash:N, eagle3 or a list like 1,9,17 [HSX_LAYERS; default dflash]")
+    s.add_argument("--run", default=env("RUN", "default"), help="run name [HSX_RUN; default 'default']")
+    _add_store(s, "(required)")
+    _add_redis(s)
+    s.add_argument("--token-budget", type=int, default=int(env("TOKEN_BUDGET", D.DEFAULT_TOKEN_BUDGET)), help=f"padded tokens a batch [HSX_TOKEN_BUDGET; default {D.DEFAULT_TOKEN_BUDGET}]")
+    s.add_argument("--max-length", type=int, default=int(env("MAX_LENGTH", D.DEFAULT_MAX_LENGTH)), help=f"tokens a sample [HSX_MAX_LENGTH; default {D.DEFAULT_MAX_LENGTH}]")
+    s.add_argument("--overlong", choices=("drop", "truncate"), default=env("OVERLONG", "drop"), help="what to do with samples over --max-length (counted either way) [HSX_OVERLONG; default drop]")
+    s.add_argument("--max-batch-rows", type=int, default=int(env("MAX_BATCH_ROWS", D.DEFAULT_MAX_BATCH_ROWS)), help=f"samples a batch at most [default {D.DEFAULT_MAX_BATCH_ROWS}]")
+    s.add_argument("--pad-multiple", type=int, default=int(env("PAD_MULTIPLE", D.DEFAULT_PAD_MULTIPLE)), help=f"round padded row length up to this [default {D.DEFAULT_PAD_MULTIPLE}]")
+    s.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=env("DTYPE", D.DEFAULT_DTYPE), help=f"stored dtype [HSX_DTYPE; default {D.DEFAULT_DTYPE}]")
+    s.add_argument("--batches-per-shard", type=int, default=int(env("BATCHES_PER_SHARD", D.DEFAULT_BATCHES_PER_SHARD)), help=f"batches a store shard folder [default {D.DEFAULT_BATCHES_PER_SHARD}]")
+    s.add_argument("--tokenise-workers", type=int, default=int(env("TOKENISE_WORKERS", "1")), help="processes tokenising in parallel [HSX_TOKENISE_WORKERS; default 1]")
+    s.add_argument("--no-enqueue", action="store_true", help="plan only; enqueue nothing")
+    s.set_defaults(func=cmd_produce)
+
+    s = sub.add_parser("worker", help="run extract jobs on one GPU (or the CPU), model loaded once",
+                       description="An rq worker on the run's extract queue. Loads the model once, runs each batch, "
+                       "writes one packed safetensors file per batch into the local spool and enqueues its upload "
+                       "on this host's upload queue. Stops taking jobs while the spool is over budget.")
+    s.add_argument("--run", default=env("RUN", "default"), help="run to serve [HSX_RUN]")
+    dev = s.add_mutually_exclusive_group()
+    dev.add_argument("--gpu", type=int, help="GPU index (cuda:N) [HSX_GPU]")
+    dev.add_argument("--device", help="torch device, e.g. cpu or cuda:1 [HSX_DEVICE]")
+    s.add_argument("--spool-dir", default=env("SPOOL_DIR", "/var/spool/hsx"), help="local spool directory of this host [HSX_SPOOL_DIR; default /var/spool/hsx]")
+    s.add_argument("--spool-budget-gb", type=float, default=float(env("SPOOL_BUDGET_GB", D.DEFAULT_SPOOL_BUDGET_BYTES / 2**30)), help=f"GiB of finished files the spool may hold before the worker waits [HSX_SPOOL_BUDGET_GB; default {D.DEFAULT_SPOOL_BUDGET_BYTES // 2**30}]")
+    s.add_argument("--host", default=hostname(), help="host name for the upload queue upload@HOST [HSX_HOST; default this host's name]")
+    s.add_argument("--model", default=env("WORKER_MODEL"), help="local path of the run's model if it differs from the manifest's [HSX_WORKER_MODEL]")
+    s.add_argument("--name", help="worker name (default gpu-HOST-DEVICE-PID)")
+    s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
+    s.add_argument("--max-attempts", type=int, default=int(env("MAX_ATTEMPTS", D.DEFAULT_MAX_ATTEMPTS)), help=f"attempts before a batch goes to dead letters [default {D.DEFAULT_MAX_ATTEMPTS}]")
+    s.add_argument("--lease-seconds", type=int, default=int(env("LEASE_SECONDS", D.DEFAULT_LEASE_SECONDS)), help=f"a dead worker's batch is reclaimed this long after its last heartbeat [HSX_LEASE_SECONDS; default {D.DEFAULT_LEASE_SECONDS}]")
+    s.add_argument("--heartbeat-seconds", type=float, default=float(env("HEARTBEAT_SECONDS", D.DEFAULT_HEARTBEAT_SECONDS)), help=f"seconds between heartbeats [default {D.DEFAULT_HEARTBEAT_SECONDS}]")
+    _add_redis(s)
+    s.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("upload", help="upload spool files of this host, verify, record done",
+                       description="An rq worker on upload@HOST: uploads each batch file (multipart when large), "
+                       "verifies size and checksum in the store, records the batch done in the ledger, then deletes "
+                       "the local file. Run several per host.")
+    s.add_argument("--spool-dir", default=env("SPOOL_DIR", "/var/spool/hsx"), help="local spool directory [HSX_SPOOL_DIR]")
+    s.add_argument("--host", default=hostname(), help="serve upload@HOST [HSX_HOST]")
+    s.add_argument("--name", help="worker name (default upload-HOST-PID)")
+    s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
+    s.add_argument("--max-attempts", type=int, default=int(env("MAX_ATTEMPTS", D.DEFAULT_MAX_ATTEMPTS)), help="re-extractions of a lost spool file before dead letters")
+    _add_redis(s)
+    s.set_defaults(func=cmd_upload)
+
+    s = sub.add_parser("status", help="progress of a run from the ledger")
+    s.add_argument("--run", default=env("RUN"), help="run (default: every run in this Redis) [HSX_RUN]")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--watch", action="store_true", help="live progress bars in the terminal")
+    s.add_argument("--interval", type=float, default=2.0, help="seconds between --watch refreshes")
+    _add_redis(s)
+    s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("retry-failed", help="re-enqueue batches from the dead-letter record")
+    s.add_argument("--run", default=env("RUN", "default"), help="run [HSX_RUN]")
+    s.add_argument("--batch", action="append", help="only this batch id (repeatable)")
+    _add_redis(s)
+    s.set_defaults(func=cmd_retry_failed)
+
+    s = sub.add_parser("dashboard", help="live web dashboard (with rq-dashboard at /rq)")
+    s.add_argument("--bind", default=env("DASHBOARD_BIND", D.DEFAULT_DASHBOARD_HOST), help="address to bind [HSX_DASHBOARD_BIND; default 127.0.0.1]")
+    s.add_argument("--port", type=int, default=int(env("DASHBOARD_PORT", D.DEFAULT_DASHBOARD_PORT)), help=f"port [HSX_DASHBOARD_PORT; default {D.DEFAULT_DASHBOARD_PORT}]")
+    _add_redis(s)
+    s.set_defaults(func=cmd_dashboard)
+
+    s = sub.add_parser("demo", help="the embedded default: the whole pipeline on this machine, tiny model, no network",
+                       description="Starts a private redis-server if none is reachable at HSX_REDIS_URL, builds a tiny "
+                       "random Qwen3 model and a real tokenizer locally, plans the shipped sample conversations, and "
+                       "runs a worker (CPU) and two uploaders as processes into a local-directory store.")
+    s.add_argument("--store", default=env("STORE", "hsx-out"), help="local output directory [default ./hsx-out]")
+    s.add_argument("--workdir", default=".hsx", help="scratch for Redis data, spool and the tiny model [default ./.hsx]")
+    s.add_argument("--samples", type=int, default=None, help="use only the first N shipped conversations")
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "rq.worker", "httpx", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return args.func(args) or 0
+    except (ConfigError, ValueError, RuntimeError, FileNotFoundError, KeyError) as exc:
+        if args.verbose:
+            raise
+        print(f"hsx {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Reading the input dataset: JSONL, Parquet or a `datasets` folder.
+
+Rows carry ``messages`` (OpenAI chat), ``conversations`` (ShareGPT) or
+pre-tokenised ``input_ids`` + ``loss_mask``. The stable sample id is the
+``id`` column when present, else the row index. A row that cannot be read is
+reported as a RowError with its index and reason; the other rows go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+
+class DatasetError(ValueError):
+    """The dataset as a whole cannot be read."""
+
+
+@dataclass(frozen=True)
+class Row:
+    index: int          # position in the dataset, 0-based
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RowError:
+    index: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"row {self.index}: {self.reason}"
+
+
+def _iter_jsonl(path: Path) -> Iterator[Row | RowError]:
+    with open(path, "rb") as fh:
+        for index, line in enumerate(fh):
+            if not line.strip():
+                yield RowError(index, "empty line")
+                continue
+            try:
+                data = json.loads(line)
+            except ValueError as exc:
+                yield RowError(index, f"malformed JSON ({exc})")
+                continue
+            if not isinstance(data, dict):
+                yield RowError(index, f"expected a JSON object, got {type(data).__name__}")
+                continue
+            yield Row(index, data)
+
+
+def _iter_parquet(path: Path) -> Iterator[Row | RowError]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DatasetError("reading Parquet needs pyarrow: pip install 'hsx[parquet]'") from None
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+        for data in batch.to_pylist():
+            yield Row(index, data)
+            index += 1
+
+
+def _iter_hf_folder(path: Path) -> Iterator[Row | RowError]:
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(f"{path} looks like a `datasets` folder; reading it needs the `datasets` package") from None
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds:
+            raise DatasetError(f"{path}: a DatasetDict without a 'train' split ({list(ds)})")
+        ds = ds["train"]
+    for index, data in enumerate(ds):
+        yield Row(index, data)
+
+
+def iter_rows(path: Path) -> Iterator[Row | RowError]:
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"dataset {path} does not exist")
+    if path.is_dir():
+        return _iter_hf_folder(path)
+    if path.suffix == ".parquet":
+        return _iter_parquet(path)
+    if path.suffix in (".jsonl", ".json", ".ndjson"):
+        return _iter_jsonl(path)
+    raise DatasetError(f"dataset {path}: unknown format (want .jsonl, .parquet or a `datasets` folder)")
+
+
+def fingerprint(path: Path) -> str:
+    """SHA-256 over the dataset's bytes (file, or every file of a folder in name order)."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
+        with open(f, "rb") as fh:
+            while block := fh.read(8 * 2**20):
+                digest.update(block)
+    return digest.hexdigest()

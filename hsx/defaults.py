@@ -1,0 +1,27 @@
+"""Defaults, each with its unit. Every role reads these, never a literal."""
+
+DEFAULT_TOKEN_BUDGET = 32768            # tokens a batch, padded size (rows x longest row)
+DEFAULT_MAX_LENGTH = 4096               # tokens a sample
+DEFAULT_MAX_BATCH_ROWS = 512            # samples a batch, cap whatever the budget allows
+DEFAULT_PAD_MULTIPLE = 8                # tokens: padded row length rounded up to this
+DEFAULT_BATCHES_PER_SHARD = 1000        # batches under one <shard>/ folder of the store
+DEFAULT_DTYPE = "bfloat16"              # dtype of stored hidden states
+DEFAULT_DFLASH_LAYERS = 5               # layers the dflash preset picks
+
+DEFAULT_SPOOL_BUDGET_BYTES = 64 * 2**30  # bytes of finished batch files a host may hold
+DEFAULT_HEARTBEAT_SECONDS = 5.0          # seconds between worker heartbeats
+DEFAULT_HEARTBEAT_TTL_SECONDS = 30       # seconds a heartbeat key lives without refresh
+DEFAULT_LEASE_SECONDS = 60               # seconds a batch lease lives without refresh
+DEFAULT_MAX_ATTEMPTS = 3                 # attempts a batch gets before the dead-letter record
+DEFAULT_EXTRACT_JOB_TIMEOUT = 3600       # seconds rq lets one extract job run
+DEFAULT_UPLOAD_JOB_TIMEOUT = 3600        # seconds rq lets one upload job run
+DEFAULT_MULTIPART_THRESHOLD = 64 * 2**20  # bytes: objects this large or larger go multipart
+DEFAULT_MULTIPART_CHUNK = 64 * 2**20      # bytes a multipart part
+DEFAULT_UPLOAD_RETRIES = 8               # attempts of one store call before the job fails
+DEFAULT_PREFETCH_BATCHES = 2             # batch inputs a GPU worker fetches ahead
+DEFAULT_WRITE_QUEUE = 2                  # finished batches waiting for the writer thread
+DEFAULT_DASHBOARD_HOST = "127.0.0.1"
+DEFAULT_DASHBOARD_PORT = 8787
+
+EXTRACT_QUEUE = "extract"                # rq queue of extract jobs (all hosts)
+UPLOAD_QUEUE_TEMPLATE = "upload@{host}"  # rq queue of upload jobs of one host

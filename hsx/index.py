@@ -1,0 +1,31 @@
+"""The run index: sample id -> (object key, row in batch), written once the run is complete."""
+
+from __future__ import annotations
+
+import json
+
+from hsx import layout, ledger
+from hsx.keys import RunKeys
+
+
+def build_index_lines(specs: dict[str, ledger.BatchSpec], run: str) -> bytes:
+    lines = []
+    for bid in sorted(specs):
+        spec = specs[bid]
+        key = layout.batch_key(run, spec.shard, bid)
+        for row, sample_id in enumerate(spec.sample_ids):
+            lines.append(json.dumps({"id": sample_id, "key": key, "batch_id": bid, "row": row}, separators=(",", ":")))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def write_index_if_complete(r, store, run: str) -> bool:
+    """Write ``<run>/index.jsonl`` when every planned batch is done. Idempotent; True if the run is complete."""
+    keys = RunKeys(run)
+    total = int(r.hget(keys.totals, "batches") or -1)
+    if r.scard(keys.done) != total:
+        return False
+    if r.get(keys.index_written):
+        return True
+    info = store.put_bytes(layout.index_key(run), build_index_lines(ledger.all_specs(r, run), run))
+    r.set(keys.index_written, info.key)
+    return True

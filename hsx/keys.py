@@ -1,0 +1,81 @@
+"""Every Redis key hsx writes, in one place.
+
+Each template names what it holds, its Redis type and its lifetime. Keys of a
+run live under ``hsx:<run>:``. Nothing here talks to Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RUNS = "hsx:runs"  # SET of run names, no TTL
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    run: str
+
+    def _k(self, suffix: str) -> str:
+        return f"hsx:{self.run}:{suffix}"
+
+    @property
+    def manifest(self) -> str:  # STRING, JSON manifest; no TTL
+        return self._k("manifest")
+
+    @property
+    def plan(self) -> str:  # HASH batch_id -> JSON batch spec; no TTL
+        return self._k("plan")
+
+    @property
+    def totals(self) -> str:  # HASH planned totals (batches, samples, tokens, ...); no TTL
+        return self._k("totals")
+
+    @property
+    def done(self) -> str:  # SET of batch ids verified in the store: the ledger; no TTL
+        return self._k("done")
+
+    @property
+    def done_info(self) -> str:  # HASH batch_id -> JSON {key, size, sha256, ...}; no TTL
+        return self._k("done_info")
+
+    @property
+    def counters(self) -> str:  # HASH done counters (batches, samples, tokens, bytes); no TTL
+        return self._k("counters")
+
+    @property
+    def shard_done(self) -> str:  # HASH shard -> batches done; no TTL
+        return self._k("shard_done")
+
+    @property
+    def done_log(self) -> str:  # ZSET batch_id scored by unix time it was recorded done; no TTL
+        return self._k("done_log")
+
+    @property
+    def spooled_log(self) -> str:  # ZSET batch_id scored by unix time it reached a spool; no TTL
+        return self._k("spooled_log")
+
+    @property
+    def failures(self) -> str:  # HASH batch_id -> JSON {attempts, last_error, ts}; no TTL
+        return self._k("failures")
+
+    @property
+    def dead(self) -> str:  # HASH batch_id -> JSON {attempts, last_error, ts}: dead letters; no TTL
+        return self._k("dead")
+
+    @property
+    def workers(self) -> str:  # ZSET worker_id scored by last heartbeat unix time; no TTL
+        return self._k("workers")
+
+    def heartbeat(self, worker_id: str) -> str:  # STRING JSON stats; TTL heartbeat_ttl
+        return self._k(f"hb:{worker_id}")
+
+    def lease(self, batch_id: str) -> str:  # STRING worker_id holding the batch; TTL lease_seconds
+        return self._k(f"lease:{batch_id}")
+
+    @property
+    def hosts(self) -> str:  # HASH host -> JSON spool stats {bytes, files, budget, ts}; no TTL
+        return self._k("hosts")
+
+    @property
+    def index_written(self) -> str:  # STRING store key of the index once written; no TTL
+        return self._k("index")

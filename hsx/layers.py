@@ -1,0 +1,65 @@
+"""Layer presets: which decoder-layer outputs a run captures.
+
+Layer ids are 0-based decoder-layer outputs, i.e. Hugging Face
+``hidden_states[i + 1]``.
+"""
+
+from __future__ import annotations
+
+from hsx.defaults import DEFAULT_DFLASH_LAYERS
+
+PRESETS = ("dflash", "eagle3")
+
+
+class LayerSpecError(ValueError):
+    """The requested layers do not fit the model."""
+
+
+def dflash_layers(num_layers: int, count: int = DEFAULT_DFLASH_LAYERS) -> list[int]:
+    if count < 1:
+        raise LayerSpecError(f"dflash needs at least 1 layer, got {count}")
+    if count == 1:
+        return [num_layers // 2]
+    if num_layers < 5:
+        raise LayerSpecError(f"dflash with {count} layers needs a model of >= 5 decoder layers, this one has {num_layers}")
+    return [round(1 + i * (num_layers - 4) / (count - 1)) for i in range(count)]
+
+
+def eagle3_layers(num_layers: int) -> list[int]:
+    if num_layers < 5:
+        raise LayerSpecError(f"eagle3 needs a model of >= 5 decoder layers, this one has {num_layers}")
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def resolve_layers(spec: str, num_layers: int) -> tuple[list[int], bool]:
+    """Parse a layer spec into (sorted layer ids, whether the final hidden state is stored).
+
+    ``spec`` is ``dflash``, ``dflash:N``, ``eagle3`` or a comma-separated list of ids.
+    """
+    spec = spec.strip()
+    name, _, arg = spec.partition(":")
+    if name == "dflash":
+        count = DEFAULT_DFLASH_LAYERS
+        if arg:
+            if not arg.isdigit():
+                raise LayerSpecError(f"dflash:N takes a whole number, got {arg!r}")
+            count = int(arg)
+        ids, final = dflash_layers(num_layers, count), False
+    elif name == "eagle3":
+        if arg:
+            raise LayerSpecError("eagle3 takes no argument")
+        ids, final = eagle3_layers(num_layers), True
+    else:
+        try:
+            ids = [int(part) for part in spec.split(",") if part.strip()]
+        except ValueError:
+            raise LayerSpecError(f"layers must be dflash, dflash:N, eagle3 or a comma-separated list of integers, got {spec!r}") from None
+        if not ids:
+            raise LayerSpecError("empty layer list")
+        final = False
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise LayerSpecError(f"layer ids {bad} are out of range for a model with {num_layers} decoder layers (valid: 0..{num_layers - 1})")
+    if len(set(ids)) != len(ids):
+        raise LayerSpecError(f"layer ids repeat: {ids}")
+    return sorted(ids), final

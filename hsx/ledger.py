@@ -1,0 +1,153 @@
+"""The completion ledger and run bookkeeping in Redis.
+
+The ledger (``done``) is the truth: a batch is done when, and only when, its
+object was verified in the store and ``mark_done`` recorded it. Everything
+else here (counters, logs, heartbeats) is derived or advisory. Every function
+takes the Redis client explicitly; multi-key updates are one script or one
+pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import redis
+
+from hsx.keys import RUNS, RunKeys
+
+# KEYS: done, done_info, counters, shard_done, done_log
+# ARGV: batch_id, info_json, samples, tokens, bytes, shard, now
+# Returns 1 if this call recorded the batch, 0 if it was already done.
+_MARK_DONE = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[3], 'batches', 1)
+redis.call('HINCRBY', KEYS[3], 'samples', ARGV[3])
+redis.call('HINCRBY', KEYS[3], 'tokens', ARGV[4])
+redis.call('HINCRBY', KEYS[3], 'bytes', ARGV[5])
+redis.call('HINCRBY', KEYS[4], ARGV[6], 1)
+redis.call('ZADD', KEYS[5], ARGV[7], ARGV[1])
+return 1
+"""
+
+# KEYS: failures, dead ; ARGV: batch_id, error, now, max_attempts
+# Returns the attempt count; moves the record to dead letters at max_attempts.
+_RECORD_FAILURE = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local attempts = 1
+if raw then attempts = cjson.decode(raw)['attempts'] + 1 end
+local rec = cjson.encode({attempts=attempts, last_error=ARGV[2], ts=tonumber(ARGV[3])})
+if attempts >= tonumber(ARGV[4]) then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HSET', KEYS[2], ARGV[1], rec)
+else
+  redis.call('HSET', KEYS[1], ARGV[1], rec)
+end
+return attempts
+"""
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """One planned batch. ``padded`` = rows x padded row length (what the GPU computes)."""
+
+    batch_id: str
+    index: int
+    shard: str
+    samples: int
+    tokens: int
+    padded: int
+    max_len: int
+    sample_ids: list[str]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> "BatchSpec":
+        return cls(**json.loads(raw))
+
+
+def list_runs(r: redis.Redis) -> list[str]:
+    return sorted(x.decode() if isinstance(x, bytes) else x for x in r.smembers(RUNS))
+
+
+def get_manifest(r: redis.Redis, run: str) -> dict | None:
+    raw = r.get(RunKeys(run).manifest)
+    return json.loads(raw) if raw else None
+
+
+def save_plan(r: redis.Redis, run: str, manifest: dict, specs: list[BatchSpec], totals: dict[str, int]) -> None:
+    """Record manifest, plan and totals. Idempotent: the same plan overwrites itself."""
+    keys = RunKeys(run)
+    pipe = r.pipeline(transaction=False)
+    for start in range(0, len(specs), 1000):
+        pipe.hset(keys.plan, mapping={s.batch_id: s.to_json() for s in specs[start:start + 1000]})
+    pipe.hset(keys.totals, mapping={k: int(v) for k, v in totals.items()})
+    pipe.set(keys.manifest, json.dumps(manifest, sort_keys=True))
+    pipe.sadd(RUNS, run)
+    pipe.execute()
+
+
+def get_spec(r: redis.Redis, run: str, bid: str) -> BatchSpec | None:
+    raw = r.hget(RunKeys(run).plan, bid)
+    return BatchSpec.from_json(raw) if raw else None
+
+
+def all_specs(r: redis.Redis, run: str) -> dict[str, BatchSpec]:
+    return {(k.decode() if isinstance(k, bytes) else k): BatchSpec.from_json(v)
+            for k, v in r.hscan_iter(RunKeys(run).plan, count=1000)}
+
+
+def done_ids(r: redis.Redis, run: str) -> set[str]:
+    return {x.decode() if isinstance(x, bytes) else x for x in r.smembers(RunKeys(run).done)}
+
+
+def is_done(r: redis.Redis, run: str, bid: str) -> bool:
+    return bool(r.sismember(RunKeys(run).done, bid))
+
+
+def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sha256: str, by: str) -> bool:
+    """Record a verified batch. Call only after the store verified the object. True if newly recorded."""
+    keys = RunKeys(run)
+    now = time.time()
+    info = json.dumps({"key": key, "size": size, "sha256": sha256, "by": by, "ts": now}, separators=(",", ":"))
+    recorded = r.eval(_MARK_DONE, 5, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
+                      spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now)
+    return bool(recorded)
+
+
+def mark_spooled(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
+    """Note when a batch reached a spool (first time only): feeds the extraction-rate chart."""
+    (pipe or r).zadd(RunKeys(run).spooled_log, {bid: time.time()}, nx=True)
+
+
+def record_failure(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int) -> int:
+    keys = RunKeys(run)
+    return int(r.eval(_RECORD_FAILURE, 2, keys.failures, keys.dead, bid, error[-2000:], time.time(), max_attempts))
+
+
+def clear_failure(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
+    (pipe or r).hdel(RunKeys(run).failures, bid)
+
+
+def dead_letters(r: redis.Redis, run: str) -> dict[str, dict]:
+    return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in r.hgetall(RunKeys(run).dead).items()}
+
+
+def failures(r: redis.Redis, run: str) -> dict[str, dict]:
+    return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in r.hgetall(RunKeys(run).failures).items()}
+
+
+def take_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
+    """Remove dead letters (all, or ``bids``) and return the batch ids taken."""
+    keys = RunKeys(run)
+    taken = list(dead_letters(r, run)) if bids is None else bids
+    if taken:
+        pipe = r.pipeline()
+        pipe.hdel(keys.dead, *taken)
+        pipe.hdel(keys.failures, *taken)
+        pipe.execute()
+    return taken

@@ -1,0 +1,45 @@
+"""The run manifest: what a run is, so that a resume against something else is refused."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from hsx import __version__
+
+# Fields that define the run's output; a resume must agree on every one.
+IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "hidden_size", "num_layers",
+                   "max_length", "overlong", "token_budget", "pad_multiple", "max_batch_rows", "batches_per_shard",
+                   "dataset_fingerprint", "chat_template_hash", "store_url")
+
+
+class ManifestMismatch(RuntimeError):
+    """A run exists with a different manifest."""
+
+
+def build_manifest(**fields) -> dict:
+    manifest = dict(fields)
+    manifest.setdefault("hsx_version", __version__)
+    manifest.setdefault("created", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    manifest["format"] = "hsx-run/1"
+    return manifest
+
+
+def check_same_run(existing: dict, wanted: dict, run: str) -> None:
+    diffs = [f"{k}: run has {existing.get(k)!r}, this call has {wanted.get(k)!r}"
+             for k in IDENTITY_FIELDS if existing.get(k) != wanted.get(k)]
+    if diffs:
+        raise ManifestMismatch(f"run {run!r} already exists with a different manifest; refusing to mix outputs. "
+                               "Use a new --run name, or the original settings. Differences:\n  " + "\n  ".join(diffs))
+
+
+def config_hash(model: str) -> str:
+    """SHA-256 of the model's config (canonical JSON, volatile fields dropped)."""
+    import hashlib
+    import json
+
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model).to_dict()
+    for volatile in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
+        cfg.pop(volatile, None)
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()

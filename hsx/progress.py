@@ -1,0 +1,108 @@
+"""Progress of a run, from the ledger: what `hsx status`, the dashboard and /metrics show."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+
+from hsx import heartbeat, ledger, queues
+from hsx.keys import RunKeys
+
+RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes
+
+
+def _int_hash(r: redis.Redis, key: str) -> dict[str, int]:
+    return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in r.hgetall(key).items()}
+
+
+def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float) -> dict:
+    members = r.zrangebyscore(log_key, now - window, now, withscores=True)
+    if not members:
+        return {"batches": 0, "samples": 0, "tokens": 0, "per_s": {"batches": 0.0, "samples": 0.0, "tokens": 0.0}}
+    specs = r.hmget(RunKeys(run).plan, [m for m, _ in members])
+    samples = tokens = 0
+    for raw in specs:
+        if raw:
+            spec = json.loads(raw)
+            samples += spec["samples"]
+            tokens += spec["tokens"]
+    span = window
+    return {"batches": len(members), "samples": samples, "tokens": tokens,
+            "per_s": {"batches": len(members) / span, "samples": samples / span, "tokens": tokens / span}}
+
+
+def run_progress(r: redis.Redis, run: str, now: float | None = None, window: float = RATE_WINDOW_SECONDS) -> dict:
+    keys = RunKeys(run)
+    now = now or time.time()
+    totals, done = _int_hash(r, keys.totals), _int_hash(r, keys.counters)
+    spooled = r.zcard(keys.spooled_log)
+    rate = _window(r, run, keys.done_log, now, window)
+    remaining_tokens = max(totals.get("tokens", 0) - done.get("tokens", 0), 0)
+    tok_rate = rate["per_s"]["tokens"]
+    eta = remaining_tokens / tok_rate if tok_rate > 0 else None
+    complete = totals.get("batches", -1) == done.get("batches", 0)
+    first = r.zrange(keys.done_log, 0, 0, withscores=True)
+    return {
+        "run": run,
+        "totals": totals,
+        "done": {k: done.get(k, 0) for k in ("batches", "samples", "tokens", "bytes")},
+        "spooled_batches": spooled,
+        "rate": rate["per_s"],
+        "extract_rate": _window(r, run, keys.spooled_log, now, window)["per_s"],
+        "eta_seconds": 0.0 if complete else eta,
+        "complete": complete,
+        "started": first[0][1] if first else None,
+        "shards": {k: {"done": v} for k, v in _int_hash(r, keys.shard_done).items()},
+        "failures": ledger.failures(r, run),
+        "dead_letters": ledger.dead_letters(r, run),
+        "extract_queue": len(queues.queue(r, queues.extract_queue_name(run))),
+        "workers": heartbeat.read_workers(r, run),
+        "hosts": heartbeat.read_hosts(r, run),
+        "index_written": bool(r.get(keys.index_written)),
+    }
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def summary_lines(p: dict) -> list[str]:
+    t, d = p["totals"], p["done"]
+
+    def pct(a, b):
+        return f"{100 * a / b:.1f}%" if b else "-"
+
+    lines = [
+        f"run {p['run']}: {'COMPLETE' if p['complete'] else 'in progress'}",
+        f"  batches  {d['batches']}/{t.get('batches', 0)} done ({pct(d['batches'], t.get('batches', 0))}), "
+        f"{p['spooled_batches']} extracted, {p['extract_queue']} queued",
+        f"  samples  {d['samples']}/{t.get('samples', 0)} ({pct(d['samples'], t.get('samples', 0))})",
+        f"  tokens   {d['tokens']}/{t.get('tokens', 0)} ({pct(d['tokens'], t.get('tokens', 0))})",
+        f"  uploaded {fmt_bytes(d['bytes'])}",
+        f"  rate     {p['rate']['samples']:.1f} samples/s, {p['rate']['tokens']:.0f} tokens/s (last {RATE_WINDOW_SECONDS // 60} min)",
+        f"  ETA      {fmt_duration(p['eta_seconds'])}",
+    ]
+    alive = [w for w in p["workers"] if w.get("alive")]
+    lines.append(f"  workers  {len(alive)} alive, {len(p['workers']) - len(alive)} stale")
+    if p["failures"]:
+        lines.append(f"  retrying {len(p['failures'])} batches after failures")
+    if p["dead_letters"]:
+        lines.append(f"  FAILED   {len(p['dead_letters'])} batches in dead letters (hsx retry-failed --run {p['run']}):")
+        for bid, rec in sorted(p["dead_letters"].items())[:10]:
+            lines.append(f"    {bid}: {rec['attempts']} attempts, last error: {rec['last_error'][:160]}")
+    return lines

@@ -1,0 +1,96 @@
+"""Redis connections (with reconnect backoff) and a private redis-server when none is running."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+log = logging.getLogger(__name__)
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced, for logs and pages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def connect(url: str, retries: int = 20) -> redis.Redis:
+    """A client that retries a dropped connection with backoff (0.5 s doubling, capped at 10 s)."""
+    client = redis.Redis.from_url(
+        url, retry=Retry(ExponentialBackoff(cap=10, base=0.5), retries),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError], health_check_interval=30,
+        socket_connect_timeout=5, socket_keepalive=True)
+    return client
+
+
+def reachable(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalRedis:
+    """A private redis-server on loopback with AOF on, for the embedded default and tests."""
+
+    def __init__(self, data_dir: Path, port: int | None = None, binary: str | None = None):
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.binary = binary or os.environ.get("HSX_REDIS_SERVER") or shutil.which("redis-server")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> "LocalRedis":
+        if not self.binary:
+            raise RuntimeError("redis-server is not installed and no Redis is reachable. Install it "
+                               "(apt-get install redis-server) or point HSX_REDIS_URL at a running Redis.")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
+             "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
+             "--save", "", "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with code {self.proc.returncode} on port {self.port}")
+            if reachable(self.url):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout}s")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def __enter__(self) -> "LocalRedis":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,57 @@
+"""The store: where batch objects, inputs, manifest and index land.
+
+Keys are '/'-separated paths relative to the store root (``<prefix>`` of
+``s3://bucket/prefix`` or a local directory). Writes of the same key with the
+same bytes are idempotent.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class StoreError(RuntimeError):
+    """A store call failed for good (after retries)."""
+
+
+class VerifyError(StoreError):
+    """An object in the store does not match the bytes that were sent."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    sha256: str | None  # hex digest of the whole object where the store can tell it
+
+
+class Store(ABC):
+    @abstractmethod
+    def url(self, key: str = "") -> str:
+        """Human-readable address of a key (no credentials)."""
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        """Store ``data`` at ``key`` and verify it landed whole."""
+
+    @abstractmethod
+    def put_file(self, key: str, path: Path, size: int, sha256: str) -> ObjectInfo:
+        """Upload a local file and verify size and checksum; raise VerifyError otherwise."""
+
+    @abstractmethod
+    def head(self, key: str) -> ObjectInfo | None:
+        """Size (and checksum where known) of ``key``, or None if absent."""
+
+    @abstractmethod
+    def get_bytes(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of ``key`` (the whole object by default); KeyError if absent."""
+
+    @abstractmethod
+    def list_keys(self, prefix: str) -> list[str]:
+        """Keys under ``prefix`` (recursive), sorted."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key`` if present."""

@@ -1,0 +1,82 @@
+"""A local-directory store (also any shared filesystem)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from hsx.batchfile import file_sha256
+from hsx.store.base import ObjectInfo, Store, VerifyError
+
+
+class LocalStore(Store):
+    def __init__(self, root: Path):
+        self.root = Path(root).expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root not in path.parents and path != self.root:
+            raise ValueError(f"key {key!r} escapes the store root")
+        return path
+
+    def url(self, key: str = "") -> str:
+        return str(self.root / key) if key else str(self.root)
+
+    def _commit(self, tmp: Path, final: Path) -> None:
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        final = self._path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        try:
+            tmp.write_bytes(data)
+            self._commit(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest())
+
+    def put_file(self, key: str, path: Path, size: int, sha256: str) -> ObjectInfo:
+        final = self._path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        try:
+            shutil.copyfile(path, tmp)
+            got_size, got_sha = tmp.stat().st_size, file_sha256(tmp)
+            if (got_size, got_sha) != (size, sha256):
+                raise VerifyError(f"{self.url(key)}: stored {got_size} bytes sha256 {got_sha[:12]}, "
+                                  f"expected {size} bytes sha256 {sha256[:12]}")
+            self._commit(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return ObjectInfo(key, size, sha256)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        return ObjectInfo(key, path.stat().st_size, file_sha256(path))
+
+    def get_bytes(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        path = self._path(key)
+        if not path.is_file():
+            raise KeyError(self.url(key))
+        with open(path, "rb") as fh:
+            if start:
+                fh.seek(start)
+            return fh.read() if end is None else fh.read(end - (start or 0))
+
+    def list_keys(self, prefix: str) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        if not base.exists():
+            return []
+        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
+                      if p.is_file() and not p.name.startswith("."))
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)

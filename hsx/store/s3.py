@@ -1,0 +1,172 @@
+"""An S3 (or S3-compatible) store.
+
+Credentials come only from boto3's standard chain (environment, shared config,
+instance role); nothing here accepts or logs them.
+
+Verification of an upload, before anyone may record it done:
+- each request carries Content-MD5, so the server rejects a corrupted body;
+- the object's ContentLength equals the file size;
+- the object's ETag equals the MD5 (single part) or the multipart MD5
+  composite ``md5(md5(part1)..md5(partN))-N`` computed from the bytes read;
+- the object's ``sha256`` metadata equals the file's SHA-256, which the
+  uploader recomputed from the bytes it sent.
+Stores whose ETag is not an MD5 (e.g. SSE-KMS) can turn the ETag check off
+(``verify_etag=False``); size + SHA-256 metadata + Content-MD5 remain.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, DEFAULT_UPLOAD_RETRIES
+from hsx.retry import retry_call
+from hsx.store.base import ObjectInfo, Store, StoreError, VerifyError
+
+log = logging.getLogger(__name__)
+RETRYABLE = (BotoCoreError, ClientError, ConnectionError, TimeoutError)
+PART_CONCURRENCY = 4  # parts of one object in flight at once (memory: x chunk bytes)
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    bucket: str
+    prefix: str
+    endpoint_url: str | None = None      # any S3-compatible endpoint; None = AWS
+    region: str | None = None
+    addressing_style: str = "auto"       # auto | path | virtual
+    verify_etag: bool = True
+    multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD  # bytes
+    multipart_chunk: int = DEFAULT_MULTIPART_CHUNK          # bytes
+    attempts: int = DEFAULT_UPLOAD_RETRIES                  # tries of each call
+
+
+def _md5_b64(data: bytes) -> str:
+    return base64.b64encode(hashlib.md5(data).digest()).decode()
+
+
+class S3Store(Store):
+    def __init__(self, settings: S3Settings):
+        self.s = settings
+        self.client = boto3.session.Session().client(
+            "s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
+            config=Config(s3={"addressing_style": settings.addressing_style},
+                          retries={"max_attempts": 5, "mode": "adaptive"},
+                          max_pool_connections=2 * PART_CONCURRENCY + 2))
+
+    def _k(self, key: str) -> str:
+        return f"{self.s.prefix.strip('/')}/{key}" if self.s.prefix.strip("/") else key
+
+    def url(self, key: str = "") -> str:
+        return f"s3://{self.s.bucket}/{self._k(key)}"
+
+    def _call(self, what: str, fn):
+        try:
+            return retry_call(fn, what, RETRYABLE, self.s.attempts)
+        except RETRYABLE as exc:
+            raise StoreError(f"{what}: {exc}") from exc
+
+    def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        sha = hashlib.sha256(data).hexdigest()
+        self._call(f"put {self.url(key)}", lambda: self.client.put_object(
+            Bucket=self.s.bucket, Key=self._k(key), Body=data, ContentMD5=_md5_b64(data), Metadata={"sha256": sha}))
+        return self._verify(key, len(data), sha, f'"{hashlib.md5(data).hexdigest()}"')
+
+    def put_file(self, key: str, path: Path, size: int, sha256: str) -> ObjectInfo:
+        if size < self.s.multipart_threshold:
+            data = Path(path).read_bytes()
+            got = hashlib.sha256(data).hexdigest()
+            if len(data) != size or got != sha256:
+                raise VerifyError(f"{path}: local file is {len(data)} bytes sha256 {got[:12]}, expected {size} bytes sha256 {sha256[:12]}")
+            self._call(f"put {self.url(key)}", lambda: self.client.put_object(
+                Bucket=self.s.bucket, Key=self._k(key), Body=data, ContentMD5=_md5_b64(data), Metadata={"sha256": sha256}))
+            return self._verify(key, size, sha256, f'"{hashlib.md5(data).hexdigest()}"')
+        return self._put_multipart(key, Path(path), size, sha256)
+
+    def _put_multipart(self, key: str, path: Path, size: int, sha256: str) -> ObjectInfo:
+        k = self._k(key)
+        upload_id = self._call(f"start multipart {self.url(key)}", lambda: self.client.create_multipart_upload(
+            Bucket=self.s.bucket, Key=k, Metadata={"sha256": sha256}))["UploadId"]
+        try:
+            digest, part_md5s, futures = hashlib.sha256(), [], []
+            with ThreadPoolExecutor(PART_CONCURRENCY) as pool, open(path, "rb") as fh:
+                number = 0
+                while chunk := fh.read(self.s.multipart_chunk):
+                    number += 1
+                    digest.update(chunk)
+                    md5 = hashlib.md5(chunk)
+                    part_md5s.append(md5.digest())
+                    if len(futures) >= PART_CONCURRENCY:  # bound memory: wait for the oldest part
+                        futures[-PART_CONCURRENCY].result()
+                    futures.append(pool.submit(self._upload_part, k, upload_id, number, chunk,
+                                               base64.b64encode(md5.digest()).decode()))
+                parts = [f.result() for f in futures]
+            if digest.hexdigest() != sha256:
+                raise VerifyError(f"{path}: local file changed or is corrupt (sha256 {digest.hexdigest()[:12]}, expected {sha256[:12]})")
+            self._call(f"complete multipart {self.url(key)}", lambda: self.client.complete_multipart_upload(
+                Bucket=self.s.bucket, Key=k, UploadId=upload_id, MultipartUpload={"Parts": parts}))
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.s.bucket, Key=k, UploadId=upload_id)
+            except Exception as exc:  # the store's lifecycle rule reaps it otherwise
+                log.warning("could not abort multipart upload of %s: %s", self.url(key), exc)
+            raise
+        etag = f'"{hashlib.md5(b"".join(part_md5s)).hexdigest()}-{len(part_md5s)}"'
+        return self._verify(key, size, sha256, etag)
+
+    def _upload_part(self, k: str, upload_id: str, number: int, chunk: bytes, md5_b64: str) -> dict:
+        r = self._call(f"upload part {number} of s3://{self.s.bucket}/{k}", lambda: self.client.upload_part(
+            Bucket=self.s.bucket, Key=k, UploadId=upload_id, PartNumber=number, Body=chunk, ContentMD5=md5_b64))
+        return {"ETag": r["ETag"], "PartNumber": number}
+
+    def _verify(self, key: str, size: int, sha256: str, etag: str) -> ObjectInfo:
+        info = self._call(f"head {self.url(key)}", lambda: self.client.head_object(Bucket=self.s.bucket, Key=self._k(key)))
+        problems = []
+        if info["ContentLength"] != size:
+            problems.append(f"size {info['ContentLength']} != {size}")
+        if info.get("Metadata", {}).get("sha256") != sha256:
+            problems.append(f"sha256 metadata {info.get('Metadata', {}).get('sha256')!r} != {sha256!r}")
+        if self.s.verify_etag and info.get("ETag") != etag:
+            problems.append(f"ETag {info.get('ETag')} != {etag}")
+        if problems:
+            raise VerifyError(f"{self.url(key)} failed verification: {'; '.join(problems)}")
+        return ObjectInfo(key, size, sha256)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            info = self.client.head_object(Bucket=self.s.bucket, Key=self._k(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise StoreError(f"head {self.url(key)}: {exc}") from exc
+        return ObjectInfo(key, info["ContentLength"], info.get("Metadata", {}).get("sha256"))
+
+    def get_bytes(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        kwargs = {"Bucket": self.s.bucket, "Key": self._k(key)}
+        if start is not None or end is not None:
+            kwargs["Range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
+        try:
+            return self._call(f"get {self.url(key)}", lambda: self.client.get_object(**kwargs)["Body"].read())
+        except StoreError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                raise KeyError(self.url(key)) from None
+            raise
+
+    def list_keys(self, prefix: str) -> list[str]:
+        strip = len(self._k(""))
+        keys = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.s.bucket, Prefix=self._k(prefix)):
+            keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        self._call(f"delete {self.url(key)}", lambda: self.client.delete_object(Bucket=self.s.bucket, Key=self._k(key)))

@@ -1,0 +1,71 @@
+"""A tiny random Qwen3 model and a real byte-level BPE tokenizer with a chat template.
+
+Built locally (no model hub) for the embedded default, the tests and the CPU
+benchmark. Deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _training_text(sample_path: Path | None) -> list[str]:
+    texts = ["system user assistant tool hello world the quick brown fox jumps over the lazy dog 0123456789"]
+    if sample_path and sample_path.exists():
+        for line in sample_path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            for msg in row.get("messages") or row.get("conversations") or []:
+                texts.append(str(msg.get("content") or msg.get("value") or ""))
+    return texts
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int = 512, sample_path: Path | None = None):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_training_text(sample_path), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_tiny_model(out_dir: Path, num_layers: int = 6, hidden_size: int = 64, seed: int = 0,
+                     sample_path: Path | None = None) -> Path:
+    """Write a tiny Qwen3 (config + random weights + tokenizer) to ``out_dir``; return it."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists() and (out_dir / "tokenizer.json").exists():
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out_dir, sample_path=sample_path)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
+        max_position_embeddings=8192, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out_dir)
+    return out_dir

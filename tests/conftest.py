@@ -1,0 +1,83 @@
+"""Real parts for tests: a private redis-server (AOF on), moto's S3 server over HTTP,
+a tiny random Qwen3 model with a real tokenizer, and helpers to run roles in-process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from hsx.demo import sample_dataset
+from hsx.redisconn import LocalRedis, connect
+from hsx.tinymodel import build_tiny_model
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    if not shutil.which("redis-server"):
+        pytest.fail("redis-server is not installed (apt-get install redis-server); .ci/run installs it")
+    server = LocalRedis(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def r(redis_server):
+    client = connect(redis_server.url)
+    client.flushall()
+    yield client
+    client.flushall()
+
+
+@pytest.fixture
+def redis_env(redis_server, monkeypatch):
+    monkeypatch.setenv("HSX_REDIS_URL", redis_server.url)
+    return redis_server.url
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on loopback: a real S3 protocol endpoint, driven through boto3."""
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing-key-id")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    import uuid
+
+    import boto3
+
+    name = f"hsx-test-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen3", sample_path=sample_dataset())
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
