@@ -114,13 +114,11 @@ def cmd_status(args) -> int:
 
 
 def cmd_retry_failed(args) -> int:
-    from hsx import ledger, queues
+    from hsx import queues
     from hsx.redisconn import connect
 
     r = connect(_redis_url(args))
-    taken = ledger.take_dead_letters(r, args.run, args.batch or None)
-    for bid in taken:
-        queues.enqueue_extract(r, args.run, bid, attempt=1000 + len(taken))
+    taken = queues.retry_dead_letters(r, args.run, args.batch or None)
     print(f"re-enqueued {len(taken)} dead-letter batches of run {args.run}")
     return 0
 
@@ -137,6 +135,18 @@ def cmd_dashboard(args) -> int:
     except ImportError as exc:
         raise ConfigError(f"the dashboard is not available in this install ({exc})") from None
     return serve(args)
+
+
+def cmd_export(args) -> int:
+    from hsx.export import run_export
+
+    return run_export(args)
+
+
+def cmd_verify(args) -> int:
+    from hsx.verify import run_verify
+
+    return run_verify(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,6 +228,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=int(env("DASHBOARD_PORT", D.DEFAULT_DASHBOARD_PORT)), help=f"port [HSX_DASHBOARD_PORT; default {D.DEFAULT_DASHBOARD_PORT}]")
     _add_redis(s)
     s.set_defaults(func=cmd_dashboard)
+
+    s = sub.add_parser("verify", help="check the store against the plan; non-zero exit on any gap",
+                       description="Every planned batch present in the store with the right size and checksum, every "
+                       "sample id exactly once, hidden states finite. Prints a summary; exits 1 on any gap.")
+    s.add_argument("--run", default=env("RUN", "default"), help="run [HSX_RUN]")
+    s.add_argument("--quick", action="store_true", help="size and checksum metadata only; do not read every object")
+    _add_redis(s)
+    s.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("export", help="write a finished run in the per-sample layout a drafter trainer reads",
+                       description="Export each sample of a completed run as SpecForge (data_<i>.ckpt under rows_*/) "
+                       "or vLLM speculators (hs_<i>.safetensors) files. Resumable: existing files are skipped.")
+    s.add_argument("--run", default=env("RUN", "default"), help="run [HSX_RUN]")
+    s.add_argument("--format", choices=("specforge", "speculators"), required=True, help="target trainer layout")
+    s.add_argument("--out", required=True, help="output directory")
+    s.add_argument("--limit", type=int, help="export at most this many samples")
+    s.add_argument("--shard", help="only this store shard (e.g. 00003)")
+    _add_store(s, "(default: the run's recorded store)")
+    s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("demo", help="the embedded default: the whole pipeline on this machine, tiny model, no network",
                        description="Starts a private redis-server if none is reachable at HSX_REDIS_URL, builds a tiny "

@@ -93,3 +93,14 @@ def pending_batches(r: redis.Redis, queue_name: str, run: str) -> set[str]:
         if parsed and parsed[0] == run:
             found.add(parsed[1])
     return found
+
+
+def retry_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
+    """Move dead letters (all, or ``bids``) back onto the extract queue with fresh attempts."""
+    from hsx import ledger
+
+    taken = ledger.take_dead_letters(r, run, bids)
+    for bid in taken:
+        if not ledger.is_done(r, run, bid):
+            enqueue_extract(r, run, bid, attempt=1)
+    return taken
