@@ -151,3 +151,7 @@ def take_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -
         pipe.hdel(keys.failures, *taken)
         pipe.execute()
     return taken
+
+
+def run_totals(r: redis.Redis, run: str) -> dict[str, int]:
+    return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in r.hgetall(RunKeys(run).totals).items()}

@@ -1,0 +1,60 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hsx.cli import build_parser
+from hsx.devices import GpuProbe
+
+COMMANDS = ["produce", "worker", "upload", "status", "retry-failed", "dashboard", "verify", "export", "demo"]
+
+
+def hsx(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "hsx.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def test_every_subcommand_has_help():
+    assert hsx("--help").returncode == 0
+    for command in COMMANDS:
+        out = hsx(command, "--help")
+        assert out.returncode == 0, out.stderr
+        assert "usage: hsx " + command in out.stdout
+
+
+def test_parser_knows_every_subcommand():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(sub.choices) == set(COMMANDS)
+
+
+def test_password_in_redis_flag_is_refused(monkeypatch):
+    out = hsx("status", "--redis-url", "redis://:hunter2@127.0.0.1:1/0")
+    assert out.returncode == 2 and "must not carry a password" in out.stderr and "hunter2" not in out.stderr
+
+
+def test_missing_redis_is_named(monkeypatch):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HSX_REDIS_URL", "REDIS_URL")}
+    out = hsx("status", env=env)
+    assert out.returncode == 2 and "no Redis: set HSX_REDIS_URL" in out.stderr
+
+
+def test_no_gpu_is_reported_not_raised():
+    stats = GpuProbe(0).stats()
+    if stats["gpu"] is None:
+        assert stats["note"].startswith("no GPU")
+    else:  # on a GPU machine the probe reads real numbers
+        assert stats["mem_total_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end(tmp_path, redis_env):
+    out = hsx("demo", "--store", str(tmp_path / "out"), "--workdir", str(tmp_path / "work"), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "done: 13/13 batches, 160 samples" in out.stdout
+    manifest = json.loads((tmp_path / "out" / "demo" / "manifest.json").read_text())
+    assert manifest["layer_ids"] == [1, 2, 3]
+    status = hsx("status", "--run", "demo", "--json")
+    assert json.loads(status.stdout)["complete"] is True

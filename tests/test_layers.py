@@ -1,0 +1,42 @@
+import pytest
+
+from hsx.layers import LayerSpecError, dflash_layers, eagle3_layers, resolve_layers
+
+
+@pytest.mark.parametrize("num_layers,expected", [
+    (36, [1, 9, 17, 25, 33]), (32, [1, 8, 15, 22, 29]), (64, [1, 16, 31, 46, 61]),
+    (28, [1, 7, 13, 19, 25]), (48, [1, 12, 23, 34, 45]),
+])
+def test_dflash_matches_contract(num_layers, expected):
+    assert dflash_layers(num_layers) == expected
+    assert resolve_layers("dflash", num_layers) == (expected, False)
+
+
+def test_dflash_formula_for_other_counts():
+    # n == 1 -> [L // 2]; else round(1 + i * (L - 4) / (n - 1)) with Python's round
+    assert dflash_layers(36, 1) == [18]
+    assert dflash_layers(36, 3) == [1, 17, 33]
+    assert dflash_layers(6, 3) == [1, 2, 3]
+    assert resolve_layers("dflash:4", 40)[0] == [round(1 + i * 36 / 3) for i in range(4)]
+
+
+@pytest.mark.parametrize("num_layers,expected", [(36, [1, 17, 32]), (32, [1, 15, 28]), (64, [1, 31, 60]), (6, [1, 2, 2])])
+def test_eagle3(num_layers, expected):
+    if len(set(expected)) != len(expected):
+        with pytest.raises(LayerSpecError, match="repeat"):
+            resolve_layers("eagle3", num_layers)
+        return
+    assert eagle3_layers(num_layers) == expected
+    assert resolve_layers("eagle3", num_layers) == (expected, True)
+
+
+def test_explicit_list_sorted_and_checked():
+    assert resolve_layers("17, 3,9", 36) == ([3, 9, 17], False)
+    with pytest.raises(LayerSpecError, match=r"\[36\] are out of range .* 36 decoder layers"):
+        resolve_layers("1,36", 36)
+    with pytest.raises(LayerSpecError, match="out of range"):
+        resolve_layers("-1", 36)
+    with pytest.raises(LayerSpecError, match="comma-separated list"):
+        resolve_layers("first,last", 36)
+    with pytest.raises(LayerSpecError, match="whole number"):
+        resolve_layers("dflash:x", 36)

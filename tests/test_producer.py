@@ -1,0 +1,97 @@
+import json
+
+import pytest
+
+from hsx import ledger, queues
+from hsx.manifest import ManifestMismatch
+from producer.produce import PlanError, produce
+from tests.pipeline import produce_config
+
+GOOD = {"messages": [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi, how can I help"}]}
+
+
+def _write(path, lines):
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+def test_rerun_enqueues_nothing_new_and_other_settings_are_refused(r, redis_server, tiny_model, tmp_path):
+    cfg = produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="again")
+    first = produce(cfg)
+    assert first.enqueued == first.batches > 1
+    second = produce(cfg)
+    assert second.enqueued == 0 and second.already_pending == first.batches
+    assert len(queues.queue(r, queues.extract_queue_name("again"))) == first.batches
+    # A batch that is done is not enqueued again, a lost job is.
+    q = queues.queue(r, queues.extract_queue_name("again"))
+    q.empty()
+    spec = ledger.get_spec(r, "again", "b0000000")
+    ledger.mark_done(r, "again", spec, "k", 10, "0" * 64, by="test")
+    third = produce(cfg)
+    assert third.already_done == 1 and third.enqueued == first.batches - 1
+    with pytest.raises(ManifestMismatch, match="layer_ids"):
+        produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="again", layers="1,2"))
+    with pytest.raises(ManifestMismatch, match="token_budget"):
+        produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="again", token_budget=4096))
+
+
+def test_bad_rows_are_named_and_good_rows_kept(r, redis_server, tiny_model, tmp_path):
+    data = _write(tmp_path / "bad.jsonl", [
+        GOOD,                                                     # 0 good
+        "",                                                       # 1 empty line
+        "{not json",                                              # 2 malformed
+        "[1, 2]",                                                 # 3 not an object
+        {"messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]},  # 4 unknown role
+        {"messages": [{"role": "user", "content": "only a question"}]},  # 5 no assistant turn
+        {"messages": []},                                         # 6 empty conversation
+        {"text": "no conversation at all"},                       # 7 no known field
+        {"input_ids": [1, 2, 3]},                                 # 8 pre-tokenised without mask
+        {"input_ids": [1, 2, 3], "loss_mask": [0, 1]},            # 9 mask length differs
+        {"input_ids": [1, 2, 10**9], "loss_mask": [0, 1, 1]},     # 10 id outside vocabulary
+        {"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "y"}]},  # 11 non-text
+        {"id": "dup", **GOOD},                                    # 12 good
+        {"id": "dup", **GOOD},                                    # 13 duplicate id
+        {"messages": [{"role": "user", "content": "long " * 400}, {"role": "assistant", "content": "ok"}]},  # 14 over-long
+        {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]},   # 15 good, pre-tokenised
+        {"conversations": [{"from": "human", "value": "hey"}, {"from": "gpt", "value": "hello"}]},  # 16 good ShareGPT
+    ])
+    report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="bad", dataset=data,
+                                    max_length=256))
+    t = report.tokenise
+    assert t.rows == 17 and t.kept == 4 and t.dropped_overlong == 1
+    text = "\n".join(report.lines())
+    for index, reason in [(1, "empty line"), (2, "malformed JSON"), (3, "expected a JSON object"),
+                          (4, "unknown role 'robot'"), (5, "no assistant turn"), (6, "empty"),
+                          (7, "no 'messages', 'conversations' or 'input_ids'"), (8, "no loss_mask"),
+                          (9, "loss_mask must be 3 values"), (10, "outside the vocabulary"), (11, "no text content"),
+                          (13, "duplicate sample id 'dup'"), (14, "tokens > max length 256, dropped")]:
+        assert f"row {index}: " in text and reason in text.split(f"row {index}: ", 1)[1].split("\n", 1)[0], (index, reason)
+    planned = {s for spec in ledger.all_specs(r, "bad").values() for s in spec.sample_ids}
+    assert planned == {"0", "dup", "15", "16"}
+
+
+def test_truncation_is_counted(r, redis_server, tiny_model, tmp_path):
+    data = _write(tmp_path / "long.jsonl", [
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "word " * 300}]}, GOOD])
+    report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="trunc", dataset=data,
+                                    max_length=64, overlong="truncate"))
+    assert report.tokenise.truncated == 1 and report.tokenise.kept == 2
+    assert max(spec.max_len for spec in ledger.all_specs(r, "trunc").values()) <= 64
+
+
+def test_zero_usable_rows_refuses_to_plan(r, redis_server, tiny_model, tmp_path):
+    data = _write(tmp_path / "none.jsonl", ["", "{broken", {"messages": [{"role": "user", "content": "q"}]}])
+    with pytest.raises(PlanError, match="no usable rows out of 3"):
+        produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="none", dataset=data))
+    assert ledger.get_manifest(r, "none") is None
+
+
+def test_parquet_input(r, redis_server, tiny_model, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([{"id": f"p{i}", "messages": GOOD["messages"]} for i in range(5)])
+    pq.write_table(table, tmp_path / "d.parquet")
+    report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="pq",
+                                    dataset=tmp_path / "d.parquet"))
+    assert report.tokenise.kept == 5

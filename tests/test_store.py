@@ -1,0 +1,70 @@
+import hashlib
+import os
+
+import boto3
+import pytest
+
+from hsx import batchfile
+from hsx.store import StoreError, VerifyError, open_store
+from hsx.store.s3 import S3Settings, S3Store
+
+
+def _s3(endpoint, bucket, **kw):
+    return S3Store(S3Settings(bucket=bucket, prefix="pre/fix", endpoint_url=endpoint, region="us-east-1",
+                              addressing_style="path", attempts=2, **kw))
+
+
+def test_multipart_upload_is_verified(s3_server, s3_bucket, tmp_path):
+    store = _s3(s3_server, s3_bucket, multipart_threshold=5 * 2**20, multipart_chunk=5 * 2**20)
+    data = os.urandom(12 * 2**20 + 123)  # three parts
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    info = store.put_file("run/batches/00000/b1.safetensors", path, len(data), sha)
+    assert info.size == len(data)
+    raw = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    head = raw.head_object(Bucket=s3_bucket, Key="pre/fix/run/batches/00000/b1.safetensors")
+    assert head["ContentLength"] == len(data) and head["ETag"].endswith('-3"') and head["Metadata"]["sha256"] == sha
+    assert store.get_bytes("run/batches/00000/b1.safetensors", 10, 20) == data[10:20]
+    assert store.list_keys("run/") == ["run/batches/00000/b1.safetensors"]
+
+
+def test_a_file_that_differs_from_its_checksum_is_refused(s3_server, s3_bucket, tmp_path):
+    store = _s3(s3_server, s3_bucket)
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 1000)
+    with pytest.raises(VerifyError, match="expected 1000 bytes sha256"):
+        store.put_file("k", path, 1000, "0" * 64)
+    assert store.head("k") is None
+
+
+def test_store_down_is_a_clear_error(tmp_path):
+    store = S3Store(S3Settings(bucket="nobucket", prefix="", endpoint_url="http://127.0.0.1:9", region="us-east-1",
+                               attempts=2))
+    with pytest.raises(StoreError, match="put s3://nobucket/k"):
+        store.put_bytes("k", b"data")
+
+
+def test_local_store_round_trip_and_escape(tmp_path):
+    store = open_store(str(tmp_path / "root"))
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"abc" * 100)
+    store.put_file("a/b.bin", src, 300, hashlib.sha256(b"abc" * 100).hexdigest())
+    assert store.head("a/b.bin").size == 300 and store.get_bytes("a/b.bin", 3, 6) == b"abc"
+    with pytest.raises(VerifyError):
+        store.put_file("a/c.bin", src, 300, "f" * 64)
+    assert store.head("a/c.bin") is None
+    with pytest.raises(ValueError, match="escapes"):
+        store.put_bytes("../outside", b"x")
+    with pytest.raises(ValueError, match="only s3://"):
+        open_store("gs://bucket/x")
+
+
+def test_corrupt_batch_bytes_name_the_key():
+    import torch
+
+    data = batchfile.to_bytes({"input_ids": torch.arange(4, dtype=torch.int32), "loss_mask": torch.ones(4, dtype=torch.uint8),
+                               "cu_seqlens": torch.tensor([0, 4])}, {"format": batchfile.FORMAT, "sample_ids": '["a"]'})
+    assert batchfile.read_bytes(data).sample_ids == ["a"]
+    with pytest.raises(batchfile.BatchFileError, match="run/b.safetensors: corrupt or truncated"):
+        batchfile.read_bytes(data[:-5], where="run/b.safetensors")
