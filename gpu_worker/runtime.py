@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from hsx import heartbeat, layout, ledger, queues, spool
+from hsx import heartbeat, leases, ledger, queues, spool
+from hsx.keys import RunKeys
 from hsx.batchfile import file_sha256
 from hsx.config import WorkerConfig
 from hsx.devices import GpuProbe
@@ -39,6 +40,7 @@ class WorkerRuntime:
     def __init__(self, cfg: WorkerConfig, r, store, manifest: dict, extractor: Extractor):
         self.cfg, self.r, self.store, self.manifest, self.extractor = cfg, r, store, manifest, extractor
         self.run, self.worker_id = cfg.run, cfg.worker_name
+        self.leases_key = RunKeys(cfg.run).extract_leases
         self.cuda = extractor.device.type == "cuda"
         self.writer = SpoolWriter(r, cfg.run, manifest, cfg.spool_dir, cfg.host, cfg.worker_name,
                                   on_failure=self.fail_batch, depth=2)
@@ -62,11 +64,17 @@ class WorkerRuntime:
         self.beat()
 
     def close(self, drain_timeout: float | None = None) -> bool:
+        """Finish writing what was computed; past ``drain_timeout``, hand the rest back to the queue."""
         drained = self.writer.drain(drain_timeout)
         self._stop.set()
         self._hb_thread.join(timeout=5)
+        if not drained:
+            for bid in sorted(self.writer.in_flight):
+                if self.r.zrem(self.leases_key, bid):
+                    queues.enqueue_extract(self.r, self.run, bid, attempt=leases.next_attempt(self.r, self.run))
+                    log.warning("handed %s back to the queue (not written within the grace period)", bid)
         self.prefetcher.close()
-        self.r.delete(f"hsx:{self.run}:hb:{self.worker_id}")
+        self.r.delete(RunKeys(self.run).heartbeat(self.worker_id))
         return drained
 
     def recover_spool(self) -> int:
@@ -74,7 +82,7 @@ class WorkerRuntime:
         for tmp in spool.temp_files(self.cfg.spool_dir, self.run):
             log.info("removing unfinished temp file %s", tmp)
             tmp.unlink(missing_ok=True)
-        pending = queues.pending_batches(self.r, queues.upload_queue_name(self.cfg.host), self.run)
+        pending = queues.pending_upload(self.r, self.cfg.host, self.run)
         requeued = 0
         for path in spool.complete_files(self.cfg.spool_dir, self.run):
             bid = path.name.removesuffix(".safetensors")
@@ -99,13 +107,16 @@ class WorkerRuntime:
                 "spool_bytes": usage.bytes, "spool_files": usage.files, **self.probe.stats()}
 
     def beat(self) -> None:
-        leases = sorted(self.writer.in_flight | ({self.current_batch} if self.current_batch else set()))
+        held = self.writer.in_flight | ({self.current_batch} if self.current_batch else set())
         stats = self.stats()
-        heartbeat.publish_heartbeat(self.r, self.run, self.worker_id, stats, int(self.cfg.heartbeat_seconds * 6),
-                                    leases, self.cfg.lease_seconds)
+        pipe = self.r.pipeline(transaction=False)
+        heartbeat.publish_heartbeat(self.r, self.run, self.worker_id, stats, int(self.cfg.heartbeat_seconds * 6), pipe=pipe)
+        leases.refresh(self.r, self.leases_key, held, self.cfg.lease_seconds, pipe=pipe)
         heartbeat.publish_host(self.r, self.run, self.cfg.host, {
             "spool_bytes": stats["spool_bytes"], "spool_files": stats["spool_files"],
-            "spool_budget_bytes": self.cfg.spool_budget_bytes})
+            "spool_budget_bytes": self.cfg.spool_budget_bytes}, pipe=pipe)
+        pipe.execute()
+        leases.reap(self.r, self.run, self.cfg.max_attempts)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):
@@ -124,15 +135,18 @@ class WorkerRuntime:
         spec = ledger.get_spec(self.r, self.run, bid)
         if spec is None:
             raise KeyError(f"batch {bid} is not in the plan of run {self.run}")
-        heartbeat.acquire_lease(self.r, self.run, bid, self.worker_id, self.cfg.lease_seconds)
+        leases.take(self.r, self.leases_key, bid, self.cfg.lease_seconds)
         self.current_batch = bid
         try:
             padded, contents = self.prefetcher.take(spec)
             self._hint_next()
+            started = time.monotonic()
             hidden, final = self.extractor.run(padded)
+            if self.cfg.min_batch_seconds:  # fault-injection tests: make "mid-batch" last long enough to hit
+                time.sleep(max(0.0, self.cfg.min_batch_seconds - (time.monotonic() - started)))
             self.writer.submit(self._to_host(spec, attempt, contents, hidden, final))
         except BaseException:
-            heartbeat.release_lease(self.r, self.run, bid)
+            leases.drop(self.r, self.leases_key, bid)
             raise
         finally:
             self.current_batch = None
@@ -184,10 +198,10 @@ class WorkerRuntime:
     # ---- failures --------------------------------------------------------
     def fail_batch(self, bid: str, attempt: int, error: str) -> None:
         """Count a failure; re-enqueue with the next attempt, or leave a dead letter."""
-        heartbeat.release_lease(self.r, self.run, bid)
+        leases.drop(self.r, self.leases_key, bid)
         attempts = ledger.record_failure(self.r, self.run, bid, error, self.cfg.max_attempts)
         if attempts < self.cfg.max_attempts:
-            queues.enqueue_extract(self.r, self.run, bid, attempt=attempt + 1)
+            queues.enqueue_extract(self.r, self.run, bid, attempt=leases.next_attempt(self.r, self.run))
             log.warning("batch %s failed (attempt %d/%d), re-enqueued: %s", bid, attempts, self.cfg.max_attempts, error)
         else:
             log.error("batch %s failed %d times; moved to dead letters: %s", bid, attempts, error)

@@ -75,8 +75,8 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
     try:
         worker.work(burst=cfg.burst, logging_level="WARNING")
     finally:
-        if not rt.close(drain_timeout=600):
-            log.error("writer did not drain within 600 s; unwritten batches will be re-run via their leases")
+        if not rt.close(drain_timeout=cfg.grace_seconds):
+            log.error("writer did not drain within %.0f s; unwritten batches were handed back", cfg.grace_seconds)
         runtime_mod.install(None)
         ExtractWorker.hsx_runtime = None
     return rt

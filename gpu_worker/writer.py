@@ -3,7 +3,7 @@
 The GPU thread hands over a finished batch and goes on at once. The copy to
 host runs on a side CUDA stream into a reused pinned buffer; this thread
 waits for it, validates, writes the file atomically, and enqueues the upload
-in one Redis pipeline with the lease release. The queue is bounded (the GPU
+in one Redis pipeline with dropping the batch's lease. The queue is bounded (the GPU
 thread blocks only if disk is slower than the GPU).
 """
 
@@ -20,7 +20,8 @@ from typing import Callable
 
 import torch
 
-from hsx import batchfile, heartbeat, layout, ledger, queues
+from hsx import batchfile, layout, leases, ledger, queues
+from hsx.keys import RunKeys
 from hsx.ledger import BatchSpec
 
 log = logging.getLogger(__name__)
@@ -116,14 +117,14 @@ class SpoolWriter:
         metadata = {"format": batchfile.FORMAT, "run": self.run, "batch_id": spec.batch_id,
                     "sample_ids": json.dumps(spec.sample_ids), "layer_ids": json.dumps(m["layer_ids"]),
                     "dtype": m["dtype"], "model": m["model"], "hidden_size": str(m["hidden_size"]),
-                    "store_final": str(bool(m["store_final"])).lower(), "worker": self.worker_id}
+                    "store_final": str(bool(m["store_final"])).lower()}
         path = layout.spool_path(self.spool_dir, self.run, spec.batch_id)
         size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync)
         pipe = self.r.pipeline()
         queues.enqueue_upload(self.r, self.host, self.run, spec.batch_id, str(path), size, sha, pipeline=pipe)
         ledger.mark_spooled(self.r, self.run, spec.batch_id, pipe=pipe)
         ledger.clear_failure(self.r, self.run, spec.batch_id, pipe=pipe)
-        heartbeat.release_lease(self.r, self.run, spec.batch_id, pipe=pipe)
+        leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id, pipe=pipe)
         pipe.execute()
         self.written += 1
         self.bytes_written += size

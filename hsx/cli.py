@@ -74,7 +74,8 @@ def cmd_worker(args) -> int:
         spool_budget_bytes=int(args.spool_budget_gb * 2**30), host=args.host, model_override=args.model,
         burst=args.burst, worker_name=args.name or _worker_name("gpu", device.replace(":", "")),
         max_attempts=args.max_attempts, lease_seconds=args.lease_seconds,
-        heartbeat_seconds=args.heartbeat_seconds)
+        heartbeat_seconds=args.heartbeat_seconds, grace_seconds=args.grace_seconds,
+        min_batch_seconds=float(env("TEST_MIN_BATCH_SECONDS", "0")))
     rt = run_worker(cfg)
     print(f"worker {cfg.worker_name}: {rt.batches_run} batches, {rt.tokens_run} tokens, {rt.writer.written} spooled")
     return 0
@@ -86,7 +87,8 @@ def cmd_upload(args) -> int:
 
     run_uploader(UploadConfig(redis_url=_redis_url(args), spool_dir=Path(args.spool_dir), host=args.host,
                               burst=args.burst, worker_name=args.name or _worker_name("upload"),
-                              max_attempts=args.max_attempts))
+                              max_attempts=args.max_attempts, lease_seconds=args.lease_seconds,
+                              heartbeat_seconds=args.heartbeat_seconds))
     return 0
 
 
@@ -127,6 +129,22 @@ def cmd_demo(args) -> int:
     from hsx.demo import run_demo
 
     return run_demo(Path(args.store), Path(args.workdir), samples=args.samples)
+
+
+def cmd_demo_assets(args) -> int:
+    import filecmp
+    import shutil
+
+    from hsx.demo import sample_dataset
+    from hsx.tinymodel import build_tiny_model
+
+    out = Path(args.out)
+    model = build_tiny_model(out / "tiny-qwen3", sample_path=sample_dataset())
+    dataset = out / "sample_conversations.jsonl"
+    if not dataset.exists() or not filecmp.cmp(sample_dataset(), dataset, shallow=False):
+        shutil.copyfile(sample_dataset(), dataset)
+    print(f"model: {model}\ndataset: {dataset}")
+    return 0
 
 
 def cmd_dashboard(args) -> int:
@@ -193,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
     s.add_argument("--max-attempts", type=int, default=int(env("MAX_ATTEMPTS", D.DEFAULT_MAX_ATTEMPTS)), help=f"attempts before a batch goes to dead letters [default {D.DEFAULT_MAX_ATTEMPTS}]")
     s.add_argument("--lease-seconds", type=int, default=int(env("LEASE_SECONDS", D.DEFAULT_LEASE_SECONDS)), help=f"a dead worker's batch is reclaimed this long after its last heartbeat [HSX_LEASE_SECONDS; default {D.DEFAULT_LEASE_SECONDS}]")
-    s.add_argument("--heartbeat-seconds", type=float, default=float(env("HEARTBEAT_SECONDS", D.DEFAULT_HEARTBEAT_SECONDS)), help=f"seconds between heartbeats [default {D.DEFAULT_HEARTBEAT_SECONDS}]")
+    s.add_argument("--heartbeat-seconds", type=float, default=float(env("HEARTBEAT_SECONDS", D.DEFAULT_HEARTBEAT_SECONDS)), help=f"seconds between heartbeats [HSX_HEARTBEAT_SECONDS; default {D.DEFAULT_HEARTBEAT_SECONDS}]")
+    s.add_argument("--grace-seconds", type=float, default=float(env("GRACE_SECONDS", D.DEFAULT_GRACE_SECONDS)), help=f"on SIGTERM, seconds to finish writing computed batches before handing the rest back [HSX_GRACE_SECONDS; default {D.DEFAULT_GRACE_SECONDS}]")
     _add_redis(s)
     s.set_defaults(func=cmd_worker)
 
@@ -206,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="worker name (default upload-HOST-PID)")
     s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
     s.add_argument("--max-attempts", type=int, default=int(env("MAX_ATTEMPTS", D.DEFAULT_MAX_ATTEMPTS)), help="re-extractions of a lost spool file before dead letters")
+    s.add_argument("--lease-seconds", type=int, default=int(env("LEASE_SECONDS", D.DEFAULT_LEASE_SECONDS)), help=f"an upload whose uploader died is retried this long after its last heartbeat [HSX_LEASE_SECONDS; default {D.DEFAULT_LEASE_SECONDS}]")
+    s.add_argument("--heartbeat-seconds", type=float, default=float(env("HEARTBEAT_SECONDS", D.DEFAULT_HEARTBEAT_SECONDS)), help=f"seconds between lease refreshes [HSX_HEARTBEAT_SECONDS; default {D.DEFAULT_HEARTBEAT_SECONDS}]")
     _add_redis(s)
     s.set_defaults(func=cmd_upload)
 
@@ -256,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workdir", default=".hsx", help="scratch for Redis data, spool and the tiny model [default ./.hsx]")
     s.add_argument("--samples", type=int, default=None, help="use only the first N shipped conversations")
     s.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("demo-assets", help="write the embedded default's tiny model and sample conversations to a folder",
+                       description="Builds the tiny random Qwen3 model (with its tokenizer) and copies the shipped "
+                       "sample conversations into OUT, for `hsx produce` and workers that run as separate processes "
+                       "or containers (docker-compose.cpu.yml). Does nothing that is already there.")
+    s.add_argument("--out", required=True, help="folder to write tiny-qwen3/ and sample_conversations.jsonl into")
+    s.set_defaults(func=cmd_demo_assets)
     return p
 
 

@@ -106,6 +106,8 @@ class WorkerConfig:
     max_attempts: int
     lease_seconds: int
     heartbeat_seconds: float
+    grace_seconds: float = 120.0   # on SIGTERM: time to finish writing before handing batches back
+    min_batch_seconds: float = 0.0  # stretch each batch to this wall time (fault-injection tests only)
 
 
 @dataclass(frozen=True)
@@ -116,3 +118,5 @@ class UploadConfig:
     burst: bool
     worker_name: str
     max_attempts: int
+    lease_seconds: int = 60        # an upload whose uploader died is re-enqueued this long after its last refresh
+    heartbeat_seconds: float = 5.0

@@ -12,6 +12,7 @@ DEFAULT_SPOOL_BUDGET_BYTES = 64 * 2**30  # bytes of finished batch files a host 
 DEFAULT_HEARTBEAT_SECONDS = 5.0          # seconds between worker heartbeats
 DEFAULT_HEARTBEAT_TTL_SECONDS = 30       # seconds a heartbeat key lives without refresh
 DEFAULT_LEASE_SECONDS = 60               # seconds a batch lease lives without refresh
+DEFAULT_GRACE_SECONDS = 120              # seconds a stopping worker may spend writing computed batches
 DEFAULT_MAX_ATTEMPTS = 3                 # attempts a batch gets before the dead-letter record
 DEFAULT_EXTRACT_JOB_TIMEOUT = 3600       # seconds rq lets one extract job run
 DEFAULT_UPLOAD_JOB_TIMEOUT = 3600        # seconds rq lets one upload job run

@@ -69,8 +69,21 @@ class RunKeys:
     def heartbeat(self, worker_id: str) -> str:  # STRING JSON stats; TTL heartbeat_ttl
         return self._k(f"hb:{worker_id}")
 
-    def lease(self, batch_id: str) -> str:  # STRING worker_id holding the batch; TTL lease_seconds
-        return self._k(f"lease:{batch_id}")
+    @property
+    def extract_leases(self) -> str:  # ZSET batch_id scored by lease expiry (unix s): extracting, not yet spooled
+        return self._k("extract_leases")
+
+    @property
+    def upload_leases(self) -> str:  # ZSET batch_id scored by lease expiry (unix s): being uploaded
+        return self._k("upload_leases")
+
+    @property
+    def upload_jobs(self) -> str:  # HASH batch_id -> JSON upload job kwargs + host, while leased; no TTL
+        return self._k("upload_jobs")
+
+    @property
+    def job_seq(self) -> str:  # STRING counter: unique suffix of re-enqueued job ids; no TTL
+        return self._k("job_seq")
 
     @property
     def hosts(self) -> str:  # HASH host -> JSON spool stats {bytes, files, budget, ts}; no TTL

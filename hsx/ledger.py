@@ -155,3 +155,33 @@ def take_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -
 
 def run_totals(r: redis.Redis, run: str) -> dict[str, int]:
     return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in r.hgetall(RunKeys(run).totals).items()}
+
+
+# KEYS: done, done_info, counters, shard_done, done_log ; ARGV: batch_id, samples, tokens, shard
+# Undo a mark_done whose object turned out missing or corrupt. Returns 1 if it was done.
+_UNMARK_DONE = """
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+local size = 0
+if raw then size = cjson.decode(raw)['size'] end
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HINCRBY', KEYS[3], 'batches', -1)
+redis.call('HINCRBY', KEYS[3], 'samples', -tonumber(ARGV[2]))
+redis.call('HINCRBY', KEYS[3], 'tokens', -tonumber(ARGV[3]))
+redis.call('HINCRBY', KEYS[3], 'bytes', -size)
+redis.call('HINCRBY', KEYS[4], ARGV[4], -1)
+redis.call('ZREM', KEYS[5], ARGV[1])
+return 1
+"""
+
+
+def unmark_done(r: redis.Redis, run: str, spec: BatchSpec) -> bool:
+    """Take a batch out of the ledger (its object is missing or corrupt), counters included."""
+    keys = RunKeys(run)
+    return bool(r.eval(_UNMARK_DONE, 5, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
+                       spec.batch_id, spec.samples, spec.tokens, spec.shard))
+
+
+def done_info(r: redis.Redis, run: str) -> dict[str, dict]:
+    return {(k.decode() if isinstance(k, bytes) else k): json.loads(v)
+            for k, v in r.hscan_iter(RunKeys(run).done_info, count=1000)}

@@ -10,10 +10,10 @@ from __future__ import annotations
 import redis
 from rq import Queue
 from rq.job import Job, JobStatus
-from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from hsx.defaults import DEFAULT_EXTRACT_JOB_TIMEOUT, DEFAULT_UPLOAD_JOB_TIMEOUT
+from hsx.keys import RunKeys
 
 EXTRACT_FUNC = "gpu_worker.jobs.extract_batch"
 UPLOAD_FUNC = "uploader.jobs.upload_batch"
@@ -75,24 +75,36 @@ def enqueue_extract(r: redis.Redis, run: str, bid: str, attempt: int = 1, pipeli
 
 
 def enqueue_upload(r: redis.Redis, host: str, run: str, bid: str, path: str, size: int, sha256: str,
-                   attempt: int = 1, pipeline=None) -> Job:
+                   attempt: int = 1, retry: int = 0, pipeline=None) -> Job:
+    """``attempt`` makes the job id unique; ``retry`` counts store failures of this upload (for backoff)."""
     return queue(r, upload_queue_name(host)).enqueue_call(
         UPLOAD_FUNC, kwargs={"run": run, "batch_id": bid, "path": path, "size": size, "sha256": sha256,
-                             "attempt": attempt},
+                             "attempt": attempt, "retry": retry},
         job_id=upload_job_id(run, bid, attempt), timeout=DEFAULT_UPLOAD_JOB_TIMEOUT,
         result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=f"upload {run}/{bid}", pipeline=pipeline)
 
 
-def pending_batches(r: redis.Redis, queue_name: str, run: str) -> set[str]:
-    """Batch ids of ``run`` with a job waiting in, or running from, ``queue_name``."""
-    q = queue(r, queue_name)
-    ids = list(q.get_job_ids()) + list(StartedJobRegistry(queue=q).get_job_ids())
+def _queued_batches(r: redis.Redis, queue_name: str, run: str) -> set[str]:
     found = set()
-    for job_id in ids:
+    for job_id in queue(r, queue_name).get_job_ids():
         parsed = batch_of_job(job_id)
         if parsed and parsed[0] == run:
             found.add(parsed[1])
     return found
+
+
+def _leased(r: redis.Redis, zset: str) -> set[str]:
+    return {x.decode() if isinstance(x, bytes) else x for x in r.zrange(zset, 0, -1)}
+
+
+def pending_extract(r: redis.Redis, run: str) -> set[str]:
+    """Batches of ``run`` waiting on the extract queue or leased by a live worker."""
+    return _queued_batches(r, extract_queue_name(run), run) | _leased(r, RunKeys(run).extract_leases)
+
+
+def pending_upload(r: redis.Redis, host: str, run: str) -> set[str]:
+    """Batches of ``run`` waiting on ``host``'s upload queue or leased by a live uploader."""
+    return _queued_batches(r, upload_queue_name(host), run) | _leased(r, RunKeys(run).upload_leases)
 
 
 def retry_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
@@ -102,5 +114,5 @@ def retry_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) 
     taken = ledger.take_dead_letters(r, run, bids)
     for bid in taken:
         if not ledger.is_done(r, run, bid):
-            enqueue_extract(r, run, bid, attempt=1)
+            enqueue_extract(r, run, bid, attempt=1000 + int(r.incr(RunKeys(run).job_seq)))
     return taken

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hsx import batchfile, layout, ledger, queues
+from hsx import batchfile, heartbeat, layout, ledger, queues
 from hsx.config import ProduceConfig
 from hsx.dataset import fingerprint
 from hsx.layers import resolve_layers
 from hsx.manifest import build_manifest, check_same_run, config_hash
 from hsx.planning import cut_batches, padding_fraction
 from hsx.redisconn import connect
+from hsx.verify import repair_done
 from producer.tokenising import Sample, TokeniseReport, tokenise_dataset
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class ProduceReport:
     already_done: int
     already_pending: int
     enqueued: int
+    repaired: int = 0
 
     def lines(self) -> list[str]:
         t = self.tokenise
@@ -53,7 +55,8 @@ class ProduceReport:
                f"{t.dropped_overlong} dropped as over-long, {sum(t.rejected.values())} rejected",
                f"plan: {self.batches} batches, {self.tokens} tokens, padding {1 - self.tokens / max(self.padded_tokens, 1):.2%} "
                f"of {self.padded_tokens} computed tokens",
-               f"queue: {self.enqueued} batches enqueued, {self.already_done} already done, {self.already_pending} already pending"]
+               f"queue: {self.enqueued} batches enqueued, {self.already_done} already done, {self.already_pending} already pending"
+               + (f", {self.repaired} recorded done but missing from the store (re-enqueued)" if self.repaired else "")]
         for kind, count in t.rejected.most_common():
             out.append(f"  rejected {count} x {kind}")
         out.extend(f"  {example}" for example in t.examples)
@@ -123,6 +126,7 @@ def produce(cfg: ProduceConfig) -> ProduceReport:
             sample_ids=[samples[i].sample_id for i in batch.members]))
     log.info("planned %d batches, padding %.2f%%", len(specs), 100 * padding_fraction(planned))
 
+    repaired = repair_done(r, store, cfg.run) if existing is not None else []
     done = ledger.done_ids(r, cfg.run)
     _write_inputs(store, cfg.run, samples, planned, specs, done, manifest)
     totals = {"batches": len(specs), "samples": len(samples), "tokens": sum(s.tokens for s in specs),
@@ -134,7 +138,9 @@ def produce(cfg: ProduceConfig) -> ProduceReport:
 
     enqueued, pending = 0, set()
     if cfg.enqueue:
-        pending = queues.pending_batches(r, queues.extract_queue_name(cfg.run), cfg.run)
+        pending = queues.pending_extract(r, cfg.run)
+        for host in heartbeat.read_hosts(r, cfg.run):
+            pending |= queues.pending_upload(r, host, cfg.run)
         pipe = r.pipeline()
         for spec in specs:
             if spec.batch_id in done or spec.batch_id in pending:
@@ -143,7 +149,7 @@ def produce(cfg: ProduceConfig) -> ProduceReport:
             enqueued += 1
         pipe.execute()
     return ProduceReport(cfg.run, manifest, tok_report, len(specs), totals["samples"], totals["tokens"],
-                         totals["padded_tokens"], len(done), len(pending), enqueued)
+                         totals["padded_tokens"], len(done), len(pending), enqueued, len(repaired))
 
 
 def _write_inputs(store, run, samples, planned, specs, done, manifest) -> None:

@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
+import time
 from pathlib import Path
 
-from hsx import index, layout, ledger
+from hsx import index, layout, leases, ledger, queues
 from hsx.batchfile import file_sha256
 from hsx.config import StoreSettings
 
 log = logging.getLogger(__name__)
 _stores: dict[str, object] = {}
+LEASE_SECONDS = 60            # set by the uploader process from its config
+MAX_ATTEMPTS = 3              # re-extractions of a batch whose spool file is lost, before dead letters
+RETRY_CAP_SECONDS = 60.0      # longest backoff between two uploads of one batch while the store is down
+current: dict[str, str] = {}  # {"run", "batch_id"} of the upload in progress; the heartbeat refreshes its lease
 
 
 class SpoolFileLost(RuntimeError):
@@ -34,11 +40,39 @@ def store_for(r, run: str):
     return _stores[run]
 
 
-def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, attempt: int = 1) -> str:
+def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, attempt: int = 1, retry: int = 0) -> str:
     from rq import get_current_job
 
-    r = get_current_job().connection
-    local = Path(path)
+    job = get_current_job()
+    r = job.connection
+    host = job.origin.split("@", 1)[1]
+    leases.take_upload(r, run, batch_id, {"host": host, "path": path, "size": size, "sha256": sha256}, LEASE_SECONDS)
+    current.update(run=run, batch_id=batch_id)
+    try:
+        return _upload(r, run, batch_id, Path(path), size, sha256)
+    except SpoolFileLost as exc:
+        # The bytes are gone: the batch must be computed again.
+        attempts = ledger.record_failure(r, run, batch_id, f"upload: {exc}", MAX_ATTEMPTS)
+        if attempts < MAX_ATTEMPTS:
+            queues.enqueue_extract(r, run, batch_id, attempt=leases.next_attempt(r, run))
+        log.error("%s; re-enqueued its extraction (failure %d/%d)", exc, attempts, MAX_ATTEMPTS)
+        raise
+    except Exception as exc:
+        # Store trouble (outage, throttling, verify mismatch): the file stays. Back off while
+        # holding the lease (the heartbeat keeps it), then queue the next try and fail this job.
+        delay = random.uniform(0, min(RETRY_CAP_SECONDS, 2.0 ** retry))
+        log.warning("upload of %s failed (try %d: %s: %s); next try in %.1fs", batch_id, retry + 1,
+                    type(exc).__name__, exc, delay)
+        time.sleep(delay)
+        queues.enqueue_upload(r, host, run, batch_id, path, size, sha256, attempt=leases.next_attempt(r, run),
+                              retry=retry + 1)
+        raise
+    finally:
+        current.clear()
+        leases.drop_upload(r, run, batch_id)
+
+
+def _upload(r, run: str, batch_id: str, local: Path, size: int, sha256: str) -> str:
     if ledger.is_done(r, run, batch_id):
         local.unlink(missing_ok=True)
         return f"{batch_id} already done"

@@ -1,0 +1,97 @@
+"""Leases: which batches live processes are working on, so dead ones are reclaimed fast.
+
+rq does not refresh a SimpleWorker job while it runs and sweeps a killed
+worker's job only every 10 minutes, so hsx keeps its own: a ZSET per run of
+batch id -> lease expiry (unix seconds). A worker leases a batch when it takes
+the job and holds it until the batch file is spooled and its upload enqueued;
+an uploader leases a batch while it uploads. Heartbeats push the expiry
+forward. ``reap`` (run by every worker's heartbeat) re-enqueues batches whose
+lease expired; ZREM decides which reaper wins, so each is re-enqueued once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import redis
+
+from hsx import ledger, queues
+from hsx.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+
+def take(r: redis.Redis, zset: str, bid: str, lease_seconds: float, pipe=None) -> None:
+    (pipe or r).zadd(zset, {bid: time.time() + lease_seconds})
+
+
+def refresh(r: redis.Redis, zset: str, bids, lease_seconds: float, pipe=None) -> None:
+    """Push expiry forward for leases still held (XX: never resurrect a reaped one)."""
+    bids = list(bids)
+    if bids:
+        expiry = time.time() + lease_seconds
+        (pipe or r).zadd(zset, {bid: expiry for bid in bids}, xx=True)
+
+
+def drop(r: redis.Redis, zset: str, bid: str, pipe=None) -> None:
+    (pipe or r).zrem(zset, bid)
+
+
+def take_upload(r: redis.Redis, run: str, bid: str, job: dict, lease_seconds: float) -> None:
+    keys = RunKeys(run)
+    pipe = r.pipeline()
+    pipe.hset(keys.upload_jobs, bid, json.dumps(job))
+    take(r, keys.upload_leases, bid, lease_seconds, pipe=pipe)
+    pipe.execute()
+
+
+def drop_upload(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
+    keys = RunKeys(run)
+    p = pipe or r.pipeline()
+    p.zrem(keys.upload_leases, bid)
+    p.hdel(keys.upload_jobs, bid)
+    if pipe is None:
+        p.execute()
+
+
+def next_attempt(r: redis.Redis, run: str) -> int:
+    """A fresh job-id suffix: re-enqueued jobs never reuse an id a dead worker may still hold."""
+    return 1000 + int(r.incr(RunKeys(run).job_seq))
+
+
+def reap(r: redis.Redis, run: str, max_attempts: int, now: float | None = None) -> dict[str, list[str]]:
+    """Re-enqueue batches whose lease expired. Returns {"extract": [...], "upload": [...]} reclaimed."""
+    keys = RunKeys(run)
+    now = now or time.time()
+    reclaimed: dict[str, list[str]] = {"extract": [], "upload": []}
+    for raw in r.zrangebyscore(keys.extract_leases, "-inf", now):
+        bid = raw.decode() if isinstance(raw, bytes) else raw
+        if not r.zrem(keys.extract_leases, bid):
+            continue  # another reaper took it, or it was refreshed and dropped meanwhile
+        if ledger.is_done(r, run, bid):
+            continue
+        attempts = ledger.record_failure(r, run, bid, "worker lost: lease expired without heartbeat", max_attempts)
+        if attempts < max_attempts:
+            queues.enqueue_extract(r, run, bid, attempt=next_attempt(r, run))
+        reclaimed["extract"].append(bid)
+    for raw in r.zrangebyscore(keys.upload_leases, "-inf", now):
+        bid = raw.decode() if isinstance(raw, bytes) else raw
+        if not r.zrem(keys.upload_leases, bid):
+            continue
+        job = r.hget(keys.upload_jobs, bid)
+        r.hdel(keys.upload_jobs, bid)
+        if job is None or ledger.is_done(r, run, bid):
+            continue
+        kw = json.loads(job)
+        queues.enqueue_upload(r, kw["host"], run, bid, kw["path"], kw["size"], kw["sha256"], attempt=next_attempt(r, run))
+        reclaimed["upload"].append(bid)
+    for kind, bids in reclaimed.items():
+        if bids:
+            log.warning("reclaimed %d %s batches of run %s from dead processes: %s", len(bids), kind, run, bids[:10])
+    return reclaimed
+
+
+def leased(r: redis.Redis, zset: str) -> set[str]:
+    return {x.decode() if isinstance(x, bytes) else x for x in r.zrange(zset, 0, -1)}

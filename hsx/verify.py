@@ -1,0 +1,147 @@
+"""`hsx verify`: the store against the plan.
+
+Every planned batch must be done and present with the ledger's size and
+SHA-256; its sample ids must be the plan's; hidden states finite; every
+sample id exactly once across the run; no stray objects. ``--quick`` checks
+sizes only (no object is read).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from hsx import batchfile, layout, ledger
+
+log = logging.getLogger(__name__)
+VERIFY_THREADS = 8
+
+
+@dataclass
+class VerifyReport:
+    run: str
+    planned: int = 0
+    checked: int = 0
+    samples: int = 0
+    bytes: int = 0
+    problems: dict[str, str] = field(default_factory=dict)   # batch id (or key) -> what is wrong
+    duplicate_samples: list[str] = field(default_factory=list)
+    missing_samples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.problems or self.duplicate_samples or self.missing_samples)
+
+    def lines(self) -> list[str]:
+        out = [f"run {self.run}: {self.checked}/{self.planned} batches verified, {self.samples} samples, "
+               f"{self.bytes} bytes; {'OK' if self.ok else 'GAPS FOUND'}"]
+        for bid, problem in sorted(self.problems.items())[:50]:
+            out.append(f"  {bid}: {problem}")
+        if len(self.problems) > 50:
+            out.append(f"  ... and {len(self.problems) - 50} more")
+        if self.duplicate_samples:
+            out.append(f"  {len(self.duplicate_samples)} sample ids appear more than once, e.g. {self.duplicate_samples[:5]}")
+        if self.missing_samples:
+            out.append(f"  {len(self.missing_samples)} planned sample ids are missing, e.g. {self.missing_samples[:5]}")
+        return out
+
+
+def check_batch(store, run: str, spec: ledger.BatchSpec, info: dict | None, quick: bool) -> tuple[str | None, list[str]]:
+    """(problem or None, sample ids found) for one planned batch."""
+    if info is None:
+        return "not done (not in the ledger)", []
+    key = layout.batch_key(run, spec.shard, spec.batch_id)
+    if quick:
+        head = store.head(key)
+        if head is None:
+            return f"object {key} is missing from the store", []
+        if head.size != info["size"]:
+            return f"object {key} is {head.size} bytes, the ledger says {info['size']}", []
+        return None, list(spec.sample_ids)
+    try:
+        data = store.get_bytes(key)
+    except KeyError:
+        return f"object {key} is missing from the store", []
+    if len(data) != info["size"]:
+        return f"object {key} is {len(data)} bytes, the ledger says {info['size']}", []
+    if hashlib.sha256(data).hexdigest() != info["sha256"]:
+        return f"object {key} has a different SHA-256 than the ledger recorded", []
+    try:
+        contents = batchfile.read_bytes(data, where=key)
+    except batchfile.BatchFileError as exc:
+        return str(exc), []
+    if contents.sample_ids != spec.sample_ids:
+        return f"object {key} holds other samples than the plan", contents.sample_ids
+    for name in ("hidden_states", "final_hidden_states"):
+        t = getattr(contents, name)
+        if t is not None and not bool(torch.isfinite(t).all()):
+            return f"object {key}: {name} holds NaN/Inf", contents.sample_ids
+    return None, contents.sample_ids
+
+
+def verify_run(r, store, run: str, quick: bool = False) -> VerifyReport:
+    specs = ledger.all_specs(r, run)
+    infos = ledger.done_info(r, run)
+    report = VerifyReport(run, planned=len(specs))
+
+    def one(bid):
+        return bid, check_batch(store, run, specs[bid], infos.get(bid), quick)
+
+    seen: Counter = Counter()
+    with ThreadPoolExecutor(VERIFY_THREADS) as pool:
+        for n, (bid, (problem, sample_ids)) in enumerate(pool.map(one, sorted(specs)), 1):
+            if problem:
+                report.problems[bid] = problem
+            else:
+                report.checked += 1
+                report.bytes += infos[bid]["size"]
+            seen.update(sample_ids)
+            if n % 1000 == 0:
+                log.info("verified %d/%d batches", n, len(specs))
+    planned_ids = [s for spec in specs.values() for s in spec.sample_ids]
+    report.samples = sum(1 for s in set(planned_ids) if seen[s] >= 1)
+    report.duplicate_samples = sorted(s for s, c in seen.items() if c > 1)
+    report.missing_samples = sorted(set(planned_ids) - set(seen))[:1000]
+    expected_keys = {layout.batch_key(run, spec.shard, bid) for bid, spec in specs.items()}
+    for key in store.list_keys(f"{run}/batches/"):
+        if key not in expected_keys:
+            report.problems[key] = "object is not in the plan"
+    return report
+
+
+def repair_done(r, store, run: str) -> list[str]:
+    """Take out of the ledger every done batch whose object is missing or of the wrong size (quick check)."""
+    specs, infos = ledger.all_specs(r, run), ledger.done_info(r, run)
+
+    def one(bid):
+        return bid, check_batch(store, run, specs[bid], infos[bid], quick=True)[0]
+
+    repaired = []
+    with ThreadPoolExecutor(VERIFY_THREADS) as pool:
+        for bid, problem in pool.map(one, sorted(set(infos) & set(specs))):
+            if problem and ledger.unmark_done(r, run, specs[bid]):
+                log.warning("%s was recorded done but %s; it will be extracted again", bid, problem)
+                repaired.append(bid)
+    return repaired
+
+
+def run_verify(args) -> int:
+    from hsx.config import StoreSettings, redis_url_from
+    from hsx.redisconn import connect
+
+    url = redis_url_from(args.redis_url)
+    if not url:
+        raise ValueError("no Redis: set HSX_REDIS_URL (verify reads the plan and the ledger)")
+    r = connect(url)
+    manifest = ledger.get_manifest(r, args.run)
+    if manifest is None:
+        raise KeyError(f"run {args.run!r} is not in this Redis")
+    store = StoreSettings.resolve(None, recorded=manifest["store"]).open()
+    report = verify_run(r, store, args.run, quick=args.quick)
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1

@@ -1,0 +1,162 @@
+"""Recovery paths in-process: verify/repair, dead letters, duplicates, leases, disk full, NaN."""
+
+import json
+import time
+
+import torch
+
+from hsx import layout, leases, ledger, queues
+from hsx.keys import RunKeys
+from hsx.progress import run_progress
+from hsx.store import open_store
+from hsx.verify import verify_run
+from producer.produce import produce
+from tests.pipeline import produce_config, run_pipeline, upload_config, worker_config
+
+
+def _counters(r, run):
+    return ledger.run_totals(r, run), run_progress(r, run)["done"]
+
+
+def test_verify_finds_gaps_and_produce_repairs_them(r, redis_server, tiny_model, tmp_path):
+    from gpu_worker.worker import run_worker
+    from uploader.worker import run_uploader
+
+    store_dir = tmp_path / "store"
+    run_pipeline(redis_server.url, tiny_model, str(store_dir), tmp_path / "spool", run="vr")
+    store = open_store(str(store_dir))
+    report = verify_run(r, store, "vr")
+    assert report.ok and report.checked == report.planned and report.samples == 160
+    specs = ledger.all_specs(r, "vr")
+    lost, bad = specs["b0000001"], specs["b0000002"]
+    store.delete(layout.batch_key("vr", lost.shard, lost.batch_id))
+    path = store_dir / layout.batch_key("vr", bad.shard, bad.batch_id)
+    path.write_bytes(path.read_bytes()[:-8] + b"\x00" * 8)  # same size, other bytes
+    report = verify_run(r, store, "vr")
+    assert not report.ok and set(report.problems) == {"b0000001", "b0000002"}
+    assert "missing from the store" in report.problems["b0000001"]
+    assert "different SHA-256" in report.problems["b0000002"]
+    quick = verify_run(r, store, "vr", quick=True)
+    assert set(quick.problems) == {"b0000001"}  # sizes only: the same-size corruption needs the full check
+    # Re-running produce takes the missing batch out of the ledger and re-enqueues it; the corrupt one
+    # (same size) is caught by the full verify only, so take it out the way an operator would: unmark.
+    ledger.unmark_done(r, "vr", bad)
+    again = produce(produce_config(redis_server.url, tiny_model, str(store_dir), run="vr"))
+    assert again.repaired == 1 and again.enqueued == 2
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="vr"))
+    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
+    assert verify_run(r, store, "vr").ok
+    totals, done = _counters(r, "vr")
+    assert done["batches"] == totals["batches"] and done["samples"] == totals["samples"] == 160
+
+
+def test_bad_batch_goes_to_dead_letters_then_retry_failed(r, redis_server, tiny_model, tmp_path):
+    from gpu_worker.worker import run_worker
+    from uploader.worker import run_uploader
+
+    store_dir = tmp_path / "store"
+    cfg = produce_config(redis_server.url, tiny_model, str(store_dir), run="dl")
+    produce(cfg)
+    spec = ledger.get_spec(r, "dl", "b0000003")
+    inputs = store_dir / layout.input_key("dl", spec.shard, spec.batch_id)
+    good = inputs.read_bytes()
+    inputs.write_bytes(good[: len(good) // 2])  # truncated input object: every attempt raises
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dl", max_attempts=3))
+    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
+    dead = ledger.dead_letters(r, "dl")
+    assert list(dead) == ["b0000003"] and dead["b0000003"]["attempts"] == 3
+    assert "corrupt or truncated" in dead["b0000003"]["last_error"] and "b0000003" in dead["b0000003"]["last_error"]
+    p = run_progress(r, "dl")
+    assert p["done"]["batches"] == p["totals"]["batches"] - 1  # the rest of the run went on
+    inputs.write_bytes(good)
+    assert queues.retry_dead_letters(r, "dl") == ["b0000003"]
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dl"))
+    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
+    assert run_progress(r, "dl")["complete"] and not ledger.dead_letters(r, "dl")
+
+
+def test_duplicate_delivery_counts_once(r, redis_server, tiny_model, tmp_path):
+    from gpu_worker.worker import run_worker
+    from uploader.worker import run_uploader
+
+    store_dir = tmp_path / "store"
+    run_pipeline(redis_server.url, tiny_model, str(store_dir), tmp_path / "spool", run="dup")
+    before = run_progress(r, "dup")["done"]
+    # The same batch delivered again, to the worker and to the uploader.
+    queues.enqueue_extract(r, "dup", "b0000000", attempt=77)
+    spec = ledger.get_spec(r, "dup", "b0000000")
+    key = layout.batch_key("dup", spec.shard, spec.batch_id)
+    stored = (store_dir / key).read_bytes()
+    spool_copy = tmp_path / "spool" / "dup" / "b0000000.safetensors"
+    spool_copy.write_bytes(stored)
+    info = json.loads(r.hget(RunKeys("dup").done_info, "b0000000"))
+    queues.enqueue_upload(r, "testhost", "dup", "b0000000", str(spool_copy), info["size"], info["sha256"], attempt=78)
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dup"))
+    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
+    assert run_progress(r, "dup")["done"] == before
+    assert (store_dir / key).read_bytes() == stored
+    assert not spool_copy.exists()
+    assert verify_run(r, open_store(str(store_dir)), "dup").ok
+    # mark_done itself is idempotent
+    assert ledger.mark_done(r, "dup", spec, key, info["size"], info["sha256"], by="again") is False
+
+
+def test_expired_lease_is_reclaimed_once(r, redis_server, tiny_model, tmp_path):
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="lease", enqueue=False))
+    keys = RunKeys("lease")
+    leases.take(r, keys.extract_leases, "b0000002", lease_seconds=0.01)
+    leases.take(r, keys.extract_leases, "b0000003", lease_seconds=60)
+    time.sleep(0.05)
+    assert leases.reap(r, "lease", max_attempts=3)["extract"] == ["b0000002"]
+    assert leases.reap(r, "lease", max_attempts=3)["extract"] == []
+    assert queues.pending_extract(r, "lease") == {"b0000002", "b0000003"}
+    assert ledger.failures(r, "lease")["b0000002"]["last_error"].startswith("worker lost")
+
+
+def test_nan_hidden_states_never_land(r, redis_server, tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from gpu_worker.worker import run_worker
+
+    broken = tmp_path / "broken-model"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.fill_(float("nan"))
+    model.save_pretrained(broken)
+    for f in tiny_model.iterdir():
+        if f.is_file() and not (broken / f.name).exists():
+            (broken / f.name).write_bytes(f.read_bytes())
+    produce(produce_config(redis_server.url, broken, str(tmp_path / "store"), run="nan"))
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="nan", max_attempts=2))
+    dead = ledger.dead_letters(r, "nan")
+    assert len(dead) == ledger.run_totals(r, "nan")["batches"]
+    assert all("NaN/Inf" in rec["last_error"] for rec in dead.values())
+    assert not list((tmp_path / "spool").rglob("*.safetensors*"))
+    assert len(queues.queue(r, queues.upload_queue_name("testhost"))) == 0
+
+
+def test_disk_full_fails_cleanly_and_retries(r, redis_server, tiny_model, tmp_path, monkeypatch):
+    from gpu_worker import writer as writer_mod
+    from gpu_worker.worker import run_worker
+    from uploader.worker import run_uploader
+
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="full"))
+    real_write = writer_mod.batchfile.write_atomic
+    calls = {"n": 0}
+
+    def flaky_disk(path, tensors, metadata, fsync=True):
+        calls["n"] += 1
+        if calls["n"] in (1, 3):  # ENOSPC half-way through the file: the temp file must not survive
+            tmp = path.with_name(f"{path.name}.tmp-{__import__('os').getpid()}")
+            tmp.write_bytes(b"partial")
+            tmp.unlink()
+            raise OSError(28, "No space left on device")
+        return real_write(path, tensors, metadata, fsync)
+
+    monkeypatch.setattr(writer_mod.batchfile, "write_atomic", flaky_disk)
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="full"))
+    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
+    p = run_progress(r, "full")
+    assert p["complete"] and not p["dead_letters"]
+    assert [f for f in (tmp_path / "spool").rglob("*") if f.is_file()] == []  # no partial or temp file left
+    assert verify_run(r, open_store(str(tmp_path / "store")), "full").ok
