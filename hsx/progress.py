@@ -10,14 +10,25 @@ import redis
 from hsx import heartbeat, ledger, queues
 from hsx.keys import RunKeys
 
-RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes
+RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
+MIN_RATE_SPAN_SECONDS = 10  # ...or, for a run younger than that, over its age (at least this long)
 
 
 def _int_hash(r: redis.Redis, key: str) -> dict[str, int]:
     return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in r.hgetall(key).items()}
 
 
-def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float) -> dict:
+def rate_span(r: redis.Redis, run: str, now: float, window: float = RATE_WINDOW_SECONDS) -> float:
+    """Seconds rates are averaged over: ``window``, or the run's age since its first batch reached a
+    spool or the ledger if that is shorter (so a young run's rate and ETA are not diluted)."""
+    keys = RunKeys(run)
+    firsts = [s for key in (keys.spooled_log, keys.done_log) for _, s in r.zrange(key, 0, 0, withscores=True)]
+    if not firsts:
+        return window
+    return min(window, max(now - min(firsts), MIN_RATE_SPAN_SECONDS))
+
+
+def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float, span: float | None = None) -> dict:
     members = r.zrangebyscore(log_key, now - window, now, withscores=True)
     if not members:
         return {"batches": 0, "samples": 0, "tokens": 0, "per_s": {"batches": 0.0, "samples": 0.0, "tokens": 0.0}}
@@ -28,7 +39,7 @@ def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float) -
             spec = json.loads(raw)
             samples += spec["samples"]
             tokens += spec["tokens"]
-    span = window
+    span = span or window
     return {"batches": len(members), "samples": samples, "tokens": tokens,
             "per_s": {"batches": len(members) / span, "samples": samples / span, "tokens": tokens / span}}
 
@@ -38,7 +49,8 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     now = now or time.time()
     totals, done = _int_hash(r, keys.totals), _int_hash(r, keys.counters)
     spooled = r.zcard(keys.spooled_log)
-    rate = _window(r, run, keys.done_log, now, window)
+    span = rate_span(r, run, now, window)
+    rate = _window(r, run, keys.done_log, now, window, span)
     remaining_tokens = max(totals.get("tokens", 0) - done.get("tokens", 0), 0)
     tok_rate = rate["per_s"]["tokens"]
     eta = remaining_tokens / tok_rate if tok_rate > 0 else None
@@ -50,7 +62,8 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "done": {k: done.get(k, 0) for k in ("batches", "samples", "tokens", "bytes")},
         "spooled_batches": spooled,
         "rate": rate["per_s"],
-        "extract_rate": _window(r, run, keys.spooled_log, now, window)["per_s"],
+        "extract_rate": _window(r, run, keys.spooled_log, now, window, span)["per_s"],
+        "rate_span_seconds": span,
         "eta_seconds": 0.0 if complete else eta,
         "complete": complete,
         "started": first[0][1] if first else None,
@@ -94,7 +107,7 @@ def summary_lines(p: dict) -> list[str]:
         f"  samples  {d['samples']}/{t.get('samples', 0)} ({pct(d['samples'], t.get('samples', 0))})",
         f"  tokens   {d['tokens']}/{t.get('tokens', 0)} ({pct(d['tokens'], t.get('tokens', 0))})",
         f"  uploaded {fmt_bytes(d['bytes'])}",
-        f"  rate     {p['rate']['samples']:.1f} samples/s, {p['rate']['tokens']:.0f} tokens/s (last {RATE_WINDOW_SECONDS // 60} min)",
+        f"  rate     {p['rate']['samples']:.1f} samples/s, {p['rate']['tokens']:.0f} tokens/s (last {fmt_duration(p['rate_span_seconds'])})",
         f"  ETA      {fmt_duration(p['eta_seconds'])}",
     ]
     alive = [w for w in p["workers"] if w.get("alive")]

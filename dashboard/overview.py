@@ -1,0 +1,130 @@
+"""One run's overview: the numbers the page, /api/status and /metrics all show.
+
+Built from ``hsx.progress.run_progress`` (ledger, counters, heartbeats, hosts)
+plus the plan (per-shard totals, tokens a batch) and rq (upload queue depth,
+uploaders, uploads finished a host). Plain JSON-ready dicts; nothing here
+writes to Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+from rq import Worker
+from rq.registry import FinishedJobRegistry
+
+from hsx import ledger, queues
+from hsx.keys import RunKeys
+from hsx.progress import RATE_WINDOW_SECONDS, run_progress
+
+from dashboard.config import DEFAULT_RECENT_ERRORS, DashboardConfig
+from dashboard.plan_cache import PlanCache, PlanSummary
+from dashboard.series import throughput_series
+
+# Worker states: "busy" (fresh heartbeat, a batch in hand), "idle" (fresh heartbeat, no batch),
+# "stale" (heartbeat expired or older than stale_after_seconds while the run is unfinished),
+# "stopped" (no heartbeat, run complete: the worker exited after its work).
+GPU_FIELDS = ("gpu", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c", "power_w")
+
+
+def pick_run(r: redis.Redis, requested: str | None) -> tuple[str | None, list[str]]:
+    """(the run to show, all runs). Default: the run with the latest extract/upload activity."""
+    runs = ledger.list_runs(r)
+    if requested:
+        return (requested if requested in runs else None), runs
+
+    def last_activity(run: str) -> float:
+        keys = RunKeys(run)
+        scores = [s for key in (keys.done_log, keys.spooled_log) for _, s in r.zrange(key, -1, -1, withscores=True)]
+        return max(scores, default=0.0)
+
+    return (max(runs, key=lambda run: (last_activity(run), run)) if runs else None), runs
+
+
+def _worker_row(w: dict, now: float, stale_after: float, complete: bool) -> dict:
+    age = now - w.get("ts", w["last_seen"])
+    stale = not w["alive"] or age > stale_after
+    state = ("stopped" if complete else "stale") if stale else ("busy" if w.get("current_batch") else "idle")
+    row = {"worker": w["worker"], "host": w.get("host"), "device": w.get("device"), "state": state, "stale": stale,
+           "heartbeat_age_seconds": round(age, 1), "current_batch": w.get("current_batch") if not stale else None,
+           "batches": w.get("batches", 0), "tokens": w.get("tokens", 0), "tokens_per_s": w.get("tokens_per_s", 0.0),
+           "gpu_note": w.get("note")}
+    row.update({f: w.get(f) for f in GPU_FIELDS})
+    row["gpu_name"] = row.pop("name")
+    return row
+
+
+def _host_upload_rate(r: redis.Redis, run: str, host: str, plan: PlanSummary, now: float, window: float) -> dict:
+    """Uploads finished by ``host``'s uploaders in the last ``window`` s (the run's rate span), from rq's
+    finished-job registry (a ZSET scored by finish time + the job's result TTL, queues.RESULT_TTL)."""
+    registry = FinishedJobRegistry(queues.upload_queue_name(host), connection=r)
+    since = now - window + queues.RESULT_TTL
+    bids = set()
+    for raw in r.zrangebyscore(registry.key, since, "+inf"):
+        parsed = queues.batch_of_job(raw.decode() if isinstance(raw, bytes) else raw)
+        if parsed and parsed[0] == run:
+            bids.add(parsed[1])
+    sizes = r.hmget(RunKeys(run).done_info, sorted(bids)) if bids else []
+    nbytes = sum(int(json.loads(s)["size"]) for s in sizes if s)
+    return {"upload_batches_per_s": len(bids) / window,
+            "upload_tokens_per_s": sum(plan.tokens.get(b, 0) for b in bids) / window,
+            "upload_bytes_per_s": nbytes / window}
+
+
+def _host_row(r: redis.Redis, run: str, host: str, stats: dict, plan: PlanSummary, now: float, span: float) -> dict:
+    q = queues.queue(r, queues.upload_queue_name(host))
+    budget = stats.get("spool_budget_bytes") or 0
+    row = {"host": host, "spool_bytes": stats.get("spool_bytes", 0), "spool_files": stats.get("spool_files", 0),
+           "spool_budget_bytes": budget,
+           "spool_fill": (stats.get("spool_bytes", 0) / budget) if budget else None,
+           "reported_age_seconds": round(now - stats.get("ts", now), 1),
+           "upload_queue": q.count, "uploaders": len(Worker.all(connection=r, queue=q))}
+    row.update(_host_upload_rate(r, run, host, plan, now, span))
+    return row
+
+
+def _failure_rows(records: dict[str, dict], dead: bool) -> list[dict]:
+    return [{"batch_id": bid, "attempts": rec.get("attempts"), "last_error": rec.get("last_error", ""),
+             "ts": rec.get("ts"), "dead": dead} for bid, rec in records.items()]
+
+
+def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: PlanCache, now: float | None = None,
+                   window: float = RATE_WINDOW_SECONDS) -> dict:
+    now = now or time.time()
+    p = run_progress(r, run, now=now, window=window)
+    plan = plans.get(r, run)
+    totals, done = p["totals"], p["done"]
+    dead = sorted(_failure_rows(p["dead_letters"], True), key=lambda f: f["batch_id"])
+    recent = sorted(dead + _failure_rows(p["failures"], False), key=lambda f: -(f["ts"] or 0))
+    return {
+        "run": run,
+        "generated_at": now,
+        "complete": p["complete"],
+        "index_written": p["index_written"],
+        "started": p["started"],
+        "progress": {
+            "samples": {"done": done["samples"], "total": totals.get("samples", 0)},
+            "tokens": {"done": done["tokens"], "total": totals.get("tokens", 0)},
+            "batches_extracted": {"done": p["spooled_batches"], "total": totals.get("batches", 0)},
+            "batches_uploaded": {"done": done["batches"], "total": totals.get("batches", 0)},
+        },
+        "uploaded_bytes": done["bytes"],
+        "rate": {"window_seconds": p["rate_span_seconds"], "samples_per_s": p["rate"]["samples"],
+                 "tokens_per_s": p["rate"]["tokens"],
+                 "batches_per_s": p["rate"]["batches"], "extract_tokens_per_s": p["extract_rate"]["tokens"],
+                 "extract_batches_per_s": p["extract_rate"]["batches"]},
+        "eta_seconds": p["eta_seconds"],
+        "extract_queue": p["extract_queue"],
+        "series": throughput_series(r, run, plan.tokens, now, p["complete"], config.series_span_seconds,
+                                    config.series_bucket_seconds),
+        "shards": [{"shard": s, "done": p["shards"].get(s, {}).get("done", 0), "total": n}
+                   for s, n in sorted(plan.shard_batches.items())],
+        "workers": sorted((_worker_row(w, now, config.stale_after_seconds, p["complete"]) for w in p["workers"]),
+                          key=lambda w: (w["host"] or "", w["gpu"] if w["gpu"] is not None else -1, w["worker"])),
+        "hosts": [_host_row(r, run, h, s, plan, now, p["rate_span_seconds"]) for h, s in sorted(p["hosts"].items())],
+        "dead_letters": dead,
+        "retrying": len(p["failures"]),
+        "recent_errors": recent[:DEFAULT_RECENT_ERRORS],
+    }

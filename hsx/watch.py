@@ -1,0 +1,102 @@
+"""`hsx status --watch`: the dashboard's overview in the terminal, live (rich).
+
+Redraws every ``interval`` seconds from ``hsx.progress.run_progress``: progress
+bars (samples, tokens, batches extracted, batches uploaded and verified), rate
+and ETA, one row a GPU worker, one row a host (spool against budget, upload
+queue, uploaders), and the dead letters. Ends when the run is complete, after
+``max_iterations`` redraws, or on Ctrl-C; returns the exit code (0, or 1 when
+Redis cannot be reached).
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn
+from rich.table import Table
+from rich.text import Text
+from rq import Worker
+
+from hsx import queues
+from hsx.progress import fmt_bytes, fmt_duration, run_progress
+
+BARS = (("samples", "samples"), ("tokens", "tokens"), ("extracted", "batches extracted"),
+        ("uploaded", "batches uploaded + verified"))
+
+
+def _bar_values(p: dict) -> dict[str, tuple[int, int]]:
+    t, d = p["totals"], p["done"]
+    return {"samples": (d["samples"], t.get("samples", 0)), "tokens": (d["tokens"], t.get("tokens", 0)),
+            "extracted": (p["spooled_batches"], t.get("batches", 0)), "uploaded": (d["batches"], t.get("batches", 0))}
+
+
+def _header(p: dict) -> Text:
+    state = "COMPLETE" if p["complete"] else "in progress"
+    rate = p["rate"]
+    return Text(f"run {p['run']}: {state}   {rate['samples']:.1f} samples/s, {rate['tokens']:.0f} tokens/s "
+                f"(last {fmt_duration(p['rate_span_seconds'])})   ETA {fmt_duration(p['eta_seconds'])}   "
+                f"extract queue {p['extract_queue']}   uploaded {fmt_bytes(p['done']['bytes'])}", style="bold")
+
+
+def _workers_table(p: dict) -> Table:
+    table = Table(title="GPU workers", title_justify="left", expand=False)
+    for col in ("worker", "host", "gpu", "util", "memory", "temp", "power", "batch", "heartbeat", "batches", "state"):
+        table.add_column(col)
+    for w in p["workers"]:
+        mem = (f"{fmt_bytes(w['mem_used_bytes'])}/{fmt_bytes(w['mem_total_bytes'])}"
+               if w.get("mem_total_bytes") is not None else "-")
+        state = "stale" if not w["alive"] else ("busy" if w.get("current_batch") else "idle")
+        table.add_row(w["worker"], str(w.get("host") or "-"), str(w.get("name") or w.get("device") or "-"),
+                      "-" if w.get("util_pct") is None else f"{w['util_pct']}%", mem,
+                      "-" if w.get("temp_c") is None else f"{w['temp_c']} C",
+                      "-" if w.get("power_w") is None else f"{w['power_w']:.0f} W",
+                      str(w.get("current_batch") or "-"), f"{w['age_seconds']:.0f}s ago", str(w.get("batches", 0)),
+                      Text(state, style="red" if state == "stale" else ""))
+    return table
+
+
+def _hosts_table(r: redis.Redis, p: dict) -> Table:
+    table = Table(title="hosts", title_justify="left", expand=False)
+    for col in ("host", "spool", "files", "upload queue", "uploaders"):
+        table.add_column(col)
+    for host, stats in sorted(p["hosts"].items()):
+        q = queues.queue(r, queues.upload_queue_name(host))
+        table.add_row(host, f"{fmt_bytes(stats.get('spool_bytes', 0))} / {fmt_bytes(stats.get('spool_budget_bytes', 0))}",
+                      str(stats.get("spool_files", 0)), str(q.count), str(len(Worker.all(connection=r, queue=q))))
+    return table
+
+
+def _failures(p: dict) -> Text:
+    lines = [f"{len(p['dead_letters'])} dead letters, {len(p['failures'])} retrying"]
+    for bid, rec in sorted(p["dead_letters"].items())[:10]:
+        lines.append(f"  {bid}: {rec['attempts']} attempts: {rec['last_error'][:160]}")
+    return Text("\n".join(lines), style="red" if p["dead_letters"] else "")
+
+
+def watch(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int | None = None,
+          console: Console | None = None) -> int:
+    console = console or Console()
+    bars = Progress(TextColumn("{task.description:>28}"), BarColumn(bar_width=None), MofNCompleteColumn(),
+                    TaskProgressColumn(), console=console, expand=True)
+    tasks = {key: bars.add_task(label, total=None) for key, label in BARS}
+    iterations = 0
+    try:
+        with Live(console=console, refresh_per_second=4, transient=False, auto_refresh=False) as live:
+            while True:
+                p = run_progress(r, run)
+                for key, (done, total) in _bar_values(p).items():
+                    bars.update(tasks[key], completed=done, total=total or None)
+                live.update(Group(_header(p), bars, _workers_table(p), _hosts_table(r, p), _failures(p)),
+                            refresh=True)
+                iterations += 1
+                if p["complete"] or (max_iterations is not None and iterations >= max_iterations):
+                    return 0
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+    except redis.exceptions.ConnectionError as exc:
+        console.print(f"hsx status --watch: Redis unreachable: {exc}")
+        return 1
