@@ -1,0 +1,274 @@
+"""docker-compose.yml and docker-compose.cpu.yml: valid, every command a real `hsx` sub-command,
+volumes and environment that line up the way the roles need them.
+
+The files are checked as `docker-compose config` resolves them (Debian's docker-compose v1: no
+Docker engine needed), with `.env.example` as the `.env`. The helpers here are shared with
+tests/test_compose_run.py, which runs the resolved services as processes.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from hsx.redisconn import redact
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = "docker-compose.yml"
+CPU_OVERRIDE = "docker-compose.cpu.yml"
+HSX_BIN = Path(sys.executable).with_name("hsx")
+SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "HF_TOKEN",
+               "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD")
+MIN_WORKER_GRACE_SECONDS = 120  # a stopping worker may take HSX_GRACE_SECONDS (120 s) to write its last batch
+
+
+# ---- helpers (also used by test_compose_run.py) -------------------------------------------------
+
+def read_env_file(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+def write_project(dest: Path, env: dict[str, str] | None = None) -> Path:
+    """A copy of the compose files in ``dest`` with ``.env`` = ``.env.example`` updated by ``env``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in (BASE, CPU_OVERRIDE):
+        shutil.copy(ROOT / name, dest / name)
+    values = read_env_file(ROOT / ".env.example")
+    values.update(env or {})
+    (dest / ".env").write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    return dest
+
+
+def docker_compose() -> str:
+    exe = shutil.which("docker-compose")
+    if not exe:
+        pytest.fail("docker-compose is not installed (apt-get install docker-compose; scripts/setup.sh --test does it)")
+    return exe
+
+
+def compose_config(project: Path, *files: str) -> dict:
+    """The project as `docker-compose config` resolves it: files merged, ${...} and env_file filled in."""
+    args = [docker_compose()]
+    for name in files:
+        args += ["-f", name]
+    proc = subprocess.run(args + ["config"], cwd=project, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"docker-compose {' '.join(files)} config failed:\n{proc.stderr}"
+    return yaml.safe_load(proc.stdout)
+
+
+def active_services(config: dict, profiles: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Services `up` starts: those without a profile, or with one of ``profiles`` on."""
+    return {name: svc for name, svc in config["services"].items()
+            if not svc.get("profiles") or set(svc["profiles"]) & set(profiles)}
+
+
+def is_hsx(svc: dict) -> bool:
+    return str(svc.get("image", "")).split("/")[-1].startswith("hsx:") or "build" in svc
+
+
+def role(svc: dict) -> str | None:
+    cmd = svc.get("command") or []
+    return cmd[0] if is_hsx(svc) and cmd else None
+
+
+def mounts(svc: dict) -> dict[str, str]:
+    """container path -> source (named volume or host path), for a resolved service."""
+    out = {}
+    for spec in svc.get("volumes") or []:
+        if isinstance(spec, dict):
+            out[spec["target"]] = spec.get("source", "")
+        else:
+            source, target = spec.split(":")[:2]
+            out[target] = source
+    return out
+
+
+def source_of(svc: dict, container_path: str) -> tuple[str, str] | None:
+    """(mount target, source) of the mount holding ``container_path``, or None."""
+    path = PurePosixPath(container_path)
+    best = None
+    for target, source in mounts(svc).items():
+        if path == PurePosixPath(target) or PurePosixPath(target) in path.parents:
+            if best is None or len(target) > len(best[0]):
+                best = (target, source)
+    return best
+
+
+def seconds(value) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    total = 0.0
+    for amount, unit in re.findall(r"([\d.]+)(us|ms|s|m|h)", str(value)):
+        total += float(amount) * {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}[unit]
+    return total
+
+
+# ---- fixtures -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def base_config(tmp_path_factory) -> dict:
+    return compose_config(write_project(tmp_path_factory.mktemp("compose")), BASE)
+
+
+@pytest.fixture(scope="module")
+def cpu_config(tmp_path_factory) -> dict:
+    return compose_config(write_project(tmp_path_factory.mktemp("compose-cpu")), BASE, CPU_OVERRIDE)
+
+
+@pytest.fixture(params=["base", "cpu"])
+def config(request, base_config, cpu_config) -> dict:
+    return base_config if request.param == "base" else cpu_config
+
+
+# ---- tests --------------------------------------------------------------------------------------
+
+def test_compose_files_validate(tmp_path):
+    project = write_project(tmp_path)
+    for files in ((BASE,), (BASE, CPU_OVERRIDE)):
+        args = [docker_compose()] + [a for f in files for a in ("-f", f)]
+        for extra in (["config", "-q"], ["--profile", "minio", "config", "-q"]):
+            proc = subprocess.run(args + extra, cwd=project, capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, f"{' '.join(files)} {' '.join(extra)}:\n{proc.stderr}"
+
+
+def test_missing_host_name_is_refused(tmp_path):
+    project = write_project(tmp_path, {"HSX_HOST": ""})
+    proc = subprocess.run([docker_compose(), "config", "-q"], cwd=project, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "HSX_HOST" in proc.stderr
+
+
+def test_every_command_is_a_real_hsx_subcommand(base_config, cpu_config):
+    from hsx.cli import build_parser
+
+    parser = build_parser()
+    commands = {tuple(svc["command"]) for cfg in (base_config, cpu_config)
+                for svc in cfg["services"].values() if is_hsx(svc)}
+    roles = {cmd[0] for cmd in commands}
+    assert {"produce", "worker", "upload", "dashboard", "demo-assets"} <= roles
+    for cmd in sorted(commands):
+        parser.parse_args(list(cmd))  # every flag exists and parses (SystemExit otherwise)
+    for name in sorted(roles):
+        proc = subprocess.run([str(HSX_BIN), name, "--help"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, f"hsx {name} --help: {proc.stderr}"
+
+
+def test_redis_is_durable_and_everyone_waits_for_it(config):
+    redis = config["services"]["redis"]
+    cmd = " ".join(redis["command"])
+    for setting in ("--appendonly yes", "--appendfsync everysec", "--maxmemory-policy noeviction"):
+        assert setting in cmd
+    assert "/data" in mounts(redis) and redis["healthcheck"]["test"]
+    for name, svc in active_services(config).items():
+        if role(svc) in ("produce", "worker", "upload", "dashboard"):
+            assert svc["depends_on"]["redis"]["condition"] == "service_healthy", name
+
+
+def test_volumes_and_environment_line_up(config):
+    services = active_services(config)
+    hsx_services = {n: s for n, s in config["services"].items() if role(s) and role(s) != "demo-assets"}
+    # One Redis URL everywhere, pointing at the redis service.
+    urls = {s["environment"]["HSX_REDIS_URL"] for s in hsx_services.values()}
+    assert len(urls) == 1
+    url = urlsplit(urls.pop())
+    assert url.hostname == "redis" and (url.port or 6379) == 6379
+    # One host name for every worker and uploader of the box (upload@HOST).
+    assert len({s["environment"]["HSX_HOST"] for s in hsx_services.values()}) == 1
+    # Workers and uploaders share the spool volume at the same path (upload jobs carry that path).
+    spool = {(s["environment"]["HSX_SPOOL_DIR"], source_of(s, s["environment"]["HSX_SPOOL_DIR"]))
+             for s in hsx_services.values() if role(s) in ("worker", "upload")}
+    assert len(spool) == 1, spool
+    spool_dir, mount = spool.pop()
+    assert mount is not None and mount[0] == spool_dir
+    # Producer and workers see the model at the same path (the manifest records it), HF cache inside.
+    for name, svc in services.items():
+        if role(svc) in ("produce", "worker"):
+            env = svc["environment"]
+            assert source_of(svc, env["HF_HOME"]) == source_of(services["producer"], env["HF_HOME"]), name
+            model = services["producer"]["environment"]["HSX_MODEL"]
+            if model.startswith("/"):
+                assert source_of(svc, model) == source_of(services["producer"], model), name
+    dataset = services["producer"]["environment"]["HSX_DATASET"]
+    assert source_of(services["producer"], dataset), "the producer must mount the dataset's folder"
+    # A local-directory store is the same volume for producer, workers and uploaders.
+    store = services["producer"]["environment"]["HSX_STORE"]
+    if not store.startswith("s3://"):
+        held = {source_of(s, store) for s in services.values() if role(s) in ("produce", "worker", "upload")}
+        assert len(held) == 1 and None not in held
+
+
+def test_one_gpu_worker_per_device(base_config):
+    gpu = {n: s for n, s in base_config["services"].items() if n.startswith("gpu_worker_")}
+    assert len(gpu) >= 2
+    for name, svc in gpu.items():
+        (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert device["device_ids"] == [name.rsplit("_", 1)[1]] and "gpu" in device["capabilities"], name
+        # The container sees only its reserved GPU, as cuda:0.
+        assert svc["command"] == ["worker", "--gpu", "0"], name
+        assert seconds(svc["stop_grace_period"]) > MIN_WORKER_GRACE_SECONDS, name
+    assert seconds(base_config["services"]["uploader"]["stop_grace_period"]) >= 60
+    assert base_config["services"]["producer"]["restart"] == "no"
+    assert "deploy" not in base_config["services"]["uploader"]  # --scale uploader=N stays free
+
+
+def test_cpu_override_needs_no_gpu(cpu_config, base_config):
+    services = active_services(cpu_config)
+    assert not any(s.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
+                   for s in services.values())
+    gpu_in_base = {n for n in base_config["services"] if n.startswith("gpu_worker_")}
+    assert not gpu_in_base & set(services), "every GPU worker of docker-compose.yml must be off in the CPU override"
+    workers = [s for s in services.values() if role(s) == "worker"]
+    assert workers and all(s["command"][1:] == ["--device", "cpu"] for s in workers)
+    assert services["producer"]["depends_on"]["demo_assets"]["condition"] == "service_completed_successfully"
+
+
+def test_dashboard_published_on_its_port(base_config):
+    svc = base_config["services"]["dashboard"]
+    port = svc["command"][svc["command"].index("--port") + 1]
+    assert any(str(p).split(":")[-1].split("/")[0] == port for p in svc["ports"])
+    assert svc["command"][svc["command"].index("--bind") + 1] == "0.0.0.0"  # reachable through the published port
+
+
+def test_minio_is_optional(base_config):
+    assert base_config["services"]["minio"]["profiles"] == ["minio"]
+    assert "minio" not in active_services(base_config)
+
+
+def test_no_credentials_in_commands_or_committed_files(base_config, cpu_config):
+    example = read_env_file(ROOT / ".env.example")
+    for key in SECRET_KEYS:
+        assert not example.get(key), f".env.example must not hold a value for {key}"
+    for cfg in (base_config, cpu_config):
+        for name, svc in cfg["services"].items():
+            for arg in (svc.get("command") or []) + (svc.get("entrypoint") or []):
+                assert redact(str(arg)) == str(arg), f"{name}: a password on the command line"
+                assert not re.search(r"(?i)(secret|password|access.key)", str(arg)), f"{name}: {arg}"
+    raw = yaml.safe_load((ROOT / BASE).read_text())
+    for name, svc in raw["services"].items():
+        env = svc.get("environment") or {}
+        assert not set(SECRET_KEYS) & set(env), f"{name}: credentials belong in the env_file, not in the compose file"
+
+
+@pytest.mark.xfail(strict=True, reason="default worker names are <role>-<HSX_HOST>-<pid>; every container of a service "
+                   "has the same pid, so `--scale uploader=N` (and gpu_worker_0 beside gpu_worker_1) register the same "
+                   "rq worker name and all but one exit ('There exists an active worker named ...'). Needs a unique "
+                   "suffix in hsx.cli._worker_name; then drop this mark.")
+def test_default_worker_names_differ_between_containers(monkeypatch):
+    from hsx import cli
+
+    monkeypatch.setenv("HSX_HOST", "gpu-box-1")
+    # Two calls in one process stand for two containers of one service: same host name, same pid.
+    assert cli._worker_name("upload") != cli._worker_name("upload")
+    assert cli._worker_name("gpu", "cuda0") != cli._worker_name("gpu", "cuda0")
