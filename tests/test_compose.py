@@ -25,7 +25,7 @@ BASE = "docker-compose.yml"
 CPU_OVERRIDE = "docker-compose.cpu.yml"
 HSX_BIN = Path(sys.executable).with_name("hsx")
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "HF_TOKEN",
-               "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD")
+               "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD", "HSX_DASHBOARD_TOKEN", "HSX_DASHBOARD_PASSWORD")
 MIN_WORKER_GRACE_SECONDS = 120  # a stopping worker may take HSX_GRACE_SECONDS (120 s) to write its last batch
 
 
