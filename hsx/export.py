@@ -1,0 +1,227 @@
+"""`hsx export`: write a completed run one file per sample, in the layout a drafter trainer reads.
+
+Sample ``i`` is line ``i`` of the run's index (its position); file names use
+it, so exports of different ``--shard``s into one directory fit together.
+Files are written to a temp name and renamed, so an existing file is complete
+and a re-run skips it (resume). Checked against:
+
+- SpecForge v0.2.0 (sgl-project/SpecForge a6b6b02): ``OUT/rows_{g}-{g+2000}/data_{i}.ckpt``,
+  g = (i // 2000) * 2000, one ``torch.save``d dict each. Run with the final state (eagle3 preset):
+  ``input_ids`` [T] int64, ``loss_mask`` [T] int64, ``aux_hidden_state`` [1, T, n*H] (hsx layer ids =
+  SpecForge's), ``hidden_state`` [1, T, H] (after the final norm, as SpecForge stores it). Run without it
+  (dflash): ``input_ids``, ``loss_mask``, ``hidden_states`` [1, T, n*H].
+- vLLM speculators hsc-v0.7.0 (vllm-project/speculators c05b95b): ``OUT/hs_{i}.safetensors`` with
+  ``hidden_states`` [T, n+1, H] (run dtype) and ``token_ids`` [T] int64 (plus ``loss_mask`` [T] int64, which
+  speculators ignores); the rows ``input_ids``, ``loss_mask``, ``seq_len`` in ``OUT/dataset.jsonl`` and,
+  where the ``datasets`` package is installed, as an Arrow dataset saved to ``OUT/dataset``.
+  Speculators layer id = hsx layer id + 1. Its last slot must be the final decoder layer's output BEFORE the
+  final norm (speculators applies ``verifier_norm`` itself); hsx stores it after the norm, and the norm drops
+  each token's scale, so the exact pre-norm tensor cannot be recovered. The export writes
+  ``final / g`` instead, g = the target's final-norm gain (read from the model in the manifest): the unit-RMS
+  direction of the pre-norm state, which the target's own norm maps back to the stored final state to within
+  a relative eps / (2 * mean(x^2)) (< 1e-6 for a real model's last layer; below bf16 precision). Its
+  per-token magnitude is not the true one; speculators only reads the slot through its norm. Runs without
+  a stored final state are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from hsx.config import ConfigError, StoreSettings, env, redis_url_from
+from hsx.reader.run import ReaderError, RunIndex, SampleRef
+from hsx.reader.source import Source, sample_of
+
+log = logging.getLogger(__name__)
+SPECFORGE_GROUP = 2000  # samples a SpecForge rows_* folder
+PROGRESS_SECONDS = 10.0
+
+
+def open_run_store(args) -> StoreSettings:
+    """--store (or HSX_STORE), else the store the run recorded in Redis."""
+    flags = (args.s3_endpoint_url, args.s3_region, args.s3_addressing_style)
+    if args.store or env("STORE"):
+        return StoreSettings.resolve(args.store, *flags)
+    url = redis_url_from(None)
+    manifest = None
+    if url:
+        import redis
+
+        from hsx import ledger
+        from hsx.redisconn import connect
+
+        try:
+            manifest = ledger.get_manifest(connect(url, retries=1), args.run)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("Redis at HSX_REDIS_URL is not reachable (%s); pass --store", exc)
+    if not manifest or not manifest.get("store"):
+        raise ConfigError(f"no store for run {args.run!r}: pass --store (Redis does not know this run)")
+    return StoreSettings.resolve(None, *flags, recorded=manifest["store"])
+
+
+def final_norm_gain(model: str, hidden_size: int) -> torch.Tensor:
+    """The per-channel gain g of the target's final RMSNorm (norm(x) = x / rms(x) * g), float32 [H].
+
+    Built with the model's own norm class (so ``w`` and ``1 + w`` parametrisations both come out right),
+    from the one weight tensor in the checkpoint; the body is instantiated on the meta device only.
+    """
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModel
+    from transformers.utils import cached_file
+
+    with torch.device("meta"):
+        body = AutoModel.from_config(AutoConfig.from_pretrained(model))
+    norm = getattr(body, "norm", None) or body.get_decoder().norm
+    name = next(n for n, m in body.named_modules() if m is norm) + ".weight"
+    index = cached_file(model, "model.safetensors.index.json", _raise_exceptions_for_missing_entries=False)
+    weight_map = json.loads(Path(index).read_text())["weight_map"] if index else None
+    keys = list(weight_map) if weight_map else None
+    if keys is None:
+        with safe_open(cached_file(model, "model.safetensors"), framework="pt") as fh:
+            keys = list(fh.keys())
+    hits = [k for k in keys if k == name or k.endswith("." + name)]
+    if len(hits) != 1:
+        raise ConfigError(f"{model}: cannot find the final norm weight {name!r} in the checkpoint (found {hits})")
+    path = cached_file(model, weight_map[hits[0]] if weight_map else "model.safetensors")
+    with safe_open(path, framework="pt") as fh:
+        weight = fh.get_tensor(hits[0]).float()
+    norm = norm.to_empty(device="cpu").float()
+    norm.weight.data.copy_(weight)
+    with torch.no_grad():
+        gain = norm(torch.full((1, hidden_size), 1024.0))[0]  # rms = 1024 >> eps, so out = g
+    if bool((gain.abs() < 1e-6).any()):
+        raise ConfigError(f"{model}: the final norm has zero gain in some channels; cannot undo it")
+    return gain
+
+
+def specforge_path(out: Path, position: int) -> Path:
+    g = (position // SPECFORGE_GROUP) * SPECFORGE_GROUP
+    return out / f"rows_{g}-{g + SPECFORGE_GROUP}" / f"data_{position}.ckpt"
+
+
+def speculators_path(out: Path, position: int) -> Path:
+    return out / f"hs_{position}.safetensors"
+
+
+def specforge_record(sample: dict) -> dict:
+    """The dict SpecForge's offline dataset loads; tensors are fresh copies (a view would save its whole batch)."""
+    record = {"input_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
+    if "final_hidden_states" in sample:
+        record["aux_hidden_state"] = sample["hidden_states"].clone()[None]
+        record["hidden_state"] = sample["final_hidden_states"].clone()[None]
+    else:
+        record["hidden_states"] = sample["hidden_states"].clone()[None]
+    return record
+
+
+def speculators_record(sample: dict, hidden_size: int, gain: torch.Tensor) -> dict:
+    hs = sample["hidden_states"]
+    aux = hs.reshape(hs.shape[0], -1, hidden_size)
+    last = (sample["final_hidden_states"].float() / gain).to(hs.dtype)
+    return {"hidden_states": torch.cat([aux, last[:, None]], dim=1).contiguous(),
+            "token_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
+
+
+def _write(path: Path, record: dict, fmt: str) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        if fmt == "specforge":
+            torch.save(record, tmp)
+        else:
+            save_file(record, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_speculators_table(out: Path) -> int:
+    """Rows input_ids/loss_mask/seq_len of hs_0 .. hs_{M-1} (M = first missing file); returns M."""
+    from safetensors import safe_open
+
+    rows, present = [], {int(p.stem[3:]) for p in out.glob("hs_*.safetensors") if p.stem[3:].isdigit()}
+    while len(rows) in present:
+        with safe_open(str(speculators_path(out, len(rows))), framework="pt") as fh:
+            ids, mask = fh.get_tensor("token_ids").tolist(), fh.get_tensor("loss_mask").tolist()
+        rows.append({"input_ids": ids, "loss_mask": mask, "seq_len": len(ids)})
+    if len(present) > len(rows):
+        log.warning("%s: hs_%d.safetensors is missing; the dataset table covers hs_0..hs_%d only (export the "
+                    "remaining shards to complete it)", out, len(rows), len(rows) - 1)
+    tmp = out / f".dataset.jsonl.tmp-{os.getpid()}"
+    tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    os.replace(tmp, out / "dataset.jsonl")
+    try:
+        import datasets
+    except ImportError:
+        log.info("`datasets` is not installed: wrote %s only; for speculators run "
+                 "datasets.Dataset.from_json(%r).save_to_disk(%r)", out / "dataset.jsonl",
+                 str(out / "dataset.jsonl"), str(out / "dataset"))
+        return len(rows)
+    datasets.Dataset.from_list(rows).save_to_disk(str(out / "dataset"))
+    return len(rows)
+
+
+def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: int | None = None,
+               shards: list[str] | None = None) -> dict:
+    """Export; returns counts {written, skipped, samples}."""
+    if fmt not in ("specforge", "speculators"):
+        raise ConfigError(f"unknown export format {fmt!r} (want specforge or speculators)")
+    source = Source(settings, run, shards=shards)
+    index: RunIndex = source.index
+    refs = index.samples[:limit] if limit is not None else index.samples
+    if not refs:
+        raise ReaderError(f"run {run!r}: no samples to export" + (f" in shard(s) {shards}" if shards else ""))
+    manifest, gain = index.manifest, None
+    if fmt == "speculators":
+        if not index.store_final:
+            raise ConfigError(f"run {run!r} stored no final hidden state; speculators needs it as the last slot. "
+                              "Produce the run with --layers eagle3, or export --format specforge")
+        gain = final_norm_gain(manifest["model"], index.hidden_size)
+    path_of = specforge_path if fmt == "specforge" else speculators_path
+    out.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, list[SampleRef]] = {}
+    for ref in refs:
+        groups.setdefault(ref.key, []).append(ref)
+    written = skipped = 0
+    last_log = time.monotonic()
+    for key, group in groups.items():
+        todo = [ref for ref in group if not path_of(out, ref.position).exists()]
+        skipped += len(group) - len(todo)
+        if not todo:
+            continue
+        contents = source.batch(key)
+        for ref in todo:
+            sample = sample_of(contents, ref, source.store.url(key))
+            record = specforge_record(sample) if fmt == "specforge" else \
+                speculators_record(sample, index.hidden_size, gain)
+            _write(path_of(out, ref.position), record, fmt)
+            written += 1
+        if time.monotonic() - last_log > PROGRESS_SECONDS:
+            log.info("export %s: %d/%d samples (%d already there)", run, written + skipped, len(refs), skipped)
+            last_log = time.monotonic()
+    counts = {"written": written, "skipped": skipped, "samples": len(refs)}
+    if fmt == "speculators":
+        counts["table_rows"] = write_speculators_table(out)
+    layer_ids = index.layer_ids if fmt == "specforge" else [k + 1 for k in index.layer_ids]
+    info = {"run": run, "format": fmt, "layer_ids": layer_ids, "hidden_size": index.hidden_size,
+            "dtype": manifest["dtype"], "model": manifest.get("model"), "store_final": index.store_final, **counts}
+    (out / "hsx_export.json").write_text(json.dumps(info, indent=2) + "\n")
+    log.info("export %s -> %s (%s): %d written, %d already there; trainer layer ids %s",
+             run, out, fmt, written, skipped, layer_ids)
+    return counts
+
+
+def run_export(args) -> int:
+    counts = export_run(open_run_store(args), args.run, args.format, Path(args.out), args.limit,
+                        [args.shard] if args.shard else None)
+    print(f"exported run {args.run} as {args.format} to {args.out}: {counts['written']} written, "
+          f"{counts['skipped']} already there, {counts['samples']} in all")
+    return 0

@@ -1,0 +1,89 @@
+"""`hsx export`: SpecForge and speculators files equal a plain HF forward; limit, shard, resume, store lookup."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hsx.cli import main
+from hsx.export import specforge_path, speculators_path
+from hsx.keys import RunKeys
+from hsx.reader import RunDataset
+from tests.test_reader_fixtures import TOL, assert_sample_matches, dflash_run, eagle3_run  # noqa: F401 (fixtures)
+
+
+def _ids_by_position(run):
+    return [ref.sample_id for ref in RunDataset(str(run.store), run.run).index.samples]
+
+
+def test_specforge_dflash_with_limit_shard_and_resume(dflash_run, tmp_path, capsys):
+    out, store = tmp_path / "sf", str(dflash_run.store)
+    assert main(["export", "--run", dflash_run.run, "--format", "specforge", "--out", str(out), "--store", store,
+                 "--shard", "00001", "--limit", "5"]) == 0
+    assert len(list(out.rglob("*.ckpt"))) == 5
+    assert main(["export", "--run", dflash_run.run, "--format", "specforge", "--out", str(out), "--store", store]) == 0
+    assert "155 written, 5 already there, 160 in all" in capsys.readouterr().out
+    ids = _ids_by_position(dflash_run)
+    files = sorted(out.rglob("*.ckpt"))
+    assert len(files) == 160 and {f.parent.name for f in files} == {"rows_0-2000"}
+    for position, sample_id in enumerate(ids):
+        record = torch.load(specforge_path(out, position), weights_only=False, mmap=True)
+        assert set(record) == {"input_ids", "loss_mask", "hidden_states"}
+        assert record["input_ids"].dtype == record["loss_mask"].dtype == torch.int64
+        assert record["hidden_states"].shape == (1, len(record["input_ids"]), 3 * 64)
+        assert_sample_matches(dflash_run, sample_id, record["input_ids"], record["loss_mask"], record["hidden_states"][0])
+    assert json.loads((out / "hsx_export.json").read_text())["layer_ids"] == dflash_run.layer_ids
+    assert specforge_path(out, 4123).as_posix().endswith("rows_4000-6000/data_4123.ckpt")
+
+
+def test_specforge_eagle3_keys(eagle3_run, tmp_path):
+    out = tmp_path / "sf"
+    assert main(["export", "--run", eagle3_run.run, "--format", "specforge", "--out", str(out),
+                 "--store", str(eagle3_run.store), "--limit", "40"]) == 0
+    for position, sample_id in enumerate(_ids_by_position(eagle3_run)[:40]):
+        record = torch.load(specforge_path(out, position), weights_only=False, mmap=True)
+        assert set(record) == {"input_ids", "loss_mask", "aux_hidden_state", "hidden_state"}
+        assert_sample_matches(eagle3_run, sample_id, record["input_ids"], record["loss_mask"],
+                              record["aux_hidden_state"][0], final=record["hidden_state"][0])
+
+
+def test_speculators_eagle3_layout_and_prenorm_slot(eagle3_run, tmp_path):
+    out = tmp_path / "spec"
+    assert main(["export", "--run", eagle3_run.run, "--format", "speculators", "--out", str(out),
+                 "--store", str(eagle3_run.store), "--limit", "30"]) == 0
+    body = eagle3_run.hf[0]
+    rows = [json.loads(line) for line in (out / "dataset.jsonl").read_text().splitlines()]
+    assert len(rows) == 30
+    for position, sample_id in enumerate(_ids_by_position(eagle3_run)[:30]):
+        data = load_file(str(speculators_path(out, position)))
+        hs, T = data["hidden_states"], len(data["token_ids"])
+        assert hs.shape == (T, 4, 64) and data["token_ids"].dtype == torch.int64
+        assert rows[position] == {"input_ids": data["token_ids"].tolist(), "loss_mask": data["loss_mask"].tolist(),
+                                  "seq_len": T}
+        assert_sample_matches(eagle3_run, sample_id, data["token_ids"], data["loss_mask"], hs[:, :3].flatten(1))
+        # The last slot stands in for the pre-norm state: the target's own final norm maps it to HF's (normed)
+        # last hidden state, to within eps / (2 * mean(x^2)) relative; the tiny random model's activations are
+        # small (mean(x^2) ~ 1e-3), a real model's last layer makes that < 1e-6.
+        with torch.no_grad():
+            torch.testing.assert_close(body.norm(hs[:, 3].float()), eagle3_run.expected[sample_id]["final"],
+                                       atol=1e-4, rtol=2e-3)
+    assert json.loads((out / "hsx_export.json").read_text())["layer_ids"] == [2, 4, 5]
+
+
+def test_speculators_refuses_a_run_without_final_state(dflash_run, tmp_path, capsys):
+    assert main(["export", "--run", dflash_run.run, "--format", "speculators", "--out", str(tmp_path / "o"),
+                 "--store", str(dflash_run.store)]) == 2
+    assert "stored no final hidden state" in capsys.readouterr().err
+
+
+def test_store_comes_from_the_runs_manifest_in_redis(dflash_run, r, redis_env, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HSX_STORE", raising=False)
+    assert main(["export", "--run", dflash_run.run, "--format", "specforge", "--out", str(tmp_path / "o")]) == 2
+    assert "pass --store" in capsys.readouterr().err
+    r.set(RunKeys(dflash_run.run).manifest, json.dumps({"store": {"url": str(dflash_run.store)}}))
+    assert main(["export", "--run", dflash_run.run, "--format", "specforge", "--out", str(tmp_path / "o"),
+                 "--limit", "3"]) == 0
+    assert len(list((tmp_path / "o").rglob("*.ckpt"))) == 3
