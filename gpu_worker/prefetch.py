@@ -14,12 +14,20 @@ from gpu_worker.extractor import PaddedBatch, pad_batch
 log = logging.getLogger(__name__)
 
 
+FETCH_THREADS = 4  # concurrent input fetches
+
+
 class Prefetcher:
-    """A small cache batch_id -> Future[(PaddedBatch, BatchContents)], filled ahead of need."""
+    """A bounded cache batch_id -> Future[(PaddedBatch, BatchContents)], filled ahead of need.
+
+    ``depth`` upcoming batches are fetched ahead. Inputs are small (~5 bytes a
+    token), so a deep window is cheap and lets the GPU keep going through a
+    store outage of depth x batch time while uploads wait.
+    """
 
     def __init__(self, store, run: str, pad_id: int, pin: bool, depth: int):
         self.store, self.run, self.pad_id, self.pin, self.depth = store, run, pad_id, pin, depth
-        self._pool = ThreadPoolExecutor(max(1, depth), thread_name_prefix="hsx-prefetch")
+        self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="hsx-prefetch")
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -40,9 +48,13 @@ class Prefetcher:
             if fut is None:
                 fut = self._pool.submit(self._load, spec)
                 self._cache[spec.batch_id] = fut
-                while len(self._cache) > self.depth + 2:
+                while len(self._cache) > 2 * self.depth + 2:
                     self._cache.popitem(last=False)
             return fut
+
+    def cached(self, bid: str) -> bool:
+        with self._lock:
+            return bid in self._cache
 
     def hint(self, specs: list[BatchSpec]) -> None:
         """Start loading these (the next jobs in the queue), if not already."""

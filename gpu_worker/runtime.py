@@ -13,6 +13,7 @@ import time
 import torch
 
 from hsx import heartbeat, leases, ledger, queues, spool
+from hsx.defaults import DEFAULT_PREFETCH_BATCHES
 from hsx.keys import RunKeys
 from hsx.batchfile import file_sha256
 from hsx.config import WorkerConfig
@@ -44,7 +45,8 @@ class WorkerRuntime:
         self.cuda = extractor.device.type == "cuda"
         self.writer = SpoolWriter(r, cfg.run, manifest, cfg.spool_dir, cfg.host, cfg.worker_name,
                                   on_failure=self.fail_batch, depth=2)
-        self.prefetcher = Prefetcher(store, cfg.run, manifest.get("pad_token_id", 0), pin=self.cuda, depth=2)
+        self.prefetcher = Prefetcher(store, cfg.run, manifest.get("pad_token_id", 0), pin=self.cuda,
+                                     depth=DEFAULT_PREFETCH_BATCHES)
         self.pinned = PinnedPool(3, manifest["token_budget"] * extractor.width, extractor.out_dtype) if self.cuda else None
         self.final_pinned = (PinnedPool(3, manifest["token_budget"] * extractor.hidden_size, extractor.out_dtype)
                              if self.cuda and extractor.store_final else None)
@@ -71,7 +73,8 @@ class WorkerRuntime:
         if not drained:
             for bid in sorted(self.writer.in_flight):
                 if self.r.zrem(self.leases_key, bid):
-                    queues.enqueue_extract(self.r, self.run, bid, attempt=leases.next_attempt(self.r, self.run))
+                    queues.enqueue_extract(self.r, self.run, bid, attempt=leases.next_attempt(self.r, self.run),
+                                           at_front=True)
                     log.warning("handed %s back to the queue (not written within the grace period)", bid)
         self.prefetcher.close()
         self.r.delete(RunKeys(self.run).heartbeat(self.worker_id))
@@ -155,14 +158,13 @@ class WorkerRuntime:
         return f"{bid}: {spec.samples} samples, {spec.tokens} tokens"
 
     def _hint_next(self) -> None:
+        """Start fetching the inputs of the next jobs in the queue (two Redis round trips)."""
         q = queues.queue(self.r, queues.extract_queue_name(self.run))
-        upcoming = []
-        for job_id in q.get_job_ids(0, 2):
-            parsed = queues.batch_of_job(job_id)
-            spec = parsed and ledger.get_spec(self.r, self.run, parsed[1])
-            if spec:
-                upcoming.append(spec)
-        self.prefetcher.hint(upcoming)
+        bids = [p[1] for p in map(queues.batch_of_job, q.get_job_ids(0, self.prefetcher.depth - 1)) if p]
+        bids = [bid for bid in bids if not self.prefetcher.cached(bid)]
+        if bids:
+            raw = self.r.hmget(RunKeys(self.run).plan, bids)
+            self.prefetcher.hint([ledger.BatchSpec.from_json(x) for x in raw if x])
 
     def _to_host(self, spec, attempt, contents, hidden, final) -> Finished:
         finite = torch.isfinite(hidden).all()

@@ -27,7 +27,10 @@ def _redis_url(args) -> str:
 
 
 def _worker_name(role: str, extra: str = "") -> str:
-    return f"{role}-{hostname()}-{extra + '-' if extra else ''}{os.getpid()}"
+    """Unique even across containers, where every process may be pid 1 on the same HSX_HOST."""
+    import secrets
+
+    return f"{role}-{hostname()}-{extra + '-' if extra else ''}{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def _add_redis(p):

@@ -74,7 +74,7 @@ def reap(r: redis.Redis, run: str, max_attempts: int, now: float | None = None) 
             continue
         attempts = ledger.record_failure(r, run, bid, "worker lost: lease expired without heartbeat", max_attempts)
         if attempts < max_attempts:
-            queues.enqueue_extract(r, run, bid, attempt=next_attempt(r, run))
+            queues.enqueue_extract(r, run, bid, attempt=next_attempt(r, run), at_front=True)
         reclaimed["extract"].append(bid)
     for raw in r.zrangebyscore(keys.upload_leases, "-inf", now):
         bid = raw.decode() if isinstance(raw, bytes) else raw
@@ -85,7 +85,8 @@ def reap(r: redis.Redis, run: str, max_attempts: int, now: float | None = None) 
         if job is None or ledger.is_done(r, run, bid):
             continue
         kw = json.loads(job)
-        queues.enqueue_upload(r, kw["host"], run, bid, kw["path"], kw["size"], kw["sha256"], attempt=next_attempt(r, run))
+        queues.enqueue_upload(r, kw["host"], run, bid, kw["path"], kw["size"], kw["sha256"], attempt=next_attempt(r, run),
+                              at_front=True)
         reclaimed["upload"].append(bid)
     for kind, bids in reclaimed.items():
         if bids:

@@ -67,21 +67,24 @@ def batch_of_job(job_id: str) -> tuple[str, str, int] | None:
         return None
 
 
-def enqueue_extract(r: redis.Redis, run: str, bid: str, attempt: int = 1, pipeline=None) -> Job:
+def enqueue_extract(r: redis.Redis, run: str, bid: str, attempt: int = 1, pipeline=None, at_front: bool = False) -> Job:
+    """``at_front`` for work taken back from a dead or stopping worker: it was next in line already."""
     return queue(r, extract_queue_name(run)).enqueue_call(
         EXTRACT_FUNC, kwargs={"run": run, "batch_id": bid, "attempt": attempt},
         job_id=extract_job_id(run, bid, attempt), timeout=DEFAULT_EXTRACT_JOB_TIMEOUT,
-        result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=f"extract {run}/{bid}", pipeline=pipeline)
+        result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=f"extract {run}/{bid}", pipeline=pipeline,
+        at_front=at_front)
 
 
 def enqueue_upload(r: redis.Redis, host: str, run: str, bid: str, path: str, size: int, sha256: str,
-                   attempt: int = 1, retry: int = 0, pipeline=None) -> Job:
+                   attempt: int = 1, retry: int = 0, pipeline=None, at_front: bool = False) -> Job:
     """``attempt`` makes the job id unique; ``retry`` counts store failures of this upload (for backoff)."""
     return queue(r, upload_queue_name(host)).enqueue_call(
         UPLOAD_FUNC, kwargs={"run": run, "batch_id": bid, "path": path, "size": size, "sha256": sha256,
                              "attempt": attempt, "retry": retry},
         job_id=upload_job_id(run, bid, attempt), timeout=DEFAULT_UPLOAD_JOB_TIMEOUT,
-        result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=f"upload {run}/{bid}", pipeline=pipeline)
+        result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=f"upload {run}/{bid}", pipeline=pipeline,
+        at_front=at_front)
 
 
 def _queued_batches(r: redis.Redis, queue_name: str, run: str) -> set[str]:

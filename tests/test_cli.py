@@ -7,7 +7,7 @@ import pytest
 from hsx.cli import build_parser
 from hsx.devices import GpuProbe
 
-COMMANDS = ["produce", "worker", "upload", "status", "retry-failed", "dashboard", "verify", "export", "demo"]
+COMMANDS = ["produce", "worker", "upload", "status", "retry-failed", "dashboard", "verify", "export", "demo", "demo-assets"]
 
 
 def hsx(*args, env=None, timeout=120):

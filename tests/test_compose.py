@@ -261,10 +261,6 @@ def test_no_credentials_in_commands_or_committed_files(base_config, cpu_config):
         assert not set(SECRET_KEYS) & set(env), f"{name}: credentials belong in the env_file, not in the compose file"
 
 
-@pytest.mark.xfail(strict=True, reason="default worker names are <role>-<HSX_HOST>-<pid>; every container of a service "
-                   "has the same pid, so `--scale uploader=N` (and gpu_worker_0 beside gpu_worker_1) register the same "
-                   "rq worker name and all but one exit ('There exists an active worker named ...'). Needs a unique "
-                   "suffix in hsx.cli._worker_name; then drop this mark.")
 def test_default_worker_names_differ_between_containers(monkeypatch):
     from hsx import cli
 

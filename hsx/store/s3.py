@@ -33,6 +33,11 @@ from hsx.store.base import ObjectInfo, Store, StoreError, VerifyError
 
 log = logging.getLogger(__name__)
 RETRYABLE = (BotoCoreError, ClientError, ConnectionError, TimeoutError)
+NOT_FOUND = ("404", "NoSuchKey", "NotFound")
+
+
+class _Missing(Exception):
+    """A 404: an answer, not a fault; never retried."""
 PART_CONCURRENCY = 4  # parts of one object in flight at once (memory: x chunk bytes)
 
 
@@ -69,8 +74,16 @@ class S3Store(Store):
         return f"s3://{self.s.bucket}/{self._k(key)}"
 
     def _call(self, what: str, fn):
+        def once():
+            try:
+                return fn()
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in NOT_FOUND:
+                    raise _Missing(what) from exc
+                raise
+
         try:
-            return retry_call(fn, what, RETRYABLE, self.s.attempts)
+            return retry_call(once, what, RETRYABLE, self.s.attempts)
         except RETRYABLE as exc:
             raise StoreError(f"{what}: {exc}") from exc
 
@@ -142,11 +155,9 @@ class S3Store(Store):
 
     def head(self, key: str) -> ObjectInfo | None:
         try:
-            info = self.client.head_object(Bucket=self.s.bucket, Key=self._k(key))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise StoreError(f"head {self.url(key)}: {exc}") from exc
+            info = self._call(f"head {self.url(key)}", lambda: self.client.head_object(Bucket=self.s.bucket, Key=self._k(key)))
+        except _Missing:
+            return None
         return ObjectInfo(key, info["ContentLength"], info.get("Metadata", {}).get("sha256"))
 
     def get_bytes(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -155,11 +166,8 @@ class S3Store(Store):
             kwargs["Range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
         try:
             return self._call(f"get {self.url(key)}", lambda: self.client.get_object(**kwargs)["Body"].read())
-        except StoreError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-                raise KeyError(self.url(key)) from None
-            raise
+        except _Missing:
+            raise KeyError(self.url(key)) from None
 
     def list_keys(self, prefix: str) -> list[str]:
         strip = len(self._k(""))
