@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU throughput benchmark in one command, on a GPU machine without internet:
+#
+#     bash bench/run_gpu.sh [STEPS...]        (from the repo root; .whl/ and .redis/ present)
+#
+# STEPS (default: 8b hybrid-fla hybrid-torch 32b), each its own process (one model in GPU memory):
+#   8b            Qwen3-8B shape: mix32k, mix32k_serial, uniform1024, mix64k (targets 1, 2, 4)
+#   hybrid-fla    Qwen3.5-style Gated DeltaNet shape, flash-linear-attention importable (target 5)
+#   hybrid-torch  the same without it (transformers' PyTorch fallback)
+#   32b           Qwen3-32B shape, mix32k (target 5)
+#   8b-shm        8b's mix32k with the store in /dev/shm: the store's bytes off the local disk, as with S3
+# The padding table of 1M planned samples (target 3) runs beside them on the CPU.
+# Results: one JSON per step under $OUT (or ./bench-out); the table is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUTDIR="${OUT:-$PWD/bench-out}"
+mkdir -p "$OUTDIR"
+STEPS=("$@")
+[[ ${#STEPS[@]} -gt 0 ]] || STEPS=(8b hybrid-fla hybrid-torch 32b)
+
+source bench/install_offline.sh || exit 1
+# flash-linear-attention goes to its own folder: only the "with fla" step sees it.
+FLA_SITE=/tmp/site-fla
+mkdir -p "$FLA_SITE"
+for p in /tmp/site/fla /tmp/site/fla_core-*.dist-info /tmp/site/flash_linear_attention-*.dist-info; do
+  [[ -e "$p" ]] && rm -rf "$FLA_SITE/$(basename "$p")" && mv "$p" "$FLA_SITE/"
+done
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader || true
+
+python bench/gpu_bench.py --padding --out "$OUTDIR" >"$OUTDIR/padding.log" 2>&1 &
+PADDING_PID=$!
+
+B="python bench/gpu_bench.py --out $OUTDIR"
+for step in "${STEPS[@]}"; do
+  echo "=== $step ($(date +%T))"
+  case "$step" in
+    8b)           timeout "${T_8B:-300}" $B --shape qwen3-8b --tag gpu --io-probe --tokens "${TOKENS_8B:-500000}" \
+                    --sections "${SECTIONS_8B:-mix32k,mix32k_serial,uniform1024,mix64k}" ;;
+    hybrid-fla)   PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_HYBRID:-150}" $B --shape hybrid --tag fla \
+                    --tokens "${TOKENS_HYBRID:-300000}" --sections mix32k ;;
+    hybrid-torch) timeout "${T_HYBRID:-150}" $B --shape hybrid --tag torch --tokens "${TOKENS_HYBRID:-300000}" \
+                    --sections mix32k --no-full ;;
+    32b)          timeout "${T_32B:-200}" $B --shape qwen3-32b --tag gpu --tokens "${TOKENS_32B:-200000}" \
+                    --sections mix32k --no-full ;;
+    8b-shm)       timeout "${T_8B:-300}" $B --shape qwen3-8b --tag shmstore --tokens "${TOKENS_8B:-500000}" \
+                    --sections "${SECTIONS_8B:-mix32k}" --store-dir /dev/shm/hsx-bench-store ;;
+    *)            echo "unknown step $step" ;;
+  esac
+  echo "=== $step exit $?"
+done
+wait "$PADDING_PID"
+tail -n 3 "$OUTDIR/padding.log"
+echo
+python bench/gpu_bench.py --table "$OUTDIR"
