@@ -25,6 +25,9 @@ from hsx.keys import RunKeys
 from hsx.ledger import BatchSpec
 
 log = logging.getLogger(__name__)
+# Writer threads: one file is written and hashed while the other is fsynced, so
+# one slow fsync does not hold the GPU thread (measured in bench/gpu_bench.py).
+WRITER_THREADS = 2
 
 
 @dataclass
@@ -62,14 +65,16 @@ class SpoolWriter:
         self.spool_dir, self.host, self.worker_id = Path(spool_dir), host, worker_id
         self.on_failure, self.fsync = on_failure, fsync
         self._q: stdqueue.Queue = stdqueue.Queue(maxsize=depth)
-        self._thread = threading.Thread(target=self._loop, name="hsx-writer", daemon=True)
+        self._threads = [threading.Thread(target=self._loop, name=f"hsx-writer-{i}", daemon=True)
+                         for i in range(WRITER_THREADS)]
         self.written = 0          # batches spooled by this process
         self.bytes_written = 0
         self.in_flight: set[str] = set()
         self._idle = threading.Condition()
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, item: Finished) -> None:
         with self._idle:
@@ -126,5 +131,6 @@ class SpoolWriter:
         ledger.clear_failure(self.r, self.run, spec.batch_id, pipe=pipe)
         leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id, pipe=pipe)
         pipe.execute()
-        self.written += 1
-        self.bytes_written += size
+        with self._idle:
+            self.written += 1
+            self.bytes_written += size

@@ -29,6 +29,8 @@ import hashlib
 import json
 import os
 import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +110,39 @@ def encode_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) ->
     return struct.pack("<Q", len(raw)) + raw, ordered
 
 
+# sha256 runs on a helper thread beside the write (both release the GIL), in
+# chunks of HASH_CHUNK bytes, in order; False hashes then writes on one thread.
+HASH_IN_PARALLEL = True
+HASH_CHUNK = 64 * 2**20
+_hashers = threading.local()  # one single-thread hasher per writing thread: chunks stay in order
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    pool = getattr(_hashers, "pool", None)
+    if pool is None:
+        pool = _hashers.pool = ThreadPoolExecutor(1, thread_name_prefix="hsx-sha256")
+    return pool
+
+
+def _write_hashed(fh, digest, views: list[memoryview]) -> None:
+    """Write ``views`` to ``fh`` and feed them to ``digest`` in order, hashing on a helper thread."""
+    if not HASH_IN_PARALLEL:
+        for view in views:
+            digest.update(view)
+            fh.write(view)
+        return
+    pending = []
+    try:
+        for view in views:
+            for start in range(0, len(view), HASH_CHUNK):
+                chunk = view[start:start + HASH_CHUNK]
+                pending.append(_hash_pool().submit(digest.update, chunk))
+                fh.write(chunk)
+    finally:
+        for fut in pending:
+            fut.result()
+
+
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
@@ -125,10 +160,7 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
     try:
         with open(tmp, "wb") as fh:
             fh.write(head)
-            for t in ordered:
-                view = _tensor_bytes(t)
-                digest.update(view)
-                fh.write(view)
+            _write_hashed(fh, digest, [_tensor_bytes(t) for t in ordered])
             fh.flush()
             if fsync:
                 os.fsync(fh.fileno())
