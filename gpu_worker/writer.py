@@ -109,7 +109,10 @@ class SpoolWriter:
     def _write(self, item: Finished) -> None:
         spec, contents = item.spec, item.contents
         if item.ready is not None:
-            item.ready.synchronize()
+            item.ready.synchronize()  # also before a skip: the pinned buffer is reused once released
+        if ledger.is_done(self.r, self.run, spec.batch_id):  # a duplicate delivery finished elsewhere first
+            leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id)
+            return
         tensors = {"hidden_states": item.hidden, "input_ids": contents.input_ids.to(torch.int32),
                    "loss_mask": contents.loss_mask.to(torch.uint8), "cu_seqlens": contents.cu_seqlens.to(torch.int64)}
         if item.final is not None:

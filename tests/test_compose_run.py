@@ -231,7 +231,8 @@ def test_compose_run_adds_a_worker_mid_run(tmp_path, r, redis_server, s3_server,
     assert p["done"]["batches"] == planned == len(ledger.done_ids(r, run))
     ran_by = extract_workers(r, run)
     assert set(ran_by) == ledger.done_ids(r, run)
-    by_pid = {pid: sum(name.endswith(f"-{pid}") for name in ran_by.values()) for pid in (first.pid, second.pid)}
+    # Default worker names are <role>-<host>-<device>-<pid>-<random suffix>.
+    by_pid = {pid: sum(f"-{pid}-" in name for name in ran_by.values()) for pid in (first.pid, second.pid)}
     assert by_pid[first.pid] >= 1 and by_pid[second.pid] >= 1, f"batches per worker pid: {by_pid}"
     assert sum(by_pid.values()) == planned, set(ran_by.values())
     # The spool was shared: the uploaders emptied what both workers wrote.

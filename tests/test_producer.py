@@ -4,6 +4,7 @@ import pytest
 
 from hsx import ledger, queues
 from hsx.manifest import ManifestMismatch
+from hsx.store import open_store
 from producer.produce import PlanError, produce
 from tests.pipeline import produce_config
 
@@ -26,7 +27,9 @@ def test_rerun_enqueues_nothing_new_and_other_settings_are_refused(r, redis_serv
     q = queues.queue(r, queues.extract_queue_name("again"))
     q.empty()
     spec = ledger.get_spec(r, "again", "b0000000")
-    ledger.mark_done(r, "again", spec, "k", 10, "0" * 64, by="test")
+    key = f"again/batches/{spec.shard}/{spec.batch_id}.safetensors"
+    info = open_store(str(tmp_path / "store")).put_bytes(key, b"0123456789")
+    ledger.mark_done(r, "again", spec, key, info.size, info.sha256, by="test")
     third = produce(cfg)
     assert third.already_done == 1 and third.enqueued == first.batches - 1
     with pytest.raises(ManifestMismatch, match="layer_ids"):
