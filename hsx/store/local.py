@@ -29,6 +29,11 @@ class LocalStore(Store):
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, final)
+        dir_fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the rename itself must survive a crash
+        finally:
+            os.close(dir_fd)
 
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
         final = self._path(key)
@@ -42,11 +47,15 @@ class LocalStore(Store):
         return ObjectInfo(key, len(data), hashlib.sha256(data).hexdigest())
 
     def put_file(self, key: str, path: Path, size: int, sha256: str) -> ObjectInfo:
+        """Copy (or, on the same filesystem, hard-link: no second write of the bytes) and verify."""
         final = self._path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         try:
-            shutil.copyfile(path, tmp)
+            try:
+                os.link(path, tmp)  # spool files are never modified in place (temp + rename)
+            except OSError:
+                shutil.copyfile(path, tmp)
             got_size, got_sha = tmp.stat().st_size, file_sha256(tmp)
             if (got_size, got_sha) != (size, sha256):
                 raise VerifyError(f"{self.url(key)}: stored {got_size} bytes sha256 {got_sha[:12]}, "
