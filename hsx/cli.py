@@ -44,6 +44,17 @@ def _add_store(p, required_help: str):
     p.add_argument("--s3-addressing-style", choices=("auto", "path", "virtual"), help="S3 addressing [HSX_S3_ADDRESSING_STYLE]")
 
 
+def _add_spool_role(p, default_name: str, attempts_help: str):
+    """Flags shared by the two roles that work off a host's spool (worker, upload)."""
+    p.add_argument("--spool-dir", default=env("SPOOL_DIR", "/var/spool/hsx"), help="local spool directory of this host [HSX_SPOOL_DIR; default /var/spool/hsx]")
+    p.add_argument("--host", default=hostname(), help="host name of the upload queue upload@HOST; all roles of a host share it [HSX_HOST; default this host's name]")
+    p.add_argument("--name", help=f"rq worker name (default {default_name})")
+    p.add_argument("--burst", action="store_true", help="drain the queue, then exit")
+    p.add_argument("--max-attempts", type=int, default=int(env("MAX_ATTEMPTS", D.DEFAULT_MAX_ATTEMPTS)), help=f"{attempts_help} [HSX_MAX_ATTEMPTS; default {D.DEFAULT_MAX_ATTEMPTS}]")
+    p.add_argument("--lease-seconds", type=int, default=int(env("LEASE_SECONDS", D.DEFAULT_LEASE_SECONDS)), help=f"work of a process that stopped heartbeating is re-enqueued this long after its last beat [HSX_LEASE_SECONDS; default {D.DEFAULT_LEASE_SECONDS}]")
+    p.add_argument("--heartbeat-seconds", type=float, default=float(env("HEARTBEAT_SECONDS", D.DEFAULT_HEARTBEAT_SECONDS)), help=f"seconds between heartbeats / lease refreshes [HSX_HEARTBEAT_SECONDS; default {D.DEFAULT_HEARTBEAT_SECONDS}]")
+
+
 def cmd_produce(args) -> int:
     from hsx.config import ProduceConfig, StoreSettings
     from producer.produce import produce
@@ -206,15 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev = s.add_mutually_exclusive_group()
     dev.add_argument("--gpu", type=int, help="GPU index (cuda:N) [HSX_GPU]")
     dev.add_argument("--device", help="torch device, e.g. cpu or cuda:1 [HSX_DEVICE]")
-    s.add_argument("--spool-dir", default=env("SPOOL_DIR", "/var/spool/hsx"), help="local spool directory of this host [HSX_SPOOL_DIR; default /var/spool/hsx]")
+    _add_spool_role(s, "gpu-HOST-DEVICE-PID-XXXXXX", "attempts before a batch goes to dead letters")
     s.add_argument("--spool-budget-gb", type=float, default=float(env("SPOOL_BUDGET_GB", D.DEFAULT_SPOOL_BUDGET_BYTES / 2**30)), help=f"GiB of finished files the spool may hold before the worker waits [HSX_SPOOL_BUDGET_GB; default {D.DEFAULT_SPOOL_BUDGET_BYTES // 2**30}]")
-    s.add_argument("--host", default=hostname(), help="host name for the upload queue upload@HOST [HSX_HOST; default this host's name]")
     s.add_argument("--model", default=env("WORKER_MODEL"), help="local path of the run's model if it differs from the manifest's [HSX_WORKER_MODEL]")
-    s.add_argument("--name", help="worker name (default gpu-HOST-DEVICE-PID)")
-    s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
-    s.add_argument("--max-attempts", type=int, default=int(env("MAX_ATTEMPTS", D.DEFAULT_MAX_ATTEMPTS)), help=f"attempts before a batch goes to dead letters [default {D.DEFAULT_MAX_ATTEMPTS}]")
-    s.add_argument("--lease-seconds", type=int, default=int(env("LEASE_SECONDS", D.DEFAULT_LEASE_SECONDS)), help=f"a dead worker's batch is reclaimed this long after its last heartbeat [HSX_LEASE_SECONDS; default {D.DEFAULT_LEASE_SECONDS}]")
-    s.add_argument("--heartbeat-seconds", type=float, default=float(env("HEARTBEAT_SECONDS", D.DEFAULT_HEARTBEAT_SECONDS)), help=f"seconds between heartbeats [HSX_HEARTBEAT_SECONDS; default {D.DEFAULT_HEARTBEAT_SECONDS}]")
     s.add_argument("--grace-seconds", type=float, default=float(env("GRACE_SECONDS", D.DEFAULT_GRACE_SECONDS)), help=f"on SIGTERM, seconds to finish writing computed batches before handing the rest back [HSX_GRACE_SECONDS; default {D.DEFAULT_GRACE_SECONDS}]")
     _add_redis(s)
     s.set_defaults(func=cmd_worker)
@@ -223,13 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="An rq worker on upload@HOST: uploads each batch file (multipart when large), "
                        "verifies size and checksum in the store, records the batch done in the ledger, then deletes "
                        "the local file. Run several per host.")
-    s.add_argument("--spool-dir", default=env("SPOOL_DIR", "/var/spool/hsx"), help="local spool directory [HSX_SPOOL_DIR]")
-    s.add_argument("--host", default=hostname(), help="serve upload@HOST [HSX_HOST]")
-    s.add_argument("--name", help="worker name (default upload-HOST-PID)")
-    s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
-    s.add_argument("--max-attempts", type=int, default=int(env("MAX_ATTEMPTS", D.DEFAULT_MAX_ATTEMPTS)), help="re-extractions of a lost spool file before dead letters")
-    s.add_argument("--lease-seconds", type=int, default=int(env("LEASE_SECONDS", D.DEFAULT_LEASE_SECONDS)), help=f"an upload whose uploader died is retried this long after its last heartbeat [HSX_LEASE_SECONDS; default {D.DEFAULT_LEASE_SECONDS}]")
-    s.add_argument("--heartbeat-seconds", type=float, default=float(env("HEARTBEAT_SECONDS", D.DEFAULT_HEARTBEAT_SECONDS)), help=f"seconds between lease refreshes [HSX_HEARTBEAT_SECONDS; default {D.DEFAULT_HEARTBEAT_SECONDS}]")
+    _add_spool_role(s, "upload-HOST-PID-XXXXXX", "re-extractions of a lost spool file before dead letters")
     _add_redis(s)
     s.set_defaults(func=cmd_upload)
 
