@@ -7,6 +7,7 @@ the model is loaded once; the job finds this object through ``current()``.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -81,8 +82,14 @@ class WorkerRuntime:
         return drained
 
     def recover_spool(self) -> int:
-        """After a restart: drop temp files, re-enqueue uploads of complete files not yet done."""
-        for tmp in spool.temp_files(self.cfg.spool_dir, self.run):
+        """After a restart: drop dead writers' temp files, re-enqueue uploads of complete files not yet done.
+
+        The spool may be shared with other live workers of this host: a temp file whose writer
+        still heartbeats is a write in progress and stays.
+        """
+        for tmp, writer in spool.temp_files(self.cfg.spool_dir, self.run).items():
+            if self.r.exists(RunKeys(self.run).heartbeat(writer)):
+                continue
             log.info("removing unfinished temp file %s", tmp)
             tmp.unlink(missing_ok=True)
         pending = queues.pending_upload(self.r, self.cfg.host, self.run)
@@ -104,7 +111,7 @@ class WorkerRuntime:
     def stats(self) -> dict:
         usage = spool.usage(self.cfg.spool_dir)
         elapsed = max(time.time() - self.started, 1e-9)
-        return {"host": self.cfg.host, "device": str(self.extractor.device), "pid": __import__("os").getpid(),
+        return {"host": self.cfg.host, "device": str(self.extractor.device), "pid": os.getpid(),
                 "current_batch": self.current_batch, "batches": self.batches_run, "tokens": self.tokens_run,
                 "tokens_per_s": self.tokens_run / elapsed, "spooled": self.writer.written,
                 "spool_bytes": usage.bytes, "spool_files": usage.files, **self.probe.stats()}

@@ -127,7 +127,7 @@ class SpoolWriter:
                     "dtype": m["dtype"], "model": m["model"], "hidden_size": str(m["hidden_size"]),
                     "store_final": str(bool(m["store_final"])).lower()}
         path = layout.spool_path(self.spool_dir, self.run, spec.batch_id)
-        size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync)
+        size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_id)
         pipe = self.r.pipeline()
         queues.enqueue_upload(self.r, self.host, self.run, spec.batch_id, str(path), size, sha, pipeline=pipe)
         ledger.mark_spooled(self.r, self.run, spec.batch_id, pipe=pipe)

@@ -147,15 +147,16 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
-def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str], fsync: bool = True) -> tuple[int, str]:
-    """Write a batch file at ``path`` via a temp name and rename.
+def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str], fsync: bool = True,
+                 tmp_tag: str | None = None) -> tuple[int, str]:
+    """Write a batch file at ``path`` via ``<name>.tmp-<tmp_tag or pid>`` and rename.
 
     Returns (size in bytes, sha256 hex of the whole file). A failure (disk
     full, ...) leaves no file at ``path`` and removes the temp file.
     """
     head, ordered = encode_header(tensors, metadata)
     digest = hashlib.sha256(head)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp-{tmp_tag or os.getpid()}")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(tmp, "wb") as fh:

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -83,6 +84,8 @@ def cmd_worker(args) -> int:
         device = f"cuda:{gpu}" if gpu is not None else None
     if device is None:
         raise ConfigError("say which device: --gpu N or --device cpu (or HSX_GPU / HSX_DEVICE)")
+    if args.name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", args.name):
+        raise ConfigError(f"--name {args.name!r}: use letters, digits, '.', '_', ':' or '-' (it names spool temp files)")
     cfg = WorkerConfig(
         run=args.run, redis_url=_redis_url(args), device=device, spool_dir=Path(args.spool_dir),
         spool_budget_bytes=int(args.spool_budget_gb * 2**30), host=args.host, model_override=args.model,

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-TMP_MARK = ".tmp-"
+TMP_MARK = ".tmp-"  # <batch>.safetensors.tmp-<writer's worker name>: a write in progress
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ def complete_files(spool_dir: Path, run: str) -> list[Path]:
     return sorted(d.glob("*.safetensors")) if d.exists() else []
 
 
-def temp_files(spool_dir: Path, run: str) -> list[Path]:
+def temp_files(spool_dir: Path, run: str) -> dict[Path, str]:
+    """Temp files of ``run`` -> the tag (writer's worker name) in their name."""
     d = Path(spool_dir) / run
-    return sorted(p for p in d.iterdir() if TMP_MARK in p.name) if d.exists() else []
+    if not d.exists():
+        return {}
+    return {p: p.name.split(TMP_MARK, 1)[1] for p in sorted(d.iterdir()) if TMP_MARK in p.name}

@@ -144,14 +144,14 @@ def test_disk_full_fails_cleanly_and_retries(r, redis_server, tiny_model, tmp_pa
     real_write = writer_mod.batchfile.write_atomic
     calls = {"n": 0}
 
-    def flaky_disk(path, tensors, metadata, fsync=True):
+    def flaky_disk(path, tensors, metadata, fsync=True, tmp_tag=None):
         calls["n"] += 1
         if calls["n"] in (1, 3):  # ENOSPC half-way through the file: the temp file must not survive
             tmp = path.with_name(f"{path.name}.tmp-{__import__('os').getpid()}")
             tmp.write_bytes(b"partial")
             tmp.unlink()
             raise OSError(28, "No space left on device")
-        return real_write(path, tensors, metadata, fsync)
+        return real_write(path, tensors, metadata, fsync, tmp_tag)
 
     monkeypatch.setattr(writer_mod.batchfile, "write_atomic", flaky_disk)
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="full"))
@@ -160,3 +160,33 @@ def test_disk_full_fails_cleanly_and_retries(r, redis_server, tiny_model, tmp_pa
     assert p["complete"] and not p["dead_letters"]
     assert [f for f in (tmp_path / "spool").rglob("*") if f.is_file()] == []  # no partial or temp file left
     assert verify_run(r, open_store(str(tmp_path / "store")), "full").ok
+
+
+def test_restart_cleans_dead_writers_temp_files_only(r, redis_server, tiny_model, tmp_path):
+    from gpu_worker.worker import load_runtime
+
+    from hsx import heartbeat
+
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="rs", enqueue=False))
+    spool_run = tmp_path / "spool" / "rs"
+    spool_run.mkdir(parents=True)
+    dead = spool_run / "b0000001.safetensors.tmp-gpu-dead-1"
+    live = spool_run / "b0000002.safetensors.tmp-gpu-live-2"
+    dead.write_bytes(b"partial")
+    live.write_bytes(b"partial")
+    heartbeat.publish_heartbeat(r, "rs", "gpu-live-2", {"host": "testhost"}, ttl_seconds=30)
+    # A complete file left from before the restart, not done: its upload is enqueued again.
+    from hsx import batchfile
+
+    spec = ledger.get_spec(r, "rs", "b0000000")
+    complete = spool_run / "b0000000.safetensors"
+    batchfile.write_atomic(complete, {"input_ids": torch.zeros(3, dtype=torch.int32),
+                                      "loss_mask": torch.zeros(3, dtype=torch.uint8),
+                                      "cu_seqlens": torch.tensor([0, 3])}, {"format": batchfile.FORMAT, "sample_ids": '["x"]'})
+    rt = load_runtime(worker_config(redis_server.url, tmp_path / "spool", run="rs"))
+    try:
+        assert rt.recover_spool() == 1
+    finally:
+        rt.prefetcher.close()
+    assert not dead.exists() and live.exists() and complete.exists()
+    assert queues.pending_upload(r, "testhost", "rs") == {spec.batch_id}
