@@ -52,13 +52,19 @@ class WorkerRuntime:
         self.final_pinned = (PinnedPool(3, manifest["token_budget"] * extractor.hidden_size, extractor.out_dtype)
                              if self.cuda and extractor.store_final else None)
         self.copy_stream = torch.cuda.Stream(device=extractor.device) if self.cuda else None
-        self.probe = GpuProbe(extractor.device.index if self.cuda else None)
+        self.probe = GpuProbe(extractor.device.index if self.cuda else None, self._cuda_uuid() if self.cuda else None)
         self.current_batch: str | None = None
         self.batches_run = 0
         self.tokens_run = 0
         self.started = time.time()
         self._stop = threading.Event()
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="hsx-heartbeat", daemon=True)
+
+    def _cuda_uuid(self) -> str | None:
+        try:
+            return str(torch.cuda.get_device_properties(self.extractor.device).uuid)
+        except (AttributeError, RuntimeError):  # older torch: fall back to CUDA_VISIBLE_DEVICES
+            return None
 
     # ---- lifecycle -------------------------------------------------------
     def start(self) -> None:

@@ -17,6 +17,7 @@ from gpu_worker.extractor import Extractor
 from gpu_worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
+PLAN_POLL_SECONDS = 5  # --wait-for-plan: seconds between looks for the run's manifest
 
 
 class WorkerSetupError(RuntimeError):
@@ -52,6 +53,11 @@ def _on_failure(job, exc_type, exc_value, tb):
 def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     r = connect(cfg.redis_url)
     manifest = ledger.get_manifest(r, cfg.run)
+    if manifest is None and cfg.wait_for_plan:
+        log.info("run %r is not planned yet; waiting for `hsx produce` (checking every %d s)", cfg.run, PLAN_POLL_SECONDS)
+        while manifest is None:
+            time.sleep(PLAN_POLL_SECONDS)
+            manifest = ledger.get_manifest(r, cfg.run)
     if manifest is None:
         raise WorkerSetupError(f"run {cfg.run!r} is not planned in Redis at {redact(cfg.redis_url)}: run `hsx produce` first")
     model_path = cfg.model_override or manifest["model"]

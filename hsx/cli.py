@@ -92,7 +92,7 @@ def cmd_worker(args) -> int:
         burst=args.burst, worker_name=args.name or _worker_name("gpu", device.replace(":", "")),
         max_attempts=args.max_attempts, lease_seconds=args.lease_seconds,
         heartbeat_seconds=args.heartbeat_seconds, grace_seconds=args.grace_seconds,
-        min_batch_seconds=float(env("TEST_MIN_BATCH_SECONDS", "0")))
+        min_batch_seconds=float(env("TEST_MIN_BATCH_SECONDS", "0")), wait_for_plan=args.wait_for_plan)
     rt = run_worker(cfg)
     print(f"worker {cfg.worker_name}: {rt.batches_run} batches, {rt.tokens_run} tokens, {rt.writer.written} spooled")
     return 0
@@ -223,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spool_role(s, "gpu-HOST-DEVICE-PID-XXXXXX", "attempts before a batch goes to dead letters")
     s.add_argument("--spool-budget-gb", type=float, default=float(env("SPOOL_BUDGET_GB", D.DEFAULT_SPOOL_BUDGET_BYTES / 2**30)), help=f"GiB of finished files the spool may hold before the worker waits [HSX_SPOOL_BUDGET_GB; default {D.DEFAULT_SPOOL_BUDGET_BYTES // 2**30}]")
     s.add_argument("--model", default=env("WORKER_MODEL"), help="local path of the run's model if it differs from the manifest's [HSX_WORKER_MODEL]")
+    s.add_argument("--wait-for-plan", action="store_true", default=env("WAIT_FOR_PLAN", "0") not in ("0", "", "false"),
+                   help="if the run is not planned yet, wait for `hsx produce` instead of exiting [HSX_WAIT_FOR_PLAN]")
     s.add_argument("--grace-seconds", type=float, default=float(env("GRACE_SECONDS", D.DEFAULT_GRACE_SECONDS)), help=f"on SIGTERM, seconds to finish writing computed batches before handing the rest back [HSX_GRACE_SECONDS; default {D.DEFAULT_GRACE_SECONDS}]")
     _add_redis(s)
     s.set_defaults(func=cmd_worker)

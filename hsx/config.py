@@ -108,6 +108,7 @@ class WorkerConfig:
     heartbeat_seconds: float
     grace_seconds: float = 120.0   # on SIGTERM: time to finish writing before handing batches back
     min_batch_seconds: float = 0.0  # stretch each batch to this wall time (fault-injection tests only)
+    wait_for_plan: bool = False     # wait for `hsx produce` instead of exiting when the run is not planned
 
 
 @dataclass(frozen=True)

@@ -58,3 +58,20 @@ def test_demo_runs_end_to_end(tmp_path, redis_env):
     assert manifest["layer_ids"] == [1, 2, 3]
     status = hsx("status", "--run", "demo", "--json")
     assert json.loads(status.stdout)["complete"] is True
+
+
+def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
+    from hsx.devices import nvml_handle
+
+    class FakeNvml:  # stands in for the driver, which this machine does not have
+        def nvmlDeviceGetHandleByIndex(self, i):
+            return ("index", i)
+
+        def nvmlDeviceGetHandleByUUID(self, u):
+            return ("uuid", u)
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert nvml_handle(FakeNvml(), 1, None) == ("index", 5)
+    assert nvml_handle(FakeNvml(), 0, "1234-abcd") == ("uuid", "GPU-1234-abcd")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-xyz")
+    assert nvml_handle(FakeNvml(), 0, None) == ("index", 0)

@@ -216,7 +216,7 @@ def test_one_gpu_worker_per_device(base_config):
         (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
         assert device["device_ids"] == [name.rsplit("_", 1)[1]] and "gpu" in device["capabilities"], name
         # The container sees only its reserved GPU, as cuda:0.
-        assert svc["command"] == ["worker", "--gpu", "0"], name
+        assert svc["command"] == ["worker", "--gpu", "0", "--wait-for-plan"], name
         assert seconds(svc["stop_grace_period"]) > MIN_WORKER_GRACE_SECONDS, name
     assert seconds(base_config["services"]["uploader"]["stop_grace_period"]) >= 60
     assert base_config["services"]["producer"]["restart"] == "no"
