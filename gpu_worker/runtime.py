@@ -214,6 +214,8 @@ class WorkerRuntime:
     def fail_batch(self, bid: str, attempt: int, error: str) -> None:
         """Count a failure; re-enqueue with the next attempt, or leave a dead letter."""
         leases.drop(self.r, self.leases_key, bid)
+        if ledger.is_done(self.r, self.run, bid):
+            return  # a duplicate delivery failed after another copy landed: nothing is missing
         attempts = ledger.record_failure(self.r, self.run, bid, error, self.cfg.max_attempts)
         if attempts < self.cfg.max_attempts:
             queues.enqueue_extract(self.r, self.run, bid, attempt=leases.next_attempt(self.r, self.run))

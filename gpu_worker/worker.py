@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
+from rq.exceptions import AbandonedJobError
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
@@ -43,6 +44,8 @@ class ExtractWorker(SimpleWorker):
 
 
 def _on_failure(job, exc_type, exc_value, tb):
+    if exc_type is AbandonedJobError:
+        return True  # rq's sweep of a dead worker's job, long after hsx's lease reaper re-enqueued it
     parsed = queues.batch_of_job(job.id)
     rt = ExtractWorker.hsx_runtime
     if parsed and rt is not None:
