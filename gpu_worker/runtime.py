@@ -78,7 +78,7 @@ class WorkerRuntime:
         self._stop.set()
         self._hb_thread.join(timeout=5)
         if not drained:
-            for bid in sorted(self.writer.in_flight):
+            for bid in sorted(self.writer.held()):
                 if self.r.zrem(self.leases_key, bid):
                     queues.enqueue_extract(self.r, self.run, bid, attempt=leases.next_attempt(self.r, self.run),
                                            at_front=True)
@@ -123,7 +123,8 @@ class WorkerRuntime:
                 "spool_bytes": usage.bytes, "spool_files": usage.files, **self.probe.stats()}
 
     def beat(self) -> None:
-        held = self.writer.in_flight | ({self.current_batch} if self.current_batch else set())
+        current = self.current_batch
+        held = self.writer.held() | ({current} if current else set())
         stats = self.stats()
         pipe = self.r.pipeline(transaction=False)
         heartbeat.publish_heartbeat(self.r, self.run, self.worker_id, stats, int(self.cfg.heartbeat_seconds * 6), pipe=pipe)

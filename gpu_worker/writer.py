@@ -81,6 +81,11 @@ class SpoolWriter:
             self.in_flight.add(item.spec.batch_id)
         self._q.put(item)
 
+    def held(self) -> set[str]:
+        """Batches submitted and not yet written (a copy: writer threads change the set)."""
+        with self._idle:
+            return set(self.in_flight)
+
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted batch is written (or failed). True if drained."""
         deadline = None if timeout is None else time.monotonic() + timeout
