@@ -16,25 +16,25 @@
 ARG CUDA_BASE=pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime
 ARG SLIM_BASE=python:3.11-slim-bookworm
 
+# ---------------------------------------------------------------- source (shared by both targets)
+FROM scratch AS src
+COPY pyproject.toml README.md /opt/hsx/
+COPY hsx /opt/hsx/hsx
+COPY producer /opt/hsx/producer
+COPY gpu_worker /opt/hsx/gpu_worker
+COPY uploader /opt/hsx/uploader
+COPY dashboard /opt/hsx/dashboard
+COPY docker/install.sh /opt/hsx/docker/install.sh
+
 # ---------------------------------------------------------------- gpu
 FROM ${CUDA_BASE} AS gpu
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HOME=/models/hf HSX_SPOOL_DIR=/var/spool/hsx
 # The base image's torch satisfies hsx's `torch>=2.4`, so `pip install .` keeps it.
 RUN python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-WORKDIR /opt/hsx
-COPY pyproject.toml README.md ./
-COPY hsx ./hsx
-COPY producer ./producer
-COPY gpu_worker ./gpu_worker
-COPY uploader ./uploader
-COPY dashboard ./dashboard
+COPY --from=src /opt/hsx /opt/hsx
 ARG EXTRA_PIP=""
-RUN pip install . ${EXTRA_PIP} \
- && python -c "import torch, hsx; print('hsx', hsx.__version__, 'torch', torch.__version__)" \
- && (getent passwd hsx >/dev/null || useradd --uid 10001 --create-home --shell /usr/sbin/nologin hsx) \
- && mkdir -p /var/spool/hsx /models /out \
- && chown hsx /var/spool/hsx /models /out
+RUN EXTRA_PIP="${EXTRA_PIP}" sh /opt/hsx/docker/install.sh
 USER hsx
 WORKDIR /home/hsx
 ENTRYPOINT ["hsx"]
@@ -47,19 +47,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 # torch first, from the CPU wheel index, so that `pip install .` does not pull a CUDA build.
 ARG TORCH_VERSION=2.13.0
 RUN pip install "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu
-WORKDIR /opt/hsx
-COPY pyproject.toml README.md ./
-COPY hsx ./hsx
-COPY producer ./producer
-COPY gpu_worker ./gpu_worker
-COPY uploader ./uploader
-COPY dashboard ./dashboard
+COPY --from=src /opt/hsx /opt/hsx
 ARG EXTRA_PIP=""
-RUN pip install . ${EXTRA_PIP} \
- && python -c "import torch, hsx; print('hsx', hsx.__version__, 'torch', torch.__version__)" \
- && useradd --uid 10001 --create-home --shell /usr/sbin/nologin hsx \
- && mkdir -p /var/spool/hsx /models /out \
- && chown hsx /var/spool/hsx /models /out
+RUN EXTRA_PIP="${EXTRA_PIP}" sh /opt/hsx/docker/install.sh
 USER hsx
 WORKDIR /home/hsx
 ENTRYPOINT ["hsx"]
