@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from hsx import heartbeat, ledger, queues  # noqa: E402
 from hsx.keys import RunKeys  # noqa: E402
-from hsx.redisconn import LocalRedis, connect  # noqa: E402
+from hsx.redisconn import LocalRedis, connect, int_hash  # noqa: E402
 from hsx.verify import verify_run  # noqa: E402
 from hsx.store import open_store  # noqa: E402
 
@@ -120,7 +120,7 @@ def run_once(n_workers: int, args, work: Path, redis_url: str, model: str, datas
     spooled_ts = [s for _, s in r.zrange(keys.spooled_log, 0, -1, withscores=True)]
     done_ts = [s for _, s in r.zrange(keys.done_log, 0, -1, withscores=True)]
     span = max(done_ts) - min(spooled_ts)
-    done = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in r.hgetall(keys.counters).items()}
+    done = int_hash(r, keys.counters)
     report = verify_run(r, open_store(str(store_dir)), run, quick=True)
     leftover = [p for p in spool_dir.rglob("*") if p.is_file()]
     return {

@@ -17,6 +17,7 @@ from rq.registry import FinishedJobRegistry
 
 from hsx import ledger, queues
 from hsx.keys import RunKeys
+from hsx.redisconn import text
 from hsx.progress import RATE_WINDOW_SECONDS, run_progress
 
 from dashboard.config import DEFAULT_RECENT_ERRORS, DashboardConfig
@@ -63,7 +64,7 @@ def _host_upload_rate(r: redis.Redis, run: str, host: str, plan: PlanSummary, no
     since = now - window + queues.RESULT_TTL
     bids = set()
     for raw in r.zrangebyscore(registry.key, since, "+inf"):
-        parsed = queues.batch_of_job(raw.decode() if isinstance(raw, bytes) else raw)
+        parsed = queues.batch_of_job(text(raw))
         if parsed and parsed[0] == run:
             bids.add(parsed[1])
     sizes = r.hmget(RunKeys(run).done_info, sorted(bids)) if bids else []

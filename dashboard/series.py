@@ -14,6 +14,7 @@ import math
 import redis
 
 from hsx.keys import RunKeys
+from hsx.redisconn import text
 
 MIN_SPAN_SECONDS = 120  # a young run still gets a chart two minutes wide
 
@@ -48,7 +49,7 @@ def throughput_series(r: redis.Redis, run: str, tokens_of: dict[str, int], now: 
     for name, key in (("extracted_tokens_per_s", keys.spooled_log), ("uploaded_tokens_per_s", keys.done_log)):
         tokens = [0] * n
         for raw, ts in r.zrangebyscore(key, start, f"({end}", withscores=True):
-            bid = raw.decode() if isinstance(raw, bytes) else raw
+            bid = text(raw)
             i = int((ts - start) // bucket_seconds)
             if 0 <= i < n:
                 tokens[i] += tokens_of.get(bid, 0)

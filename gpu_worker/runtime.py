@@ -147,12 +147,18 @@ class WorkerRuntime:
 
     # ---- the job ---------------------------------------------------------
     def extract(self, bid: str, attempt: int) -> str:
-        if ledger.is_done(self.r, self.run, bid):
-            return f"{bid} already done"
-        spec = ledger.get_spec(self.r, self.run, bid)
-        if spec is None:
+        keys = RunKeys(self.run)
+        pipe = self.r.pipeline(transaction=False)  # one round trip: done?, spec, lease
+        pipe.sismember(keys.done, bid)
+        pipe.hget(keys.plan, bid)
+        leases.take(self.r, self.leases_key, bid, self.cfg.lease_seconds, pipe=pipe)
+        done, raw_spec, _ = pipe.execute()
+        if done or raw_spec is None:
+            leases.drop(self.r, self.leases_key, bid)
+            if done:
+                return f"{bid} already done"
             raise KeyError(f"batch {bid} is not in the plan of run {self.run}")
-        leases.take(self.r, self.leases_key, bid, self.cfg.lease_seconds)
+        spec = ledger.BatchSpec.from_json(raw_spec)
         self.current_batch = bid
         try:
             padded, contents = self.prefetcher.take(spec)

@@ -11,6 +11,7 @@ import time
 import redis
 
 from hsx.keys import RunKeys
+from hsx.redisconn import json_hash, text
 
 
 def publish_heartbeat(r: redis.Redis, run: str, worker_id: str, stats: dict, ttl_seconds: int, pipe=None) -> None:
@@ -30,7 +31,7 @@ def read_workers(r: redis.Redis, run: str, forget_after_seconds: float = 86400) 
     now = time.time()
     out = []
     for raw_id, last in r.zrangebyscore(keys.workers, now - forget_after_seconds, "+inf", withscores=True):
-        wid = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+        wid = text(raw_id)
         raw = r.get(keys.heartbeat(wid))
         stats = json.loads(raw) if raw else {"worker": wid}
         stats.update(alive=raw is not None, last_seen=last, age_seconds=now - last)
@@ -43,4 +44,4 @@ def publish_host(r: redis.Redis, run: str, host: str, stats: dict, pipe=None) ->
 
 
 def read_hosts(r: redis.Redis, run: str) -> dict[str, dict]:
-    return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in r.hgetall(RunKeys(run).hosts).items()}
+    return json_hash(r, RunKeys(run).hosts)

@@ -19,6 +19,7 @@ import redis
 
 from hsx import ledger, queues
 from hsx.keys import RunKeys
+from hsx.redisconn import text
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def reap(r: redis.Redis, run: str, max_attempts: int, now: float | None = None) 
     now = now or time.time()
     reclaimed: dict[str, list[str]] = {"extract": [], "upload": []}
     for raw in r.zrangebyscore(keys.extract_leases, "-inf", now):
-        bid = raw.decode() if isinstance(raw, bytes) else raw
+        bid = text(raw)
         if not r.zrem(keys.extract_leases, bid):
             continue  # another reaper took it, or it was refreshed and dropped meanwhile
         if ledger.is_done(r, run, bid):
@@ -77,7 +78,7 @@ def reap(r: redis.Redis, run: str, max_attempts: int, now: float | None = None) 
             queues.enqueue_extract(r, run, bid, attempt=next_attempt(r, run), at_front=True)
         reclaimed["extract"].append(bid)
     for raw in r.zrangebyscore(keys.upload_leases, "-inf", now):
-        bid = raw.decode() if isinstance(raw, bytes) else raw
+        bid = text(raw)
         if not r.zrem(keys.upload_leases, bid):
             continue
         job = r.hget(keys.upload_jobs, bid)
@@ -94,5 +95,3 @@ def reap(r: redis.Redis, run: str, max_attempts: int, now: float | None = None) 
     return reclaimed
 
 
-def leased(r: redis.Redis, zset: str) -> set[str]:
-    return {x.decode() if isinstance(x, bytes) else x for x in r.zrange(zset, 0, -1)}

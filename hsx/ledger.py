@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import redis
 
 from hsx.keys import RUNS, RunKeys
+from hsx.redisconn import int_hash, json_hash, text
 
 # KEYS: done, done_info, counters, shard_done, done_log
 # ARGV: batch_id, info_json, samples, tokens, bytes, shard, now
@@ -71,7 +72,7 @@ class BatchSpec:
 
 
 def list_runs(r: redis.Redis) -> list[str]:
-    return sorted(x.decode() if isinstance(x, bytes) else x for x in r.smembers(RUNS))
+    return sorted(text(x) for x in r.smembers(RUNS))
 
 
 def get_manifest(r: redis.Redis, run: str) -> dict | None:
@@ -97,12 +98,11 @@ def get_spec(r: redis.Redis, run: str, bid: str) -> BatchSpec | None:
 
 
 def all_specs(r: redis.Redis, run: str) -> dict[str, BatchSpec]:
-    return {(k.decode() if isinstance(k, bytes) else k): BatchSpec.from_json(v)
-            for k, v in r.hscan_iter(RunKeys(run).plan, count=1000)}
+    return {text(k): BatchSpec.from_json(v) for k, v in r.hscan_iter(RunKeys(run).plan, count=1000)}
 
 
 def done_ids(r: redis.Redis, run: str) -> set[str]:
-    return {x.decode() if isinstance(x, bytes) else x for x in r.smembers(RunKeys(run).done)}
+    return {text(x) for x in r.smembers(RunKeys(run).done)}
 
 
 def is_done(r: redis.Redis, run: str, bid: str) -> bool:
@@ -134,11 +134,11 @@ def clear_failure(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
 
 
 def dead_letters(r: redis.Redis, run: str) -> dict[str, dict]:
-    return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in r.hgetall(RunKeys(run).dead).items()}
+    return json_hash(r, RunKeys(run).dead)
 
 
 def failures(r: redis.Redis, run: str) -> dict[str, dict]:
-    return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in r.hgetall(RunKeys(run).failures).items()}
+    return json_hash(r, RunKeys(run).failures)
 
 
 def take_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
@@ -154,7 +154,7 @@ def take_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -
 
 
 def run_totals(r: redis.Redis, run: str) -> dict[str, int]:
-    return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in r.hgetall(RunKeys(run).totals).items()}
+    return int_hash(r, RunKeys(run).totals)
 
 
 # KEYS: done, done_info, counters, shard_done, done_log ; ARGV: batch_id, samples, tokens, shard
@@ -183,5 +183,4 @@ def unmark_done(r: redis.Redis, run: str, spec: BatchSpec) -> bool:
 
 
 def done_info(r: redis.Redis, run: str) -> dict[str, dict]:
-    return {(k.decode() if isinstance(k, bytes) else k): json.loads(v)
-            for k, v in r.hscan_iter(RunKeys(run).done_info, count=1000)}
+    return json_hash(r, RunKeys(run).done_info)

@@ -9,13 +9,10 @@ import redis
 
 from hsx import heartbeat, ledger, queues
 from hsx.keys import RunKeys
+from hsx.redisconn import int_hash
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
 MIN_RATE_SPAN_SECONDS = 10  # ...or, for a run younger than that, over its age (at least this long)
-
-
-def _int_hash(r: redis.Redis, key: str) -> dict[str, int]:
-    return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in r.hgetall(key).items()}
 
 
 def rate_span(r: redis.Redis, run: str, now: float, window: float = RATE_WINDOW_SECONDS) -> float:
@@ -47,7 +44,7 @@ def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float, s
 def run_progress(r: redis.Redis, run: str, now: float | None = None, window: float = RATE_WINDOW_SECONDS) -> dict:
     keys = RunKeys(run)
     now = now or time.time()
-    totals, done = _int_hash(r, keys.totals), _int_hash(r, keys.counters)
+    totals, done = int_hash(r, keys.totals), int_hash(r, keys.counters)
     spooled = r.zcard(keys.spooled_log)
     span = rate_span(r, run, now, window)
     rate = _window(r, run, keys.done_log, now, window, span)
@@ -67,7 +64,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "eta_seconds": 0.0 if complete else eta,
         "complete": complete,
         "started": first[0][1] if first else None,
-        "shards": {k: {"done": v} for k, v in _int_hash(r, keys.shard_done).items()},
+        "shards": {k: {"done": v} for k, v in int_hash(r, keys.shard_done).items()},
         "failures": ledger.failures(r, run),
         "dead_letters": ledger.dead_letters(r, run),
         "extract_queue": len(queues.queue(r, queues.extract_queue_name(run))),

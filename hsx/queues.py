@@ -14,6 +14,7 @@ from rq.serializers import JSONSerializer
 
 from hsx.defaults import DEFAULT_EXTRACT_JOB_TIMEOUT, DEFAULT_UPLOAD_JOB_TIMEOUT
 from hsx.keys import RunKeys
+from hsx.redisconn import zset_members
 
 EXTRACT_FUNC = "gpu_worker.jobs.extract_batch"
 UPLOAD_FUNC = "uploader.jobs.upload_batch"
@@ -96,18 +97,14 @@ def _queued_batches(r: redis.Redis, queue_name: str, run: str) -> set[str]:
     return found
 
 
-def _leased(r: redis.Redis, zset: str) -> set[str]:
-    return {x.decode() if isinstance(x, bytes) else x for x in r.zrange(zset, 0, -1)}
-
-
 def pending_extract(r: redis.Redis, run: str) -> set[str]:
     """Batches of ``run`` waiting on the extract queue or leased by a live worker."""
-    return _queued_batches(r, extract_queue_name(run), run) | _leased(r, RunKeys(run).extract_leases)
+    return _queued_batches(r, extract_queue_name(run), run) | zset_members(r, RunKeys(run).extract_leases)
 
 
 def pending_upload(r: redis.Redis, host: str, run: str) -> set[str]:
     """Batches of ``run`` waiting on ``host``'s upload queue or leased by a live uploader."""
-    return _queued_batches(r, upload_queue_name(host), run) | _leased(r, RunKeys(run).upload_leases)
+    return _queued_batches(r, upload_queue_name(host), run) | zset_members(r, RunKeys(run).upload_leases)
 
 
 def retry_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:

@@ -94,3 +94,24 @@ class LocalRedis:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# ---- reading replies (clients here do not decode responses: rq needs bytes) ----
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def int_hash(r: redis.Redis, key: str) -> dict[str, int]:
+    """A HASH of integer counters as {field: int}."""
+    return {text(k): int(v) for k, v in r.hgetall(key).items()}
+
+
+def json_hash(r: redis.Redis, key: str) -> dict[str, object]:
+    """A HASH of JSON values as {field: decoded value}."""
+    import json
+
+    return {text(k): json.loads(v) for k, v in r.hscan_iter(key, count=1000)}
+
+
+def zset_members(r: redis.Redis, key: str) -> set[str]:
+    return {text(x) for x in r.zrange(key, 0, -1)}

@@ -26,7 +26,7 @@ import torch
 from hsx import batchfile, heartbeat, ledger, queues
 from hsx.demo import sample_dataset
 from hsx.keys import RunKeys
-from hsx.redisconn import LocalRedis, connect
+from hsx.redisconn import LocalRedis, connect, int_hash, zset_members
 from tests.faultproxy import FaultProxy
 
 RUN, HOST = "faults", "h1"
@@ -150,7 +150,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         spooled_later = int(r.zcard(RunKeys(RUN).spooled_log))
         assert spooled_later - spooled_at_budget <= 2, "workers kept taking jobs with a full spool"
         _wait("an upload in flight", lambda: r.zcard(RunKeys(RUN).upload_leases) > 0, 30)
-        stuck_uploads = queues._leased(r, RunKeys(RUN).upload_leases)
+        stuck_uploads = zset_members(r, RunKeys(RUN).upload_leases)
         u1.send_signal(signal.SIGKILL)
         done_during = done()
         time.sleep(max(0.0, 10 - (time.monotonic() - t_down)))
@@ -235,7 +235,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
     duplicated = sum(c - 1 for c in seen.values())
     assert len(keys) == totals["batches"] and lost == 0 and duplicated == 0
     assert [p for p in spool.rglob("*") if p.is_file()] == []
-    counters = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in r.hgetall(RunKeys(RUN).counters).items()}
+    counters = int_hash(r, RunKeys(RUN).counters)
     assert counters["batches"] == totals["batches"] and counters["samples"] == SAMPLES and counters["tokens"] == totals["tokens"]
     assert not ledger.dead_letters(r, RUN)
     lines = ["| fault | how injected | recovery (s) | what happened | samples lost | duplicates |",
