@@ -103,7 +103,7 @@ class TimedExtractor(Extractor):
 
 
 def timed_extractor(model, layer_ids, store_final, out_dtype, clock) -> TimedExtractor:
-    ex = TimedExtractor.from_model(model, layer_ids, store_final, out_dtype)
+    ex = TimedExtractor(model, layer_ids, store_final, out_dtype)
     ex.clock, ex.marks = clock, []
     return ex
 

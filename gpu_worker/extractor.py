@@ -61,30 +61,24 @@ def pad_batch(packed_ids: torch.Tensor, cu_seqlens: torch.Tensor, padded_len: in
 class Extractor:
     """Holds the model; ``run`` maps a PaddedBatch to packed hidden states on the device."""
 
-    def __init__(self, model_path: str, layer_ids: list[int], store_final: bool, device: str,
-                 out_dtype: str = "bfloat16", model_dtype: str | None = None, attn_implementation: str = "sdpa"):
-        from transformers import AutoConfig, AutoModel
-
-        self.device = torch.device(device)
-        self.out_dtype = DTYPES[out_dtype]
-        cpu = self.device.type == "cpu"
-        compute = DTYPES[model_dtype] if model_dtype else (torch.float32 if cpu else torch.bfloat16)
-        config = AutoConfig.from_pretrained(model_path)
-        self.num_layers = text_config(config).num_hidden_layers
-        self.layer_ids, self.store_final = sorted(layer_ids), store_final
-        model = AutoModel.from_pretrained(model_path, dtype=compute, attn_implementation=attn_implementation)
-        self._setup(model)
-
-    @classmethod
-    def from_model(cls, model, layer_ids: list[int], store_final: bool, out_dtype: str = "bfloat16") -> "Extractor":
-        """Wrap an already-built model (benchmarks build random real shapes from a config)."""
-        self = cls.__new__(cls)
+    def __init__(self, model, layer_ids: list[int], store_final: bool, out_dtype: str = "bfloat16"):
+        """Wrap a built model (``load`` reads one from disk; benchmarks build real shapes from a config)."""
         self.device = next(model.parameters()).device
         self.out_dtype = DTYPES[out_dtype]
         self.num_layers = text_config(model.config).num_hidden_layers
         self.layer_ids, self.store_final = sorted(layer_ids), store_final
         self._setup(model)
-        return self
+
+    @classmethod
+    def load(cls, model_path: str, layer_ids: list[int], store_final: bool, device: str, out_dtype: str = "bfloat16",
+             model_dtype: str | None = None, attn_implementation: str = "sdpa") -> "Extractor":
+        """Load the model body (no lm_head) once; compute in fp32 on the CPU, bf16 on a GPU unless told."""
+        from transformers import AutoModel
+
+        cpu = torch.device(device).type == "cpu"
+        compute = DTYPES[model_dtype] if model_dtype else (torch.float32 if cpu else torch.bfloat16)
+        model = AutoModel.from_pretrained(model_path, dtype=compute, attn_implementation=attn_implementation)
+        return cls(model.to(device), layer_ids, store_final, out_dtype)
 
     def _setup(self, model) -> None:
         decoder = _decoder(model)
@@ -94,7 +88,7 @@ class Extractor:
         self.use_final_norm = self.store_final or last == self.num_layers - 1
         if not self.use_final_norm:
             decoder.layers = decoder.layers[: last + 1]
-        self.model = model.to(self.device).eval()
+        self.model = model.eval()
         self.decoder = decoder
         self._capture: dict[int, torch.Tensor] = {}
         self._out: torch.Tensor | None = None

@@ -68,7 +68,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
         raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
     store = StoreSettings.resolve(None, recorded=manifest["store"]).open()
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, manifest["layer_ids"])
-    extractor = Extractor(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"])
+    extractor = Extractor.load(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"])
     return WorkerRuntime(cfg, r, store, manifest, extractor)
 
 

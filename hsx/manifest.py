@@ -32,14 +32,14 @@ def check_same_run(existing: dict, wanted: dict, run: str) -> None:
                                "Use a new --run name, or the original settings. Differences:\n  " + "\n  ".join(diffs))
 
 
-def config_hash(model: str) -> str:
-    """SHA-256 of the model's config (canonical JSON, volatile fields dropped)."""
+def config_hash(model) -> str:
+    """SHA-256 of the model's config (canonical JSON, volatile fields dropped); a path/id or a loaded config."""
     import hashlib
     import json
 
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(model).to_dict()
+    cfg = (AutoConfig.from_pretrained(model) if isinstance(model, str) else model).to_dict()
     for volatile in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
         cfg.pop(volatile, None)
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()

@@ -68,7 +68,7 @@ def model_identity(model: str):
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(model)
-    return getattr(config, "text_config", None) or config, AutoTokenizer.from_pretrained(model), config_hash(model)
+    return getattr(config, "text_config", None) or config, AutoTokenizer.from_pretrained(model), config_hash(config)
 
 
 def _input_tensors(members: list[Sample]) -> dict[str, torch.Tensor]:
