@@ -83,7 +83,7 @@ def test_duplicate_delivery_counts_once(r, redis_server, tiny_model, tmp_path):
     run_pipeline(redis_server.url, tiny_model, str(store_dir), tmp_path / "spool", run="dup")
     before = run_progress(r, "dup")["done"]
     # The same batch delivered again, to the worker and to the uploader.
-    queues.enqueue_extract(r, "dup", "b0000000", attempt=77)
+    dup_job = queues.enqueue_extract(r, "dup", "b0000000", attempt=77)
     spec = ledger.get_spec(r, "dup", "b0000000")
     key = layout.batch_key("dup", spec.shard, spec.batch_id)
     stored = (store_dir / key).read_bytes()
@@ -94,6 +94,8 @@ def test_duplicate_delivery_counts_once(r, redis_server, tiny_model, tmp_path):
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dup"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     assert run_progress(r, "dup")["done"] == before
+    dup_job.refresh()
+    assert dup_job.return_value() == "b0000000 already done"  # the duplicate ran and did nothing
     assert (store_dir / key).read_bytes() == stored
     assert not spool_copy.exists()
     assert verify_run(r, open_store(str(store_dir)), "dup").ok
@@ -157,6 +159,7 @@ def test_disk_full_fails_cleanly_and_retries(r, redis_server, tiny_model, tmp_pa
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="full"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     p = run_progress(r, "full")
+    assert calls["n"] == p["totals"]["batches"] + 2  # the two failed writes were retried, each batch written once
     assert p["complete"] and not p["dead_letters"]
     assert [f for f in (tmp_path / "spool").rglob("*") if f.is_file()] == []  # no partial or temp file left
     assert verify_run(r, open_store(str(tmp_path / "store")), "full").ok
