@@ -166,7 +166,7 @@ def write_dataset(path: Path, lengths: list[int], vocab: int, seed: int = 0) -> 
 
 def model_dir(path: Path, config) -> Path:
     """config.json of the benchmarked shape + the tiny tokenizer: all the producer reads of a model."""
-    from hsx.tinymodel import build_tokenizer
+    from hsx_tools.tinymodel import build_tokenizer
 
     path.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(path)
@@ -184,7 +184,7 @@ class Uploaders:
         for i in range(n):
             log = open(log_dir / f"upload-{i}.log", "w")
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "hsx.cli", "upload", "--spool-dir", str(spool_dir), "--host", host,
+                [sys.executable, "-m", "hsx_cli.main", "upload", "--spool-dir", str(spool_dir), "--host", host,
                  "--name", f"bench-upload-{i}-{os.getpid()}"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO))
 
     def alive(self) -> bool:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from hsx import heartbeat, ledger, queues  # noqa: E402
 from hsx.keys import RunKeys  # noqa: E402
 from hsx.redisconn import LocalRedis, connect, int_hash  # noqa: E402
-from hsx.verify import verify_run  # noqa: E402
+from hsx_tools.verify import verify_run  # noqa: E402
 from hsx.store import open_store  # noqa: E402
 
 HOST = "bench-host"
@@ -57,7 +57,7 @@ def synthetic_rows(path: Path, samples: int, vocab: int, seed: int = 0) -> Path:
 
 
 def hsx(*args):
-    return [sys.executable, "-m", "hsx.cli", *args]
+    return [sys.executable, "-m", "hsx_cli.main", *args]
 
 
 def run_once(n_workers: int, args, work: Path, redis_url: str, model: str, dataset: Path, join_stop: bool) -> dict:
@@ -153,8 +153,8 @@ def main() -> int:
         work = Path(tmp)
         from transformers import AutoTokenizer
 
-        from hsx.demo import sample_dataset
-        from hsx.tinymodel import build_tiny_model
+        from hsx_tools.demo import sample_dataset
+        from hsx_tools.tinymodel import build_tiny_model
 
         model = args.model or str(build_tiny_model(work / "tiny", sample_path=sample_dataset()))
         dataset = synthetic_rows(work / "rows.jsonl", args.samples, len(AutoTokenizer.from_pretrained(model)))

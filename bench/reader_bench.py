@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from hsx import batchfile, layout
-from hsx.reader import RunStream, collate_packed
+from hsx_reader import RunStream, collate_packed
 
 RUN, H, LAYERS = "bench", 4096, [1, 9, 17, 25, 33]
 

@@ -23,8 +23,8 @@ from hsx.dataset import fingerprint
 from hsx.layers import resolve_layers
 from hsx.manifest import build_manifest, check_same_run, config_hash
 from hsx.planning import cut_batches, padding_fraction
+from hsx.integrity import unmark_missing_done
 from hsx.redisconn import connect
-from hsx.verify import repair_done
 from producer.tokenising import Sample, TokeniseReport, tokenise_dataset
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def produce(cfg: ProduceConfig) -> ProduceReport:
             sample_ids=[samples[i].sample_id for i in batch.members]))
     log.info("planned %d batches, padding %.2f%%", len(specs), 100 * padding_fraction(planned))
 
-    repaired = repair_done(r, store, cfg.run) if existing is not None else []
+    repaired = unmark_missing_done(r, store, cfg.run) if existing is not None else []
     done = ledger.done_ids(r, cfg.run)
     _write_inputs(store, cfg.run, samples, planned, specs, done, manifest)
     totals = {"batches": len(specs), "samples": len(samples), "tokens": sum(s.tokens for s in specs),

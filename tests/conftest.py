@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hsx.demo import sample_dataset
+from hsx_tools.demo import sample_dataset
 from hsx.redisconn import LocalRedis, connect
-from hsx.tinymodel import build_tiny_model
+from hsx_tools.tinymodel import build_tiny_model
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hsx.config import ProduceConfig, StoreSettings, UploadConfig, WorkerConfig
-from hsx.demo import sample_dataset
+from hsx_tools.demo import sample_dataset
 
 
 def produce_config(redis_url: str, model: Path, store: StoreSettings | str, run: str = "t1",

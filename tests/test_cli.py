@@ -4,14 +4,14 @@ import sys
 
 import pytest
 
-from hsx.cli import build_parser
+from hsx_cli.main import build_parser
 from hsx.devices import GpuProbe
 
 COMMANDS = ["produce", "worker", "upload", "status", "retry-failed", "dashboard", "verify", "export", "demo", "demo-assets"]
 
 
 def hsx(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "hsx.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "hsx_cli.main", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
 
 

@@ -151,7 +151,7 @@ def test_missing_host_name_is_refused(tmp_path):
 
 
 def test_every_command_is_a_real_hsx_subcommand(base_config, cpu_config):
-    from hsx.cli import build_parser
+    from hsx_cli.main import build_parser
 
     parser = build_parser()
     commands = {tuple(svc["command"]) for cfg in (base_config, cpu_config)
@@ -262,7 +262,7 @@ def test_no_credentials_in_commands_or_committed_files(base_config, cpu_config):
 
 
 def test_default_worker_names_differ_between_containers(monkeypatch):
-    from hsx import cli
+    from hsx_cli import main as cli
 
     monkeypatch.setenv("HSX_HOST", "gpu-box-1")
     # Two calls in one process stand for two containers of one service: same host name, same pid.

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from hsx import ledger, queues
-from hsx.demo import sample_dataset
+from hsx_tools.demo import sample_dataset
 from hsx.keys import RunKeys
 from hsx.progress import run_progress
 from hsx.redisconn import free_port

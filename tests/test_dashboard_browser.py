@@ -30,7 +30,7 @@ RUN = "live"
 
 def _hsx() -> list[str]:
     script = Path(sys.executable).with_name("hsx")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "hsx.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "hsx_cli.main"]
 
 
 def _wait_http(url: str, timeout: float) -> dict:

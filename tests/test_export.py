@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hsx.cli import main
-from hsx.export import specforge_path, speculators_path
+from hsx_cli.main import main
+from hsx_tools.export import specforge_path, speculators_path
 from hsx.keys import RunKeys
-from hsx.reader import RunDataset
+from hsx_reader import RunDataset
 from tests.test_reader_fixtures import TOL, assert_sample_matches, dflash_run, eagle3_run  # noqa: F401 (fixtures)
 
 

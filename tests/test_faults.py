@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from hsx import batchfile, heartbeat, ledger, queues
-from hsx.demo import sample_dataset
+from hsx_tools.demo import sample_dataset
 from hsx.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect, int_hash, zset_members
 from tests.faultproxy import FaultProxy
@@ -62,7 +62,7 @@ class Roles:
 
     def start(self, *args, name):
         log = open(self.logs / f"{name}-{len(self.procs)}.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "hsx.cli", *args], env=self.env, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "hsx_cli.main", *args], env=self.env, stdout=log,
                                 stderr=subprocess.STDOUT)
         self.procs.append(proc)
         return proc
@@ -101,7 +101,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
     r = connect(server.url)
     table = []
     try:
-        out = subprocess.run([sys.executable, "-m", "hsx.cli", "produce", "--run", RUN,
+        out = subprocess.run([sys.executable, "-m", "hsx_cli.main", "produce", "--run", RUN,
                               "--dataset", str(_dataset(tmp_path / "data.jsonl")), "--model", str(tiny_model),
                               "--layers", "dflash:3", "--store", f"s3://{s3_bucket}/runs", "--token-budget", "512",
                               "--dtype", "float32", "--max-length", "512", "--overlong", "truncate"],
@@ -219,7 +219,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         roles.stop_all()
         proxy.set_mode("up")
 
-    verify = subprocess.run([sys.executable, "-m", "hsx.cli", "verify", "--run", RUN], env=env,
+    verify = subprocess.run([sys.executable, "-m", "hsx_cli.main", "verify", "--run", RUN], env=env,
                             capture_output=True, text=True, timeout=120)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     # Direct scan of the store: every sample exactly once, nothing corrupt.

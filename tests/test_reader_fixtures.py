@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from hsx.demo import sample_dataset
-from hsx.tinymodel import build_tiny_model
+from hsx_tools.demo import sample_dataset
+from hsx_tools.tinymodel import build_tiny_model
 from tests.pipeline import run_pipeline
 
 

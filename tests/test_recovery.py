@@ -9,7 +9,7 @@ from hsx import layout, leases, ledger, queues
 from hsx.keys import RunKeys
 from hsx.progress import run_progress
 from hsx.store import open_store
-from hsx.verify import verify_run
+from hsx_tools.verify import verify_run
 from producer.produce import produce
 from tests.pipeline import produce_config, run_pipeline, upload_config, worker_config
 

@@ -8,9 +8,9 @@ from transformers import AutoModel, AutoTokenizer
 
 from hsx import batchfile, ledger
 from hsx.config import StoreSettings
-from hsx.demo import sample_dataset
+from hsx_tools.demo import sample_dataset
 from hsx.store import open_store
-from hsx.tinymodel import build_tiny_model
+from hsx_tools.tinymodel import build_tiny_model
 from tests.pipeline import run_pipeline
 
 

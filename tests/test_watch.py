@@ -1,4 +1,4 @@
-"""`hsx status --watch` (hsx.watch): the terminal overview against a real redis-server."""
+"""`hsx status --watch` (hsx_tools.watch): the terminal overview against a real redis-server."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rich.console import Console
 
 from hsx import heartbeat, ledger
 from hsx.ledger import BatchSpec
-from hsx.watch import watch
+from hsx_tools.watch import watch
 
 SPECS = [BatchSpec(batch_id=f"b{i}", index=i, shard="00000", samples=5, tokens=100, padded=128, max_len=32,
                    sample_ids=[f"s{i}-{j}" for j in range(5)]) for i in range(4)]
@@ -61,14 +61,14 @@ def test_watch_stops_cleanly_on_ctrl_c(r, monkeypatch):
         calls.append(seconds)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("hsx.watch.time.sleep", interrupted_sleep)
+    monkeypatch.setattr("hsx_tools.watch.time.sleep", interrupted_sleep)
     console, out = _console()
     assert watch(r, "w", interval=5.0, console=console) == 0
     assert calls == [5.0] and "0/4" in out.getvalue()
 
 
 def test_status_watch_cli(r, redis_env, capsys):
-    from hsx.cli import main
+    from hsx_cli.main import main
 
     _plan(r)
     for spec in SPECS:

@@ -16,10 +16,10 @@ from torch.utils.data import Dataset
 
 from hsx.config import StoreSettings
 from hsx.store import Store
-from hsx.reader.cache import DEFAULT_CACHE_BYTES
-from hsx.reader.objects import Header, check_against_run, fetch_header, fetch_rows
-from hsx.reader.run import Expectations, ReaderError, SampleRef
-from hsx.reader.source import Source, sample_of
+from hsx_reader.cache import DEFAULT_CACHE_BYTES
+from hsx_reader.objects import Header, check_against_run, fetch_header, fetch_rows
+from hsx_reader.run import Expectations, ReaderError, SampleRef
+from hsx_reader.source import Source, sample_of
 
 HEADERS_KEPT = 4096  # parsed headers kept in range mode (a few KB each)
 

@@ -16,9 +16,9 @@ import torch
 from hsx.batchfile import BatchContents
 from hsx.config import StoreSettings
 from hsx.store import Store
-from hsx.reader.cache import ByteCache
-from hsx.reader.objects import CorruptBatch, decode, fetch_object
-from hsx.reader.run import Expectations, RunIndex, SampleRef, load_run
+from hsx_reader.cache import ByteCache
+from hsx_reader.objects import CorruptBatch, decode, fetch_object
+from hsx_reader.run import Expectations, RunIndex, SampleRef, load_run
 
 
 class Source:

@@ -1,8 +1,8 @@
-"""Regenerate hsx/data/sample_conversations.jsonl (the embedded default's dataset).
+"""Regenerate hsx_tools/data/sample_conversations.jsonl (the embedded default's dataset).
 
 Synthetic, deterministic conversations with a realistic spread of lengths
 (lognormal), in both OpenAI (`messages`) and ShareGPT (`conversations`) form.
-Run: python tools/make_sample_data.py
+Run: python scripts/make_sample_data.py
 """
 
 import json

@@ -21,7 +21,7 @@ import torch
 
 from hsx.batchfile import BatchContents, BatchFileError, validate
 from hsx.store import LocalStore, Store
-from hsx.reader.run import ReaderError
+from hsx_reader.run import ReaderError
 
 ST_TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
             "I32": torch.int32, "I64": torch.int64, "U8": torch.uint8}

@@ -22,8 +22,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from hsx.config import StoreSettings
 from hsx.store import Store
-from hsx.reader.run import Expectations
-from hsx.reader.source import Source, sample_of
+from hsx_reader.run import Expectations
+from hsx_reader.source import Source, sample_of
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:

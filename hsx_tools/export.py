@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from hsx.config import ConfigError, StoreSettings, env, redis_url_from
-from hsx.reader.run import ReaderError, RunIndex, SampleRef
-from hsx.reader.source import Source, sample_of
+from hsx_reader.run import ReaderError, RunIndex, SampleRef
+from hsx_reader.source import Source, sample_of
 
 log = logging.getLogger(__name__)
 SPECFORGE_GROUP = 2000  # samples a SpecForge rows_* folder

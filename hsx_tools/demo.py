@@ -20,17 +20,17 @@ RUN = "demo"
 
 
 def sample_dataset() -> Path:
-    return Path(str(resources.files("hsx") / "data" / "sample_conversations.jsonl"))
+    return Path(str(resources.files("hsx_tools") / "data" / "sample_conversations.jsonl"))
 
 
 def _hsx(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hsx.cli", *args]
+    return [sys.executable, "-m", "hsx_cli.main", *args]
 
 
 def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:
     from hsx.progress import fmt_bytes, run_progress
     from hsx.redisconn import connect
-    from hsx.tinymodel import build_tiny_model
+    from hsx_tools.tinymodel import build_tiny_model
 
     started = time.monotonic()
     store, workdir = store.resolve(), workdir.resolve()

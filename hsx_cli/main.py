@@ -120,7 +120,7 @@ def cmd_status(args) -> int:
         print("no runs in this Redis")
         return 1
     if args.watch:
-        from hsx.watch import watch
+        from hsx_tools.watch import watch
 
         return watch(r, runs[0], args.interval)
     reports = [run_progress(r, run) for run in runs]
@@ -143,7 +143,7 @@ def cmd_retry_failed(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from hsx.demo import run_demo
+    from hsx_tools.demo import run_demo
 
     return run_demo(Path(args.store), Path(args.workdir), samples=args.samples)
 
@@ -152,8 +152,8 @@ def cmd_demo_assets(args) -> int:
     import filecmp
     import shutil
 
-    from hsx.demo import sample_dataset
-    from hsx.tinymodel import build_tiny_model
+    from hsx_tools.demo import sample_dataset
+    from hsx_tools.tinymodel import build_tiny_model
 
     out = Path(args.out)
     model = build_tiny_model(out / "tiny-qwen3", sample_path=sample_dataset())
@@ -173,13 +173,13 @@ def cmd_dashboard(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from hsx.export import run_export
+    from hsx_tools.export import run_export
 
     return run_export(args)
 
 
 def cmd_verify(args) -> int:
-    from hsx.verify import run_verify
+    from hsx_tools.verify import run_verify
 
     return run_verify(args)
 

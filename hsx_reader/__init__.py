@@ -1,6 +1,6 @@
 """Read a completed run for training: map-style and streaming datasets, collate functions.
 
-    from hsx.reader import RunStream, Expectations, collate_packed
+    from hsx_reader import RunStream, Expectations, collate_packed
     ds = RunStream("s3://bucket/prefix", "myrun", expect=Expectations(layer_ids=[1, 9, 17], dtype="bfloat16"))
     loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4, collate_fn=collate_packed)
 
@@ -8,12 +8,12 @@ Needs only the store (manifest + index + batch objects), not Redis. Never
 imports a role (producer, gpu_worker, uploader, dashboard).
 """
 
-from hsx.reader.cache import ByteCache, CacheStats
-from hsx.reader.collate import collate_packed, collate_padded
-from hsx.reader.dataset import RunDataset
-from hsx.reader.objects import CorruptBatch
-from hsx.reader.run import Expectations, ReaderError, RunIndex, RunMismatch, SampleRef, load_run
-from hsx.reader.stream import RunStream
+from hsx_reader.cache import ByteCache, CacheStats
+from hsx_reader.collate import collate_packed, collate_padded
+from hsx_reader.dataset import RunDataset
+from hsx_reader.objects import CorruptBatch
+from hsx_reader.run import Expectations, ReaderError, RunIndex, RunMismatch, SampleRef, load_run
+from hsx_reader.stream import RunStream
 
 __all__ = ["ByteCache", "CacheStats", "CorruptBatch", "Expectations", "ReaderError", "RunDataset", "RunIndex",
            "RunMismatch", "RunStream", "SampleRef", "collate_packed", "collate_padded", "load_run"]
