@@ -1,9 +1,11 @@
 """Reading the input dataset: JSONL, Parquet or a `datasets` folder.
 
-Rows carry ``messages`` (OpenAI chat), ``conversations`` (ShareGPT) or
-pre-tokenised ``input_ids`` + ``loss_mask``. The stable sample id is the
-``id`` column when present, else the row index. A row that cannot be read is
-reported as a RowError with its index and reason; the other rows go on.
+Each row is a dict of columns; hsx/rows.py says which row formats are understood
+(OpenAI ``messages``, ShareGPT ``conversations``, instruction columns, pre-tokenised
+``input_ids`` + ``loss_mask``). The stable sample id is the ``id`` column (or the
+column a ColumnMapping names) when present, else the row's 0-based index. A line that
+cannot be read is reported as a RowError with its index, a stable reason code and a
+message; the other rows go on.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ class Row:
 @dataclass(frozen=True)
 class RowError:
     index: int
-    reason: str
+    reason: str             # human-readable
+    code: str = "unreadable"  # stable, for counting: empty_line | bad_json | not_an_object
 
     def __str__(self) -> str:
         return f"row {self.index}: {self.reason}"
@@ -38,15 +41,15 @@ def _iter_jsonl(path: Path) -> Iterator[Row | RowError]:
     with open(path, "rb") as fh:
         for index, line in enumerate(fh):
             if not line.strip():
-                yield RowError(index, "empty line")
+                yield RowError(index, "empty line", "empty_line")
                 continue
             try:
                 data = json.loads(line)
             except ValueError as exc:
-                yield RowError(index, f"malformed JSON ({exc})")
+                yield RowError(index, f"malformed JSON ({exc})", "bad_json")
                 continue
             if not isinstance(data, dict):
-                yield RowError(index, f"expected a JSON object, got {type(data).__name__}")
+                yield RowError(index, f"expected a JSON object, got {type(data).__name__}", "not_an_object")
                 continue
             yield Row(index, data)
 

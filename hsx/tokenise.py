@@ -1,104 +1,141 @@
 """Turning a dataset row into (input_ids, loss_mask) with the target's chat template.
 
-The loss mask covers the tokens of assistant turns: for assistant turn k, the
-characters between the rendering of turns [0, k) with the generation prompt
-and the rendering of turns [0, k] (its content and end-of-turn marker). The
-whole conversation is tokenised once; a token is in the mask when its
-character span lies inside an assistant span.
+input_ids are exactly ``tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs)`` of the
+row's normal form (hsx/rows.py): the template's rendering tokenised without added special tokens.
+loss_mask (0/1, one per token) is 1 on every token that overlaps an assistant turn's body as located by
+hsx/mask.py in that same rendering. Per row: two template renders and one tokenizer call.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "chatgpt": "assistant", "bing": "assistant", "system": "system", "tool": "tool"}
-CHAT_ROLES = {"system", "user", "assistant", "tool"}
+import numpy as np
 
+from hsx.columns import ColumnMapping
+from hsx.mask import TemplateError, TemplateShape, assistant_spans, probe_shape
+from hsx.rows import RowRejected, read_conversation
 
-class RowProblem(ValueError):
-    """This row cannot be used; the message says why."""
+__all__ = ["ChatTokeniser", "RowProblem", "RowRejected", "TemplateError", "Tokenised", "parse_template_kwargs"]
+
+RowProblem = RowRejected   # the former name
 
 
 @dataclass(frozen=True)
 class Tokenised:
     sample_id: str
-    input_ids: list[int]
-    loss_mask: list[int]
+    input_ids: np.ndarray       # int32 [T]
+    loss_mask: np.ndarray       # uint8 [T], 1 = a token the drafter learns
+    source_format: str          # openai | sharegpt | instruction | pretokenised
 
 
-def normalise_messages(data: dict[str, Any]) -> list[dict[str, str]]:
-    if "messages" in data and data["messages"] is not None:
-        raw, role_key, text_key, roles = data["messages"], "role", "content", {r: r for r in CHAT_ROLES}
-    elif "conversations" in data and data["conversations"] is not None:
-        raw, role_key, text_key, roles = data["conversations"], "from", "value", SHAREGPT_ROLES
-    else:
-        raise RowProblem("no 'messages', 'conversations' or 'input_ids' field")
-    if not isinstance(raw, list) or not raw:
-        raise RowProblem("the conversation is empty or not a list")
-    messages = []
-    for turn, msg in enumerate(raw):
-        if not isinstance(msg, dict):
-            raise RowProblem(f"turn {turn} is not an object")
-        role = msg.get(role_key) if role_key in msg else msg.get("role")
-        text = msg.get(text_key) if text_key in msg else msg.get("content")
-        if role not in roles:
-            raise RowProblem(f"turn {turn} has unknown role {role!r} (known: {sorted(roles)})")
-        if not isinstance(text, str):
-            raise RowProblem(f"turn {turn} has no text content")
-        messages.append({"role": roles[role], "content": text})
-    if not any(m["role"] == "assistant" for m in messages):
-        raise RowProblem("no assistant turn: nothing to learn from")
-    return messages
+def parse_template_kwargs(text: str | None) -> dict[str, Any]:
+    """``--template-kwargs``: a JSON object, or ``key=value,...`` with JSON values (bare words stay strings).
+
+    >>> parse_template_kwargs("enable_thinking=false,reasoning_effort=high")
+    {'enable_thinking': False, 'reasoning_effort': 'high'}
+    """
+    if not text or not text.strip():
+        return {}
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"template arguments {text!r}: not a JSON object ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"template arguments {text!r}: want a JSON object")
+        return value
+    out: dict[str, Any] = {}
+    for pair in text.split(","):
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"template arguments {text!r}: {pair!r} is not key=value")
+        try:
+            out[key.strip()] = json.loads(raw.strip())
+        except ValueError:
+            out[key.strip()] = raw.strip()
+    return out
+
+
+def sample_id_of(data: dict[str, Any], index: int, mapping: ColumnMapping) -> str:
+    """The row's stable id: its id column when present, else its 0-based position in the dataset."""
+    value = data.get(mapping.id)
+    return str(value) if value is not None else str(index)
 
 
 class ChatTokeniser:
-    """Wraps a Hugging Face fast tokenizer that has a chat template."""
+    """Wraps a Hugging Face fast tokenizer that has a chat template; one per process (not shared)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, template_kwargs: dict[str, Any] | None = None,
+                 columns: ColumnMapping | None = None):
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat template; hsx needs one to tokenise chat rows")
+            raise TemplateError("the tokenizer has no chat template; hsx needs one to tokenise chat rows")
         if not getattr(tokenizer, "is_fast", False):
-            raise ValueError("hsx needs a fast tokenizer (character offsets) to build the loss mask")
+            raise TemplateError("hsx needs a fast tokenizer (character offsets) to build the loss mask")
         self.tok = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
+        self.columns = columns or ColumnMapping()
+        self.shape: TemplateShape = probe_shape(self.render)
 
-    def _render(self, messages, add_generation_prompt: bool) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    def render(self, messages: list[dict[str, Any]], tools=None, add_generation_prompt: bool = False) -> str:
+        return self.tok.apply_chat_template(messages, tools=tools, tokenize=False,
+                                            add_generation_prompt=add_generation_prompt, **self.template_kwargs)
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-        full = self._render(messages, add_generation_prompt=False)
-        spans = []
-        for k, msg in enumerate(messages):
-            if msg["role"] != "assistant":
-                continue
-            before = self._render(messages[:k], add_generation_prompt=True) if k else ""
-            upto = self._render(messages[:k + 1], add_generation_prompt=False)
-            if not full.startswith(upto) or not upto.startswith(before):
-                raise RowProblem(f"the chat template does not render turn {k} as a prefix of the conversation; "
-                                 "cannot place the loss mask")
-            spans.append((len(before), len(upto)))
-        enc = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
-        mask = []
-        for start, end in enc["offset_mapping"]:
-            mask.append(int(any(a <= start and end <= b and end > start for a, b in spans)))
-        return list(enc["input_ids"]), mask
+    def _render_row(self, messages, tools, add_generation_prompt: bool = False) -> str:
+        try:
+            return self.render(messages, tools, add_generation_prompt)
+        except Exception as exc:  # a template's raise_exception(), or a field it cannot handle
+            raise RowRejected("template_error", f"the chat template refuses the row: {type(exc).__name__}: {exc}") from exc
+
+    def encode_chat(self, messages: list[dict[str, Any]], tools=None) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids int32, loss_mask uint8) of a conversation in normal form."""
+        real = self._render_row(messages, tools)
+        spans = assistant_spans(real, messages, tools, self._render_row, self.shape)
+        enc = self.tok(real, add_special_tokens=False, return_offsets_mapping=True)
+        ids = np.asarray(enc["input_ids"], dtype=np.int32)
+        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        return ids, spans_to_mask(offsets, spans)
 
     def encode_row(self, data: dict[str, Any], index: int) -> Tokenised:
-        sample_id = str(data["id"]) if data.get("id") is not None else str(index)
+        sample_id = sample_id_of(data, index, self.columns)
         if data.get("input_ids") is not None:
-            ids, mask = data["input_ids"], data.get("loss_mask")
-            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
-                raise RowProblem("input_ids must be a non-empty list of integers")
-            if mask is None:
-                raise RowProblem("pre-tokenised row has input_ids but no loss_mask")
-            if len(mask) != len(ids) or any(m not in (0, 1) for m in mask):
-                raise RowProblem(f"loss_mask must be {len(ids)} values of 0/1, got {len(mask)} values")
-            vocab = len(self.tok)
-            if any(t < 0 or t >= vocab for t in ids):
-                raise RowProblem(f"input_ids hold ids outside the vocabulary (size {vocab})")
-            return Tokenised(sample_id, list(ids), [int(m) for m in mask])
-        ids, mask = self.encode_chat(normalise_messages(data))
-        if not any(mask):
-            raise RowProblem("the assistant turns are empty after tokenisation")
-        return Tokenised(sample_id, ids, mask)
+            return Tokenised(sample_id, *self._pretokenised(data), "pretokenised")
+        conversation = read_conversation(data, self.columns)
+        ids, mask = self.encode_chat(conversation.messages, conversation.tools)
+        if not mask.any():
+            raise RowRejected("no_assistant_tokens", "the assistant turns are empty after tokenisation")
+        return Tokenised(sample_id, ids, mask, conversation.source_format)
+
+    def _pretokenised(self, data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        ids, mask = data["input_ids"], data.get("loss_mask")
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
+            raise RowRejected("bad_pretokenised", "input_ids must be a non-empty list of integers")
+        if mask is None:
+            raise RowRejected("bad_pretokenised", "pre-tokenised row has input_ids but no loss_mask")
+        if not isinstance(mask, list) or len(mask) != len(ids) or any(m not in (0, 1) for m in mask):
+            raise RowRejected("bad_pretokenised", f"loss_mask must be {len(ids)} values of 0/1")
+        ids_array = np.asarray(ids, dtype=np.int64)
+        vocab = len(self.tok)
+        if ids_array.min() < 0 or ids_array.max() >= vocab:
+            raise RowRejected("bad_pretokenised", f"input_ids hold ids outside the vocabulary (size {vocab})")
+        return ids_array.astype(np.int32), np.asarray(mask, dtype=np.uint8)
+
+
+def spans_to_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """uint8 [T]: 1 where token t's characters [offsets[t,0], offsets[t,1]) overlap a span (start, end)."""
+    mask = np.zeros(len(offsets), dtype=np.uint8)
+    if not spans or not len(offsets):
+        return mask
+    token_starts = offsets[:, 0]
+    token_ends = np.maximum.accumulate(offsets[:, 1])
+    span_array = np.asarray(spans, dtype=np.int64)
+    first = np.searchsorted(token_ends, span_array[:, 0], side="right")   # first token ending after the start
+    last = np.searchsorted(token_starts, span_array[:, 1], side="left")   # first token starting at/after the end
+    delta = np.zeros(len(offsets) + 1, dtype=np.int32)
+    keep = first < last
+    np.add.at(delta, first[keep], 1)
+    np.add.at(delta, last[keep], -1)
+    mask[np.cumsum(delta[:-1]) > 0] = 1
+    return mask

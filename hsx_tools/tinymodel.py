@@ -1,20 +1,18 @@
 """A tiny random Qwen3 model and a real byte-level BPE tokenizer with a chat template.
 
 Built locally (no model hub) for the embedded default, the tests and the CPU
-benchmark. Deterministic for a given seed.
+benchmark. Deterministic for a given seed. The chat template
+(data/chatml_thinking_tools.jinja) renders reasoning and tool calls the way the
+thinking + tool-calling model families do, and plain conversations as plain ChatML.
 """
 
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+CHAT_TEMPLATE = (resources.files("hsx_tools") / "data" / "chatml_thinking_tools.jinja").read_text()
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -31,19 +29,22 @@ def _training_text(sample_path: Path | None) -> list[str]:
     return texts
 
 
-def build_tokenizer(out_dir: Path, vocab_size: int = 512, sample_path: Path | None = None):
+def build_tokenizer(out_dir: Path, vocab_size: int = 512, sample_path: Path | None = None,
+                    chat_template: str = CHAT_TEMPLATE, special_tokens: tuple[str, ...] = (),
+                    eos_token: str = "<|im_end|>", bos_token: str | None = None):
+    """``special_tokens``: added to SPECIAL_TOKENS (e.g. another template family's role markers)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + list(special_tokens),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_training_text(sample_path), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token=None, unk_token=None)
-    fast.chat_template = CHAT_TEMPLATE
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos_token, pad_token="<|endoftext|>",
+                                   bos_token=bos_token, unk_token=None)
+    fast.chat_template = chat_template
     fast.save_pretrained(out_dir)
     return fast
 

@@ -1,0 +1,224 @@
+"""Where the assistant turns land in one rendering of a whole conversation (the loss mask's spans).
+
+No prefix renders: the template need not render a conversation's prefix as a prefix of the whole (templates
+that drop history turns' reasoning do not). Instead, per row:
+
+1. ``real``   = the template's rendering of the conversation (what gets tokenised).
+2. ``marked`` = the rendering of a copy in which every non-empty content, every non-empty reasoning and
+   every tool-call name is replaced by a unique marker ``<base><n>Q``. The markers split ``marked`` into
+   the template's own text (skeleton pieces S0 .. Sn) around them.
+3. Align: ``real`` must read S0 V1 S1 V2 .. Vn Sn, where Vi is marker i's value as the template rendered it
+   (verbatim, or stripped / JSON-escaped; any other rewrite is found by searching for the next piece).
+   The alignment must consume ``real`` exactly, else the row is rejected (``turn_not_located``).
+4. Assistant turn k's span: from the end of the last assistant header (TemplateShape.header) in the
+   piece before its first marker, to the end of the first end-of-turn marker (TemplateShape.end) in the
+   piece after its last marker. Inside: its rendered reasoning, content, tool calls and end-of-turn
+   marker; outside: role headers, other turns, the tools list. A turn whose reasoning the template does
+   not render simply has no reasoning in its span.
+
+TemplateShape is learned once per (template, template arguments) from three tiny probe renders.
+Spans are character offsets into ``real``, end-exclusive.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hsx.rows import RowRejected
+
+Render = Callable[..., str]      # render(messages, tools, add_generation_prompt) -> text
+MAX_BACKTRACK = 256             # alignment attempts beyond the first before a row is rejected
+
+
+class TemplateError(ValueError):
+    """hsx cannot place a loss mask with this chat template at all (the whole run, not one row)."""
+
+
+@dataclass(frozen=True)
+class TemplateShape:
+    header: str     # text that opens an assistant turn's body, e.g. "<|im_start|>assistant\n"
+    end: str        # text that closes it, e.g. "<|im_end|>\n" (ChatML) or "<|eot_id|>" (Llama 3)
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return a[:n]
+
+
+def probe_shape(render: Render) -> TemplateShape:
+    """Learn the assistant header and end-of-turn marker from renders of tiny conversations."""
+    u1, a1, u2 = "HsXprobeU1Q", "HsXprobeA1Q", "HsXprobeU2Q"
+    try:
+        bare = render([{"role": "user", "content": u1}], None, False)
+        prompted = render([{"role": "user", "content": u1}], None, True)
+        one = render([{"role": "user", "content": u1}, {"role": "assistant", "content": a1}], None, False)
+        two = render([{"role": "user", "content": u1}, {"role": "assistant", "content": a1},
+                      {"role": "user", "content": u2}], None, False)
+    except Exception as exc:
+        raise TemplateError(f"the chat template fails on a plain user/assistant conversation: {exc}") from exc
+    if not all(m in t for t, ms in ((one, (u1, a1)), (two, (u1, a1, u2))) for m in ms):
+        raise TemplateError("the chat template does not render message contents verbatim; cannot place a loss mask")
+    before_answer = one[one.index(u1) + len(u1):one.index(a1)]
+    generation_prompt = prompted[len(bare):] if prompted.startswith(bare) else ""
+    header = ""
+    for n in range(len(generation_prompt), 0, -1):
+        if generation_prompt[:n].strip() and generation_prompt[:n] in before_answer:
+            header = generation_prompt[:n]
+            break
+    header = header or before_answer
+    if not header.strip():
+        raise TemplateError("the chat template renders no assistant role header (no generation prompt, nothing "
+                            "between a user turn and the answer); cannot tell where an answer starts")
+    tail, between = one[one.index(a1) + len(a1):], two[two.index(a1) + len(a1):two.index(u2)]
+    end = _common_prefix(tail, between)     # e.g. "<|im_end|>\n": what every assistant turn ends with
+    if not end.strip():
+        raise TemplateError("the chat template renders nothing after an assistant turn; cannot tell where it ends")
+    return TemplateShape(header=header, end=end)
+
+
+def _marker_base(real: str) -> str:
+    for attempt in range(1000):
+        base = f"HsXm{attempt}K"
+        if base not in real:
+            return base
+    raise RowRejected("turn_not_located", "the conversation contains every candidate marker text")
+
+
+def _marked_copy(messages: list[dict[str, Any]], base: str):
+    """(marked messages, values, owner): values[i] is marker i's real text, owner[i] its message index."""
+    values: list[str] = []
+    owner: list[int] = []
+
+    def mark(value: str, index: int) -> str:
+        values.append(value)
+        owner.append(index)
+        return f"{base}{len(values) - 1}Q"
+
+    marked = []
+    for index, msg in enumerate(messages):
+        copy = dict(msg)
+        if msg.get("reasoning_content"):
+            copy["reasoning_content"] = mark(msg["reasoning_content"], index)
+        if msg["content"]:
+            copy["content"] = mark(msg["content"], index)
+        if msg.get("tool_calls"):
+            copy["tool_calls"] = [{**call, "function": {**call["function"], "name": mark(call["function"]["name"], index)}}
+                                  for call in msg["tool_calls"]]
+        marked.append(copy)
+    return marked, values, owner
+
+
+def _renderings(value: str):
+    """How a template may have rendered a value: verbatim first, then common rewrites."""
+    yield value
+    for variant in (value.strip(), value.strip("\n"), value.lstrip("\n"), value.rstrip("\n"), value.lstrip(),
+                    value.rstrip(), json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]):
+        if variant != value:
+            yield variant
+
+
+def _align(real: str, pieces: list[str], values: list[str]) -> list[int] | None:
+    """Start offset in ``real`` of every skeleton piece, or None when ``real`` is not S0 V1 S1 .. Vn Sn."""
+    if not real.startswith(pieces[0]):
+        return None
+    n, last = len(values), len(values)
+    starts = [0] * (n + 1)
+    pos = len(pieces[0])
+    fast = True
+    for i in range(1, n + 1):       # fast path: every value verbatim
+        value, piece = values[i - 1], pieces[i]
+        if not (real.startswith(value, pos) and real.startswith(piece, pos + len(value))):
+            fast = False
+            break
+        starts[i] = pos + len(value)
+        pos = starts[i] + len(piece)
+    if fast:
+        return starts if pos == len(real) else None
+
+    budget = [MAX_BACKTRACK]
+
+    def options(i: int, pos: int):
+        """End offsets of value i (1-based) rendered at ``pos`` that are followed by piece i."""
+        piece, seen = pieces[i], set()
+        for variant in _renderings(values[i - 1]):
+            end = pos + len(variant)
+            if end not in seen and real.startswith(variant, pos) and real.startswith(piece, end):
+                seen.add(end)
+                yield end
+        if i == last:
+            end = len(real) - len(piece)
+            if end >= pos and real.endswith(piece) and end not in seen:
+                yield end
+            return
+        if piece:
+            end = real.find(piece, pos)
+            while end != -1 and budget[0] > 0:
+                budget[0] -= 1
+                if end not in seen:
+                    yield end
+                end = real.find(piece, end + 1)
+
+    stack = [(1, len(pieces[0]), options(1, len(pieces[0])))]
+    while stack:
+        i, pos, it = stack[-1]
+        end = next(it, None)
+        if end is None or budget[0] <= 0:
+            stack.pop()
+            continue
+        starts[i] = end
+        after = end + len(pieces[i])
+        if i == last:
+            if after == len(real):
+                return starts
+            continue
+        stack.append((i + 1, after, options(i + 1, after)))
+    return None
+
+
+def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Render,
+                    shape: TemplateShape) -> list[tuple[int, int]]:
+    """(start, end) character spans of every assistant turn's body in ``real``, in turn order."""
+    base = _marker_base(real)
+    marked, values, owner = _marked_copy(messages, base)
+    pattern = re.compile(re.escape(base) + r"(\d+)Q")
+    parts = pattern.split(render(marked, tools, False))
+    pieces, order = parts[0::2], [int(p) for p in parts[1::2]]
+    starts = _align(real, pieces, [values[i] for i in order])
+    if starts is None:
+        raise RowRejected("turn_not_located", "the rendering with marked contents does not line up with the real "
+                                              "rendering (the template rewrites a content in a way hsx cannot follow)")
+    occurrences: dict[int, list[int]] = {}       # message index -> positions (1-based) in `order`
+    for position, marker in enumerate(order, 1):
+        occurrences.setdefault(owner[marker], []).append(position)
+    spans = []
+    for index, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        where = occurrences.get(index)
+        if not where:
+            raise RowRejected("turn_not_located", f"turn {index} (assistant): the template does not render it")
+        first, last = where[0], where[-1]
+        if any(owner[order[p - 1]] != index for p in range(first, last + 1)):
+            raise RowRejected("turn_not_located", f"turn {index} (assistant): other turns are rendered inside it")
+        lo, hi = starts[first - 1], starts[first - 1] + len(pieces[first - 1])
+        at = real.rfind(shape.header, lo, hi)
+        if at < 0:
+            raise RowRejected("turn_not_located", f"turn {index} (assistant): no role header {shape.header!r} before it")
+        start = at + len(shape.header)
+        lo, hi = starts[last], starts[last] + len(pieces[last])
+        at = real.find(shape.end, lo, hi)
+        if at >= 0:
+            end = at + len(shape.end)
+        elif last == len(order):
+            end = hi                  # the final turn without an end marker: up to the end of the text
+        else:
+            raise RowRejected("turn_not_located", f"turn {index} (assistant): no end-of-turn {shape.end!r} after it")
+        spans.append((start, end))
+    return spans
