@@ -13,43 +13,32 @@ import sys
 
 import redis
 from flask import Flask
-from rq.serializers import JSONSerializer
 
+from hsx import queues
 from hsx.redisconn import connect, redact
 
-from dashboard import api, auth, metrics, pages
+from dashboard import api, auth, metrics, pages, rq_mount
 from dashboard.config import DashboardConfig
 from dashboard.plan_cache import PlanCache
 from dashboard.state import EXTENSION, AppState
 
 log = logging.getLogger(__name__)
-RQ_PREFIX = "/rq"
+RQ_PREFIX = rq_mount.PREFIX
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-
-
-def _mount_rq_dashboard(app: Flask, config: DashboardConfig) -> None:
-    import rq_dashboard
-    from rq_dashboard import web as rq_web
-
-    # rq-dashboard keeps its serializer in a module global; hsx jobs are JSON (never pickle).
-    rq_web.config.serializer = JSONSerializer
-    app.config["RQ_DASHBOARD_REDIS_URL"] = config.redis_url  # its pages show it with the password masked
-    app.config["RQ_DASHBOARD_POLL_INTERVAL"] = int(config.refresh_seconds * 1000)
-    rq_web.setup_rq_connection(app)
-    app.register_blueprint(rq_dashboard.blueprint, url_prefix=RQ_PREFIX)
 
 
 def create_app(config: DashboardConfig, r: redis.Redis | None = None) -> Flask:
     """The app for ``config``; ``r`` overrides the Redis client built from ``config.redis_url``."""
+    queues.rq_without_pickle()  # done on import already; stated here because this app mounts rq-dashboard
     app = Flask(__name__)
     app.json.sort_keys = False
-    app.extensions[EXTENSION] = AppState(config=config, redis=r or connect(config.redis_url, retries=3),
-                                         plans=PlanCache())
+    client = r or connect(config.redis_url, retries=3)
+    app.extensions[EXTENSION] = AppState(config=config, redis=client, plans=PlanCache())
     auth.install(app, config)
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(metrics.bp)
-    _mount_rq_dashboard(app, config)
+    rq_mount.mount(app, config.redis_url, client, poll_ms=int(config.refresh_seconds * 1000))
     return app
 
 

@@ -19,6 +19,20 @@ DEFAULT_SERIES_BUCKET_SECONDS = 10   # seconds a chart bucket
 DEFAULT_RECENT_ERRORS = 20           # failures shown under "recent errors"
 
 
+def parse_hosts(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Host names from "a.example, b.example" (or a sequence): lower case, no port or trailing dot."""
+    items = value.split(",") if isinstance(value, str) else value
+    names = []
+    for item in items:
+        name = item.strip().lower().rstrip(".")
+        if not name:
+            continue
+        if "/" in name or ":" in name:  # IP addresses need no entry: every IP literal is accepted
+            raise ConfigError(f"HSX_DASHBOARD_ALLOWED_HOSTS takes host names without scheme or port, got {item.strip()!r}")
+        names.append(name)
+    return tuple(names)
+
+
 @dataclass(frozen=True)
 class DashboardConfig:
     redis_url: str
@@ -31,8 +45,10 @@ class DashboardConfig:
     stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
     series_span_seconds: int = DEFAULT_SERIES_SPAN_SECONDS
     series_bucket_seconds: int = DEFAULT_SERIES_BUCKET_SECONDS
+    allowed_hosts: tuple[str, ...] = ()   # HSX_DASHBOARD_ALLOWED_HOSTS: extra Host names accepted for changes
 
     def __post_init__(self):
+        object.__setattr__(self, "allowed_hosts", parse_hosts(self.allowed_hosts))
         if bool(self.user) != bool(self.password):
             raise ConfigError("basic auth needs both HSX_DASHBOARD_USER and HSX_DASHBOARD_PASSWORD")
 
@@ -55,4 +71,5 @@ class DashboardConfig:
             password=os.environ.get("HSX_DASHBOARD_PASSWORD") or None,
             refresh_seconds=float(os.environ.get("HSX_DASHBOARD_REFRESH_SECONDS", DEFAULT_REFRESH_SECONDS)),
             stale_after_seconds=float(os.environ.get("HSX_DASHBOARD_STALE_SECONDS", DEFAULT_STALE_AFTER_SECONDS)),
+            allowed_hosts=parse_hosts(os.environ.get("HSX_DASHBOARD_ALLOWED_HOSTS", "")),
         )

@@ -1,14 +1,28 @@
 """rq queues and jobs: names, ids, and the only functions a job may name.
 
 Jobs carry small JSON kwargs (run, batch id, attempt, ...) under rq's JSON
-serializer, never pickle. A job can only call a function in ALLOWED_FUNCS:
-whoever can write to Redis cannot make a worker run anything else.
+serializer, never pickle. Whoever can write to Redis must not be able to run
+code in any hsx process (DESIGN.md rule 5), so:
+
+- importing this module makes rq's default serializer JSON for the whole process
+  (``rq_without_pickle``): rq and rq-dashboard fall back to that default wherever
+  no serializer is passed (``Job.fetch`` in rq-dashboard's job view, ``Worker.all``,
+  ``requeue_job``, the group clean-up of every worker), and none of those can
+  unpickle Redis data any more; bytes that are not JSON read as unreadable;
+- a job can only call a function in ALLOWED_FUNCS, as a plain function (no instance);
+- ``HsxJob`` drops what rq would otherwise take from the job hash and act on:
+  success/failure/stopped callbacks (imported and called by name), dependencies,
+  webhooks (HTTP requests to any URL), rq-level retries and repeats. hsx sets
+  none of these; a job that carries one was written by someone else.
 """
 
 from __future__ import annotations
 
+import logging
+
 import redis
 from rq import Queue
+from rq import serializers as rq_serializers
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
@@ -24,16 +38,58 @@ FAILURE_TTL = 7 * 86400  # seconds rq keeps a failed job
 PENDING = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED, JobStatus.CREATED}
 
 
+log = logging.getLogger(__name__)
+
+
+def rq_without_pickle() -> None:
+    """Make rq's default serializer (pickle, also reachable as 'pickle') read and write JSON, in this process.
+
+    Idempotent; done on import of this module, which every hsx role and tool imports.
+    """
+    rq_serializers.DefaultSerializer.dumps = staticmethod(JSONSerializer.dumps)
+    rq_serializers.DefaultSerializer.loads = staticmethod(JSONSerializer.loads)
+
+
+rq_without_pickle()
+
+
 class ForbiddenJob(RuntimeError):
     """A job names a function hsx does not allow."""
 
 
 class HsxJob(Job):
+    """An rq job as hsx workers see it: an allowed function, JSON kwargs, and nothing else from Redis."""
+
     @property
     def func(self):
         if self.func_name not in ALLOWED_FUNCS:
             raise ForbiddenJob(f"job {self.id} names {self.func_name!r}; hsx workers only run {sorted(ALLOWED_FUNCS)}")
+        if self.instance is not None:
+            raise ForbiddenJob(f"job {self.id} calls {self.func_name!r} on an instance; hsx jobs call plain functions")
         return super().func
+
+    def restore(self, raw_data) -> None:
+        super().restore(raw_data)
+        dropped = []
+        for attr, label in (("_success_callback_name", "on_success"), ("_failure_callback_name", "on_failure"),
+                            ("_stopped_callback_name", "on_stopped")):
+            if getattr(self, attr):
+                dropped.append(f"{label}={getattr(self, attr)!r}")
+                setattr(self, attr, None)
+        if self._dependency_ids:
+            dropped.append(f"depends_on={len(self._dependency_ids)} jobs")
+            self._dependency_ids = []
+        if self.webhooks:
+            dropped.append(f"webhooks={len(self.webhooks)}")
+            self.webhooks = []
+        if self.retries_left or self.retry_intervals:
+            dropped.append("retry")
+            self.retries_left, self.retry_intervals = None, None
+        if self.repeats_left or self.repeat_intervals:
+            dropped.append("repeat")
+            self.repeats_left, self.repeat_intervals = None, None
+        if dropped:
+            log.warning("job %s carried %s from Redis; hsx never sets these, ignored", self.id, ", ".join(dropped))
 
 
 def extract_queue_name(run: str) -> str:

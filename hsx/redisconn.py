@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -19,13 +20,35 @@ from redis.retry import Retry
 log = logging.getLogger(__name__)
 
 
+MASK = "***"
+# Query parameters whose value is a secret (redis-py passes query parameters to the connection:
+# ?password=, and sentinel/TLS variants): any name containing one of these words, any case.
+_SECRET_PARAM = re.compile(r"(?i)(^|[&;])([^&;=]*(?:password|passwd|pwd|secret|token|auth)[^&;=]*)=([^&;]*)")
+
+
 def redact(url: str) -> str:
-    """The URL with any password replaced, for logs and pages."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """The URL with every secret in it replaced by ***, for logs, pages and error messages.
+
+    Covers a password in the userinfo (``redis://user:pw@host``, ``rediss://:pw@host``,
+    ``unix://:pw@/path.sock``; a userinfo without ':' is masked whole, it may be a bare
+    password) and password-like query parameters (``?password=pw``, ``&sentinel_password=``).
+    Anything that does not parse as a URL is masked whole rather than shown.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return MASK
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}:{MASK}@{hostport}" if colon else f"{MASK}@{hostport}"
+    query = _SECRET_PARAM.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}", parts.query)
+    if netloc == parts.netloc and query == parts.query:
         return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    # Reassembled by hand: urlunsplit drops the '//' of an empty host (unix:///path.sock).
+    return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+            + (f"#{parts.fragment}" if parts.fragment else ""))
 
 
 def connect(url: str, retries: int = 20) -> redis.Redis:

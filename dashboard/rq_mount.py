@@ -1,0 +1,92 @@
+"""rq-dashboard mounted at /rq, read-only, on the app's own Redis client.
+
+rq-dashboard is a blueprint that can also delete, requeue, empty and compact, and
+that fetches jobs without a serializer (it would unpickle whatever a job hash
+holds; ``hsx.queues`` makes rq's default serializer JSON in this process). Here:
+
+- only the endpoints in READ_ONLY keep their view, and each only for GET/HEAD;
+  every other endpoint of the blueprint (delete, requeue, requeue-all (which
+  rq-dashboard also answers on GET), empty, compact, and any a later rq-dashboard
+  adds) answers 403. The queue is a cache of the ledger in hsx: batches are
+  retried through ``POST /api/retry`` or ``hsx retry-failed``, which keep the
+  attempt count, never by rq's requeue;
+- a kept view that meets a job hash hsx did not write (bytes that are not JSON)
+  answers 422 naming the job, instead of a 500;
+- rq-dashboard never sees the Redis URL: it uses the app's client (instance 0
+  only), and the URL it displays is the redacted one.
+
+The routes kept, all GET, all reading only (see docs/reliability.md, "Security"):
+``/rq/`` and ``/rq/<0>/[view[/queues]]`` (queue overview), ``/rq/0/data/queues.json``
+(queue depths and registry counts: counts only), ``/rq/0/view/workers`` and
+``/rq/0/data/workers.json`` (workers and the job each holds, decoded as JSON),
+``/rq/0/view/jobs[/...]`` and ``/rq/0/data/jobs/<queue>/<registry>/...json`` (job
+lists), ``/rq/0/view/job/<id>`` and ``/rq/0/data/job/<id>.json`` (one job), and its
+static files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import wraps
+
+import redis
+from flask import Flask, abort, current_app, request
+from rq.exceptions import DeserializationError
+
+from hsx.redisconn import redact
+
+log = logging.getLogger(__name__)
+BLUEPRINT = "rq_dashboard"
+PREFIX = "/rq"
+READ_ONLY = frozenset({
+    "queues_overview", "workers_overview", "jobs_overview", "job_view",
+    "list_queues", "list_workers", "list_jobs", "job_info", "static", "favicon",
+})
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+REFUSAL = ("read-only here: hsx keeps rq's queues as a cache of its ledger; retry dead letters with "
+           "POST /api/retry (the page's retry button) or `hsx retry-failed`\n")
+
+
+def _refuse(**_view_args):
+    return current_app.response_class(REFUSAL, status=403, mimetype="text/plain")
+
+
+def _guarded(view):
+    """The view, answering 422 (not 500) when a job hash holds bytes hsx did not write."""
+
+    @wraps(view)
+    def wrapper(**view_args):
+        if request.method not in READ_METHODS:
+            return _refuse()
+        try:
+            return view(**view_args)
+        except (DeserializationError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            what = f"job {view_args['job_id']}" if "job_id" in view_args else "a job listed here"
+            log.warning("rq-dashboard: %s holds data that is not JSON (%s: %s)", what, type(exc).__name__, exc)
+            return current_app.response_class(f"{what} holds data that is not JSON: hsx did not write it and "
+                                              "does not decode it\n", status=422, mimetype="text/plain")
+
+    return wrapper
+
+
+def mount(app: Flask, redis_url: str, r: redis.Redis, poll_ms: int) -> None:
+    """Register rq-dashboard under PREFIX on ``app``, read-only, using ``r``."""
+    import rq_dashboard
+
+    app.config["RQ_DASHBOARD_REDIS_URL"] = (redact(redis_url),)   # shown on its pages; never used to connect
+    app.config["RQ_DASHBOARD_POLL_INTERVAL"] = poll_ms
+    app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True              # hides its delete and empty buttons
+    app.redis_conn = r                                            # where its views look for the connection
+    app.register_blueprint(rq_dashboard.blueprint, url_prefix=PREFIX)
+
+    def _one_instance():
+        # Replaces rq-dashboard's own hook, which reconnects from the configured URL(s) per request.
+        if (request.view_args or {}).get("instance_number", 0) != 0:
+            abort(404)
+        current_app.redis_conn = r
+
+    app.before_request_funcs[BLUEPRINT] = [_one_instance]
+    for name in {rule.endpoint for rule in app.url_map.iter_rules() if rule.endpoint.startswith(BLUEPRINT + ".")}:
+        endpoint = name.partition(".")[2]
+        app.view_functions[name] = _guarded(app.view_functions[name]) if endpoint in READ_ONLY else _refuse
