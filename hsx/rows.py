@@ -42,6 +42,10 @@ class RowRejected(ValueError):
         super().__init__(message)
         self.reason = reason
 
+    @property
+    def reason_code(self) -> str:
+        return self.reason
+
 
 @dataclass(frozen=True)
 class Conversation:

@@ -69,14 +69,14 @@ class ChatTokeniser:
     """Wraps a Hugging Face fast tokenizer that has a chat template; one per process (not shared)."""
 
     def __init__(self, tokenizer, template_kwargs: dict[str, Any] | None = None,
-                 columns: ColumnMapping | None = None):
+                 column_map: ColumnMapping | None = None):
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat template; hsx needs one to tokenise chat rows")
         if not getattr(tokenizer, "is_fast", False):
             raise TemplateError("hsx needs a fast tokenizer (character offsets) to build the loss mask")
         self.tok = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
-        self.columns = columns or ColumnMapping()
+        self.columns = column_map or ColumnMapping()
         self.shape: TemplateShape = probe_shape(self.render)
 
     def render(self, messages: list[dict[str, Any]], tools=None, add_generation_prompt: bool = False) -> str:

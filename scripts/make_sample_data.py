@@ -1,7 +1,9 @@
-"""Regenerate hsx_tools/data/sample_conversations.jsonl (the embedded default's dataset).
+"""Regenerate the shipped sample sets in hsx_tools/data/ (deterministic).
 
-Synthetic, deterministic conversations with a realistic spread of lengths
-(lognormal), in both OpenAI (`messages`) and ShareGPT (`conversations`) form.
+sample_conversations.jsonl: 160 plain chat rows (the embedded default's dataset), lognormal lengths,
+  in both OpenAI (`messages`) and ShareGPT (`conversations`) form.
+sample_agentic.jsonl: 40 agentic rows (reasoning, several tool calls, consecutive tool results, with and
+  without a system turn and tools; OpenAI and ShareGPT forms), see hsx_tools/samples.py.
 Run: python scripts/make_sample_data.py
 """
 
@@ -9,33 +11,24 @@ import json
 import random
 from pathlib import Path
 
-WORDS = ("the a model token layer hidden state draft target speculative decoding batch queue worker "
-         "upload store ledger redis python tensor gradient attention head residual norm weight shard "
-         "question answer explain why how what when where because therefore however example code "
-         "function value list number sum loop return print data file read write fast slow memory").split()
+from hsx_tools.samples import agentic_rows, chat_messages
+
+DATA = Path(__file__).resolve().parents[1] / "hsx_tools" / "data"
 
 
-def sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
-
-
-def main(count: int = 160, seed: int = 1234) -> None:
+def main(count: int = 160, agentic: int = 40, seed: int = 1234) -> None:
     rng = random.Random(seed)
-    out = Path(__file__).resolve().parents[1] / "hsx" / "data" / "sample_conversations.jsonl"
-    with open(out, "w") as fh:
+    with open(DATA / "sample_conversations.jsonl", "w") as fh:
         for i in range(count):
-            turns = rng.choice([1, 1, 2, 3])
-            msgs = []
-            if rng.random() < 0.3:
-                msgs.append({"role": "system", "content": "You are a helpful assistant."})
-            for _ in range(turns):
-                msgs.append({"role": "user", "content": sentence(rng, max(3, int(rng.lognormvariate(2.5, 0.6))))})
-                msgs.append({"role": "assistant", "content": sentence(rng, max(3, int(rng.lognormvariate(3.6, 0.8))))})
+            msgs = chat_messages(rng)
             if i % 4 == 3:
                 role_map = {"user": "human", "assistant": "gpt", "system": "system"}
                 row = {"id": f"conv-{i:04d}", "conversations": [{"from": role_map[m["role"]], "value": m["content"]} for m in msgs]}
             else:
                 row = {"id": f"conv-{i:04d}", "messages": msgs}
+            fh.write(json.dumps(row) + "\n")
+    with open(DATA / "sample_agentic.jsonl", "w") as fh:
+        for row in agentic_rows(agentic):
             fh.write(json.dumps(row) + "\n")
 
 

@@ -1,6 +1,8 @@
-"""Stored hidden states equal a plain Hugging Face forward of each sample alone."""
+"""Stored hidden states equal a plain Hugging Face forward of each sample alone, on plain and agentic rows."""
 
 import json
+
+import numpy as np
 
 import pytest
 import torch
@@ -8,14 +10,18 @@ from transformers import AutoModel, AutoTokenizer
 
 from hsx import batchfile, ledger
 from hsx.config import StoreSettings
+from hsx.rows import read_conversation
 from hsx_tools.demo import sample_dataset
 from hsx.store import open_store
 from hsx_tools.tinymodel import build_tiny_model
 from tests.pipeline import run_pipeline
 
 
+AGENTIC = sample_dataset().with_name("sample_agentic.jsonl")
+
+
 def _rows_by_id():
-    return {row["id"]: row for row in map(json.loads, sample_dataset().read_text().splitlines())}
+    return {row["id"]: row for path in (sample_dataset(), AGENTIC) for row in map(json.loads, path.read_text().splitlines())}
 
 
 def _messages(row):
@@ -25,7 +31,7 @@ def _messages(row):
     return [{"role": roles[m["from"]], "content": m["value"]} for m in row["conversations"]]
 
 
-def _check_run(r, store, run, model_path, tolerance):
+def _check_run(r, store, run, model_path, tolerance, samples=160):
     manifest = ledger.get_manifest(r, run)
     layer_ids, store_final = manifest["layer_ids"], manifest["store_final"]
     ref = AutoModel.from_pretrained(model_path, dtype=torch.float32).eval()
@@ -40,12 +46,17 @@ def _check_run(r, store, run, model_path, tolerance):
         padded_batches += spec.padded > spec.tokens
         for b, sample_id in enumerate(got.sample_ids):
             lo, hi = int(got.cu_seqlens[b]), int(got.cu_seqlens[b + 1])
-            messages = _messages(rows[sample_id])
-            expected_ids = tok.apply_chat_template(messages, tokenize=True, return_dict=False)
-            assert got.input_ids[lo:hi].tolist() == list(expected_ids)
-            # The loss mask covers exactly the assistant turns (content + end-of-turn marker).
-            masked = tok.decode(got.input_ids[lo:hi][got.loss_mask[lo:hi].bool()].tolist())
-            assert masked == "".join(m["content"] + "<|im_end|>\n" for m in messages if m["role"] == "assistant")
+            row = rows[sample_id]
+            conv = read_conversation(row)
+            want = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=True, return_dict=True,
+                                           return_assistant_tokens_mask=True)
+            expected_ids = list(want["input_ids"])
+            assert got.input_ids[lo:hi].tolist() == expected_ids
+            # The loss mask is the template's own account of the assistant bodies ({% generation %} blocks).
+            assert got.loss_mask[lo:hi].tolist() == np.asarray(want["assistant_masks"]).tolist()
+            if sample_id.startswith("conv-"):   # plain rows: exactly the assistant contents + end-of-turn markers
+                masked = tok.decode(got.input_ids[lo:hi][got.loss_mask[lo:hi].bool()].tolist())
+                assert masked == "".join(m["content"] + "<|im_end|>\n" for m in _messages(row) if m["role"] == "assistant")
             with torch.no_grad():
                 out = ref(input_ids=torch.tensor([expected_ids]), output_hidden_states=True)
             want = torch.cat([out.hidden_states[i + 1][0] for i in layer_ids], dim=-1)
@@ -53,7 +64,7 @@ def _check_run(r, store, run, model_path, tolerance):
             if store_final:
                 torch.testing.assert_close(got.final_hidden_states[lo:hi].float(), out.hidden_states[num_layers][0], **tolerance)
             checked += 1
-    assert checked == ledger.run_totals(r, run)["samples"] == 160
+    assert checked == ledger.run_totals(r, run)["samples"] == samples
     return padded_batches
 
 
@@ -80,3 +91,10 @@ def test_explicit_layers_include_the_last_layer(r, redis_server, tiny_model, tmp
     run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="last",
                  layers="0,5")
     _check_run(r, open_store(str(tmp_path / "store")), "last", tiny_model, dict(atol=1e-5, rtol=1e-4))
+
+
+def test_agentic_rows_with_reasoning_and_tool_calls_equal_reference(r, redis_server, tiny_model, tmp_path):
+    """Reasoning dropped from history turns, tool calls, consecutive tool results, tools in the system turn."""
+    run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="agentic",
+                 dataset=AGENTIC, max_length=4096, token_budget=4096, layers="dflash:3")
+    _check_run(r, open_store(str(tmp_path / "store")), "agentic", tiny_model, dict(atol=1e-5, rtol=1e-4), samples=40)

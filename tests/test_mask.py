@@ -1,0 +1,140 @@
+"""The loss mask from one rendering, on templates that behave like the real families.
+
+Every template here is written for hsx (tests/templates/*.jinja and the tiny model's
+hsx_tools/data/chatml_thinking_tools.jinja) and wraps assistant bodies in {% generation %} blocks, which
+do not change the rendering: Hugging Face's return_assistant_tokens_mask is then an independent truth
+(hsx never reads those blocks).
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hsx.rows import read_conversation
+from hsx.tokenise import ChatTokeniser
+from hsx_tools.demo import sample_dataset
+from hsx_tools.samples import agentic_rows
+from hsx_tools.tinymodel import CHAT_TEMPLATE, build_tokenizer
+
+TEMPLATES = Path(__file__).parent / "templates"
+LLAMA_SPECIAL = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+ROWS = 120
+
+
+def _chatml_call(name, args):
+    return '<tool_call>\n{"name": "' + name + '", "arguments": ' + json.dumps(args, ensure_ascii=False) + '}\n</tool_call>'
+
+
+def _llama_call(name, args):
+    return '{"name": "' + name + '", "parameters": ' + json.dumps(args, ensure_ascii=False) + '}'
+
+
+def _xml_call(name, args):
+    body = "".join(f'\n<arg name="{k}">' + (v if isinstance(v, str) else json.dumps(v)) + "</arg>" for k, v in args.items())
+    return f'\n<call name="{name}">{body}\n</call>'
+
+
+# family -> (template, extra special tokens, bos, rendered call, rendered reasoning or None when never rendered)
+FAMILIES = {
+    "chatml_thinking_tools": (CHAT_TEMPLATE, (), None, _chatml_call, lambda r: "<think>\n" + r.strip("\n") + "\n</think>"),
+    "llama_headers": ((TEMPLATES / "llama_headers.jinja").read_text(), LLAMA_SPECIAL, "<|begin_of_text|>",
+                      _llama_call, None),
+    "xml_tools": ((TEMPLATES / "xml_tools.jinja").read_text(), (), None, _xml_call, lambda r: f"<think>{r}</think>"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    template, special, bos, call, reasoning = FAMILIES[request.param]
+    tok = build_tokenizer(tmp_path_factory.mktemp(request.param), chat_template=template, special_tokens=special,
+                          bos_token=bos, sample_path=sample_dataset())
+    return request.param, tok, call, reasoning
+
+
+def _covered(mask, offsets, lo, hi):
+    """Every token overlapping characters [lo, hi) is in the mask."""
+    hit = (offsets[:, 0] < hi) & (offsets[:, 1] > lo)
+    return hit.any() and bool(mask[hit].all())
+
+
+def test_agentic_rows_ids_exact_and_mask_matches_hf(family):
+    name, tok, rendered_call, rendered_reasoning = family
+    chat = ChatTokeniser(tok)
+    rows = agentic_rows(ROWS, seed=11)
+    agreement, calls_checked, reasoning_checked, reasoning_dropped = [], 0, 0, 0
+    for index, row in enumerate(rows):
+        got = chat.encode_row(row, index)
+        conv = read_conversation(row)
+        want = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=True, return_dict=True,
+                                       return_assistant_tokens_mask=True)
+        assert got.input_ids.tolist() == list(want["input_ids"]), row["id"]
+        agreement.append(float(np.mean(np.asarray(want["assistant_masks"]) == got.loss_mask)))
+        real = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=False)
+        offsets = np.asarray(tok(real, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"])
+        for msg in conv.messages:
+            for call in msg.get("tool_calls", []):
+                text = rendered_call(call["function"]["name"], call["function"]["arguments"])
+                at = real.find(text)
+                assert at >= 0 and real.find(text, at + 1) < 0, (row["id"], text)
+                assert _covered(got.loss_mask, offsets, at, at + len(text)), (row["id"], text)
+                calls_checked += 1
+            if msg.get("reasoning_content"):
+                text = rendered_reasoning(msg["reasoning_content"]) if rendered_reasoning else None
+                if text is None or text not in real:
+                    assert msg["reasoning_content"].strip() not in real     # dropped by the template, not in the text
+                    reasoning_dropped += 1
+                    continue
+                at = real.index(text)
+                assert _covered(got.loss_mask, offsets, at, at + len(text)), (row["id"], text)
+                reasoning_checked += 1
+    print(f"{name}: mask agreement with HF min {min(agreement):.4f} mean {np.mean(agreement):.4f} over {ROWS} rows; "
+          f"{calls_checked} tool calls, {reasoning_checked} reasonings rendered, {reasoning_dropped} dropped")
+    assert min(agreement) >= 0.99
+    assert calls_checked > 3 * ROWS // 2
+    if rendered_reasoning:
+        assert reasoning_checked > ROWS // 2
+    if name == "chatml_thinking_tools":
+        assert reasoning_dropped > 10       # the history turns' reasoning is dropped by this template
+
+
+def test_rows_a_prefix_render_cannot_place_are_kept():
+    """The thinking template does not render a conversation's prefix as a prefix of the whole."""
+    rows = agentic_rows(20, seed=3)
+    unstable = 0
+    tok = build_tokenizer(Path(pytest.importorskip("tempfile").mkdtemp()), chat_template=CHAT_TEMPLATE)
+    chat = ChatTokeniser(tok)
+    for index, row in enumerate(rows):
+        conv = read_conversation(row)
+        whole = chat.render(conv.messages, conv.tools)
+        for k in range(1, len(conv.messages)):
+            if not whole.startswith(chat.render(conv.messages[:k], conv.tools)):
+                unstable += 1
+                break
+        assert chat.encode_row(row, index).loss_mask.any()
+    assert unstable >= 5
+
+
+def test_template_kwargs_reach_the_template(tmp_path):
+    tok = build_tokenizer(tmp_path, chat_template=FAMILIES["llama_headers"][0], special_tokens=LLAMA_SPECIAL,
+                          bos_token="<|begin_of_text|>")
+    row = agentic_rows(1, seed=5)[0]
+    conv = read_conversation(row)
+    got = ChatTokeniser(tok, template_kwargs={"date_string": "01 Jan 2030"}).encode_row(row, 0)
+    want = tok.apply_chat_template(conv.messages, tools=conv.tools, date_string="01 Jan 2030", return_dict=False)
+    assert got.input_ids.tolist() == list(want)
+    assert "01 Jan 2030" in tok.decode(got.input_ids[~got.loss_mask.astype(bool)].tolist())
+
+
+def test_enable_thinking_false_keeps_the_empty_think_block_out_of_the_header(tmp_path):
+    chat = ChatTokeniser(build_tokenizer(tmp_path, chat_template=CHAT_TEMPLATE), template_kwargs={"enable_thinking": False})
+    assert chat.shape.header == "<|im_start|>assistant\n"
+
+
+def test_shipped_sample_sets_lose_no_row_under_the_thinking_tools_template(tmp_path):
+    chat = ChatTokeniser(build_tokenizer(tmp_path, chat_template=CHAT_TEMPLATE, sample_path=sample_dataset()))
+    for path in (sample_dataset(), sample_dataset().with_name("sample_agentic.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        encoded = [chat.encode_row(row, i) for i, row in enumerate(rows)]     # raises on any rejection
+        assert len(encoded) == len(rows) and all(t.loss_mask.any() for t in encoded)

@@ -1,0 +1,148 @@
+"""Row formats reach the chat template whole; bad rows get a named reason and good rows are kept."""
+
+import json
+
+import pytest
+
+from hsx.columns import ColumnMapping, ColumnMappingError
+from hsx.rows import RowRejected, read_conversation
+from hsx.tokenise import ChatTokeniser, parse_template_kwargs
+from hsx_tools.tinymodel import build_tokenizer
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"query": "x"}'}}
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    return ChatTokeniser(build_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+def test_openai_row_keeps_reasoning_tool_calls_tool_fields_and_tools():
+    row = {"messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+        {"role": "user", "content": "find x"},
+        {"role": "assistant", "content": None, "reasoning": "look it up", "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "found"}]},
+        {"role": "assistant", "content": "x is here", "function_call": {"name": "done", "arguments": {"ok": True}}},
+    ], "tools": json.dumps([{"name": "search", "parameters": {"type": "object"}}])}
+    conv = read_conversation(row)
+    assert conv.source_format == "openai"
+    assert conv.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "find x"},
+        {"role": "assistant", "content": "", "reasoning_content": "look it up",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": {"query": "x"}}}]},
+        {"role": "tool", "content": "found", "tool_call_id": "c1", "name": "search"},   # name filled from its call
+        {"role": "assistant", "content": "x is here",
+         "tool_calls": [{"type": "function", "function": {"name": "done", "arguments": {"ok": True}}}]},
+    ]
+    assert conv.tools == [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+
+
+def test_sharegpt_row_with_function_call_observation_system_and_tools_columns():
+    row = {"system": "You help.", "tools": '[{"type": "function", "function": {"name": "search"}}]',
+           "conversations": [
+               {"from": "human", "value": "find x"},
+               {"from": "gpt", "value": "Searching."},
+               {"from": "function_call", "value": '[{"name": "search", "arguments": {"query": "x"}}, '
+                                                  '{"name": "search", "arguments": "{\\"query\\": \\"y\\"}"}]'},
+               {"from": "observation", "value": "x found"},
+               {"from": "observation", "value": "y found"},
+               {"from": "gpt", "value": "Both found."}]}
+    conv = read_conversation(row)
+    assert conv.source_format == "sharegpt"
+    assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    assert conv.messages[2]["content"] == "Searching."       # gpt text + function_call: one assistant turn
+    assert [c["function"]["arguments"] for c in conv.messages[2]["tool_calls"]] == [{"query": "x"}, {"query": "y"}]
+    assert conv.messages[3]["name"] == conv.messages[4]["name"] == "search"
+    assert conv.tools[0]["function"]["name"] == "search"
+
+
+@pytest.mark.parametrize("row, mapping, expected", [
+    ({"system_prompt": "S", "question": "Q", "response": "A"}, None, [("system", "S"), ("user", "Q"), ("assistant", "A")]),
+    ({"instruction": "Do", "input": "this", "output": "Done"}, None, [("user", "Do\n\nthis"), ("assistant", "Done")]),
+    ({"instruction": "Do", "input": "", "output": "Done"}, None, [("user", "Do"), ("assistant", "Done")]),
+    ({"problem": "1+1", "solution": "2"}, None, [("user", "1+1"), ("assistant", "2")]),
+    ({"q": "Why", "ctx": "because", "a": "So", "sys": "Be kind"}, "user=q+ctx,assistant=a,system=sys",
+     [("system", "Be kind"), ("user", "Why\n\nbecause"), ("assistant", "So")]),
+])
+def test_instruction_rows(row, mapping, expected):
+    conv = read_conversation(row, ColumnMapping.parse(mapping))
+    assert conv.source_format == "instruction"
+    assert [(m["role"], m["content"]) for m in conv.messages] == expected
+
+
+def test_column_mapping_file_renames_and_reasoning(tmp_path):
+    spec = tmp_path / "cols.json"
+    spec.write_text(json.dumps({"user": "prompt", "assistant": ["answer"], "reasoning": "trace", "id": "uid"}))
+    mapping = ColumnMapping.parse(str(spec))
+    conv = read_conversation({"prompt": "P", "answer": "A", "trace": "T"}, mapping)
+    assert conv.messages[-1] == {"role": "assistant", "content": "A", "reasoning_content": "T"}
+    assert mapping.to_dict() == {"id": "uid", "user": ["prompt"], "assistant": ["answer"], "reasoning": ["trace"]}
+    renamed = read_conversation({"chat": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]},
+                                ColumnMapping.parse("messages=chat"))
+    assert renamed.source_format == "openai"
+    for bad in ("user=q", "colour=x", "user", "messages=a+b", str(tmp_path / "missing.json")):
+        with pytest.raises(ColumnMappingError):
+            ColumnMapping.parse(bad)
+
+
+def test_template_kwargs_parse():
+    assert parse_template_kwargs("enable_thinking=false, date_string=01 Jan 2030") == {
+        "enable_thinking": False, "date_string": "01 Jan 2030"}
+    assert parse_template_kwargs('{"enable_thinking": true}') == {"enable_thinking": True}
+    assert parse_template_kwargs(None) == {}
+    with pytest.raises(ValueError):
+        parse_template_kwargs("enable_thinking")
+
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello",
+                                                          "reasoning_content": "greet", "tool_calls": [CALL]},
+                     {"role": "tool", "content": "ok"}, {"role": "assistant", "content": "done"}],
+        "tools": [{"type": "function", "function": {"name": "search"}}]}
+BAD = [
+    ("tool_args_not_json", "turn 1 tool call 0 (search): arguments are not JSON",
+     {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+         {"function": {"name": "search", "arguments": "{query: x"}}]}]}),
+    ("tool_without_call", "turn 1: tool result with no assistant tool call before it",
+     {"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"},
+                   {"role": "assistant", "content": "a"}]}),
+    ("empty_assistant", "turn 1: assistant turn with neither content nor tool calls",
+     {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "reasoning_content": "hm"}]}),
+    ("unknown_role", "turn 0 has unknown role 'robot'",
+     {"messages": [{"role": "robot", "content": "q"}, {"role": "assistant", "content": "a"}]}),
+    ("tools_not_list", "tools is a dict, not a list",
+     {"messages": GOOD["messages"], "tools": {"name": "search"}}),
+    ("no_assistant", "no assistant turn", {"messages": [{"role": "user", "content": "q"}]}),
+    ("bad_content", "turn 0: content part of type 'image_url' is not text", {"messages": [{"role": "user", "content": [{"type": "image_url"}]},
+                                                                {"role": "assistant", "content": "a"}]}),
+    ("tool_call_malformed", "turn 1 tool call 0: no function name",
+     {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [{"function": {}}]}]}),
+]
+
+
+def test_bad_rows_are_named_and_good_rows_kept(chat):
+    rows = [GOOD] + [row for _, _, row in BAD] + [GOOD]
+    kept, rejected = [], []
+    for index, row in enumerate(rows):
+        try:
+            kept.append(chat.encode_row(row, index).sample_id)
+        except RowRejected as exc:
+            rejected.append((exc.reason, str(exc)))
+    assert kept == ["0", str(len(rows) - 1)]
+    assert [r for r, _ in rejected] == [code for code, _, _ in BAD]
+    for (_, message), (_, want, _) in zip(rejected, BAD):
+        assert want in message
+
+
+def test_a_turn_the_template_does_not_render_is_rejected_naming_it(tmp_path):
+    plain = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+             "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    chat = ChatTokeniser(build_tokenizer(tmp_path, chat_template=plain))
+    calls_only = {"messages": [GOOD["messages"][0], {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                               *GOOD["messages"][2:]]}
+    with pytest.raises(RowRejected, match="turn 1 \\(assistant\\): the template does not render it") as exc:
+        chat.encode_row(calls_only, 0)   # this template drops tool calls: nothing of turn 1 is left
+    assert exc.value.reason == "turn_not_located"
+    plain_row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    assert chat.encode_row(plain_row, 0).loss_mask.sum() > 0
