@@ -306,7 +306,7 @@ def plan(svc: Services, run: str, dataset: Path, token_budget: int, dtype: str, 
         ProduceConfig, run=run, dataset=dataset, model=str(svc.model_path), layers=layers,
         store=StoreSettings(url=svc.store_url), redis_url=svc.redis_url, token_budget=token_budget,
         max_length=4096, overlong="drop", max_batch_rows=512, pad_multiple=8, dtype=dtype,
-        batches_per_shard=1000, tokenise_workers=1, enqueue=True))
+        batches_per_shard=1000, tokenise_workers=1, enqueue=True, lease_seconds=600))
     specs = sorted(ledger.all_specs(svc.r, run).values(), key=lambda s: s.index)
     return report, specs
 
@@ -320,7 +320,7 @@ def run_pipeline(svc: Services, run: str, extractor: TimedExtractor, specs, warm
     manifest = ledger.get_manifest(svc.r, run)
     cfg = make(WorkerConfig, run=run, redis_url=svc.redis_url, device=str(svc.device), spool_dir=svc.spool_dir,
                spool_budget_bytes=spool_budget_bytes, host=svc.host, model_override=None, burst=True,
-               worker_name=f"bench-gpu-{run}", max_attempts=3, lease_seconds=600, heartbeat_seconds=5.0,
+               worker_name=f"bench-gpu-{run}", heartbeat_seconds=5.0,
                grace_seconds=600.0, min_batch_seconds=0.0)
     store = StoreSettings(url=svc.store_url).open()
     rt = WorkerRuntime(cfg, svc.r, store, manifest, extractor)

@@ -1,4 +1,4 @@
-"""The dashboard app: ``create_app(config)`` and ``serve(args)`` behind `hsx dashboard`.
+"""The dashboard app: ``create_app(config)`` and ``serve(config)`` behind `hsx dashboard`.
 
 One port serves the hsx page (/), its API (/api/...), /metrics, and
 rq-dashboard (/rq: queues, workers, jobs), all behind the same optional auth
@@ -42,11 +42,10 @@ def create_app(config: DashboardConfig, r: redis.Redis | None = None) -> Flask:
     return app
 
 
-def serve(args) -> int:
+def serve(config: DashboardConfig) -> int:
     """`hsx dashboard`: serve until Ctrl-C or SIGTERM; returns the exit code."""
     from werkzeug.serving import make_server
 
-    config = DashboardConfig.from_args(args)
     if config.bind not in LOOPBACK and not config.auth_required:
         log.warning("serving on %s without auth: anyone who reaches this port can see the run and retry "
                     "batches; set HSX_DASHBOARD_TOKEN or HSX_DASHBOARD_USER + HSX_DASHBOARD_PASSWORD", config.bind)

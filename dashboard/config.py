@@ -1,4 +1,4 @@
-"""The dashboard's frozen configuration, from CLI flags with HSX_* environment fallbacks.
+"""The dashboard's frozen configuration (built by `hsx dashboard` from its flags: hsx_cli/dashboard.py).
 
 Secrets (the access token, the basic-auth password, a Redis password inside the
 URL) come from the environment only and are never rendered, logged or returned.
@@ -6,11 +6,10 @@ URL) come from the environment only and are never rendered, logged or returned.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from hsx import defaults as D
-from hsx.config import ConfigError, redis_url_from
+from hsx.config import ConfigError
 
 DEFAULT_REFRESH_SECONDS = 3.0        # seconds between page/API refreshes in the browser
 DEFAULT_STALE_AFTER_SECONDS = D.DEFAULT_HEARTBEAT_TTL_SECONDS  # seconds without heartbeat -> worker flagged stale
@@ -55,21 +54,3 @@ class DashboardConfig:
     @property
     def auth_required(self) -> bool:
         return bool(self.token or self.user)
-
-    @classmethod
-    def from_args(cls, args) -> "DashboardConfig":
-        """From `hsx dashboard` flags (bind, port, redis_url) and the environment, read now."""
-        url = redis_url_from(getattr(args, "redis_url", None))
-        if not url:
-            raise ConfigError("no Redis: set HSX_REDIS_URL (or REDIS_URL), e.g. redis://127.0.0.1:6379/0")
-        return cls(
-            redis_url=url,
-            bind=args.bind or D.DEFAULT_DASHBOARD_HOST,
-            port=int(args.port if args.port is not None else D.DEFAULT_DASHBOARD_PORT),
-            token=os.environ.get("HSX_DASHBOARD_TOKEN") or None,
-            user=os.environ.get("HSX_DASHBOARD_USER") or None,
-            password=os.environ.get("HSX_DASHBOARD_PASSWORD") or None,
-            refresh_seconds=float(os.environ.get("HSX_DASHBOARD_REFRESH_SECONDS", DEFAULT_REFRESH_SECONDS)),
-            stale_after_seconds=float(os.environ.get("HSX_DASHBOARD_STALE_SECONDS", DEFAULT_STALE_AFTER_SECONDS)),
-            allowed_hosts=parse_hosts(os.environ.get("HSX_DASHBOARD_ALLOWED_HOSTS", "")),
-        )

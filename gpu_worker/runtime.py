@@ -19,6 +19,7 @@ from hsx.keys import RunKeys
 from hsx.batchfile import file_sha256
 from hsx.config import WorkerConfig
 from hsx.devices import GpuProbe
+from hsx.manifest import RunLimits
 from gpu_worker.extractor import Extractor
 from gpu_worker.prefetch import Prefetcher
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
@@ -42,6 +43,7 @@ class WorkerRuntime:
     def __init__(self, cfg: WorkerConfig, r, store, manifest: dict, extractor: Extractor):
         self.cfg, self.r, self.store, self.manifest, self.extractor = cfg, r, store, manifest, extractor
         self.run, self.worker_id = cfg.run, cfg.worker_name
+        self.limits = RunLimits.of(manifest)   # attempts and lease length: the run's, not this process's
         self.leases_key = RunKeys(cfg.run).extract_leases
         self.cuda = extractor.device.type == "cuda"
         self.writer = SpoolWriter(r, cfg.run, manifest, cfg.spool_dir, cfg.host, cfg.worker_name,
@@ -128,12 +130,12 @@ class WorkerRuntime:
         stats = self.stats()
         pipe = self.r.pipeline(transaction=False)
         heartbeat.publish_heartbeat(self.r, self.run, self.worker_id, stats, int(self.cfg.heartbeat_seconds * 6), pipe=pipe)
-        leases.refresh(self.r, self.leases_key, held, self.cfg.lease_seconds, pipe=pipe)
+        leases.refresh(self.r, self.leases_key, held, self.limits.lease_seconds, pipe=pipe)
         heartbeat.publish_host(self.r, self.run, self.cfg.host, {
             "spool_bytes": stats["spool_bytes"], "spool_files": stats["spool_files"],
             "spool_budget_bytes": self.cfg.spool_budget_bytes}, pipe=pipe)
         pipe.execute()
-        leases.reap(self.r, self.run, self.cfg.max_attempts)
+        leases.reap(self.r, self.run, self.limits.max_attempts)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):
@@ -151,7 +153,7 @@ class WorkerRuntime:
         pipe = self.r.pipeline(transaction=False)  # one round trip: done?, spec, lease
         pipe.sismember(keys.done, bid)
         pipe.hget(keys.plan, bid)
-        leases.take(self.r, self.leases_key, bid, self.cfg.lease_seconds, pipe=pipe)
+        leases.take(self.r, self.leases_key, bid, self.limits.lease_seconds, pipe=pipe)
         done, raw_spec, _ = pipe.execute()
         if done or raw_spec is None:
             leases.drop(self.r, self.leases_key, bid)
@@ -223,9 +225,9 @@ class WorkerRuntime:
         leases.drop(self.r, self.leases_key, bid)
         if ledger.is_done(self.r, self.run, bid):
             return  # a duplicate delivery failed after another copy landed: nothing is missing
-        attempts = ledger.record_failure(self.r, self.run, bid, error, self.cfg.max_attempts)
-        if attempts < self.cfg.max_attempts:
+        attempts = ledger.record_failure(self.r, self.run, bid, error, self.limits.max_attempts)
+        if attempts < self.limits.max_attempts:
             queues.enqueue_extract(self.r, self.run, bid, attempt=leases.next_attempt(self.r, self.run))
-            log.warning("batch %s failed (attempt %d/%d), re-enqueued: %s", bid, attempts, self.cfg.max_attempts, error)
+            log.warning("batch %s failed (attempt %d/%d), re-enqueued: %s", bid, attempts, self.limits.max_attempts, error)
         else:
             log.error("batch %s failed %d times; moved to dead letters: %s", bid, attempts, error)

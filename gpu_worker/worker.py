@@ -12,7 +12,8 @@ from rq.worker import SimpleWorker
 from hsx import ledger, queues
 from hsx.config import StoreSettings, WorkerConfig
 from hsx.manifest import config_hash
-from hsx.redisconn import connect, redact
+from hsx.redisconn import connect
+from hsx.errors import HsxError
 from gpu_worker import runtime as runtime_mod
 from gpu_worker.extractor import Extractor
 from gpu_worker.runtime import WorkerRuntime
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 PLAN_POLL_SECONDS = 5  # --wait-for-plan: seconds between looks for the run's manifest
 
 
-class WorkerSetupError(RuntimeError):
+class WorkerSetupError(HsxError, RuntimeError):
     """The worker cannot start; the message says why."""
 
 
@@ -62,11 +63,11 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
             time.sleep(PLAN_POLL_SECONDS)
             manifest = ledger.get_manifest(r, cfg.run)
     if manifest is None:
-        raise WorkerSetupError(f"run {cfg.run!r} is not planned in Redis at {redact(cfg.redis_url)}: run `hsx produce` first")
+        manifest = ledger.require_manifest(r, cfg.run)
     model_path = cfg.model_override or manifest["model"]
     if config_hash(model_path) != manifest["model_config_hash"]:
         raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
-    store = StoreSettings.resolve(None, recorded=manifest["store"]).open()
+    store = StoreSettings.of_run(manifest).open()
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, manifest["layer_ids"])
     extractor = Extractor.load(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"])
     return WorkerRuntime(cfg, r, store, manifest, extractor)

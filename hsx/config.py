@@ -1,38 +1,34 @@
 """Role configuration: one frozen object per role, from CLI flags with HSX_* fallbacks.
 
-Environment variables are read when a config is built, never at import time.
+Flags and their HSX_* variables are read in one place, hsx_cli/flags.py, never
+here and never at import time; these objects only carry the resolved values.
 Secrets (AWS credentials, a Redis password) are never flags: boto3 reads its
 own chain, and a Redis password goes in HSX_REDIS_URL / REDIS_URL only.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hsx import defaults as D
+from hsx.errors import HsxError
 from hsx.redisconn import redact
 
 
-class ConfigError(ValueError):
+class ConfigError(HsxError, ValueError):
     """A setting is missing or wrong; the message names it."""
 
 
-def env(name: str, default: str | None = None) -> str | None:
-    """``HSX_<name>`` from the environment, else ``default``."""
-    return os.environ.get(f"HSX_{name}", default)
-
-
-def redis_url_from(flag: str | None) -> str | None:
+def redis_url_from(flag: str | None, environ_value: str | None = None) -> str:
+    """The Redis URL: the flag (never with a password: it would show in the process list), else the environment's."""
     if flag and redact(flag) != flag:
         raise ConfigError("--redis-url must not carry a password (it would show in the process list); "
                           "set HSX_REDIS_URL or REDIS_URL in the environment instead")
-    return flag or os.environ.get("HSX_REDIS_URL") or os.environ.get("REDIS_URL")
-
-
-def hostname() -> str:
-    return env("HOST") or socket.gethostname()
+    url = flag or environ_value
+    if not url:
+        raise ConfigError("no Redis: set HSX_REDIS_URL (or REDIS_URL), e.g. redis://127.0.0.1:6379/0")
+    return url
 
 
 @dataclass(frozen=True)
@@ -47,22 +43,35 @@ class StoreSettings:
 
     @classmethod
     def resolve(cls, url: str | None, endpoint_url: str | None = None, region: str | None = None,
-                addressing_style: str | None = None, recorded: dict | None = None) -> "StoreSettings":
-        """Flags, then HSX_* env, then what the run recorded (``recorded``), then defaults."""
+                addressing_style: str | None = None, verify_etag: bool | None = None,
+                recorded: dict | None = None) -> "StoreSettings":
+        """Given settings (flags or environment, already resolved), then what the run recorded, then defaults."""
         recorded = recorded or {}
-        url = url or env("STORE") or recorded.get("url")
+        url = url or recorded.get("url")
         if not url:
             raise ConfigError("no store: pass --store s3://bucket/prefix (or a local directory), or set HSX_STORE")
-        style = addressing_style or env("S3_ADDRESSING_STYLE") or recorded.get("addressing_style") or "auto"
+        style = addressing_style or recorded.get("addressing_style") or "auto"
         if style not in ("auto", "path", "virtual"):
             raise ConfigError(f"S3 addressing style must be auto, path or virtual, got {style!r}")
-        return cls(
-            url=url,
-            endpoint_url=endpoint_url or env("S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL") or recorded.get("endpoint_url"),
-            region=region or env("S3_REGION") or os.environ.get("AWS_REGION") or recorded.get("region"),
-            addressing_style=style,
-            verify_etag=(env("S3_VERIFY_ETAG") or str(recorded.get("verify_etag", "1"))).lower() not in ("0", "false", "no"),
-        )
+        return cls(url=url, endpoint_url=endpoint_url or recorded.get("endpoint_url"),
+                   region=region or recorded.get("region"), addressing_style=style,
+                   verify_etag=bool(recorded.get("verify_etag", True) if verify_etag is None else verify_etag))
+
+    @classmethod
+    def of_run(cls, manifest: dict) -> "StoreSettings":
+        """The store a run recorded in its manifest: the one way every role opens a run's store."""
+        return cls.resolve(None, recorded=manifest["store"])
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.url or self.url.startswith("file://")
+
+    def check_writable(self) -> None:
+        """A local store this user cannot write is an UnwritableDir now, before anything is created."""
+        if self.is_local:
+            from hsx.localdirs import check_writable
+
+            check_writable(Path(self.url.removeprefix("file://")), "store", "--store / HSX_STORE")
 
     def open(self):
         from hsx.store import open_store
@@ -90,6 +99,8 @@ class ProduceConfig:
     batches_per_shard: int
     tokenise_workers: int
     enqueue: bool = True
+    max_attempts: int = D.DEFAULT_MAX_ATTEMPTS      # run limit (manifest): failures of a batch before dead letters
+    lease_seconds: int = D.DEFAULT_LEASE_SECONDS    # run limit (manifest): lease life without a refresh
 
 
 @dataclass(frozen=True)
@@ -103,21 +114,21 @@ class WorkerConfig:
     model_override: str | None
     burst: bool
     worker_name: str
-    max_attempts: int
-    lease_seconds: int
     heartbeat_seconds: float
     grace_seconds: float = 120.0   # on SIGTERM: time to finish writing before handing batches back
     min_batch_seconds: float = 0.0  # stretch each batch to this wall time (fault-injection tests only)
     wait_for_plan: bool = False     # wait for `hsx produce` instead of exiting when the run is not planned
+    log_every_seconds: float = D.DEFAULT_LOG_EVERY_SECONDS  # progress line at least this often (and every N batches)
 
 
 @dataclass(frozen=True)
 class UploadConfig:
+    """Run limits (attempts, lease length) are not here: each run's manifest holds them."""
+
     redis_url: str
-    spool_dir: Path
-    host: str
+    spool_dir: Path          # uploads only files under this directory
+    host: str                # serves the queue upload@<host>
     burst: bool
     worker_name: str
-    max_attempts: int
-    lease_seconds: int = 60        # an upload whose uploader died is re-enqueued this long after its last refresh
-    heartbeat_seconds: float = 5.0
+    heartbeat_seconds: float = D.DEFAULT_HEARTBEAT_SECONDS
+    log_every_seconds: float = D.DEFAULT_LOG_EVERY_SECONDS

@@ -14,10 +14,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from hsx.errors import HsxError
 from typing import Any, Iterator
 
 
-class DatasetError(ValueError):
+class DatasetError(HsxError, ValueError):
     """The dataset as a whole cannot be read."""
 
 

@@ -20,9 +20,9 @@ DEFAULT_MULTIPART_THRESHOLD = 64 * 2**20  # bytes: objects this large or larger 
 DEFAULT_MULTIPART_CHUNK = 64 * 2**20      # bytes a multipart part
 DEFAULT_UPLOAD_RETRIES = 8               # attempts of one store call before the job fails
 DEFAULT_PREFETCH_BATCHES = 32            # batch inputs a GPU worker fetches ahead (rides out store outages)
-DEFAULT_WRITE_QUEUE = 2                  # finished batches waiting for the writer thread
+DEFAULT_LOG_EVERY_SECONDS = 60.0         # seconds: a long-running role logs a progress line at least this often
+DEFAULT_LOG_EVERY_BATCHES = 100          # batches: ... and after every this many batches
+DEFAULT_REDIS_CONNECT_SECONDS = 10.0     # seconds a command waits for Redis to answer at start before giving up
+DEFAULT_SPOOL_DIR = "/var/spool/hsx"     # local spool directory of a host
 DEFAULT_DASHBOARD_HOST = "127.0.0.1"
 DEFAULT_DASHBOARD_PORT = 8787
-
-EXTRACT_QUEUE = "extract"                # rq queue of extract jobs (all hosts)
-UPLOAD_QUEUE_TEMPLATE = "upload@{host}"  # rq queue of upload jobs of one host

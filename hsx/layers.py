@@ -7,11 +7,12 @@ Layer ids are 0-based decoder-layer outputs, i.e. Hugging Face
 from __future__ import annotations
 
 from hsx.defaults import DEFAULT_DFLASH_LAYERS
+from hsx.errors import HsxError
 
 PRESETS = ("dflash", "eagle3")
 
 
-class LayerSpecError(ValueError):
+class LayerSpecError(HsxError, ValueError):
     """The requested layers do not fit the model."""
 
 

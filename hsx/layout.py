@@ -5,12 +5,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from hsx.errors import HsxError
+
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+class RunNameError(HsxError, ValueError):
+    """A run name hsx cannot use in keys and paths."""
 
 
 def check_run_name(run: str) -> str:
     if not RUN_NAME.match(run):
-        raise ValueError(f"run name {run!r} must be 1-64 letters, digits, '_' or '-', starting with a letter or digit")
+        raise RunNameError(f"run name {run!r} must be 1-64 letters, digits, '_' or '-', starting with a letter or digit")
     return run
 
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import redis
 
+from hsx.errors import HsxError
 from hsx.keys import RUNS, RunKeys
 from hsx.redisconn import int_hash, json_hash, text
 
@@ -78,6 +79,23 @@ def list_runs(r: redis.Redis) -> list[str]:
 def get_manifest(r: redis.Redis, run: str) -> dict | None:
     raw = r.get(RunKeys(run).manifest)
     return json.loads(raw) if raw else None
+
+
+class RunNotPlanned(HsxError, KeyError):
+    """The run has no manifest in this Redis."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def require_manifest(r: redis.Redis, run: str) -> dict:
+    """The run's manifest, or RunNotPlanned naming the run and what to do."""
+    manifest = get_manifest(r, run)
+    if manifest is None:
+        known = list_runs(r)
+        raise RunNotPlanned(f"run {run!r} is not planned in this Redis (runs here: {', '.join(known) or 'none'}); "
+                            "run `hsx produce` first, or check --run / HSX_RUN and HSX_REDIS_URL")
+    return manifest
 
 
 def save_plan(r: redis.Redis, run: str, manifest: dict, specs: list[BatchSpec], totals: dict[str, int]) -> None:

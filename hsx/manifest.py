@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 from hsx import __version__
+from hsx import defaults as D
+from hsx.errors import HsxError
 
 # Fields that define the run's output; a resume must agree on every one.
 IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "hidden_size", "num_layers",
@@ -12,7 +15,30 @@ IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "hi
                    "dataset_fingerprint", "chat_template_hash", "store_url")
 
 
-class ManifestMismatch(RuntimeError):
+@dataclass(frozen=True)
+class RunLimits:
+    """Limits every role of a run must agree on, set by `hsx produce` and kept in the manifest.
+
+    ``max_attempts``: failures of a batch, whoever saw them (an extract job that raised, a worker
+    lost with its lease, a spool file lost before upload: each costs one extraction), before the
+    batch goes to dead letters. ``lease_seconds``: how long a lease lives without a refresh.
+    """
+
+    max_attempts: int = D.DEFAULT_MAX_ATTEMPTS
+    lease_seconds: int = D.DEFAULT_LEASE_SECONDS
+
+    @classmethod
+    def of(cls, manifest: dict) -> "RunLimits":
+        """From a manifest (one written before limits were recorded gets the defaults)."""
+        limits = manifest.get("limits") or {}
+        return cls(int(limits.get("max_attempts", D.DEFAULT_MAX_ATTEMPTS)),
+                   int(limits.get("lease_seconds", D.DEFAULT_LEASE_SECONDS)))
+
+    def to_dict(self) -> dict:
+        return {"max_attempts": self.max_attempts, "lease_seconds": self.lease_seconds}
+
+
+class ManifestMismatch(HsxError, RuntimeError):
     """A run exists with a different manifest."""
 
 

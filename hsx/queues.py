@@ -28,6 +28,7 @@ from rq.serializers import JSONSerializer
 
 from hsx.defaults import DEFAULT_EXTRACT_JOB_TIMEOUT, DEFAULT_UPLOAD_JOB_TIMEOUT
 from hsx.keys import RunKeys
+from hsx.errors import HsxError
 from hsx.redisconn import zset_members
 
 EXTRACT_FUNC = "gpu_worker.jobs.extract_batch"
@@ -53,7 +54,7 @@ def rq_without_pickle() -> None:
 rq_without_pickle()
 
 
-class ForbiddenJob(RuntimeError):
+class ForbiddenJob(HsxError, RuntimeError):
     """A job names a function hsx does not allow."""
 
 
@@ -163,10 +164,31 @@ def pending_upload(r: redis.Redis, host: str, run: str) -> set[str]:
     return _queued_batches(r, upload_queue_name(host), run) | zset_members(r, RunKeys(run).upload_leases)
 
 
+class NotRetryable(HsxError):
+    """A batch named for retry is not in the plan, or not a dead letter; nothing was changed."""
+
+
 def retry_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
-    """Move dead letters (all, or ``bids``) back onto the extract queue with fresh attempts."""
+    """Move dead letters (all, or ``bids``) back onto the extract queue with fresh attempts.
+
+    Every id in ``bids`` must be a planned batch in the dead-letter record, else NotRetryable
+    says which and why, and nothing is changed.
+    """
     from hsx import ledger
 
+    if bids is not None:
+        keys = RunKeys(run)
+        planned = r.hmget(keys.plan, bids) if bids else []
+        unknown = [bid for bid, raw in zip(bids, planned) if raw is None]
+        if unknown:
+            raise NotRetryable(f"not in the plan of run {run!r}: {', '.join(unknown[:10])}"
+                               f"{' ...' if len(unknown) > 10 else ''}; nothing was retried")
+        dead = ledger.dead_letters(r, run)
+        alive = [bid for bid in bids if bid not in dead]
+        if alive:
+            why = ", ".join(f"{bid} ({'done' if ledger.is_done(r, run, bid) else 'not failed for good'})"
+                            for bid in alive[:10])
+            raise NotRetryable(f"not dead letters of run {run!r}: {why}; nothing was retried")
     taken = ledger.take_dead_letters(r, run, bids)
     for bid in taken:
         if not ledger.is_done(r, run, bid):

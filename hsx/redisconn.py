@@ -14,8 +14,11 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
+from redis.exceptions import AuthenticationError, ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+
+from hsx.defaults import DEFAULT_REDIS_CONNECT_SECONDS
+from hsx.errors import HsxError
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +54,53 @@ def redact(url: str) -> str:
             + (f"#{parts.fragment}" if parts.fragment else ""))
 
 
-def connect(url: str, retries: int = 20) -> redis.Redis:
-    """A client that retries a dropped connection with backoff (0.5 s doubling, capped at 10 s)."""
+class RedisUnreachable(HsxError):
+    """Redis did not answer when a command started."""
+
+
+def connect(url: str, retries: int = 20, wait_seconds: float = DEFAULT_REDIS_CONNECT_SECONDS) -> redis.Redis:
+    """A client that retries a dropped connection with backoff (0.5 s doubling, capped at 10 s).
+
+    Redis must answer within ``wait_seconds`` now, else RedisUnreachable says where hsx looked
+    (password masked) and what to check; later outages are ridden out by the retries.
+    """
     client = redis.Redis.from_url(
         url, retry=Retry(ExponentialBackoff(cap=10, base=0.5), retries),
         retry_on_error=[RedisConnectionError, RedisTimeoutError], health_check_interval=30,
         socket_connect_timeout=5, socket_keepalive=True)
+    if wait_seconds > 0:
+        check_reachable(url, wait_seconds)
     return client
+
+
+def check_reachable(url: str, wait_seconds: float) -> None:
+    """Ping ``url`` (once a second) until it answers or ``wait_seconds`` pass; raise RedisUnreachable then."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        probe = redis.Redis.from_url(url, socket_connect_timeout=min(2.0, wait_seconds), socket_timeout=5)
+        try:
+            probe.ping()
+            return
+        except AuthenticationError as exc:
+            raise RedisUnreachable(f"Redis at {redact(url)} refused the credentials ({exc}): check the user and "
+                                   "password in HSX_REDIS_URL / REDIS_URL") from None
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            if time.monotonic() >= deadline:
+                raise RedisUnreachable(
+                    f"cannot reach Redis at {redact(url)} ({_reason(exc)}) for {wait_seconds:.0f}s: check that "
+                    "redis-server runs there, the host name and port, and HSX_REDIS_URL / REDIS_URL / --redis-url"
+                ) from None
+            time.sleep(1.0)
+        except redis.ResponseError as exc:
+            raise RedisUnreachable(f"Redis at {redact(url)} answered with an error ({exc}): check the password "
+                                   "and database number in HSX_REDIS_URL / REDIS_URL") from None
+        finally:
+            probe.close()
+
+
+def _reason(exc: BaseException) -> str:
+    text_ = str(exc).strip() or type(exc).__name__
+    return text_.splitlines()[0][:200]
 
 
 def reachable(url: str) -> bool:

@@ -11,10 +11,15 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+def backoff_delay(k: int, base_seconds: float = 0.5, cap_seconds: float = 30.0) -> float:
+    """Sleep before try ``k + 1`` (k = failures so far): uniform in [0, min(cap, base * 2**k)] (full jitter)."""
+    return random.uniform(0, min(cap_seconds, base_seconds * 2**k))
+
+
 def backoff_delays(attempts: int, base_seconds: float = 0.5, cap_seconds: float = 30.0):
     """Yield ``attempts - 1`` sleep times: uniform in [0, min(cap, base * 2**k)]."""
     for k in range(attempts - 1):
-        yield random.uniform(0, min(cap_seconds, base_seconds * 2**k))
+        yield backoff_delay(k, base_seconds, cap_seconds)
 
 
 def retry_call(fn: Callable[[], T], what: str, retry_on: tuple[type[BaseException], ...], attempts: int,

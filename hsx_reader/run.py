@@ -14,11 +14,12 @@ import torch
 
 from hsx import layout
 from hsx.store import Store
+from hsx.errors import HsxError
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-class ReaderError(RuntimeError):
+class ReaderError(HsxError, RuntimeError):
     """The run cannot be read as asked (missing, incomplete, corrupt, or not what the caller expects)."""
 
 

@@ -30,11 +30,12 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from hsx.config import ConfigError, StoreSettings, env, redis_url_from
+from hsx.config import ConfigError, StoreSettings
 from hsx_reader.run import ReaderError, RunIndex, SampleRef
 from hsx_reader.source import Source, sample_of
 
@@ -43,26 +44,33 @@ SPECFORGE_GROUP = 2000  # samples a SpecForge rows_* folder
 PROGRESS_SECONDS = 10.0
 
 
-def open_run_store(args) -> StoreSettings:
-    """--store (or HSX_STORE), else the store the run recorded in Redis."""
-    flags = (args.s3_endpoint_url, args.s3_region, args.s3_addressing_style)
-    if args.store or env("STORE"):
-        return StoreSettings.resolve(args.store, *flags)
-    url = redis_url_from(None)
-    manifest = None
-    if url:
-        import redis
+@dataclass(frozen=True)
+class ExportConfig:
+    run: str
+    format: str                      # specforge | speculators
+    out: Path
+    store: StoreSettings | None      # None: the store the run recorded in Redis (needs redis_url)
+    redis_url: str | None = None
+    limit: int | None = None         # samples at most
+    shards: tuple[str, ...] = ()     # only these store shards
 
+
+def run_store(cfg: ExportConfig) -> StoreSettings:
+    """The given store, else the one the run recorded in Redis."""
+    if cfg.store is not None:
+        return cfg.store
+    manifest = None
+    if cfg.redis_url:
         from hsx import ledger
-        from hsx.redisconn import connect
+        from hsx.redisconn import RedisUnreachable, connect
 
         try:
-            manifest = ledger.get_manifest(connect(url, retries=1), args.run)
-        except (redis.RedisError, OSError) as exc:
-            log.warning("Redis at HSX_REDIS_URL is not reachable (%s); pass --store", exc)
+            manifest = ledger.get_manifest(connect(cfg.redis_url, retries=1, wait_seconds=2), cfg.run)
+        except RedisUnreachable as exc:
+            log.warning("%s; pass --store", exc)
     if not manifest or not manifest.get("store"):
-        raise ConfigError(f"no store for run {args.run!r}: pass --store (Redis does not know this run)")
-    return StoreSettings.resolve(None, *flags, recorded=manifest["store"])
+        raise ConfigError(f"no store for run {cfg.run!r}: pass --store (Redis does not know this run)")
+    return StoreSettings.of_run(manifest)
 
 
 def final_norm_gain(model: str, hidden_size: int) -> torch.Tensor:
@@ -219,9 +227,8 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
     return counts
 
 
-def run_export(args) -> int:
-    counts = export_run(open_run_store(args), args.run, args.format, Path(args.out), args.limit,
-                        [args.shard] if args.shard else None)
-    print(f"exported run {args.run} as {args.format} to {args.out}: {counts['written']} written, "
+def run_export(cfg: ExportConfig) -> int:
+    counts = export_run(run_store(cfg), cfg.run, cfg.format, cfg.out, cfg.limit, list(cfg.shards) or None)
+    print(f"exported run {cfg.run} as {cfg.format} to {cfg.out}: {counts['written']} written, "
           f"{counts['skipped']} already there, {counts['samples']} in all")
     return 0

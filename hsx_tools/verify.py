@@ -79,18 +79,20 @@ def verify_run(r, store, run: str, quick: bool = False) -> VerifyReport:
     return report
 
 
-def run_verify(args) -> int:
-    from hsx.config import StoreSettings, redis_url_from
+@dataclass(frozen=True)
+class VerifyConfig:
+    redis_url: str
+    run: str
+    quick: bool = False      # sizes and checksums from metadata only
+
+
+def run_verify(cfg: VerifyConfig) -> int:
+    from hsx.config import StoreSettings
     from hsx.redisconn import connect
 
-    url = redis_url_from(args.redis_url)
-    if not url:
-        raise ValueError("no Redis: set HSX_REDIS_URL (verify reads the plan and the ledger)")
-    r = connect(url)
-    manifest = ledger.get_manifest(r, args.run)
-    if manifest is None:
-        raise KeyError(f"run {args.run!r} is not in this Redis")
-    store = StoreSettings.resolve(None, recorded=manifest["store"]).open()
-    report = verify_run(r, store, args.run, quick=args.quick)
+    r = connect(cfg.redis_url)
+    manifest = ledger.require_manifest(r, cfg.run)
+    store = StoreSettings.of_run(manifest).open()
+    report = verify_run(r, store, cfg.run, quick=cfg.quick)
     print("\n".join(report.lines()))
     return 0 if report.ok else 1

@@ -19,19 +19,20 @@ import torch
 
 from hsx import batchfile, heartbeat, layout, ledger, queues
 from hsx.config import ProduceConfig
-from hsx.dataset import fingerprint
+from hsx.dataset import DatasetError, fingerprint
 from hsx.layers import resolve_layers
-from hsx.manifest import build_manifest, check_same_run, config_hash
+from hsx.manifest import RunLimits, build_manifest, check_same_run, config_hash
 from hsx.planning import cut_batches, padding_fraction
 from hsx.integrity import unmark_missing_done
 from hsx.redisconn import connect
+from hsx.errors import HsxError
 from producer.tokenising import Sample, TokeniseReport, tokenise_dataset
 
 log = logging.getLogger(__name__)
 INPUT_UPLOAD_THREADS = 8
 
 
-class PlanError(RuntimeError):
+class PlanError(HsxError, RuntimeError):
     """The run cannot be planned; the message says why."""
 
 
@@ -81,13 +82,17 @@ def _input_tensors(members: list[Sample]) -> dict[str, torch.Tensor]:
 
 
 def produce(cfg: ProduceConfig) -> ProduceReport:
+    # Everything that can be wrong with the settings is found before anything is created.
     layout.check_run_name(cfg.run)
     if cfg.overlong not in ("drop", "truncate"):
         raise PlanError(f"--overlong must be drop or truncate, got {cfg.overlong!r}")
+    if not cfg.dataset.exists():
+        raise DatasetError(f"dataset {cfg.dataset} does not exist (--dataset / HSX_DATASET)")
+    cfg.store.check_writable()
+    r = connect(cfg.redis_url)
     text_cfg, tokenizer, cfg_hash = model_identity(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
     store = cfg.store.open()
-    r = connect(cfg.redis_url)
 
     log.info("fingerprinting %s", cfg.dataset)
     manifest = build_manifest(
@@ -100,6 +105,7 @@ def produce(cfg: ProduceConfig) -> ProduceReport:
         chat_template_hash=hashlib.sha256(str(tokenizer.chat_template or "").encode()).hexdigest(),
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         store_url=cfg.store.url, store=cfg.store.to_dict(),
+        limits=RunLimits(cfg.max_attempts, cfg.lease_seconds).to_dict(),
     )
     existing = ledger.get_manifest(r, cfg.run)
     if existing is None:

@@ -21,15 +21,14 @@ def produce_config(redis_url: str, model: Path, store: StoreSettings | str, run:
 
 def worker_config(redis_url: str, spool: Path, run: str = "t1", host: str = "testhost", **overrides) -> WorkerConfig:
     fields = dict(run=run, redis_url=redis_url, device="cpu", spool_dir=spool, spool_budget_bytes=2**40,
-                  host=host, model_override=None, burst=True, worker_name=f"gpu-{host}-{run}", max_attempts=3,
-                  lease_seconds=60, heartbeat_seconds=1.0)
+                  host=host, model_override=None, burst=True, worker_name=f"gpu-{host}-{run}", heartbeat_seconds=1.0)
     fields.update(overrides)
     return WorkerConfig(**fields)
 
 
 def upload_config(redis_url: str, spool: Path, host: str = "testhost", **overrides) -> UploadConfig:
     fields = dict(redis_url=redis_url, spool_dir=spool, host=host, burst=True, worker_name=f"upload-{host}",
-                  max_attempts=3)
+                  heartbeat_seconds=1.0)
     fields.update(overrides)
     return UploadConfig(**fields)
 

@@ -1,9 +1,11 @@
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+from hsx.config import ConfigError
 from hsx_cli.main import build_parser
 from hsx.devices import GpuProbe
 
@@ -26,6 +28,43 @@ def test_every_subcommand_has_help():
 def test_parser_knows_every_subcommand():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == set(COMMANDS)
+
+
+def test_every_flag_shows_its_variable_in_help():
+    """The README's promise: every flag of every sub-command has an HSX_* variable, named in --help."""
+    import re
+
+    from hsx_cli.main import COMMANDS as TABLE
+
+    for command in TABLE:
+        out = hsx(command.name, "--help", env={**os.environ, "COLUMNS": "200"})
+        text = " ".join(out.stdout.split())
+        flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", text)) - {"--help"}
+        declared = {flag.name for flag in command.flags}
+        assert flags == declared, f"hsx {command.name}: --help shows {sorted(flags)}, declared {sorted(declared)}"
+        for flag in command.flags:
+            assert flag.env_name.startswith("HSX_")
+            assert flag.env_name in text, f"hsx {command.name} {flag.name}: {flag.env_name} missing from --help"
+    assert "HSX_DEBUG" in hsx("--help").stdout
+
+
+def test_flag_falls_back_to_its_variable_and_checks_it(monkeypatch):
+    from hsx_cli import produce, worker
+    from hsx_cli.flags import resolve
+
+    args = build_parser().parse_args(["worker", "--device", "cpu"])
+    monkeypatch.setenv("HSX_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("HSX_SPOOL_BUDGET_GB", "2")
+    monkeypatch.setenv("HSX_BURST", "yes")
+    cfg = worker.COMMAND.config(resolve(worker.FLAGS, args))
+    assert cfg.spool_budget_bytes == 2 * 2**30 and cfg.burst and cfg.device == "cpu"
+    monkeypatch.setenv("HSX_SPOOL_BUDGET_GB", "0")
+    with pytest.raises(ConfigError, match="HSX_SPOOL_BUDGET_GB 0.0: must be greater than 0"):
+        resolve(worker.FLAGS, args)
+    args = build_parser().parse_args(["produce", "--dataset", "d", "--model", "m", "--store", "s"])
+    monkeypatch.setenv("HSX_TOKEN_BUDGET", "lots")
+    with pytest.raises(ConfigError, match="HSX_TOKEN_BUDGET='lots'"):
+        resolve(produce.FLAGS, args)
 
 
 def test_password_in_redis_flag_is_refused(monkeypatch):

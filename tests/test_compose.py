@@ -262,9 +262,8 @@ def test_no_credentials_in_commands_or_committed_files(base_config, cpu_config):
 
 
 def test_default_worker_names_differ_between_containers(monkeypatch):
-    from hsx_cli import main as cli
+    from hsx_cli.common import worker_name
 
-    monkeypatch.setenv("HSX_HOST", "gpu-box-1")
     # Two calls in one process stand for two containers of one service: same host name, same pid.
-    assert cli._worker_name("upload") != cli._worker_name("upload")
-    assert cli._worker_name("gpu", "cuda0") != cli._worker_name("gpu", "cuda0")
+    assert worker_name("upload", "gpu-box-1") != worker_name("upload", "gpu-box-1")
+    assert worker_name("gpu", "gpu-box-1", "cuda0") != worker_name("gpu", "gpu-box-1", "cuda0")

@@ -55,13 +55,13 @@ def test_bad_batch_goes_to_dead_letters_then_retry_failed(r, redis_server, tiny_
     from uploader.worker import run_uploader
 
     store_dir = tmp_path / "store"
-    cfg = produce_config(redis_server.url, tiny_model, str(store_dir), run="dl")
+    cfg = produce_config(redis_server.url, tiny_model, str(store_dir), run="dl", max_attempts=3)
     produce(cfg)
     spec = ledger.get_spec(r, "dl", "b0000003")
     inputs = store_dir / layout.input_key("dl", spec.shard, spec.batch_id)
     good = inputs.read_bytes()
     inputs.write_bytes(good[: len(good) // 2])  # truncated input object: every attempt raises
-    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dl", max_attempts=3))
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dl"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     dead = ledger.dead_letters(r, "dl")
     assert list(dead) == ["b0000003"] and dead["b0000003"]["attempts"] == 3
@@ -128,8 +128,8 @@ def test_nan_hidden_states_never_land(r, redis_server, tiny_model, tmp_path):
     for f in tiny_model.iterdir():
         if f.is_file() and not (broken / f.name).exists():
             (broken / f.name).write_bytes(f.read_bytes())
-    produce(produce_config(redis_server.url, broken, str(tmp_path / "store"), run="nan"))
-    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="nan", max_attempts=2))
+    produce(produce_config(redis_server.url, broken, str(tmp_path / "store"), run="nan", max_attempts=2))
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="nan"))
     dead = ledger.dead_letters(r, "nan")
     assert len(dead) == ledger.run_totals(r, "nan")["batches"]
     assert all("NaN/Inf" in rec["last_error"] for rec in dead.values())

@@ -7,7 +7,13 @@ from pathlib import Path
 from hsx.store.base import ObjectInfo, Store, StoreError, VerifyError
 from hsx.store.local import LocalStore
 
-__all__ = ["ObjectInfo", "Store", "StoreError", "VerifyError", "LocalStore", "open_store"]
+from hsx.errors import HsxError
+
+__all__ = ["ObjectInfo", "Store", "StoreError", "VerifyError", "LocalStore", "open_store", "StoreURLError"]
+
+
+class StoreURLError(HsxError, ValueError):
+    """A store URL hsx cannot open."""
 
 
 def open_store(url: str, endpoint_url: str | None = None, region: str | None = None,
@@ -17,9 +23,9 @@ def open_store(url: str, endpoint_url: str | None = None, region: str | None = N
 
         bucket, _, prefix = url[len("s3://"):].partition("/")
         if not bucket:
-            raise ValueError(f"store URL {url!r} names no bucket (want s3://bucket/prefix)")
+            raise StoreURLError(f"store URL {url!r} names no bucket (want s3://bucket/prefix)")
         return S3Store(S3Settings(bucket=bucket, prefix=prefix, endpoint_url=endpoint_url, region=region,
                                   addressing_style=addressing_style, verify_etag=verify_etag))
     if "://" in url and not url.startswith("file://"):
-        raise ValueError(f"store URL {url!r}: only s3:// and local directories are supported")
+        raise StoreURLError(f"store URL {url!r}: only s3:// and local directories are supported")
     return LocalStore(Path(url.removeprefix("file://")))

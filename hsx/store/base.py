@@ -11,8 +11,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsx.errors import HsxError
 
-class StoreError(RuntimeError):
+
+class StoreError(HsxError, RuntimeError):
     """A store call failed for good (after retries)."""
 
 

@@ -13,8 +13,13 @@ from hsx.store.base import ObjectInfo, Store, VerifyError
 
 class LocalStore(Store):
     def __init__(self, root: Path):
-        self.root = Path(root).expanduser().resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        """A missing ``root`` is created (checked first: one hsx cannot create is an UnwritableDir naming the fix)."""
+        from hsx.localdirs import ensure_dir
+
+        root = Path(root).expanduser()
+        if not root.is_dir():
+            ensure_dir(root, "store", "--store / HSX_STORE")
+        self.root = root.resolve()
 
     def _path(self, key: str) -> Path:
         path = (self.root / key).resolve()

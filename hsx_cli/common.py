@@ -1,0 +1,70 @@
+"""Flags and helpers several sub-commands share."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+
+from hsx import defaults as D
+from hsx.config import ConfigError, StoreSettings
+from hsx.redisconn import redact
+from hsx_cli.flags import Flag, parse_bool
+
+
+def _no_password_in_argv(url: str, from_argv: bool) -> None:
+    if from_argv and redact(url) != url:
+        raise ConfigError("--redis-url must not carry a password (it would show in the process list); "
+                          "set HSX_REDIS_URL or REDIS_URL in the environment instead")
+
+
+def _worker_name_ok(name: str, from_argv: bool) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", name):
+        raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_', ':' or '-' (it names spool temp files)")
+
+
+REDIS_URL = Flag("--redis-url", "Redis URL; a password goes in the variable only, never on the command line",
+                 aliases=("REDIS_URL",), validate=_no_password_in_argv)
+RUN = Flag("--run", "run name", default="default")
+
+STORE_FLAGS = (
+    Flag("--s3-endpoint-url", "any S3-compatible endpoint, e.g. http://minio:9000", aliases=("AWS_ENDPOINT_URL",)),
+    Flag("--s3-region", "S3 region", aliases=("AWS_REGION",)),
+    Flag("--s3-addressing-style", "S3 addressing", choices=("auto", "path", "virtual")),
+    Flag("--s3-verify-etag", "compare S3 ETags with the local MD5 on upload", type=parse_bool, metavar="yes|no"),
+)
+
+SPOOL_FLAGS = (
+    Flag("--spool-dir", "local spool directory of this host", default=D.DEFAULT_SPOOL_DIR),
+    Flag("--host", "host name of the upload queue upload@HOST; all roles of a host share it (default: this "
+         "machine's name)"),
+    Flag("--name", "rq worker name, unique per process (default: role-host-pid-random)", validate=_worker_name_ok),
+    Flag("--burst", "drain the queue, then exit", type=bool),
+    Flag("--heartbeat-seconds", "seconds between heartbeats / lease refreshes (under half the run's lease)",
+         type=float, default=D.DEFAULT_HEARTBEAT_SECONDS, above=0, max=3600),
+    Flag("--log-every-seconds", f"log a progress line at least this often (and every {D.DEFAULT_LOG_EVERY_BATCHES} "
+         "batches), and a summary on exit", type=float, default=D.DEFAULT_LOG_EVERY_SECONDS, above=0),
+)
+
+
+def redis_url(values) -> str:
+    url = values["redis_url"]
+    if not url:
+        raise ConfigError("no Redis: set HSX_REDIS_URL (or REDIS_URL), e.g. redis://127.0.0.1:6379/0")
+    return url
+
+
+def store_settings(values, recorded: dict | None = None) -> StoreSettings:
+    """``--store`` and the ``--s3-*`` flags (``recorded``: the run's own settings, under the flags)."""
+    return StoreSettings.resolve(values.get("store"), values["s3_endpoint_url"], values["s3_region"],
+                                 values["s3_addressing_style"], values["s3_verify_etag"], recorded=recorded)
+
+
+def worker_name(role: str, host_name: str, extra: str = "") -> str:
+    """Unique even across containers, where every process may be pid 1 under the same HSX_HOST."""
+    return f"{role}-{host_name}-{extra + '-' if extra else ''}{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def host(values) -> str:
+    return values["host"] or socket.gethostname()

@@ -1,0 +1,62 @@
+"""`hsx status`: progress of a run from the ledger."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from hsx_cli.command import Command
+from hsx_cli.common import REDIS_URL, redis_url
+from hsx_cli.flags import Flag
+
+FLAGS = (
+    Flag("--run", "run (default: every run in this Redis)"),
+    Flag("--json", "machine-readable output", type=bool),
+    Flag("--watch", "live progress bars in the terminal", type=bool),
+    Flag("--interval", "seconds between --watch refreshes", type=float, default=2.0, above=0, max=3600),
+    REDIS_URL,
+)
+
+
+@dataclass(frozen=True)
+class StatusConfig:
+    redis_url: str
+    run: str | None
+    json: bool
+    watch: bool
+    interval: float
+
+
+def config(v) -> StatusConfig:
+    return StatusConfig(redis_url(v), v["run"], v["json"], v["watch"], v["interval"])
+
+
+def run(cfg: StatusConfig) -> int:
+    from hsx import ledger
+    from hsx.progress import run_progress, summary_lines
+    from hsx.redisconn import connect
+
+    r = connect(cfg.redis_url)
+    runs = [cfg.run] if cfg.run else ledger.list_runs(r)
+    if not runs:
+        print("no runs in this Redis")
+        return 1
+    if cfg.watch:
+        from hsx_tools.watch import watch
+
+        return watch(r, runs[0], cfg.interval)
+    reports = [run_progress(r, run) for run in runs]
+    if cfg.json:
+        print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, default=str))
+    else:
+        for p in reports:
+            print("\n".join(summary_lines(p)))
+    return 0
+
+
+COMMAND = Command(
+    "status", "progress of a run from the ledger",
+    "Batches, samples and tokens done against the plan, rate and ETA, workers and their heartbeats, hosts and "
+    "their spool and upload queue, dead letters. One run with --run, else every run this Redis knows. "
+    "Exits 1 when Redis holds no run.",
+    FLAGS, config, run)

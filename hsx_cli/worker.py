@@ -1,0 +1,58 @@
+"""`hsx worker`: run extract jobs on one GPU (or the CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hsx import defaults as D
+from hsx.config import ConfigError, WorkerConfig
+from hsx_cli.command import Command
+from hsx_cli.common import REDIS_URL, RUN, SPOOL_FLAGS, host, redis_url, worker_name
+from hsx_cli.flags import Flag
+
+FLAGS = (
+    RUN,
+    Flag("--gpu", "GPU index (cuda:N); or --device", type=int, min=0, max=1023),
+    Flag("--device", "torch device, e.g. cpu or cuda:1; or --gpu"),
+    *SPOOL_FLAGS,
+    Flag("--spool-budget-gb", "GiB of finished files the spool may hold before the worker waits", type=float,
+         default=D.DEFAULT_SPOOL_BUDGET_BYTES / 2**30, above=0),
+    Flag("--model", "local path of the run's model if it differs from the manifest's", env="HSX_WORKER_MODEL"),
+    Flag("--wait-for-plan", "if the run is not planned yet, wait for `hsx produce` instead of exiting", type=bool),
+    Flag("--grace-seconds", "on SIGTERM, seconds to finish writing computed batches before handing the rest back",
+         type=float, default=D.DEFAULT_GRACE_SECONDS, min=0),
+    Flag("--test-min-batch-seconds", "fault-injection tests only: stretch each batch to this wall time",
+         type=float, default=0.0, min=0),
+    REDIS_URL,
+)
+
+
+def config(v) -> WorkerConfig:
+    if v["gpu"] is not None and v["device"] is not None:
+        raise ConfigError(f"--gpu {v['gpu']} and --device {v['device']}: give one (or one of HSX_GPU / HSX_DEVICE)")
+    device = v["device"] or (f"cuda:{v['gpu']}" if v["gpu"] is not None else None)
+    if device is None:
+        raise ConfigError("say which device: --gpu N or --device cpu (or HSX_GPU / HSX_DEVICE)")
+    return WorkerConfig(
+        run=v["run"], redis_url=redis_url(v), device=device, spool_dir=Path(v["spool_dir"]),
+        spool_budget_bytes=int(v["spool_budget_gb"] * 2**30), host=host(v), model_override=v["model"],
+        burst=v["burst"], worker_name=v["name"] or worker_name("gpu", host(v), device.replace(":", "")),
+        heartbeat_seconds=v["heartbeat_seconds"], grace_seconds=v["grace_seconds"],
+        min_batch_seconds=v["test_min_batch_seconds"], wait_for_plan=v["wait_for_plan"],
+        log_every_seconds=v["log_every_seconds"])
+
+
+def run(cfg: WorkerConfig) -> int:
+    from gpu_worker.worker import run_worker
+
+    rt = run_worker(cfg)
+    print(f"worker {cfg.worker_name}: {rt.batches_run} batches, {rt.tokens_run} tokens, {rt.writer.written} spooled")
+    return 0
+
+
+COMMAND = Command(
+    "worker", "run extract jobs on one GPU (or the CPU), model loaded once",
+    "An rq worker on the run's extract queue. Loads the model once, runs each batch, writes one packed "
+    "safetensors file per batch into the local spool and enqueues its upload on this host's upload queue. "
+    "Stops taking jobs while the spool is over budget. Attempts and lease length are the run's (hsx produce).",
+    FLAGS, config, run)

@@ -1,0 +1,141 @@
+"""What one uploader process holds across its rq jobs: config, Redis, each run's store and limits.
+
+rq calls ``uploader.jobs.upload_batch`` in this same process (SimpleWorker, no
+fork); the job finds this object through ``current()``, as the GPU worker's
+jobs find ``gpu_worker.runtime``. The heartbeat thread refreshes the lease of
+the upload in progress, reclaims work of dead processes, and logs progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hsx import ledger, leases, spool
+from hsx.config import StoreSettings, UploadConfig
+from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
+from hsx.errors import HsxError
+from hsx.keys import RunKeys
+from hsx.manifest import RunLimits
+from hsx.progress import fmt_bytes
+
+log = logging.getLogger(__name__)
+_current: "UploaderRuntime | None" = None
+
+
+class OutsideSpool(HsxError):
+    """A job names a file outside this uploader's spool directory; it is neither read nor deleted."""
+
+
+def current() -> "UploaderRuntime":
+    if _current is None:
+        raise RuntimeError("upload jobs run only inside `hsx upload` (no uploader runtime in this process)")
+    return _current
+
+
+def install(runtime: "UploaderRuntime | None") -> None:
+    global _current
+    _current = runtime
+
+
+@dataclass(frozen=True)
+class RunContext:
+    store: object          # hsx.store.Store of the run (from its manifest)
+    limits: RunLimits
+
+
+class UploaderRuntime:
+    def __init__(self, cfg: UploadConfig, r):
+        self.cfg, self.r = cfg, r
+        self.host = cfg.host
+        self.spool_dir = Path(cfg.spool_dir).resolve()
+        self._runs: dict[str, RunContext] = {}
+        self._lock = threading.Lock()
+        self.in_progress: tuple[str, str] | None = None   # (run, batch id) being uploaded; its lease is refreshed
+        self.uploaded = self.bytes = self.failures = 0
+        self.started = time.monotonic()
+        self._logged_at, self._logged_batches = self.started, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._heartbeat_loop, name="hsx-upload-heartbeat", daemon=True)
+
+    # ---- per run -------------------------------------------------------------
+    def run_context(self, run: str) -> RunContext:
+        """The run's store and limits, read from its manifest once per process."""
+        with self._lock:
+            ctx = self._runs.get(run)
+        if ctx is None:
+            manifest = ledger.get_manifest(self.r, run)
+            if manifest is None:
+                raise KeyError(f"run {run!r} has no manifest in Redis")
+            ctx = RunContext(StoreSettings.of_run(manifest).open(), RunLimits.of(manifest))
+            with self._lock:
+                self._runs.setdefault(run, ctx)
+        return ctx
+
+    def spool_file(self, path: str) -> Path:
+        """``path`` resolved, if it lies under this uploader's spool directory (no symlink escape)."""
+        resolved = Path(path).resolve()
+        if not resolved.is_relative_to(self.spool_dir):
+            raise OutsideSpool(f"{path} is outside this uploader's spool {self.spool_dir} (--spool-dir / HSX_SPOOL_DIR "
+                               f"must be the spool of the workers of host {self.host})")
+        return resolved
+
+    # ---- accounting ----------------------------------------------------------
+    def record_upload(self, size: int) -> None:
+        with self._lock:
+            self.uploaded += 1
+            self.bytes += size
+        if self.uploaded - self._logged_batches >= DEFAULT_LOG_EVERY_BATCHES:
+            self.log_progress()
+
+    def record_failure(self) -> None:
+        with self._lock:
+            self.failures += 1
+
+    def progress_line(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        usage = spool.usage(self.spool_dir)
+        from hsx import queues
+
+        queued = queues.queue(self.r, queues.upload_queue_name(self.host)).count
+        return (f"uploader {self.cfg.worker_name}: {self.uploaded} batches, {fmt_bytes(self.bytes)} uploaded "
+                f"({fmt_bytes(self.bytes / elapsed)}/s), {self.failures} failed tries; spool {usage.files} files "
+                f"{fmt_bytes(usage.bytes)}; upload@{self.host} queue {queued}")
+
+    def log_progress(self) -> None:
+        try:
+            line = self.progress_line()
+        except Exception as exc:  # Redis away: the next beat tries again
+            line = f"uploader {self.cfg.worker_name}: {self.uploaded} batches uploaded (queue unknown: {exc})"
+        self._logged_at, self._logged_batches = time.monotonic(), self.uploaded
+        log.info("%s", line)
+
+    # ---- heartbeat -----------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def beat(self) -> None:
+        job = self.in_progress
+        if job:
+            run, bid = job
+            leases.refresh(self.r, RunKeys(run).upload_leases, [bid], self.run_context(run).limits.lease_seconds)
+        for run in ledger.list_runs(self.r):
+            manifest = ledger.get_manifest(self.r, run)
+            if manifest is not None:
+                leases.reap(self.r, run, RunLimits.of(manifest).max_attempts)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.cfg.heartbeat_seconds):
+            try:
+                self.beat()
+            except Exception as exc:  # Redis away: the job itself will notice; try again next beat
+                log.warning("uploader heartbeat failed: %s", exc)
+            if time.monotonic() - self._logged_at >= self.cfg.log_every_seconds:
+                self.log_progress()
