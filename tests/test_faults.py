@@ -69,11 +69,11 @@ class Roles:
 
     def worker(self, name):
         return self.start("worker", "--run", RUN, "--device", "cpu", "--spool-dir", str(self.spool), "--host", HOST,
-                          "--lease-seconds", str(LEASE), "--heartbeat-seconds", str(BEAT), "--grace-seconds", "15",
+                          "--heartbeat-seconds", str(BEAT), "--grace-seconds", "15",
                           "--spool-budget-gb", str(2.5e6 / 2**30), name=name)
 
     def uploader(self, name):
-        return self.start("upload", "--spool-dir", str(self.spool), "--host", HOST, "--lease-seconds", str(LEASE),
+        return self.start("upload", "--spool-dir", str(self.spool), "--host", HOST,
                           "--heartbeat-seconds", str(BEAT), name=name)
 
     def stop_all(self):
@@ -104,7 +104,8 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         out = subprocess.run([sys.executable, "-m", "hsx_cli.main", "produce", "--run", RUN,
                               "--dataset", str(_dataset(tmp_path / "data.jsonl")), "--model", str(tiny_model),
                               "--layers", "dflash:3", "--store", f"s3://{s3_bucket}/runs", "--token-budget", "512",
-                              "--dtype", "float32", "--max-length", "512", "--overlong", "truncate"],
+                              "--dtype", "float32", "--max-length", "512", "--overlong", "truncate",
+                              "--lease-seconds", str(LEASE)],
                              env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         totals = ledger.run_totals(r, RUN)
