@@ -357,12 +357,15 @@ def test_state_changes_through_this_dashboard_pass(r, redis_server, host, allowe
 
 
 def test_allowed_hosts_from_the_environment(monkeypatch):
-    from types import SimpleNamespace
+    from hsx_cli import dashboard as command
+    from hsx_cli.flags import resolve
+    from hsx_cli.main import build_parser
 
+    args = build_parser().parse_args(["dashboard"])
     monkeypatch.setenv("HSX_REDIS_URL", "redis://127.0.0.1:1/0")
     monkeypatch.setenv("HSX_DASHBOARD_ALLOWED_HOSTS", "gpu-box-1, Dash.Example.org.")
-    config = DashboardConfig.from_args(SimpleNamespace(redis_url=None, bind=None, port=None))
+    config = command.config(resolve(command.FLAGS, args))
     assert config.allowed_hosts == ("gpu-box-1", "dash.example.org")
     monkeypatch.setenv("HSX_DASHBOARD_ALLOWED_HOSTS", "http://gpu-box-1:8787")
     with pytest.raises(ValueError, match="without scheme or port"):
-        DashboardConfig.from_args(SimpleNamespace(redis_url=None, bind=None, port=None))
+        command.config(resolve(command.FLAGS, args))
