@@ -4,8 +4,8 @@ No prefix renders: the template need not render a conversation's prefix as a pre
 that drop history turns' reasoning do not). Instead, per row:
 
 1. ``real``   = the template's rendering of the conversation (what gets tokenised).
-2. ``marked`` = the rendering of a copy in which every non-empty content, every non-empty reasoning and
-   every tool-call name is replaced by a unique marker ``<base><n>Q``. The markers split ``marked`` into
+2. ``marked`` = the rendering of a copy in which every content and reasoning that is not blank, and
+   every tool-call name, is replaced by a unique marker ``<base><n>Q``. The markers split ``marked`` into
    the template's own text (skeleton pieces S0 .. Sn) around them.
 3. Align: ``real`` must read S0 V1 S1 V2 .. Vn Sn, where Vi is marker i's value as the template rendered it
    (verbatim, or stripped / JSON-escaped; any other rewrite is found by searching for the next piece).
@@ -31,6 +31,7 @@ from hsx.rows import RowRejected
 
 Render = Callable[..., str]      # render(messages, tools, add_generation_prompt) -> text
 MAX_BACKTRACK = 256             # alignment attempts beyond the first before a row is rejected
+REASONING_FIELDS = ("reasoning_content", "thinking")
 
 
 class TemplateError(ValueError):
@@ -104,9 +105,10 @@ def _marked_copy(messages: list[dict[str, Any]], base: str):
     marked = []
     for index, msg in enumerate(messages):
         copy = dict(msg)
-        if msg.get("reasoning_content"):
-            copy["reasoning_content"] = mark(msg["reasoning_content"], index)
-        if msg["content"]:
+        for key in REASONING_FIELDS:        # whitespace-only values stay: a template may test them for emptiness
+            if isinstance(msg.get(key), str) and msg[key].strip():
+                copy[key] = mark(msg[key], index)
+        if msg["content"].strip():
             copy["content"] = mark(msg["content"], index)
         if msg.get("tool_calls"):
             copy["tool_calls"] = [{**call, "function": {**call["function"], "name": mark(call["function"]["name"], index)}}

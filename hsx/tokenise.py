@@ -9,6 +9,7 @@ hsx/mask.py in that same rendering. Per row: two template renders and one tokeni
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,12 @@ class ChatTokeniser:
         self.template_kwargs = dict(template_kwargs or {})
         self.columns = column_map or ColumnMapping()
         self.shape: TemplateShape = probe_shape(self.render)
+        # A template that reads message.thinking and not message.reasoning_content (gpt-oss style) gets the
+        # reasoning under that name.
+        source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(tokenizer.chat_template)
+        self.reasoning_key = ("thinking" if "reasoning_content" not in source and re.search(r"\bthinking\b", source)
+                              else "reasoning_content")
+        self.string_arguments = False   # set when the template needs tool-call arguments as JSON text (see _prepare)
 
     def render(self, messages: list[dict[str, Any]], tools=None, add_generation_prompt: bool = False) -> str:
         return self.tok.apply_chat_template(messages, tools=tools, tokenize=False,
@@ -89,9 +96,42 @@ class ChatTokeniser:
         except Exception as exc:  # a template's raise_exception(), or a field it cannot handle
             raise RowRejected("template_error", f"the chat template refuses the row: {type(exc).__name__}: {exc}") from exc
 
+    def _prepare(self, messages: list[dict[str, Any]], string_arguments: bool) -> list[dict[str, Any]]:
+        """The normal form adapted to this template: reasoning under ``reasoning_key``; tool-call arguments as
+        JSON text when the template concatenates them as strings (DeepSeek style) instead of ``tojson``."""
+        if self.reasoning_key == "reasoning_content" and not string_arguments:
+            return messages
+        out = []
+        for msg in messages:
+            msg = dict(msg)
+            if self.reasoning_key != "reasoning_content" and "reasoning_content" in msg:
+                msg[self.reasoning_key] = msg.pop("reasoning_content")
+            if string_arguments and msg.get("tool_calls"):
+                msg["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.dumps(
+                    c["function"]["arguments"], ensure_ascii=False)}} for c in msg["tool_calls"]]
+            out.append(msg)
+        return out
+
+    def _render_real(self, messages, tools) -> tuple[list[dict[str, Any]], str]:
+        """(messages as rendered, rendering); retries once with string arguments if the template fails on objects."""
+        prepared = self._prepare(messages, self.string_arguments)
+        try:
+            return prepared, self.render(prepared, tools)
+        except Exception as exc:
+            if self.string_arguments or not any(m.get("tool_calls") for m in messages):
+                raise RowRejected("template_error", f"the chat template refuses the row: {type(exc).__name__}: {exc}") from exc
+            first = exc
+        prepared = self._prepare(messages, True)
+        try:
+            text = self.render(prepared, tools)
+        except Exception:
+            raise RowRejected("template_error", f"the chat template refuses the row: {type(first).__name__}: {first}") from first
+        self.string_arguments = True
+        return prepared, text
+
     def encode_chat(self, messages: list[dict[str, Any]], tools=None) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids int32, loss_mask uint8) of a conversation in normal form."""
-        real = self._render_row(messages, tools)
+        messages, real = self._render_real(messages, tools)
         spans = assistant_spans(real, messages, tools, self._render_row, self.shape)
         enc = self.tok(real, add_special_tokens=False, return_offsets_mapping=True)
         ids = np.asarray(enc["input_ids"], dtype=np.int32)

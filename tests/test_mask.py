@@ -36,12 +36,18 @@ def _xml_call(name, args):
     return f'\n<call name="{name}">{body}\n</call>'
 
 
+def _text_call(name, args):
+    return "<|call|>" + name + "\n" + json.dumps(args, ensure_ascii=False) + "<|/call|>"
+
+
 # family -> (template, extra special tokens, bos, rendered call, rendered reasoning or None when never rendered)
 FAMILIES = {
     "chatml_thinking_tools": (CHAT_TEMPLATE, (), None, _chatml_call, lambda r: "<think>\n" + r.strip("\n") + "\n</think>"),
     "llama_headers": ((TEMPLATES / "llama_headers.jinja").read_text(), LLAMA_SPECIAL, "<|begin_of_text|>",
                       _llama_call, None),
     "xml_tools": ((TEMPLATES / "xml_tools.jinja").read_text(), (), None, _xml_call, lambda r: f"<think>{r}</think>"),
+    "text_arguments": ((TEMPLATES / "text_arguments.jinja").read_text(), (), "<|endoftext|>", _text_call,
+                       lambda r: f"<|think|>{r}<|/think|>"),
 }
 
 
@@ -67,6 +73,7 @@ def test_agentic_rows_ids_exact_and_mask_matches_hf(family):
     for index, row in enumerate(rows):
         got = chat.encode_row(row, index)
         conv = read_conversation(row)
+        conv.messages[:] = chat._prepare(conv.messages, chat.string_arguments)   # thinking / text-arguments templates
         want = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=True, return_dict=True,
                                        return_assistant_tokens_mask=True)
         assert got.input_ids.tolist() == list(want["input_ids"]), row["id"]
@@ -75,15 +82,19 @@ def test_agentic_rows_ids_exact_and_mask_matches_hf(family):
         offsets = np.asarray(tok(real, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"])
         for msg in conv.messages:
             for call in msg.get("tool_calls", []):
-                text = rendered_call(call["function"]["name"], call["function"]["arguments"])
+                args = call["function"]["arguments"]
+                text = rendered_call(call["function"]["name"], json.loads(args) if isinstance(args, str) else args)
                 at = real.find(text)
                 assert at >= 0 and real.find(text, at + 1) < 0, (row["id"], text)
                 assert _covered(got.loss_mask, offsets, at, at + len(text)), (row["id"], text)
                 calls_checked += 1
-            if msg.get("reasoning_content"):
-                text = rendered_reasoning(msg["reasoning_content"]) if rendered_reasoning else None
+            for call in msg.get("tool_calls", []):
+                assert isinstance(call["function"]["arguments"], str) == (name == "text_arguments")
+            reasoning = msg.get("reasoning_content") or msg.get("thinking")
+            if reasoning:
+                text = rendered_reasoning(reasoning) if rendered_reasoning else None
                 if text is None or text not in real:
-                    assert msg["reasoning_content"].strip() not in real     # dropped by the template, not in the text
+                    assert reasoning.strip() not in real     # dropped by the template, not in the text
                     reasoning_dropped += 1
                     continue
                 at = real.index(text)
