@@ -14,7 +14,7 @@ import time
 import torch
 
 from hsx import heartbeat, leases, ledger, queues, spool
-from hsx.defaults import DEFAULT_PREFETCH_BATCHES
+from hsx.defaults import DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.keys import RunKeys
 from hsx.batchfile import file_sha256
 from hsx.config import WorkerConfig
@@ -47,11 +47,11 @@ class WorkerRuntime:
         self.leases_key = RunKeys(cfg.run).extract_leases
         self.cuda = extractor.device.type == "cuda"
         self.writer = SpoolWriter(r, cfg.run, manifest, cfg.spool_dir, cfg.host, cfg.worker_name,
-                                  on_failure=self.fail_batch, depth=2)
+                                  on_failure=self.fail_batch, depth=DEFAULT_WRITE_QUEUE)
         self.prefetcher = Prefetcher(store, cfg.run, manifest.get("pad_token_id", 0), pin=self.cuda,
                                      depth=DEFAULT_PREFETCH_BATCHES)
-        self.pinned = PinnedPool(3, manifest["token_budget"] * extractor.width, extractor.out_dtype) if self.cuda else None
-        self.final_pinned = (PinnedPool(3, manifest["token_budget"] * extractor.hidden_size, extractor.out_dtype)
+        self.pinned = PinnedPool(DEFAULT_PINNED_BUFFERS, manifest["token_budget"] * extractor.width, extractor.out_dtype) if self.cuda else None
+        self.final_pinned = (PinnedPool(DEFAULT_PINNED_BUFFERS, manifest["token_budget"] * extractor.hidden_size, extractor.out_dtype)
                              if self.cuda and extractor.store_final else None)
         self.copy_stream = torch.cuda.Stream(device=extractor.device) if self.cuda else None
         self.probe = GpuProbe(extractor.device.index if self.cuda else None, self._cuda_uuid() if self.cuda else None)

@@ -11,7 +11,7 @@ from rq.worker import SimpleWorker
 
 from hsx import ledger, queues
 from hsx.config import StoreSettings, WorkerConfig
-from hsx.manifest import config_hash
+from hsx.manifest import RunLimits, config_hash
 from hsx.redisconn import connect
 from hsx.errors import HsxError
 from gpu_worker import runtime as runtime_mod
@@ -54,7 +54,28 @@ def _on_failure(job, exc_type, exc_value, tb):
     return True
 
 
+def check_device(device: str) -> None:
+    """A device this torch can use, else WorkerSetupError saying why and what to pass instead."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise WorkerSetupError(f"--device {device}: not a torch device ({exc}); use cpu or cuda:N") from None
+    if dev.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        why = ("this torch is built without CUDA" if torch.version.cuda is None
+               else "torch sees no CUDA GPU (driver missing, or CUDA_VISIBLE_DEVICES hides them)")
+        raise WorkerSetupError(f"{device} asked (--gpu / --device), but {why}; use --device cpu to run on the CPU, "
+                               "or install a CUDA build of torch on a GPU machine")
+    count = torch.cuda.device_count()
+    if (dev.index or 0) >= count:
+        raise WorkerSetupError(f"{device} asked, but torch sees {count} CUDA device(s): use --gpu 0..{count - 1}")
+
+
 def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
+    check_device(cfg.device)
     r = connect(cfg.redis_url)
     manifest = ledger.get_manifest(r, cfg.run)
     if manifest is None and cfg.wait_for_plan:
@@ -64,6 +85,11 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
             manifest = ledger.get_manifest(r, cfg.run)
     if manifest is None:
         manifest = ledger.require_manifest(r, cfg.run)
+    lease = RunLimits.of(manifest).lease_seconds
+    if cfg.heartbeat_seconds * 2 > lease:
+        raise WorkerSetupError(f"--heartbeat-seconds {cfg.heartbeat_seconds:g} must be at most half of run "
+                               f"{cfg.run!r}'s lease ({lease} s, set by hsx produce --lease-seconds), or leases expire "
+                               "between beats and batches run twice")
     model_path = cfg.model_override or manifest["model"]
     if config_hash(model_path) != manifest["model_config_hash"]:
         raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")

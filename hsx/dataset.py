@@ -41,13 +41,18 @@ class RowError:
 def _iter_jsonl(path: Path) -> Iterator[Row | RowError]:
     with open(path, "rb") as fh:
         for index, line in enumerate(fh):
+            # Rows count from 0 (the sample id); the reason names the file's line counting from 1, as editors do.
             if not line.strip():
-                yield RowError(index, "empty line", "empty_line")
+                yield RowError(index, f"line {index + 1} of {path.name} is empty", "empty_line")
                 continue
             try:
                 data = json.loads(line)
-            except ValueError as exc:
-                yield RowError(index, f"malformed JSON ({exc})", "bad_json")
+            except json.JSONDecodeError as exc:
+                yield RowError(index, f"line {index + 1} of {path.name} is not valid JSON: {exc.msg} at column "
+                               f"{exc.colno}", "bad_json")
+                continue
+            except ValueError as exc:  # not UTF-8
+                yield RowError(index, f"line {index + 1} of {path.name} is not valid JSON: {exc}", "bad_json")
                 continue
             if not isinstance(data, dict):
                 yield RowError(index, f"expected a JSON object, got {type(data).__name__}", "not_an_object")

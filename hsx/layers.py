@@ -9,21 +9,36 @@ from __future__ import annotations
 from hsx.defaults import DEFAULT_DFLASH_LAYERS
 from hsx.errors import HsxError
 
-PRESETS = ("dflash", "eagle3")
-
-
 class LayerSpecError(HsxError, ValueError):
     """The requested layers do not fit the model."""
+
+
+def _dflash_ids(num_layers: int, count: int) -> list[int]:
+    if count == 1:
+        return [num_layers // 2]
+    return [round(1 + i * (num_layers - 4) / (count - 1)) for i in range(count)]
+
+
+def max_dflash_layers(num_layers: int) -> int:
+    """The most layers dflash:N can pick from a model of ``num_layers`` decoder layers (distinct ids)."""
+    best = 1
+    for count in range(2, num_layers + 1):
+        if num_layers >= 5 and len(set(_dflash_ids(num_layers, count))) == count:
+            best = count
+    return best
 
 
 def dflash_layers(num_layers: int, count: int = DEFAULT_DFLASH_LAYERS) -> list[int]:
     if count < 1:
         raise LayerSpecError(f"dflash needs at least 1 layer, got {count}")
-    if count == 1:
-        return [num_layers // 2]
-    if num_layers < 5:
-        raise LayerSpecError(f"dflash with {count} layers needs a model of >= 5 decoder layers, this one has {num_layers}")
-    return [round(1 + i * (num_layers - 4) / (count - 1)) for i in range(count)]
+    ids = _dflash_ids(num_layers, count)
+    if count > 1 and (num_layers < 5 or len(set(ids)) != count):
+        most = max_dflash_layers(num_layers)
+        raise LayerSpecError(f"dflash{':' + str(count) if count != DEFAULT_DFLASH_LAYERS else ''} picks {count} layers, "
+                             f"but this model has only {num_layers} decoder layers, too few for {count} distinct dflash "
+                             f"layers: use --layers dflash:{most} (at most {most} here) or list layer ids "
+                             f"(0..{num_layers - 1}), e.g. --layers {','.join(map(str, range(1, min(num_layers, 4))))}")
+    return ids
 
 
 def eagle3_layers(num_layers: int) -> list[int]:
@@ -62,5 +77,6 @@ def resolve_layers(spec: str, num_layers: int) -> tuple[list[int], bool]:
     if bad:
         raise LayerSpecError(f"layer ids {bad} are out of range for a model with {num_layers} decoder layers (valid: 0..{num_layers - 1})")
     if len(set(ids)) != len(ids):
-        raise LayerSpecError(f"layer ids repeat: {ids}")
+        raise LayerSpecError(f"layer ids repeat: {ids} ({spec} on a model of {num_layers} decoder layers); use "
+                             f"--layers dflash:{max_dflash_layers(num_layers)} or list distinct ids (0..{num_layers - 1})")
     return sorted(ids), final

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from pathlib import Path
 
 from hsx import __version__
 from hsx import defaults as D
@@ -58,14 +59,40 @@ def check_same_run(existing: dict, wanted: dict, run: str) -> None:
                                "Use a new --run name, or the original settings. Differences:\n  " + "\n  ".join(diffs))
 
 
+class ModelNotFound(HsxError):
+    """The model is neither a local folder with a config.json nor a hub id this machine can fetch."""
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or "\\" in model
+
+
+def load_model_config(model: str):
+    """The model's transformers config, from a local folder or the hub; ModelNotFound says which and why."""
+    from transformers import AutoConfig
+
+    path = Path(model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"model {model}: the folder has no config.json (is it a Hugging Face model folder?)")
+        return AutoConfig.from_pretrained(str(path))
+    if _looks_like_path(model):
+        raise ModelNotFound(f"model path {model} does not exist: give a local model folder (with config.json) "
+                            "or a hub id such as Qwen/Qwen3-8B")
+    try:
+        return AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as exc:  # transformers reports a missing repo / no network as OSError
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise ModelNotFound(f"model {model!r} is not a local folder and the hub did not give it ({reason}); check "
+                            "the id, HF_TOKEN for a gated model, the network or HF_HUB_OFFLINE") from None
+
+
 def config_hash(model) -> str:
     """SHA-256 of the model's config (canonical JSON, volatile fields dropped); a path/id or a loaded config."""
     import hashlib
     import json
 
-    from transformers import AutoConfig
-
-    cfg = (AutoConfig.from_pretrained(model) if isinstance(model, str) else model).to_dict()
+    cfg = (load_model_config(model) if isinstance(model, str) else model).to_dict()
     for volatile in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
         cfg.pop(volatile, None)
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()

@@ -127,12 +127,16 @@ class Flag:
 
 def range_problem(value, low=None, high=None, above=None) -> str | None:
     if above is not None and not value > above:
-        return f"must be greater than {above:g}"
+        return f"must be greater than {_num(above)}"
     if low is not None and value < low:
-        return f"must be at least {low:g}"
+        return f"must be at least {_num(low)}"
     if high is not None and value > high:
-        return f"must be at most {high:g}"
+        return f"must be at most {_num(high)}"
     return None
+
+
+def _num(x) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _argparse_type(flag: Flag):

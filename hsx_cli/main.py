@@ -57,6 +57,15 @@ def _quiet_libraries(verbose: bool) -> None:
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
+    try:  # huggingface_hub logs through its own handler AND ours: every retry line twice. Keep ours only.
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_root = hub_logging.get_logger()
+        for handler in list(hub_root.handlers):
+            hub_root.removeHandler(handler)
+        hub_root.propagate = True
+    except ImportError:
+        pass
     for noisy in NOISY_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

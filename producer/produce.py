@@ -20,8 +20,9 @@ import torch
 from hsx import batchfile, heartbeat, layout, ledger, queues
 from hsx.config import ProduceConfig
 from hsx.dataset import DatasetError, fingerprint
+from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.layers import resolve_layers
-from hsx.manifest import RunLimits, build_manifest, check_same_run, config_hash
+from hsx.manifest import RunLimits, build_manifest, check_same_run, config_hash, load_model_config
 from hsx.planning import cut_batches, padding_fraction
 from hsx.integrity import unmark_missing_done
 from hsx.redisconn import connect
@@ -66,10 +67,19 @@ class ProduceReport:
 
 def model_identity(model: str):
     """(text config, tokenizer, config hash) of the target model."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    config = AutoConfig.from_pretrained(model)
+    config = load_model_config(model)
     return getattr(config, "text_config", None) or config, AutoTokenizer.from_pretrained(model), config_hash(config)
+
+
+def _check_pinned_memory(cfg: ProduceConfig, width: int) -> None:
+    """A GPU worker pins DEFAULT_PINNED_BUFFERS x token_budget x width values of host memory; refuse absurd budgets."""
+    need = DEFAULT_PINNED_BUFFERS * cfg.token_budget * width * torch.finfo(getattr(torch, cfg.dtype)).bits // 8
+    if need > MAX_PINNED_BYTES:
+        raise PlanError(f"--token-budget {cfg.token_budget} needs {need / 2**30:.0f} GiB of pinned host memory per GPU "
+                        f"worker ({DEFAULT_PINNED_BUFFERS} x budget x {width} values x {cfg.dtype}); at most "
+                        f"{MAX_PINNED_BYTES // 2**30} GiB: lower --token-budget")
 
 
 def _input_tensors(members: list[Sample]) -> dict[str, torch.Tensor]:
@@ -92,6 +102,7 @@ def produce(cfg: ProduceConfig) -> ProduceReport:
     r = connect(cfg.redis_url)
     text_cfg, tokenizer, cfg_hash = model_identity(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
+    _check_pinned_memory(cfg, text_cfg.hidden_size * (len(layer_ids) + store_final))
     store = cfg.store.open()
 
     log.info("fingerprinting %s", cfg.dataset)

@@ -40,3 +40,15 @@ def test_explicit_list_sorted_and_checked():
         resolve_layers("first,last", 36)
     with pytest.raises(LayerSpecError, match="whole number"):
         resolve_layers("dflash:x", 36)
+
+
+def test_too_many_layers_for_the_model_names_its_count_and_suggests_dflash_n():
+    # The demo's tiny model has 6 decoder layers: the README's `--layers dflash` (5 layers) does not fit it.
+    with pytest.raises(LayerSpecError, match=r"dflash picks 5 layers, but this model has only 6 decoder layers.*"
+                                             r"use --layers dflash:3 \(at most 3 here\)"):
+        resolve_layers("dflash", 6)
+    with pytest.raises(LayerSpecError, match=r"dflash:4 picks 4 layers.*dflash:3"):
+        resolve_layers("dflash:4", 6)
+    assert resolve_layers("dflash:3", 6) == ([1, 2, 3], False)
+    with pytest.raises(LayerSpecError, match=r"repeat.*eagle3 on a model of 6 decoder layers.*dflash:3"):
+        resolve_layers("eagle3", 6)

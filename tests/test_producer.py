@@ -63,7 +63,9 @@ def test_bad_rows_are_named_and_good_rows_kept(r, redis_server, tiny_model, tmp_
     t = report.tokenise
     assert t.rows == 17 and t.kept == 4 and t.dropped_overlong == 1
     text = "\n".join(report.lines())
-    for index, reason in [(1, "empty line"), (2, "malformed JSON"), (3, "expected a JSON object"),
+    for index, reason in [(1, "line 2 of bad.jsonl is empty"),
+                          (2, "line 3 of bad.jsonl is not valid JSON: Expecting property name enclosed in double quotes "
+                              "at column 2"), (3, "expected a JSON object"),
                           (4, "unknown role 'robot'"), (5, "no assistant turn"), (6, "empty"),
                           (7, "no 'messages', 'conversations' or 'input_ids'"), (8, "no loss_mask"),
                           (9, "loss_mask must be 3 values"), (10, "outside the vocabulary"), (11, "no text content"),
