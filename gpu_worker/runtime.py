@@ -14,12 +14,13 @@ import time
 import torch
 
 from hsx import heartbeat, leases, ledger, queues, spool
-from hsx.defaults import DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
+from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES, DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.keys import RunKeys
 from hsx.batchfile import file_sha256
 from hsx.config import WorkerConfig
 from hsx.devices import GpuProbe
 from hsx.manifest import RunLimits
+from hsx.progress import fmt_bytes
 from gpu_worker.extractor import Extractor
 from gpu_worker.prefetch import Prefetcher
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
@@ -59,6 +60,7 @@ class WorkerRuntime:
         self.batches_run = 0
         self.tokens_run = 0
         self.started = time.time()
+        self._logged_at, self._logged_batches = time.monotonic(), 0
         self._stop = threading.Event()
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="hsx-heartbeat", daemon=True)
 
@@ -143,6 +145,26 @@ class WorkerRuntime:
                 self.beat()
             except Exception as exc:  # Redis away: keep computing, beat again later
                 log.warning("heartbeat failed: %s", exc)
+            if time.monotonic() - self._logged_at >= self.cfg.log_every_seconds:
+                self.log_progress()
+
+    # ---- progress log ------------------------------------------------------
+    def progress_line(self) -> str:
+        """Totals, rates, spool and queue: one line a person can follow for hours."""
+        elapsed = max(time.time() - self.started, 1e-9)
+        usage = spool.usage(self.cfg.spool_dir)
+        try:
+            queued = str(queues.queue(self.r, queues.extract_queue_name(self.run)).count)
+        except Exception as exc:  # Redis away
+            queued = f"unknown ({type(exc).__name__})"
+        return (f"worker {self.worker_id}: {self.batches_run} batches, {self.tokens_run} tokens in {elapsed:.0f}s "
+                f"({self.tokens_run / elapsed:.0f} tokens/s, {60 * self.batches_run / elapsed:.1f} batches/min), "
+                f"{self.writer.written} spooled; spool {usage.files} files {fmt_bytes(usage.bytes)} of "
+                f"{fmt_bytes(self.cfg.spool_budget_bytes)}; extract:{self.run} queue {queued}")
+
+    def log_progress(self) -> None:
+        self._logged_at, self._logged_batches = time.monotonic(), self.batches_run
+        log.info("%s", self.progress_line())
 
     def spool_full(self) -> bool:
         return spool.usage(self.cfg.spool_dir).bytes >= self.cfg.spool_budget_bytes
@@ -177,6 +199,8 @@ class WorkerRuntime:
             self.current_batch = None
         self.batches_run += 1
         self.tokens_run += spec.tokens
+        if self.batches_run - self._logged_batches >= DEFAULT_LOG_EVERY_BATCHES:
+            self.log_progress()
         return f"{bid}: {spec.samples} samples, {spec.tokens} tokens"
 
     def _hint_next(self) -> None:

@@ -115,4 +115,5 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
             log.error("writer did not drain within %.0f s; unwritten batches were handed back", cfg.grace_seconds)
         runtime_mod.install(None)
         ExtractWorker.hsx_runtime = None
+        rt.log_progress()  # the summary on exit
     return rt

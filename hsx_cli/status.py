@@ -42,9 +42,12 @@ def run(cfg: StatusConfig) -> int:
         print("no runs in this Redis")
         return 1
     if cfg.watch:
-        from hsx_tools.watch import watch
+        import sys
 
-        return watch(r, runs[0], cfg.interval)
+        from hsx_tools.watch import watch, watch_plain
+
+        # Live bars only on a terminal; a log file or pipe gets one summary per interval.
+        return (watch if sys.stdout.isatty() else watch_plain)(r, runs[0], cfg.interval)
     reports = [run_progress(r, run) for run in runs]
     if cfg.json:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, default=str))

@@ -1,4 +1,4 @@
-"""`hsx status --watch`: the dashboard's overview in the terminal, live (rich).
+"""`hsx status --watch`: the dashboard's overview in the terminal, live (rich; ``watch_plain`` off a terminal).
 
 Redraws every ``interval`` seconds from ``hsx.progress.run_progress``: progress
 bars (samples, tokens, batches extracted, batches uploaded and verified), rate
@@ -21,7 +21,7 @@ from rich.text import Text
 from rq import Worker
 
 from hsx import queues
-from hsx.progress import fmt_bytes, fmt_duration, run_progress
+from hsx.progress import fmt_bytes, fmt_duration, run_progress, summary_lines
 
 BARS = (("samples", "samples"), ("tokens", "tokens"), ("extracted", "batches extracted"),
         ("uploaded", "batches uploaded + verified"))
@@ -99,4 +99,22 @@ def watch(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int |
         return 0
     except redis.exceptions.ConnectionError as exc:
         console.print(f"hsx status --watch: Redis unreachable: {exc}")
+        return 1
+
+
+def watch_plain(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int | None = None) -> int:
+    """``watch`` for a log file or a pipe: the status summary every ``interval`` seconds, no terminal codes."""
+    iterations = 0
+    try:
+        while True:
+            p = run_progress(r, run)
+            print("\n".join(summary_lines(p)), flush=True)
+            iterations += 1
+            if p["complete"] or (max_iterations is not None and iterations >= max_iterations):
+                return 0
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+    except redis.exceptions.ConnectionError as exc:
+        print(f"hsx status --watch: Redis unreachable: {exc}", flush=True)
         return 1
