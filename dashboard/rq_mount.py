@@ -73,7 +73,10 @@ def _guarded(view):
 def mount(app: Flask, redis_url: str, r: redis.Redis, poll_ms: int) -> None:
     """Register rq-dashboard under PREFIX on ``app``, read-only, using ``r``."""
     import rq_dashboard
+    from rq.serializers import JSONSerializer
+    from rq_dashboard import web as rq_web
 
+    rq_web.config.serializer = JSONSerializer  # where it does pass one (a module global of rq-dashboard)
     app.config["RQ_DASHBOARD_REDIS_URL"] = (redact(redis_url),)   # shown on its pages; never used to connect
     app.config["RQ_DASHBOARD_POLL_INTERVAL"] = poll_ms
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True              # hides its delete and empty buttons

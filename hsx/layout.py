@@ -1,4 +1,10 @@
-"""Where things live: store keys and spool paths, all derived from (run, batch id)."""
+"""Where things live: store keys and spool paths, all derived from (run, batch id).
+
+Run names, shards and batch ids reach these functions from Redis (plan specs, job
+kwargs), which hsx does not trust (DESIGN.md rule 5): each must be one plain path
+segment (``NAME``), so a forged ``../other-run`` cannot steer a read, a write or a
+delete to another run's object or file.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,15 @@ from pathlib import Path
 from hsx.errors import HsxError
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+NAME = RUN_NAME  # a shard or batch id: the same alphabet, so never '/', '..' or empty
+
+
+def segment(value: str, what: str) -> str:
+    """``value`` if it is a plain path segment (NAME), else ValueError naming ``what``."""
+    if not isinstance(value, str) or not NAME.match(value):
+        raise ValueError(f"{what} {value!r} is not a plain name (1-64 letters, digits, '_' or '-'); "
+                         "it came from Redis and is not used in a key or path")
+    return value
 
 
 class RunNameError(HsxError, ValueError):
@@ -36,14 +51,20 @@ def index_key(run: str) -> str:
     return f"{run}/index.jsonl"
 
 
+def _names(run: str, shard: str, bid: str) -> tuple[str, str, str]:
+    return segment(run, "run"), segment(shard, "shard"), segment(bid, "batch id")
+
+
 def input_key(run: str, shard: str, bid: str) -> str:
+    run, shard, bid = _names(run, shard, bid)
     return f"{run}/inputs/{shard}/{bid}.safetensors"
 
 
 def batch_key(run: str, shard: str, bid: str) -> str:
+    run, shard, bid = _names(run, shard, bid)
     return f"{run}/batches/{shard}/{bid}.safetensors"
 
 
 def spool_path(spool_dir: Path, run: str, bid: str) -> Path:
     """A finished batch file waiting for upload; its temp files share the name plus '.tmp-<pid>'."""
-    return Path(spool_dir) / run / f"{bid}.safetensors"
+    return Path(spool_dir) / segment(run, "run") / f"{segment(bid, 'batch id')}.safetensors"

@@ -30,7 +30,7 @@ class SpoolFileLost(RuntimeError):
 def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, attempt: int = 1, retry: int = 0) -> str:
     rt = runtime.current()
     r = rt.r
-    local = rt.spool_file(path)
+    local = rt.spool_file(run, batch_id, path)  # before anything else: refused jobs are not retried
     limits = rt.run_context(run).limits
     leases.take_upload(r, run, batch_id, {"host": rt.host, "path": path, "size": size, "sha256": sha256},
                        limits.lease_seconds)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import ledger, leases, spool
+from hsx import layout, ledger, leases, spool
 from hsx.config import StoreSettings, UploadConfig
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.errors import HsxError
@@ -75,13 +75,23 @@ class UploaderRuntime:
                 self._runs.setdefault(run, ctx)
         return ctx
 
-    def spool_file(self, path: str) -> Path:
-        """``path`` resolved, if it lies under this uploader's spool directory (no symlink escape)."""
+    def spool_file(self, run: str, batch_id: str, path: str) -> Path:
+        """The spool file of (run, batch), if ``path`` names exactly it; else OutsideSpool.
+
+        ``path`` comes from Redis: it must resolve (symlinks, ``..``) to this uploader's own
+        ``<spool>/<run>/<batch>.safetensors``, and no symlink may lie on the way to that file, so a
+        forged job can neither read nor delete any other file (another batch's included).
+        """
+        expected = layout.spool_path(self.spool_dir, run, batch_id)
         resolved = Path(path).resolve()
-        if not resolved.is_relative_to(self.spool_dir):
-            raise OutsideSpool(f"{path} is outside this uploader's spool {self.spool_dir} (--spool-dir / HSX_SPOOL_DIR "
-                               f"must be the spool of the workers of host {self.host})")
-        return resolved
+        if resolved != expected:
+            raise OutsideSpool(f"upload job of {run}/{batch_id} names {path}, not its spool file {expected} "
+                               f"(--spool-dir / HSX_SPOOL_DIR must be the spool of the workers of host {self.host}); "
+                               "refused, nothing read or deleted")
+        if expected.resolve() != expected:
+            raise OutsideSpool(f"spool file {expected} of {run}/{batch_id} is reached through a symlink; refused, "
+                               "nothing read or deleted")
+        return expected
 
     # ---- accounting ----------------------------------------------------------
     def record_upload(self, size: int) -> None:
