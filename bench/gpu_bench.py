@@ -104,7 +104,7 @@ def run_shape(args) -> dict:
             report, specs = harness.plan(svc, run, dataset, budget, out_dtype, layers=args.layers)
             print(f"[bench] {name}: {len(lengths)} samples, {report.batches} batches, "
                   f"padding {1 - report.tokens / report.padded_tokens:.2%}, planned in {time.perf_counter() - t:.1f}s", flush=True)
-            batch_shapes = [(s.samples, s.max_len, s.tokens) for s in specs]
+            batch_shapes = [(s.samples, s.padded_len, s.tokens) for s in specs]
             section = {"section": name, "knobs": knobs or "default", "kind": kind, "token_budget": budget, "samples": len(lengths),
                        "batches": len(specs), "tokens": report.tokens, "plan_padding": 1 - report.tokens / report.padded_tokens,
                        "layer_ids": layer_ids, "num_layers": num_layers}

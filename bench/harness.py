@@ -82,18 +82,9 @@ def summarise(marks: list[tuple], clock: Clock, warm: int) -> dict:
 
 
 class TimedExtractor(Extractor):
-    """The worker's Extractor, with a clock mark around each forward and hooks that idle during bare forwards."""
+    """The worker's Extractor with a clock mark around each forward (its hooks capture nothing in bare forwards)."""
 
     marks: list
-
-    def _make_hook(self, slot: int):
-        capture = super()._make_hook(slot)
-
-        def hook(module, args, output):
-            if self._out is not None:  # None outside ``run``: a bare forward through the same layers
-                capture(module, args, output)
-
-        return hook
 
     def run(self, batch):
         start = self.clock.mark()

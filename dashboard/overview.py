@@ -12,13 +12,12 @@ import json
 import time
 
 import redis
-from rq import Worker
 from rq.registry import FinishedJobRegistry
 
 from hsx import ledger, queues
 from hsx.keys import RunKeys
 from hsx.redisconn import text
-from hsx.progress import RATE_WINDOW_SECONDS, run_progress
+from hsx.progress import RATE_WINDOW_SECONDS, host_row, run_progress
 
 from dashboard.config import DEFAULT_RECENT_ERRORS, DashboardConfig
 from dashboard.plan_cache import PlanCache, PlanSummary
@@ -75,13 +74,7 @@ def _host_upload_rate(r: redis.Redis, run: str, host: str, plan: PlanSummary, no
 
 
 def _host_row(r: redis.Redis, run: str, host: str, stats: dict, plan: PlanSummary, now: float, span: float) -> dict:
-    q = queues.queue(r, queues.upload_queue_name(host))
-    budget = stats.get("spool_budget_bytes") or 0
-    row = {"host": host, "spool_bytes": stats.get("spool_bytes", 0), "spool_files": stats.get("spool_files", 0),
-           "spool_budget_bytes": budget,
-           "spool_fill": (stats.get("spool_bytes", 0) / budget) if budget else None,
-           "reported_age_seconds": round(now - stats.get("ts", now), 1),
-           "upload_queue": q.count, "uploaders": len(Worker.all(connection=r, queue=q))}
+    row = host_row(r, host, stats, now)
     row.update(_host_upload_rate(r, run, host, plan, now, span))
     return row
 

@@ -102,6 +102,8 @@ class Extractor:
         H = self.hidden_size
 
         def hook(module, args, output):
+            if self._out is None:  # a forward outside ``run`` (a benchmark's bare forward) captures nothing
+                return
             h = output[0] if isinstance(output, tuple) else output
             # Pack real tokens of this layer straight into its column block; the padded
             # activation of the layer is freed as soon as the next layer is done with it.

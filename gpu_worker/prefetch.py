@@ -40,7 +40,7 @@ class Prefetcher:
         contents = batchfile.read_bytes(data, where=key)
         if contents.sample_ids != spec.sample_ids:
             raise batchfile.BatchFileError(f"{key}: sample ids differ from the plan of {spec.batch_id}")
-        return pad_batch(contents.input_ids, contents.cu_seqlens, spec.max_len, self.pad_id, self.pin), contents
+        return pad_batch(contents.input_ids, contents.cu_seqlens, spec.padded_len, self.pad_id, self.pin), contents
 
     def _future(self, spec: BatchSpec) -> Future:
         with self._lock:

@@ -43,7 +43,7 @@ def install(runtime: "WorkerRuntime | None") -> None:
 class WorkerRuntime:
     def __init__(self, cfg: WorkerConfig, r, store, manifest: dict, extractor: Extractor):
         self.cfg, self.r, self.store, self.manifest, self.extractor = cfg, r, store, manifest, extractor
-        self.run, self.worker_id = cfg.run, cfg.worker_name
+        self.run, self.worker_name = cfg.run, cfg.worker_name
         self.limits = RunLimits.of(manifest)   # attempts and lease length: the run's, not this process's
         self.leases_key = RunKeys(cfg.run).extract_leases
         self.cuda = extractor.device.type == "cuda"
@@ -88,7 +88,7 @@ class WorkerRuntime:
                                            at_front=True)
                     log.warning("handed %s back to the queue (not written within the grace period)", bid)
         self.prefetcher.close()
-        self.r.delete(RunKeys(self.run).heartbeat(self.worker_id))
+        self.r.delete(RunKeys(self.run).heartbeat(self.worker_name))
         return drained
 
     def recover_spool(self) -> int:
@@ -131,7 +131,8 @@ class WorkerRuntime:
         held = self.writer.held() | ({current} if current else set())
         stats = self.stats()
         pipe = self.r.pipeline(transaction=False)
-        heartbeat.publish_heartbeat(self.r, self.run, self.worker_id, stats, int(self.cfg.heartbeat_seconds * 6), pipe=pipe)
+        heartbeat.publish_heartbeat(self.r, self.run, self.worker_name, stats,
+                                    heartbeat.ttl_seconds(self.cfg.heartbeat_seconds), pipe=pipe)
         leases.refresh(self.r, self.leases_key, held, self.limits.lease_seconds, pipe=pipe)
         heartbeat.publish_host(self.r, self.run, self.cfg.host, {
             "spool_bytes": stats["spool_bytes"], "spool_files": stats["spool_files"],
@@ -157,7 +158,7 @@ class WorkerRuntime:
             queued = str(queues.queue(self.r, queues.extract_queue_name(self.run)).count)
         except Exception as exc:  # Redis away
             queued = f"unknown ({type(exc).__name__})"
-        return (f"worker {self.worker_id}: {self.batches_run} batches, {self.tokens_run} tokens in {elapsed:.0f}s "
+        return (f"worker {self.worker_name}: {self.batches_run} batches, {self.tokens_run} tokens in {elapsed:.0f}s "
                 f"({self.tokens_run / elapsed:.0f} tokens/s, {60 * self.batches_run / elapsed:.1f} batches/min), "
                 f"{self.writer.written} spooled; spool {usage.files} files {fmt_bytes(usage.bytes)} of "
                 f"{fmt_bytes(self.cfg.spool_budget_bytes)}; extract:{self.run} queue {queued}")

@@ -59,10 +59,10 @@ class PinnedPool:
 
 
 class SpoolWriter:
-    def __init__(self, r, run: str, manifest: dict, spool_dir: Path, host: str, worker_id: str,
+    def __init__(self, r, run: str, manifest: dict, spool_dir: Path, host: str, worker_name: str,
                  on_failure: Callable[[str, int, str], None], depth: int, fsync: bool = True):
         self.r, self.run, self.manifest = r, run, manifest
-        self.spool_dir, self.host, self.worker_id = Path(spool_dir), host, worker_id
+        self.spool_dir, self.host, self.worker_name = Path(spool_dir), host, worker_name
         self.on_failure, self.fsync = on_failure, fsync
         self._q: stdqueue.Queue = stdqueue.Queue(maxsize=depth)
         self._threads = [threading.Thread(target=self._loop, name=f"hsx-writer-{i}", daemon=True)
@@ -132,7 +132,7 @@ class SpoolWriter:
                     "dtype": m["dtype"], "model": m["model"], "hidden_size": str(m["hidden_size"]),
                     "store_final": str(bool(m["store_final"])).lower()}
         path = layout.spool_path(self.spool_dir, self.run, spec.batch_id)
-        size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_id)
+        size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_name)
         pipe = self.r.pipeline()
         queues.enqueue_upload(self.r, self.host, self.run, spec.batch_id, str(path), size, sha, pipeline=pipe)
         ledger.mark_spooled(self.r, self.run, spec.batch_id, pipe=pipe)

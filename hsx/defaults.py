@@ -10,7 +10,8 @@ DEFAULT_DFLASH_LAYERS = 5               # layers the dflash preset picks
 
 DEFAULT_SPOOL_BUDGET_BYTES = 64 * 2**30  # bytes of finished batch files a host may hold
 DEFAULT_HEARTBEAT_SECONDS = 5.0          # seconds between worker heartbeats
-DEFAULT_HEARTBEAT_TTL_SECONDS = 30       # seconds a heartbeat key lives without refresh
+HEARTBEAT_TTL_BEATS = 6                  # heartbeats a heartbeat key outlives: TTL = interval x this
+DEFAULT_HEARTBEAT_TTL_SECONDS = DEFAULT_HEARTBEAT_SECONDS * HEARTBEAT_TTL_BEATS  # seconds, at the default interval
 DEFAULT_LEASE_SECONDS = 60               # seconds a batch lease lives without refresh
 DEFAULT_GRACE_SECONDS = 120              # seconds a stopping worker may spend writing computed batches
 DEFAULT_MAX_ATTEMPTS = 3                 # attempts a batch gets before the dead-letter record

@@ -6,21 +6,28 @@ A heartbeat key expires on its own when its worker dies.
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import redis
 
+from hsx.defaults import HEARTBEAT_TTL_BEATS
 from hsx.keys import RunKeys
 from hsx.redisconn import json_hash, text
 
 
-def publish_heartbeat(r: redis.Redis, run: str, worker_id: str, stats: dict, ttl_seconds: int, pipe=None) -> None:
+def ttl_seconds(heartbeat_seconds: float) -> int:
+    """How long a heartbeat key lives: HEARTBEAT_TTL_BEATS beats (the one rule for every role)."""
+    return max(1, math.ceil(heartbeat_seconds * HEARTBEAT_TTL_BEATS))
+
+
+def publish_heartbeat(r: redis.Redis, run: str, worker_name: str, stats: dict, ttl_seconds: int, pipe=None) -> None:
     keys = RunKeys(run)
     now = time.time()
     own = pipe is None
     pipe = r.pipeline(transaction=False) if own else pipe
-    pipe.set(keys.heartbeat(worker_id), json.dumps({**stats, "worker": worker_id, "ts": now}), ex=ttl_seconds)
-    pipe.zadd(keys.workers, {worker_id: now})
+    pipe.set(keys.heartbeat(worker_name), json.dumps({**stats, "worker": worker_name, "ts": now}), ex=ttl_seconds)
+    pipe.zadd(keys.workers, {worker_name: now})
     if own:
         pipe.execute()
 

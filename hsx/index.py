@@ -24,8 +24,8 @@ def write_index_if_complete(r, store, run: str) -> bool:
     total = int(r.hget(keys.totals, "batches") or -1)
     if r.scard(keys.done) != total:
         return False
-    if r.get(keys.index_written):
+    if r.get(keys.index_key):
         return True
     info = store.put_bytes(layout.index_key(run), build_index_lines(ledger.all_specs(r, run), run))
-    r.set(keys.index_written, info.key)
+    r.set(keys.index_key, info.key)
     return True

@@ -63,11 +63,11 @@ class RunKeys:
         return self._k("dead")
 
     @property
-    def workers(self) -> str:  # ZSET worker_id scored by last heartbeat unix time; no TTL
+    def workers(self) -> str:  # ZSET worker_name scored by last heartbeat unix time; no TTL
         return self._k("workers")
 
-    def heartbeat(self, worker_id: str) -> str:  # STRING JSON stats; TTL heartbeat_ttl
-        return self._k(f"hb:{worker_id}")
+    def heartbeat(self, worker_name: str) -> str:  # STRING JSON stats; TTL heartbeat_ttl
+        return self._k(f"hb:{worker_name}")
 
     @property
     def extract_leases(self) -> str:  # ZSET batch_id scored by lease expiry (unix s): extracting, not yet spooled
@@ -90,5 +90,5 @@ class RunKeys:
         return self._k("hosts")
 
     @property
-    def index_written(self) -> str:  # STRING store key of the index once written; no TTL
+    def index_key(self) -> str:  # STRING the index's store key, set once the index is written; no TTL
         return self._k("index")

@@ -61,7 +61,7 @@ class BatchSpec:
     samples: int
     tokens: int
     padded: int
-    max_len: int
+    padded_len: int          # tokens a row is padded to (the longest row, rounded up to the pad multiple)
     sample_ids: list[str]
 
     def to_json(self) -> str:
@@ -69,7 +69,10 @@ class BatchSpec:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "BatchSpec":
-        return cls(**json.loads(raw))
+        fields = json.loads(raw)
+        if "max_len" in fields:  # plans recorded before the field was named for what it holds
+            fields["padded_len"] = fields.pop("max_len")
+        return cls(**fields)
 
 
 def list_runs(r: redis.Redis) -> list[str]:

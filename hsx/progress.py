@@ -70,8 +70,25 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "extract_queue": len(queues.queue(r, queues.extract_queue_name(run))),
         "workers": heartbeat.read_workers(r, run),
         "hosts": heartbeat.read_hosts(r, run),
-        "index_written": bool(r.get(keys.index_written)),
+        "index_written": bool(r.get(keys.index_key)),
     }
+
+
+def host_row(r: redis.Redis, host: str, stats: dict, now: float | None = None) -> dict:
+    """One host of a run: its spool against the budget (as its workers last reported) and its upload queue.
+
+    The one builder of these rows: `hsx status --watch` and the dashboard both show them.
+    """
+    from rq import Worker
+
+    now = time.time() if now is None else now
+    q = queues.queue(r, queues.upload_queue_name(host))
+    budget = stats.get("spool_budget_bytes") or 0
+    used = stats.get("spool_bytes", 0)
+    return {"host": host, "spool_bytes": used, "spool_files": stats.get("spool_files", 0),
+            "spool_budget_bytes": budget, "spool_fill": (used / budget) if budget else None,
+            "reported_age_seconds": round(now - stats.get("ts", now), 1),
+            "upload_queue": q.count, "uploaders": len(Worker.all(connection=r, queue=q))}
 
 
 def fmt_bytes(n: float) -> str:

@@ -23,7 +23,7 @@ import logging
 import redis
 from rq import Queue
 from rq import serializers as rq_serializers
-from rq.job import Job, JobStatus
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from hsx.defaults import DEFAULT_EXTRACT_JOB_TIMEOUT, DEFAULT_UPLOAD_JOB_TIMEOUT
@@ -36,7 +36,6 @@ UPLOAD_FUNC = "uploader.jobs.upload_batch"
 ALLOWED_FUNCS = frozenset({EXTRACT_FUNC, UPLOAD_FUNC})
 RESULT_TTL = 3600       # seconds rq keeps a finished job
 FAILURE_TTL = 7 * 86400  # seconds rq keeps a failed job
-PENDING = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED, JobStatus.CREATED}
 
 
 log = logging.getLogger(__name__)

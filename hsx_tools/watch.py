@@ -18,10 +18,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 from rich.text import Text
-from rq import Worker
 
-from hsx import queues
-from hsx.progress import fmt_bytes, fmt_duration, run_progress, summary_lines
+from hsx.progress import fmt_bytes, fmt_duration, host_row, run_progress, summary_lines
 
 BARS = (("samples", "samples"), ("tokens", "tokens"), ("extracted", "batches extracted"),
         ("uploaded", "batches uploaded + verified"))
@@ -63,9 +61,9 @@ def _hosts_table(r: redis.Redis, p: dict) -> Table:
     for col in ("host", "spool", "files", "upload queue", "uploaders"):
         table.add_column(col)
     for host, stats in sorted(p["hosts"].items()):
-        q = queues.queue(r, queues.upload_queue_name(host))
-        table.add_row(host, f"{fmt_bytes(stats.get('spool_bytes', 0))} / {fmt_bytes(stats.get('spool_budget_bytes', 0))}",
-                      str(stats.get("spool_files", 0)), str(q.count), str(len(Worker.all(connection=r, queue=q))))
+        row = host_row(r, host, stats)
+        table.add_row(host, f"{fmt_bytes(row['spool_bytes'])} / {fmt_bytes(row['spool_budget_bytes'])}",
+                      str(row["spool_files"]), str(row["upload_queue"]), str(row["uploaders"]))
     return table
 
 

@@ -139,7 +139,7 @@ def produce(cfg: ProduceConfig) -> ProduceReport:
         bid = layout.batch_id(index)
         specs.append(ledger.BatchSpec(
             batch_id=bid, index=index, shard=layout.shard_of(index, cfg.batches_per_shard),
-            samples=len(batch.members), tokens=batch.tokens, padded=batch.padded, max_len=batch.padded_len,
+            samples=len(batch.members), tokens=batch.tokens, padded=batch.padded, padded_len=batch.padded_len,
             sample_ids=[samples[i].sample_id for i in batch.members]))
     log.info("planned %d batches, padding %.2f%%", len(specs), 100 * padding_fraction(planned))
 
@@ -179,7 +179,7 @@ def _write_inputs(store, run, samples, planned, specs, done, manifest) -> None:
         members = [samples[j] for j in planned[i].members]
         data = batchfile.to_bytes(_input_tensors(members), {
             "format": batchfile.INPUT_FORMAT, "run": run, "batch_id": spec.batch_id,
-            "sample_ids": json.dumps(spec.sample_ids), "padded_len": str(spec.max_len)})
+            "sample_ids": json.dumps(spec.sample_ids), "padded_len": str(spec.padded_len)})
         key = layout.input_key(run, spec.shard, spec.batch_id)
         head = store.head(key)
         if head is not None and head.size == len(data) and head.sha256 == hashlib.sha256(data).hexdigest():

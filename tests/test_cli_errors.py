@@ -119,7 +119,7 @@ def test_retry_failed_refuses_ids_not_in_the_plan_and_creates_nothing(r, capsys,
     from hsx import ledger, queues
     from hsx.ledger import BatchSpec
 
-    specs = [BatchSpec(batch_id=f"b{i:07d}", index=i, shard="00000", samples=1, tokens=8, padded=8, max_len=8,
+    specs = [BatchSpec(batch_id=f"b{i:07d}", index=i, shard="00000", samples=1, tokens=8, padded=8, padded_len=8,
                        sample_ids=[str(i)]) for i in range(3)]
     ledger.save_plan(r, "rf", {"model": "tiny"}, specs, {"batches": 3, "samples": 3, "tokens": 24})
     ledger.record_failure(r, "rf", "b0000001", "boom", max_attempts=1)

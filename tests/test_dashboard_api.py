@@ -22,7 +22,7 @@ from hsx.progress import RATE_WINDOW_SECONDS
 RUN = "dash"
 # Six batches in two shards; batch i has 10 samples and 100 * (i + 1) tokens (2,100 in all).
 SPECS = [BatchSpec(batch_id=f"b{i:04d}", index=i, shard="00000" if i < 4 else "00001", samples=10,
-                   tokens=100 * (i + 1), padded=128 * (i + 1), max_len=64, sample_ids=[f"s{i}-{j}" for j in range(10)])
+                   tokens=100 * (i + 1), padded=128 * (i + 1), padded_len=64, sample_ids=[f"s{i}-{j}" for j in range(10)])
          for i in range(6)]
 BY_ID = {s.batch_id: s for s in SPECS}
 TOTALS = {"batches": 6, "samples": 60, "tokens": 2100}
@@ -214,7 +214,7 @@ def test_dead_letters_and_retry(client, r):
 def test_finished_run(client, r):
     plan(r)
     upload(r, *BY_ID)
-    r.set(RunKeys(RUN).index_written, f"{RUN}/index.jsonl")
+    r.set(RunKeys(RUN).index_key, f"{RUN}/index.jsonl")
     o = status(client)
     assert all(v["done"] == v["total"] for v in o["progress"].values())
     assert o["progress"]["tokens"] == {"done": 2100, "total": 2100}

@@ -38,7 +38,7 @@ from hsx.ledger import BatchSpec
 from hsx.redisconn import free_port, redact
 
 RUN = "sec"
-SPECS = [BatchSpec(batch_id=f"b{i:07d}", index=i, shard="00000", samples=2, tokens=10, padded=16, max_len=8,
+SPECS = [BatchSpec(batch_id=f"b{i:07d}", index=i, shard="00000", samples=2, tokens=10, padded=16, padded_len=8,
                    sample_ids=[f"s{i}-{j}" for j in range(2)]) for i in range(3)]
 TOKEN = "tok-5f0c2a9d41e8b7"
 REGISTRIES = ("queued", "failed", "started", "finished", "deferred", "scheduled", "canceled")

@@ -81,7 +81,7 @@ def test_truncation_is_counted(r, redis_server, tiny_model, tmp_path):
     report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="trunc", dataset=data,
                                     max_length=64, overlong="truncate"))
     assert report.tokenise.truncated == 1 and report.tokenise.kept == 2
-    assert max(spec.max_len for spec in ledger.all_specs(r, "trunc").values()) <= 64
+    assert max(spec.padded_len for spec in ledger.all_specs(r, "trunc").values()) <= 64
 
 
 def test_zero_usable_rows_refuses_to_plan(r, redis_server, tiny_model, tmp_path):

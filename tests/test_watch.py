@@ -11,7 +11,7 @@ from hsx import heartbeat, ledger
 from hsx.ledger import BatchSpec
 from hsx_tools.watch import watch
 
-SPECS = [BatchSpec(batch_id=f"b{i}", index=i, shard="00000", samples=5, tokens=100, padded=128, max_len=32,
+SPECS = [BatchSpec(batch_id=f"b{i}", index=i, shard="00000", samples=5, tokens=100, padded=128, padded_len=32,
                    sample_ids=[f"s{i}-{j}" for j in range(5)]) for i in range(4)]
 
 
