@@ -1,6 +1,6 @@
 """The model side of a GPU worker: load once, run a padded batch, capture layers.
 
-Contract (per ../DESIGN.md): layer id i is the output of decoder layer i, i.e.
+Contract (docs/architecture.md, rule 7): layer id i is the output of decoder layer i, i.e.
 Hugging Face ``hidden_states[i + 1]``; for the last layer HF reports the
 output after the final norm, and so do we. The forward stops after the last
 layer it needs and ``lm_head`` never runs (it is not even loaded).

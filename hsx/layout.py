@@ -1,7 +1,7 @@
 """Where things live: store keys and spool paths, all derived from (run, batch id).
 
 Run names, shards and batch ids reach these functions from Redis (plan specs, job
-kwargs), which hsx does not trust (DESIGN.md rule 5): each must be one plain path
+kwargs), which hsx does not trust (docs/architecture.md, rule 5): each must be one plain path
 segment (``NAME``), so a forged ``../other-run`` cannot steer a read, a write or a
 delete to another run's object or file.
 """

@@ -2,7 +2,7 @@
 
 Jobs carry small JSON kwargs (run, batch id, attempt, ...) under rq's JSON
 serializer, never pickle. Whoever can write to Redis must not be able to run
-code in any hsx process (DESIGN.md rule 5), so:
+code in any hsx process (docs/architecture.md, rule 5), so:
 
 - importing this module makes rq's default serializer JSON for the whole process
   (``rq_without_pickle``): rq and rq-dashboard fall back to that default wherever
