@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
+from pathlib import Path
 
 from rq.exceptions import AbandonedJobError
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
 from hsx import ledger, queues
+from hsx.localdirs import ensure_dir
 from hsx.config import StoreSettings, WorkerConfig
 from hsx.manifest import RunLimits, config_hash
 from hsx.redisconn import connect
@@ -74,8 +77,17 @@ def check_device(device: str) -> None:
         raise WorkerSetupError(f"{device} asked, but torch sees {count} CUDA device(s): use --gpu 0..{count - 1}")
 
 
+def check_directories(cfg: WorkerConfig, model: str | None) -> None:
+    """Every directory this worker writes, before it takes a job (a wrong owner would dead-letter the run)."""
+    ensure_dir(cfg.spool_dir, "spool", "--spool-dir / HSX_SPOOL_DIR")
+    hf_home = os.environ.get("HF_HOME")
+    if model is not None and not Path(model).exists() and hf_home:  # a hub id: downloaded into HF_HOME
+        ensure_dir(Path(hf_home), "model cache", "HF_HOME")
+
+
 def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     check_device(cfg.device)
+    check_directories(cfg, None)
     r = connect(cfg.redis_url)
     manifest = ledger.get_manifest(r, cfg.run)
     if manifest is None and cfg.wait_for_plan:
@@ -91,6 +103,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
                                f"{cfg.run!r}'s lease ({lease} s, set by hsx produce --lease-seconds), or leases expire "
                                "between beats and batches run twice")
     model_path = cfg.model_override or manifest["model"]
+    check_directories(cfg, model_path)
     if config_hash(model_path) != manifest["model_config_hash"]:
         raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
     store = StoreSettings.of_run(manifest).open()

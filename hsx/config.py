@@ -3,13 +3,14 @@
 Flags and their HSX_* variables are read in one place, hsx_cli/flags.py, never
 here and never at import time; these objects only carry the resolved values.
 Secrets (AWS credentials, a Redis password) are never flags: boto3 reads its
-own chain, and a Redis password goes in HSX_REDIS_URL / REDIS_URL only.
+own chain, and a Redis password goes in HSX_REDIS_URL / REDIS_URL or HSX_REDIS_PASSWORD only.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from hsx import defaults as D
 from hsx.errors import HsxError
@@ -29,6 +30,16 @@ def redis_url_from(flag: str | None, environ_value: str | None = None) -> str:
     if not url:
         raise ConfigError("no Redis: set HSX_REDIS_URL (or REDIS_URL), e.g. redis://127.0.0.1:6379/0")
     return url
+
+
+def with_redis_password(url: str, password: str | None) -> str:
+    """``url`` with ``password`` (URL-quoted: any characters) when it carries none: one HSX_REDIS_PASSWORD
+    in .env serves Redis's healthcheck (docker-compose.yml) and every role."""
+    parts = urlsplit(url)
+    if not password or parts.password is not None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{quote(password, safe='')}@{host}"))
 
 
 @dataclass(frozen=True)

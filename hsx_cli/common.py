@@ -8,7 +8,7 @@ import secrets
 import socket
 
 from hsx import defaults as D
-from hsx.config import ConfigError, StoreSettings
+from hsx.config import ConfigError, StoreSettings, with_redis_password
 from hsx.redisconn import redact
 from hsx_cli.flags import Flag, parse_bool
 
@@ -49,10 +49,11 @@ SPOOL_FLAGS = (
 
 
 def redis_url(values) -> str:
+    """The Redis URL, with HSX_REDIS_PASSWORD (a secret: environment only, never a flag) added when set."""
     url = values["redis_url"]
     if not url:
         raise ConfigError("no Redis: set HSX_REDIS_URL (or REDIS_URL), e.g. redis://127.0.0.1:6379/0")
-    return url
+    return with_redis_password(url, os.environ.get("HSX_REDIS_PASSWORD"))
 
 
 def store_settings(values, recorded: dict | None = None) -> StoreSettings:

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
@@ -23,9 +24,12 @@ from hsx.redisconn import redact
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "docker-compose.yml"
 CPU_OVERRIDE = "docker-compose.cpu.yml"
+MOUNTED_FILES = ("docker/redis.conf", "docker/minio-init.sh")  # repo files the compose file bind-mounts
 HSX_BIN = Path(sys.executable).with_name("hsx")
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "HF_TOKEN",
-               "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD", "HSX_DASHBOARD_TOKEN", "HSX_DASHBOARD_PASSWORD")
+               "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD", "HSX_DASHBOARD_TOKEN", "HSX_DASHBOARD_PASSWORD",
+               "HSX_REDIS_PASSWORD")
+ODD_PASSWORD = "p/w@x:y#z"  # the characters that break a password inside a URL
 MIN_WORKER_GRACE_SECONDS = 120  # a stopping worker may take HSX_GRACE_SECONDS (120 s) to write its last batch
 
 
@@ -44,7 +48,8 @@ def read_env_file(path: Path) -> dict[str, str]:
 def write_project(dest: Path, env: dict[str, str] | None = None) -> Path:
     """A copy of the compose files in ``dest`` with ``.env`` = ``.env.example`` updated by ``env``."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in (BASE, CPU_OVERRIDE):
+    for name in (BASE, CPU_OVERRIDE, *MOUNTED_FILES):
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, dest / name)
     values = read_env_file(ROOT / ".env.example")
     values.update(env or {})
@@ -205,7 +210,9 @@ def test_volumes_and_environment_line_up(config):
     # A local-directory store is the same volume for producer, workers and uploaders.
     store = services["producer"]["environment"]["HSX_STORE"]
     if not store.startswith("s3://"):
-        held = {source_of(s, store) for s in services.values() if role(s) in ("produce", "worker", "upload")}
+        # ... and the dashboard's, where `hsx verify` runs (docs/deploy.md).
+        held = {source_of(s, store) for s in services.values()
+                if role(s) in ("produce", "worker", "upload", "dashboard")}
         assert len(held) == 1 and None not in held
 
 
@@ -230,7 +237,7 @@ def test_cpu_override_needs_no_gpu(cpu_config, base_config):
     gpu_in_base = {n for n in base_config["services"] if n.startswith("gpu_worker_")}
     assert not gpu_in_base & set(services), "every GPU worker of docker-compose.yml must be off in the CPU override"
     workers = [s for s in services.values() if role(s) == "worker"]
-    assert workers and all(s["command"][1:] == ["--device", "cpu"] for s in workers)
+    assert workers and all(s["command"][1:] == ["--device", "cpu", "--wait-for-plan"] for s in workers)
     assert services["producer"]["depends_on"]["demo_assets"]["condition"] == "service_completed_successfully"
 
 
@@ -267,3 +274,121 @@ def test_default_worker_names_differ_between_containers(monkeypatch):
     # Two calls in one process stand for two containers of one service: same host name, same pid.
     assert worker_name("upload", "gpu-box-1") != worker_name("upload", "gpu-box-1")
     assert worker_name("gpu", "gpu-box-1", "cuda0") != worker_name("gpu", "gpu-box-1", "cuda0")
+
+
+def test_every_worker_waits_for_the_plan(config):
+    for name, svc in config["services"].items():
+        if role(svc) == "worker":
+            assert "--wait-for-plan" in svc["command"], f"{name} would exit 'not planned' on a fresh up"
+
+
+def test_redis_reads_a_mounted_config_file(config):
+    redis = config["services"]["redis"]
+    conf = redis["command"][1]
+    assert redis["command"][0] == "redis-server" and conf.endswith(".conf")
+    mount = source_of(redis, conf)
+    assert mount and mount[0] == conf, "the config path on redis-server's command line must be a mounted file"
+    assert Path(mount[1]).is_file(), f"default config {mount[1]} is missing"
+
+
+def _healthcheck_shell(redis_svc: dict, port: int) -> str:
+    test = redis_svc["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL"
+    # Compose turns $$ into $; the test's server listens on its own port instead of 6379.
+    return test[1].replace("$$", "$").replace("redis-cli", f"redis-cli -p {port}")
+
+
+def test_redis_healthcheck_passes_with_and_without_a_password(tmp_path):
+    from hsx.redisconn import free_port
+
+    plain = compose_config(write_project(tmp_path / "plain"), BASE)["services"]["redis"]
+    secured = compose_config(write_project(tmp_path / "pw", {"HSX_REDIS_PASSWORD": ODD_PASSWORD}), BASE)["services"]["redis"]
+    assert plain["environment"]["REDISCLI_AUTH"] == "" and secured["environment"]["REDISCLI_AUTH"] == ODD_PASSWORD
+    assert ODD_PASSWORD not in " ".join(secured["healthcheck"]["test"]) + " ".join(secured["command"])
+
+    def healthy(svc: dict, server_password: str | None) -> bool:
+        port = free_port()
+        args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        server = subprocess.Popen(args + (["--requirepass", server_password] if server_password else []),
+                                  stdout=subprocess.DEVNULL, cwd=tmp_path)
+        try:
+            for _ in range(100):
+                if subprocess.run(["redis-cli", "-p", str(port), "--no-auth-warning", "ping"], capture_output=True,
+                                  text=True).stdout.strip() in ("PONG", "NOAUTH Authentication required."):
+                    break
+                time.sleep(0.05)
+            env = {"PATH": "/usr/bin:/bin", **{k: str(v) for k, v in svc["environment"].items()}}
+            return subprocess.run(["sh", "-c", _healthcheck_shell(svc, port)], env=env, timeout=30).returncode == 0
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+    assert healthy(plain, None)
+    assert healthy(secured, ODD_PASSWORD)
+    assert not healthy(plain, ODD_PASSWORD), "a healthcheck without the password must not pass"
+
+
+def test_redis_password_reaches_every_role_from_one_setting(tmp_path):
+    """HSX_REDIS_PASSWORD (from .env) is added to a password-less HSX_REDIS_URL, URL-quoted."""
+    from hsx.redisconn import free_port
+
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--requirepass", ODD_PASSWORD], stdout=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        env = {"PATH": f"{HSX_BIN.parent}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
+               "HSX_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+        for _ in range(100):
+            if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.05)
+        without = subprocess.run([str(HSX_BIN), "status"], env=env, capture_output=True, text=True, timeout=120)
+        assert without.returncode != 0 and "no runs" not in without.stdout, without.stdout + without.stderr
+        ok = subprocess.run([str(HSX_BIN), "status"], env=dict(env, HSX_REDIS_PASSWORD=ODD_PASSWORD),
+                            capture_output=True, text=True, timeout=120)
+        assert "no runs in this Redis" in ok.stdout and not ok.stderr, ok.stdout + ok.stderr
+        assert ODD_PASSWORD not in ok.stdout + ok.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_minio_credentials_are_in_no_url(tmp_path):
+    project = write_project(tmp_path, {"MINIO_ROOT_USER": "hsx-admin", "MINIO_ROOT_PASSWORD": ODD_PASSWORD})
+    args = [docker_compose(), "--profile", "minio", "config"]
+    proc = subprocess.run(args, cwd=project, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for name, svc in yaml.safe_load(proc.stdout)["services"].items():
+        for key, value in (svc.get("environment") or {}).items():
+            value = str(value or "")
+            assert not (ODD_PASSWORD in value and value != ODD_PASSWORD), f"{name}: {key} embeds the MinIO password"
+            assert redact(value) == value, f"{name}: {key} is a URL with credentials"
+    init = yaml.safe_load(proc.stdout)["services"]["minio_init"]
+    script = source_of(init, init["entrypoint"][-1])
+    assert script and Path(script[1]).is_file(), f"minio_init runs {init['entrypoint']}: not a mounted file"
+
+
+def _stages() -> list[tuple[str, str]]:
+    """(base, name) of each FROM line of the Dockerfile, in order."""
+    out = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        m = re.match(r"FROM\s+(\S+)\s+AS\s+(\S+)", line, re.I)
+        if m:
+            out.append((m.group(1), m.group(2)))
+    return out
+
+
+def test_dockerfile_cpu_target_needs_no_cuda_base_without_buildkit():
+    """The classic builder builds every stage up to the target in file order."""
+    stages = _stages()
+    names = [name for _, name in stages]
+    assert "cpu" in names and "gpu" in names
+    before_cpu = stages[:names.index("cpu") + 1]
+    assert not any("CUDA" in base for base, _ in before_cpu), f"stages built for --target cpu: {before_cpu}"
+
+
+def test_dockerfile_torch_index_is_a_build_argument():
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^ARG TORCH_INDEX_URL=https://download\.pytorch\.org/whl/cpu$", text, re.M)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("RUN pip install") and "torch==" in ln]
+    assert '--index-url "${TORCH_INDEX_URL}"' in line and "https://" not in line

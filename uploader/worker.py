@@ -9,6 +9,7 @@ from rq.worker import SimpleWorker
 
 from hsx import queues
 from hsx.config import UploadConfig
+from hsx.localdirs import ensure_dir
 from hsx.redisconn import connect
 from uploader import runtime
 from uploader.runtime import UploaderRuntime
@@ -18,6 +19,8 @@ log = logging.getLogger(__name__)
 
 def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
     """Serve upload@<host> until stopped (or, with ``burst``, until the queue is empty); returns the runtime."""
+    # Uploaded files are removed from the spool: a spool this process cannot write would only fill up.
+    ensure_dir(cfg.spool_dir, "spool", "--spool-dir / HSX_SPOOL_DIR")
     rt = UploaderRuntime(cfg, connect(cfg.redis_url))
     runtime.install(rt)
     rt.start()
