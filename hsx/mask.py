@@ -4,19 +4,20 @@ No prefix renders: the template need not render a conversation's prefix as a pre
 that drop history turns' reasoning do not). Instead, per row:
 
 1. ``real``   = the template's rendering of the conversation (what gets tokenised).
-2. ``marked`` = the rendering of a copy in which every content and reasoning that is not blank, and
-   every tool-call name, is replaced by a unique marker ``<base><n>Q``. The markers split ``marked`` into
+2. ``marked`` = the rendering of a copy in which every assistant content and reasoning that is not blank,
+   and every tool-call name, is replaced by a unique marker ``<base><n>Q`` (other turns are left as they
+   are, so a template branching on them, e.g. on a user turn that holds tool results, branches alike). The markers split ``marked`` into
    the template's own text (skeleton pieces S0 .. Sn) around them.
 3. Align: ``real`` must read S0 V1 S1 V2 .. Vn Sn, where Vi is marker i's value as the template rendered it
    (verbatim, or stripped / JSON-escaped; any other rewrite is found by searching for the next piece).
    The alignment must consume ``real`` exactly, else the row is rejected (``turn_not_located``).
-4. Assistant turn k's span: from the end of the last assistant header (TemplateShape.header) in the
-   piece before its first marker, to the end of the first end-of-turn marker (TemplateShape.end) in the
+4. Assistant turn k's span: from the end of the last assistant header (TemplateShape.headers, the
+   longest found) in the piece before its first marker, to the end of the first end-of-turn marker (TemplateShape.end) in the
    piece after its last marker. Inside: its rendered reasoning, content, tool calls and end-of-turn
    marker; outside: role headers, other turns, the tools list. A turn whose reasoning the template does
    not render simply has no reasoning in its span.
 
-TemplateShape is learned once per (template, template arguments) from three tiny probe renders.
+TemplateShape is learned once per (template, template arguments) from five tiny probe renders.
 Spans are character offsets into ``real``, end-exclusive.
 """
 
@@ -40,8 +41,11 @@ class TemplateError(ValueError):
 
 @dataclass(frozen=True)
 class TemplateShape:
-    header: str     # text that opens an assistant turn's body, e.g. "<|im_start|>assistant\n"
-    end: str        # text that closes it, e.g. "<|im_end|>\n" (ChatML) or "<|eot_id|>" (Llama 3)
+    headers: tuple[str, ...]   # texts that open an assistant turn's body, longest first, e.g.
+                               # ("<|im_start|>assistant\n<think>\n", "<|im_start|>assistant\n") for a template
+                               # whose generation prompt opens the reasoning block of the last turns only;
+                               # the longest found before a turn is its header
+    end: str                   # text that closes it, e.g. "<|im_end|>\n" (ChatML) or "<|eot_id|>" (Llama 3)
 
 
 def _common_prefix(a: str, b: str) -> str:
@@ -53,35 +57,46 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-def probe_shape(render: Render) -> TemplateShape:
-    """Learn the assistant header and end-of-turn marker from renders of tiny conversations."""
-    u1, a1, u2 = "HsXprobeU1Q", "HsXprobeA1Q", "HsXprobeU2Q"
-    try:
-        bare = render([{"role": "user", "content": u1}], None, False)
-        prompted = render([{"role": "user", "content": u1}], None, True)
-        one = render([{"role": "user", "content": u1}, {"role": "assistant", "content": a1}], None, False)
-        two = render([{"role": "user", "content": u1}, {"role": "assistant", "content": a1},
-                      {"role": "user", "content": u2}], None, False)
-    except Exception as exc:
-        raise TemplateError(f"the chat template fails on a plain user/assistant conversation: {exc}") from exc
-    if not all(m in t for t, ms in ((one, (u1, a1)), (two, (u1, a1, u2))) for m in ms):
-        raise TemplateError("the chat template does not render message contents verbatim; cannot place a loss mask")
-    before_answer = one[one.index(u1) + len(u1):one.index(a1)]
-    generation_prompt = prompted[len(bare):] if prompted.startswith(bare) else ""
-    header = ""
+def _header_in(generation_prompt: str, before_answer: str) -> str:
+    """The longest non-blank prefix of the generation prompt rendered before an answer (else that text)."""
     for n in range(len(generation_prompt), 0, -1):
         if generation_prompt[:n].strip() and generation_prompt[:n] in before_answer:
-            header = generation_prompt[:n]
-            break
-    header = header or before_answer
-    if not header.strip():
+            return generation_prompt[:n]
+    return before_answer
+
+
+def probe_shape(render: Render) -> TemplateShape:
+    """Learn the assistant headers and end-of-turn marker from renders of tiny conversations.
+
+    The header of a turn is what the generation prompt renders before an answer: the part of it found
+    before the last answer (after the last user turn), and the part found before an earlier answer.
+    """
+    u1, a1, u2, a2 = "HsXprobeU1Q", "HsXprobeA1Q", "HsXprobeU2Q", "HsXprobeA2Q"
+    convo = [{"role": "user", "content": u1}, {"role": "assistant", "content": a1},
+             {"role": "user", "content": u2}, {"role": "assistant", "content": a2}]
+    try:
+        bare, prompted = render(convo[:1], None, False), render(convo[:1], None, True)
+        one, two, three = (render(convo[:n], None, False) for n in (2, 3, 4))
+    except Exception as exc:
+        raise TemplateError(f"the chat template fails on a plain user/assistant conversation: {exc}") from exc
+    if not all(m in t for t, ms in ((one, (u1, a1)), (two, (u1, a1, u2)), (three, (u1, a1, u2, a2))) for m in ms):
+        raise TemplateError("the chat template does not render message contents verbatim; cannot place a loss mask")
+    generation_prompt = prompted[len(bare):] if prompted.startswith(bare) else ""
+    last = _header_in(generation_prompt, one[one.index(u1) + len(u1):one.index(a1)])
+    earlier = _header_in(generation_prompt, three[three.index(u1) + len(u1):three.index(a1)])
+    # Also every line of the generation prompt beyond the shortest header: a turn renders as much of the
+    # prompt as it renders (a thinking turn "<think>\n" + reasoning where the prompt is an empty block).
+    lines = {generation_prompt[:n + 1] for n, ch in enumerate(generation_prompt)
+             if ch == "\n" and n + 1 > len(min(last, earlier, key=len))}
+    headers = tuple(sorted({last, earlier} | lines, key=len, reverse=True))
+    if not all(h.strip() for h in headers):
         raise TemplateError("the chat template renders no assistant role header (no generation prompt, nothing "
                             "between a user turn and the answer); cannot tell where an answer starts")
     tail, between = one[one.index(a1) + len(a1):], two[two.index(a1) + len(a1):two.index(u2)]
     end = _common_prefix(tail, between)     # e.g. "<|im_end|>\n": what every assistant turn ends with
     if not end.strip():
         raise TemplateError("the chat template renders nothing after an assistant turn; cannot tell where it ends")
-    return TemplateShape(header=header, end=end)
+    return TemplateShape(headers=headers, end=end)
 
 
 def _marker_base(real: str) -> str:
@@ -92,7 +107,7 @@ def _marker_base(real: str) -> str:
     raise RowRejected("turn_not_located", "the conversation contains every candidate marker text")
 
 
-def _marked_copy(messages: list[dict[str, Any]], base: str):
+def _marked_copy(messages: list[dict[str, Any]], base: str, reasoning_key: str):
     """(marked messages, values, owner): values[i] is marker i's real text, owner[i] its message index."""
     values: list[str] = []
     owner: list[int] = []
@@ -104,12 +119,19 @@ def _marked_copy(messages: list[dict[str, Any]], base: str):
 
     marked = []
     for index, msg in enumerate(messages):
+        if msg["role"] != "assistant":      # other turns render as they are: a template may branch on them
+            marked.append(msg)
+            continue
         copy = dict(msg)
         for key in REASONING_FIELDS:        # whitespace-only values stay: a template may test them for emptiness
             if isinstance(msg.get(key), str) and msg[key].strip():
                 copy[key] = mark(msg[key], index)
-        if msg["content"].strip():
-            copy["content"] = mark(msg["content"], index)
+        content = msg["content"]
+        if "</think>" in content and not any(isinstance(msg.get(k), str) for k in REASONING_FIELDS):
+            # Reasoning written inline: thinking templates split it off into the reasoning block.
+            reasoning, _, content = content.partition("</think>")
+            copy[reasoning_key] = mark(reasoning.split("<think>")[-1], index)
+        copy["content"] = mark(content, index) if content.strip() else content
         if msg.get("tool_calls"):
             copy["tool_calls"] = [{**call, "function": {**call["function"], "name": mark(call["function"]["name"], index)}}
                                   for call in msg["tool_calls"]]
@@ -184,18 +206,31 @@ def _align(real: str, pieces: list[str], values: list[str]) -> list[int] | None:
     return None
 
 
-def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Render,
-                    shape: TemplateShape) -> list[tuple[int, int]]:
-    """(start, end) character spans of every assistant turn's body in ``real``, in turn order."""
+def _first_mismatch(real: str, pieces: list[str], values: list[str]) -> int:
+    """Index (0-based) of the first value not rendered verbatim and followed by its piece (for the message)."""
+    pos = len(pieces[0])
+    for i, value in enumerate(values):
+        if not (real.startswith(value, pos) and real.startswith(pieces[i + 1], pos + len(value))):
+            return i
+        pos += len(value) + len(pieces[i + 1])
+    return len(values) - 1
+
+
+def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Render, shape: TemplateShape,
+                    reasoning_key: str = "reasoning_content") -> list[tuple[int, int]]:
+    """(start, end) character spans of every assistant turn's body in ``real``, in turn order.
+    ``reasoning_key``: the message field the template reads reasoning from."""
     base = _marker_base(real)
-    marked, values, owner = _marked_copy(messages, base)
+    marked, values, owner = _marked_copy(messages, base, reasoning_key)
     pattern = re.compile(re.escape(base) + r"(\d+)Q")
     parts = pattern.split(render(marked, tools, False))
     pieces, order = parts[0::2], [int(p) for p in parts[1::2]]
     starts = _align(real, pieces, [values[i] for i in order])
     if starts is None:
-        raise RowRejected("turn_not_located", "the rendering with marked contents does not line up with the real "
-                                              "rendering (the template rewrites a content in a way hsx cannot follow)")
+        index = owner[order[_first_mismatch(real, pieces, [values[i] for i in order])]] if order else 0
+        raise RowRejected("turn_not_located", f"turn {index} ({messages[index]['role']}): the rendering with marked "
+                                              "contents does not line up with the real rendering (the template "
+                                              "rewrites a content in a way hsx cannot follow)")
     occurrences: dict[int, list[int]] = {}       # message index -> positions (1-based) in `order`
     for position, marker in enumerate(order, 1):
         occurrences.setdefault(owner[marker], []).append(position)
@@ -210,10 +245,9 @@ def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Re
         if any(owner[order[p - 1]] != index for p in range(first, last + 1)):
             raise RowRejected("turn_not_located", f"turn {index} (assistant): other turns are rendered inside it")
         lo, hi = starts[first - 1], starts[first - 1] + len(pieces[first - 1])
-        at = real.rfind(shape.header, lo, hi)
-        if at < 0:
-            raise RowRejected("turn_not_located", f"turn {index} (assistant): no role header {shape.header!r} before it")
-        start = at + len(shape.header)
+        start = next((at + len(h) for h in shape.headers if (at := real.rfind(h, lo, hi)) >= 0), -1)
+        if start < 0:
+            raise RowRejected("turn_not_located", f"turn {index} (assistant): no role header {shape.headers[-1]!r} before it")
         lo, hi = starts[last], starts[last] + len(pieces[last])
         at = real.find(shape.end, lo, hi)
         if at >= 0:

@@ -8,7 +8,8 @@ A row is one of (first match wins):
                 ``thinking``), ``tool_calls`` (or legacy ``function_call``); tool ``tool_call_id``, ``name``.
   sharegpt      ``conversations``: from human|user|gpt|assistant|model|system|function_call|observation|
                 tool, text in ``value``; optional ``system`` column.
-Any format may carry ``tools`` (a list, or a JSON string of one).
+Any format may carry ``tools`` (a list, or a JSON string of one); ``messages`` / ``conversations`` may
+also be a JSON string of the list.
 
 Normal form handed to ``apply_chat_template`` (the dict form Hugging Face templates expect):
   {"role": "system"|"user"|"tool", "content": str [, "tool_call_id": str, "name": str]}
@@ -221,20 +222,29 @@ def _check(messages: list[dict[str, Any]]) -> None:
         raise RowRejected("no_assistant", "no assistant turn: nothing to learn from")
 
 
+def _turn_list(data: dict[str, Any], column: str) -> list:
+    """The column's list of turns (a JSON string of one is decoded)."""
+    raw = data[column]
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise RowRejected("empty_conversation", f"{column!r} is a string that is not JSON") from None
+    if not isinstance(raw, list) or not raw:
+        raise RowRejected("empty_conversation", f"{column!r} is empty or not a list")
+    return raw
+
+
 def read_conversation(data: dict[str, Any], mapping: ColumnMapping | None = None) -> Conversation:
     """The row as (messages, tools) in normal form; RowRejected when it cannot be used."""
     mapping = mapping or ColumnMapping()
     if mapping.user or mapping.assistant:
         messages, fmt = _instruction_messages(data, mapping), "instruction"
     elif data.get(mapping.messages) is not None:
-        raw = data[mapping.messages]
-        if not isinstance(raw, list) or not raw:
-            raise RowRejected("empty_conversation", f"{mapping.messages!r} is empty or not a list")
+        raw = _turn_list(data, mapping.messages)
         messages, fmt = [_openai_message(t, m) for t, m in enumerate(raw)], "openai"
     elif data.get(mapping.conversations) is not None:
-        raw = data[mapping.conversations]
-        if not isinstance(raw, list) or not raw:
-            raise RowRejected("empty_conversation", f"{mapping.conversations!r} is empty or not a list")
+        raw = _turn_list(data, mapping.conversations)
         system = data.get(mapping.system[0]) if mapping.system else data.get("system")
         messages, fmt = _sharegpt_messages(raw, system), "sharegpt"
     else:

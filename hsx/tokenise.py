@@ -132,7 +132,7 @@ class ChatTokeniser:
     def encode_chat(self, messages: list[dict[str, Any]], tools=None) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids int32, loss_mask uint8) of a conversation in normal form."""
         messages, real = self._render_real(messages, tools)
-        spans = assistant_spans(real, messages, tools, self._render_row, self.shape)
+        spans = assistant_spans(real, messages, tools, self._render_row, self.shape, self.reasoning_key)
         enc = self.tok(real, add_special_tokens=False, return_offsets_mapping=True)
         ids = np.asarray(enc["input_ids"], dtype=np.int32)
         offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)

@@ -36,6 +36,12 @@ def _xml_call(name, args):
     return f'\n<call name="{name}">{body}\n</call>'
 
 
+def _qwen_xml_call(name, args):
+    body = "".join(f"\n<parameter={k}>\n" + (v if isinstance(v, str) else json.dumps(v)) + "\n</parameter>"
+                   for k, v in args.items())
+    return f"<tool_call>\n<function={name}>{body}\n</function>\n</tool_call>"
+
+
 def _text_call(name, args):
     return "<|call|>" + name + "\n" + json.dumps(args, ensure_ascii=False) + "<|/call|>"
 
@@ -46,6 +52,8 @@ FAMILIES = {
     "llama_headers": ((TEMPLATES / "llama_headers.jinja").read_text(), LLAMA_SPECIAL, "<|begin_of_text|>",
                       _llama_call, None),
     "xml_tools": ((TEMPLATES / "xml_tools.jinja").read_text(), (), None, _xml_call, lambda r: f"<think>{r}</think>"),
+    "think_last_turns": ((TEMPLATES / "think_last_turns.jinja").read_text(), (), None, _qwen_xml_call,
+                         lambda r: r.strip() + "\n</think>"),
     "text_arguments": ((TEMPLATES / "text_arguments.jinja").read_text(), (), "<|endoftext|>", _text_call,
                        lambda r: f"<|think|>{r}<|/think|>"),
 }
@@ -110,6 +118,47 @@ def test_agentic_rows_ids_exact_and_mask_matches_hf(family):
         assert reasoning_dropped > 10       # the history turns' reasoning is dropped by this template
 
 
+def _inline_flavour(row):
+    """The row as some datasets hold it: reasoning inline as <think>...</think> before the content, and
+    tool results as user turns wrapping them in <tool_response> tags."""
+    if "messages" not in row:
+        return row
+    out = []
+    for msg in row["messages"]:
+        msg = dict(msg)
+        if msg.get("reasoning_content"):
+            msg["content"] = "<think>\n" + msg.pop("reasoning_content").strip() + "\n</think>\n\n" + (msg.get("content") or "")
+        if msg["role"] == "tool":
+            text = msg["content"] if isinstance(msg["content"], str) else msg["content"][0]["text"]
+            wrapped = "<tool_response>\n" + text + "\n</tool_response>"
+            if out[-1]["role"] == "user" and out[-1]["content"].startswith("<tool_response>"):
+                out[-1]["content"] += "\n" + wrapped
+                continue
+            msg = {"role": "user", "content": wrapped}
+        out.append(msg)
+    return {**row, "messages": out}
+
+
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_inline_reasoning_and_tool_results_in_user_turns(enable_thinking, tmp_path):
+    """A thinking template splits inline reasoning off the content and does not count a user turn holding
+    tool responses as the last query: rows in that shape keep ids and the mask."""
+    tok = build_tokenizer(tmp_path, chat_template=FAMILIES["think_last_turns"][0], sample_path=sample_dataset())
+    chat = ChatTokeniser(tok, template_kwargs={"enable_thinking": enable_thinking})
+    for index, row in enumerate(map(_inline_flavour, agentic_rows(60, seed=13))):
+        got = chat.encode_row(row, index)
+        conv = read_conversation(row)
+        want = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=True, return_dict=True,
+                                       return_assistant_tokens_mask=True, enable_thinking=enable_thinking)
+        assert got.input_ids.tolist() == list(want["input_ids"]), row["id"]
+        truth = np.asarray(want["assistant_masks"], dtype=np.uint8)
+        if enable_thinking:
+            assert got.loss_mask.tolist() == truth.tolist(), row["id"]
+        else:   # the generation prompt holds an empty reasoning block: where a turn renders one, it is prompt
+            left_out = tok.decode(got.input_ids[(truth == 1) & (got.loss_mask == 0)].tolist())
+            assert not (got.loss_mask & (1 - truth)).any() and set(left_out.split()) <= {"</think>"}, row["id"]
+
+
 def test_rows_a_prefix_render_cannot_place_are_kept():
     """The thinking template does not render a conversation's prefix as a prefix of the whole."""
     rows = agentic_rows(20, seed=3)
@@ -138,14 +187,37 @@ def test_template_kwargs_reach_the_template(tmp_path):
     assert "01 Jan 2030" in tok.decode(got.input_ids[~got.loss_mask.astype(bool)].tolist())
 
 
-def test_enable_thinking_false_keeps_the_empty_think_block_out_of_the_header(tmp_path):
-    chat = ChatTokeniser(build_tokenizer(tmp_path, chat_template=CHAT_TEMPLATE), template_kwargs={"enable_thinking": False})
-    assert chat.shape.header == "<|im_start|>assistant\n"
+def test_enable_thinking_false_leaves_the_prompted_reasoning_block_out(tmp_path):
+    """With enable_thinking=false the generation prompt holds "<think>\n\n</think>\n\n": the part of it a
+    turn renders is prompt (out of the mask), the rest of the turn is in."""
+    tok = build_tokenizer(tmp_path, chat_template=CHAT_TEMPLATE, sample_path=sample_dataset())
+    chat = ChatTokeniser(tok, template_kwargs={"enable_thinking": False})
+    assert chat.shape.headers[0] == "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert chat.shape.headers[-1] == "<|im_start|>assistant\n"
+    for index, row in enumerate(agentic_rows(30, seed=17)):
+        got = chat.encode_row(row, index)
+        conv = read_conversation(row)
+        want = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=True, return_dict=True,
+                                       return_assistant_tokens_mask=True, enable_thinking=False)
+        truth = np.asarray(want["assistant_masks"], dtype=np.uint8)
+        assert got.input_ids.tolist() == list(want["input_ids"])
+        left_out = tok.decode(got.input_ids[(truth == 1) & (got.loss_mask == 0)].tolist())
+        assert not (got.loss_mask & (1 - truth)).any() and set(left_out.split()) <= {"<think>"}, row["id"]
 
 
-def test_shipped_sample_sets_lose_no_row_under_the_thinking_tools_template(tmp_path):
-    chat = ChatTokeniser(build_tokenizer(tmp_path, chat_template=CHAT_TEMPLATE, sample_path=sample_dataset()))
+@pytest.mark.parametrize("template", [CHAT_TEMPLATE, (TEMPLATES / "think_last_turns.jinja").read_text()],
+                         ids=["chatml_thinking_tools", "think_last_turns"])
+def test_shipped_sample_sets_lose_no_row_under_thinking_tools_templates(template, tmp_path):
+    chat = ChatTokeniser(build_tokenizer(tmp_path, chat_template=template, sample_path=sample_dataset()))
+    unstable = 0
     for path in (sample_dataset(), sample_dataset().with_name("sample_agentic.jsonl")):
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         encoded = [chat.encode_row(row, i) for i, row in enumerate(rows)]     # raises on any rejection
         assert len(encoded) == len(rows) and all(t.loss_mask.any() for t in encoded)
+        for row in rows:
+            conv = read_conversation(row)
+            whole = chat.render(conv.messages, conv.tools)
+            unstable += any(not whole.startswith(chat.render(conv.messages[:k + 1], conv.tools))
+                            for k, m in enumerate(conv.messages) if m["role"] == "assistant")
+    if template != CHAT_TEMPLATE:
+        assert unstable >= 84     # rows the former prefix-render mask rejected (issue 11)

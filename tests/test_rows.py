@@ -79,8 +79,8 @@ def test_column_mapping_file_renames_and_reasoning(tmp_path):
     conv = read_conversation({"prompt": "P", "answer": "A", "trace": "T"}, mapping)
     assert conv.messages[-1] == {"role": "assistant", "content": "A", "reasoning_content": "T"}
     assert mapping.to_dict() == {"id": "uid", "user": ["prompt"], "assistant": ["answer"], "reasoning": ["trace"]}
-    renamed = read_conversation({"chat": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]},
-                                ColumnMapping.parse("messages=chat"))
+    renamed = read_conversation({"chat": json.dumps([{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}])},
+                                ColumnMapping.parse("messages=chat"))     # a JSON string of the turns is decoded
     assert renamed.source_format == "openai"
     for bad in ("user=q", "colour=x", "user", "messages=a+b", str(tmp_path / "missing.json")):
         with pytest.raises(ColumnMappingError):
@@ -146,3 +146,24 @@ def test_a_turn_the_template_does_not_render_is_rejected_naming_it(tmp_path):
     assert exc.value.reason == "turn_not_located"
     plain_row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
     assert chat.encode_row(plain_row, 0).loss_mask.sum() > 0
+
+
+def test_templates_hsx_cannot_follow(tmp_path):
+    from hsx.tokenise import TemplateError
+
+    shouting = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+                "{% if m.role == 'assistant' %}{{ m.content | upper }}{% else %}{{ m.content }}{% endif %}"
+                "{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    with pytest.raises(TemplateError, match="does not render message contents verbatim"):
+        ChatTokeniser(build_tokenizer(tmp_path / "a", chat_template=shouting))
+    # Template text that depends on an answer's length: the marked rendering cannot line up; the row is
+    # rejected naming the turn, a row the branch does not touch is kept.
+    moody = ("{% if messages | length > 1 and messages[1].content | length > 30 %}{{ 'A long chat.\\n' }}{% endif %}"
+             "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+             "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    chat = ChatTokeniser(build_tokenizer(tmp_path / "b", chat_template=moody))
+    long_answer = {"messages": [{"role": "user", "content": "why"}, {"role": "assistant", "content": "because " * 5}]}
+    with pytest.raises(RowRejected, match="turn 1 \\(assistant\\): the rendering with marked contents") as exc:
+        chat.encode_row(long_answer, 0)
+    assert exc.value.reason == "turn_not_located"
+    assert chat.encode_row({"messages": [{"role": "user", "content": "why"}, {"role": "assistant", "content": "ok"}]}, 1)
