@@ -108,10 +108,15 @@ class ProduceConfig:
     pad_multiple: int
     dtype: str
     batches_per_shard: int
-    tokenise_workers: int
+    tokenise_workers: int                   # processes tokenising; 0 = every core
     enqueue: bool = True
     max_attempts: int = D.DEFAULT_MAX_ATTEMPTS      # run limit (manifest): failures of a batch before dead letters
     lease_seconds: int = D.DEFAULT_LEASE_SECONDS    # run limit (manifest): lease life without a refresh
+    template_kwargs: dict | None = None     # chat-template arguments, e.g. {"enable_thinking": true}; in the manifest
+    columns: object = None                  # hsx.columns.ColumnMapping: instruction columns -> turns; in the manifest
+    window_rows: int = D.DEFAULT_WINDOW_ROWS      # dataset rows planned (sorted + cut) together; in the manifest
+    max_reject_share: float = D.DEFAULT_MAX_REJECT_SHARE  # fail, nothing enqueued, when more rows than this share are rejected
+    lock_wait_seconds: float = 0.0          # wait this long for another producer of the run, then refuse
 
 
 @dataclass(frozen=True)

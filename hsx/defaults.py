@@ -5,6 +5,9 @@ DEFAULT_MAX_LENGTH = 4096               # tokens a sample
 DEFAULT_MAX_BATCH_ROWS = 512            # samples a batch, cap whatever the budget allows
 DEFAULT_PAD_MULTIPLE = 8                # tokens: padded row length rounded up to this
 DEFAULT_BATCHES_PER_SHARD = 1000        # batches under one <shard>/ folder of the store
+DEFAULT_WINDOW_ROWS = 20_000            # dataset rows planned together (sorted + cut) and enqueued as one window
+DEFAULT_MAX_REJECT_SHARE = 0.01         # share of rows that may be rejected before produce fails
+DEFAULT_PRODUCER_LOCK_WAIT = 0.0        # seconds a second producer of a run waits for the first, then refuses
 DEFAULT_DTYPE = "bfloat16"              # dtype of stored hidden states
 DEFAULT_DFLASH_LAYERS = 5               # layers the dflash preset picks
 

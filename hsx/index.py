@@ -21,8 +21,8 @@ def build_index_lines(specs: dict[str, ledger.BatchSpec], run: str) -> bytes:
 def write_index_if_complete(r, store, run: str) -> bool:
     """Write ``<run>/index.jsonl`` when every planned batch is done. Idempotent; True if the run is complete."""
     keys = RunKeys(run)
-    total = int(r.hget(keys.totals, "batches") or -1)
-    if r.scard(keys.done) != total:
+    total, planning = (int(x) if x is not None else None for x in r.hmget(keys.totals, "batches", "planning"))
+    if planning or total is None or r.scard(keys.done) != total:   # planning: the producer has windows to go
         return False
     if r.get(keys.index_key):
         return True

@@ -82,6 +82,14 @@ class RunKeys:
         return self._k("upload_jobs")
 
     @property
+    def windows(self) -> str:  # HASH window number -> JSON record of a planned + enqueued window (producer resume); no TTL
+        return self._k("windows")
+
+    @property
+    def producer_lock(self) -> str:  # STRING owner token of the one producer of the run; PX TTL, refreshed while it runs
+        return self._k("producer_lock")
+
+    @property
     def job_seq(self) -> str:  # STRING counter: unique suffix of re-enqueued job ids; no TTL
         return self._k("job_seq")
 

@@ -13,7 +13,8 @@ from hsx.errors import HsxError
 # Fields that define the run's output; a resume must agree on every one.
 IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "hidden_size", "num_layers",
                    "max_length", "overlong", "token_budget", "pad_multiple", "max_batch_rows", "batches_per_shard",
-                   "dataset_fingerprint", "chat_template_hash", "store_url")
+                   "dataset_fingerprint", "chat_template_hash", "store_url", "template_kwargs", "columns",
+                   "window_rows")
 
 
 @dataclass(frozen=True)

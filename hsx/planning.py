@@ -2,14 +2,22 @@
 
 Samples are sorted by length, longest first (an out-of-memory batch shows up
 in the first minute, not the last hour), then cut greedily: a batch takes the
-next sample while rows x padded_len <= token_budget, where padded_len is the
-batch's longest sample rounded up to ``pad_multiple``. Sorting keeps padding
-to the length spread inside a batch.
+next sample while rows x padded_len <= token_budget and rows <= max_rows,
+where padded_len is the batch's longest (first) sample rounded up to
+``pad_multiple``. Sorting keeps padding to the length spread inside a batch.
+
+The producer plans a dataset window by window (``DEFAULT_WINDOW_ROWS`` consecutive
+rows each, sorted and cut within the window) so the first batches can be
+enqueued long before the last row is tokenised. On a lognormal length mix
+(median 600, cap 4096, budget 32k, pad multiple 8) 20,000-row windows pad
+0.79 % of computed tokens (tests/test_planning.py), a whole-dataset sort 0.5 %.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -24,25 +32,28 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def cut_batches(lengths: list[int], token_budget: int, max_rows: int, pad_multiple: int = 1) -> list[PlannedBatch]:
+def cut_batches(lengths, token_budget: int, max_rows: int, pad_multiple: int = 1) -> list[PlannedBatch]:
+    """Batches over ``lengths`` (tokens a sample); ties in length keep the input order."""
     if token_budget < 1 or max_rows < 1 or pad_multiple < 1:
         raise ValueError("token_budget, max_rows and pad_multiple must be positive")
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size == 0:
+        return []
+    order = np.argsort(-lengths, kind="stable")
+    sorted_lengths = lengths[order]
+    longest = int(sorted_lengths[0])
+    if round_up(longest, pad_multiple) > token_budget:
+        raise ValueError(f"a sample of {longest} tokens exceeds the token budget {token_budget}")
+    csum = np.concatenate([[0], np.cumsum(sorted_lengths)])
     batches: list[PlannedBatch] = []
-    members: list[int] = []
-    padded_len = tokens = 0
-    for i in order:
-        n = lengths[i]
-        row_len = padded_len or round_up(n, pad_multiple)  # longest first: the first member sets it
-        if round_up(n, pad_multiple) > token_budget:
-            raise ValueError(f"a sample of {n} tokens exceeds the token budget {token_budget}")
-        if members and ((len(members) + 1) * row_len > token_budget or len(members) >= max_rows):
-            batches.append(PlannedBatch(members, padded_len, tokens, len(members) * padded_len))
-            members, tokens, row_len = [], 0, round_up(n, pad_multiple)
-        members.append(i)
-        padded_len, tokens = row_len, tokens + n
-    if members:
-        batches.append(PlannedBatch(members, padded_len, tokens, len(members) * padded_len))
+    start, n = 0, len(order)
+    while start < n:
+        # Longest first: the first member sets the row length, every later one fits under it.
+        row_len = round_up(int(sorted_lengths[start]), pad_multiple)
+        rows = max(1, min(token_budget // row_len, max_rows, n - start))
+        end = start + rows
+        batches.append(PlannedBatch(order[start:end].tolist(), row_len, int(csum[end] - csum[start]), rows * row_len))
+        start = end
     return batches
 
 

@@ -51,7 +51,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     remaining_tokens = max(totals.get("tokens", 0) - done.get("tokens", 0), 0)
     tok_rate = rate["per_s"]["tokens"]
     eta = remaining_tokens / tok_rate if tok_rate > 0 else None
-    complete = totals.get("batches", -1) == done.get("batches", 0)
+    complete = not totals.get("planning", 0) and totals.get("batches", -1) == done.get("batches", 0)
     first = r.zrange(keys.done_log, 0, 0, withscores=True)
     return {
         "run": run,

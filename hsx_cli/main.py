@@ -16,13 +16,13 @@ import sys
 
 from hsx import __version__
 from hsx.errors import HsxError
-from hsx_cli import dashboard, demo, export, produce, retry_failed, status, upload, verify, worker
+from hsx_cli import dashboard, demo, export, inspect, produce, retry_failed, status, upload, verify, worker
 from hsx_cli.command import Command
 from hsx_cli.flags import Flag, resolve
 
 COMMANDS: tuple[Command, ...] = (
-    produce.COMMAND, worker.COMMAND, upload.COMMAND, status.COMMAND, retry_failed.COMMAND, dashboard.COMMAND,
-    verify.COMMAND, export.COMMAND, demo.DEMO, demo.ASSETS,
+    produce.COMMAND, inspect.COMMAND, worker.COMMAND, upload.COMMAND, status.COMMAND, retry_failed.COMMAND,
+    dashboard.COMMAND, verify.COMMAND, export.COMMAND, demo.DEMO, demo.ASSETS,
 )
 VERBOSE = Flag("--verbose", "debug logging, and the traceback of an unexpected error", type=bool, short="-v",
                env="HSX_DEBUG")

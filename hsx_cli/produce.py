@@ -5,12 +5,50 @@ from __future__ import annotations
 from pathlib import Path
 
 from hsx import defaults as D
-from hsx.config import ProduceConfig
+from hsx.config import ConfigError, ProduceConfig
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, RUN, STORE_FLAGS, redis_url, store_settings
 from hsx_cli.flags import Flag
 
 MAX_TOKEN_BUDGET = 2**22  # tokens a batch; beyond this no GPU's memory holds one batch's hidden states
+
+# How rows become samples, and how many may be rejected: shared with `hsx inspect`.
+ROW_FLAGS = (
+    Flag("--template-kwargs", "chat-template arguments: a JSON object or key=value,... (e.g. enable_thinking=true); "
+         "recorded in the manifest, another value is another run"),
+    Flag("--columns", "instruction columns -> turns, e.g. 'user=instruction+input,assistant=output', or a JSON file "
+         "(docs/data.md)"),
+    Flag("--max-length", "tokens a sample", type=int, default=D.DEFAULT_MAX_LENGTH, min=1),
+    Flag("--overlong", "what to do with samples over --max-length (counted either way)", choices=("drop", "truncate"),
+         default="drop"),
+    Flag("--max-reject-share", "fail (exit 2, nothing left on the queue) when more than this share of the rows is "
+         "rejected", type=float, default=D.DEFAULT_MAX_REJECT_SHARE, min=0, max=1),
+    Flag("--tokenise-workers", "processes tokenising in parallel; 0 = every core (one per 2 MB of a small dataset)",
+         type=int, default=0, min=0, max=1024),
+    Flag("--window-rows", "dataset rows sorted and cut into batches together; each window is enqueued as soon as it "
+         "is planned, while the next is tokenised", type=int, default=D.DEFAULT_WINDOW_ROWS, min=1),
+)
+
+
+def template_kwargs(v) -> dict:
+    from hsx.tokenise import parse_template_kwargs
+
+    try:
+        return parse_template_kwargs(v["template_kwargs"])
+    except ValueError as exc:
+        raise ConfigError(f"--template-kwargs: {exc}") from None
+
+
+def columns(v):
+    from hsx.columns import ColumnMapping, ColumnMappingError
+
+    if not v["columns"]:
+        return None
+    try:
+        return ColumnMapping.parse(v["columns"])
+    except ColumnMappingError as exc:
+        raise ConfigError(f"--columns: {exc}") from None
+
 
 FLAGS = (
     Flag("--dataset", "JSONL, Parquet or a `datasets` folder", required=True),
@@ -22,16 +60,15 @@ FLAGS = (
     REDIS_URL,
     Flag("--token-budget", "padded tokens a batch", type=int, default=D.DEFAULT_TOKEN_BUDGET, min=1,
          max=MAX_TOKEN_BUDGET),
-    Flag("--max-length", "tokens a sample", type=int, default=D.DEFAULT_MAX_LENGTH, min=1),
-    Flag("--overlong", "what to do with samples over --max-length (counted either way)", choices=("drop", "truncate"),
-         default="drop"),
+    *ROW_FLAGS,
     Flag("--max-batch-rows", "samples a batch at most", type=int, default=D.DEFAULT_MAX_BATCH_ROWS, min=1),
     Flag("--pad-multiple", "round padded row length up to this", type=int, default=D.DEFAULT_PAD_MULTIPLE, min=1,
          max=4096),
     Flag("--dtype", "stored dtype", choices=("bfloat16", "float16", "float32"), default=D.DEFAULT_DTYPE),
     Flag("--batches-per-shard", "batches a store shard folder", type=int, default=D.DEFAULT_BATCHES_PER_SHARD, min=1,
          max=10**6),
-    Flag("--tokenise-workers", "processes tokenising in parallel", type=int, default=1, min=1, max=256),
+    Flag("--lock-wait", "seconds to wait while another producer works on this run, then refuse (two at once would "
+         "enqueue every batch twice); 0 refuses at once", type=float, default=D.DEFAULT_PRODUCER_LOCK_WAIT, min=0),
     Flag("--max-attempts", "run limit, kept in the manifest for every role: failures of a batch (extract error, "
          "worker lost, spool file lost) before it goes to dead letters", type=int, default=D.DEFAULT_MAX_ATTEMPTS,
          min=1, max=100),
@@ -48,7 +85,9 @@ def config(v) -> ProduceConfig:
         redis_url=redis_url(v), token_budget=v["token_budget"], max_length=v["max_length"], overlong=v["overlong"],
         max_batch_rows=v["max_batch_rows"], pad_multiple=v["pad_multiple"], dtype=v["dtype"],
         batches_per_shard=v["batches_per_shard"], tokenise_workers=v["tokenise_workers"],
-        enqueue=not v["no_enqueue"], max_attempts=v["max_attempts"], lease_seconds=v["lease_seconds"])
+        enqueue=not v["no_enqueue"], max_attempts=v["max_attempts"], lease_seconds=v["lease_seconds"],
+        template_kwargs=template_kwargs(v), columns=columns(v), window_rows=v["window_rows"],
+        max_reject_share=v["max_reject_share"], lock_wait_seconds=v["lock_wait"])
 
 
 def run(cfg: ProduceConfig) -> int:
@@ -61,6 +100,9 @@ def run(cfg: ProduceConfig) -> int:
 
 COMMAND = Command(
     "produce", "plan a run and enqueue its batches (safe to re-run)",
-    "Tokenise the dataset with the model's chat template, cut length-bucketed batches under a token budget, "
-    "record plan and manifest in Redis and the store, and enqueue every batch that is neither done nor pending.",
+    "Tokenise the dataset with the model's chat template on every core, window by window: cut each window's samples "
+    "into length-bucketed batches under a token budget, record plan and manifest in Redis and the store, and enqueue "
+    "every batch that is neither done nor pending, while the next window is tokenised. Fails, with nothing left on the "
+    "queue, when more than --max-reject-share of the rows is rejected. A killed producer resumes at its first "
+    "unfinished window; a second producer of the same run refuses (or waits, --lock-wait).",
     FLAGS, config, run)

@@ -13,6 +13,7 @@ import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -27,7 +28,9 @@ from hsx.planning import cut_batches, padding_fraction
 from hsx.integrity import unmark_missing_done
 from hsx.redisconn import connect
 from hsx.errors import HsxError
-from producer.tokenising import Sample, TokeniseReport, tokenise_dataset
+from producer import windows
+from producer.runlock import ProducerLock
+from producer.tokenising import Sample, TokeniseReport, TokeniseSettings, WindowTokeniser, default_workers
 
 log = logging.getLogger(__name__)
 INPUT_UPLOAD_THREADS = 8
@@ -35,6 +38,10 @@ INPUT_UPLOAD_THREADS = 8
 
 class PlanError(HsxError, RuntimeError):
     """The run cannot be planned; the message says why."""
+
+
+class RejectShareExceeded(PlanError):
+    """More than the allowed share of rows was rejected; nothing is left on the queue."""
 
 
 @dataclass
@@ -50,13 +57,18 @@ class ProduceReport:
     already_pending: int
     enqueued: int
     repaired: int = 0
+    windows: int = 0
+    resumed_windows: int = 0
 
     def lines(self) -> list[str]:
         t = self.tokenise
         out = [f"run {self.run}: {t.rows} rows read, {t.kept} samples kept, {t.truncated} truncated, "
-               f"{t.dropped_overlong} dropped as over-long, {sum(t.rejected.values())} rejected",
+               f"{t.dropped_overlong} dropped as over-long, {t.rejected_rows} rejected ({t.reject_share():.2%})",
+               "rows by format: " + ", ".join(f"{k} {v}" for k, v in sorted(t.formats.items())),
                f"plan: {self.batches} batches, {self.tokens} tokens, padding {1 - self.tokens / max(self.padded_tokens, 1):.2%} "
                f"of {self.padded_tokens} computed tokens",
+               f"windows: {self.windows}" + (f" ({self.resumed_windows} done by an earlier producer, skipped)"
+                                             if self.resumed_windows else ""),
                f"queue: {self.enqueued} batches enqueued, {self.already_done} already done, {self.already_pending} already pending"
                + (f", {self.repaired} recorded done but missing from the store (re-enqueued)" if self.repaired else "")]
         for kind, count in t.rejected.most_common():
@@ -91,15 +103,20 @@ def _input_tensors(members: list[Sample]) -> dict[str, torch.Tensor]:
     }
 
 
-def produce(cfg: ProduceConfig) -> ProduceReport:
+def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = None) -> ProduceReport:
+    """Plan and enqueue the run window by window. ``on_event(name, window)`` sees "tokenised",
+    "enqueued" and "recorded" as each window gets there (tests and progress)."""
     # Everything that can be wrong with the settings is found before anything is created.
     layout.check_run_name(cfg.run)
     if cfg.overlong not in ("drop", "truncate"):
         raise PlanError(f"--overlong must be drop or truncate, got {cfg.overlong!r}")
+    if not 0.0 <= cfg.max_reject_share <= 1.0:
+        raise PlanError(f"--max-reject-share must be a share between 0 and 1, got {cfg.max_reject_share}")
     if not cfg.dataset.exists():
         raise DatasetError(f"dataset {cfg.dataset} does not exist (--dataset / HSX_DATASET)")
     cfg.store.check_writable()
     r = connect(cfg.redis_url)
+    event = on_event or (lambda name, window: None)
     text_cfg, tokenizer, cfg_hash = model_identity(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
     _check_pinned_memory(cfg, text_cfg.hidden_size * (len(layer_ids) + store_final))
@@ -111,9 +128,11 @@ def produce(cfg: ProduceConfig) -> ProduceReport:
         num_layers=text_cfg.num_hidden_layers, hidden_size=text_cfg.hidden_size, layer_preset=cfg.layers,
         layer_ids=layer_ids, store_final=store_final, dtype=cfg.dtype, max_length=cfg.max_length,
         overlong=cfg.overlong, token_budget=cfg.token_budget, pad_multiple=cfg.pad_multiple,
-        max_batch_rows=cfg.max_batch_rows, batches_per_shard=cfg.batches_per_shard,
+        max_batch_rows=cfg.max_batch_rows, batches_per_shard=cfg.batches_per_shard, window_rows=cfg.window_rows,
         dataset=str(cfg.dataset), dataset_fingerprint=fingerprint(cfg.dataset),
         chat_template_hash=hashlib.sha256(str(tokenizer.chat_template or "").encode()).hexdigest(),
+        template_kwargs=dict(cfg.template_kwargs or {}),
+        columns=cfg.columns.to_dict() if cfg.columns is not None else {},
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         store_url=cfg.store.url, store=cfg.store.to_dict(),
         limits=RunLimits(cfg.max_attempts, cfg.lease_seconds).to_dict(),
@@ -128,45 +147,134 @@ def produce(cfg: ProduceConfig) -> ProduceReport:
         check_same_run(existing, manifest, cfg.run)
         manifest["created"] = existing.get("created", manifest["created"])
 
-    log.info("tokenising %s with %s's chat template", cfg.dataset, cfg.model)
-    samples, tok_report = tokenise_dataset(cfg.dataset, cfg.model, cfg.max_length, cfg.overlong, cfg.tokenise_workers)
-    if not samples:
-        raise PlanError(f"{cfg.dataset}: no usable rows out of {tok_report.rows}; nothing to plan. "
-                        + "; ".join(tok_report.examples[:5]))
-    planned = cut_batches([len(s.input_ids) for s in samples], cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple)
-    specs = []
-    for index, batch in enumerate(planned):
-        bid = layout.batch_id(index)
-        specs.append(ledger.BatchSpec(
-            batch_id=bid, index=index, shard=layout.shard_of(index, cfg.batches_per_shard),
-            samples=len(batch.members), tokens=batch.tokens, padded=batch.padded, padded_len=batch.padded_len,
-            sample_ids=[samples[i].sample_id for i in batch.members]))
-    log.info("planned %d batches, padding %.2f%%", len(specs), 100 * padding_fraction(planned))
-
-    repaired = unmark_missing_done(r, store, cfg.run) if existing is not None else []
-    done = ledger.done_ids(r, cfg.run)
-    _write_inputs(store, cfg.run, samples, planned, specs, done, manifest)
-    totals = {"batches": len(specs), "samples": len(samples), "tokens": sum(s.tokens for s in specs),
-              "padded_tokens": sum(s.padded for s in specs), "rows": tok_report.rows,
-              "truncated": tok_report.truncated, "dropped_overlong": tok_report.dropped_overlong,
-              "rejected": sum(tok_report.rejected.values())}
-    store.put_bytes(layout.manifest_key(cfg.run), json.dumps(manifest, indent=2, sort_keys=True).encode())
-    ledger.save_plan(r, cfg.run, manifest, specs, totals)
-
-    enqueued, pending = 0, set()
-    if cfg.enqueue:
+    with ProducerLock(r, cfg.run, cfg.lock_wait_seconds) as lock:
+        repaired = unmark_missing_done(r, store, cfg.run) if existing is not None else []
+        done = ledger.done_ids(r, cfg.run)
         pending = queues.pending_extract(r, cfg.run)
         for host in heartbeat.read_hosts(r, cfg.run):
             pending |= queues.pending_upload(r, host, cfg.run)
-        pipe = r.pipeline()
-        for spec in specs:
-            if spec.batch_id in done or spec.batch_id in pending:
-                continue
+        records = windows.load(r, cfg.run)
+        state = _State(report=TokeniseReport(), totals=dict.fromkeys(TOTAL_FIELDS, 0), first_pending=len(pending))
+        for rec in records:
+            state.add_record(rec)
+        seen: set[str] = set()
+        if records:
+            earlier = [spec for spec in ledger.all_specs(r, cfg.run).values() if spec.index < state.totals["batches"]]
+            seen = {sid for spec in earlier for sid in spec.sample_ids}
+            state.enqueued += _enqueue(r, cfg, sorted(earlier, key=lambda s: s.index), done, pending, lock)
+            log.info("run %s: windows 0-%d were planned by an earlier producer (%d batches; %d of them re-enqueued, "
+                     "neither done nor pending)", cfg.run, len(records) - 1, state.totals["batches"], state.enqueued)
+        settings = TokeniseSettings(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns)
+        workers = cfg.tokenise_workers or default_workers(cfg.dataset)
+        log.info("tokenising %s with %s's chat template on %d processes, %d rows a window",
+                 cfg.dataset, cfg.model, workers, cfg.window_rows)
+        with WindowTokeniser(cfg.dataset, settings, workers, cfg.window_rows, first_window=len(records),
+                             seen=seen, on_event=event) as tokenised:
+            for window in tokenised:
+                state.report.merge(window.report)
+                _check_reject_share(r, cfg, state)
+                if not window.samples:
+                    continue
+                if not state.manifest_saved:
+                    store.put_bytes(layout.manifest_key(cfg.run), json.dumps(manifest, indent=2, sort_keys=True).encode())
+                    state.manifest_saved = True
+                rec = _plan_window(r, store, cfg, manifest, window, state.totals["batches"], done, pending, lock)
+                event("enqueued", window.number)
+                rec["report"] = window.report.to_dict()
+                windows.record(r, cfg.run, window.number, rec)
+                state.add_record(rec, report=False)
+                state.enqueued += rec["enqueued"]
+                ledger.save_plan(r, cfg.run, manifest, [], {**state.totals, "planning": 1, **_row_totals(state.report)})
+                event("recorded", window.number)
+                log.info("window %d: %d rows, %d batches (padding %.2f%%), %d enqueued; %d rows so far",
+                         window.number, window.report.rows, rec["batches"], 100 * rec["padding"], rec["enqueued"],
+                         state.report.rows)
+        if not state.totals["batches"]:
+            raise PlanError(f"{cfg.dataset}: no usable rows out of {state.report.rows}; nothing to plan. "
+                            + "; ".join(state.report.examples[:5]))
+        store.put_bytes(layout.manifest_key(cfg.run), json.dumps(manifest, indent=2, sort_keys=True).encode())
+        ledger.save_plan(r, cfg.run, manifest, [], {**state.totals, "planning": 0, **_row_totals(state.report)})
+    t = state.totals
+    return ProduceReport(cfg.run, manifest, state.report, t["batches"], t["samples"], t["tokens"], t["padded_tokens"],
+                         len(done), state.first_pending, state.enqueued, len(repaired), windows=len(records) + state.new_windows,
+                         resumed_windows=len(records))
+
+
+TOTAL_FIELDS = ("batches", "samples", "tokens", "padded_tokens")
+
+
+@dataclass
+class _State:
+    report: TokeniseReport
+    totals: dict
+    first_pending: int
+    enqueued: int = 0
+    new_windows: int = 0
+    manifest_saved: bool = False
+
+    def add_record(self, rec: dict, report: bool = True) -> None:
+        for k in TOTAL_FIELDS:
+            self.totals[k] += rec[k]
+        if report:
+            self.report.merge(TokeniseReport.from_dict(rec["report"]))
+            self.manifest_saved = True
+        else:
+            self.new_windows += 1
+
+
+def _row_totals(report: TokeniseReport) -> dict[str, int]:
+    return {"rows": report.rows, "truncated": report.truncated, "dropped_overlong": report.dropped_overlong,
+            "rejected": report.rejected_rows}
+
+
+def _check_reject_share(r, cfg: ProduceConfig, state: _State) -> None:
+    """Fail the run, with nothing left on the queue, once more than the allowed share of rows is rejected."""
+    report = state.report
+    if report.reject_share() <= cfg.max_reject_share:
+        return
+    withdrawn = windows.withdraw(r, cfg.run) if state.totals["batches"] else 0
+    reasons = ", ".join(f"{code} {n}" for code, n in report.rejected.most_common())
+    raise RejectShareExceeded(
+        f"{report.rejected_rows} of the {report.rows} rows read so far were rejected ({report.reject_share():.2%}), "
+        f"more than --max-reject-share {cfg.max_reject_share:.2%}; stopped with nothing on the queue"
+        + (f" ({withdrawn} batches of earlier windows taken back)" if withdrawn else "")
+        + f". Rejected by reason: {reasons}. Examples:\n  " + "\n  ".join(report.examples[:10])
+        + "\nFix the rows, map their columns (--columns), or raise --max-reject-share if this loss is intended.")
+
+
+def _plan_window(r, store, cfg: ProduceConfig, manifest: dict, window, first_batch: int, done: set[str],
+                 pending: set[str], lock: ProducerLock) -> dict:
+    """Cut, write inputs, save the plan and enqueue one window's batches; the window's record."""
+    samples = window.samples
+    planned = cut_batches([len(s.input_ids) for s in samples], cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple)
+    specs = []
+    for offset, batch in enumerate(planned):
+        index = first_batch + offset
+        specs.append(ledger.BatchSpec(
+            batch_id=layout.batch_id(index), index=index, shard=layout.shard_of(index, cfg.batches_per_shard),
+            samples=len(batch.members), tokens=batch.tokens, padded=batch.padded, padded_len=batch.padded_len,
+            sample_ids=[samples[i].sample_id for i in batch.members]))
+    _write_inputs(store, cfg.run, samples, planned, specs, done, manifest)
+    ledger.save_plan(r, cfg.run, manifest, specs, {"planning": 1})
+    enqueued = _enqueue(r, cfg, specs, done, pending, lock)
+    return {"first_batch": first_batch, "batches": len(specs), "samples": len(samples),
+            "tokens": sum(s.tokens for s in specs), "padded_tokens": sum(s.padded for s in specs),
+            "padding": padding_fraction(planned), "enqueued": enqueued}
+
+
+def _enqueue(r, cfg: ProduceConfig, specs: list[ledger.BatchSpec], done: set[str], pending: set[str],
+             lock: ProducerLock) -> int:
+    """Enqueue the batches neither done nor pending, in one transaction that fails if the lock changed hands."""
+    if not cfg.enqueue:
+        return 0
+    todo = [spec for spec in specs if spec.batch_id not in done and spec.batch_id not in pending]
+    if todo:
+        pipe = lock.guarded_pipeline()
+        for spec in todo:
             queues.enqueue_extract(r, cfg.run, spec.batch_id, pipeline=pipe)
-            enqueued += 1
         pipe.execute()
-    return ProduceReport(cfg.run, manifest, tok_report, len(specs), totals["samples"], totals["tokens"],
-                         totals["padded_tokens"], len(done), len(pending), enqueued, len(repaired))
+        pending.update(spec.batch_id for spec in todo)
+    return len(todo)
 
 
 def _write_inputs(store, run, samples, planned, specs, done, manifest) -> None:

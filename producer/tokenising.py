@@ -1,19 +1,53 @@
-"""Tokenise every row of the dataset, in parallel, counting and reporting each rejection."""
+"""Tokenise the dataset window by window on every core, counting each rejection by reason.
+
+Rows are read in order and cut into windows of ``window_rows`` consecutive
+rows (window w = rows [w * window_rows, (w + 1) * window_rows), by row index),
+so a window's content never depends on timing. Within a window, chunks of
+CHUNK_ROWS rows go to a pool of processes (``workers``; spawn), each of which
+loads the tokenizer once. At most IN_FLIGHT_CHUNKS chunks a process are in
+flight and at most FINISHED_WINDOWS finished windows wait for the consumer,
+so memory stays bounded whatever the dataset size, and tokenising goes on
+while the consumer plans, writes and enqueues the previous window.
+"""
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
-from collections import Counter
+import os
+import queue
+import threading
+from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
+import multiprocessing as mp
 import numpy as np
 
 from hsx.dataset import Row, RowError, iter_rows
-from hsx.tokenise import ChatTokeniser, RowProblem
 
 log = logging.getLogger(__name__)
-EXAMPLES_KEPT = 20  # rejected rows quoted in the report; all are counted
+EXAMPLES_KEPT = 20      # rejected rows quoted in a report; all are counted
+CHUNK_ROWS = 64         # rows a task sent to a tokenising process
+IN_FLIGHT_CHUNKS = 4    # chunks queued a process (keeps every core busy, memory bounded)
+FINISHED_WINDOWS = 1    # tokenised windows waiting for the consumer
+
+
+BYTES_A_WORKER = 2 * 2**20   # dataset bytes that pay for starting one more process (~2 s of one core's work)
+
+
+def default_workers(dataset=None) -> int:
+    """Every core this process may run on; fewer for a small dataset (starting a process costs seconds)."""
+    try:
+        cores = max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        cores = max(1, os.cpu_count() or 1)
+    if dataset is None:
+        return cores
+    path = Path(dataset)
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+    return max(1, min(cores, size // BYTES_A_WORKER))
 
 
 @dataclass
@@ -25,82 +59,276 @@ class Sample:
 
 @dataclass
 class TokeniseReport:
+    """Counts over the rows read. ``rejected``: reason code -> rows; ``formats``: source format -> rows."""
+
     rows: int = 0
     kept: int = 0
     truncated: int = 0
     dropped_overlong: int = 0
-    rejected: Counter = field(default_factory=Counter)     # reason kind -> rows
-    examples: list[str] = field(default_factory=list)      # "row 12: reason"
     duplicate_ids: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    formats: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)      # "row 12 (id x): reason", row numbers 1-based
 
-    def reject(self, index: int, reason: str) -> None:
-        self.rejected[reason.split(" (")[0].split(":")[0]] += 1
+    @property
+    def rejected_rows(self) -> int:
+        return sum(self.rejected.values())
+
+    def reject_share(self) -> float:
+        return self.rejected_rows / self.rows if self.rows else 0.0
+
+    def note(self, index: int, row_id: str | None, message: str) -> None:
         if len(self.examples) < EXAMPLES_KEPT:
-            self.examples.append(f"row {index}: {reason}")
+            where = f"row {index + 1}" + (f" (id {row_id})" if row_id is not None and row_id != str(index) else "")
+            self.examples.append(f"{where}: {message}")
+
+    def reject(self, index: int, row_id: str | None, code: str, message: str) -> None:
+        self.rejected[code] += 1
+        self.note(index, row_id, message)
+
+    def merge(self, other: "TokeniseReport") -> None:
+        for name in ("rows", "kept", "truncated", "dropped_overlong", "duplicate_ids"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.rejected.update(other.rejected)
+        self.formats.update(other.formats)
+        self.examples.extend(other.examples[:max(EXAMPLES_KEPT - len(self.examples), 0)])
+
+    def to_dict(self) -> dict:
+        return {"rows": self.rows, "kept": self.kept, "truncated": self.truncated,
+                "dropped_overlong": self.dropped_overlong, "duplicate_ids": self.duplicate_ids,
+                "rejected": dict(self.rejected), "formats": dict(self.formats), "examples": self.examples}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TokeniseReport":
+        return cls(rows=d["rows"], kept=d["kept"], truncated=d["truncated"], dropped_overlong=d["dropped_overlong"],
+                   duplicate_ids=d.get("duplicate_ids", 0), rejected=Counter(d.get("rejected", {})),
+                   formats=Counter(d.get("formats", {})), examples=list(d.get("examples", [])))
 
 
-_worker_tok: ChatTokeniser | None = None
+@dataclass
+class Window:
+    number: int
+    samples: list[Sample]
+    report: TokeniseReport
 
 
-def _init(model_path: str) -> None:
-    global _worker_tok
+@dataclass(frozen=True)
+class TokeniseSettings:
+    model: str
+    max_length: int
+    overlong: str                               # drop | truncate
+    template_kwargs: dict | None = None         # passed to the chat template of every row
+    columns: Any = None                         # hsx.columns.ColumnMapping (picklable), or None
+
+
+# --- in each tokenising process -------------------------------------------------------------
+
+_tokeniser = None
+
+
+def _init(settings: TokeniseSettings) -> None:
+    global _tokeniser
     from transformers import AutoTokenizer
 
-    _worker_tok = ChatTokeniser(AutoTokenizer.from_pretrained(model_path))
+    from hsx.tokenise import ChatTokeniser
+
+    extra = {}
+    if settings.template_kwargs:
+        extra["template_kwargs"] = settings.template_kwargs
+    if settings.columns is not None:
+        extra["columns"] = settings.columns
+    _tokeniser = ChatTokeniser(AutoTokenizer.from_pretrained(settings.model), **extra)
 
 
-def _encode(item: Row | RowError):
+def reason_code(exc: Exception) -> str:
+    """The short reason a row was rejected (``RowRejected.reason``; else the message's head)."""
+    code = getattr(exc, "reason", None)
+    if isinstance(code, str) and code and " " not in code:
+        return code
+    return str(exc).split(" (")[0].split(":")[0].strip() or type(exc).__name__
+
+
+def source_format(data: dict, tokenised=None) -> str:
+    found = getattr(tokenised, "source_format", None)
+    if found:
+        return found
+    for key, name in (("input_ids", "pretokenised"), ("messages", "openai"), ("conversations", "sharegpt")):
+        if data.get(key) is not None:
+            return name
+    return "other"
+
+
+def _encode_one(item: Row | RowError) -> tuple:
+    """("ok", index, sample_id, ids, mask, format) or ("rejected", index, row_id, code, message, format)."""
     if isinstance(item, RowError):
-        return item.index, None, item.reason
+        code = getattr(item, "code", None) or reason_code(ValueError(item.reason))
+        return ("rejected", item.index, None, code, str(item.reason), "unreadable")
+    data = item.data
+    row_id = str(data["id"]) if data.get("id") is not None else None
     try:
-        t = _worker_tok.encode_row(item.data, item.index)
-    except RowProblem as exc:
-        return item.index, None, str(exc)
+        t = _tokeniser.encode_row(data, item.index)
     except Exception as exc:  # a row must never take the run down; name it and go on
-        return item.index, None, f"cannot tokenise ({type(exc).__name__}: {exc})"
-    return item.index, (t.sample_id, np.asarray(t.input_ids, np.int32), np.asarray(t.loss_mask, np.uint8)), None
+        if isinstance(exc, ValueError):   # RowRejected (RowProblem): a bad row; anything else is a bug, still counted
+            return ("rejected", item.index, row_id, reason_code(exc), str(exc), source_format(data))
+        return ("rejected", item.index, row_id, "internal_error", f"cannot tokenise ({type(exc).__name__}: {exc})",
+                source_format(data))
+    return ("ok", item.index, t.sample_id, np.asarray(t.input_ids, np.int32), np.asarray(t.loss_mask, np.uint8),
+            source_format(data, t))
 
 
-def tokenise_dataset(dataset, model_path: str, max_length: int, overlong: str, workers: int,
-                     progress_every: int = 50_000) -> tuple[list[Sample], TokeniseReport]:
-    report, samples, seen = TokeniseReport(), [], set()
-    rows = iter_rows(dataset)
-    if workers > 1:
-        pool = mp.get_context("spawn").Pool(workers, initializer=_init, initargs=(model_path,))
-        results = pool.imap(_encode, rows, chunksize=256)
-    else:
-        pool = None
-        _init(model_path)
-        results = map(_encode, rows)
-    try:
-        for index, encoded, problem in results:
-            report.rows += 1
-            if report.rows % progress_every == 0:
-                log.info("tokenised %d rows (%d kept)", report.rows, report.kept)
-            if problem:
-                report.reject(index, problem)
-                continue
-            sample_id, ids, mask = encoded
-            if len(ids) > max_length:
-                if overlong == "drop":
-                    report.dropped_overlong += 1
-                    if len(report.examples) < EXAMPLES_KEPT:
-                        report.examples.append(f"row {index}: {len(ids)} tokens > max length {max_length}, dropped")
-                    continue
-                ids, mask = ids[:max_length], mask[:max_length]
-                report.truncated += 1
-                if not mask.any():
-                    report.reject(index, f"no assistant token left after truncation to {max_length}")
-                    continue
-            if sample_id in seen:
-                report.duplicate_ids += 1
-                report.reject(index, f"duplicate sample id {sample_id!r}")
-                continue
-            seen.add(sample_id)
-            samples.append(Sample(sample_id, ids, mask))
-            report.kept += 1
-    finally:
-        if pool:
-            pool.close()
-            pool.join()
-    return samples, report
+def _encode_chunk(chunk: list) -> list[tuple]:
+    return [_encode_one(item) for item in chunk]
+
+
+# --- in the producer process ----------------------------------------------------------------
+
+class _WindowBuilder:
+    """Applies max length, overlong policy and duplicate ids to one window's results, in row order."""
+
+    def __init__(self, number: int, settings: TokeniseSettings, seen: set[str]):
+        self.window = Window(number, [], TokeniseReport())
+        self.settings, self.seen = settings, seen
+
+    def add(self, result: tuple) -> None:
+        report, s = self.window.report, self.settings
+        report.rows += 1
+        if result[0] == "rejected":
+            _, index, row_id, code, message, fmt = result
+            report.formats[fmt] += 1
+            report.reject(index, row_id, code, message)
+            return
+        _, index, sample_id, ids, mask, fmt = result
+        report.formats[fmt] += 1
+        if len(ids) > s.max_length:
+            if s.overlong == "drop":
+                report.dropped_overlong += 1
+                report.note(index, sample_id, f"{len(ids)} tokens > max length {s.max_length}, dropped")
+                return
+            ids, mask = ids[:s.max_length], mask[:s.max_length]
+            report.truncated += 1
+            if not mask.any():
+                report.reject(index, sample_id, "no_assistant_token_after_truncation",
+                              f"no assistant token left after truncation to {s.max_length}")
+                return
+        if sample_id in self.seen:
+            report.duplicate_ids += 1
+            report.reject(index, sample_id, "duplicate_sample_id", f"duplicate sample id {sample_id!r}")
+            return
+        self.seen.add(sample_id)
+        self.window.samples.append(Sample(sample_id, ids, mask))
+        report.kept += 1
+
+
+def _chunks(rows: Iterator, window_rows: int, first_window: int) -> Iterator[tuple[int, list]]:
+    """(window number, rows) chunks that never span two windows; rows of windows < first_window skipped."""
+    chunk, current = [], None
+    for item in rows:
+        number = item.index // window_rows
+        if number < first_window:
+            continue
+        if chunk and (number != current or len(chunk) >= CHUNK_ROWS):
+            yield current, chunk
+            chunk = []
+        current = number
+        chunk.append(item)
+    if chunk:
+        yield current, chunk
+
+
+class WindowTokeniser:
+    """Iterate over tokenised windows; tokenising runs ahead in a thread (+ processes).
+
+    ``seen``: sample ids already planned (a resumed run), for the duplicate check.
+    ``on_event(name, window)`` is called with "tokenised" as each window completes.
+    Use as a context manager: leaving it stops the thread and the processes.
+    """
+
+    def __init__(self, dataset, settings: TokeniseSettings, workers: int, window_rows: int, first_window: int = 0,
+                 seen: set[str] | None = None, on_event: Callable[[str, int], None] | None = None):
+        if window_rows < 1:
+            raise ValueError(f"window rows must be >= 1, got {window_rows}")
+        if workers < 1:
+            raise ValueError(f"tokenise workers must be >= 1, got {workers}")
+        self.rows = iter_rows(dataset)      # opens the dataset now: a missing file fails here, not in the thread
+        self.settings, self.workers, self.window_rows = settings, workers, window_rows
+        self.first_window, self.seen = first_window, seen if seen is not None else set()
+        self.on_event = on_event or (lambda name, window: None)
+        self._out: queue.Queue = queue.Queue(maxsize=FINISHED_WINDOWS)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tokenise", daemon=True)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> "WindowTokeniser":
+        _init(self.settings)   # here too: a template hsx cannot use fails now, with its own message
+        if self.workers > 1:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
+                                             initializer=_init, initargs=(self.settings,))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        while self._thread.is_alive():   # unblock a thread waiting to hand over a window
+            try:
+                self._out.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        self._thread.join()
+        if self._pool:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __iter__(self) -> Iterator[Window]:
+        while True:
+            item = self._out.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._out.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def _results(self) -> Iterator[tuple[int, list[tuple]]]:
+        chunks = _chunks(self.rows, self.window_rows, self.first_window)
+        if self._pool is None:
+            for number, chunk in chunks:
+                yield number, _encode_chunk(chunk)
+            return
+        in_flight: deque = deque()
+        for number, chunk in chunks:
+            in_flight.append((number, self._pool.submit(_encode_chunk, chunk)))
+            while len(in_flight) >= IN_FLIGHT_CHUNKS * self.workers:
+                done_number, future = in_flight.popleft()
+                yield done_number, future.result()
+        while in_flight:
+            done_number, future = in_flight.popleft()
+            yield done_number, future.result()
+
+    def _run(self) -> None:
+        try:
+            builder = None
+            for number, results in self._results():
+                if self._stop.is_set():
+                    return
+                if builder is not None and builder.window.number != number:
+                    self.on_event("tokenised", builder.window.number)
+                    if not self._put(builder.window):
+                        return
+                    builder = None
+                builder = builder or _WindowBuilder(number, self.settings, self.seen)
+                for result in results:
+                    builder.add(result)
+            if builder is not None:
+                self.on_event("tokenised", builder.window.number)
+                if not self._put(builder.window):
+                    return
+            self._put(None)
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(exc)

@@ -9,7 +9,7 @@ from hsx.config import ConfigError
 from hsx_cli.main import build_parser
 from hsx.devices import GpuProbe
 
-COMMANDS = ["produce", "worker", "upload", "status", "retry-failed", "dashboard", "verify", "export", "demo", "demo-assets"]
+COMMANDS = ["produce", "inspect", "worker", "upload", "status", "retry-failed", "dashboard", "verify", "export", "demo", "demo-assets"]
 
 
 def hsx(*args, env=None, timeout=120):

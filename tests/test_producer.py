@@ -59,7 +59,7 @@ def test_bad_rows_are_named_and_good_rows_kept(r, redis_server, tiny_model, tmp_
         {"conversations": [{"from": "human", "value": "hey"}, {"from": "gpt", "value": "hello"}]},  # 16 good ShareGPT
     ])
     report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="bad", dataset=data,
-                                    max_length=256))
+                                    max_length=256, max_reject_share=1.0))
     t = report.tokenise
     assert t.rows == 17 and t.kept == 4 and t.dropped_overlong == 1
     text = "\n".join(report.lines())
@@ -70,7 +70,8 @@ def test_bad_rows_are_named_and_good_rows_kept(r, redis_server, tiny_model, tmp_
                           (7, "no 'messages', 'conversations' or 'input_ids'"), (8, "no loss_mask"),
                           (9, "loss_mask must be 3 values"), (10, "outside the vocabulary"), (11, "no text content"),
                           (13, "duplicate sample id 'dup'"), (14, "tokens > max length 256, dropped")]:
-        assert f"row {index}: " in text and reason in text.split(f"row {index}: ", 1)[1].split("\n", 1)[0], (index, reason)
+        line = [x for x in text.splitlines() if x.strip().startswith((f"row {index + 1}:", f"row {index + 1} ("))]
+        assert len(line) == 1 and reason in line[0], (index, reason)   # rows are quoted 1-based
     planned = {s for spec in ledger.all_specs(r, "bad").values() for s in spec.sample_ids}
     assert planned == {"0", "dup", "15", "16"}
 
@@ -87,7 +88,8 @@ def test_truncation_is_counted(r, redis_server, tiny_model, tmp_path):
 def test_zero_usable_rows_refuses_to_plan(r, redis_server, tiny_model, tmp_path):
     data = _write(tmp_path / "none.jsonl", ["", "{broken", {"messages": [{"role": "user", "content": "q"}]}])
     with pytest.raises(PlanError, match="no usable rows out of 3"):
-        produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="none", dataset=data))
+        produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="none", dataset=data,
+                               max_reject_share=1.0))
     assert ledger.get_manifest(r, "none") is None
 
 

@@ -1,0 +1,59 @@
+"""`hsx inspect`: what a dataset becomes for a model, and what the run will cost, before any GPU time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hsx import defaults as D
+from hsx_cli.command import Command
+from hsx_cli.flags import Flag
+from hsx_cli.produce import ROW_FLAGS, columns, template_kwargs
+
+FLAGS = (
+    Flag("--dataset", "JSONL, Parquet or a `datasets` folder", required=True),
+    Flag("--model", "target model: local path or hub id", required=True),
+    Flag("--layers", "dflash, dflash:N, eagle3 or a list like 1,9,17", default="dflash"),
+    *ROW_FLAGS,
+    Flag("--token-budget", "padded tokens a batch", type=int, default=D.DEFAULT_TOKEN_BUDGET, min=1),
+    Flag("--max-batch-rows", "samples a batch at most", type=int, default=D.DEFAULT_MAX_BATCH_ROWS, min=1),
+    Flag("--pad-multiple", "round padded row length up to this", type=int, default=D.DEFAULT_PAD_MULTIPLE, min=1),
+    Flag("--dtype", "stored dtype (bytes a value: bfloat16/float16 2, float32 4, fp8 1)",
+         choices=("bfloat16", "float16", "float32", "fp8"), default=D.DEFAULT_DTYPE),
+    Flag("--samples", "random samples printed with their loss mask", type=int, default=3, min=0),
+    Flag("--seed", "seed of the sample draw", type=int, default=0),
+    Flag("--sample-chars", "characters of a printed sample (plain output)", type=int, default=3000, min=1),
+    Flag("--plain", "plain [[...]] markers even in a terminal", type=bool),
+    Flag("--limit-rows", "read only about this many rows (whole windows); 0 = all", type=int, default=0, min=0),
+    Flag("--gpu-tokens-per-s", "extraction rate of one GPU (default: an H200 at MFU 0.5 for this model's size)",
+         type=float, above=0),
+    Flag("--gpu-usd-per-hour", "price of one GPU-hour, for a cost line", type=float, min=0),
+    Flag("--storage-usd-per-tb-month", "storage price in USD per TB a month (default: S3 Standard's list price)",
+         type=float, default=23.0, min=0),
+)
+
+
+def config(v):
+    from hsx_tools.inspect import InspectConfig
+
+    return InspectConfig(
+        dataset=Path(v["dataset"]), model=v["model"], layers=v["layers"], template_kwargs=template_kwargs(v),
+        columns=columns(v), max_length=v["max_length"], overlong=v["overlong"], max_reject_share=v["max_reject_share"],
+        tokenise_workers=v["tokenise_workers"], window_rows=v["window_rows"], token_budget=v["token_budget"],
+        max_batch_rows=v["max_batch_rows"], pad_multiple=v["pad_multiple"], dtype=v["dtype"], samples=v["samples"],
+        seed=v["seed"], sample_chars=v["sample_chars"], plain=v["plain"], limit_rows=v["limit_rows"],
+        gpu_tokens_per_s=v["gpu_tokens_per_s"], gpu_usd_per_hour=v["gpu_usd_per_hour"],
+        storage_usd_per_tb_month=v["storage_usd_per_tb_month"])
+
+
+def run(cfg) -> int:
+    from hsx_tools.inspect import run_inspect
+
+    return run_inspect(cfg)
+
+
+COMMAND = Command(
+    "inspect", "what a dataset becomes for a model, and what the run costs, before any GPU time",
+    "Tokenise the dataset as `hsx produce` would (no Redis, no store): rows per source format and per rejection "
+    "reason, a token-length histogram, random samples with the loss-masked tokens highlighted ([[...]] when piped), "
+    "and the plan's estimate: batches, padding, bytes to store, GPU-hours and storage cost a month.",
+    FLAGS, config, run)

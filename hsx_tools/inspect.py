@@ -1,0 +1,213 @@
+"""`hsx inspect`: what a dataset becomes for a model, before any GPU time.
+
+Tokenises the dataset exactly as `hsx produce` would (same row formats,
+template arguments, column mapping, max length, windows), touching neither
+Redis nor the store, and prints: rows per source format and per rejection
+reason; a token-length histogram; N random samples with the loss-masked
+tokens highlighted (colour in a terminal, ``[[...]]`` when piped); and the
+plan's estimate: batches, padding, bytes to store, GPU-hours and storage cost.
+
+Estimates (units in the names):
+- bytes stored = tokens x (stored layers x hidden) x dtype bytes, plus 5 bytes
+  a token of input ids + mask (the batch file's payload; headers are small).
+- GPU-hours = computed (padded) tokens / tokens_per_s / 3600. The default rate
+  is an H200 at MFU 0.5 on the body it needs: tokens_per_s =
+  0.5 x 989e12 / (2 x body parameters up to the last stored layer); this
+  matches the measured 30-32k tokens/s (Qwen3-8B shape) and 7.8-8.9k
+  (27-32B shapes) in DESIGN.md. Pass --gpu-tokens-per-s for your hardware.
+- storage cost / month = stored bytes (decimal TB) x --storage-usd-per-tb-month
+  (default 23: S3 Standard's list price; set your own).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hsx.layers import resolve_layers
+from hsx.planning import cut_batches, padding_fraction
+from hsx.progress import fmt_bytes
+from producer.tokenising import TokeniseReport, TokeniseSettings, WindowTokeniser, default_workers
+
+H200_BF16_FLOPS = 989e12          # dense bf16 FLOP/s of one H200 (SXM)
+DEFAULT_MFU = 0.5                 # share of it a forward of the body reaches (measured 0.58-0.64)
+DEFAULT_STORAGE_USD_PER_TB_MONTH = 23.0
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "fp8": 1}
+HISTOGRAM_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class InspectConfig:
+    dataset: Path
+    model: str
+    layers: str
+    template_kwargs: dict
+    columns: object                 # hsx.columns.ColumnMapping or None
+    max_length: int
+    overlong: str                   # drop | truncate
+    max_reject_share: float         # shown beside the rejected share: where produce would fail
+    tokenise_workers: int           # 0 = every core
+    window_rows: int
+    token_budget: int
+    max_batch_rows: int
+    pad_multiple: int
+    dtype: str
+    samples: int                    # random samples printed with their loss mask
+    seed: int
+    sample_chars: int               # characters of a printed sample (plain output)
+    plain: bool                     # [[...]] markers even on a terminal
+    limit_rows: int                 # 0 = every row
+    gpu_tokens_per_s: float | None  # None: the default rate for the model's size
+    gpu_usd_per_hour: float | None
+    storage_usd_per_tb_month: float
+
+
+@dataclass
+class Estimate:
+    batches: int
+    padding: float
+    tokens: int
+    padded_tokens: int
+    bytes_per_token: int
+    stored_bytes: int
+    tokens_per_s: float
+    rate_source: str
+    gpu_hours: float
+    storage_usd_month: float
+
+
+def body_params(text_cfg, layers_run: int) -> int:
+    """Parameters of the decoder layers a forward runs (attention + MLP projections; norms and embeddings left out)."""
+    h = text_cfg.hidden_size
+    heads = getattr(text_cfg, "num_attention_heads", None) or max(h // 128, 1)
+    kv = getattr(text_cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(text_cfg, "head_dim", None) or h // heads
+    inter = getattr(text_cfg, "intermediate_size", None) or 4 * h
+    per_layer = h * heads * head_dim * 2 + h * kv * head_dim * 2 + 3 * h * inter
+    return per_layer * layers_run
+
+
+def estimate(lengths: np.ndarray, text_cfg, layer_ids: list[int], store_final: bool, dtype: str, token_budget: int,
+             max_rows: int, pad_multiple: int, window_rows: int, tokens_per_s: float | None,
+             storage_usd_per_tb_month: float) -> Estimate:
+    batches = []
+    for start in range(0, len(lengths), window_rows):
+        batches += cut_batches(lengths[start:start + window_rows], token_budget, max_rows, pad_multiple)
+    tokens = int(lengths.sum())
+    padded = sum(b.padded for b in batches)
+    width = (len(layer_ids) + int(store_final)) * text_cfg.hidden_size
+    bytes_per_token = width * DTYPE_BYTES.get(dtype, 2) + 5
+    layers_run = text_cfg.num_hidden_layers if store_final else max(layer_ids) + 1
+    if tokens_per_s:
+        source = "given"
+    else:
+        tokens_per_s = DEFAULT_MFU * H200_BF16_FLOPS / (2 * body_params(text_cfg, layers_run))
+        source = f"default: one H200 at MFU {DEFAULT_MFU} over {layers_run} layers"
+    stored = tokens * bytes_per_token
+    return Estimate(len(batches), padding_fraction(batches), tokens, padded, bytes_per_token, stored, tokens_per_s,
+                    source, padded / tokens_per_s / 3600, stored / 1e12 * storage_usd_per_tb_month)
+
+
+def histogram_lines(lengths: np.ndarray, width: int = 40) -> list[str]:
+    if not len(lengths):
+        return ["  (no samples)"]
+    edges = [e for e in HISTOGRAM_EDGES if e < lengths.max()] + [int(lengths.max()) + 1]
+    counts, _ = np.histogram(lengths, bins=edges)
+    top = max(counts.max(), 1)
+    lines = [f"  mean {lengths.mean():.0f}, median {np.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, "
+             f"max {lengths.max()} tokens"]
+    for lo, hi, n in zip(edges[:-1], edges[1:], counts):
+        lines.append(f"  {lo:>6}-{hi - 1:<6} {n:>9}  {'#' * int(round(width * n / top))}")
+    return lines
+
+
+def sample_segments(tokenizer, ids: np.ndarray, mask: np.ndarray) -> list[tuple[str, bool]]:
+    """(text, in loss mask) runs of consecutive tokens with the same mask value."""
+    segments, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or mask[i] != mask[start]:
+            segments.append((tokenizer.decode(ids[start:i].tolist()), bool(mask[start])))
+            start = i
+    return segments
+
+
+def render_sample(segments: list[tuple[str, bool]], console=None) -> str | None:
+    """Plain text with [[masked]] markers, or (console given) coloured output printed to it."""
+    if console is None:
+        return "".join(f"[[{text}]]" if masked else text for text, masked in segments)
+    from rich.text import Text
+
+    out = Text()
+    for text, masked in segments:
+        out.append(text, style="bold green" if masked else "dim")
+    console.print(out)
+    return None
+
+
+def run_inspect(cfg: InspectConfig) -> int:
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(cfg.model)
+    text_cfg = getattr(config, "text_config", None) or config
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
+    settings = TokeniseSettings(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns)
+    window_rows = cfg.window_rows
+    rng = random.Random(cfg.seed)
+    report, lengths, picked, kept_seen = TokeniseReport(), [], [], 0
+    with WindowTokeniser(cfg.dataset, settings, cfg.tokenise_workers or default_workers(cfg.dataset), window_rows) as windows:
+        for window in windows:
+            report.merge(window.report)
+            for sample in window.samples:          # reservoir: N samples uniformly over the kept rows
+                lengths.append(len(sample.input_ids))
+                kept_seen += 1
+                if len(picked) < cfg.samples:
+                    picked.append(sample)
+                elif (j := rng.randrange(kept_seen)) < cfg.samples:
+                    picked[j] = sample
+            if cfg.limit_rows and report.rows >= cfg.limit_rows:
+                break
+    lengths_np = np.asarray(lengths, dtype=np.int64)
+    tty = sys.stdout.isatty() and not cfg.plain
+    print(f"dataset {cfg.dataset} for {cfg.model}"
+          + (f", template arguments {cfg.template_kwargs}" if cfg.template_kwargs else ""))
+    print(f"rows: {report.rows} read, {report.kept} kept, {report.truncated} truncated, "
+          f"{report.dropped_overlong} over {cfg.max_length} tokens dropped, {report.rejected_rows} rejected "
+          f"({report.reject_share():.2%}; produce fails above {cfg.max_reject_share:.2%})")
+    print("  by format: " + ", ".join(f"{k} {v}" for k, v in sorted(report.formats.items())))
+    for code, n in report.rejected.most_common():
+        print(f"  rejected {n} x {code}")
+    for example in report.examples[:10]:
+        print(f"    {example}")
+    print("token lengths (kept samples):")
+    print("\n".join(histogram_lines(lengths_np)))
+    console = None
+    if tty:
+        from rich.console import Console
+
+        console = Console(highlight=False)
+    marker = "in the loss mask: bold green" if tty else "in the loss mask: [[...]]"
+    for n, sample in enumerate(picked, 1):
+        print(f"--- sample {n}/{len(picked)}: id {sample.sample_id}, {len(sample.input_ids)} tokens, "
+              f"{int(sample.loss_mask.sum())} in the loss mask ({marker})")
+        text = render_sample(sample_segments(tokenizer, sample.input_ids, sample.loss_mask), console)
+        if text is not None:
+            print(text if len(text) <= cfg.sample_chars else text[:cfg.sample_chars] + f" ... [{len(text)} chars]")
+    if not len(lengths_np):
+        print("plan: nothing to plan (no usable rows)")
+        return 1
+    est = estimate(lengths_np, text_cfg, layer_ids, store_final, cfg.dtype, cfg.token_budget, cfg.max_batch_rows,
+                   cfg.pad_multiple, window_rows, cfg.gpu_tokens_per_s, cfg.storage_usd_per_tb_month)
+    print(f"plan: {est.batches} batches of <= {cfg.token_budget} tokens, {est.tokens} tokens, padding {est.padding:.2%} "
+          f"({est.padded_tokens} computed)")
+    print(f"  store: layers {layer_ids}{' + final' if store_final else ''} x {text_cfg.hidden_size} x {cfg.dtype} = "
+          f"{fmt_bytes(est.bytes_per_token)} a token -> {fmt_bytes(est.stored_bytes)}, "
+          f"${est.storage_usd_month:,.2f} a month at ${cfg.storage_usd_per_tb_month:g}/TB-month")
+    print(f"  GPU: {est.gpu_hours:,.2f} GPU-hours at {est.tokens_per_s:,.0f} tokens/s ({est.rate_source})"
+          + (f", ${est.gpu_hours * cfg.gpu_usd_per_hour:,.2f} at ${cfg.gpu_usd_per_hour:g}/GPU-hour"
+             if cfg.gpu_usd_per_hour else ""))
+    return 0

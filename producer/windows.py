@@ -1,0 +1,57 @@
+"""The producer's progress through the dataset, in Redis: one record a planned window.
+
+A window's record (``hsx:<run>:windows``, window number -> JSON) is written
+last, after its inputs are in the store, its batches in the plan and its jobs
+on the queue. A producer that was killed resumes after the last contiguous
+recorded window; a window it had half done is planned again, to the same
+batch ids (deterministic), and its jobs already queued are not queued again.
+"""
+
+from __future__ import annotations
+
+import json
+
+import redis
+from rq.job import Job
+
+from hsx import ledger, queues
+from hsx.keys import RunKeys
+from hsx.redisconn import text
+
+
+def load(r: redis.Redis, run: str) -> list[dict]:
+    """Records of windows 0..k-1 (the contiguous prefix that was completed), in order."""
+    found = {int(text(k)): json.loads(v) for k, v in r.hgetall(RunKeys(run).windows).items()}
+    records = []
+    while len(records) in found:
+        records.append(found[len(records)])
+    return records
+
+
+def record(r: redis.Redis, run: str, number: int, rec: dict) -> None:
+    r.hset(RunKeys(run).windows, str(number), json.dumps(rec, separators=(",", ":"), sort_keys=True))
+
+
+def withdraw(r: redis.Redis, run: str) -> int:
+    """Take every queued (not started) extract job of ``run`` off the queue and out of the plan; forget the
+    window records, so a re-run plans again from the first window. Batches already running or done stay.
+    Returns the number of jobs withdrawn."""
+    keys = RunKeys(run)
+    q = queues.queue(r, queues.extract_queue_name(run))
+    withdrawn = 0
+    for job_id in q.get_job_ids():
+        parsed = queues.batch_of_job(job_id)
+        if not parsed or parsed[0] != run:
+            continue
+        if q.remove(job_id):
+            pipe = r.pipeline()
+            pipe.delete(Job.key_for(job_id))
+            if not ledger.is_done(r, run, parsed[1]):
+                pipe.hdel(keys.plan, parsed[1])
+            pipe.execute()
+            withdrawn += 1
+    pipe = r.pipeline()
+    pipe.delete(keys.windows)
+    pipe.hset(keys.totals, mapping={"batches": r.hlen(keys.plan), "planning": 1})
+    pipe.execute()
+    return withdrawn

@@ -1,0 +1,30 @@
+import json
+import subprocess
+import sys
+
+from hsx_tools.demo import sample_dataset
+
+
+def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_when_piped(tiny_model, tmp_path):
+    rows = [json.loads(line) for line in sample_dataset().read_text().splitlines() if line.strip()]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows[:40])
+                    + "{broken\n" + json.dumps({"conversations": [{"from": "human", "value": "hi"},
+                                                                  {"from": "gpt", "value": "hello there"}]}) + "\n")
+    out = subprocess.run([sys.executable, "-m", "hsx_cli.main", "inspect", "--dataset", str(data), "--model",
+                          str(tiny_model), "--layers", "dflash:3", "--samples", "2", "--tokenise-workers", "1",
+                          "--gpu-usd-per-hour", "3", "--storage-usd-per-tb-month", "20"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "\x1b[" not in text                                   # piped: no terminal colours
+    assert "rows: 42 read, 41 kept" in text and "1 rejected" in text
+    formats = dict(part.rsplit(" ", 1) for part in text.split("by format: ", 1)[1].split("\n", 1)[0].split(", "))
+    assert formats["unreadable"] == "1" and sum(map(int, formats.values())) == 42 and "sharegpt" in formats
+    assert "row 41: " in text                                    # the broken line, quoted 1-based
+    assert "token lengths (kept samples):" in text and "#" in text
+    samples = [line for line in text.splitlines() if line.startswith("--- sample ")]
+    assert len(samples) == 2 and "in the loss mask: [[...]]" in samples[0]
+    assert text.count("[[") >= 2 and "]]" in text
+    assert "plan: " in text and "padding" in text and "GPU-hours" in text and "a month at $20/TB-month" in text
+    assert "at $3/GPU-hour" in text
