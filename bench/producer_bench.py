@@ -25,6 +25,7 @@ the measured plan/write/enqueue time of one window.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -89,11 +90,11 @@ class TextGen:
         syllables = [a + b for a in "bcdfghjklmnprstvwz" for b in "aeiouy"] + ["th", "st", "ing", "er", "an"]
         self.words = list({"".join(rng.choice(syllables) for _ in range(rng.choice((1, 2, 2, 3, 3, 4))))
                            for _ in range(words)})
-        self.weights = [1 / (i + 1) for i in range(len(self.words))]
+        self.cum_weights = list(itertools.accumulate(1 / (i + 1) for i in range(len(self.words))))   # Zipf
         self.rng = rng
 
     def sentence(self, n: int) -> str:
-        words = self.rng.choices(self.words, self.weights, k=n)
+        words = self.rng.choices(self.words, cum_weights=self.cum_weights, k=n)
         return (" ".join(words).capitalize() + self.rng.choice(".?!.")).replace(" ,", ",")
 
     def paragraph(self, tokens: int) -> str:
@@ -120,7 +121,7 @@ def tool_spec(gen: TextGen, name: str) -> dict:
 def make_row(gen: TextGen, i: int) -> dict:
     rng = gen.rng
     kind = rng.choices(("single", "chat", "agentic"), (0.3, 0.3, 0.4))[0]
-    size = min(rng.lognormvariate(5.5, 0.7), 2000)     # words of prose: rows of mean ~850 tokens
+    size = min(rng.lognormvariate(5.25, 0.7), 2000)     # words of prose: rows of mean ~850 tokens
     if kind == "single":
         msgs = [{"role": "user", "content": gen.paragraph(size * 0.3)},
                 {"role": "assistant", "content": gen.paragraph(size * 0.7)}]
