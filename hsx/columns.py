@@ -21,11 +21,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from hsx.errors import HsxError
+
 RENAMES = ("messages", "conversations", "tools", "id")
 ROLES = ("system", "user", "assistant", "reasoning")
 
 
-class ColumnMappingError(ValueError):
+class ColumnMappingError(HsxError, ValueError):
     """The column mapping text or file is malformed; the message says where."""
 
 

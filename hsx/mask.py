@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hsx.errors import HsxError
 from hsx.rows import RowRejected
 
 Render = Callable[..., str]      # render(messages, tools, add_generation_prompt) -> text
@@ -35,7 +36,7 @@ MAX_BACKTRACK = 256             # alignment attempts beyond the first before a r
 REASONING_FIELDS = ("reasoning_content", "thinking")
 
 
-class TemplateError(ValueError):
+class TemplateError(HsxError, ValueError):
     """hsx cannot place a loss mask with this chat template at all (the whole run, not one row)."""
 
 

@@ -16,12 +16,18 @@ from typing import Any
 import numpy as np
 
 from hsx.columns import ColumnMapping
+from hsx.errors import HsxError
 from hsx.mask import TemplateError, TemplateShape, assistant_spans, probe_shape
 from hsx.rows import RowRejected, read_conversation
 
-__all__ = ["ChatTokeniser", "RowProblem", "RowRejected", "TemplateError", "Tokenised", "parse_template_kwargs"]
+__all__ = ["ChatTokeniser", "RowProblem", "RowRejected", "TemplateArgsError", "TemplateError", "Tokenised",
+           "parse_template_kwargs"]
 
 RowProblem = RowRejected   # the former name
+
+
+class TemplateArgsError(HsxError, ValueError):
+    """--template-kwargs text is malformed."""
 
 
 @dataclass(frozen=True)
@@ -44,15 +50,15 @@ def parse_template_kwargs(text: str | None) -> dict[str, Any]:
         try:
             value = json.loads(text)
         except ValueError as exc:
-            raise ValueError(f"template arguments {text!r}: not a JSON object ({exc})") from None
+            raise TemplateArgsError(f"template arguments {text!r}: not a JSON object ({exc})") from None
         if not isinstance(value, dict):
-            raise ValueError(f"template arguments {text!r}: want a JSON object")
+            raise TemplateArgsError(f"template arguments {text!r}: want a JSON object")
         return value
     out: dict[str, Any] = {}
     for pair in text.split(","):
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"template arguments {text!r}: {pair!r} is not key=value")
+            raise TemplateArgsError(f"template arguments {text!r}: {pair!r} is not key=value")
         try:
             out[key.strip()] = json.loads(raw.strip())
         except ValueError:
