@@ -87,6 +87,13 @@ def test_column_mapping_file_renames_and_reasoning(tmp_path):
             ColumnMapping.parse(bad)
 
 
+def test_the_tokeniser_reads_rows_through_the_column_mapping(chat):
+    mapped = ChatTokeniser(chat.tok, columns=ColumnMapping.parse("user=q,assistant=a,id=uid"))
+    got = mapped.encode_row({"uid": "u-7", "q": "why", "a": "because"}, 3)
+    assert (got.sample_id, got.source_format) == ("u-7", "instruction")
+    assert chat.tok.decode(got.input_ids[got.loss_mask.astype(bool)].tolist()) == "because<|im_end|>\n"
+
+
 def test_template_kwargs_parse():
     assert parse_template_kwargs("enable_thinking=false, date_string=01 Jan 2030") == {
         "enable_thinking": False, "date_string": "01 Jan 2030"}
