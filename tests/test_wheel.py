@@ -59,6 +59,9 @@ def test_every_package_is_discovered_and_in_the_build_context():
     for pkg in packages:
         assert any(fnmatch.fnmatch(pkg, pat) for pat in include), f"{pkg}: not in [tool.setuptools.packages.find] include"
         assert any(fnmatch.fnmatch(f"{pkg}.sub", pat) for pat in include), f"{pkg}.*: subpackages not included"
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    # transformers (>=4.56, what hsx installs) disables PyTorch below 2.6: a lower floor installs a broken pair.
+    assert [d for d in deps if d.split(">")[0].split("=")[0].strip() == "torch"] == ["torch>=2.6"], deps
     missing = packages - dockerignore_allowed()
     assert not missing, f".dockerignore keeps {sorted(missing)} out of the image build context"
 
