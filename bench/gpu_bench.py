@@ -36,9 +36,15 @@ import shapes  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.planning import cut_batches, padding_fraction  # noqa: E402
 
-# section: (length mix, token budget, also time the full body, worker knobs)
+# section: (length mix, token budget, also time the full body, worker knobs[, store dtype, codec])
 # Knobs: "serial" = the writer before issue 6 (one writer thread, sha256 then write on that thread).
+# Issue 15's sections (mix32k_bf16, _fp8, _zstd, _fp8zstd) use the memory tier when --memory-spool-gib > 0.
 SECTIONS = {
+    "mix32k_bf16": ("mix", 32768, True, None, "bfloat16", "none"),
+    "mix32k_fp8": ("mix", 32768, True, None, "float8_e4m3", "none"),
+    "mix32k_zstd": ("mix", 32768, True, None, "bfloat16", "zstd"),
+    "mix32k_fp8zstd": ("mix", 32768, True, None, "float8_e4m3", "zstd"),
+    "cpu-formats": ("mix", 4096, True, None, "float8_e4m3", "zstd"),
     "mix32k": ("mix", 32768, True, None),
     "mix32k_serial": ("mix", 32768, True, "serial"),
     "uniform1024": ("uniform1024", 32768, True, None),
@@ -75,7 +81,8 @@ def run_shape(args) -> dict:
     print(f"[bench] {args.shape} ({args.tag}): {result['body_params'] / 1e9:.2f}B body params on {result['device']}, "
           f"built in {build_s:.1f}s, fla={'yes' if result['fla'] else 'no'}", flush=True)
     work = Path(args.workdir) / f"{args.shape}-{args.tag}"
-    svc, redis_server, uploaders = harness.start_services(work, config, device, args.uploaders, args.store_dir)
+    svc, redis_server, uploaders = harness.start_services(work, config, device, args.uploaders, args.store_dir,
+                                                          args.memory_spool_dir if args.memory_spool_gib else None)
     try:
         if args.io_probe:
             result["io"] = harness.io_probe(svc.spool_dir)
@@ -94,14 +101,16 @@ def run_shape(args) -> dict:
         kept_layers = decoder.layers
         bare_cache: dict = {}
         for name in args.sections.split(","):
-            kind, budget, with_full, knobs = SECTIONS[name]
+            kind, budget, with_full, knobs, *fmt = SECTIONS[name]
+            store_dtype, codec = fmt or (None, "none")
             budget = args.token_budget or budget
             with_full = with_full and not args.no_full
             run = f"{name}-{args.tag}"[:64]
             lengths = harness.lengths_for(kind, args.tokens, seed=1)
             dataset = harness.write_dataset(work / f"{name}.jsonl", lengths, vocab)
             t = time.perf_counter()
-            report, specs = harness.plan(svc, run, dataset, budget, out_dtype, layers=args.layers)
+            report, specs = harness.plan(svc, run, dataset, budget, out_dtype, layers=args.layers,
+                                         store_dtype=store_dtype, codec=codec)
             print(f"[bench] {name}: {len(lengths)} samples, {report.batches} batches, "
                   f"padding {1 - report.tokens / report.padded_tokens:.2%}, planned in {time.perf_counter() - t:.1f}s", flush=True)
             batch_shapes = [(s.samples, s.padded_len, s.tokens) for s in specs]
@@ -123,7 +132,8 @@ def run_shape(args) -> dict:
                 raise RuntimeError(f"an uploader exited; see {work / 'logs'}")
             set_knobs(knobs)
             try:
-                pipe = harness.run_pipeline(svc, run, extractor, specs, args.warm, int(args.spool_budget_gib * harness.GiB))
+                pipe = harness.run_pipeline(svc, run, extractor, specs, args.warm, int(args.spool_budget_gib * harness.GiB),
+                                            memory_budget_bytes=int(args.memory_spool_gib * harness.GiB))
             except Exception as exc:  # keep the bare numbers and go on with the next section
                 section["error"] = f"{type(exc).__name__}: {exc}"
                 print(f"[bench]   pipeline FAILED: {section['error']}", flush=True)
@@ -139,6 +149,11 @@ def run_shape(args) -> dict:
             print(f"[bench]   pipeline: {pipe['tok_s']:.0f} tok/s (x{section['ratio_kept']:.3f} of bare kept), "
                   f"busy {pipe['busy']:.1%}, e2e {pipe['e2e_tok_s']:.0f} tok/s, spool peak {pipe['spool_peak_gib']:.2f} GiB, "
                   f"overhead {pipe['overhead_ms_per_batch']:.1f} ms/batch", flush=True)
+            print(f"[bench]   {pipe['store_dtype']}/{pipe['codec']}: {pipe['bytes_per_token']:.0f} bytes/token, ratio "
+                  f"{pipe['codec_ratio']:.3f}, codec {pipe['codec_wall_s_per_gb']:.2f} writer-s/GB, process CPU "
+                  f"{pipe['process_cpu_s_per_gb_raw']:.2f} s/GB, tiers {pipe['tier_bytes']}, write GiB/s "
+                  f"{pipe['tier_write_gib_s']}, emit {pipe['emit_gib_s']:.2f} GiB/s, tail {pipe['tail_share']:.1%}",
+                  flush=True)
             result["sections"].append(section)
             write_json(args, result)
     finally:
@@ -208,6 +223,17 @@ def print_table(out_dir: Path) -> None:
                   f"sha256 {res['io']['sha256_gib_s']:.2f} GiB/s")
     for res in results:
         for s in res.get("sections", []):
+            p = s.get("pipeline")
+            if not p or "bytes_per_token" not in p:
+                continue
+            print(f"{res['shape']}/{res['tag']} {s['section']}: {p['store_dtype']}/{p['codec']} "
+                  f"{p['bytes_per_token']:.0f} bytes/token (ratio {p['codec_ratio']:.3f}), codec "
+                  f"{p['codec_wall_s_per_gb']:.2f} writer-s/GB raw, process CPU {p['process_cpu_s_per_gb_raw']:.2f} s/GB raw, "
+                  f"e2e {p['e2e_tok_s']:.0f} tok/s (tail {100 * p['tail_share']:.1f}%), tiers "
+                  + ", ".join(f"{k} {v / 2**30:.1f} GiB @ {p['tier_write_gib_s'].get(k, 0):.2f} GiB/s"
+                              for k, v in p["tier_bytes"].items()) + f", emit {p['emit_gib_s']:.2f} GiB/s")
+    for res in results:
+        for s in res.get("sections", []):
             if "pipeline" not in s:
                 continue
             p = s["pipeline"]
@@ -229,7 +255,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-full", action="store_true", help="skip the bare forward through the full body")
     ap.add_argument("--warm", type=int, default=2, help="batches left out of the timed window")
     ap.add_argument("--uploaders", type=int, default=4)
-    ap.add_argument("--spool-budget-gib", type=float, default=24.0)
+    ap.add_argument("--spool-budget-gib", type=float, default=24.0, help="the disk tier's budget")
+    ap.add_argument("--memory-spool-gib", type=float, default=0.0, help="the memory tier's budget (0: none)")
+    ap.add_argument("--memory-spool-dir", default="/dev/shm/hsx-bench-mem", help="the memory tier (a tmpfs)")
     ap.add_argument("--io-probe", action="store_true", help="measure write+fsync and sha256 speed first")
     ap.add_argument("--store-dir", default=None, help="local-directory store (default under --workdir; /dev/shm: bytes off the disk, as with S3)")
     ap.add_argument("--workdir", default=os.environ.get("HSX_BENCH_WORKDIR", "/tmp/hsx-bench"))

@@ -169,13 +169,15 @@ def model_dir(path: Path, config) -> Path:
 class Uploaders:
     """N ``hsx upload`` processes on this host's upload queue (not burst: they wait for work)."""
 
-    def __init__(self, n: int, redis_url: str, spool_dir: Path, host: str, log_dir: Path):
+    def __init__(self, n: int, redis_url: str, spool_dir: Path, host: str, log_dir: Path,
+                 memory_spool_dir: Path | None = None):
         env = {**os.environ, "HSX_REDIS_URL": redis_url, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         self.procs = []
         for i in range(n):
             log = open(log_dir / f"upload-{i}.log", "w")
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "hsx_cli.main", "upload", "--spool-dir", str(spool_dir), "--host", host,
+                 *(["--memory-spool-dir", str(memory_spool_dir)] if memory_spool_dir else []),
                  "--name", f"bench-upload-{i}-{os.getpid()}"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO))
 
     def alive(self) -> bool:
@@ -207,9 +209,9 @@ class Monitor(threading.Thread):
     pay the whole copy + sha256 + fsync into the local-directory store.
     """
 
-    def __init__(self, spool_dir: Path, store_batches: Path, period: float = 0.1, gpu_index: int | None = None):
+    def __init__(self, spool_dirs: list[Path], store_batches: Path, period: float = 0.1, gpu_index: int | None = None):
         super().__init__(daemon=True, name="bench-monitor")
-        self.spool_dir, self.store_batches, self.period = spool_dir, store_batches, period
+        self.spool_dirs, self.store_batches, self.period = spool_dirs, store_batches, period
         self.stop_event = threading.Event()
         self.spool_peak = self.spool_files_peak = 0
         self.rss: list[tuple[float, int]] = []
@@ -227,9 +229,9 @@ class Monitor(threading.Thread):
     def run(self) -> None:
         tick = 0
         while not self.stop_event.wait(self.period):
-            usage = spool.usage(self.spool_dir)
-            self.spool_peak = max(self.spool_peak, usage.bytes)
-            self.spool_files_peak = max(self.spool_files_peak, usage.files)
+            usages = [spool.usage(d) for d in self.spool_dirs]
+            self.spool_peak = max(self.spool_peak, sum(u.bytes for u in usages))
+            self.spool_files_peak = max(self.spool_files_peak, sum(u.files for u in usages))
             self.rss.append((time.perf_counter(), rss_bytes()))
             if self._nvml:
                 nv, h = self._nvml
@@ -287,9 +289,11 @@ class Services:
     host: str
     device: torch.device
     clock: Clock
+    memory_spool_dir: Path | None = None   # the memory tier (tmpfs) when the benchmark uses one
 
 
-def plan(svc: Services, run: str, dataset: Path, token_budget: int, dtype: str, layers: str = "dflash"):
+def plan(svc: Services, run: str, dataset: Path, token_budget: int, dtype: str, layers: str = "dflash",
+         store_dtype: str | None = None, codec: str = "none"):
     """Plan + enqueue a run through the real producer; return the batch specs in queue order."""
     from producer.produce import produce
 
@@ -297,26 +301,33 @@ def plan(svc: Services, run: str, dataset: Path, token_budget: int, dtype: str, 
         ProduceConfig, run=run, dataset=dataset, model=str(svc.model_path), layers=layers,
         store=StoreSettings(url=svc.store_url), redis_url=svc.redis_url, token_budget=token_budget,
         max_length=4096, overlong="drop", max_batch_rows=512, pad_multiple=8, dtype=dtype,
-        batches_per_shard=1000, tokenise_workers=1, enqueue=True, lease_seconds=600))
+        batches_per_shard=1000, tokenise_workers=1, enqueue=True, lease_seconds=600, store_dtype=store_dtype,
+        codec=codec))
     specs = sorted(ledger.all_specs(svc.r, run).values(), key=lambda s: s.index)
     return report, specs
 
 
 def run_pipeline(svc: Services, run: str, extractor: TimedExtractor, specs, warm: int,
-                 spool_budget_bytes: int, timeout: float = 60) -> dict:
+                 spool_budget_bytes: int, timeout: float = 60, memory_budget_bytes: int = 0) -> dict:
     """Worker (rq, burst) in this thread + the uploaders already running; measured until the ledger is complete."""
     from gpu_worker.runtime import WorkerRuntime
     from gpu_worker.worker import run_worker
+    from hsx import codec
 
     manifest = ledger.get_manifest(svc.r, run)
     cfg = make(WorkerConfig, run=run, redis_url=svc.redis_url, device=str(svc.device), spool_dir=svc.spool_dir,
                spool_budget_bytes=spool_budget_bytes, host=svc.host, model_override=None, burst=True,
                worker_name=f"bench-gpu-{run}", heartbeat_seconds=5.0,
-               grace_seconds=600.0, min_batch_seconds=0.0)
+               grace_seconds=600.0, min_batch_seconds=0.0,
+               memory_spool_dir=svc.memory_spool_dir if memory_budget_bytes else None,
+               memory_spool_budget_bytes=memory_budget_bytes)
     store = StoreSettings(url=svc.store_url).open()
+    extractor.store_dtype = manifest.get("store_dtype") or manifest["dtype"]
     rt = WorkerRuntime(cfg, svc.r, store, manifest, extractor)
-    monitor = Monitor(svc.spool_dir, Path(svc.store_url) / run / "batches",
+    monitor = Monitor([t.dir for t in cfg.tiers.tiers], Path(svc.store_url) / run / "batches",
                       gpu_index=svc.device.index if svc.clock.cuda else None)
+    codec_before = (codec.STATS.seconds, codec.STATS.raw_bytes, codec.STATS.stored_bytes)
+    cpu_before = time.process_time()
     extractor.marks = []
     if svc.clock.cuda:
         torch.cuda.synchronize()
@@ -337,6 +348,7 @@ def run_pipeline(svc: Services, run: str, extractor: TimedExtractor, specs, warm
                                f"{ledger.failures(svc.r, run) or ledger.dead_letters(svc.r, run)}")
         time.sleep(0.02)
     t_done = time.perf_counter()
+    cpu_s = time.process_time() - cpu_before
     mon = monitor.stop()
     svc.clock.sync()
     out = summarise(extractor.marks, svc.clock, warm)
@@ -346,7 +358,18 @@ def run_pipeline(svc: Services, run: str, extractor: TimedExtractor, specs, warm
         "all_batches": total, "all_tokens": tokens, "wall_worker_s": t_worker - t0, "wall_done_s": t_done - t0,
         "e2e_tok_s": tokens / (t_done - t0), "batches_run": rt.batches_run, "spooled": rt.writer.written,
         "peak_gib": torch.cuda.max_memory_allocated() / GiB if svc.clock.cuda else None,
-        "pinned_gib": (rt.pinned.numel * 3 * extractor.out_dtype.itemsize / GiB) if rt.pinned else 0.0,
+        "pinned_gib": (rt.pinned.nbytes * rt.pinned.count / GiB) if rt.pinned else 0.0,
+        "store_dtype": extractor.store_dtype, "codec": manifest.get("codec", "none"),
+        "stored_bytes": rt.writer.stored_bytes, "raw_bytes": rt.writer.raw_bytes,
+        "bytes_per_token": rt.writer.stored_bytes / max(tokens, 1),
+        "codec_ratio": rt.writer.stored_bytes / max(rt.writer.raw_bytes, 1),
+        "codec_wall_s_per_gb": (codec.STATS.seconds - codec_before[0]) / max((codec.STATS.raw_bytes - codec_before[1]) / 1e9, 1e-9),
+        "process_cpu_s": cpu_s, "process_cpu_s_per_gb_raw": cpu_s / max(rt.writer.raw_bytes / 1e9, 1e-9),
+        "tier_bytes": dict(rt.writer.rates.tier_bytes),
+        "tier_write_gib_s": {t: rt.writer.rates.write_rate(t, len(rt.writer._threads)) / GiB
+                             for t in rt.writer.rates.tier_bytes},
+        "emit_gib_s": rt.writer.rates.emit_rate() / GiB,
+        "tail_s": t_done - t_worker, "tail_share": (t_done - t_worker) / max(t_done - t0, 1e-9),
         "forward_s_all": sum(svc.clock.seconds(s, e) for s, e, *_ in extractor.marks),
     })
     # Per-batch host cost beyond the forward (CPU mode: the forward is synchronous, so this is all orchestration).
@@ -354,7 +377,8 @@ def run_pipeline(svc: Services, run: str, extractor: TimedExtractor, specs, warm
     return out
 
 
-def start_services(work: Path, config, device: torch.device, n_uploaders: int, store_dir: str | None = None):
+def start_services(work: Path, config, device: torch.device, n_uploaders: int, store_dir: str | None = None,
+                   memory_spool_dir: str | None = None):
     from hsx.redisconn import LocalRedis, connect
 
     if work.exists():
@@ -365,9 +389,9 @@ def start_services(work: Path, config, device: torch.device, n_uploaders: int, s
     host = f"bench{os.getpid()}"
     svc = Services(work=work, redis_url=redis_server.url, r=r, model_path=model_dir(work / "model", config),
                    store_url=store_dir or str(work / "store"), spool_dir=work / "spool", host=host, device=device,
-                   clock=Clock(device))
+                   clock=Clock(device), memory_spool_dir=Path(memory_spool_dir) if memory_spool_dir else None)
     (work / "logs").mkdir()
-    uploaders = Uploaders(n_uploaders, redis_server.url, svc.spool_dir, host, work / "logs")
+    uploaders = Uploaders(n_uploaders, redis_server.url, svc.spool_dir, host, work / "logs", svc.memory_spool_dir)
     return svc, redis_server, uploaders
 
 

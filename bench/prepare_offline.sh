@@ -32,6 +32,7 @@ WHEELS=(
   "jmespath==1.1.0"
   "flash-linear-attention==0.6.0"   # needs transformers>=5.6.2,<6 (GPU image: 5.17)
   "fla-core==0.6.0"                 # needs einops, torch>=2.7, triton>=3.3 (on the image)
+  "zstandard==0.25.0"               # lossless codec of hidden states (cp312 manylinux wheel)
 )
 PY_VERSION="3.12"
 

@@ -25,12 +25,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from hsx import batchfile, layout
+from hsx.dtypes import FP8, quantise_fp8
 from hsx_reader import RunStream, collate_packed
 
 RUN, H, LAYERS = "bench", 4096, [1, 9, 17, 25, 33]
 
 
-def write_run(root: Path, batches: int, token_budget: int, seed: int = 0) -> int:
+def write_run(root: Path, batches: int, token_budget: int, seed: int = 0, store_dtype: str = "bfloat16",
+              codec: str = "none") -> int:
     rng = np.random.default_rng(seed)
     lines, total = [], 0
     for b in range(batches):
@@ -42,20 +44,25 @@ def write_run(root: Path, batches: int, token_budget: int, seed: int = 0) -> int
             lengths.append(n)
         n_tok = sum(lengths)
         ids = [f"s{b}-{i}" for i in range(len(lengths))]
-        tensors = {"hidden_states": torch.randn(n_tok, len(LAYERS) * H).to(torch.bfloat16),
+        hidden = torch.randn(n_tok, len(LAYERS) * H).to(torch.bfloat16)
+        tensors = {"hidden_states": hidden,
                    "input_ids": torch.randint(0, 150000, (n_tok,), dtype=torch.int32),
                    "loss_mask": torch.randint(0, 2, (n_tok,), dtype=torch.uint8),
                    "cu_seqlens": torch.tensor([0] + list(np.cumsum(lengths)), dtype=torch.int64)}
+        if store_dtype == FP8:
+            tensors["hidden_states"], tensors["hidden_scales"] = quantise_fp8(hidden, len(LAYERS))
         bid = layout.batch_id(b)
         key = layout.batch_key(RUN, layout.shard_of(b, 100), bid)
         meta = {"format": batchfile.FORMAT, "run": RUN, "batch_id": bid, "sample_ids": json.dumps(ids),
-                "layer_ids": json.dumps(LAYERS), "dtype": "bfloat16", "model": "synthetic", "hidden_size": str(H)}
-        batchfile.write_atomic(root / key, tensors, meta, fsync=False)
+                "layer_ids": json.dumps(LAYERS), "dtype": "bfloat16", "model": "synthetic", "hidden_size": str(H),
+                "store_dtype": store_dtype, "codec": codec}
+        batchfile.write_atomic(root / key, tensors, meta, fsync=False, codec=codec)
         lines += [json.dumps({"id": s, "key": key, "batch_id": bid, "row": i}) for i, s in enumerate(ids)]
         total += len(ids)
     (root / layout.index_key(RUN)).write_text("\n".join(lines) + "\n")
     (root / layout.manifest_key(RUN)).write_text(json.dumps(
-        {"run": RUN, "layer_ids": LAYERS, "hidden_size": H, "dtype": "bfloat16", "store_final": False}))
+        {"run": RUN, "layer_ids": LAYERS, "hidden_size": H, "dtype": "bfloat16", "store_final": False,
+         "store_dtype": store_dtype, "codec": codec}))
     return total
 
 
@@ -81,24 +88,31 @@ def main() -> None:
     p.add_argument("--s3-batches", type=int, default=4, help="of them, copied to S3")
     p.add_argument("--token-budget", type=int, default=8192, help="tokens a batch object")
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--formats", default="bfloat16/none",
+                   help="comma list of STORE_DTYPE/CODEC, e.g. bfloat16/none,float8_e4m3/none,bfloat16/zstd,"
+                        "float8_e4m3/zstd (S3 rows for the first only)")
+    p.add_argument("--no-s3", action="store_true", help="local rows only (no moto server)")
     args = p.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="hsx-reader-bench-"))
-    try:
-        total = write_run(root / "local", args.batches, args.token_budget)
-        size = sum(f.stat().st_size for f in (root / "local").rglob("*.safetensors"))
-        print(f"synthetic run: {total} samples, {args.batches} objects, {size / 1e9:.2f} GB, H={H}, "
-              f"{len(LAYERS)} layers bf16, {os.cpu_count()} CPUs")
-        rows = []
-        local = str(root / "local")
-        for label, workers in (("local, in-process", 0), (f"local, {args.workers} workers", args.workers)):
-            measure(lambda: RunStream(local, RUN, seed=0), workers)  # warm-up (page cache, worker start)
-            rows.append((label, *measure(lambda: RunStream(local, RUN, seed=1), workers)))
-        rows += s3_rows(root, args)
-        print(f"\n| source | samples | samples/s | MB/s |\n|---|---:|---:|---:|")
-        for label, samples, nbytes, secs in rows:
-            print(f"| {label} | {samples} | {samples / secs:,.0f} | {nbytes / secs / 1e6:,.0f} |")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    rows = []
+    for n, fmt in enumerate(args.formats.split(",")):
+        store_dtype, codec = fmt.split("/")
+        root = Path(tempfile.mkdtemp(prefix="hsx-reader-bench-"))
+        try:
+            total = write_run(root / "local", args.batches, args.token_budget, store_dtype=store_dtype, codec=codec)
+            size = sum(f.stat().st_size for f in (root / "local").rglob("*.safetensors"))
+            print(f"synthetic run {fmt}: {total} samples, {args.batches} objects, {size / 1e9:.2f} GB, H={H}, "
+                  f"{len(LAYERS)} layers (random values: compression ratio not representative), {os.cpu_count()} CPUs")
+            local = str(root / "local")
+            for label, workers in (("local, in-process", 0), (f"local, {args.workers} workers", args.workers)):
+                measure(lambda: RunStream(local, RUN, seed=0), workers)  # warm-up (page cache, worker start)
+                rows.append((f"{fmt}, {label}", size, *measure(lambda: RunStream(local, RUN, seed=1), workers)))
+            if n == 0 and not args.no_s3:
+                rows += [(f"{fmt}, {label}", size, *rest) for label, *rest in s3_rows(root, args)]
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    print("\n| format, source | stored GB | samples | samples/s | MB/s delivered (bf16) |\n|---|---:|---:|---:|---:|")
+    for label, size, samples, nbytes, secs in rows:
+        print(f"| {label} | {size / 1e9:.2f} | {samples} | {samples / secs:,.0f} | {nbytes / secs / 1e6:,.0f} |")
 
 
 def s3_rows(root: Path, args) -> list:

@@ -9,6 +9,8 @@
 #   hybrid-torch  the same without it (transformers' PyTorch fallback)
 #   32b           Qwen3-32B shape, mix32k (target 5)
 #   8b-shm        8b's mix32k with the store in /dev/shm: the store's bytes off the local disk, as with S3
+#   8b-formats    issue 15: memory-first spool (8 GiB tier in /dev/shm, disk tier on this machine's disk), store
+#                 in /dev/shm (as S3); bf16, FP8, bf16+zstd, FP8+zstd (SECTIONS_FMT to choose)
 # The padding table of 1M planned samples (target 3) runs beside them on the CPU.
 # Results: one JSON per step under $OUT (or ./bench-out); the table is printed last.
 set -uo pipefail
@@ -28,8 +30,11 @@ done
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader || true
 
-python bench/gpu_bench.py --padding --out "$OUTDIR" >"$OUTDIR/padding.log" 2>&1 &
-PADDING_PID=$!
+PADDING_PID=
+if [[ "${PADDING:-1}" = 1 ]]; then  # PADDING=0: no CPU work beside the measured steps
+  python bench/gpu_bench.py --padding --out "$OUTDIR" >"$OUTDIR/padding.log" 2>&1 &
+  PADDING_PID=$!
+fi
 
 B="python bench/gpu_bench.py --out $OUTDIR"
 for step in "${STEPS[@]}"; do
@@ -45,11 +50,16 @@ for step in "${STEPS[@]}"; do
                     --sections mix32k --no-full ;;
     8b-shm)       timeout "${T_8B:-300}" $B --shape qwen3-8b --tag shmstore --tokens "${TOKENS_8B:-500000}" \
                     --sections "${SECTIONS_8B:-mix32k}" --store-dir /dev/shm/hsx-bench-store ;;
+    8b-formats)   timeout "${T_FMT:-420}" $B --shape qwen3-8b --tag formats --io-probe --tokens "${TOKENS_FMT:-1000000}" \
+                    --sections "${SECTIONS_FMT:-mix32k_bf16,mix32k_fp8,mix32k_zstd,mix32k_fp8zstd}" \
+                    --memory-spool-gib "${MEM_GIB:-8}" --store-dir /dev/shm/hsx-bench-store ;;
     *)            echo "unknown step $step" ;;
   esac
   echo "=== $step exit $?"
 done
-wait "$PADDING_PID"
-tail -n 3 "$OUTDIR/padding.log"
+if [[ -n "$PADDING_PID" ]]; then
+  wait "$PADDING_PID"
+  tail -n 3 "$OUTDIR/padding.log"
+fi
 echo
 python bench/gpu_bench.py --table "$OUTDIR"

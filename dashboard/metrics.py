@@ -37,6 +37,8 @@ class OverviewCollector:
         done = {k: counter(f"hsx_uploaded_{k}", f"{k} verified in the store and recorded done")
                 for k in ("batches", "samples", "tokens", "bytes")}
         extracted = counter("hsx_extracted_batches", "batches that reached a spool at least once")
+        written = counter("hsx_written_bytes", "bytes of batch files written to spools (rewrites included)")
+        per_token = gauge("hsx_bytes_per_token", "stored bytes per real token of the batches done (absent until one is)")
         rate = {k: gauge(f"hsx_upload_{k}_per_second", f"{k} recorded done a second, averaged over the rate window")
                 for k in ("batches", "samples", "tokens")}
         extract_rate = gauge("hsx_extract_tokens_per_second", "tokens extracted a second, averaged over the rate window")
@@ -75,6 +77,9 @@ class OverviewCollector:
             done["tokens"].add_metric([run], p["tokens"]["done"])
             done["bytes"].add_metric([run], o["uploaded_bytes"])
             extracted.add_metric([run], p["batches_extracted"]["done"])
+            written.add_metric([run], o["written_bytes"])
+            if o["bytes_per_token"] is not None:
+                per_token.add_metric([run], o["bytes_per_token"])
             for k in ("batches", "samples", "tokens"):
                 rate[k].add_metric([run], o["rate"][f"{k}_per_s"])
             extract_rate.add_metric([run], o["rate"]["extract_tokens_per_s"])
@@ -102,7 +107,7 @@ class OverviewCollector:
                     family.add_metric([run, h["host"]], value)
         yield from planned.values()
         yield from done.values()
-        yield from (extracted, *rate.values(), extract_rate, eta, complete, queue, dead, retrying,
+        yield from (extracted, written, per_token, *rate.values(), extract_rate, eta, complete, queue, dead, retrying,
                     shard_planned, shard_done, w_up, w_age, w_batches, w_busy, *gpu.values(), *host.values())
 
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-log = logging.getLogger(__name__)
+from hsx.dtypes import FP8, VALUE_DTYPES as DTYPES, fp8_error, quantise_fp8
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+log = logging.getLogger(__name__)
 
 
 def text_config(config):
@@ -61,24 +61,30 @@ def pad_batch(packed_ids: torch.Tensor, cu_seqlens: torch.Tensor, padded_len: in
 class Extractor:
     """Holds the model; ``run`` maps a PaddedBatch to packed hidden states on the device."""
 
-    def __init__(self, model, layer_ids: list[int], store_final: bool, out_dtype: str = "bfloat16"):
-        """Wrap a built model (``load`` reads one from disk; benchmarks build real shapes from a config)."""
+    def __init__(self, model, layer_ids: list[int], store_final: bool, out_dtype: str = "bfloat16",
+                 store_dtype: str | None = None):
+        """Wrap a built model (``load`` reads one from disk; benchmarks build real shapes from a config).
+
+        ``store_dtype``: what batch files hold (default ``out_dtype``); FP8 is quantised here, on the device.
+        """
         self.device = next(model.parameters()).device
         self.out_dtype = DTYPES[out_dtype]
+        self.store_dtype = store_dtype or out_dtype
         self.num_layers = text_config(model.config).num_hidden_layers
         self.layer_ids, self.store_final = sorted(layer_ids), store_final
         self._setup(model)
 
     @classmethod
     def load(cls, model_path: str, layer_ids: list[int], store_final: bool, device: str, out_dtype: str = "bfloat16",
-             model_dtype: str | None = None, attn_implementation: str = "sdpa") -> "Extractor":
+             model_dtype: str | None = None, attn_implementation: str = "sdpa",
+             store_dtype: str | None = None) -> "Extractor":
         """Load the model body (no lm_head) once; compute in fp32 on the CPU, bf16 on a GPU unless told."""
         from transformers import AutoModel
 
         cpu = torch.device(device).type == "cpu"
         compute = DTYPES[model_dtype] if model_dtype else (torch.float32 if cpu else torch.bfloat16)
         model = AutoModel.from_pretrained(model_path, dtype=compute, attn_implementation=attn_implementation)
-        return cls(model.to(device), layer_ids, store_final, out_dtype)
+        return cls(model.to(device), layer_ids, store_final, out_dtype, store_dtype)
 
     def _setup(self, model) -> None:
         decoder = _decoder(model)
@@ -114,6 +120,34 @@ class Extractor:
     @property
     def width(self) -> int:
         return len(self.layer_ids) * self.hidden_size
+
+    def host_bytes_per_token(self) -> int:
+        """Bytes a token's stored tensors take in host memory (hidden states, scales, final state)."""
+        rows = len(self.layer_ids) + (1 if self.store_final else 0)
+        if self.store_dtype == FP8:
+            return rows * (self.hidden_size + 4)
+        return rows * self.hidden_size * self.out_dtype.itemsize
+
+    def stored(self, hidden: torch.Tensor, final: torch.Tensor | None,
+               measure_error: bool = False) -> dict[str, torch.Tensor]:
+        """The device tensors a batch file stores, by name; FP8 is quantised here on the GPU (one scale a
+        token a layer), and with ``measure_error`` its error against ``hidden`` is added as ``fp8_error`` [2, n]."""
+        if self.store_dtype != FP8:
+            out = {"hidden_states": hidden}
+            if final is not None:
+                out["final_hidden_states"] = final
+            return out
+        with torch.inference_mode():
+            q, scales = quantise_fp8(hidden, len(self.layer_ids))
+            out = {"hidden_states": q, "hidden_scales": scales}
+            if final is not None:
+                out["final_hidden_states"], out["final_scales"] = quantise_fp8(final, 1)
+            if measure_error:
+                error = fp8_error(hidden, q, scales)
+                if final is not None:
+                    error = torch.cat([error, fp8_error(final, out["final_hidden_states"], out["final_scales"])], dim=1)
+                out["fp8_error"] = error
+        return out
 
     @torch.inference_mode()
     def run(self, batch: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:

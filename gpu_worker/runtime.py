@@ -15,6 +15,7 @@ import torch
 
 from hsx import heartbeat, leases, ledger, queues, spool
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES, DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
+from hsx.storeerror import ERROR_SAMPLE_EVERY
 from hsx.keys import RunKeys
 from hsx.batchfile import file_sha256
 from hsx.config import WorkerConfig
@@ -26,6 +27,7 @@ from gpu_worker.prefetch import Prefetcher
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
 
 log = logging.getLogger(__name__)
+HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files (one heartbeat TTL)
 _current: "WorkerRuntime | None" = None
 
 
@@ -47,13 +49,15 @@ class WorkerRuntime:
         self.limits = RunLimits.of(manifest)   # attempts and lease length: the run's, not this process's
         self.leases_key = RunKeys(cfg.run).extract_leases
         self.cuda = extractor.device.type == "cuda"
-        self.writer = SpoolWriter(r, cfg.run, manifest, cfg.spool_dir, cfg.host, cfg.worker_name,
+        self.tiers = cfg.tiers
+        self.writer = SpoolWriter(r, cfg.run, manifest, self.tiers, cfg.host, cfg.worker_name,
                                   on_failure=self.fail_batch, depth=DEFAULT_WRITE_QUEUE)
         self.prefetcher = Prefetcher(store, cfg.run, manifest.get("pad_token_id", 0), pin=self.cuda,
                                      depth=DEFAULT_PREFETCH_BATCHES)
-        self.pinned = PinnedPool(DEFAULT_PINNED_BUFFERS, manifest["token_budget"] * extractor.width, extractor.out_dtype) if self.cuda else None
-        self.final_pinned = (PinnedPool(DEFAULT_PINNED_BUFFERS, manifest["token_budget"] * extractor.hidden_size, extractor.out_dtype)
-                             if self.cuda and extractor.store_final else None)
+        # One pinned byte buffer a batch in flight holds every stored tensor (hidden states, scales, final).
+        self.pinned = (PinnedPool(DEFAULT_PINNED_BUFFERS, manifest["token_budget"] * extractor.host_bytes_per_token() + 2**16)
+                       if self.cuda else None)
+        self.beats = 0
         self.copy_stream = torch.cuda.Stream(device=extractor.device) if self.cuda else None
         self.probe = GpuProbe(extractor.device.index if self.cuda else None, self._cuda_uuid() if self.cuda else None)
         self.current_batch: str | None = None
@@ -91,40 +95,61 @@ class WorkerRuntime:
         self.r.delete(RunKeys(self.run).heartbeat(self.worker_name))
         return drained
 
+    def sweep_temp_files(self) -> int:
+        """Remove temp files of writers with no live heartbeat, in every tier; the number removed.
+
+        Runs at start and on every HEARTBEATS_PER_SWEEP-th beat: a writer that died within its
+        heartbeat TTL of this worker's start still looked alive then (issue 13 item 7).
+        """
+        removed = 0
+        for tier in self.tiers.tiers:
+            for tmp, writer in spool.temp_files(tier.dir, self.run).items():
+                if writer == self.worker_name or self.r.exists(RunKeys(self.run).heartbeat(writer)):
+                    continue
+                log.info("removing unfinished temp file %s (its writer %s has no heartbeat)", tmp, writer)
+                tmp.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
     def recover_spool(self) -> int:
         """After a restart: drop dead writers' temp files, re-enqueue uploads of complete files not yet done.
 
         The spool may be shared with other live workers of this host: a temp file whose writer
-        still heartbeats is a write in progress and stays.
+        still heartbeats is a write in progress and stays (until a later sweep finds it dead).
         """
-        for tmp, writer in spool.temp_files(self.cfg.spool_dir, self.run).items():
-            if self.r.exists(RunKeys(self.run).heartbeat(writer)):
-                continue
-            log.info("removing unfinished temp file %s", tmp)
-            tmp.unlink(missing_ok=True)
+        self.sweep_temp_files()
         pending = queues.pending_upload(self.r, self.cfg.host, self.run)
         requeued = 0
-        for path in spool.complete_files(self.cfg.spool_dir, self.run):
-            bid = path.name.removesuffix(".safetensors")
-            if ledger.is_done(self.r, self.run, bid):
-                path.unlink(missing_ok=True)  # uploaded and verified; the delete was what got lost
-                continue
-            if bid in pending:
-                continue
-            queues.enqueue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size, file_sha256(path))
-            requeued += 1
+        for tier in self.tiers.tiers:
+            for path in spool.complete_files(tier.dir, self.run):
+                bid = path.name.removesuffix(".safetensors")
+                if ledger.is_done(self.r, self.run, bid):
+                    path.unlink(missing_ok=True)  # uploaded and verified; the delete was what got lost
+                    continue
+                if bid in pending:
+                    continue
+                queues.enqueue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size,
+                                      file_sha256(path), tier=tier.name)
+                requeued += 1
         if requeued:
             log.info("re-enqueued uploads of %d spool files left from before", requeued)
         return requeued
 
     # ---- heartbeat and leases -------------------------------------------
     def stats(self) -> dict:
-        usage = spool.usage(self.cfg.spool_dir)
+        usage = self.tiers.usage()
         elapsed = max(time.time() - self.started, 1e-9)
+        w = self.writer
+        tiers = {name: {"bytes": u.bytes, "files": u.files, "temp_files": u.temp_files,
+                        "budget_bytes": self.tiers.get(name).budget_bytes,
+                        "write_bytes_per_s": w.rates.write_rate(name, len(w._threads))} for name, u in usage.items()}
         return {"host": self.cfg.host, "device": str(self.extractor.device), "pid": os.getpid(),
                 "current_batch": self.current_batch, "batches": self.batches_run, "tokens": self.tokens_run,
-                "tokens_per_s": self.tokens_run / elapsed, "spooled": self.writer.written,
-                "spool_bytes": usage.bytes, "spool_files": usage.files, **self.probe.stats()}
+                "tokens_per_s": self.tokens_run / elapsed, "spooled": w.written,
+                "spool_bytes": sum(u.bytes for u in usage.values()), "spool_files": sum(u.files for u in usage.values()),
+                "spool_tiers": tiers, "emit_bytes_per_s": w.rates.emit_rate(),
+                "bytes_written": w.bytes_written, "codec_ratio": (w.stored_bytes / w.raw_bytes) if w.raw_bytes else None,
+                **self.probe.stats()}
 
     def beat(self) -> None:
         current = self.current_batch
@@ -136,9 +161,13 @@ class WorkerRuntime:
         leases.refresh(self.r, self.leases_key, held, self.limits.lease_seconds, pipe=pipe)
         heartbeat.publish_host(self.r, self.run, self.cfg.host, {
             "spool_bytes": stats["spool_bytes"], "spool_files": stats["spool_files"],
-            "spool_budget_bytes": self.cfg.spool_budget_bytes}, pipe=pipe)
+            "spool_budget_bytes": sum(t.budget_bytes for t in self.tiers.tiers),
+            "spool_tiers": stats["spool_tiers"]}, pipe=pipe)
         pipe.execute()
         leases.reap(self.r, self.run, self.limits.max_attempts)
+        self.beats += 1
+        if self.beats % HEARTBEATS_PER_SWEEP == 0:
+            self.sweep_temp_files()
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):
@@ -153,22 +182,25 @@ class WorkerRuntime:
     def progress_line(self) -> str:
         """Totals, rates, spool and queue: one line a person can follow for hours."""
         elapsed = max(time.time() - self.started, 1e-9)
-        usage = spool.usage(self.cfg.spool_dir)
+        usage = self.tiers.usage()
+        files, nbytes = sum(u.files for u in usage.values()), sum(u.bytes for u in usage.values())
         try:
             queued = str(queues.queue(self.r, queues.extract_queue_name(self.run)).count)
         except Exception as exc:  # Redis away
             queued = f"unknown ({type(exc).__name__})"
         return (f"worker {self.worker_name}: {self.batches_run} batches, {self.tokens_run} tokens in {elapsed:.0f}s "
                 f"({self.tokens_run / elapsed:.0f} tokens/s, {60 * self.batches_run / elapsed:.1f} batches/min), "
-                f"{self.writer.written} spooled; spool {usage.files} files {fmt_bytes(usage.bytes)} of "
-                f"{fmt_bytes(self.cfg.spool_budget_bytes)}; extract:{self.run} queue {queued}")
+                f"{self.writer.written} spooled ({fmt_bytes(self.writer.bytes_written)}); spool {files} files {fmt_bytes(nbytes)} of "
+                f"{fmt_bytes(sum(t.budget_bytes for t in self.tiers.tiers))} ({', '.join(t.name for t in self.tiers.tiers)}); "
+                f"extract:{self.run} queue {queued}")
 
     def log_progress(self) -> None:
         self._logged_at, self._logged_batches = time.monotonic(), self.batches_run
         log.info("%s", self.progress_line())
 
     def spool_full(self) -> bool:
-        return spool.usage(self.cfg.spool_dir).bytes >= self.cfg.spool_budget_bytes
+        """Every spool tier at its budget (memory and disk): take no job until uploads free some."""
+        return self.tiers.full()
 
     # ---- the job ---------------------------------------------------------
     def extract(self, bid: str, attempt: int) -> str:
@@ -192,7 +224,13 @@ class WorkerRuntime:
             hidden, final = self.extractor.run(padded)
             if self.cfg.min_batch_seconds:  # fault-injection tests: make "mid-batch" last long enough to hit
                 time.sleep(max(0.0, self.cfg.min_batch_seconds - (time.monotonic() - started)))
-            self.writer.submit(self._to_host(spec, attempt, contents, hidden, final))
+            measure = self.batches_run % ERROR_SAMPLE_EVERY == 0
+            stored = self.extractor.stored(hidden, final, measure_error=measure)
+            finite = torch.isfinite(hidden).all()
+            if final is not None:
+                finite = finite & torch.isfinite(final).all()
+            item = self._to_host(spec, attempt, contents, stored, finite)
+            self.writer.submit(item, emitted_bytes=sum(t.numel() * t.element_size() for t in stored.values()))
         except BaseException:
             leases.drop(self.r, self.leases_key, bid)
             raise
@@ -213,36 +251,30 @@ class WorkerRuntime:
             raw = self.r.hmget(RunKeys(self.run).plan, bids)
             self.prefetcher.hint([ledger.BatchSpec.from_json(x) for x in raw if x])
 
-    def _to_host(self, spec, attempt, contents, hidden, final) -> Finished:
-        finite = torch.isfinite(hidden).all()
-        if final is not None:
-            finite = finite & torch.isfinite(final).all()
+    def _to_host(self, spec, attempt, contents, stored: dict, finite) -> Finished:
+        """Copy the stored tensors to one pinned buffer on the side stream; the writer waits on the event."""
         if not self.cuda:
-            return Finished(spec, attempt, contents, hidden, final, finite, None, lambda: None)
+            return Finished(spec, attempt, contents, stored, finite, None, lambda: None)
         buf = self.pinned.get()
-        fbuf = self.final_pinned.get() if final is not None else None
         stream = self.copy_stream
         stream.wait_stream(torch.cuda.current_stream(self.extractor.device))
+        host, offset = {}, 0
         with torch.cuda.stream(stream):
-            host = buf[: hidden.numel()].view(hidden.shape)
-            host.copy_(hidden, non_blocking=True)
-            hidden.record_stream(stream)
-            host_final = None
-            if final is not None:
-                host_final = fbuf[: final.numel()].view(final.shape)
-                host_final.copy_(final, non_blocking=True)
-                final.record_stream(stream)
+            for name, t in stored.items():
+                nbytes = t.numel() * t.element_size()
+                if offset + nbytes > buf.numel():
+                    self.pinned.put(buf)
+                    raise RuntimeError(f"pinned buffer of {buf.numel()} bytes is too small for batch {spec.batch_id}")
+                view = buf[offset:offset + nbytes].view(t.dtype).view(t.shape)
+                view.copy_(t, non_blocking=True)
+                t.record_stream(stream)
+                host[name] = view
+                offset += -(-nbytes // 64) * 64  # keep every tensor 64-byte aligned
             host_finite = torch.empty((), dtype=torch.bool, pin_memory=True)
             host_finite.copy_(finite, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
-
-        def release():
-            self.pinned.put(buf)
-            if fbuf is not None:
-                self.final_pinned.put(fbuf)
-
-        return Finished(spec, attempt, contents, host, host_final, host_finite, event, release)
+        return Finished(spec, attempt, contents, host, host_finite, event, lambda: self.pinned.put(buf))
 
     # ---- failures --------------------------------------------------------
     def fail_batch(self, bid: str, attempt: int, error: str) -> None:

@@ -39,8 +39,8 @@ class ExtractWorker(SimpleWorker):
         waited = False
         while rt is not None and rt.spool_full() and not self._stop_requested:
             if not waited:
-                log.warning("spool is full (budget %d bytes): waiting for uploads before taking a job",
-                            rt.cfg.spool_budget_bytes)
+                log.warning("every spool tier is full (%s): waiting for uploads before taking a job",
+                            ", ".join(f"{t.name} {t.budget_bytes} bytes" for t in rt.tiers.tiers))
                 waited = True
             self.heartbeat()
             time.sleep(1.0)
@@ -80,6 +80,8 @@ def check_device(device: str) -> None:
 def check_directories(cfg: WorkerConfig, model: str | None) -> None:
     """Every directory this worker writes, before it takes a job (a wrong owner would dead-letter the run)."""
     ensure_dir(cfg.spool_dir, "spool", "--spool-dir / HSX_SPOOL_DIR")
+    if cfg.memory_spool_dir is not None and cfg.memory_spool_budget_bytes > 0:
+        ensure_dir(cfg.memory_spool_dir, "memory spool", "--memory-spool-dir / HSX_MEMORY_SPOOL_DIR")
     hf_home = os.environ.get("HF_HOME")
     if model is not None and not Path(model).exists() and hf_home:  # a hub id: downloaded into HF_HOME
         ensure_dir(Path(hf_home), "model cache", "HF_HOME")
@@ -108,7 +110,8 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
         raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
     store = StoreSettings.of_run(manifest).open()
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, manifest["layer_ids"])
-    extractor = Extractor.load(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"])
+    extractor = Extractor.load(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"],
+                               store_dtype=manifest.get("store_dtype"))
     return WorkerRuntime(cfg, r, store, manifest, extractor)
 
 

@@ -1,10 +1,16 @@
-"""The writer thread: device -> pinned host memory -> spool file -> upload job.
+"""The writer threads: device -> pinned host memory -> spool file (memory tier first) -> upload job.
 
 The GPU thread hands over a finished batch and goes on at once. The copy to
-host runs on a side CUDA stream into a reused pinned buffer; this thread
-waits for it, validates, writes the file atomically, and enqueues the upload
-in one Redis pipeline with dropping the batch's lease. The queue is bounded (the GPU
-thread blocks only if disk is slower than the GPU).
+host runs on a side CUDA stream into a reused pinned buffer; a writer thread
+waits for it, validates, compresses (the run's codec), writes the file
+atomically into the first spool tier with room (memory, then disk; it waits
+while both are full), and enqueues the upload (which names the tier) in one
+Redis pipeline with dropping the batch's lease. The queue is bounded (the GPU
+thread blocks only if the spool is slower than the GPU).
+
+Each write is timed: ``rates`` compares the bytes/s the GPU emits with what
+each tier sustains, and a warning with both numbers and the fix is logged
+when the disk tier cannot keep up.
 """
 
 from __future__ import annotations
@@ -15,19 +21,21 @@ import queue as stdqueue
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from hsx import batchfile, layout, leases, ledger, queues
+from hsx import batchfile, leases, ledger, queues, spool
 from hsx.keys import RunKeys
 from hsx.ledger import BatchSpec
+from hsx.storeerror import record_store_error
 
 log = logging.getLogger(__name__)
 # Writer threads: one file is written and hashed while the other is fsynced, so
 # one slow fsync does not hold the GPU thread (measured in bench/gpu_bench.py).
 WRITER_THREADS = 2
+TIER_WAIT_SECONDS = 0.05   # poll period while every spool tier is full
+RATE_WARN_SECONDS = 60.0   # at most one "disk cannot keep up" warning a minute
 
 
 @dataclass
@@ -35,21 +43,21 @@ class Finished:
     spec: BatchSpec
     attempt: int
     contents: batchfile.BatchContents
-    hidden: torch.Tensor               # [N, n*H] on the host (pinned view, or CPU tensor)
-    final: torch.Tensor | None
+    tensors: dict[str, torch.Tensor]   # on the host (pinned views, or CPU tensors): hidden_states, hidden_scales,
+                                       # final_hidden_states, final_scales as stored; fp8_error [2, n] if sampled
     finite: torch.Tensor               # 0-dim bool on the host
     ready: object | None               # torch.cuda.Event to wait on, or None
     release: Callable[[], None]        # give the pinned buffer back
 
 
 class PinnedPool:
-    """Reused pinned host buffers, so host memory stays flat over a long run."""
+    """Reused pinned host buffers (bytes), so host memory stays flat over a long run."""
 
-    def __init__(self, count: int, numel: int, dtype: torch.dtype):
+    def __init__(self, count: int, nbytes: int):
         self._free: stdqueue.Queue = stdqueue.Queue()
         for _ in range(count):
-            self._free.put(torch.empty(numel, dtype=dtype, pin_memory=True))
-        self.numel = numel
+            self._free.put(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
+        self.nbytes, self.count = nbytes, count
 
     def get(self) -> torch.Tensor:
         return self._free.get()
@@ -59,10 +67,11 @@ class PinnedPool:
 
 
 class SpoolWriter:
-    def __init__(self, r, run: str, manifest: dict, spool_dir: Path, host: str, worker_name: str,
+    def __init__(self, r, run: str, manifest: dict, tiers: spool.SpoolTiers, host: str, worker_name: str,
                  on_failure: Callable[[str, int, str], None], depth: int, fsync: bool = True):
         self.r, self.run, self.manifest = r, run, manifest
-        self.spool_dir, self.host, self.worker_name = Path(spool_dir), host, worker_name
+        self.tiers, self.host, self.worker_name = tiers, host, worker_name
+        self.codec = manifest.get("codec", "none")
         self.on_failure, self.fsync = on_failure, fsync
         self._q: stdqueue.Queue = stdqueue.Queue(maxsize=depth)
         self._threads = [threading.Thread(target=self._loop, name=f"hsx-writer-{i}", daemon=True)
@@ -71,14 +80,18 @@ class SpoolWriter:
         self.bytes_written = 0
         self.in_flight: set[str] = set()
         self._idle = threading.Condition()
+        self.rates = WriteRates()
+        self.raw_bytes = 0        # hidden-state bytes before the codec (for the measured ratio)
+        self.stored_bytes = 0     # the same after it
 
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, item: Finished) -> None:
+    def submit(self, item: Finished, emitted_bytes: int = 0) -> None:
         with self._idle:
             self.in_flight.add(item.spec.batch_id)
+        self.rates.emitted(emitted_bytes)
         self._q.put(item)
 
     def held(self) -> set[str]:
@@ -118,27 +131,110 @@ class SpoolWriter:
         if ledger.is_done(self.r, self.run, spec.batch_id):  # a duplicate delivery finished elsewhere first
             leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id)
             return
-        tensors = {"hidden_states": item.hidden, "input_ids": contents.input_ids.to(torch.int32),
+        stored = dict(item.tensors)
+        error = stored.pop("fp8_error", None)
+        tensors = {**stored, "input_ids": contents.input_ids.to(torch.int32),
                    "loss_mask": contents.loss_mask.to(torch.uint8), "cu_seqlens": contents.cu_seqlens.to(torch.int64)}
-        if item.final is not None:
-            tensors["final_hidden_states"] = item.final
         if not bool(item.finite):
-            batchfile.validate(tensors, spec.sample_ids, check_finite=True)  # names the sample, raises
-            raise batchfile.BatchFileError("hidden states hold NaN/Inf")
+            raise batchfile.BatchFileError("hidden states hold NaN/Inf (found on the GPU, before storing)")
         batchfile.validate(tensors, spec.sample_ids, check_finite=False)
         m = self.manifest
         metadata = {"format": batchfile.FORMAT, "run": self.run, "batch_id": spec.batch_id,
                     "sample_ids": json.dumps(spec.sample_ids), "layer_ids": json.dumps(m["layer_ids"]),
-                    "dtype": m["dtype"], "model": m["model"], "hidden_size": str(m["hidden_size"]),
+                    "dtype": m["dtype"], "store_dtype": m.get("store_dtype") or m["dtype"], "codec": self.codec,
+                    "model": m["model"], "hidden_size": str(m["hidden_size"]),
                     "store_final": str(bool(m["store_final"])).lower()}
-        path = layout.spool_path(self.spool_dir, self.run, spec.batch_id)
-        size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_name)
+        raw = sum(t.numel() * t.element_size() for t in tensors.values())
+        tier = self._take_tier(raw)
+        path = self.tiers.path(tier.name, self.run, spec.batch_id)
+        started = time.monotonic()
+        try:
+            size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_name,
+                                               codec=self.codec)
+        except OSError as exc:
+            if tier.name != spool.MEMORY or len(self.tiers.tiers) < 2:
+                raise
+            log.warning("memory tier write of %s failed (%s); writing it to the disk tier", spec.batch_id, exc)
+            tier = self.tiers.get(spool.DISK)
+            path = self.tiers.path(tier.name, self.run, spec.batch_id)
+            started = time.monotonic()
+            size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_name,
+                                               codec=self.codec)
+        self.rates.wrote(tier.name, size, time.monotonic() - started)
+        self._warn_if_slow()
         pipe = self.r.pipeline()
-        queues.enqueue_upload(self.r, self.host, self.run, spec.batch_id, str(path), size, sha, pipeline=pipe)
-        ledger.mark_spooled(self.r, self.run, spec.batch_id, pipe=pipe)
+        queues.enqueue_upload(self.r, self.host, self.run, spec.batch_id, str(path), size, sha, pipeline=pipe,
+                              tier=tier.name)
+        ledger.mark_spooled(self.r, self.run, spec.batch_id, pipe=pipe, nbytes=size)
         ledger.clear_failure(self.r, self.run, spec.batch_id, pipe=pipe)
         leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id, pipe=pipe)
+        if error is not None:
+            record_store_error(self.r, self.run, spec.batch_id, m, error, spec.tokens, pipe=pipe)
         pipe.execute()
         with self._idle:
             self.written += 1
             self.bytes_written += size
+            self.raw_bytes += raw
+            self.stored_bytes += size
+
+    def _take_tier(self, nbytes: int) -> spool.Tier:
+        """The first tier with room; while every tier is full, wait (the GPU thread goes on until the queue fills)."""
+        waited = False
+        while (tier := self.tiers.choose(nbytes)) is None:
+            if not waited:
+                log.warning("every spool tier is full (%s); waiting for uploads", ", ".join(
+                    f"{t.name} {t.budget_bytes / 2**30:.1f} GiB" for t in self.tiers.tiers))
+                waited = True
+            time.sleep(TIER_WAIT_SECONDS)
+        return tier
+
+    def _warn_if_slow(self) -> None:
+        advice = self.rates.advice(len(self._threads))
+        if advice:
+            log.warning(advice)
+
+
+class WriteRates:
+    """The GPU's emit rate against each spool tier's sustained write rate (bytes/s), for the warning."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.started = None
+        self.emitted_bytes = 0
+        self.tier_bytes: dict[str, int] = {}
+        self.tier_seconds: dict[str, float] = {}
+        self._warned = -RATE_WARN_SECONDS
+
+    def emitted(self, nbytes: int) -> None:
+        with self._lock:
+            if self.started is None:
+                self.started = time.monotonic()
+            self.emitted_bytes += nbytes
+
+    def wrote(self, tier: str, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self.tier_bytes[tier] = self.tier_bytes.get(tier, 0) + nbytes
+            self.tier_seconds[tier] = self.tier_seconds.get(tier, 0.0) + seconds
+
+    def emit_rate(self) -> float:
+        elapsed = time.monotonic() - self.started if self.started else 0.0
+        return self.emitted_bytes / elapsed if elapsed > 1.0 else 0.0
+
+    def write_rate(self, tier: str, threads: int) -> float:
+        """Bytes/s the tier sustains with ``threads`` writers (each write's own time, threads in parallel)."""
+        seconds = self.tier_seconds.get(tier, 0.0)
+        return threads * self.tier_bytes.get(tier, 0) / seconds if seconds else 0.0
+
+    def advice(self, threads: int) -> str | None:
+        """A warning when the disk tier writes slower than the GPU emits (at most once a RATE_WARN_SECONDS)."""
+        now = time.monotonic()
+        if now - self._warned < RATE_WARN_SECONDS or self.tier_bytes.get(spool.DISK, 0) < 2**28:
+            return None
+        emit, disk = self.emit_rate(), self.write_rate(spool.DISK, threads)
+        if not emit or not disk or disk >= emit:
+            return None
+        self._warned = now
+        return (f"the spool's disk tier writes {disk / 2**30:.2f} GiB/s, the GPU emits {emit / 2**30:.2f} GiB/s: "
+                "the disk cannot keep up and the GPU will wait. Fix: a larger memory tier "
+                "(--memory-spool-budget-gb), a faster disk for --spool-dir, or fewer bytes "
+                "(--store-dtype float8_e4m3, --codec zstd), or more uploaders on this host")

@@ -3,24 +3,43 @@
 Byte layout (standard safetensors, written by hand so tensors go from pinned
 host memory to disk without an extra copy, and are hashed on the way)::
 
-    +---------+------------------------------+------------------------------------+
-    | 8 bytes | header_len bytes             | data                               |
-    | u64 LE  | JSON, space-padded to 8      | tensors back to back, in this order|
-    | header_ |  {"__metadata__": {...},     |  hidden_states  [N, n*H] bf16      |
-    |   len   |   "<name>": {dtype, shape,   |  final_hidden_states [N, H] (opt.) |
-    |         |     data_offsets}, ...}      |  input_ids      [N] int32          |
-    |         |                              |  loss_mask      [N] uint8          |
-    |         |                              |  cu_seqlens     [B+1] int64        |
-    +---------+------------------------------+------------------------------------+
+    +---------+------------------------------+-------------------------------------------+
+    | 8 bytes | header_len bytes             | data: tensors back to back, in this order |
+    | u64 LE  | JSON, space-padded to 8      |  hidden_states  [N, n*H]  store dtype (1) |
+    | header_ |  {"__metadata__": {...},     |  hidden_scales  [N, n]    F32   (FP8 only)|
+    |   len   |   "<name>": {dtype, shape,   |  final_hidden_states [N, H] (optional)(1) |
+    |         |     data_offsets}, ...}      |  final_scales   [N, 1]    F32   (FP8 only)|
+    |         |                              |  input_ids      [N]       int32           |
+    |         |                              |  loss_mask      [N]       uint8           |
+    |         |                              |  cu_seqlens     [B+1]     int64           |
+    +---------+------------------------------+-------------------------------------------+
+
+    With codec zstd, ``hidden_states.zstd`` [bytes] U8 holds the byte planes back to back:
+    +-----------------------------------+----------------------------------------+
+    | plane 0: byte 0 of every element  | plane 1: byte 1 of every element (bf16)|
+    | (bf16: mantissa; nearly random:   | (bf16: sign + exponent: one zstd frame)|
+    |  stored raw when it won't shrink) |                                        |
+    +-----------------------------------+----------------------------------------+
+    encoding["hidden_states"] = {"codec": "zstd", "dtype": "BF16", "shape": [N, n*H],
+                                 "planes": [["raw", N*n*H], ["zstd", <frame bytes>]]}
+
+    (1) store dtype: BF16 (default), F16, F32, or F8_E4M3 with a float32 scale per token per
+        layer (value = fp8 * scale; hsx/dtypes.py). With a codec (run's ``codec`` = zstd) the
+        tensor is stored instead as ``<name>.zstd`` [bytes] U8: its bytes split into byte planes,
+        each a zstd frame or raw (hsx/codec.py); ``__metadata__["encoding"]`` gives, per such tensor,
+        {"codec", "dtype", "shape", "planes"} of what it decodes to. Scales and the small tensors are raw.
 
 N = real tokens of the batch, B = samples, H = hidden size, n = captured
 layers (concatenated low to high along the last dim). Sample b is rows
 ``cu_seqlens[b]:cu_seqlens[b+1]``. ``__metadata__`` holds strings only:
-format, run, batch_id, sample_ids (JSON list), layer_ids (JSON list), dtype,
+format, run, batch_id, sample_ids (JSON list), layer_ids (JSON list), dtype
+(what readers get back), store_dtype, codec, encoding (JSON, codec only),
 model, hidden_size.
 
 The same layout (without hidden states) carries a batch's *inputs* from the
-producer to the workers.
+producer to the workers. This module is the one encoder and the one decoder
+of the format; the training reader (hsx_reader/objects.py) fetches bytes and
+calls ``parse_header`` / ``decode`` here.
 """
 
 from __future__ import annotations
@@ -30,22 +49,35 @@ import json
 import os
 import struct
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load as st_load
+
+from hsx import codec as codecs
+from hsx.dtypes import FP8, FP8_TORCH, ST_CODES, ST_TORCH, VALUE_DTYPES, dequantise_fp8, store_itemsize
 
 FORMAT = "hsx-batch/1"
 INPUT_FORMAT = "hsx-input/1"
+MAX_HEADER = 64 * 2**20  # bytes; a larger header length means a corrupt length field
+_TENSOR_ORDER = ("hidden_states", "hidden_scales", "final_hidden_states", "final_scales",
+                 "input_ids", "loss_mask", "cu_seqlens")
+_ENCODABLE = ("hidden_states", "final_hidden_states")  # tensors a codec applies to
 
-_ST_DTYPES = {
-    torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
-    torch.int32: "I32", torch.int64: "I64", torch.uint8: "U8",
-}
-_TENSOR_ORDER = ("hidden_states", "final_hidden_states", "input_ids", "loss_mask", "cu_seqlens")
+
+def stored_bytes_per_token(hidden_size: int, n_layers: int, store_final: bool, store_dtype: str,
+                           codec: str = "none", codec_ratio: float | None = None) -> float:
+    """Bytes a token takes in a batch file: hidden states (+ FP8 scales) + ids + mask, headers left out.
+
+    ``codec_ratio`` (stored / raw hidden-state bytes) defaults to codec.ESTIMATED_RATIO; pass a measured one.
+    """
+    rows = n_layers + (1 if store_final else 0)
+    hidden = rows * hidden_size * store_itemsize(store_dtype)
+    ratio = codec_ratio if codec_ratio is not None else codecs.ESTIMATED_RATIO[codec]
+    scales = rows * 4 if store_dtype == FP8 else 0
+    return hidden * ratio + scales + 4 + 1
 
 
 class BatchFileError(ValueError):
@@ -61,7 +93,7 @@ class BatchContents:
     cu_seqlens: torch.Tensor         # [B+1] int64
     sample_ids: list[str]
     metadata: dict[str, str] = field(default_factory=dict)
-    hidden_states: torch.Tensor | None = None        # [N, n*H]
+    hidden_states: torch.Tensor | None = None        # [N, n*H], values (dequantised, decompressed)
     final_hidden_states: torch.Tensor | None = None  # [N, H]
 
     @property
@@ -91,21 +123,31 @@ def validate(tensors: dict[str, torch.Tensor], sample_ids: list[str], check_fini
             raise BatchFileError(f"{name} holds NaN/Inf (first at token {bad}, sample {sample_ids[sample]!r})")
 
 
-def encode_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[bytes, list[torch.Tensor]]:
-    """Return (8-byte length + JSON header, tensors in data order)."""
-    header: dict[str, object] = {"__metadata__": metadata}
+def encode_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str],
+                  codec: str = "none") -> tuple[bytes, list[torch.Tensor]]:
+    """Return (8-byte length + JSON header, tensors in data order); ``codec`` compresses the hidden states here."""
+    metadata = dict(metadata)
+    header: dict[str, object] = {}
+    encoding: dict[str, dict] = {}
     ordered, offset = [], 0
     for name in _TENSOR_ORDER:
         t = tensors.get(name)
         if t is None:
             continue
-        if t.dtype not in _ST_DTYPES:
+        if t.dtype not in ST_CODES:
             raise BatchFileError(f"{name}: dtype {t.dtype} cannot be stored")
+        stored_name = name
+        if codec != "none" and name in _ENCODABLE:
+            stored, planes = codecs.encode(t, codec)
+            encoding[name] = {"codec": codec, "dtype": ST_CODES[t.dtype], "shape": list(t.shape), "planes": planes}
+            t, stored_name = stored, f"{name}.{codec}"
         nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        header[stored_name] = {"dtype": ST_CODES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
         ordered.append(t.contiguous())
-    raw = json.dumps(header, separators=(",", ":")).encode()
+    if encoding:
+        metadata["encoding"] = json.dumps(encoding, separators=(",", ":"))
+    raw = json.dumps({"__metadata__": metadata, **header}, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw, ordered
 
@@ -148,13 +190,13 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
 
 
 def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str], fsync: bool = True,
-                 tmp_tag: str | None = None) -> tuple[int, str]:
+                 tmp_tag: str | None = None, codec: str = "none") -> tuple[int, str]:
     """Write a batch file at ``path`` via ``<name>.tmp-<tmp_tag or pid>`` and rename.
 
     Returns (size in bytes, sha256 hex of the whole file). A failure (disk
     full, ...) leaves no file at ``path`` and removes the temp file.
     """
-    head, ordered = encode_header(tensors, metadata)
+    head, ordered = encode_header(tensors, metadata, codec)
     digest = hashlib.sha256(head)
     tmp = path.with_name(f"{path.name}.tmp-{tmp_tag or os.getpid()}")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -173,53 +215,166 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
     return size, digest.hexdigest()
 
 
-def to_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    head, ordered = encode_header(tensors, metadata)
+def to_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str], codec: str = "none") -> bytes:
+    head, ordered = encode_header(tensors, metadata, codec)
     return head + b"".join(bytes(_tensor_bytes(t)) for t in ordered)
 
 
-def _decode(tensors: dict[str, torch.Tensor], metadata: dict[str, str], where: str) -> BatchContents:
-    for name in ("input_ids", "loss_mask", "cu_seqlens"):
-        if name not in tensors:
-            raise BatchFileError(f"{where}: tensor {name!r} is missing")
-    if metadata.get("format") not in (FORMAT, INPUT_FORMAT):
-        raise BatchFileError(f"{where}: not an hsx batch file (format={metadata.get('format')!r})")
+# ---- the decoder ---------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorSpec:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int  # byte offset from the start of the object
+    end: int
+
+    @property
+    def row_bytes(self) -> int:
+        return (self.end - self.start) // max(self.shape[0], 1)
+
+
+@dataclass(frozen=True)
+class Header:
+    key: str                       # where the object is (names it in errors)
+    size: int                      # bytes the header says the object has
+    data_start: int                # 8 + header length
+    tensors: dict[str, TensorSpec]  # as stored (an encoded tensor under ``<name>.<codec>``)
+    metadata: dict[str, str]
+    encoding: dict[str, dict]      # tensor name -> {"codec", "dtype", "shape"} of what it decodes to
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return json.loads(self.metadata["sample_ids"])
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors or name in self.encoding
+
+    def stored(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        """(dtype, shape) of tensor ``name`` once decoded from its codec (FP8 stays FP8)."""
+        if name in self.encoding:
+            enc = self.encoding[name]
+            return ST_TORCH[enc["dtype"]], tuple(enc["shape"])
+        spec = self.tensors[name]
+        return spec.dtype, spec.shape
+
+    @property
+    def value_dtype(self) -> torch.dtype:
+        """What ``decode`` gives for the hidden states: the run's dtype, also for FP8 files."""
+        return VALUE_DTYPES.get(self.metadata.get("dtype", ""), torch.bfloat16)
+
+
+def parse_header(prefix: bytes | memoryview, key: str, outputs: bool = True) -> Header:
+    """Parse the header from the object's first bytes (all of the header must be there).
+
+    ``outputs``: the batch must carry hidden states (False for a producer's inputs file).
+    """
+    prefix = memoryview(prefix)
     try:
+        if len(prefix) < 8:
+            raise ValueError(f"only {len(prefix)} bytes, shorter than the 8-byte header length")
+        (header_len,) = struct.unpack("<Q", prefix[:8])
+        if header_len > MAX_HEADER:
+            raise ValueError(f"header length {header_len} is implausible")
+        if 8 + header_len > len(prefix):
+            raise ValueError(f"header of {header_len} bytes runs past the {len(prefix)} bytes read")
+        raw = json.loads(bytes(prefix[8:8 + header_len]))
+        if not isinstance(raw, dict):
+            raise ValueError("header is not a JSON object")
+        metadata = raw.pop("__metadata__", {}) or {}
+        data_start = 8 + header_len
+        tensors, end = {}, 0
+        for name, t in raw.items():
+            lo, hi = (int(x) for x in t["data_offsets"])
+            dtype, shape = ST_TORCH[t["dtype"]], tuple(int(x) for x in t["shape"])
+            numel = 1
+            for d in shape:
+                numel *= d
+            if hi - lo != numel * dtype.itemsize or lo < 0:
+                raise ValueError(f"tensor {name!r}: offsets {lo}..{hi} do not fit shape {list(shape)}")
+            tensors[name] = TensorSpec(dtype, shape, data_start + lo, data_start + hi)
+            end = max(end, hi)
+        encoding = json.loads(metadata.get("encoding", "{}"))
+        for name, enc in encoding.items():
+            codecs.check_codec(enc["codec"])
+            ST_TORCH[enc["dtype"]], [int(d) for d in enc["shape"]]  # noqa: B018 - validates
+            if f"{name}.{enc['codec']}" not in tensors:
+                raise ValueError(f"encoded tensor {name}.{enc['codec']} is missing")
+        if metadata.get("format") not in (FORMAT, INPUT_FORMAT):
+            raise ValueError(f"not an hsx batch file (format={metadata.get('format')!r})")
         sample_ids = json.loads(metadata["sample_ids"])
-    except (KeyError, ValueError) as exc:
-        raise BatchFileError(f"{where}: bad sample_ids metadata ({exc})") from None
-    contents = BatchContents(
-        input_ids=tensors["input_ids"], loss_mask=tensors["loss_mask"], cu_seqlens=tensors["cu_seqlens"],
-        sample_ids=sample_ids, metadata=metadata,
-        hidden_states=tensors.get("hidden_states"), final_hidden_states=tensors.get("final_hidden_states"),
-    )
-    validate(tensors, sample_ids, check_finite=False)
-    return contents
+        if not isinstance(sample_ids, list):
+            raise ValueError("sample_ids is not a list")
+    except (ValueError, KeyError, TypeError, RecursionError, AttributeError) as exc:
+        raise BatchFileError(f"{key}: corrupt or truncated batch file ({type(exc).__name__}: {exc})") from None
+    header = Header(key, data_start + end, data_start, tensors, metadata, encoding)
+    for name in ("input_ids", "loss_mask", "cu_seqlens") + (("hidden_states",) if outputs else ()):
+        if not header.has(name):
+            raise BatchFileError(f"{key}: tensor {name!r} is missing")
+    return header
 
 
-def read_bytes(data: bytes, where: str = "<bytes>") -> BatchContents:
+def view(buf: torch.Tensor, spec: TensorSpec, base: int = 0) -> torch.Tensor:
+    """``spec``'s bytes of ``buf`` (which starts at object offset ``base``) as a tensor, zero-copy if aligned."""
+    lo, hi = spec.start - base, spec.end - base
+    raw = buf[lo:hi]
+    if lo % spec.dtype.itemsize:
+        raw = raw.clone()
+    return raw.view(spec.dtype).reshape(spec.shape)
+
+
+def values(header: Header, name: str, stored: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+    """A hidden-state tensor as the run's values: FP8 times its scales, in the run's dtype."""
+    if stored.dtype == FP8_TORCH:
+        if scales is None:
+            raise BatchFileError(f"{header.key}: {name} is FP8 but its scales are missing")
+        if scales.ndim != 2 or scales.shape[0] != stored.shape[0] or stored.shape[1] % max(scales.shape[1], 1):
+            raise BatchFileError(f"{header.key}: scales {list(scales.shape)} do not fit {name} {list(stored.shape)}")
+        return dequantise_fp8(stored, scales, header.value_dtype)
+    return stored
+
+
+def decode_tensor(buf: torch.Tensor, header: Header, name: str, base: int = 0) -> torch.Tensor:
+    """Tensor ``name`` as stored (codec undone, FP8 kept), from ``buf`` holding the object from offset ``base``."""
+    if name in header.encoding:
+        enc = header.encoding[name]
+        spec = header.tensors[f"{name}.{enc['codec']}"]
+        try:
+            return codecs.decode(buf[spec.start - base:spec.end - base], enc["codec"], *header.stored(name),
+                                 planes=enc.get("planes"))
+        except ValueError as exc:
+            raise BatchFileError(f"{header.key}: {name}: {exc}") from None
+    return view(buf, header.tensors[name], base)
+
+
+def decode(buf: torch.Tensor, where: str = "<bytes>", outputs: bool | None = None) -> BatchContents:
+    """Decode a whole batch object held in a uint8 tensor.
+
+    Small tensors (and uncompressed non-FP8 hidden states) are zero-copy views of ``buf``;
+    compressed tensors are decompressed, FP8 ones dequantised to the run's dtype.
+    """
+    header = parse_header(memoryview(buf.numpy())[:min(len(buf), MAX_HEADER + 8)], where, outputs=bool(outputs))
+    if header.size != len(buf):
+        raise BatchFileError(f"{where}: object is {len(buf)} bytes, its header describes {header.size} "
+                             f"({'truncated' if len(buf) < header.size else 'trailing bytes'})")
+    tensors = {name: decode_tensor(buf, header, name)
+               for name in ("input_ids", "loss_mask", "cu_seqlens") if header.has(name)}
+    for name, scale_name in (("hidden_states", "hidden_scales"), ("final_hidden_states", "final_scales")):
+        if header.has(name):
+            scales = decode_tensor(buf, header, scale_name) if header.has(scale_name) else None
+            tensors[name] = values(header, name, decode_tensor(buf, header, name), scales)
+    validate(tensors, header.sample_ids, check_finite=False)  # raises BatchFileError
+    return BatchContents(input_ids=tensors["input_ids"], loss_mask=tensors["loss_mask"],
+                         cu_seqlens=tensors["cu_seqlens"], sample_ids=header.sample_ids, metadata=header.metadata,
+                         hidden_states=tensors.get("hidden_states"),
+                         final_hidden_states=tensors.get("final_hidden_states"))
+
+
+def read_bytes(data: bytes | bytearray | memoryview, where: str = "<bytes>") -> BatchContents:
     """Decode a batch file held in memory; ``where`` names it in errors."""
-    try:
-        if len(data) < 8:
-            raise ValueError("shorter than its 8-byte header length")
-        (header_len,) = struct.unpack("<Q", data[:8])
-        if 8 + header_len > len(data):
-            raise ValueError(f"header of {header_len} bytes runs past the end ({len(data)} bytes)")
-        metadata = json.loads(data[8:8 + header_len]).get("__metadata__", {})
-        tensors = st_load(data)
-    except Exception as exc:  # safetensors raises its own error types
-        raise BatchFileError(f"{where}: corrupt or truncated batch file ({exc})") from None
-    return _decode(tensors, metadata, where)
-
-
-def read_file(path: Path) -> BatchContents:
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            metadata = fh.metadata() or {}
-            tensors = {name: fh.get_tensor(name) for name in fh.keys()}
-    except Exception as exc:
-        raise BatchFileError(f"{path}: corrupt or truncated batch file ({exc})") from None
-    return _decode(tensors, metadata, str(path))
+    with warnings.catch_warnings():  # read-only bytes: the views are never written
+        warnings.simplefilter("ignore", UserWarning)
+        buf = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
+    return decode(buf, where)
 
 
 def file_sha256(path: Path, chunk: int = 8 * 2**20) -> str:

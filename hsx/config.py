@@ -117,6 +117,8 @@ class ProduceConfig:
     window_rows: int = D.DEFAULT_WINDOW_ROWS      # dataset rows planned (sorted + cut) together; in the manifest
     max_reject_share: float = D.DEFAULT_MAX_REJECT_SHARE  # fail, nothing enqueued, when more rows than this share are rejected
     lock_wait_seconds: float = 0.0          # wait this long for another producer of the run, then refuse
+    store_dtype: str | None = None   # what batch files hold: None = dtype, or float8_e4m3 (hsx/dtypes.py)
+    codec: str = "none"              # lossless codec of the hidden states: none | zstd (hsx/codec.py)
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,16 @@ class WorkerConfig:
     min_batch_seconds: float = 0.0  # stretch each batch to this wall time (fault-injection tests only)
     wait_for_plan: bool = False     # wait for `hsx produce` instead of exiting when the run is not planned
     log_every_seconds: float = D.DEFAULT_LOG_EVERY_SECONDS  # progress line at least this often (and every N batches)
+    memory_spool_dir: Path | None = None  # the memory tier (tmpfs); None: disk tier only
+    memory_spool_budget_bytes: int = 0
+
+    @property
+    def tiers(self):
+        """The spool tiers this worker writes to, memory first (spool_dir / spool_budget_bytes: the disk tier)."""
+        from hsx.spool import SpoolTiers
+
+        return SpoolTiers.of(self.spool_dir, self.spool_budget_bytes, self.memory_spool_dir,
+                             self.memory_spool_budget_bytes)
 
 
 @dataclass(frozen=True)
@@ -148,3 +160,11 @@ class UploadConfig:
     worker_name: str
     heartbeat_seconds: float = D.DEFAULT_HEARTBEAT_SECONDS
     log_every_seconds: float = D.DEFAULT_LOG_EVERY_SECONDS
+    memory_spool_dir: Path | None = None  # the host's memory tier, where workers write first
+
+    @property
+    def tiers(self):
+        """Where upload jobs' files may be: both tiers (budgets are the workers' business)."""
+        from hsx.spool import SpoolTiers
+
+        return SpoolTiers.of(self.spool_dir, 1, self.memory_spool_dir, 1 if self.memory_spool_dir else 0)

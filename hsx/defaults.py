@@ -8,7 +8,10 @@ DEFAULT_BATCHES_PER_SHARD = 1000        # batches under one <shard>/ folder of t
 DEFAULT_WINDOW_ROWS = 20_000            # dataset rows planned together (sorted + cut) and enqueued as one window
 DEFAULT_MAX_REJECT_SHARE = 0.01         # share of rows that may be rejected before produce fails
 DEFAULT_PRODUCER_LOCK_WAIT = 0.0        # seconds a second producer of a run waits for the first, then refuses
-DEFAULT_DTYPE = "bfloat16"              # dtype of stored hidden states
+DEFAULT_DTYPE = "bfloat16"              # dtype of the hidden states readers get
+STORE_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3")  # what batch files may hold (hsx/dtypes.py)
+CODECS = ("none", "zstd")               # lossless codecs of the hidden states (hsx/codec.py)
+DEFAULT_MEMORY_SPOOL_DIR = "/dev/shm/hsx"  # the spool's memory tier (tmpfs)
 DEFAULT_DFLASH_LAYERS = 5               # layers the dflash preset picks
 
 DEFAULT_SPOOL_BUDGET_BYTES = 64 * 2**30  # bytes of finished batch files a host may hold

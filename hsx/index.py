@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hsx import layout, ledger
+from hsx import layout, ledger, storeerror
 from hsx.keys import RunKeys
 
 
@@ -26,6 +26,7 @@ def write_index_if_complete(r, store, run: str) -> bool:
         return False
     if r.get(keys.index_key):
         return True
+    storeerror.write_record(r, store, run)
     info = store.put_bytes(layout.index_key(run), build_index_lines(ledger.all_specs(r, run), run))
     r.set(keys.index_key, info.key)
     return True

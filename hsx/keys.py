@@ -98,5 +98,9 @@ class RunKeys:
         return self._k("hosts")
 
     @property
+    def store_error(self) -> str:  # HASH batch_id -> JSON {rel_l2, cosine, tokens} per layer, FP8 vs bf16; no TTL
+        return self._k("store_error")
+
+    @property
     def index_key(self) -> str:  # STRING the index's store key, set once the index is written; no TTL
         return self._k("index")

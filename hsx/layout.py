@@ -53,6 +53,9 @@ def index_key(run: str) -> str:
 
 def _names(run: str, shard: str, bid: str) -> tuple[str, str, str]:
     return segment(run, "run"), segment(shard, "shard"), segment(bid, "batch id")
+def store_error_key(run: str) -> str:
+    """The run-level record of a lossy store dtype's measured error (hsx/storeerror.py)."""
+    return f"{run}/store_error.json"
 
 
 def input_key(run: str, shard: str, bid: str) -> str:

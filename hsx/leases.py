@@ -87,7 +87,7 @@ def reap(r: redis.Redis, run: str, max_attempts: int, now: float | None = None) 
             continue
         kw = json.loads(job)
         queues.enqueue_upload(r, kw["host"], run, bid, kw["path"], kw["size"], kw["sha256"], attempt=next_attempt(r, run),
-                              at_front=True)
+                              at_front=True, tier=kw.get("tier", "disk"))
         reclaimed["upload"].append(bid)
     for kind, bids in reclaimed.items():
         if bids:

@@ -140,9 +140,14 @@ def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sh
     return bool(recorded)
 
 
-def mark_spooled(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
-    """Note when a batch reached a spool (first time only): feeds the extraction-rate chart."""
+WRITTEN_BYTES = "written_bytes"  # field of the counters HASH: bytes of batch files written to spools (rewrites too)
+
+
+def mark_spooled(r: redis.Redis, run: str, bid: str, pipe=None, nbytes: int = 0) -> None:
+    """Note when a batch reached a spool (first time only): feeds the extraction-rate chart; count its bytes."""
     (pipe or r).zadd(RunKeys(run).spooled_log, {bid: time.time()}, nx=True)
+    if nbytes:
+        (pipe or r).hincrby(RunKeys(run).counters, WRITTEN_BYTES, nbytes)
 
 
 def record_failure(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int) -> int:

@@ -11,7 +11,7 @@ from hsx import defaults as D
 from hsx.errors import HsxError
 
 # Fields that define the run's output; a resume must agree on every one.
-IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "hidden_size", "num_layers",
+IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "store_dtype", "codec", "hidden_size", "num_layers",
                    "max_length", "overlong", "token_budget", "pad_multiple", "max_batch_rows", "batches_per_shard",
                    "dataset_fingerprint", "chat_template_hash", "store_url", "template_kwargs", "columns",
                    "window_rows")
@@ -52,9 +52,16 @@ def build_manifest(**fields) -> dict:
     return manifest
 
 
+def _identity(manifest: dict, key: str):
+    """A field as it defines the run (runs planned before store_dtype/codec existed had their defaults)."""
+    defaults = {"store_dtype": manifest.get("dtype"), "codec": "none"}
+    value = manifest.get(key)
+    return defaults.get(key) if value is None else value
+
+
 def check_same_run(existing: dict, wanted: dict, run: str) -> None:
-    diffs = [f"{k}: run has {existing.get(k)!r}, this call has {wanted.get(k)!r}"
-             for k in IDENTITY_FIELDS if existing.get(k) != wanted.get(k)]
+    diffs = [f"{k}: run has {_identity(existing, k)!r}, this call has {_identity(wanted, k)!r}"
+             for k in IDENTITY_FIELDS if _identity(existing, k) != _identity(wanted, k)]
     if diffs:
         raise ManifestMismatch(f"run {run!r} already exists with a different manifest; refusing to mix outputs. "
                                "Use a new --run name, or the original settings. Differences:\n  " + "\n  ".join(diffs))

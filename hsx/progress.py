@@ -53,11 +53,16 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     eta = remaining_tokens / tok_rate if tok_rate > 0 else None
     complete = not totals.get("planning", 0) and totals.get("batches", -1) == done.get("batches", 0)
     first = r.zrange(keys.done_log, 0, 0, withscores=True)
+    manifest = ledger.get_manifest(r, run) or {}
     return {
         "run": run,
         "totals": totals,
         "done": {k: done.get(k, 0) for k in ("batches", "samples", "tokens", "bytes")},
         "spooled_batches": spooled,
+        "written_bytes": done.get(ledger.WRITTEN_BYTES, 0),
+        "bytes_per_token": (done["bytes"] / done["tokens"]) if done.get("tokens") and done.get("bytes") else None,
+        "store_dtype": manifest.get("store_dtype") or manifest.get("dtype"),
+        "codec": manifest.get("codec", "none"),
         "rate": rate["per_s"],
         "extract_rate": _window(r, run, keys.spooled_log, now, window, span)["per_s"],
         "rate_span_seconds": span,
@@ -120,7 +125,9 @@ def summary_lines(p: dict) -> list[str]:
         f"{p['spooled_batches']} extracted, {p['extract_queue']} queued",
         f"  samples  {d['samples']}/{t.get('samples', 0)} ({pct(d['samples'], t.get('samples', 0))})",
         f"  tokens   {d['tokens']}/{t.get('tokens', 0)} ({pct(d['tokens'], t.get('tokens', 0))})",
-        f"  uploaded {fmt_bytes(d['bytes'])}",
+        f"  uploaded {fmt_bytes(d['bytes'])}, {fmt_bytes(p['written_bytes'])} written to spools; "
+        + (f"{p['bytes_per_token']:.0f} bytes/token" if p["bytes_per_token"] else "bytes/token not known yet")
+        + f" ({p['store_dtype']}, codec {p['codec']})",
         f"  rate     {p['rate']['samples']:.1f} samples/s, {p['rate']['tokens']:.0f} tokens/s (last {fmt_duration(p['rate_span_seconds'])})",
         f"  ETA      {fmt_duration(p['eta_seconds'])}",
     ]

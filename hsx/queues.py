@@ -134,11 +134,12 @@ def enqueue_extract(r: redis.Redis, run: str, bid: str, attempt: int = 1, pipeli
 
 
 def enqueue_upload(r: redis.Redis, host: str, run: str, bid: str, path: str, size: int, sha256: str,
-                   attempt: int = 1, retry: int = 0, pipeline=None, at_front: bool = False) -> Job:
-    """``attempt`` makes the job id unique; ``retry`` counts store failures of this upload (for backoff)."""
+                   attempt: int = 1, retry: int = 0, pipeline=None, at_front: bool = False, tier: str = "disk") -> Job:
+    """``attempt`` makes the job id unique; ``retry`` counts store failures of this upload (for backoff);
+    ``tier``: the spool tier holding the file (memory | disk; the uploader checks ``path`` is that tier's file)."""
     return queue(r, upload_queue_name(host)).enqueue_call(
         UPLOAD_FUNC, kwargs={"run": run, "batch_id": bid, "path": path, "size": size, "sha256": sha256,
-                             "attempt": attempt, "retry": retry},
+                             "attempt": attempt, "retry": retry, "tier": tier},
         job_id=upload_job_id(run, bid, attempt), timeout=DEFAULT_UPLOAD_JOB_TIMEOUT,
         result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=f"upload {run}/{bid}", pipeline=pipeline,
         at_front=at_front)

@@ -1,4 +1,15 @@
-"""The local spool: finished batch files waiting for their upload, and its byte budget."""
+"""The local spool: finished batch files waiting for their upload, in two tiers with a byte budget each.
+
+Tiers, tried in this order by the GPU worker's writer:
+- ``memory``: a tmpfs folder (e.g. /dev/shm/hsx). Fast, and lost with the host: the ledger makes
+  that safe (a batch is done only once verified in the store; a lost file is extracted again).
+- ``disk``: the spool folder on a local disk (``--spool-dir``), used only while memory is full.
+The GPU worker stops taking jobs only when every tier is at its budget.
+
+Inside a tier: ``<tier dir>/<run>/<batch>.safetensors`` and, while being written,
+``<batch>.safetensors.tmp-<writer's worker name>``. Usage counts both: a temp file
+takes the same bytes (issue 13 item 7: leaked temp files escaped the budget).
+"""
 
 from __future__ import annotations
 
@@ -6,18 +17,24 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsx import layout
+
 TMP_MARK = ".tmp-"  # <batch>.safetensors.tmp-<writer's worker name>: a write in progress
+MEMORY, DISK = "memory", "disk"
+TIERS = (MEMORY, DISK)
 
 
 @dataclass(frozen=True)
 class SpoolUsage:
-    files: int
-    bytes: int
+    files: int        # complete batch files
+    bytes: int        # complete + temp files
+    temp_files: int = 0
+    temp_bytes: int = 0
 
 
 def usage(spool_dir: Path) -> SpoolUsage:
-    """Complete batch files and their bytes, over every run under ``spool_dir``."""
-    files = total = 0
+    """Batch files (complete and in progress) and their bytes, over every run under ``spool_dir``."""
+    files = total = temps = temp_bytes = 0
     root = Path(spool_dir)
     if not root.exists():
         return SpoolUsage(0, 0)
@@ -25,13 +42,19 @@ def usage(spool_dir: Path) -> SpoolUsage:
         if not run_dir.is_dir():
             continue
         for entry in os.scandir(run_dir.path):
-            if entry.name.endswith(".safetensors"):
-                try:
-                    total += entry.stat().st_size
-                    files += 1
-                except FileNotFoundError:  # uploaded and removed meanwhile
-                    pass
-    return SpoolUsage(files, total)
+            complete = entry.name.endswith(".safetensors")
+            if not complete and TMP_MARK not in entry.name:
+                continue
+            try:
+                size = entry.stat().st_size
+            except FileNotFoundError:  # uploaded (or renamed) meanwhile
+                continue
+            total += size
+            if complete:
+                files += 1
+            else:
+                temps, temp_bytes = temps + 1, temp_bytes + size
+    return SpoolUsage(files, total, temps, temp_bytes)
 
 
 def complete_files(spool_dir: Path, run: str) -> list[Path]:
@@ -45,3 +68,50 @@ def temp_files(spool_dir: Path, run: str) -> dict[Path, str]:
     if not d.exists():
         return {}
     return {p: p.name.split(TMP_MARK, 1)[1] for p in sorted(d.iterdir()) if TMP_MARK in p.name}
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str          # memory | disk
+    dir: Path
+    budget_bytes: int
+
+
+@dataclass(frozen=True)
+class SpoolTiers:
+    """A host's spool tiers, memory first. A tier with budget 0 or no folder is left out."""
+
+    tiers: tuple[Tier, ...]
+
+    @classmethod
+    def of(cls, disk_dir: Path, disk_budget: int, memory_dir: Path | None = None,
+           memory_budget: int = 0) -> "SpoolTiers":
+        tiers = []
+        if memory_dir is not None and memory_budget > 0:
+            tiers.append(Tier(MEMORY, Path(memory_dir), memory_budget))
+        tiers.append(Tier(DISK, Path(disk_dir), disk_budget))
+        return cls(tuple(tiers))
+
+    def get(self, name: str) -> Tier:
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        raise KeyError(f"spool tier {name!r} is not configured on this host ({', '.join(t.name for t in self.tiers)})")
+
+    def usage(self) -> dict[str, SpoolUsage]:
+        return {t.name: usage(t.dir) for t in self.tiers}
+
+    def choose(self, nbytes: int) -> Tier | None:
+        """The first tier with room for ``nbytes`` more (the first tier that is empty takes any size)."""
+        for tier in self.tiers:
+            used = usage(tier.dir).bytes
+            if used + nbytes <= tier.budget_bytes or (used == 0 and tier.budget_bytes > 0):
+                return tier
+        return None
+
+    def full(self) -> bool:
+        """Every tier at or over its budget: the worker takes no job until uploads free some."""
+        return all(usage(t.dir).bytes >= t.budget_bytes for t in self.tiers)
+
+    def path(self, tier: str, run: str, bid: str) -> Path:
+        return layout.spool_path(self.get(tier).dir, run, bid)

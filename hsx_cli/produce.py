@@ -64,7 +64,13 @@ FLAGS = (
     Flag("--max-batch-rows", "samples a batch at most", type=int, default=D.DEFAULT_MAX_BATCH_ROWS, min=1),
     Flag("--pad-multiple", "round padded row length up to this", type=int, default=D.DEFAULT_PAD_MULTIPLE, min=1,
          max=4096),
-    Flag("--dtype", "stored dtype", choices=("bfloat16", "float16", "float32"), default=D.DEFAULT_DTYPE),
+    Flag("--dtype", "dtype of the hidden states readers get", choices=("bfloat16", "float16", "float32"),
+         default=D.DEFAULT_DTYPE),
+    Flag("--store-dtype", "what batch files hold: the --dtype (default) or float8_e4m3 (one float32 scale a token a "
+         "layer, quantised on the GPU; about half the bytes of bfloat16; error measured into <run>/store_error.json)",
+         choices=D.STORE_DTYPES),
+    Flag("--codec", "lossless compression of the hidden states on the workers' writer threads: none or zstd "
+         "(byte planes, the exponent plane compressed)", choices=D.CODECS, default="none"),
     Flag("--batches-per-shard", "batches a store shard folder", type=int, default=D.DEFAULT_BATCHES_PER_SHARD, min=1,
          max=10**6),
     Flag("--lock-wait", "seconds to wait while another producer works on this run, then refuse (two at once would "
@@ -87,7 +93,8 @@ def config(v) -> ProduceConfig:
         batches_per_shard=v["batches_per_shard"], tokenise_workers=v["tokenise_workers"],
         enqueue=not v["no_enqueue"], max_attempts=v["max_attempts"], lease_seconds=v["lease_seconds"],
         template_kwargs=template_kwargs(v), columns=columns(v), window_rows=v["window_rows"],
-        max_reject_share=v["max_reject_share"], lock_wait_seconds=v["lock_wait"])
+        max_reject_share=v["max_reject_share"], lock_wait_seconds=v["lock_wait"],
+        store_dtype=v["store_dtype"], codec=v["codec"])
 
 
 def run(cfg: ProduceConfig) -> int:

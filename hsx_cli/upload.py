@@ -14,7 +14,7 @@ FLAGS = (*SPOOL_FLAGS, REDIS_URL)
 def config(v) -> UploadConfig:
     return UploadConfig(redis_url=redis_url(v), spool_dir=Path(v["spool_dir"]), host=host(v), burst=v["burst"],
                         worker_name=v["name"] or worker_name("upload", host(v)), heartbeat_seconds=v["heartbeat_seconds"],
-                        log_every_seconds=v["log_every_seconds"])
+                        log_every_seconds=v["log_every_seconds"], memory_spool_dir=Path(v["memory_spool_dir"]))
 
 
 def run(cfg: UploadConfig) -> int:

@@ -15,8 +15,10 @@ FLAGS = (
     Flag("--gpu", "GPU index (cuda:N); or --device", type=int, min=0, max=1023),
     Flag("--device", "torch device, e.g. cpu or cuda:1; or --gpu"),
     *SPOOL_FLAGS,
-    Flag("--spool-budget-gb", "GiB of finished files the spool may hold before the worker waits", type=float,
+    Flag("--spool-budget-gb", "GiB the disk tier (--spool-dir) may hold", type=float,
          default=D.DEFAULT_SPOOL_BUDGET_BYTES / 2**30, above=0),
+    Flag("--memory-spool-budget-gb", "GiB the memory tier (--memory-spool-dir) may hold; batch files go there first "
+         "and to the disk tier only while it is full; 0: no memory tier", type=float, default=0.0, min=0),
     Flag("--model", "local path of the run's model if it differs from the manifest's", env="HSX_WORKER_MODEL"),
     Flag("--wait-for-plan", "if the run is not planned yet, wait for `hsx produce` instead of exiting", type=bool),
     Flag("--grace-seconds", "on SIGTERM, seconds to finish writing computed batches before handing the rest back",
@@ -39,7 +41,8 @@ def config(v) -> WorkerConfig:
         burst=v["burst"], worker_name=v["name"] or worker_name("gpu", host(v), device.replace(":", "")),
         heartbeat_seconds=v["heartbeat_seconds"], grace_seconds=v["grace_seconds"],
         min_batch_seconds=v["test_min_batch_seconds"], wait_for_plan=v["wait_for_plan"],
-        log_every_seconds=v["log_every_seconds"])
+        log_every_seconds=v["log_every_seconds"], memory_spool_dir=Path(v["memory_spool_dir"]),
+        memory_spool_budget_bytes=int(v["memory_spool_budget_gb"] * 2**30))
 
 
 def run(cfg: WorkerConfig) -> int:

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from hsx.config import StoreSettings
 from hsx.store import Store
 from hsx_reader.cache import DEFAULT_CACHE_BYTES
-from hsx_reader.objects import Header, check_against_run, fetch_header, fetch_rows
+from hsx_reader.objects import Header, check_against_run, fetch_header, fetch_rows, ranged
 from hsx_reader.run import Expectations, ReaderError, SampleRef
 from hsx_reader.source import Source, sample_of
 
@@ -74,11 +74,13 @@ class RunDataset(Dataset):
 
     def _read_range(self, ref: SampleRef) -> dict:
         header = self._header(ref.key)
+        if not ranged(header):  # compressed hidden states: the object is read whole
+            return sample_of(self.source.batch(ref.key), ref, self.source.store.url(ref.key))
         ids = header.sample_ids
         if ref.row >= len(ids) or ids[ref.row] != ref.sample_id:
             raise ReaderError(f"{self.source.store.url(ref.key)}: row {ref.row} is not sample {ref.sample_id!r}")
         cu = fetch_rows(self.source.store, header, ["cu_seqlens"], ref.row, ref.row + 2)["cu_seqlens"]
         lo, hi = int(cu[0]), int(cu[1])
-        names = [n for n in ("input_ids", "loss_mask", "hidden_states", "final_hidden_states") if n in header.tensors]
+        names = [n for n in ("input_ids", "loss_mask", "hidden_states", "final_hidden_states") if header.has(n)]
         rows = fetch_rows(self.source.store, header, names, lo, hi)
         return {"sample_id": ref.sample_id, **rows}

@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from hsx import layout
+from hsx.dtypes import VALUE_DTYPES as TORCH_DTYPES, dtype_name
 from hsx.store import Store
 from hsx.errors import HsxError
-
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 class ReaderError(HsxError, RuntimeError):
@@ -65,10 +64,7 @@ class Expectations:
 def _dtype_name(dtype) -> str | None:
     if dtype is None or isinstance(dtype, str):
         return dtype
-    names = {v: k for k, v in TORCH_DTYPES.items()}
-    if dtype not in names:
-        raise ValueError(f"dtype {dtype} is not one hsx stores ({', '.join(TORCH_DTYPES)})")
-    return names[dtype]
+    return dtype_name(dtype)
 
 
 @dataclass

@@ -22,6 +22,13 @@ and a re-run skips it (resume). Checked against:
   a relative eps / (2 * mean(x^2)) (< 1e-6 for a real model's last layer; below bf16 precision). Its
   per-token magnitude is not the true one; speculators only reads the slot through its norm. Runs without
   a stored final state are refused.
+
+Store dtypes: a run stored as FP8 (``--store-dtype float8_e4m3``) is exported to speculators in its own
+FP8 layout (speculators ``fp8_utils``, per_token_scaled): ``hidden_states`` float8_e4m3fn [T, n+1, H] with
+``hidden_states_scales`` float32 [T, 1], one scale per token over all its slots (hsx keeps one per token per
+layer, so the values are re-quantised: their error adds to the recorded one). SpecForge has no FP8 layout:
+its export dequantises to the run's dtype and says so (log line and ``hsx_export.json``). Compressed runs
+(``--codec zstd``) are decompressed on read; exports are never compressed.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from pathlib import Path
 import torch
 
 from hsx.config import ConfigError, StoreSettings
+from hsx.dtypes import FP8, quantise_fp8
 from hsx_reader.run import ReaderError, RunIndex, SampleRef
 from hsx_reader.source import Source, sample_of
 
@@ -128,12 +136,17 @@ def specforge_record(sample: dict) -> dict:
     return record
 
 
-def speculators_record(sample: dict, hidden_size: int, gain: torch.Tensor) -> dict:
+def speculators_record(sample: dict, hidden_size: int, gain: torch.Tensor, fp8: bool = False) -> dict:
     hs = sample["hidden_states"]
     aux = hs.reshape(hs.shape[0], -1, hidden_size)
     last = (sample["final_hidden_states"].float() / gain).to(hs.dtype)
-    return {"hidden_states": torch.cat([aux, last[:, None]], dim=1).contiguous(),
-            "token_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
+    stacked = torch.cat([aux, last[:, None]], dim=1).contiguous()
+    record = {"hidden_states": stacked, "token_ids": sample["input_ids"].to(torch.int64),
+              "loss_mask": sample["loss_mask"].to(torch.int64)}
+    if fp8:  # speculators' per_token_scaled layout: one scale per token over all slots
+        q, scales = quantise_fp8(stacked.reshape(stacked.shape[0], -1), 1)
+        record["hidden_states"], record["hidden_states_scales"] = q.reshape(stacked.shape), scales
+    return record
 
 
 def _write(path: Path, record: dict, fmt: str) -> None:
@@ -193,6 +206,10 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
             raise ConfigError(f"run {run!r} stored no final hidden state; speculators needs it as the last slot. "
                               "Produce the run with --layers eagle3, or export --format specforge")
         gain = final_norm_gain(manifest["model"], index.hidden_size)
+    fp8 = manifest.get("store_dtype") == FP8
+    if fp8 and fmt == "specforge":
+        log.warning("run %s is stored as FP8; SpecForge has no FP8 layout, so the export dequantises to %s",
+                    run, manifest["dtype"])
     path_of = specforge_path if fmt == "specforge" else speculators_path
     out.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[SampleRef]] = {}
@@ -209,7 +226,7 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
         for ref in todo:
             sample = sample_of(contents, ref, source.store.url(key))
             record = specforge_record(sample) if fmt == "specforge" else \
-                speculators_record(sample, index.hidden_size, gain)
+                speculators_record(sample, index.hidden_size, gain, fp8=fp8)
             _write(path_of(out, ref.position), record, fmt)
             written += 1
         if time.monotonic() - last_log > PROGRESS_SECONDS:
@@ -220,7 +237,10 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
         counts["table_rows"] = write_speculators_table(out)
     layer_ids = index.layer_ids if fmt == "specforge" else [k + 1 for k in index.layer_ids]
     info = {"run": run, "format": fmt, "layer_ids": layer_ids, "hidden_size": index.hidden_size,
-            "dtype": manifest["dtype"], "model": manifest.get("model"), "store_final": index.store_final, **counts}
+            "dtype": FP8 if fp8 and fmt == "speculators" else manifest["dtype"],
+            "store_dtype": manifest.get("store_dtype") or manifest["dtype"], "codec": manifest.get("codec", "none"),
+            "dequantised": fp8 and fmt == "specforge",
+            "model": manifest.get("model"), "store_final": index.store_final, **counts}
     (out / "hsx_export.json").write_text(json.dumps(info, indent=2) + "\n")
     log.info("export %s -> %s (%s): %d written, %d already there; trainer layer ids %s",
              run, out, fmt, written, skipped, layer_ids)

@@ -19,9 +19,11 @@ import numpy as np
 import torch
 
 from hsx import batchfile, heartbeat, layout, ledger, queues
+from hsx.codec import check_codec
 from hsx.config import ProduceConfig
 from hsx.dataset import DatasetError, fingerprint
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
+from hsx.dtypes import check_store_dtype
 from hsx.layers import resolve_layers
 from hsx.manifest import RunLimits, build_manifest, check_same_run, config_hash, load_model_config
 from hsx.planning import cut_batches, padding_fraction
@@ -127,6 +129,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         run=cfg.run, model=cfg.model, model_config_hash=cfg_hash, model_type=text_cfg.model_type,
         num_layers=text_cfg.num_hidden_layers, hidden_size=text_cfg.hidden_size, layer_preset=cfg.layers,
         layer_ids=layer_ids, store_final=store_final, dtype=cfg.dtype, max_length=cfg.max_length,
+        store_dtype=check_store_dtype(cfg.store_dtype or cfg.dtype), codec=check_codec(cfg.codec),
         overlong=cfg.overlong, token_budget=cfg.token_budget, pad_multiple=cfg.pad_multiple,
         max_batch_rows=cfg.max_batch_rows, batches_per_shard=cfg.batches_per_shard, window_rows=cfg.window_rows,
         dataset=str(cfg.dataset), dataset_fingerprint=fingerprint(cfg.dataset),

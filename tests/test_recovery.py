@@ -146,14 +146,14 @@ def test_disk_full_fails_cleanly_and_retries(r, redis_server, tiny_model, tmp_pa
     real_write = writer_mod.batchfile.write_atomic
     calls = {"n": 0}
 
-    def flaky_disk(path, tensors, metadata, fsync=True, tmp_tag=None):
+    def flaky_disk(path, tensors, metadata, fsync=True, tmp_tag=None, codec="none"):
         calls["n"] += 1
         if calls["n"] in (1, 3):  # ENOSPC half-way through the file: the temp file must not survive
             tmp = path.with_name(f"{path.name}.tmp-{__import__('os').getpid()}")
             tmp.write_bytes(b"partial")
             tmp.unlink()
             raise OSError(28, "No space left on device")
-        return real_write(path, tensors, metadata, fsync, tmp_tag)
+        return real_write(path, tensors, metadata, fsync, tmp_tag, codec)
 
     monkeypatch.setattr(writer_mod.batchfile, "write_atomic", flaky_disk)
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="full"))

@@ -27,13 +27,14 @@ class SpoolFileLost(RuntimeError):
     """The spool file is gone or corrupt: the batch must be extracted again."""
 
 
-def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, attempt: int = 1, retry: int = 0) -> str:
+def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, attempt: int = 1, retry: int = 0,
+                 tier: str = "disk") -> str:
     rt = runtime.current()
     r = rt.r
-    local = rt.spool_file(run, batch_id, path)  # before anything else: refused jobs are not retried
+    local = rt.spool_file(run, batch_id, path, tier)  # before anything else: refused jobs are not retried
     limits = rt.run_context(run).limits
-    leases.take_upload(r, run, batch_id, {"host": rt.host, "path": path, "size": size, "sha256": sha256},
-                       limits.lease_seconds)
+    leases.take_upload(r, run, batch_id, {"host": rt.host, "path": path, "size": size, "sha256": sha256,
+                                          "tier": tier}, limits.lease_seconds)
     rt.in_progress = (run, batch_id)
     try:
         return _upload(rt, run, batch_id, local, size, sha256)
@@ -55,7 +56,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, att
                     type(exc).__name__, exc, delay)
         time.sleep(delay)
         queues.enqueue_upload(r, rt.host, run, batch_id, path, size, sha256, attempt=leases.next_attempt(r, run),
-                              retry=retry + 1)
+                              retry=retry + 1, tier=tier)
         raise
     finally:
         rt.in_progress = None

@@ -52,6 +52,7 @@ class UploaderRuntime:
         self.cfg, self.r = cfg, r
         self.host = cfg.host
         self.spool_dir = Path(cfg.spool_dir).resolve()
+        self.memory_spool_dir = Path(cfg.memory_spool_dir).resolve() if cfg.memory_spool_dir else None
         self._runs: dict[str, RunContext] = {}
         self._lock = threading.Lock()
         self.in_progress: tuple[str, str] | None = None   # (run, batch id) being uploaded; its lease is refreshed
@@ -75,14 +76,19 @@ class UploaderRuntime:
                 self._runs.setdefault(run, ctx)
         return ctx
 
-    def spool_file(self, run: str, batch_id: str, path: str) -> Path:
-        """The spool file of (run, batch), if ``path`` names exactly it; else OutsideSpool.
+    def spool_file(self, run: str, batch_id: str, path: str, tier: str = "disk") -> Path:
+        """The spool file of (run, batch) in ``tier``, if ``path`` names exactly it; else OutsideSpool.
 
         ``path`` comes from Redis: it must resolve (symlinks, ``..``) to this uploader's own
-        ``<spool>/<run>/<batch>.safetensors``, and no symlink may lie on the way to that file, so a
-        forged job can neither read nor delete any other file (another batch's included).
+        ``<tier's spool dir>/<run>/<batch>.safetensors`` (tier disk: --spool-dir, memory:
+        --memory-spool-dir), and no symlink may lie on the way to that file, so a forged job can
+        neither read nor delete any other file (another batch's included).
         """
-        expected = layout.spool_path(self.spool_dir, run, batch_id)
+        roots = {"disk": self.spool_dir, "memory": self.memory_spool_dir}
+        if roots.get(tier) is None:
+            raise OutsideSpool(f"upload job of {run}/{batch_id} names spool tier {tier!r}, which this uploader does not "
+                               "serve (set --memory-spool-dir to the workers' memory tier); refused, nothing read or deleted")
+        expected = layout.spool_path(roots[tier], run, batch_id)
         resolved = Path(path).resolve()
         if resolved != expected:
             raise OutsideSpool(f"upload job of {run}/{batch_id} names {path}, not its spool file {expected} "

@@ -55,6 +55,8 @@
     $("rate-extract").textContent = `${fmtNum(r.extract_tokens_per_s, 0)} tokens/s`;
     $("eta").textContent = o.complete ? "done" : fmtDuration(o.eta_seconds);
     $("uploaded-bytes").textContent = fmtBytes(o.uploaded_bytes);
+    $("bytes-per-token").textContent = o.bytes_per_token == null ? "-" : `${fmtNum(o.bytes_per_token, 0)} B/token`;
+    $("storage").textContent = `${o.store_dtype || "-"}, codec ${o.codec || "none"}; ${fmtBytes(o.written_bytes || 0)} written`;
     $("extract-queue").textContent = fmtInt(o.extract_queue);
     $("failure-count").textContent = `${o.dead_letters.length} dead, ${o.retrying} retrying`;
     const badge = $("run-state");

@@ -1,0 +1,55 @@
+"""The error of a lossy store dtype (FP8), measured on a sample of each run's batches.
+
+The GPU worker compares, for every ``ERROR_SAMPLE_EVERY``-th batch it runs (and its
+first), the dequantised FP8 values with the bf16 values they came from, per
+layer: relative L2 (||deq - x|| / ||x|| over the batch) and the mean over
+tokens of the cosine similarity. Each sample goes to Redis (``store_error``);
+the run-level record, written beside the manifest as
+``<run>/store_error.json`` when the run completes, holds per layer the
+token-weighted mean and the worst batch of both figures.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hsx.keys import RunKeys
+from hsx.layout import store_error_key
+from hsx.redisconn import json_hash
+
+ERROR_SAMPLE_EVERY = 16   # batches a worker runs between two measured ones
+
+
+def record_store_error(r, run: str, bid: str, manifest: dict, error, tokens: int, pipe=None) -> None:
+    """``error``: [2, n] (rel_l2, cosine) per stored layer, a tensor or nested list."""
+    rows = error.tolist() if hasattr(error, "tolist") else error
+    layers = list(manifest["layer_ids"])
+    if manifest.get("store_final"):
+        layers = layers + ["final"]
+    entry = {"layer_ids": layers[:len(rows[0])], "rel_l2": rows[0], "cosine": rows[1], "tokens": int(tokens)}
+    (pipe or r).hset(RunKeys(run).store_error, bid, json.dumps(entry))
+
+
+def summary(r, run: str) -> dict | None:
+    """The run-level record (None when nothing was measured: a lossless store dtype)."""
+    samples = json_hash(r, RunKeys(run).store_error)
+    if not samples:
+        return None
+    first = next(iter(samples.values()))
+    n = len(first["rel_l2"])
+    tokens = sum(s["tokens"] for s in samples.values()) or 1
+    out = {"store_dtype_error": "FP8 e4m3 (per-token per-layer scale) against the bf16 values, per layer",
+           "layer_ids": first["layer_ids"], "batches_measured": len(samples), "tokens_measured": tokens,
+           "rel_l2_mean": [sum(s["rel_l2"][i] * s["tokens"] for s in samples.values()) / tokens for i in range(n)],
+           "rel_l2_max": [max(s["rel_l2"][i] for s in samples.values()) for i in range(n)],
+           "cosine_mean": [sum(s["cosine"][i] * s["tokens"] for s in samples.values()) / tokens for i in range(n)],
+           "cosine_min": [min(s["cosine"][i] for s in samples.values()) for i in range(n)]}
+    return out
+
+
+def write_record(r, store, run: str) -> dict | None:
+    """Write ``<run>/store_error.json`` into the store (idempotent); the record, or None if nothing was measured."""
+    record = summary(r, run)
+    if record is not None:
+        store.put_bytes(store_error_key(run), json.dumps(record, indent=1).encode())
+    return record
