@@ -354,7 +354,7 @@ def decode(buf: torch.Tensor, where: str = "<bytes>", outputs: bool | None = Non
     """
     header = parse_header(memoryview(buf.numpy())[:min(len(buf), MAX_HEADER + 8)], where, outputs=bool(outputs))
     if header.size != len(buf):
-        raise BatchFileError(f"{where}: object is {len(buf)} bytes, its header describes {header.size} "
+        raise BatchFileError(f"{where}: corrupt or truncated batch file: {len(buf)} bytes, its header describes {header.size} "
                              f"({'truncated' if len(buf) < header.size else 'trailing bytes'})")
     tensors = {name: decode_tensor(buf, header, name)
                for name in ("input_ids", "loss_mask", "cu_seqlens") if header.has(name)}

@@ -38,7 +38,7 @@ STORE_FLAGS = (
 SPOOL_FLAGS = (
     Flag("--spool-dir", "local spool directory of this host (the spool's disk tier)", default=D.DEFAULT_SPOOL_DIR),
     Flag("--memory-spool-dir", "the spool's memory tier, a tmpfs folder shared by the roles of this host (workers "
-         "write there first when --memory-spool-budget-gb > 0)", default=D.DEFAULT_MEMORY_SPOOL_DIR),
+         "write there first while their memory tier budget is above 0)", default=D.DEFAULT_MEMORY_SPOOL_DIR),
     Flag("--host", "host name of the upload queue upload@HOST; all roles of a host share it (default: this "
          "machine's name)"),
     Flag("--name", "rq worker name, unique per process (default: role-host-pid-random)", validate=_worker_name_ok),
