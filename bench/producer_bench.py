@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -186,7 +187,7 @@ def time_tokenise(model: Path, rows: Path, workers: int, block: int, hold: bool 
     """rows/s over the whole file; per-block seconds (drift); the first block includes starting the processes.
 
     ``hold``: keep every sample until the end, as the landed producer did (whole dataset in memory)."""
-    from producer.tokenising import TokeniseSettings, WindowTokeniser
+    from hsx.tokenising import TokeniseSettings, WindowTokeniser
 
     settings = TokeniseSettings(str(model), max_length=32768, overlong="drop")
     start = time.perf_counter()
@@ -216,6 +217,7 @@ def time_first_enqueue(model: Path, rows: Path, workers: int, window_rows: int, 
     from hsx.redisconn import LocalRedis
     from producer.produce import produce
 
+    shutil.rmtree(scratch, ignore_errors=True)   # a fresh run each time: no manifest, plan or inputs left over
     server = LocalRedis(scratch / "redis").start()
     try:
         marks = {}

@@ -24,7 +24,7 @@ FLAGS = (
     Flag("--sample-chars", "characters of a printed sample (plain output)", type=int, default=3000, min=1),
     Flag("--plain", "plain [[...]] markers even in a terminal", type=bool),
     Flag("--limit-rows", "read only about this many rows (whole windows); 0 = all", type=int, default=0, min=0),
-    Flag("--gpu-tokens-per-s", "extraction rate of one GPU (default: an H200 at MFU 0.5 for this model's size)",
+    Flag("--gpu-tokens-per-s", "extraction rate of one GPU (default: one H200 at an effective 0.45 of its peak, for this model's size)",
          type=float, above=0),
     Flag("--gpu-usd-per-hour", "price of one GPU-hour, for a cost line", type=float, min=0),
     Flag("--storage-usd-per-tb-month", "storage price in USD per TB a month (default: S3 Standard's list price)",

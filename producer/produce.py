@@ -32,7 +32,8 @@ from hsx.redisconn import connect
 from hsx.errors import HsxError
 from producer import windows
 from producer.runlock import ProducerLock
-from producer.tokenising import Sample, TokeniseReport, TokeniseSettings, WindowTokeniser, default_workers
+from hsx.tokenreport import Sample, TokeniseReport
+from hsx.tokenising import TokeniseSettings, WindowTokeniser, default_workers
 
 log = logging.getLogger(__name__)
 INPUT_UPLOAD_THREADS = 8

@@ -5,7 +5,7 @@ from hsx.planning import cut_batches, padding_fraction
 
 
 def _lognormal_lengths(n: int) -> np.ndarray:
-    """The DESIGN.md length mix: lognormal, median ~600, capped at 4096 tokens."""
+    """A realistic length mix: lognormal, median ~600, capped at 4096 tokens."""
     rng = np.random.default_rng(11)
     return np.clip(rng.lognormal(np.log(600), 0.8, n).astype(np.int64), 8, 4096)
 

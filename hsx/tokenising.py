@@ -16,9 +16,9 @@ import logging
 import os
 import queue
 import threading
-from collections import Counter, deque
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -26,9 +26,9 @@ import multiprocessing as mp
 import numpy as np
 
 from hsx.dataset import Row, RowError, iter_rows
+from hsx.tokenreport import Sample, TokeniseReport, Window
 
 log = logging.getLogger(__name__)
-EXAMPLES_KEPT = 20      # rejected rows quoted in a report; all are counted
 CHUNK_ROWS = 64         # rows a task sent to a tokenising process
 IN_FLIGHT_CHUNKS = 4    # chunks queued a process (keeps every core busy, memory bounded)
 FINISHED_WINDOWS = 1    # tokenised windows waiting for the consumer
@@ -48,68 +48,6 @@ def default_workers(dataset=None) -> int:
     path = Path(dataset)
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
     return max(1, min(cores, size // BYTES_A_WORKER))
-
-
-@dataclass
-class Sample:
-    sample_id: str
-    input_ids: np.ndarray   # int32
-    loss_mask: np.ndarray   # uint8
-
-
-@dataclass
-class TokeniseReport:
-    """Counts over the rows read. ``rejected``: reason code -> rows; ``formats``: source format -> rows."""
-
-    rows: int = 0
-    kept: int = 0
-    truncated: int = 0
-    dropped_overlong: int = 0
-    duplicate_ids: int = 0
-    rejected: Counter = field(default_factory=Counter)
-    formats: Counter = field(default_factory=Counter)
-    examples: list[str] = field(default_factory=list)      # "row 12 (id x): reason", row numbers 1-based
-
-    @property
-    def rejected_rows(self) -> int:
-        return sum(self.rejected.values())
-
-    def reject_share(self) -> float:
-        return self.rejected_rows / self.rows if self.rows else 0.0
-
-    def note(self, index: int, row_id: str | None, message: str) -> None:
-        if len(self.examples) < EXAMPLES_KEPT:
-            where = f"row {index + 1}" + (f" (id {row_id})" if row_id is not None and row_id != str(index) else "")
-            self.examples.append(f"{where}: {message}")
-
-    def reject(self, index: int, row_id: str | None, code: str, message: str) -> None:
-        self.rejected[code] += 1
-        self.note(index, row_id, message)
-
-    def merge(self, other: "TokeniseReport") -> None:
-        for name in ("rows", "kept", "truncated", "dropped_overlong", "duplicate_ids"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.rejected.update(other.rejected)
-        self.formats.update(other.formats)
-        self.examples.extend(other.examples[:max(EXAMPLES_KEPT - len(self.examples), 0)])
-
-    def to_dict(self) -> dict:
-        return {"rows": self.rows, "kept": self.kept, "truncated": self.truncated,
-                "dropped_overlong": self.dropped_overlong, "duplicate_ids": self.duplicate_ids,
-                "rejected": dict(self.rejected), "formats": dict(self.formats), "examples": self.examples}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TokeniseReport":
-        return cls(rows=d["rows"], kept=d["kept"], truncated=d["truncated"], dropped_overlong=d["dropped_overlong"],
-                   duplicate_ids=d.get("duplicate_ids", 0), rejected=Counter(d.get("rejected", {})),
-                   formats=Counter(d.get("formats", {})), examples=list(d.get("examples", [])))
-
-
-@dataclass
-class Window:
-    number: int
-    samples: list[Sample]
-    report: TokeniseReport
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,72 @@
+"""What tokenising produced: samples, and the counts of every row read (kept, dropped, rejected by reason)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+EXAMPLES_KEPT = 20      # rejected rows quoted in a report; all are counted
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    input_ids: np.ndarray   # int32
+    loss_mask: np.ndarray   # uint8
+
+
+@dataclass
+class TokeniseReport:
+    """Counts over the rows read. ``rejected``: reason code -> rows; ``formats``: source format -> rows."""
+
+    rows: int = 0
+    kept: int = 0
+    truncated: int = 0
+    dropped_overlong: int = 0
+    duplicate_ids: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    formats: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)      # "row 12 (id x): reason", row numbers 1-based
+
+    @property
+    def rejected_rows(self) -> int:
+        return sum(self.rejected.values())
+
+    def reject_share(self) -> float:
+        return self.rejected_rows / self.rows if self.rows else 0.0
+
+    def note(self, index: int, row_id: str | None, message: str) -> None:
+        if len(self.examples) < EXAMPLES_KEPT:
+            where = f"row {index + 1}" + (f" (id {row_id})" if row_id is not None and row_id != str(index) else "")
+            self.examples.append(f"{where}: {message}")
+
+    def reject(self, index: int, row_id: str | None, code: str, message: str) -> None:
+        self.rejected[code] += 1
+        self.note(index, row_id, message)
+
+    def merge(self, other: "TokeniseReport") -> None:
+        for name in ("rows", "kept", "truncated", "dropped_overlong", "duplicate_ids"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.rejected.update(other.rejected)
+        self.formats.update(other.formats)
+        self.examples.extend(other.examples[:max(EXAMPLES_KEPT - len(self.examples), 0)])
+
+    def to_dict(self) -> dict:
+        return {"rows": self.rows, "kept": self.kept, "truncated": self.truncated,
+                "dropped_overlong": self.dropped_overlong, "duplicate_ids": self.duplicate_ids,
+                "rejected": dict(self.rejected), "formats": dict(self.formats), "examples": self.examples}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TokeniseReport":
+        return cls(rows=d["rows"], kept=d["kept"], truncated=d["truncated"], dropped_overlong=d["dropped_overlong"],
+                   duplicate_ids=d.get("duplicate_ids", 0), rejected=Counter(d.get("rejected", {})),
+                   formats=Counter(d.get("formats", {})), examples=list(d.get("examples", [])))
+
+
+@dataclass
+class Window:
+    number: int
+    samples: list[Sample]
+    report: TokeniseReport
