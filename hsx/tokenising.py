@@ -26,6 +26,7 @@ import multiprocessing as mp
 import numpy as np
 
 from hsx.dataset import Row, RowError, iter_rows
+from hsx.tokenise import sample_id_of
 from hsx.tokenreport import Sample, TokeniseReport, Window
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def _encode_one(item: Row | RowError) -> tuple:
         code = getattr(item, "code", None) or reason_code(ValueError(item.reason))
         return ("rejected", item.index, None, code, str(item.reason), "unreadable")
     data = item.data
-    row_id = str(data["id"]) if data.get("id") is not None else None
+    row_id = sample_id_of(data, item.index, _tokeniser.columns)
     try:
         t = _tokeniser.encode_row(data, item.index)
     except Exception as exc:  # a row must never take the run down; name it and go on
