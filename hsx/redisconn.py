@@ -13,12 +13,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import AbstractBackoff
 from redis.exceptions import AuthenticationError, ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from hsx.defaults import DEFAULT_REDIS_CONNECT_SECONDS
 from hsx.errors import HsxError
+from hsx.retry import backoff_delay
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +55,28 @@ def redact(url: str) -> str:
             + (f"#{parts.fragment}" if parts.fragment else ""))
 
 
+class _Backoff(AbstractBackoff):
+    """redis-py's retry sleeps, computed the one hsx way (hsx.retry.backoff_delay: full jitter)."""
+
+    def __init__(self, base_seconds: float = 0.5, cap_seconds: float = 10.0):
+        self.base_seconds, self.cap_seconds = base_seconds, cap_seconds
+
+    def compute(self, failures: int) -> float:
+        return backoff_delay(max(failures - 1, 0), self.base_seconds, self.cap_seconds)
+
+
 class RedisUnreachable(HsxError):
     """Redis did not answer when a command started."""
 
 
 def connect(url: str, retries: int = 20, wait_seconds: float = DEFAULT_REDIS_CONNECT_SECONDS) -> redis.Redis:
-    """A client that retries a dropped connection with backoff (0.5 s doubling, capped at 10 s).
+    """A client that retries a dropped connection with backoff (full jitter under 0.5 s doubling, capped at 10 s).
 
     Redis must answer within ``wait_seconds`` now, else RedisUnreachable says where hsx looked
     (password masked) and what to check; later outages are ridden out by the retries.
     """
     client = redis.Redis.from_url(
-        url, retry=Retry(ExponentialBackoff(cap=10, base=0.5), retries),
+        url, retry=Retry(_Backoff(), retries),
         retry_on_error=[RedisConnectionError, RedisTimeoutError], health_check_interval=30,
         socket_connect_timeout=5, socket_keepalive=True)
     if wait_seconds > 0:
