@@ -38,23 +38,20 @@ class Timed:
 
 
 def measure(chat: ChatTokeniser, rows: list[dict]) -> dict:
-    render, tokenize = Timed(chat.render), Timed(chat.tok.__call__)
-    chat.render = render
-    tok_call = chat.tok
-    chat.tok = type("TimedTok", (), {"__call__": lambda self, *a, **k: tokenize(*a, **k),
-                                     "apply_chat_template": tok_call.apply_chat_template})()
+    render, encode = Timed(chat.render), Timed(chat._encode)
+    chat.render, chat._encode = render, encode          # instance attributes shadow the methods
     tokens, start = 0, time.perf_counter()
     try:
         for index, row in enumerate(rows):
             tokens += len(chat.encode_row(row, index).input_ids)
     finally:
-        chat.render, chat.tok = ChatTokeniser.render.__get__(chat), tok_call
+        del chat.render, chat._encode
     total = time.perf_counter() - start
     n = len(rows)
     return {"rows": n, "tokens_per_row": round(tokens / n), "renders_per_row": round(render.calls / n, 2),
             "ms_per_row": round(1000 * total / n, 2), "render_ms": round(1000 * render.seconds / n, 2),
-            "tokenizer_ms": round(1000 * tokenize.seconds / n, 2),
-            "mask_and_rest_ms": round(1000 * (total - render.seconds - tokenize.seconds) / n, 2),
+            "tokenizer_ms": round(1000 * encode.seconds / n, 2),
+            "mask_and_rest_ms": round(1000 * (total - render.seconds - encode.seconds) / n, 2),
             "rows_per_s": round(n / total, 1)}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -140,10 +141,24 @@ class ChatTokeniser:
         """(input_ids int32, loss_mask uint8) of a conversation in normal form."""
         messages, real = self._render_real(messages, tools)
         spans = assistant_spans(real, messages, tools, self._render_row, self.shape, self.reasoning_key)
-        enc = self.tok(real, add_special_tokens=False, return_offsets_mapping=True)
-        ids = np.asarray(enc["input_ids"], dtype=np.int32)
-        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        ids, offsets = self._encode(real)
         return ids, spans_to_mask(offsets, spans)
+
+    def _encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int32 [T], character offsets int64 [T, 2]) of ``text`` without added special tokens: what
+        apply_chat_template(tokenize=True) gives. The Rust tokenizer is called directly when the wrapper adds
+        nothing (no split_special_tokens): the same call the wrapper makes, without building its BatchEncoding."""
+        backend = getattr(self.tok, "_tokenizer", None)
+        if backend is not None and not getattr(self.tok, "split_special_tokens", False):
+            enc = backend.encode(text, add_special_tokens=False)
+            raw_ids, raw_offsets = enc.ids, enc.offsets
+        else:
+            out = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+            raw_ids, raw_offsets = out["input_ids"], out["offset_mapping"]
+        count = len(raw_ids)
+        ids = np.fromiter(raw_ids, dtype=np.int32, count=count)
+        offsets = np.fromiter(chain.from_iterable(raw_offsets), dtype=np.int64, count=2 * count).reshape(count, 2)
+        return ids, offsets
 
     def encode_row(self, data: dict[str, Any], index: int) -> Tokenised:
         sample_id = sample_id_of(data, index, self.columns)
