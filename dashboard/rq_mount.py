@@ -10,8 +10,9 @@ holds; ``hsx.queues`` makes rq's default serializer JSON in this process). Here:
   adds) answers 403. The queue is a cache of the ledger in hsx: batches are
   retried through ``POST /api/retry`` or ``hsx retry-failed``, which keep the
   attempt count, never by rq's requeue;
-- a kept view that meets a job hash hsx did not write (bytes that are not JSON)
-  answers 422 naming the job, instead of a 500;
+- a job hash hsx did not write (bytes that are not JSON) shows as "not JSON" in
+  the job lists and on the Workers page (rq-dashboard's two serialize functions
+  are wrapped), and the one-job views answer 422 naming it, instead of a 500;
 - rq-dashboard never sees the Redis URL: it uses the app's client (instance 0
   only), and the URL it displays is the redacted one.
 
@@ -48,6 +49,36 @@ REFUSAL = ("read-only here: hsx keeps rq's queues as a cache of its ledger; retr
            "POST /api/retry (the page's retry button) or `hsx retry-failed`\n")
 
 
+UNREADABLE_ERRORS = (DeserializationError, UnicodeDecodeError, json.JSONDecodeError, RecursionError)
+NOT_JSON = "(job data is not JSON: hsx did not write it and does not decode it)"
+
+
+def _tolerant(serialize, placeholder):
+    """rq-dashboard's per-job ``serialize``, giving ``placeholder(job)`` for a job that is not JSON."""
+
+    @wraps(serialize)
+    def wrapper(job):
+        try:
+            return serialize(job)
+        except UNREADABLE_ERRORS as exc:
+            log.warning("rq-dashboard: job %s holds data that is not JSON (%s)", getattr(job, "id", "?"),
+                        type(exc).__name__)
+            return placeholder(job)
+
+    wrapper.hsx_tolerant = True
+    return wrapper
+
+
+def _unreadable_job(job) -> dict:
+    return {"id": job.id, "created_at": None, "started_at": None, "ended_at": None, "exc_info": None,
+            "description": NOT_JSON}
+
+
+def _unreadable_current_job(job) -> dict | str:
+    return "idle" if job is None else {"job_id": job.id, "description": NOT_JSON, "created_at": None,
+                                       "call_string": NOT_JSON}
+
+
 def _refuse(**_view_args):
     return current_app.response_class(REFUSAL, status=403, mimetype="text/plain")
 
@@ -61,7 +92,7 @@ def _guarded(view):
             return _refuse()
         try:
             return view(**view_args)
-        except (DeserializationError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        except UNREADABLE_ERRORS as exc:
             what = f"job {view_args['job_id']}" if "job_id" in view_args else "a job listed here"
             log.warning("rq-dashboard: %s holds data that is not JSON (%s: %s)", what, type(exc).__name__, exc)
             return current_app.response_class(f"{what} holds data that is not JSON: hsx did not write it and "
@@ -77,6 +108,9 @@ def mount(app: Flask, redis_url: str, r: redis.Redis, poll_ms: int) -> None:
     from rq_dashboard import web as rq_web
 
     rq_web.config.serializer = JSONSerializer  # where it does pass one (a module global of rq-dashboard)
+    if not getattr(rq_web.serialize_job, "hsx_tolerant", False):  # module globals, looked up at call time
+        rq_web.serialize_job = _tolerant(rq_web.serialize_job, _unreadable_job)
+        rq_web.serialize_current_job = _tolerant(rq_web.serialize_current_job, _unreadable_current_job)
     app.config["RQ_DASHBOARD_REDIS_URL"] = (redact(redis_url),)   # shown on its pages; never used to connect
     app.config["RQ_DASHBOARD_POLL_INTERVAL"] = poll_ms
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True              # hides its delete and empty buttons
