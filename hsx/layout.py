@@ -51,11 +51,13 @@ def index_key(run: str) -> str:
     return f"{run}/index.jsonl"
 
 
-def _names(run: str, shard: str, bid: str) -> tuple[str, str, str]:
-    return segment(run, "run"), segment(shard, "shard"), segment(bid, "batch id")
 def store_error_key(run: str) -> str:
     """The run-level record of a lossy store dtype's measured error (hsx/storeerror.py)."""
     return f"{run}/store_error.json"
+
+
+def _names(run: str, shard: str, bid: str) -> tuple[str, str, str]:
+    return segment(run, "run"), segment(shard, "shard"), segment(bid, "batch id")
 
 
 def input_key(run: str, shard: str, bid: str) -> str:
