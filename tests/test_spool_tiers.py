@@ -153,3 +153,20 @@ def test_codec_round_trip_is_exact():
     data = batchfile.to_bytes(tensors, {"format": batchfile.FORMAT, "sample_ids": '["a","b"]', "dtype": "bfloat16"},
                               codec="zstd")
     assert torch.equal(batchfile.read_bytes(data).hidden_states, tensors["hidden_states"])
+
+
+def test_worker_warns_with_both_rates_when_the_disk_cannot_keep_up(monkeypatch):
+    from gpu_worker import writer
+
+    clock = {"t": 100.0}
+    monkeypatch.setattr(writer.time, "monotonic", lambda: clock["t"])
+    rates = writer.WriteRates()
+    rates.emitted(0)
+    clock["t"] += 10.0
+    rates.emitted(20 * 2**30)                       # the GPU emitted 2 GiB/s over 10 s
+    rates.wrote("memory", 2**30, 0.1)               # the memory tier is fast: never the complaint
+    assert rates.advice(threads=2) is None
+    rates.wrote("disk", 2**30, 4.0)                 # 1 GiB in 4 s on each of 2 threads: 0.5 GiB/s
+    advice = rates.advice(threads=2)
+    assert "0.50 GiB/s" in advice and "2.00 GiB/s" in advice and "--memory-spool-budget-gb" in advice
+    assert rates.advice(threads=2) is None          # at most one warning a minute
