@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from hsx import heartbeat, leases, ledger, queues, spool
+from hsx import heartbeat, leases, ledger, queues, reconcile, spool
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES, DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.storeerror import ERROR_SAMPLE_EVERY
 from hsx.keys import RunKeys
@@ -66,6 +66,8 @@ class WorkerRuntime:
         self.started = time.time()
         self._logged_at, self._logged_batches = time.monotonic(), 0
         self._stop = threading.Event()
+        self.vanished = False                    # the run disappeared from Redis: the worker stops
+        self.on_vanished = None                  # set by the worker loop: how to stop it
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="hsx-heartbeat", daemon=True)
 
     def _cuda_uuid(self) -> str | None:
@@ -152,6 +154,9 @@ class WorkerRuntime:
                 **self.probe.stats()}
 
     def beat(self) -> None:
+        if not self.r.exists(RunKeys(self.run).manifest):
+            self.run_vanished()
+            return
         current = self.current_batch
         held = self.writer.held() | ({current} if current else set())
         stats = self.stats()
@@ -168,6 +173,23 @@ class WorkerRuntime:
         self.beats += 1
         if self.beats % HEARTBEATS_PER_SWEEP == 0:
             self.sweep_temp_files()
+        reconcile.maybe_reconcile(self.r, self.run, self.limits.lease_seconds / 2)
+
+    def run_vanished(self) -> None:
+        """The run's manifest is gone from a reachable Redis (restarted empty, flushed): stop, do not spin.
+
+        Batch files already spooled stay on disk; after `hsx produce` rebuilds the ledger from the store,
+        a restarted worker re-enqueues their uploads (``recover_spool``).
+        """
+        if self.vanished:
+            return
+        self.vanished = True
+        log.error("run %r is no longer in Redis (restarted empty or flushed?): this worker stops. Re-run "
+                  "`hsx produce` for the run (it rebuilds the ledger from the store), then restart the workers; "
+                  "spooled files are kept and uploaded after the restart", self.run)
+        self._stop.set()
+        if self.on_vanished is not None:
+            self.on_vanished()
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):
@@ -214,6 +236,9 @@ class WorkerRuntime:
             leases.drop(self.r, self.leases_key, bid)
             if done:
                 return f"{bid} already done"
+            if not self.r.exists(keys.manifest):
+                self.run_vanished()
+                return f"{bid}: run {self.run} vanished from Redis; not extracted"
             raise KeyError(f"batch {bid} is not in the plan of run {self.run}")
         spec = ledger.BatchSpec.from_json(raw_spec)
         self.current_batch = bid

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from hsx import ledger, queues
 from hsx.localdirs import ensure_dir
 from hsx.config import StoreSettings, WorkerConfig
 from hsx.manifest import RunLimits, config_hash
-from hsx.redisconn import connect
+from hsx.redisconn import connect, redact
 from hsx.errors import HsxError
 from gpu_worker import runtime as runtime_mod
 from gpu_worker.extractor import Extractor
@@ -27,6 +28,10 @@ PLAN_POLL_SECONDS = 5  # --wait-for-plan: seconds between looks for the run's ma
 
 class WorkerSetupError(HsxError, RuntimeError):
     """The worker cannot start; the message says why."""
+
+
+class RunVanished(HsxError):
+    """The run's plan disappeared from Redis while the worker ran; the message says what to do."""
 
 
 class ExtractWorker(SimpleWorker):
@@ -49,7 +54,7 @@ class ExtractWorker(SimpleWorker):
 
 def _on_failure(job, exc_type, exc_value, tb):
     if exc_type is AbandonedJobError:
-        return True  # rq's sweep of a dead worker's job, long after hsx's lease reaper re-enqueued it
+        return True  # rq's sweep of a dead worker's job: leases or the reconciler already re-enqueued the batch
     parsed = queues.batch_of_job(job.id)
     rt = ExtractWorker.hsx_runtime
     if parsed and rt is not None:
@@ -123,6 +128,7 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
     worker = ExtractWorker([queues.queue(rt.r, queues.extract_queue_name(cfg.run))], connection=rt.r,
                            name=cfg.worker_name, serializer=JSONSerializer, job_class=queues.HsxJob,
                            exception_handlers=[_on_failure])
+    rt.on_vanished = lambda: _stop(worker, cfg.burst)
     rt.start()
     try:
         worker.work(burst=cfg.burst, logging_level="WARNING")
@@ -132,4 +138,15 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
         runtime_mod.install(None)
         ExtractWorker.hsx_runtime = None
         rt.log_progress()  # the summary on exit
+    if rt.vanished:
+        raise RunVanished(f"run {cfg.run!r} vanished from Redis at {redact(cfg.redis_url)} while this worker ran "
+                          "(restarted empty or flushed?): re-run `hsx produce` for it (the ledger is rebuilt from the "
+                          "store, nothing verified is recomputed), then restart the workers")
     return rt
+
+
+def _stop(worker: SimpleWorker, burst: bool) -> None:
+    """Stop the rq loop from the heartbeat thread: the same warm shutdown as `docker compose stop`."""
+    worker._stop_requested = True
+    if not burst:
+        os.kill(os.getpid(), signal.SIGTERM)  # rq's handler interrupts a blocking dequeue

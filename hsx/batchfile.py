@@ -383,3 +383,12 @@ def file_sha256(path: Path, chunk: int = 8 * 2**20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+
+HEADER_PROBE = 64 * 2**10  # bytes: the first read of an object covers the header of any real batch
+
+
+def header_length(prefix: bytes) -> int:
+    """Bytes from the start of the object that hold the whole header (8 + its declared length)."""
+    return 8 + struct.unpack("<Q", prefix[:8])[0] if len(prefix) >= 8 else 8

@@ -1,4 +1,8 @@
-"""The run index: sample id -> (object key, row in batch), written once the run is complete."""
+"""The run index: sample id -> (object key, row in batch, object size + SHA-256), written once the run is complete.
+
+A repair (``ledger.unmark_done``) clears the written-marker, so the index is written again with the new
+object's digest when the run is complete again.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,19 @@ from hsx import layout, ledger, storeerror
 from hsx.keys import RunKeys
 
 
-def build_index_lines(specs: dict[str, ledger.BatchSpec], run: str) -> bytes:
+def build_index_lines(specs: dict[str, ledger.BatchSpec], run: str, infos: dict[str, dict] | None = None) -> bytes:
+    """One JSON line a sample: id, key, batch_id, row, and the object's ``size`` and ``sha256`` from the
+    ledger (what the reader checks a whole object against; absent where ``infos`` lacks the batch)."""
+    infos = infos or {}
     lines = []
     for bid in sorted(specs):
         spec = specs[bid]
         key = layout.batch_key(run, spec.shard, bid)
+        info = infos.get(bid) or {}
+        digest = {"size": info["size"], "sha256": info["sha256"]} if "sha256" in info else {}
         for row, sample_id in enumerate(spec.sample_ids):
-            lines.append(json.dumps({"id": sample_id, "key": key, "batch_id": bid, "row": row}, separators=(",", ":")))
+            lines.append(json.dumps({"id": sample_id, "key": key, "batch_id": bid, "row": row, **digest},
+                                    separators=(",", ":")))
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -27,6 +37,7 @@ def write_index_if_complete(r, store, run: str) -> bool:
     if r.get(keys.index_key):
         return True
     storeerror.write_record(r, store, run)
-    info = store.put_bytes(layout.index_key(run), build_index_lines(ledger.all_specs(r, run), run))
+    info = store.put_bytes(layout.index_key(run),
+                           build_index_lines(ledger.all_specs(r, run), run, ledger.done_info(r, run)))
     r.set(keys.index_key, info.key)
     return True

@@ -1,8 +1,8 @@
 """One batch object in the store checked against the plan and the ledger.
 
-Used by `hsx verify` (every batch) and by `hsx produce` on a re-run (done
-batches whose object is gone or of the wrong size leave the ledger, so they
-are extracted again).
+Used by `hsx verify` (every batch; ``--repair`` re-extracts the bad ones) and
+by `hsx produce` on a re-run (done batches whose object is gone or of the
+wrong size leave the ledger, so they are extracted again).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from hsx import batchfile, layout, ledger
+from hsx import batchfile, layout, leases, ledger, queues, reconcile
 
 log = logging.getLogger(__name__)
 CHECK_THREADS = 8   # store requests in flight
@@ -66,3 +66,30 @@ def unmark_missing_done(r, store, run: str) -> list[str]:
                 log.warning("%s was recorded done but %s; it will be extracted again", bid, problem)
                 repaired.append(bid)
     return repaired
+
+
+def repair_batches(r, store, run: str, bids: list[str], specs: dict[str, ledger.BatchSpec]) -> list[str]:
+    """Re-extract done batches found bad: out of the ledger, bad object deleted, re-enqueued at the front.
+
+    The bad object goes so that a ledger rebuild can never record it done again; the re-extracted
+    object replaces it, and the index is written again once the run is complete.
+    """
+    repaired = []
+    for bid in bids:
+        spec = specs[bid]
+        ledger.unmark_done(r, run, spec)
+        store.delete(layout.batch_key(run, spec.shard, bid))
+        ledger.take_dead_letters(r, run, [bid])
+        queues.enqueue_extract(r, run, bid, attempt=leases.next_attempt(r, run), at_front=True)
+        log.warning("%s: object was bad; taken out of the ledger and re-enqueued for extraction", bid)
+        repaired.append(bid)
+    return repaired
+
+
+def requeue_orphans(r, run: str) -> list[str]:
+    """Re-enqueue at once the planned batches in no queue, lease, ledger or dead letter (what the reconciler
+    does after its grace period)."""
+    found = sorted(reconcile.orphans(r, run))
+    for bid in found:
+        queues.enqueue_extract(r, run, bid, attempt=leases.next_attempt(r, run), at_front=True)
+    return found

@@ -70,11 +70,11 @@ class RunKeys:
         return self._k(f"hb:{worker_name}")
 
     @property
-    def extract_leases(self) -> str:  # ZSET batch_id scored by lease expiry (unix s): extracting, not yet spooled
+    def extract_leases(self) -> str:  # ZSET batch_id scored by lease expiry (s, Redis TIME): extracting, not yet spooled
         return self._k("extract_leases")
 
     @property
-    def upload_leases(self) -> str:  # ZSET batch_id scored by lease expiry (unix s): being uploaded
+    def upload_leases(self) -> str:  # ZSET batch_id scored by lease expiry (s, Redis TIME): being uploaded
         return self._k("upload_leases")
 
     @property
@@ -100,6 +100,14 @@ class RunKeys:
     @property
     def store_error(self) -> str:  # HASH batch_id -> JSON {rel_l2, cosine, tokens} per layer, FP8 vs bf16; no TTL
         return self._k("store_error")
+
+    @property
+    def orphans(self) -> str:  # HASH batch_id -> Redis TIME it was first seen in no queue/lease/ledger/dead; no TTL
+        return self._k("orphans")
+
+    @property
+    def reconcile_lock(self) -> str:  # STRING "1": a reconciler pass was made; TTL the reconcile interval (PX)
+        return self._k("reconcile_lock")
 
     @property
     def index_key(self) -> str:  # STRING the index's store key, set once the index is written; no TTL

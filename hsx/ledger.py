@@ -63,6 +63,7 @@ class BatchSpec:
     padded: int
     padded_len: int          # tokens a row is padded to (the longest row, rounded up to the pad multiple)
     sample_ids: list[str]
+    input_sha256: str = ""  # SHA-256 of the batch's input object as the producer wrote it ("" = not recorded)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -183,11 +184,13 @@ def run_totals(r: redis.Redis, run: str) -> dict[str, int]:
     return int_hash(r, RunKeys(run).totals)
 
 
-# KEYS: done, done_info, counters, shard_done, done_log ; ARGV: batch_id, samples, tokens, shard
-# Undo a mark_done whose object turned out missing or corrupt. Returns 1 if it was done.
+# KEYS: done, done_info, counters, shard_done, done_log, index marker ; ARGV: batch_id, samples, tokens, shard
+# Undo a mark_done whose object turned out missing or corrupt. Returns 1 if it was done. The index
+# marker goes too: the index is written again (with the new object's digest) once the run completes.
 _UNMARK_DONE = """
 local raw = redis.call('HGET', KEYS[2], ARGV[1])
 if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('DEL', KEYS[6])
 local size = 0
 if raw then size = cjson.decode(raw)['size'] end
 redis.call('HDEL', KEYS[2], ARGV[1])
@@ -204,8 +207,8 @@ return 1
 def unmark_done(r: redis.Redis, run: str, spec: BatchSpec) -> bool:
     """Take a batch out of the ledger (its object is missing or corrupt), counters included."""
     keys = RunKeys(run)
-    return bool(r.eval(_UNMARK_DONE, 5, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
-                       spec.batch_id, spec.samples, spec.tokens, spec.shard))
+    return bool(r.eval(_UNMARK_DONE, 6, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
+                       keys.index_key, spec.batch_id, spec.samples, spec.tokens, spec.shard))
 
 
 def done_info(r: redis.Redis, run: str) -> dict[str, dict]:

@@ -7,12 +7,13 @@ import time
 
 import redis
 
-from hsx import heartbeat, ledger, queues
+from hsx import heartbeat, ledger, queues, reconcile
 from hsx.keys import RunKeys
 from hsx.redisconn import int_hash
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
 MIN_RATE_SPAN_SECONDS = 10  # ...or, for a run younger than that, over its age (at least this long)
+STALL_SECONDS = 120  # a run with work left, no lease held and nothing spooled or done this long is "stalled"
 
 
 def rate_span(r: redis.Redis, run: str, now: float, window: float = RATE_WINDOW_SECONDS) -> float:
@@ -54,6 +55,10 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     complete = not totals.get("planning", 0) and totals.get("batches", -1) == done.get("batches", 0)
     first = r.zrange(keys.done_log, 0, 0, withscores=True)
     manifest = ledger.get_manifest(r, run) or {}
+    workers = heartbeat.read_workers(r, run)
+    extract_queue = len(queues.queue(r, queues.extract_queue_name(run)))
+    dead = ledger.dead_letters(r, run)
+    stalled = None if complete else stall_reason(r, run, now, totals, done, extract_queue, workers, dead)
     return {
         "run": run,
         "totals": totals,
@@ -66,14 +71,15 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "rate": rate["per_s"],
         "extract_rate": _window(r, run, keys.spooled_log, now, window, span)["per_s"],
         "rate_span_seconds": span,
-        "eta_seconds": 0.0 if complete else eta,
+        "eta_seconds": 0.0 if complete else (None if stalled else eta),
         "complete": complete,
         "started": first[0][1] if first else None,
         "shards": {k: {"done": v} for k, v in int_hash(r, keys.shard_done).items()},
         "failures": ledger.failures(r, run),
-        "dead_letters": ledger.dead_letters(r, run),
-        "extract_queue": len(queues.queue(r, queues.extract_queue_name(run))),
-        "workers": heartbeat.read_workers(r, run),
+        "dead_letters": dead,
+        "extract_queue": extract_queue,
+        "workers": workers,
+        "stalled": stalled,
         "hosts": heartbeat.read_hosts(r, run),
         "index_written": bool(r.get(keys.index_key)),
     }
@@ -94,6 +100,33 @@ def host_row(r: redis.Redis, host: str, stats: dict, now: float | None = None) -
             "spool_budget_bytes": budget, "spool_fill": (used / budget) if budget else None,
             "reported_age_seconds": round(now - stats.get("ts", now), 1),
             "upload_queue": q.count, "uploaders": len(Worker.all(connection=r, queue=q))}
+
+
+def stall_reason(r: redis.Redis, run: str, now: float, totals: dict, done: dict, extract_queue: int,
+                 workers: list[dict], dead: dict) -> str | None:
+    """Why a run with work left is not moving, or None if something moved in the last STALL_SECONDS
+    (a batch spooled or done) or a lease is held (a live process is working on a batch)."""
+    keys = RunKeys(run)
+    if not totals.get("batches") or totals.get("planning") or r.exists(keys.producer_lock):
+        return None  # nothing planned yet, or the producer is still planning / enqueueing
+    pipe = r.pipeline(transaction=False)
+    pipe.zcount(keys.done_log, now - STALL_SECONDS, "+inf")
+    pipe.zcount(keys.spooled_log, now - STALL_SECONDS, "+inf")
+    pipe.zcard(keys.extract_leases)
+    pipe.zcard(keys.upload_leases)
+    if any(pipe.execute()):
+        return None
+    left = totals["batches"] - done.get("batches", 0)
+    alive = sum(1 for w in workers if w.get("alive"))
+    lost = len(reconcile.orphans(r, run))
+    if lost:
+        return (f"{lost} of {left} batches left are in no queue, lease or dead letter; a running worker or uploader "
+                "re-enqueues them within 2 x its lease" + ("" if alive else " (no live worker of this run now)"))
+    if extract_queue and not alive:
+        return f"{extract_queue} batches queued and no live worker of this run"
+    if dead and len(dead) >= left:
+        return f"only dead letters left ({len(dead)}): hsx retry-failed --run {run}"
+    return f"{left} batches left and nothing spooled or done in the last {STALL_SECONDS} s"
 
 
 def fmt_bytes(n: float) -> str:
@@ -133,6 +166,8 @@ def summary_lines(p: dict) -> list[str]:
     ]
     alive = [w for w in p["workers"] if w.get("alive")]
     lines.append(f"  workers  {len(alive)} alive, {len(p['workers']) - len(alive)} stale")
+    if p.get("stalled"):
+        lines.append(f"  STALLED  {p['stalled']}")
     if p["failures"]:
         lines.append(f"  retrying {len(p['failures'])} batches after failures")
     if p["dead_letters"]:

@@ -188,7 +188,9 @@ def retry_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) 
         if alive:
             why = ", ".join(f"{bid} ({'done' if ledger.is_done(r, run, bid) else 'not failed for good'})"
                             for bid in alive[:10])
-            raise NotRetryable(f"not dead letters of run {run!r}: {why}; nothing was retried")
+            hint = (f" (a done batch whose object is bad is re-extracted by `hsx verify --run {run} --repair`)"
+                    if any(ledger.is_done(r, run, bid) for bid in alive) else "")
+            raise NotRetryable(f"not dead letters of run {run!r}: {why}; nothing was retried{hint}")
     taken = ledger.take_dead_letters(r, run, bids)
     for bid in taken:
         if not ledger.is_done(r, run, bid):

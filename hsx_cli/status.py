@@ -41,6 +41,10 @@ def run(cfg: StatusConfig) -> int:
     if not runs:
         print("no runs in this Redis")
         return 1
+    if cfg.run and ledger.get_manifest(r, cfg.run) is None:
+        print(f"run {cfg.run!r} is not in this Redis (never planned, or Redis lost it: re-run `hsx produce` for it, "
+              "which rebuilds the ledger from the store)")
+        return 1
     if cfg.watch:
         import sys
 

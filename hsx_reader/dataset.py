@@ -27,10 +27,13 @@ HEADERS_KEPT = 4096  # parsed headers kept in range mode (a few KB each)
 class RunDataset(Dataset):
     def __init__(self, store: Store | StoreSettings | str, run: str, expect: Expectations | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, cache_dir: Path | str | None = None,
-                 fetch: str = "object", shards: list[str] | None = None):
+                 fetch: str = "object", shards: list[str] | None = None, verify: bool = True):
+        """``verify``: with ``fetch="object"``, each object must match the size and SHA-256 in the run's
+        index or CorruptBatch is raised; ``fetch="range"`` reads parts of objects and checks only their
+        header and the byte counts (a whole-object digest needs the whole object)."""
         if fetch not in ("object", "range"):
             raise ValueError(f"fetch must be 'object' or 'range', got {fetch!r}")
-        self.source = Source(store, run, expect, cache_bytes, cache_dir, shards)
+        self.source = Source(store, run, expect, cache_bytes, cache_dir, shards, verify)
         self.fetch = fetch
         self._headers: OrderedDict[str, Header] = OrderedDict()
 

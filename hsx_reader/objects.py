@@ -10,6 +10,7 @@ compressed batch is read whole).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import os
@@ -90,6 +91,18 @@ def fetch_object(store: Store, key: str) -> torch.Tensor:
     except KeyError:
         raise ReaderError(f"{store.url(key)}: batch object is missing from the store") from None
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def check_digest(buf: torch.Tensor, where: str, size: int, sha256: str) -> torch.Tensor:
+    """``buf`` if it has the size and SHA-256 the run's index recorded for it; else CorruptBatch."""
+    if buf.numel() != size:
+        raise CorruptBatch(f"{where}: object is {buf.numel()} bytes, the index recorded {size} "
+                           f"({'truncated' if buf.numel() < size else 'trailing bytes'})")
+    got = hashlib.sha256(memoryview(buf.numpy()) if buf.numel() else b"").hexdigest()
+    if got != sha256:
+        raise CorruptBatch(f"{where}: object's SHA-256 differs from the one the index recorded "
+                           "(corrupt or changed at rest; `hsx verify --run R --repair` re-extracts it)")
+    return buf
 
 
 def fetch_header(store: Store, key: str) -> Header:

@@ -75,6 +75,7 @@ class RunIndex:
     manifest: dict
     samples: list[SampleRef]
     by_id: dict[str, SampleRef] = field(repr=False, default_factory=dict)
+    digests: dict[str, tuple[int, str]] = field(repr=False, default_factory=dict)  # key -> (size, sha256 hex)
 
     @property
     def layer_ids(self) -> list[int]:
@@ -106,7 +107,7 @@ class RunIndex:
         if not shards:
             return self
         keep = [s for s in self.samples if s.shard in set(shards)]
-        return RunIndex(self.run, self.manifest, keep, {s.sample_id: s for s in keep})
+        return RunIndex(self.run, self.manifest, keep, {s.sample_id: s for s in keep}, self.digests)
 
 
 def _get_json_bytes(store: Store, key: str, what: str) -> bytes:
@@ -126,16 +127,18 @@ def load_run(store: Store, run: str, expect: Expectations | None = None) -> RunI
         raise ReaderError(f"{store.url(layout.manifest_key(run))}: not valid JSON ({exc})") from None
     (expect or Expectations()).check(manifest, run)
     raw = _get_json_bytes(store, layout.index_key(run), "index")
-    samples = []
+    samples, digests = [], {}
     for n, line in enumerate(raw.decode().splitlines()):
         if not line.strip():
             continue
         try:
             e = json.loads(line)
             samples.append(SampleRef(len(samples), str(e["id"]), e["key"], e["batch_id"], int(e["row"])))
-        except (ValueError, KeyError, TypeError) as exc:
+            if "sha256" in e:  # indexes written before digests were recorded lack them
+                digests[e["key"]] = (int(e["size"]), str(e["sha256"]))
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ReaderError(f"{store.url(layout.index_key(run))} line {n + 1}: bad entry ({exc})") from None
     by_id = {s.sample_id: s for s in samples}
     if len(by_id) != len(samples):
         raise ReaderError(f"{store.url(layout.index_key(run))}: sample ids repeat")
-    return RunIndex(run, manifest, samples, by_id)
+    return RunIndex(run, manifest, samples, by_id, digests)

@@ -17,13 +17,16 @@ from hsx.batchfile import BatchContents
 from hsx.config import StoreSettings
 from hsx.store import Store
 from hsx_reader.cache import ByteCache
-from hsx_reader.objects import CorruptBatch, decode, fetch_object
+from hsx_reader.objects import CorruptBatch, check_digest, decode, fetch_object
 from hsx_reader.run import Expectations, RunIndex, SampleRef, load_run
 
 
 class Source:
     def __init__(self, store: Store | StoreSettings | str, run: str, expect: Expectations | None = None,
-                 cache_bytes: int = 0, cache_dir: Path | str | None = None, shards: list[str] | None = None):
+                 cache_bytes: int = 0, cache_dir: Path | str | None = None, shards: list[str] | None = None,
+                 verify: bool = True):
+        """``verify``: check each whole object against the size and SHA-256 the index recorded (default)."""
+        self.verify = verify
         self.settings = StoreSettings(url=store) if isinstance(store, str) else store
         self.run, self.cache_bytes, self.cache_dir = run, cache_bytes, cache_dir
         self._store = store if isinstance(store, Store) else None
@@ -52,7 +55,12 @@ class Source:
         return state
 
     def object_bytes(self, key: str) -> torch.Tensor:
-        return self.cache.get(key, lambda k: fetch_object(self.store, k))
+        return self.cache.get(key, self._load)
+
+    def _load(self, key: str) -> torch.Tensor:
+        buf = fetch_object(self.store, key)
+        digest = self.index.digests.get(key) if self.verify else None
+        return check_digest(buf, self.store.url(key), *digest) if digest else buf
 
     def batch(self, key: str) -> BatchContents:
         """The decoded batch object at ``key``; tensors are views of the cached bytes."""

@@ -38,10 +38,11 @@ class RunStream(IterableDataset):
     def __init__(self, store: Store | StoreSettings | str, run: str, expect: Expectations | None = None,
                  seed: int = 0, shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
                  shards: list[str] | None = None, prefetch: int = 1, cache_bytes: int = 0,
-                 cache_dir: Path | str | None = None):
+                 cache_dir: Path | str | None = None, verify: bool = True):
         """``prefetch``: objects fetched ahead in a thread while the current one is consumed.
-        ``cache_bytes``: keep objects across epochs (0: each epoch reads from the store again)."""
-        self.source = Source(store, run, expect, cache_bytes, cache_dir, shards)
+        ``cache_bytes``: keep objects across epochs (0: each epoch reads from the store again).
+        ``verify``: each object must match the size and SHA-256 in the run's index (else CorruptBatch)."""
+        self.source = Source(store, run, expect, cache_bytes, cache_dir, shards, verify)
         self.seed, self.shuffle, self.prefetch = seed, shuffle, prefetch
         self.rank, self.world_size = rank, world_size
         self.epoch = 0

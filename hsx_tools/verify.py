@@ -2,8 +2,11 @@
 
 Every planned batch must be done and present with the ledger's size and
 SHA-256; its sample ids must be the plan's; hidden states finite; every
-sample id exactly once across the run; no stray objects. ``--quick`` checks
-sizes only (no object is read).
+sample id exactly once across the run; no stray objects; no temp files left
+by killed writers in a local store. ``--quick`` checks sizes only (no object
+is read). ``--repair`` re-extracts every batch found bad (and removes stale
+temp files); ``--rebuild-ledger`` first records done the planned batches
+whose objects check out in full but the ledger lacks (after a Redis loss).
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from hsx import layout, ledger
-from hsx.integrity import check_batch
+from hsx.integrity import check_batch, repair_batches, requeue_orphans
+from hsx.rebuild import rebuild_done
 
 log = logging.getLogger(__name__)
 VERIFY_THREADS = 8   # store reads in flight
+STALE_TEMP_SECONDS = 600  # --repair removes store temp files at least this old (a live write finishes sooner)
 
 
 @dataclass
@@ -30,10 +35,14 @@ class VerifyReport:
     problems: dict[str, str] = field(default_factory=dict)   # batch id (or key) -> what is wrong
     duplicate_samples: list[str] = field(default_factory=list)
     missing_samples: list[str] = field(default_factory=list)
+    temp_files: list[str] = field(default_factory=list)      # hidden temp files of killed writers (local store)
+    rebuilt: list[str] = field(default_factory=list)         # --rebuild-ledger: batches recorded done from the store
+    repaired: list[str] = field(default_factory=list)        # --repair: batches re-enqueued
+    removed_temp_files: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.problems or self.duplicate_samples or self.missing_samples)
+        return not (self.problems or self.duplicate_samples or self.missing_samples or self.temp_files)
 
     def lines(self) -> list[str]:
         out = [f"run {self.run}: {self.checked}/{self.planned} batches verified, {self.samples} samples, "
@@ -46,13 +55,23 @@ class VerifyReport:
             out.append(f"  {len(self.duplicate_samples)} sample ids appear more than once, e.g. {self.duplicate_samples[:5]}")
         if self.missing_samples:
             out.append(f"  {len(self.missing_samples)} planned sample ids are missing, e.g. {self.missing_samples[:5]}")
+        if self.temp_files:
+            out.append(f"  {len(self.temp_files)} temp files of killed writers in the store, e.g. {self.temp_files[:3]}"
+                       " (--repair removes those older than 10 min)")
+        if self.rebuilt:
+            out.append(f"  rebuilt: {len(self.rebuilt)} batches recorded done from verified objects in the store")
+        if self.repaired:
+            out.append(f"  repair: {len(self.repaired)} batches re-enqueued for extraction: {self.repaired[:10]}")
+        if self.removed_temp_files:
+            out.append(f"  repair: removed {len(self.removed_temp_files)} stale temp files")
         return out
 
 
-def verify_run(r, store, run: str, quick: bool = False) -> VerifyReport:
+def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, rebuild: bool = False) -> VerifyReport:
     specs = ledger.all_specs(r, run)
+    rebuilt = rebuild_done(r, store, run, specs, full=True) if rebuild else []
     infos = ledger.done_info(r, run)
-    report = VerifyReport(run, planned=len(specs))
+    report = VerifyReport(run, planned=len(specs), rebuilt=rebuilt)
 
     def one(bid):
         return bid, check_batch(store, run, specs[bid], infos.get(bid), quick)
@@ -71,11 +90,22 @@ def verify_run(r, store, run: str, quick: bool = False) -> VerifyReport:
     planned_ids = [s for spec in specs.values() for s in spec.sample_ids]
     report.samples = sum(1 for s in set(planned_ids) if seen[s] >= 1)
     report.duplicate_samples = sorted(s for s, c in seen.items() if c > 1)
-    report.missing_samples = sorted(set(planned_ids) - set(seen))[:1000]
+    report.missing_samples = sorted(set(planned_ids) - set(seen))
     expected_keys = {layout.batch_key(run, spec.shard, bid) for bid, spec in specs.items()}
     for key in store.list_keys(f"{run}/batches/"):
         if key not in expected_keys:
             report.problems[key] = "object is not in the plan"
+    temp_files = getattr(store, "temp_files", None)  # a local store: hidden .<name>.tmp-<pid> files
+    if temp_files is not None:
+        report.temp_files = [str(p) for p, _ in temp_files(run)]
+    if repair:
+        bad = sorted(bid for bid in report.problems if bid in specs and bid in infos)
+        report.repaired = repair_batches(r, store, run, bad, specs) + requeue_orphans(r, run)
+        if temp_files is not None:
+            for path, age in temp_files(run):
+                if age >= STALE_TEMP_SECONDS:
+                    path.unlink(missing_ok=True)
+                    report.removed_temp_files.append(str(path))
     return report
 
 
@@ -83,7 +113,9 @@ def verify_run(r, store, run: str, quick: bool = False) -> VerifyReport:
 class VerifyConfig:
     redis_url: str
     run: str
-    quick: bool = False      # sizes and checksums from metadata only
+    quick: bool = False      # sizes only; no object is read
+    repair: bool = False     # re-extract batches found bad; remove stale store temp files
+    rebuild_ledger: bool = False  # first record done the planned batches whose objects check out in full
 
 
 def run_verify(cfg: VerifyConfig) -> int:
@@ -93,6 +125,6 @@ def run_verify(cfg: VerifyConfig) -> int:
     r = connect(cfg.redis_url)
     manifest = ledger.require_manifest(r, cfg.run)
     store = StoreSettings.of_run(manifest).open()
-    report = verify_run(r, store, cfg.run, quick=cfg.quick)
+    report = verify_run(r, store, cfg.run, quick=cfg.quick, repair=cfg.repair, rebuild=cfg.rebuild_ledger)
     print("\n".join(report.lines()))
     return 0 if report.ok else 1

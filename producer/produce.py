@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -27,7 +27,9 @@ from hsx.dtypes import check_store_dtype
 from hsx.layers import resolve_layers
 from hsx.manifest import RunLimits, build_manifest, check_same_run, config_hash, load_model_config
 from hsx.planning import cut_batches, padding_fraction
+from hsx.index import write_index_if_complete
 from hsx.integrity import unmark_missing_done
+from hsx.rebuild import Rebuild
 from hsx.redisconn import connect
 from hsx.errors import HsxError
 from producer import windows
@@ -62,6 +64,7 @@ class ProduceReport:
     repaired: int = 0
     windows: int = 0
     resumed_windows: int = 0
+    rebuilt: int = 0
 
     def lines(self) -> list[str]:
         t = self.tokenise
@@ -73,7 +76,9 @@ class ProduceReport:
                f"windows: {self.windows}" + (f" ({self.resumed_windows} done by an earlier producer, skipped)"
                                              if self.resumed_windows else ""),
                f"queue: {self.enqueued} batches enqueued, {self.already_done} already done, {self.already_pending} already pending"
-               + (f", {self.repaired} recorded done but missing from the store (re-enqueued)" if self.repaired else "")]
+               + (f", {self.repaired} recorded done but missing from the store (re-enqueued)" if self.repaired else "")
+               + (f", {self.rebuilt} recorded done from verified objects in the store (ledger rebuilt)"
+                  if self.rebuilt else "")]
         for kind, count in t.rejected.most_common():
             out.append(f"  rejected {count} x {kind}")
         out.extend(f"  {example}" for example in t.examples)
@@ -154,6 +159,9 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     with ProducerLock(r, cfg.run, cfg.lock_wait_seconds) as lock:
         repaired = unmark_missing_done(r, store, cfg.run) if existing is not None else []
         done = ledger.done_ids(r, cfg.run)
+        # A re-run: the store is the second copy of the truth (DESIGN rule 2). Objects not in the ledger
+        # (all of them after Redis lost the run) are checked and recorded done window by window.
+        rebuild = Rebuild(r, store, cfg.run, done) if existing is not None else None
         pending = queues.pending_extract(r, cfg.run)
         for host in heartbeat.read_hosts(r, cfg.run):
             pending |= queues.pending_upload(r, host, cfg.run)
@@ -165,6 +173,8 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         if records:
             earlier = [spec for spec in ledger.all_specs(r, cfg.run).values() if spec.index < state.totals["batches"]]
             seen = {sid for spec in earlier for sid in spec.sample_ids}
+            if rebuild is not None:
+                rebuild.check(earlier)
             state.enqueued += _enqueue(r, cfg, sorted(earlier, key=lambda s: s.index), done, pending, lock)
             log.info("run %s: windows 0-%d were planned by an earlier producer (%d batches; %d of them re-enqueued, "
                      "neither done nor pending)", cfg.run, len(records) - 1, state.totals["batches"], state.enqueued)
@@ -182,7 +192,8 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
                 if not state.manifest_saved:
                     store.put_bytes(layout.manifest_key(cfg.run), json.dumps(manifest, indent=2, sort_keys=True).encode())
                     state.manifest_saved = True
-                rec = _plan_window(r, store, cfg, manifest, window, state.totals["batches"], done, pending, lock)
+                rec = _plan_window(r, store, cfg, manifest, window, state.totals["batches"], done, pending, lock,
+                                   rebuild)
                 event("enqueued", window.number)
                 rec["report"] = window.report.to_dict()
                 windows.record(r, cfg.run, window.number, rec)
@@ -198,10 +209,12 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
                             + "; ".join(state.report.examples[:5]))
         store.put_bytes(layout.manifest_key(cfg.run), json.dumps(manifest, indent=2, sort_keys=True).encode())
         ledger.save_plan(r, cfg.run, manifest, [], {**state.totals, "planning": 0, **_row_totals(state.report)})
+        if rebuild is not None and rebuild.rebuilt:
+            write_index_if_complete(r, store, cfg.run)
     t = state.totals
     return ProduceReport(cfg.run, manifest, state.report, t["batches"], t["samples"], t["tokens"], t["padded_tokens"],
                          len(done), state.first_pending, state.enqueued, len(repaired), windows=len(records) + state.new_windows,
-                         resumed_windows=len(records))
+                         resumed_windows=len(records), rebuilt=len(rebuild.rebuilt) if rebuild is not None else 0)
 
 
 TOTAL_FIELDS = ("batches", "samples", "tokens", "padded_tokens")
@@ -247,7 +260,7 @@ def _check_reject_share(r, cfg: ProduceConfig, state: _State) -> None:
 
 
 def _plan_window(r, store, cfg: ProduceConfig, manifest: dict, window, first_batch: int, done: set[str],
-                 pending: set[str], lock: ProducerLock) -> dict:
+                 pending: set[str], lock: ProducerLock, rebuild: "Rebuild | None" = None) -> dict:
     """Cut, write inputs, save the plan and enqueue one window's batches; the window's record."""
     samples = window.samples
     planned = cut_batches([len(s.input_ids) for s in samples], cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple)
@@ -258,7 +271,9 @@ def _plan_window(r, store, cfg: ProduceConfig, manifest: dict, window, first_bat
             batch_id=layout.batch_id(index), index=index, shard=layout.shard_of(index, cfg.batches_per_shard),
             samples=len(batch.members), tokens=batch.tokens, padded=batch.padded, padded_len=batch.padded_len,
             sample_ids=[samples[i].sample_id for i in batch.members]))
-    _write_inputs(store, cfg.run, samples, planned, specs, done, manifest)
+    if rebuild is not None:
+        rebuild.check(specs)
+    specs = _write_inputs(store, cfg.run, samples, planned, specs, done, manifest)
     ledger.save_plan(r, cfg.run, manifest, specs, {"planning": 1})
     enqueued = _enqueue(r, cfg, specs, done, pending, lock)
     return {"first_batch": first_batch, "batches": len(specs), "samples": len(samples),
@@ -281,24 +296,30 @@ def _enqueue(r, cfg: ProduceConfig, specs: list[ledger.BatchSpec], done: set[str
     return len(todo)
 
 
-def _write_inputs(store, run, samples, planned, specs, done, manifest) -> None:
-    """Put each batch's packed inputs in the store (skipping done batches and identical objects)."""
+def _write_inputs(store, run, samples, planned, specs, done, manifest) -> list[ledger.BatchSpec]:
+    """Put each batch's packed inputs in the store (skipping done batches and identical objects).
 
-    def put(i: int) -> None:
+    Returns the specs with ``input_sha256`` set: workers check the inputs they read against it.
+    """
+
+    def put(i: int) -> ledger.BatchSpec:
         spec = specs[i]
-        if spec.batch_id in done:
-            return
         members = [samples[j] for j in planned[i].members]
         data = batchfile.to_bytes(_input_tensors(members), {
             "format": batchfile.INPUT_FORMAT, "run": run, "batch_id": spec.batch_id,
             "sample_ids": json.dumps(spec.sample_ids), "padded_len": str(spec.padded_len)})
-        key = layout.input_key(run, spec.shard, spec.batch_id)
-        head = store.head(key)
-        if head is not None and head.size == len(data) and head.sha256 == hashlib.sha256(data).hexdigest():
-            return
-        store.put_bytes(key, data)
+        sha = hashlib.sha256(data).hexdigest()
+        if spec.batch_id not in done:
+            key = layout.input_key(run, spec.shard, spec.batch_id)
+            head = store.head(key)
+            if head is None or head.size != len(data) or head.sha256 != sha:
+                store.put_bytes(key, data)
+        return replace(spec, input_sha256=sha)
 
+    out = []
     with ThreadPoolExecutor(INPUT_UPLOAD_THREADS) as pool:
-        for n, _ in enumerate(pool.map(put, range(len(specs))), 1):
+        for n, spec in enumerate(pool.map(put, range(len(specs))), 1):
+            out.append(spec)
             if n % 1000 == 0:
                 log.info("wrote inputs of %d/%d batches", n, len(specs))
+    return out

@@ -17,6 +17,35 @@ from hsx_tools.tinymodel import build_tiny_model
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 
+def _child_redis_pids() -> set[int]:
+    """Live redis-server processes started by this test process (from /proc; zombies excluded)."""
+    me, found = str(os.getpid()), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z" and b"redis-server" in cmdline:
+            found.add(int(entry))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_redis_server_left_behind():
+    """A test that starts a redis-server stops it, whatever happens (fails the test otherwise)."""
+    before = _child_redis_pids()
+    yield
+    left = _child_redis_pids() - before
+    for pid in left:
+        os.kill(pid, 9)
+    assert not left, f"the test left redis-server processes running: {sorted(left)}"
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     if not shutil.which("redis-server"):

@@ -88,9 +88,11 @@ class Roles:
 
 
 @pytest.mark.slow
-def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket, artifacts):
+def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket, artifacts, request):
     redis_dir = tmp_path / "redis"
-    server = LocalRedis(redis_dir).start()
+    servers = [LocalRedis(redis_dir).start()]  # the first instance and the one restarted from its AOF
+    request.addfinalizer(lambda: [s.stop() for s in servers])
+    server = servers[0]
     proxy = FaultProxy(int(s3_server.rsplit(":", 1)[1]))
     proxy.set_mode("up")
     spool, logs = tmp_path / "spool", tmp_path / "logs"
@@ -184,7 +186,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         server.stop(kill=True)
         t_kill = time.monotonic()
         time.sleep(3)
-        LocalRedis(redis_dir, port=server.port).start()
+        servers.append(LocalRedis(redis_dir, port=server.port).start())
         r = connect(server.url)
         assert done_before_kill <= ledger.done_ids(r, RUN), "the ledger lost entries across the Redis restart"
         before = done()
@@ -244,4 +246,3 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
     lines += [f"| {f} | {how} | {t:.1f} | {what} | {lost} | {duplicated} |" for f, how, t, what in table]
     (artifacts / "faults.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    server.stop()

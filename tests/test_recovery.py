@@ -3,6 +3,7 @@
 import json
 import time
 
+import pytest
 import torch
 
 from hsx import layout, leases, ledger, queues
@@ -18,8 +19,10 @@ def _counters(r, run):
     return ledger.run_totals(r, run), run_progress(r, run)["done"]
 
 
-def test_verify_finds_gaps_and_produce_repairs_them(r, redis_server, tiny_model, tmp_path):
+def test_verify_finds_gaps_and_repair_reextracts_them(r, redis_server, tiny_model, tmp_path):
     from gpu_worker.worker import run_worker
+    from hsx_reader import RunDataset
+    from hsx_reader.objects import CorruptBatch
     from uploader.worker import run_uploader
 
     store_dir = tmp_path / "store"
@@ -31,23 +34,67 @@ def test_verify_finds_gaps_and_produce_repairs_them(r, redis_server, tiny_model,
     lost, bad = specs["b0000001"], specs["b0000002"]
     store.delete(layout.batch_key("vr", lost.shard, lost.batch_id))
     path = store_dir / layout.batch_key("vr", bad.shard, bad.batch_id)
-    path.write_bytes(path.read_bytes()[:-8] + b"\x00" * 8)  # same size, other bytes
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # first byte of hidden_states (the first tensor)
+    data[start:start + 64] = bytes(64)                # same size, still decodes: zeros where hidden states were
+    path.write_bytes(bytes(data))
+    # The reader checks each whole object against the index's SHA-256: no silent zeros.
+    ds = RunDataset(str(store_dir), "vr")
+    row = next(i for i, ref in enumerate(ds.index.samples) if ref.batch_id == "b0000002")
+    with pytest.raises(CorruptBatch, match="SHA-256"):
+        ds[row]
     report = verify_run(r, store, "vr")
     assert not report.ok and set(report.problems) == {"b0000001", "b0000002"}
     assert "missing from the store" in report.problems["b0000001"]
     assert "different SHA-256" in report.problems["b0000002"]
     quick = verify_run(r, store, "vr", quick=True)
     assert set(quick.problems) == {"b0000001"}  # sizes only: the same-size corruption needs the full check
-    # Re-running produce takes the missing batch out of the ledger and re-enqueues it; the corrupt one
-    # (same size) is caught by the full verify only, so take it out the way an operator would: unmark.
-    ledger.unmark_done(r, "vr", bad)
-    again = produce(produce_config(redis_server.url, tiny_model, str(store_dir), run="vr"))
-    assert again.repaired == 1 and again.enqueued == 2
+    # `hsx verify --repair`: both bad batches leave the ledger and are extracted again, nothing by hand.
+    repaired = verify_run(r, store, "vr", repair=True)
+    assert repaired.repaired == ["b0000001", "b0000002"] and not path.exists()
+    assert queues.pending_extract(r, "vr") == {"b0000001", "b0000002"}
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="vr"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     assert verify_run(r, store, "vr").ok
     totals, done = _counters(r, "vr")
     assert done["batches"] == totals["batches"] and done["samples"] == totals["samples"] == 160
+    ds = RunDataset(str(store_dir), "vr")  # the index was written again, with the new objects' digests
+    assert ds[row]["sample_id"] == ds.index.samples[row].sample_id
+
+
+def test_corrupt_inputs_are_refused_then_rewritten_by_produce(r, redis_server, tiny_model, tmp_path):
+    from gpu_worker.worker import run_worker
+    from uploader.worker import run_uploader
+
+    store_dir = tmp_path / "store"
+    cfg = produce_config(redis_server.url, tiny_model, str(store_dir), run="ci", max_attempts=2)
+    produce(cfg)
+    spec = ledger.get_spec(r, "ci", "b0000001")
+    inputs = store_dir / layout.input_key("ci", spec.shard, spec.batch_id)
+    data = bytearray(inputs.read_bytes())
+    data[-9] ^= 0x01  # one bit of the packed token ids: same size, still decodes
+    inputs.write_bytes(bytes(data))
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="ci"))
+    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
+    dead = ledger.dead_letters(r, "ci")
+    assert list(dead) == ["b0000001"] and "differ from the SHA-256 the producer recorded" in dead["b0000001"]["last_error"]
+    produce(cfg)  # re-run: the input object is rewritten (its bytes differ from the plan's)
+    assert queues.retry_dead_letters(r, "ci") == ["b0000001"]
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="ci"))
+    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
+    assert run_progress(r, "ci")["complete"] and verify_run(r, open_store(str(store_dir)), "ci").ok
+
+
+def test_retry_failed_batch_on_a_done_batch_says_why_and_points_at_repair(r, redis_server, redis_env, tiny_model,
+                                                                            tmp_path):
+    from tests.test_cli import hsx
+
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="rf", enqueue=False))
+    ledger.mark_done(r, "rf", ledger.get_spec(r, "rf", "b0000000"), "k", 1, "0" * 64, by="test")
+    out = hsx("retry-failed", "--run", "rf", "--batch", "b0000000")
+    assert out.returncode == 2 and "re-enqueued" not in out.stdout
+    assert "b0000000 (done)" in out.stderr and "hsx verify --run rf --repair" in out.stderr
+    assert queues.pending_extract(r, "rf") == set()
 
 
 def test_bad_batch_goes_to_dead_letters_then_retry_failed(r, redis_server, tiny_model, tmp_path):
@@ -101,6 +148,21 @@ def test_duplicate_delivery_counts_once(r, redis_server, tiny_model, tmp_path):
     assert verify_run(r, open_store(str(store_dir)), "dup").ok
     # mark_done itself is idempotent
     assert ledger.mark_done(r, "dup", spec, key, info["size"], info["sha256"], by="again") is False
+
+
+def test_leases_use_redis_clock_not_the_hosts(r, redis_server, tiny_model, tmp_path, monkeypatch):
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="clk", enqueue=False))
+    keys = RunKeys("clk")
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 120)  # this host's clock runs 2 minutes ahead
+    leases.take(r, keys.extract_leases, "b0000001", lease_seconds=5)
+    leases.refresh(r, keys.extract_leases, ["b0000001", "b0000009"], lease_seconds=5)  # never resurrects b0000009
+    expiry, now = r.zscore(keys.extract_leases, "b0000001"), leases.redis_now(r)
+    assert now + 4 <= expiry <= now + 6 and r.zscore(keys.extract_leases, "b0000009") is None
+    assert leases.reap(r, "clk", max_attempts=3)["extract"] == []  # a skewed reaper does not take a live lease
+    monkeypatch.setattr(time, "time", lambda: real() - 120)  # ...nor does a clock running behind hold a dead one
+    leases.take(r, keys.extract_leases, "b0000002", lease_seconds=0)
+    assert leases.reap(r, "clk", max_attempts=3)["extract"] == ["b0000002"]
 
 
 def test_expired_lease_is_reclaimed_once(r, redis_server, tiny_model, tmp_path):

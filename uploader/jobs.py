@@ -27,12 +27,23 @@ class SpoolFileLost(RuntimeError):
     """The spool file is gone or corrupt: the batch must be extracted again."""
 
 
+class NotPlanned(RuntimeError):
+    """The batch is not in its run's plan: a permanent error (dead letter), never retried."""
+
+
 def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, attempt: int = 1, retry: int = 0,
                  tier: str = "disk") -> str:
     rt = runtime.current()
     r = rt.r
     local = rt.spool_file(run, batch_id, path, tier)  # before anything else: refused jobs are not retried
-    limits = rt.run_context(run).limits
+    try:
+        limits = rt.run_context(run).limits
+    except runtime.RunVanished as exc:
+        # Redis lost the run: no retry loop. The spool file stays; after `hsx produce` rebuilds the
+        # ledger from the store, a restarted worker of this host re-enqueues its upload (recover_spool).
+        log.error("%s: upload of %s stopped, spool file %s kept. Re-run `hsx produce` for the run (it rebuilds "
+                  "the ledger from the store), then restart this host's workers", exc, batch_id, local)
+        raise
     leases.take_upload(r, run, batch_id, {"host": rt.host, "path": path, "size": size, "sha256": sha256,
                                           "tier": tier}, limits.lease_seconds)
     rt.in_progress = (run, batch_id)
@@ -46,6 +57,11 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, att
         if attempts < limits.max_attempts:
             queues.enqueue_extract(r, run, batch_id, attempt=leases.next_attempt(r, run))
         log.error("%s; re-enqueued its extraction (failure %d/%d)", exc, attempts, limits.max_attempts)
+        raise
+    except NotPlanned as exc:
+        rt.record_failure()
+        ledger.record_failure(r, run, batch_id, f"upload: {exc}", 1)  # straight to dead letters
+        log.error("%s: dead letter, not retried", exc)
         raise
     except Exception as exc:
         # Store trouble (outage, throttling, verify mismatch): the file stays. Back off while
@@ -70,7 +86,7 @@ def _upload(rt: "runtime.UploaderRuntime", run: str, batch_id: str, local: Path,
         return f"{batch_id} already done"
     spec = ledger.get_spec(r, run, batch_id)
     if spec is None:
-        raise KeyError(f"batch {batch_id} is not in the plan of run {run}")
+        raise NotPlanned(f"batch {batch_id} is not in the plan of run {run}")
     if not local.is_file():
         raise SpoolFileLost(f"spool file {local} of {batch_id} is missing")
     if local.stat().st_size != size:

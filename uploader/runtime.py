@@ -3,7 +3,8 @@
 rq calls ``uploader.jobs.upload_batch`` in this same process (SimpleWorker, no
 fork); the job finds this object through ``current()``, as the GPU worker's
 jobs find ``gpu_worker.runtime``. The heartbeat thread refreshes the lease of
-the upload in progress, reclaims work of dead processes, and logs progress.
+the upload in progress, reclaims work of dead processes, reconciles each run's
+queues with its plan (hsx/reconcile.py), and logs progress.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import layout, ledger, leases, spool
+from hsx import layout, ledger, leases, reconcile, spool
 from hsx.config import StoreSettings, UploadConfig
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.errors import HsxError
@@ -24,6 +25,10 @@ from hsx.progress import fmt_bytes
 
 log = logging.getLogger(__name__)
 _current: "UploaderRuntime | None" = None
+
+
+class RunVanished(HsxError):
+    """The job's run is not in Redis (restarted empty, flushed): nothing to record an upload in."""
 
 
 class OutsideSpool(HsxError):
@@ -70,7 +75,7 @@ class UploaderRuntime:
         if ctx is None:
             manifest = ledger.get_manifest(self.r, run)
             if manifest is None:
-                raise KeyError(f"run {run!r} has no manifest in Redis")
+                raise RunVanished(f"run {run!r} is no longer in Redis (restarted empty or flushed?)")
             ctx = RunContext(StoreSettings.of_run(manifest).open(), RunLimits.of(manifest))
             with self._lock:
                 self._runs.setdefault(run, ctx)
@@ -145,7 +150,9 @@ class UploaderRuntime:
         for run in ledger.list_runs(self.r):
             manifest = ledger.get_manifest(self.r, run)
             if manifest is not None:
-                leases.reap(self.r, run, RunLimits.of(manifest).max_attempts)
+                limits = RunLimits.of(manifest)
+                leases.reap(self.r, run, limits.max_attempts)
+                reconcile.maybe_reconcile(self.r, run, limits.lease_seconds / 2)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):

@@ -92,5 +92,21 @@ class LocalStore(Store):
         return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
                       if p.is_file() and not p.name.startswith("."))
 
+    def temp_files(self, prefix: str) -> list[tuple[Path, float]]:
+        """Hidden ``.<name>.tmp-<pid>`` files under ``prefix`` (a writer killed mid-put) with their age in s."""
+        import time
+
+        base = self._path(prefix) if prefix else self.root
+        if not base.exists():
+            return []
+        now = time.time()
+        found = []
+        for p in sorted(base.rglob(".*.tmp-*")):
+            try:
+                found.append((p, now - p.stat().st_mtime))
+            except FileNotFoundError:  # committed or removed meanwhile
+                pass
+        return found
+
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

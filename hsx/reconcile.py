@@ -1,0 +1,101 @@
+"""The reconciler: the queue is a cache of the ledger, rebuilt from the plan whatever emptied it.
+
+A planned batch is *accounted for* when it is done, queued (extract queue or
+any host's upload queue), leased (extract or upload lease) or dead. Anything
+else is an orphan: a worker died between rq's dequeue and taking the lease,
+someone emptied or deleted jobs at /rq, a producer died between saving the
+plan and enqueueing. A pass re-enqueues (at the front) every batch that was
+an orphan in the previous pass too and has been one for at least ``grace``
+seconds (so the ms-wide gaps of normal hand-overs, e.g. dequeue -> lease, are
+never mistaken for loss).
+
+Workers and uploaders call ``maybe_reconcile`` from their heartbeats; a Redis
+lock (SET NX PX ``interval``) lets one process per run make one pass per
+``interval``. Worst case from orphaning to re-enqueue: ``2 * interval +
+grace`` plus one heartbeat. Cost of a pass: one pipelined read (plan ids,
+done ids, dead ids, leases, queue lists) and, for queued ids, one pipelined
+EXISTS; nothing at all once the run is complete. Times are Redis TIME.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from hsx import leases, queues
+from hsx.keys import RunKeys
+from hsx.redisconn import text
+
+log = logging.getLogger(__name__)
+
+
+def _producer_lock(keys: RunKeys) -> str:
+    return getattr(keys, "producer_lock", f"hsx:{keys.run}:producer_lock")
+
+
+def orphans(r: redis.Redis, run: str) -> set[str]:
+    """Planned batches neither done, queued, leased nor dead (one pipelined read + one of EXISTS)."""
+    keys = RunKeys(run)
+    hosts = [text(h) for h in r.hkeys(keys.hosts)]
+    queue_names = [queues.extract_queue_name(run)] + [queues.upload_queue_name(h) for h in hosts]
+    pipe = r.pipeline(transaction=False)
+    pipe.hkeys(keys.plan)
+    pipe.smembers(keys.done)
+    pipe.hkeys(keys.dead)
+    pipe.zrange(keys.extract_leases, 0, -1)
+    pipe.zrange(keys.upload_leases, 0, -1)
+    for name in queue_names:
+        pipe.lrange(queues.queue(r, name).key, 0, -1)
+    plan, done, dead, xl, ul, *lists = pipe.execute()
+    left = {text(b) for b in plan} - {text(b) for b in done} - {text(b) for b in dead}
+    left -= {text(b) for b in xl} | {text(b) for b in ul}
+    if not left:
+        return set()
+    queued: dict[str, str] = {}  # job id -> batch id, jobs of this run still in a queue list
+    for ids in lists:
+        for raw in ids:
+            job_id = text(raw)
+            parsed = queues.batch_of_job(job_id)
+            if parsed and parsed[0] == run and parsed[1] in left:
+                queued[job_id] = parsed[1]
+    if queued:  # a job id whose job hash was deleted is skipped by rq: not queued
+        pipe = r.pipeline(transaction=False)
+        for job_id in queued:
+            pipe.exists(queues.HsxJob.key_for(job_id))
+        left -= {bid for (job_id, bid), alive in zip(queued.items(), pipe.execute()) if alive}
+    return left
+
+
+def reconcile(r: redis.Redis, run: str, grace: float) -> list[str]:
+    """One pass: re-enqueue orphans first seen at least ``grace`` s ago; remember the new ones."""
+    keys = RunKeys(run)
+    if r.exists(_producer_lock(keys)):
+        return []  # the producer is enqueueing this run right now
+    total = int(r.hget(keys.totals, "batches") or 0)
+    if total and r.scard(keys.done) >= total:
+        r.delete(keys.orphans)
+        return []
+    now = leases.redis_now(r)
+    found = orphans(r, run)
+    seen = {text(k): float(v) for k, v in r.hgetall(keys.orphans).items()}
+    due = sorted(b for b in found if b in seen and seen[b] <= now - grace)
+    pipe = r.pipeline()
+    pipe.delete(keys.orphans)
+    keep = {b: seen.get(b, now) for b in found if b not in due}
+    if keep:
+        pipe.hset(keys.orphans, mapping=keep)
+    pipe.execute()
+    for bid in due:
+        queues.enqueue_extract(r, run, bid, attempt=leases.next_attempt(r, run), at_front=True)
+    if due:
+        log.warning("reconciler: re-enqueued %d batches of run %s that were in no queue, lease or dead letter: %s",
+                    len(due), run, due[:10])
+    return due
+
+
+def maybe_reconcile(r: redis.Redis, run: str, interval: float, grace: float | None = None) -> list[str] | None:
+    """Make a pass if no process of any host made one in the last ``interval`` s; None if skipped."""
+    if not r.set(RunKeys(run).reconcile_lock, "1", nx=True, px=max(int(interval * 1000), 1)):
+        return None
+    return reconcile(r, run, interval if grace is None else grace)

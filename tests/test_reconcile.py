@@ -1,0 +1,75 @@
+"""The queue is a cache of the ledger: whatever empties it, the reconciler puts every planned batch back."""
+
+from hsx import leases, ledger, queues, reconcile
+from hsx.keys import RunKeys
+from hsx.progress import run_progress, summary_lines
+from hsx.store import open_store
+from hsx_tools.verify import verify_run
+from producer.produce import produce
+from tests.pipeline import produce_config, upload_config, worker_config
+
+
+def _finish(redis_url, spool, run):
+    from gpu_worker.worker import run_worker
+    from uploader.worker import run_uploader
+
+    run_worker(worker_config(redis_url, spool, run=run))
+    run_uploader(upload_config(redis_url, spool))
+
+
+def test_reconciler_puts_back_batches_no_queue_holds(r, redis_server, tiny_model, tmp_path):
+    store_dir = tmp_path / "store"
+    produce(produce_config(redis_server.url, tiny_model, str(store_dir), run="rc"))
+    total = ledger.run_totals(r, "rc")["batches"]
+    q = queues.queue(r, queues.extract_queue_name("rc"))
+    ids = q.get_job_ids()
+    # (a) a worker died between rq's dequeue and taking the lease: the job left the queue, no lease was taken
+    r.lrem(q.key, 1, ids[0])
+    # (b) someone deleted a job and emptied... a part of the queue at /rq (rq's own calls)
+    q.fetch_job(ids[1]).delete()
+    for job_id in ids[2:5]:
+        r.lrem(q.key, 1, job_id)
+    lost = {queues.batch_of_job(j)[1] for j in ids[:5]}
+    # a leased batch, a dead one and a queued one are accounted for: never re-enqueued
+    assert reconcile.orphans(r, "rc") == lost
+    assert reconcile.reconcile(r, "rc", grace=0) == []        # first sighting: remembered, not acted on
+    assert reconcile.reconcile(r, "rc", grace=3600) == []     # not yet orphaned for the grace period
+    assert reconcile.reconcile(r, "rc", grace=0) == sorted(lost)
+    assert queues.pending_extract(r, "rc") == set(ledger.all_specs(r, "rc"))
+    assert reconcile.reconcile(r, "rc", grace=0) == []        # nothing left to do, nothing done twice
+    _finish(redis_server.url, tmp_path / "spool", "rc")
+    assert run_progress(r, "rc")["done"]["batches"] == total
+    assert verify_run(r, open_store(str(store_dir)), "rc").ok
+
+
+def test_producer_killed_before_enqueueing_is_reconciled(r, redis_server, tiny_model, tmp_path):
+    # (c) the plan was saved, nothing enqueued (the producer died): status says so, the reconciler enqueues all
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="pk", enqueue=False))
+    total = ledger.run_totals(r, "pk")["batches"]
+    p = run_progress(r, "pk")
+    assert p["stalled"].startswith(f"{total} of {total} batches left are in no queue") and p["eta_seconds"] is None
+    assert any(line.strip().startswith("STALLED") for line in summary_lines(p))
+    r.set("hsx:pk:producer_lock", "someone")  # a producer still enqueueing: the reconciler keeps out
+    assert reconcile.reconcile(r, "pk", grace=0) == [] and not r.exists(RunKeys("pk").orphans)
+    r.delete("hsx:pk:producer_lock")
+    # through the heartbeat entry point: one pass per interval across processes
+    assert reconcile.maybe_reconcile(r, "pk", interval=3600, grace=0) == []
+    assert reconcile.maybe_reconcile(r, "pk", interval=3600, grace=0) is None  # the lock holds the next one off
+    r.delete(RunKeys("pk").reconcile_lock)
+    assert len(reconcile.maybe_reconcile(r, "pk", interval=3600, grace=0)) == total
+    assert run_progress(r, "pk")["stalled"] == f"{total} batches queued and no live worker of this run"
+    _finish(redis_server.url, tmp_path / "spool", "pk")
+    assert run_progress(r, "pk")["complete"]
+
+
+def test_leased_dead_and_done_batches_are_left_alone(r, redis_server, tiny_model, tmp_path):
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="la", enqueue=False))
+    keys = RunKeys("la")
+    specs = ledger.all_specs(r, "la")
+    leases.take(r, keys.extract_leases, "b0000000", lease_seconds=60)
+    leases.take(r, keys.upload_leases, "b0000001", lease_seconds=60)
+    ledger.record_failure(r, "la", "b0000002", "boom", max_attempts=1)
+    ledger.mark_done(r, "la", specs["b0000003"], "k", 1, "0" * 64, by="test")
+    queues.enqueue_upload(r, "h9", "la", "b0000004", "/spool/x", 1, "0" * 64)
+    r.hset(keys.hosts, "h9", "{}")
+    assert reconcile.orphans(r, "la") == set(specs) - {f"b000000{i}" for i in range(5)}
