@@ -204,6 +204,22 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         table.append(("Duplicate delivery", f"extra jobs for queued {dup_target} and a done batch", 0.0,
                       "one object, one ledger entry"))
 
+        # 5b. The extract queue emptied at /rq (rq's Queue.empty: jobs and list deleted): the reconciler in the
+        #     workers' and uploaders' heartbeats puts every planned batch back, within 2 x lease.
+        extract_q = queues.queue(r, queues.extract_queue_name(RUN))
+        emptied = {queues.batch_of_job(j)[1] for j in extract_q.get_job_ids()} - ledger.done_ids(r, RUN)
+        extract_q.empty()
+        t_empty = time.monotonic()
+
+        def back():
+            pending = queues.pending_extract(r, RUN) | queues.pending_upload(r, HOST, RUN) | ledger.done_ids(r, RUN)
+            return emptied <= pending
+        _wait("emptied batches back in the queue", back, 4 * LEASE, step=0.1)
+        t_back = time.monotonic() - t_empty
+        assert not emptied or t_back <= 2 * LEASE + BEAT
+        table.append(("Extract queue emptied at /rq", f"rq Queue.empty() with {len(emptied)} batches queued", t_back,
+                      f"reconciler re-enqueued them (interval and grace {LEASE / 2:.1f} s = lease / 2)"))
+
         # 6. SIGTERM (docker compose stop): the worker finishes its batch and exits 0 within the grace period.
         w2.send_signal(signal.SIGTERM)
         t_term = time.monotonic()

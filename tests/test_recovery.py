@@ -72,7 +72,9 @@ def test_corrupt_inputs_are_refused_then_rewritten_by_produce(r, redis_server, t
     spec = ledger.get_spec(r, "ci", "b0000001")
     inputs = store_dir / layout.input_key("ci", spec.shard, spec.batch_id)
     data = bytearray(inputs.read_bytes())
-    data[-9] ^= 0x01  # one bit of the packed token ids: same size, still decodes
+    header_len = int.from_bytes(data[:8], "little")
+    lo = json.loads(data[8:8 + header_len])["loss_mask"]["data_offsets"][0]
+    data[8 + header_len + lo] ^= 0x01  # one bit of the loss mask: same size, still decodes, still runs
     inputs.write_bytes(bytes(data))
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="ci"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))

@@ -77,7 +77,8 @@ def test_uploader_sends_a_batch_missing_from_the_plan_to_dead_letters(r, redis_s
     from uploader.worker import run_uploader
 
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="np", enqueue=False))
-    queues.enqueue_upload(r, "testhost", "np", "b9999999", str(tmp_path / "nope"), 10, "0" * 64)
+    queues.enqueue_upload(r, "testhost", "np", "b9999999", str(tmp_path / "spool" / "np" / "b9999999.safetensors"), 10,
+                          "0" * 64)
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     dead = ledger.dead_letters(r, "np")
     assert list(dead) == ["b9999999"] and "not in the plan" in dead["b9999999"]["last_error"]
