@@ -40,8 +40,8 @@ class Prefetcher:
             raise FileNotFoundError(f"inputs of {spec.batch_id} are missing from the store ({key}); re-run hsx produce") from None
         contents = batchfile.read_bytes(data, where=key)  # names truncation / malformed files
         if spec.input_sha256 and hashlib.sha256(data).hexdigest() != spec.input_sha256:
-            raise batchfile.BatchFileError(f"{key}: inputs of {spec.batch_id} differ from the SHA-256 the producer "
-                                           "recorded (changed or corrupt at rest); re-run hsx produce to rewrite them")
+            raise batchfile.BatchFileError(f"{key}: inputs of {spec.batch_id} {batchfile.INPUT_DIGEST_MISMATCH} "
+                                           "(changed or corrupt at rest); re-run hsx produce to rewrite them")
         if contents.sample_ids != spec.sample_ids:
             raise batchfile.BatchFileError(f"{key}: sample ids differ from the plan of {spec.batch_id}")
         return pad_batch(contents.input_ids, contents.cu_seqlens, spec.padded_len, self.pad_id, self.pin), contents

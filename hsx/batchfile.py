@@ -80,6 +80,11 @@ def stored_bytes_per_token(hidden_size: int, n_layers: int, store_final: bool, s
     return hidden * ratio + scales + 4 + 1
 
 
+# Part of the error a worker records when an input object's bytes differ from the digest in the plan;
+# the producer looks for it to plan that window again (and so rewrite the inputs).
+INPUT_DIGEST_MISMATCH = "differ from the SHA-256 the producer recorded"
+
+
 class BatchFileError(ValueError):
     """A batch file is malformed, or its contents fail validation."""
 

@@ -31,10 +31,6 @@ from hsx.redisconn import text
 log = logging.getLogger(__name__)
 
 
-def _producer_lock(keys: RunKeys) -> str:
-    return getattr(keys, "producer_lock", f"hsx:{keys.run}:producer_lock")
-
-
 def orphans(r: redis.Redis, run: str) -> set[str]:
     """Planned batches neither done, queued, leased nor dead (one pipelined read + one of EXISTS)."""
     keys = RunKeys(run)
@@ -66,7 +62,7 @@ def orphans(r: redis.Redis, run: str) -> set[str]:
 def reconcile(r: redis.Redis, run: str, grace: float) -> list[str]:
     """One pass: re-enqueue orphans first seen at least ``grace`` s ago; remember the new ones."""
     keys = RunKeys(run)
-    if r.exists(_producer_lock(keys)):
+    if r.exists(keys.producer_lock):
         return []  # the producer is enqueueing this run right now
     total = int(r.hget(keys.totals, "batches") or 0)
     if total and r.scard(keys.done) >= total:

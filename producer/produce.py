@@ -165,7 +165,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         pending = queues.pending_extract(r, cfg.run)
         for host in heartbeat.read_hosts(r, cfg.run):
             pending |= queues.pending_upload(r, host, cfg.run)
-        records = windows.load(r, cfg.run)
+        records = _replan_bad_inputs(r, cfg.run, windows.load(r, cfg.run))
         state = _State(report=TokeniseReport(), totals=dict.fromkeys(TOTAL_FIELDS, 0), first_pending=len(pending))
         for rec in records:
             state.add_record(rec)
@@ -218,6 +218,22 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
 
 
 TOTAL_FIELDS = ("batches", "samples", "tokens", "padded_tokens")
+
+
+def _replan_bad_inputs(r, run: str, records: list[dict]) -> list[dict]:
+    """Windows from the first one holding a batch whose worker found its inputs corrupt (a failure or
+    dead letter naming the digest mismatch) are planned again: same batch ids, inputs rewritten."""
+    bad = [bid for rec in (*ledger.failures(r, run).items(), *ledger.dead_letters(r, run).items())
+           for bid in [rec[0]] if batchfile.INPUT_DIGEST_MISMATCH in str(rec[1].get("last_error", ""))]
+    indexes = [int(bid[1:]) for bid in bad if bid[1:].isdigit()]
+    if not indexes or not records:
+        return records
+    first = min(indexes)
+    keep = [rec for rec in records if rec["first_batch"] + rec["batches"] <= first]
+    windows.forget_from(r, run, len(keep))
+    log.warning("inputs of %s were found corrupt by workers: planning windows %d-%d again to rewrite them",
+                sorted(bad)[:10], len(keep), len(records) - 1)
+    return keep
 
 
 @dataclass

@@ -55,3 +55,11 @@ def withdraw(r: redis.Redis, run: str) -> int:
     pipe.hset(keys.totals, mapping={"batches": r.hlen(keys.plan), "planning": 1})
     pipe.execute()
     return withdrawn
+
+
+def forget_from(r: redis.Redis, run: str, number: int) -> None:
+    """Forget the records of windows ``number`` and later: the next producer plans them again."""
+    found = [text(k) for k in r.hkeys(RunKeys(run).windows)]
+    stale = [k for k in found if int(k) >= number]
+    if stale:
+        r.hdel(RunKeys(run).windows, *stale)

@@ -39,7 +39,8 @@ def test_verify_counts_every_missing_sample(r, redis_server, tiny_model, tmp_pat
         for i in range(1500):
             fh.write(json.dumps({**rows[i % len(rows)], "id": f"s{i:05d}"}) + "\n")
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="mc", dataset=dataset,
-                           enqueue=False, max_length=64, overlong="truncate", token_budget=4096, max_batch_rows=512))
+                           enqueue=False, max_length=64, overlong="truncate", token_budget=4096, max_batch_rows=512,
+                           max_reject_share=1.0))
     planned = ledger.run_totals(r, "mc")["samples"]
     assert planned > 1000
     report = verify_run(r, open_store(str(tmp_path / "store")), "mc")
