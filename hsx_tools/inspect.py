@@ -8,8 +8,10 @@ tokens highlighted (colour in a terminal, ``[[...]]`` when piped); and the
 plan's estimate: batches, padding, bytes to store, GPU-hours and storage cost.
 
 Estimates (units in the names):
-- bytes stored = tokens x (stored layers x hidden) x dtype bytes, plus 5 bytes
-  a token of input ids + mask (the batch file's payload; headers are small).
+- bytes stored = tokens x (stored layers x hidden) x bytes of the run's store
+  dtype (FP8: 1, plus a float32 scale a token a layer), x the zstd ratio measured
+  in docs/benchmarks.md when --codec zstd, plus 5 bytes a token of input ids +
+  mask (the batch file's payload; headers are small).
 - GPU-hours = computed (padded) tokens / tokens_per_s / 3600. The default rate
   is one H200 at an effective 0.45 of its 989 TFLOP/s over the decoder layers
   the forward runs (up to the last stored one): tokens_per_s =
@@ -40,7 +42,10 @@ from hsx.tokenising import TokeniseSettings, WindowTokeniser, default_workers
 H200_BF16_FLOPS = 989e12          # dense bf16 FLOP/s of one H200 (SXM)
 DEFAULT_MFU = 0.45                # effective share of it, over projection FLOPs only (calibrated, see above)
 DEFAULT_STORAGE_USD_PER_TB_MONTH = 23.0
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "fp8": 1}
+# stored / raw bytes of the hidden states under --codec zstd, measured on an H200 run of a Qwen3-8B shape
+# (docs/benchmarks.md, issue 15): 28,189 / 40,965 for bf16, 16,798 / 20,505 for FP8. Real weights may differ.
+ZSTD_RATIO = {"float8_e4m3": 0.82}
+ZSTD_RATIO_DEFAULT = 0.69
 HISTOGRAM_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -60,6 +65,8 @@ class InspectConfig:
     max_batch_rows: int
     pad_multiple: int
     dtype: str
+    store_dtype: str | None         # what batch files hold (None: dtype), e.g. float8_e4m3
+    codec: str                      # none | zstd
     samples: int                    # random samples printed with their loss mask
     seed: int
     sample_chars: int               # characters of a printed sample (plain output)
@@ -95,24 +102,36 @@ def body_params(text_cfg, layers_run: int) -> int:
     return per_layer * layers_run
 
 
+def bytes_per_token(width: int, layers: int, store_dtype: str, codec: str) -> int:
+    """Stored bytes a token: hidden states (+ FP8 scales, one float32 a layer) x codec ratio, + 5 of ids and mask."""
+    from hsx.dtypes import store_itemsize
+
+    fp8 = store_dtype == "float8_e4m3"
+    hidden = width * store_itemsize(store_dtype) + (4 * layers if fp8 else 0)
+    if codec == "zstd":
+        hidden *= ZSTD_RATIO.get(store_dtype, ZSTD_RATIO_DEFAULT)
+    return int(round(hidden)) + 5
+
+
 def estimate(lengths: np.ndarray, text_cfg, layer_ids: list[int], store_final: bool, dtype: str, token_budget: int,
              max_rows: int, pad_multiple: int, window_rows: int, tokens_per_s: float | None,
-             storage_usd_per_tb_month: float) -> Estimate:
+             storage_usd_per_tb_month: float, codec: str = "none") -> Estimate:
+    """``dtype``: what batch files hold (the run's store dtype)."""
     batches = []
     for start in range(0, len(lengths), window_rows):
         batches += cut_batches(lengths[start:start + window_rows], token_budget, max_rows, pad_multiple)
     tokens = int(lengths.sum())
     padded = sum(b.padded for b in batches)
-    width = (len(layer_ids) + int(store_final)) * text_cfg.hidden_size
-    bytes_per_token = width * DTYPE_BYTES.get(dtype, 2) + 5
+    layers = len(layer_ids) + int(store_final)
+    per_token = bytes_per_token(layers * text_cfg.hidden_size, layers, dtype, codec)
     layers_run = text_cfg.num_hidden_layers if store_final else max(layer_ids) + 1
     if tokens_per_s:
         source = "given"
     else:
         tokens_per_s = DEFAULT_MFU * H200_BF16_FLOPS / (2 * body_params(text_cfg, layers_run))
         source = f"default: one H200 at {DEFAULT_MFU} of peak over {layers_run} layers"
-    stored = tokens * bytes_per_token
-    return Estimate(len(batches), padding_fraction(batches), tokens, padded, bytes_per_token, stored, tokens_per_s,
+    stored = tokens * per_token
+    return Estimate(len(batches), padding_fraction(batches), tokens, padded, per_token, stored, tokens_per_s,
                     source, padded / tokens_per_s / 3600, stored / 1e12 * storage_usd_per_tb_month)
 
 
@@ -204,11 +223,13 @@ def run_inspect(cfg: InspectConfig) -> int:
     if not len(lengths_np):
         print("plan: nothing to plan (no usable rows)")
         return 1
-    est = estimate(lengths_np, text_cfg, layer_ids, store_final, cfg.dtype, cfg.token_budget, cfg.max_batch_rows,
-                   cfg.pad_multiple, window_rows, cfg.gpu_tokens_per_s, cfg.storage_usd_per_tb_month)
+    stored_dtype = cfg.store_dtype or cfg.dtype
+    est = estimate(lengths_np, text_cfg, layer_ids, store_final, stored_dtype, cfg.token_budget, cfg.max_batch_rows,
+                   cfg.pad_multiple, window_rows, cfg.gpu_tokens_per_s, cfg.storage_usd_per_tb_month, cfg.codec)
     print(f"plan: {est.batches} batches of <= {cfg.token_budget} tokens, {est.tokens} tokens, padding {est.padding:.2%} "
           f"({est.padded_tokens} computed)")
-    print(f"  store: layers {layer_ids}{' + final' if store_final else ''} x {text_cfg.hidden_size} x {cfg.dtype} = "
+    print(f"  store: layers {layer_ids}{' + final' if store_final else ''} x {text_cfg.hidden_size} x {stored_dtype}"
+          + (f" + {cfg.codec}" if cfg.codec != "none" else "") + " = "
           f"{fmt_bytes(est.bytes_per_token)} a token -> {fmt_bytes(est.stored_bytes)}, "
           f"${est.storage_usd_month:,.2f} a month at ${cfg.storage_usd_per_tb_month:g}/TB-month")
     print(f"  GPU: {est.gpu_hours:,.2f} GPU-hours at {est.tokens_per_s:,.0f} tokens/s ({est.rate_source})"
