@@ -307,7 +307,7 @@ def _enqueue(r, cfg: ProduceConfig, specs: list[ledger.BatchSpec], done: set[str
         pipe = lock.guarded_pipeline()
         for spec in todo:
             queues.enqueue_extract(r, cfg.run, spec.batch_id, pipeline=pipe)
-        pipe.execute()
+        lock.execute(pipe)
         pending.update(spec.batch_id for spec in todo)
     return len(todo)
 

@@ -100,6 +100,14 @@ class ProducerLock:
         pipe.multi()
         return pipe
 
+    def execute(self, pipe) -> list:
+        """Run a ``guarded_pipeline``; LockLost (nothing of it applied) if the lock changed hands meanwhile."""
+        try:
+            return pipe.execute()
+        except redis.WatchError:
+            raise LockLost(f"run {self.run!r}: the run's lock changed hands while enqueueing; nothing of this "
+                           "window was enqueued by this producer. Re-run produce to resume.") from None
+
     def __exit__(self, *exc) -> None:
         self._stop.set()
         if self._thread:

@@ -136,3 +136,9 @@ def test_lock_of_a_dead_producer_expires_on_redis_clock(r):
         with pytest.raises(LockLost):
             dead.guarded_pipeline()
         taker.check()
+        pipe = taker.guarded_pipeline()                 # the lock changes hands between WATCH and EXEC:
+        pipe.set("hsx:lockrun:probe", 1)
+        r.set(RunKeys("lockrun").producer_lock, "someone else")
+        with pytest.raises(LockLost):
+            taker.execute(pipe)
+        assert not r.exists("hsx:lockrun:probe")     # nothing of the transaction applied
