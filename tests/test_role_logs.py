@@ -24,7 +24,7 @@ def test_worker_and_uploader_log_progress_and_an_exit_summary(r, redis_server, t
     upload_lines = [m for m in caplog.messages if m.startswith("uploader upload-testhost:")]
     assert len(worker_lines) >= 2, caplog.messages  # at least one while running (per interval) + the summary
     assert re.search(rf"^worker gpu-testhost-logs: {batches} batches, \d+ tokens in \d+s \(\d+ tokens/s, "
-                     rf"[\d.]+ batches/min\), {batches} spooled; spool \d+ files .* of .*; extract:logs queue 0$",
+                     rf"[\d.]+ batches/min\), {batches} spooled \([\d.]+ [KMG]?B\); spool \d+ files .* of .* \(.*\); extract:logs queue 0$",
                      worker_lines[-1]), worker_lines[-1]
     assert re.search(rf"^uploader upload-testhost: {batches} batches, .* uploaded \(.*/s\), 0 failed tries; "
                      r"spool 0 files .*; upload@testhost queue 0$", upload_lines[-1]), upload_lines
