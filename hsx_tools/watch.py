@@ -74,39 +74,15 @@ def _failures(p: dict) -> Text:
     return Text("\n".join(lines), style="red" if p["dead_letters"] else "")
 
 
-def watch(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int | None = None,
-          console: Console | None = None) -> int:
-    console = console or Console()
-    bars = Progress(TextColumn("{task.description:>28}"), BarColumn(bar_width=None), MofNCompleteColumn(),
-                    TaskProgressColumn(), console=console, expand=True)
-    tasks = {key: bars.add_task(label, total=None) for key, label in BARS}
-    iterations = 0
-    try:
-        with Live(console=console, refresh_per_second=4, transient=False, auto_refresh=False) as live:
-            while True:
-                p = run_progress(r, run)
-                for key, (done, total) in _bar_values(p).items():
-                    bars.update(tasks[key], completed=done, total=total or None)
-                live.update(Group(_header(p), bars, _workers_table(p), _hosts_table(r, p), _failures(p)),
-                            refresh=True)
-                iterations += 1
-                if p["complete"] or (max_iterations is not None and iterations >= max_iterations):
-                    return 0
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        return 0
-    except redis.exceptions.ConnectionError as exc:
-        console.print(f"hsx status --watch: Redis unreachable: {exc}")
-        return 1
+def _poll(r: redis.Redis, run: str, interval: float, max_iterations: int | None, show, say) -> int:
+    """Call ``show(progress)`` every ``interval`` s until the run is complete or ``max_iterations`` ran.
 
-
-def watch_plain(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int | None = None) -> int:
-    """``watch`` for a log file or a pipe: the status summary every ``interval`` seconds, no terminal codes."""
+    Exit status: 0 when done or interrupted, 1 when Redis is unreachable (told through ``say``)."""
     iterations = 0
     try:
         while True:
             p = run_progress(r, run)
-            print("\n".join(summary_lines(p)), flush=True)
+            show(p)
             iterations += 1
             if p["complete"] or (max_iterations is not None and iterations >= max_iterations):
                 return 0
@@ -114,5 +90,26 @@ def watch_plain(r: redis.Redis, run: str, interval: float = 2.0, max_iterations:
     except KeyboardInterrupt:
         return 0
     except redis.exceptions.ConnectionError as exc:
-        print(f"hsx status --watch: Redis unreachable: {exc}", flush=True)
+        say(f"hsx status --watch: Redis unreachable: {exc}")
         return 1
+
+
+def watch(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int | None = None,
+          console: Console | None = None) -> int:
+    console = console or Console()
+    bars = Progress(TextColumn("{task.description:>28}"), BarColumn(bar_width=None), MofNCompleteColumn(),
+                    TaskProgressColumn(), console=console, expand=True)
+    tasks = {key: bars.add_task(label, total=None) for key, label in BARS}
+    with Live(console=console, refresh_per_second=4, transient=False, auto_refresh=False) as live:
+        def show(p: dict) -> None:
+            for key, (done, total) in _bar_values(p).items():
+                bars.update(tasks[key], completed=done, total=total or None)
+            live.update(Group(_header(p), bars, _workers_table(p), _hosts_table(r, p), _failures(p)), refresh=True)
+
+        return _poll(r, run, interval, max_iterations, show, console.print)
+
+
+def watch_plain(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int | None = None) -> int:
+    """``watch`` for a log file or a pipe: the status summary every ``interval`` seconds, no terminal codes."""
+    return _poll(r, run, interval, max_iterations,
+                 lambda p: print("\n".join(summary_lines(p)), flush=True), lambda msg: print(msg, flush=True))
