@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
 import harness  # noqa: E402
 import shapes  # noqa: E402
+import torch  # noqa: E402
+
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.planning import cut_batches, padding_fraction  # noqa: E402
 
@@ -259,7 +259,8 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-spool-gib", type=float, default=0.0, help="the memory tier's budget (0: none)")
     ap.add_argument("--memory-spool-dir", default="/dev/shm/hsx-bench-mem", help="the memory tier (a tmpfs)")
     ap.add_argument("--io-probe", action="store_true", help="measure write+fsync and sha256 speed first")
-    ap.add_argument("--store-dir", default=None, help="local-directory store (default under --workdir; /dev/shm: bytes off the disk, as with S3)")
+    ap.add_argument("--store-dir", default=None, help="local-directory store (default under --workdir; "
+                    "/dev/shm: bytes off the disk, as with S3)")
     ap.add_argument("--workdir", default=os.environ.get("HSX_BENCH_WORKDIR", "/tmp/hsx-bench"))
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench-out")
     ap.add_argument("--padding", action="store_true", help="target 3 only (no GPU)")

@@ -32,10 +32,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gpu_worker.extractor import Extractor  # noqa: E402
 from hsx import ledger, spool  # noqa: E402
 from hsx.config import ProduceConfig, StoreSettings, WorkerConfig  # noqa: E402
 from hsx.keys import RunKeys  # noqa: E402
-from gpu_worker.extractor import Extractor  # noqa: E402
 
 GiB = 2**30
 
@@ -112,7 +112,7 @@ def bare_forward(decoder, layers, shapes, vocab: int, device, clock: Clock, warm
         if clock.cuda:
             torch.cuda.reset_peak_memory_stats()
         marks = []
-        for ids, (rows, length, real) in zip(inputs, shapes):
+        for ids, (rows, length, real) in zip(inputs, shapes, strict=False):
             start = clock.mark()
             decoder(input_ids=ids, use_cache=False)
             marks.append((start, clock.mark(), real, rows * length))

@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO))
 from hsx import heartbeat, ledger, queues  # noqa: E402
 from hsx.keys import RunKeys  # noqa: E402
 from hsx.redisconn import LocalRedis, connect, int_hash  # noqa: E402
-from hsx_tools.verify import verify_run  # noqa: E402
 from hsx.store import open_store  # noqa: E402
+from hsx_tools.verify import verify_run  # noqa: E402
 
 HOST = "bench-host"
 
@@ -90,7 +90,7 @@ def run_once(n_workers: int, args, work: Path, redis_url: str, model: str, datas
     t0 = time.monotonic()
     try:
         while int(r.scard(keys.done)) < totals["batches"]:
-            for host, stats in heartbeat.read_hosts(r, run).items():
+            for stats in heartbeat.read_hosts(r, run).values():
                 spool_high = max(spool_high, stats.get("spool_bytes", 0))
             spooled = int(r.zcard(keys.spooled_log))
             if join_stop and len(workers) < n_workers and spooled >= totals["batches"] // 4:

@@ -264,7 +264,7 @@ def main() -> int:
     if args.single_rows and args.single_rows < args.rows:
         single_rows = out / f"rows{args.rows}-head{args.single_rows}.jsonl"
         with open(rows) as src, open(single_rows, "w") as dst:
-            for _, line in zip(range(args.single_rows), src):
+            for _, line in zip(range(args.single_rows), src, strict=False):
                 dst.write(line)
     result = {"vocab": args.vocab, "tokenizer_build_s": round(built, 1), "cpu_count": os.cpu_count(),
               "one": time_tokenise(model, single_rows, 1, args.block, hold=args.hold)}

@@ -104,8 +104,8 @@ def main() -> None:
                   f"{len(LAYERS)} layers (random values: compression ratio not representative), {os.cpu_count()} CPUs")
             local = str(root / "local")
             for label, workers in (("local, in-process", 0), (f"local, {args.workers} workers", args.workers)):
-                measure(lambda: RunStream(local, RUN, seed=0), workers)  # warm-up (page cache, worker start)
-                rows.append((f"{fmt}, {label}", size, *measure(lambda: RunStream(local, RUN, seed=1), workers)))
+                measure(lambda local=local: RunStream(local, RUN, seed=0), workers)  # warm-up (page cache, worker start)
+                rows.append((f"{fmt}, {label}", size, *measure(lambda local=local: RunStream(local, RUN, seed=1), workers)))
             if n == 0 and not args.no_s3:
                 rows += [(f"{fmt}, {label}", size, *rest) for label, *rest in s3_rows(root, args)]
         finally:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, jsonify, request
 
-from hsx import ledger, queues
-from hsx.redisconn import redact
-
 from dashboard import state
 from dashboard.overview import build_overview, pick_run
+from hsx import ledger, queues
+from hsx.redisconn import redact
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 

@@ -14,13 +14,12 @@ import sys
 import redis
 from flask import Flask
 
-from hsx import queues
-from hsx.redisconn import connect, redact
-
 from dashboard import api, auth, metrics, pages, rq_mount
 from dashboard.config import DashboardConfig
 from dashboard.plan_cache import PlanCache
 from dashboard.state import EXTENSION, AppState
+from hsx import queues
+from hsx.redisconn import connect, redact
 
 log = logging.getLogger(__name__)
 RQ_PREFIX = rq_mount.PREFIX

@@ -12,10 +12,9 @@ from flask import Blueprint, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from hsx import ledger
-
 from dashboard import state
 from dashboard.overview import build_overview
+from hsx import ledger
 
 bp = Blueprint("metrics", __name__)
 

@@ -14,14 +14,13 @@ import time
 import redis
 from rq.registry import FinishedJobRegistry
 
-from hsx import ledger, queues
-from hsx.keys import RunKeys
-from hsx.redisconn import text
-from hsx.progress import RATE_WINDOW_SECONDS, host_row, run_progress
-
 from dashboard.config import DEFAULT_RECENT_ERRORS, DashboardConfig
 from dashboard.plan_cache import PlanCache, PlanSummary
 from dashboard.series import throughput_series
+from hsx import ledger, queues
+from hsx.keys import RunKeys
+from hsx.progress import RATE_WINDOW_SECONDS, host_row, run_progress
+from hsx.redisconn import text
 
 # Worker states: "busy" (fresh heartbeat, a batch in hand), "idle" (fresh heartbeat, no batch),
 # "stale" (heartbeat expired or older than stale_after_seconds while the run is unfinished),

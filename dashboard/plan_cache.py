@@ -24,7 +24,7 @@ class PlanSummary:
     shard_tokens: dict[str, int]   # shard -> planned tokens
 
     @classmethod
-    def read(cls, r: redis.Redis, run: str) -> "PlanSummary":
+    def read(cls, r: redis.Redis, run: str) -> PlanSummary:
         specs = ledger.all_specs(r, run)
         shard_batches: Counter = Counter()
         shard_tokens: Counter = Counter()

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hsx.dtypes import FP8, VALUE_DTYPES as DTYPES, fp8_error, quantise_fp8
+from hsx.dtypes import FP8, fp8_error, quantise_fp8
+from hsx.dtypes import VALUE_DTYPES as DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class Extractor:
     @classmethod
     def load(cls, model_path: str, layer_ids: list[int], store_final: bool, device: str, out_dtype: str = "bfloat16",
              model_dtype: str | None = None, attn_implementation: str = "sdpa",
-             store_dtype: str | None = None) -> "Extractor":
+             store_dtype: str | None = None) -> Extractor:
         """Load the model body (no lm_head) once; compute in fp32 on the CPU, bf16 on a GPU unless told."""
         from transformers import AutoModel
 

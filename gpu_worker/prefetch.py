@@ -8,9 +8,9 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from gpu_worker.extractor import PaddedBatch, pad_batch
 from hsx import batchfile, layout
 from hsx.ledger import BatchSpec
-from gpu_worker.extractor import PaddedBatch, pad_batch
 
 log = logging.getLogger(__name__)
 

@@ -13,31 +13,31 @@ import time
 
 import torch
 
-from hsx import heartbeat, leases, ledger, queues, reconcile, spool
-from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES, DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
-from hsx.storeerror import ERROR_SAMPLE_EVERY
-from hsx.keys import RunKeys
-from hsx.batchfile import file_sha256
-from hsx.config import WorkerConfig
-from hsx.devices import GpuProbe
-from hsx.manifest import RunLimits
-from hsx.progress import fmt_bytes
 from gpu_worker.extractor import Extractor
 from gpu_worker.prefetch import Prefetcher
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
+from hsx import heartbeat, leases, ledger, queues, reconcile, spool
+from hsx.batchfile import file_sha256
+from hsx.config import WorkerConfig
+from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES, DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
+from hsx.devices import GpuProbe
+from hsx.keys import RunKeys
+from hsx.manifest import RunLimits
+from hsx.progress import fmt_bytes
+from hsx.storeerror import ERROR_SAMPLE_EVERY
 
 log = logging.getLogger(__name__)
 HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files (one heartbeat TTL)
-_current: "WorkerRuntime | None" = None
+_current: WorkerRuntime | None = None
 
 
-def current() -> "WorkerRuntime":
+def current() -> WorkerRuntime:
     if _current is None:
         raise RuntimeError("extract jobs run only inside `hsx worker` (no worker runtime in this process)")
     return _current
 
 
-def install(runtime: "WorkerRuntime | None") -> None:
+def install(runtime: WorkerRuntime | None) -> None:
     global _current
     _current = runtime
 

@@ -12,15 +12,15 @@ from rq.exceptions import AbandonedJobError
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
-from hsx import ledger, queues
-from hsx.localdirs import ensure_dir
-from hsx.config import StoreSettings, WorkerConfig
-from hsx.manifest import RunLimits, config_hash
-from hsx.redisconn import connect, redact
-from hsx.errors import HsxError
 from gpu_worker import runtime as runtime_mod
 from gpu_worker.extractor import Extractor
 from gpu_worker.runtime import WorkerRuntime
+from hsx import ledger, queues
+from hsx.config import StoreSettings, WorkerConfig
+from hsx.errors import HsxError
+from hsx.localdirs import ensure_dir
+from hsx.manifest import RunLimits, config_hash
+from hsx.redisconn import connect, redact
 
 log = logging.getLogger(__name__)
 PLAN_POLL_SECONDS = 5  # --wait-for-plan: seconds between looks for the run's manifest

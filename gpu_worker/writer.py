@@ -20,8 +20,8 @@ import logging
 import queue as stdqueue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from hsx.defaults import CODECS
+
 ZSTD_LEVEL = 1          # levels 1-3 measured within a few % of each other in ratio; 1 is the cheapest
 ZSTD_THREADS = 4        # zstd worker threads a compression (each writer thread compresses one batch)
 # Ratio (stored / raw bytes) assumed for estimates before a run has measured its own (see docs/benchmarks.md).

@@ -52,7 +52,7 @@ class ColumnMapping:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if v != getattr(default, k)}
 
     @classmethod
-    def from_dict(cls, spec: dict[str, Any], where: str = "column mapping") -> "ColumnMapping":
+    def from_dict(cls, spec: dict[str, Any], where: str = "column mapping") -> ColumnMapping:
         known = {f.name for f in fields(cls)}
         values: dict[str, Any] = {}
         for key, value in spec.items():
@@ -73,7 +73,7 @@ class ColumnMapping:
         return mapping
 
     @classmethod
-    def parse(cls, text: str | None) -> "ColumnMapping":
+    def parse(cls, text: str | None) -> ColumnMapping:
         """``key=col[+col],...`` or the path of a JSON file; None or "" is the default mapping."""
         if not text:
             return cls()

@@ -55,7 +55,7 @@ class StoreSettings:
     @classmethod
     def resolve(cls, url: str | None, endpoint_url: str | None = None, region: str | None = None,
                 addressing_style: str | None = None, verify_etag: bool | None = None,
-                recorded: dict | None = None) -> "StoreSettings":
+                recorded: dict | None = None) -> StoreSettings:
         """Given settings (flags or environment, already resolved), then what the run recorded, then defaults."""
         recorded = recorded or {}
         url = url or recorded.get("url")
@@ -69,7 +69,7 @@ class StoreSettings:
                    verify_etag=bool(recorded.get("verify_etag", True) if verify_etag is None else verify_etag))
 
     @classmethod
-    def of_run(cls, manifest: dict) -> "StoreSettings":
+    def of_run(cls, manifest: dict) -> StoreSettings:
         """The store a run recorded in its manifest: the one way every role opens a run's store."""
         return cls.resolve(None, recorded=manifest["store"])
 

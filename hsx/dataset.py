@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
 from hsx.errors import HsxError
-from typing import Any, Iterator
 
 
 class DatasetError(HsxError, ValueError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from hsx.defaults import DEFAULT_DFLASH_LAYERS
 from hsx.errors import HsxError
 
+
 class LayerSpecError(HsxError, ValueError):
     """The requested layers do not fit the model."""
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+
 import redis
 
 from hsx import ledger, queues

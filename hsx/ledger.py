@@ -69,7 +69,7 @@ class BatchSpec:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, raw: str | bytes) -> "BatchSpec":
+    def from_json(cls, raw: str | bytes) -> BatchSpec:
         fields = json.loads(raw)
         if "max_len" in fields:  # plans recorded before the field was named for what it holds
             fields["padded_len"] = fields.pop("max_len")

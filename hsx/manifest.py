@@ -30,7 +30,7 @@ class RunLimits:
     lease_seconds: int = D.DEFAULT_LEASE_SECONDS
 
     @classmethod
-    def of(cls, manifest: dict) -> "RunLimits":
+    def of(cls, manifest: dict) -> RunLimits:
         """From a manifest (one written before limits were recorded gets the defaults)."""
         limits = manifest.get("limits") or {}
         return cls(int(limits.get("max_attempts", D.DEFAULT_MAX_ATTEMPTS)),

@@ -161,7 +161,8 @@ def summary_lines(p: dict) -> list[str]:
         f"  uploaded {fmt_bytes(d['bytes'])}, {fmt_bytes(p['written_bytes'])} written to spools; "
         + (f"{p['bytes_per_token']:.0f} bytes/token" if p["bytes_per_token"] else "bytes/token not known yet")
         + f" ({p['store_dtype']}, codec {p['codec']})",
-        f"  rate     {p['rate']['samples']:.1f} samples/s, {p['rate']['tokens']:.0f} tokens/s (last {fmt_duration(p['rate_span_seconds'])})",
+        f"  rate     {p['rate']['samples']:.1f} samples/s, {p['rate']['tokens']:.0f} tokens/s "
+        f"(last {fmt_duration(p['rate_span_seconds'])})",
         f"  ETA      {fmt_duration(p['eta_seconds'])}",
     ]
     alive = [w for w in p["workers"] if w.get("alive")]

@@ -27,8 +27,8 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from hsx.defaults import DEFAULT_EXTRACT_JOB_TIMEOUT, DEFAULT_UPLOAD_JOB_TIMEOUT
-from hsx.keys import RunKeys
 from hsx.errors import HsxError
+from hsx.keys import RunKeys
 from hsx.redisconn import zset_members
 
 EXTRACT_FUNC = "gpu_worker.jobs.extract_batch"
@@ -179,7 +179,7 @@ def retry_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) 
     if bids is not None:
         keys = RunKeys(run)
         planned = r.hmget(keys.plan, bids) if bids else []
-        unknown = [bid for bid, raw in zip(bids, planned) if raw is None]
+        unknown = [bid for bid, raw in zip(bids, planned, strict=False) if raw is None]
         if unknown:
             raise NotRetryable(f"not in the plan of run {run!r}: {', '.join(unknown[:10])}"
                                f"{' ...' if len(unknown) > 10 else ''}; nothing was retried")

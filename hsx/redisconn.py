@@ -14,7 +14,9 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import AbstractBackoff
-from redis.exceptions import AuthenticationError, ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
+from redis.exceptions import AuthenticationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from hsx.defaults import DEFAULT_REDIS_CONNECT_SECONDS
@@ -140,7 +142,7 @@ class LocalRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> "LocalRedis":
+    def start(self, timeout: float = 10.0) -> LocalRedis:
         if not self.binary:
             raise RuntimeError("redis-server is not installed and no Redis is reachable. Install it "
                                "(apt-get install redis-server) or point HSX_REDIS_URL at a running Redis.")
@@ -166,7 +168,7 @@ class LocalRedis:
             self.proc.wait(timeout=10)
         self.proc = None
 
-    def __enter__(self) -> "LocalRedis":
+    def __enter__(self) -> LocalRedis:
         return self.start()
 
     def __exit__(self, *exc) -> None:

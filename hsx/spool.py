@@ -85,7 +85,7 @@ class SpoolTiers:
 
     @classmethod
     def of(cls, disk_dir: Path, disk_budget: int, memory_dir: Path | None = None,
-           memory_budget: int = 0) -> "SpoolTiers":
+           memory_budget: int = 0) -> SpoolTiers:
         tiers = []
         if memory_dir is not None and memory_budget > 0:
             tiers.append(Tier(MEMORY, Path(memory_dir), memory_budget))

@@ -13,16 +13,17 @@ while the consumer plans, writes and enqueues the previous window.
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import os
 import queue
 import threading
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-import multiprocessing as mp
 import numpy as np
 
 from hsx.dataset import Row, RowError, iter_rows
@@ -197,7 +198,7 @@ class WindowTokeniser:
         self._thread = threading.Thread(target=self._run, name="tokenise", daemon=True)
         self._pool: ProcessPoolExecutor | None = None
 
-    def __enter__(self) -> "WindowTokeniser":
+    def __enter__(self) -> WindowTokeniser:
         _init(self.settings)   # here too: a template hsx cannot use fails now, with its own message
         if self.workers > 1:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),

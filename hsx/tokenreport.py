@@ -46,7 +46,7 @@ class TokeniseReport:
         self.rejected[code] += 1
         self.note(index, row_id, message)
 
-    def merge(self, other: "TokeniseReport") -> None:
+    def merge(self, other: TokeniseReport) -> None:
         for name in ("rows", "kept", "truncated", "dropped_overlong", "duplicate_ids"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.rejected.update(other.rejected)
@@ -59,7 +59,7 @@ class TokeniseReport:
                 "rejected": dict(self.rejected), "formats": dict(self.formats), "examples": self.examples}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TokeniseReport":
+    def from_dict(cls, d: dict) -> TokeniseReport:
         return cls(rows=d["rows"], kept=d["kept"], truncated=d["truncated"], dropped_overlong=d["dropped_overlong"],
                    duplicate_ids=d.get("duplicate_ids", 0), rejected=Counter(d.get("rejected", {})),
                    formats=Counter(d.get("formats", {})), examples=list(d.get("examples", [])))

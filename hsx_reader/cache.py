@@ -78,7 +78,7 @@ class ByteCache:
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes_held)
 
     def clear(self) -> None:
-        for size, entry in self._entries.values():
+        for _size, entry in self._entries.values():
             if isinstance(entry, Path):
                 entry.unlink(missing_ok=True)
         self._entries.clear()

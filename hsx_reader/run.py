@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 import torch
 
 from hsx import layout
-from hsx.dtypes import VALUE_DTYPES as TORCH_DTYPES, dtype_name
-from hsx.store import Store
+from hsx.dtypes import VALUE_DTYPES as TORCH_DTYPES
+from hsx.dtypes import dtype_name
 from hsx.errors import HsxError
+from hsx.store import Store
 
 
 class ReaderError(HsxError, RuntimeError):
@@ -103,7 +104,7 @@ class RunIndex:
             groups.setdefault(s.key, []).append(s)
         return groups
 
-    def only_shards(self, shards: list[str] | None) -> "RunIndex":
+    def only_shards(self, shards: list[str] | None) -> RunIndex:
         if not shards:
             return self
         keep = [s for s in self.samples if s.shard in set(shards)]

@@ -36,8 +36,8 @@ import numpy as np
 from hsx.layers import resolve_layers
 from hsx.planning import cut_batches, padding_fraction
 from hsx.progress import fmt_bytes
-from hsx.tokenreport import TokeniseReport
 from hsx.tokenising import TokeniseSettings, WindowTokeniser, default_workers
+from hsx.tokenreport import TokeniseReport
 
 H200_BF16_FLOPS = 989e12          # dense bf16 FLOP/s of one H200 (SXM)
 DEFAULT_MFU = 0.45                # effective share of it, over projection FLOPs only (calibrated, see above)
@@ -143,7 +143,7 @@ def histogram_lines(lengths: np.ndarray, width: int = 40) -> list[str]:
     top = max(counts.max(), 1)
     lines = [f"  mean {lengths.mean():.0f}, median {np.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, "
              f"max {lengths.max()} tokens"]
-    for lo, hi, n in zip(edges[:-1], edges[1:], counts):
+    for lo, hi, n in zip(edges[:-1], edges[1:], counts, strict=False):
         lines.append(f"  {lo:>6}-{hi - 1:<6} {n:>9}  {'#' * int(round(width * n / top))}")
     return lines
 

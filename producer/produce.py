@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 import torch
@@ -24,18 +24,18 @@ from hsx.config import ProduceConfig
 from hsx.dataset import DatasetError, fingerprint
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.dtypes import check_store_dtype
+from hsx.errors import HsxError
+from hsx.index import write_index_if_complete
+from hsx.integrity import unmark_missing_done
 from hsx.layers import resolve_layers
 from hsx.manifest import RunLimits, build_manifest, check_same_run, config_hash, load_model_config
 from hsx.planning import cut_batches, padding_fraction
-from hsx.index import write_index_if_complete
-from hsx.integrity import unmark_missing_done
 from hsx.rebuild import Rebuild
 from hsx.redisconn import connect
-from hsx.errors import HsxError
+from hsx.tokenising import TokeniseSettings, WindowTokeniser, default_workers
+from hsx.tokenreport import Sample, TokeniseReport
 from producer import windows
 from producer.runlock import ProducerLock
-from hsx.tokenreport import Sample, TokeniseReport
-from hsx.tokenising import TokeniseSettings, WindowTokeniser, default_workers
 
 log = logging.getLogger(__name__)
 INPUT_UPLOAD_THREADS = 8
@@ -276,7 +276,7 @@ def _check_reject_share(r, cfg: ProduceConfig, state: _State) -> None:
 
 
 def _plan_window(r, store, cfg: ProduceConfig, manifest: dict, window, first_batch: int, done: set[str],
-                 pending: set[str], lock: ProducerLock, rebuild: "Rebuild | None" = None) -> dict:
+                 pending: set[str], lock: ProducerLock, rebuild: Rebuild | None = None) -> dict:
     """Cut, write inputs, save the plan and enqueue one window's batches; the window's record."""
     samples = window.samples
     planned = cut_batches([len(s.input_ids) for s in samples], cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple)

@@ -55,7 +55,7 @@ class ProducerLock:
         self._lost = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "ProducerLock":
+    def __enter__(self) -> ProducerLock:
         deadline = time.monotonic() + self.wait_seconds
         waited = False
         while not self.r.set(self.key, self.token, nx=True, px=self.ttl_ms):

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hsx_tools.demo import sample_dataset
 from hsx.redisconn import LocalRedis, connect
+from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model
+from tests.test_reader_fixtures import dflash_run, eagle3_run  # noqa: F401 (fixtures shared by the reader and export tests)
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from hsx.config import ConfigError
-from hsx_cli.main import build_parser
 from hsx.devices import GpuProbe
+from hsx_cli.main import build_parser
 
 COMMANDS = ["produce", "inspect", "worker", "upload", "status", "retry-failed", "dashboard", "verify", "export", "demo", "demo-assets"]
 

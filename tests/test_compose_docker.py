@@ -50,6 +50,7 @@ IMAGE_UID = 10001
 LEASE_SECONDS = 10
 PACED_BATCH_SECONDS = 3  # until down/up: long enough for scale-up, a kill mid-batch and a reclaim before the run ends
 TEST_OVERRIDE = "docker-compose.ci.yml"
+REFUSED_SPOOL = "/var/spool/hsx-root-owned"  # the refused-spool step's bind target (apart from the service's spool volume)
 SCRIPT_ENV = "HSX_OFFLINE_DOCKER_SCRIPT"
 SCRIPT_REL = Path("shared/docker/offline-base-images.sh")
 
@@ -313,12 +314,20 @@ def _scenario(stack: Stack, ports: dict[str, int], t: Timings, tmp_path: Path) -
     t["kill -> reclaimed batch done"] = time.monotonic() - killed
     assert not ledger.dead_letters(r, RUN)
 
-    # ---- a bind-mounted spool the image user cannot write: the uploader refuses, with the fix
+    # ---- a bind-mounted spool the image user cannot write: the uploader refuses, with the fix.
+    # The bind folder gets a target of its own and the spool setting points at it (`run -e`), so the
+    # step does not depend on how a Compose version merges `run -v` with the service's own volume on
+    # the same path (Debian's docker-compose 1.29.2-3 keeps the service's volume: the uploader then
+    # starts on the shared spool and never exits).
     spool = tmp_path / "root-owned-spool"
     spool.mkdir(mode=0o755)
-    refused = stack.compose("run", "--rm", "--no-deps", "-v", f"{spool}:/var/spool/hsx", "uploader", check=False, timeout=300)
+    assert spool.stat().st_uid != IMAGE_UID
+    start = time.monotonic()
+    refused = stack.compose("run", "--rm", "--no-deps", "-e", f"HSX_SPOOL_DIR={REFUSED_SPOOL}",
+                            "-v", f"{spool}:{REFUSED_SPOOL}", "uploader", check=False, timeout=180)
+    t["root-owned spool refused"] = time.monotonic() - start
     out = refused.stdout + refused.stderr
-    assert refused.returncode == 2 and "/var/spool/hsx" in out and f"install -d -o {IMAGE_UID}" in out, out[-3000:]
+    assert refused.returncode == 2 and REFUSED_SPOOL in out and f"install -d -o {IMAGE_UID} {REFUSED_SPOOL}" in out, out[-3000:]
 
     # ---- down (volumes kept) mid-run, then up with a Redis password: resumes, nothing redone
     assert done_count(r) < planned - 5, "the run ended before down/up could be tested; raise the dataset copies"

@@ -28,12 +28,11 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from hsx import ledger, queues
-from hsx_tools.demo import sample_dataset
 from hsx.keys import RunKeys
 from hsx.progress import run_progress
 from hsx.redisconn import free_port
-from tests.test_compose import (BASE, CPU_OVERRIDE, HSX_BIN, active_services, compose_config, mounts, role,
-                                write_project)
+from hsx_tools.demo import sample_dataset
+from tests.test_compose import BASE, CPU_OVERRIDE, HSX_BIN, active_services, compose_config, mounts, role, write_project
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +131,10 @@ class ComposeAsProcesses:
                          for service, proc, log in self.procs)
 
 
-def phase(what: str, _started: list[float] = []) -> None:
+_PHASE_STARTED: list[float] = []
+
+
+def phase(what: str, _started: list[float] = _PHASE_STARTED) -> None:
     """Print elapsed seconds at each step (shown with -s or on failure: where the time goes)."""
     _started or _started.append(time.monotonic())
     print(f"[{time.monotonic() - _started[0]:6.1f}s] {what}", flush=True)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
-from hsx_cli.main import main
-from hsx_tools.export import specforge_path, speculators_path
 from hsx.keys import RunKeys
+from hsx_cli.main import main
 from hsx_reader import RunDataset
-from tests.test_reader_fixtures import TOL, assert_sample_matches, dflash_run, eagle3_run  # noqa: F401 (fixtures)
+from hsx_tools.export import specforge_path, speculators_path
+from tests.test_reader_fixtures import assert_sample_matches
 
 
 def _ids_by_position(run):

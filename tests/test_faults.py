@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from hsx import batchfile, heartbeat, ledger, queues
-from hsx_tools.demo import sample_dataset
 from hsx.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect, int_hash, zset_members
+from hsx_tools.demo import sample_dataset
 from tests.faultproxy import FaultProxy
 
 RUN, HOST = "faults", "h1"

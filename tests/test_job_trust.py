@@ -68,7 +68,7 @@ def test_forged_extract_job_runs_no_callback_dependency_webhook_or_retry(r, redi
             on_success=Callback(f"{__name__}.pwned"), on_failure=Callback(f"{__name__}.pwned"),
             on_stopped=Callback("builtins.print"), retry=Retry(max=5),
             webhooks=[Webhook(url, "finished"), Webhook(url, "failed", method="POST")], at_front=True)
-        failing = plain.enqueue_call(
+        plain.enqueue_call(
             queues.EXTRACT_FUNC, kwargs={"run": RUN, "batch_id": "no-such-batch", "attempt": 1}, job_id="forged-bad",
             on_failure=Callback(f"{__name__}.pwned"), retry=Retry(max=3), webhooks=[Webhook(url, "failed")],
             at_front=True)

@@ -8,10 +8,19 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hsx_reader import (ByteCache, CorruptBatch, Expectations, ReaderError, RunDataset, RunMismatch, RunStream,
-                        collate_packed, collate_padded)
 from hsx.store import LocalStore, open_store
-from tests.test_reader_fixtures import assert_sample_matches, dflash_run, eagle3_run  # noqa: F401 (fixtures)
+from hsx_reader import (
+    ByteCache,
+    CorruptBatch,
+    Expectations,
+    ReaderError,
+    RunDataset,
+    RunMismatch,
+    RunStream,
+    collate_packed,
+    collate_padded,
+)
+from tests.test_reader_fixtures import assert_sample_matches
 
 
 def test_map_dataset_equals_hf_forward(dflash_run):

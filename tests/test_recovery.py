@@ -231,7 +231,6 @@ def test_disk_full_fails_cleanly_and_retries(r, redis_server, tiny_model, tmp_pa
 
 def test_restart_cleans_dead_writers_temp_files_only(r, redis_server, tiny_model, tmp_path):
     from gpu_worker.worker import load_runtime
-
     from hsx import heartbeat
 
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="rs", enqueue=False))

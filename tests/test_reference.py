@@ -3,19 +3,16 @@
 import json
 
 import numpy as np
-
-import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
 from hsx import batchfile, ledger
 from hsx.config import StoreSettings
 from hsx.rows import read_conversation
-from hsx_tools.demo import sample_dataset
 from hsx.store import open_store
+from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model
 from tests.pipeline import run_pipeline
-
 
 AGENTIC = sample_dataset().with_name("sample_agentic.jsonl")
 

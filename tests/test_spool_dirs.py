@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-
 HSX_BIN = Path(sys.executable).with_name("hsx")
 IMAGE_UID = 10001  # the user of the Docker images (Dockerfile): owner of the folder in the test
 

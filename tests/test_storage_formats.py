@@ -16,7 +16,7 @@ from hsx import batchfile
 from hsx_cli.main import main
 from hsx_reader import RunDataset
 from hsx_tools.demo import sample_dataset
-from hsx_tools.export import speculators_path, specforge_path
+from hsx_tools.export import specforge_path, speculators_path
 from hsx_tools.tinymodel import build_tiny_model
 from tests.pipeline import run_pipeline
 

@@ -15,11 +15,11 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_SHIPPED = {"tests", "bench", "scripts", "docs", "docker"}  # folders of the repo that are not packages of the wheel

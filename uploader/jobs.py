@@ -79,7 +79,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, att
         leases.drop_upload(r, run, batch_id)
 
 
-def _upload(rt: "runtime.UploaderRuntime", run: str, batch_id: str, local: Path, size: int, sha256: str) -> str:
+def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, size: int, sha256: str) -> str:
     r = rt.r
     if ledger.is_done(r, run, batch_id):
         local.unlink(missing_ok=True)

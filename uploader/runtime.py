@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import layout, ledger, leases, reconcile, spool
+from hsx import layout, leases, ledger, reconcile, spool
 from hsx.config import StoreSettings, UploadConfig
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.errors import HsxError
@@ -24,7 +24,7 @@ from hsx.manifest import RunLimits
 from hsx.progress import fmt_bytes
 
 log = logging.getLogger(__name__)
-_current: "UploaderRuntime | None" = None
+_current: UploaderRuntime | None = None
 
 
 class RunVanished(HsxError):
@@ -35,13 +35,13 @@ class OutsideSpool(HsxError):
     """A job names a file outside this uploader's spool directory; it is neither read nor deleted."""
 
 
-def current() -> "UploaderRuntime":
+def current() -> UploaderRuntime:
     if _current is None:
         raise RuntimeError("upload jobs run only inside `hsx upload` (no uploader runtime in this process)")
     return _current
 
 
-def install(runtime: "UploaderRuntime | None") -> None:
+def install(runtime: UploaderRuntime | None) -> None:
     global _current
     _current = runtime
 

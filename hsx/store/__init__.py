@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hsx.errors import HsxError
 from hsx.store.base import ObjectInfo, Store, StoreError, VerifyError
 from hsx.store.local import LocalStore
-
-from hsx.errors import HsxError
 
 __all__ = ["ObjectInfo", "Store", "StoreError", "VerifyError", "LocalStore", "open_store", "StoreURLError"]
 
