@@ -41,6 +41,7 @@ from hsx.redisconn import free_port
 from hsx_tools.demo import sample_dataset
 from tests.test_compose import BASE, CPU_OVERRIDE, MOUNTED_FILES, ROOT, read_env_file
 from tests.test_wheel import build_context
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -198,18 +199,11 @@ def connect(port: int, password: str | None = None) -> redis_lib.Redis:
     return redis_lib.Redis(host="127.0.0.1", port=port, password=password, socket_connect_timeout=5)
 
 
-def wait_for(predicate, timeout: float, what: str, stack: Stack, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    last_error = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (redis_lib.ConnectionError, redis_lib.TimeoutError, redis_lib.ResponseError, OSError) as exc:
-            last_error = exc  # Redis restarting, or the dashboard not up yet
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error})\n{stack.logs()}")
+def wait_for(predicate, timeout: float, what: str, stack: Stack, interval: float = 0.2, progress=None):
+    """Poll for ``what``; ``timeout`` is a stall limit on a quiet machine, stretched on a loaded one and
+    restarted while ``progress()`` changes. Redis restarting or the dashboard not up yet count as "not yet"."""
+    return wait_until(what, predicate, timeout, interval=interval, progress=progress, describe=stack.logs,
+                      retry_on=(redis_lib.ConnectionError, redis_lib.TimeoutError, redis_lib.ResponseError, OSError))
 
 
 def done_count(r) -> int:
@@ -345,7 +339,7 @@ def _scenario(stack: Stack, ports: dict[str, int], t: Timings, tmp_path: Path) -
     r = connect(ports["redis"], PASSWORD)
     wait_for(lambda: done_count(r) > len(done_before), 300, "the first batch after down/up", stack)
     t["down/up -> resume"] = time.monotonic() - resumed
-    wait_for(lambda: finished(r), 900, "the run to complete", stack, interval=0.5)
+    wait_for(lambda: finished(r), 300, "the run to complete", stack, interval=0.5, progress=lambda: done_count(r))
     t["up -> COMPLETE (with down/up)"] = time.monotonic() - up
 
     p = run_progress(r, RUN)

@@ -33,6 +33,7 @@ from hsx.progress import run_progress
 from hsx.redisconn import free_port
 from hsx_tools.demo import sample_dataset
 from tests.test_compose import BASE, CPU_OVERRIDE, HSX_BIN, active_services, compose_config, mounts, role, write_project
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -141,14 +142,8 @@ def phase(what: str, _started: list[float] = _PHASE_STARTED) -> None:
 
 
 def wait_for(predicate, timeout: float, what: str, cp: ComposeAsProcesses, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        cp.check_alive()
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{cp.logs()}")
+    """Poll for ``what``; ``timeout`` is a stall limit on a quiet machine, stretched on a loaded one."""
+    return wait_until(what, predicate, timeout, interval=interval, check=cp.check_alive, describe=cp.logs)
 
 
 def spooled(r, run: str) -> int:

@@ -36,6 +36,7 @@ from dashboard.config import DashboardConfig
 from hsx import ledger, queues
 from hsx.ledger import BatchSpec
 from hsx.redisconn import free_port, redact
+from tests.waiting import scaled
 
 RUN = "sec"
 SPECS = [BatchSpec(batch_id=f"b{i:07d}", index=i, shard="00000", samples=2, tokens=10, padded=16, padded_len=8,
@@ -251,7 +252,7 @@ def test_token_login_and_query_password_stay_out_of_logs_pages_and_banner(passwo
 
     port, password = password_redis
     url = f"redis://127.0.0.1:{port}/0?password={password}"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while True:
         try:
             redis_py.Redis.from_url(url).ping()
@@ -274,7 +275,7 @@ def test_token_login_and_query_password_stay_out_of_logs_pages_and_banner(passwo
     bodies = []
     try:
         base = f"http://127.0.0.1:{http_port}"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while True:
             try:
                 urllib.request.urlopen(f"{base}/metrics", timeout=2)

@@ -28,6 +28,7 @@ from hsx.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect, int_hash, zset_members
 from hsx_tools.demo import sample_dataset
 from tests.faultproxy import FaultProxy
+from tests.waiting import wait_until
 
 RUN, HOST = "faults", "h1"
 SAMPLES = 480
@@ -45,13 +46,8 @@ def _dataset(path, count=SAMPLES):
 
 
 def _wait(what, predicate, timeout, step=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    """Poll for ``what``; ``timeout`` is a stall limit on a quiet machine, stretched on a loaded one."""
+    return wait_until(what, predicate, timeout, interval=step)
 
 
 class Roles:

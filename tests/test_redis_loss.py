@@ -15,6 +15,7 @@ from hsx.store import open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce
 from tests.pipeline import produce_config, run_pipeline, upload_config, worker_config
+from tests.waiting import scaled
 
 
 def test_produce_rebuilds_the_ledger_from_the_store(r, redis_server, tiny_model, tmp_path):
@@ -92,7 +93,7 @@ def test_worker_process_stops_when_its_run_vanishes(r, redis_server, tiny_model,
                              "--spool-dir", str(tmp_path / "spool"), "--host", "testhost", "--heartbeat-seconds", "0.5"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         while not r.zcard(RunKeys("wv").workers):
             assert proc.poll() is None and time.monotonic() < deadline, "worker did not start"
             time.sleep(0.2)
