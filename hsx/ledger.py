@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import redis
 
+from hsx import records
 from hsx.errors import HsxError
 from hsx.keys import RUNS, RunKeys
 from hsx.redisconn import int_hash, json_hash, text
@@ -39,7 +40,10 @@ return 1
 _RECORD_FAILURE = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 local attempts = 1
-if raw then attempts = cjson.decode(raw)['attempts'] + 1 end
+if raw then
+  local ok, old = pcall(cjson.decode, raw)
+  if ok and type(old) == 'table' and tonumber(old['attempts']) then attempts = tonumber(old['attempts']) + 1 end
+end
 local rec = cjson.encode({attempts=attempts, last_error=ARGV[2], ts=tonumber(ARGV[3])})
 if attempts >= tonumber(ARGV[4]) then
   redis.call('HDEL', KEYS[1], ARGV[1])
@@ -160,12 +164,14 @@ def clear_failure(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
     (pipe or r).hdel(RunKeys(run).failures, bid)
 
 
-def dead_letters(r: redis.Redis, run: str) -> dict[str, dict]:
-    return json_hash(r, RunKeys(run).dead)
+def dead_letters(r: redis.Redis, run: str, malformed: list[str] | None = None) -> dict[str, dict]:
+    """Dead letters by batch id; a malformed record is a placeholder named in ``malformed`` (hsx.records)."""
+    return records.failure_hash(r, RunKeys(run).dead, [] if malformed is None else malformed)
 
 
-def failures(r: redis.Redis, run: str) -> dict[str, dict]:
-    return json_hash(r, RunKeys(run).failures)
+def failures(r: redis.Redis, run: str, malformed: list[str] | None = None) -> dict[str, dict]:
+    """Batches being retried after a failure, by batch id (malformed records as in dead_letters)."""
+    return records.failure_hash(r, RunKeys(run).failures, [] if malformed is None else malformed)
 
 
 def take_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
@@ -192,7 +198,10 @@ local raw = redis.call('HGET', KEYS[2], ARGV[1])
 if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('DEL', KEYS[6])
 local size = 0
-if raw then size = cjson.decode(raw)['size'] end
+if raw then
+  local ok, info = pcall(cjson.decode, raw)
+  if ok and type(info) == 'table' and tonumber(info['size']) then size = tonumber(info['size']) end
+end
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HINCRBY', KEYS[3], 'batches', -1)
 redis.call('HINCRBY', KEYS[3], 'samples', -tonumber(ARGV[2]))

@@ -145,6 +145,12 @@
     sel.value = run;
   }
 
+  function renderMalformed(lines) {
+    const e = $("malformed");
+    e.hidden = !lines.length;
+    e.textContent = lines.length ? `${lines.length} malformed records in Redis skipped: ${lines.slice(0, 5).join("; ")}` : "";
+  }
+
   function showError(text) { const e = $("error"); e.textContent = text; e.hidden = !text; }
 
   let timer = null;
@@ -159,7 +165,7 @@
       if (o) {
         run = o.run;
         renderRuns(data.runs); renderProgress(o); renderChart(o.series); renderWorkers(o); renderHosts(o);
-        renderShards(o); renderFailures(o);
+        renderShards(o); renderFailures(o); renderMalformed(o.malformed || []);
       }
       $("updated").textContent = `updated ${new Date().toLocaleTimeString()} · Redis ${data.redis}`;
       refreshMs = Math.max(1000, 1000 * data.refresh_seconds);
