@@ -46,6 +46,15 @@ def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float, s
             "per_s": {"batches": len(members) / span, "samples": samples / span, "tokens": tokens / span}}
 
 
+def _not_done(r: redis.Redis, keys: RunKeys, records_by_batch: dict[str, dict]) -> dict[str, dict]:
+    """Failure records without the batches that are done (a done batch failed nothing: the ledger
+    drops such records in mark_done and `hsx produce`; one written by an older hsx is not shown)."""
+    if not records_by_batch:
+        return records_by_batch
+    bids = list(records_by_batch)
+    return {b: records_by_batch[b] for b, done in zip(bids, r.smismember(keys.done, bids), strict=True) if not done}
+
+
 def run_progress(r: redis.Redis, run: str, now: float | None = None, window: float = RATE_WINDOW_SECONDS) -> dict:
     """The run's progress. A record that is not what hsx writes is skipped (a failure record is kept as
     a placeholder) and named under ``"malformed"`` (hsx.records): one bad record never fails the read."""
@@ -65,8 +74,8 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     manifest = (records.decode(raw_manifest, keys.manifest, malformed, records.MANIFEST) if raw_manifest else None) or {}
     workers = heartbeat.read_workers(r, run, malformed=malformed)
     extract_queue = len(queues.queue(r, queues.extract_queue_name(run)))
-    dead = ledger.dead_letters(r, run, malformed)
-    failures = ledger.failures(r, run, malformed)
+    dead = _not_done(r, keys, ledger.dead_letters(r, run, malformed))
+    failures = _not_done(r, keys, ledger.failures(r, run, malformed))
     stalled = None if complete else stall_reason(r, run, now, totals, done, extract_queue, workers, dead)
     hosts = heartbeat.read_hosts(r, run, malformed)
     return {
