@@ -158,7 +158,12 @@
     clearTimeout(timer);
     try {
       const res = await fetch(API + (run ? "?run=" + encodeURIComponent(run) : ""), {credentials: "same-origin", cache: "no-store"});
-      if (!res.ok) throw new Error(`HTTP ${res.status} from ${API}`);
+      if (!res.ok) {
+        // 503 while Redis is down: {"error": "Redis unreachable since ..."}; show that line as it is.
+        const body = await res.json().catch(() => null);
+        if (body && body.error) { showError(body.error); timer = setTimeout(refresh, refreshMs); return; }
+        throw new Error(`HTTP ${res.status} from ${API}`);
+      }
       const data = await res.json();
       const o = data.overview;
       $("empty").hidden = !!o;
