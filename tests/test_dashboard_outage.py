@@ -49,7 +49,7 @@ def test_a_redis_outage_is_one_line_on_the_page_and_two_in_the_log(tmp_path, cap
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             page = browser.new_page()
             page.goto(f"{base}/?run={RUN}")
-            expect(page.locator("#bar-batches_uploaded")).to_have_attribute("data-total", "1", timeout=15_000)
+            expect(page.locator("#bar-batches_uploaded")).to_have_attribute("data-total", "1", timeout=60_000)
 
             redis_server.stop()
             expect(page.locator("#error")).to_contain_text("Redis unreachable since", timeout=60_000)

@@ -107,12 +107,12 @@ def test_planted_markup_never_runs_in_a_real_browser(r, live_dashboard):
         page.on("console", lambda m: csp_errors.append((page.url, m.text))
                 if "Content Security Policy" in m.text else None)
         for path, (scope, shown) in pages.items():
-            with page.expect_response(lambda res: "/data/" in res.url or "/api/status" in res.url, timeout=30_000):
+            with page.expect_response(lambda res: "/data/" in res.url or "/api/status" in res.url, timeout=60_000):
                 page.goto(base + path)  # each view fills itself from one JSON endpoint
             page.wait_for_timeout(500)  # rendered, and an onerror fires as soon as the broken image is tried
             assert page.evaluate("window.__hsx_xss === undefined"), f"planted script ran on {path}"
             # The payload is on the page as text: the view rendered (under its CSP) and escaped it.
-            expect(page.locator(scope).get_by_text(shown, exact=False).first).to_be_visible(timeout=15_000)
+            expect(page.locator(scope).get_by_text(shown, exact=False).first).to_be_visible(timeout=60_000)
         browser.close()
     assert not dialogs and not retries, (dialogs, retries)
     assert ledger.dead_letters(r, RUN), "a planted script retried the dead letter"
