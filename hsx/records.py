@@ -17,6 +17,8 @@ import json
 
 import redis
 
+from hsx.redisconn import text
+
 NUMBER = (int, float)
 FAILURE = {"attempts": (int,), "last_error": (str,), "ts": (*NUMBER, type(None))}
 FAILURE_REQUIRED = ("attempts", "last_error")
@@ -35,7 +37,7 @@ MANIFEST = {"store_dtype": _OPT_STR, "dtype": _OPT_STR, "codec": _OPT_STR}
 
 def name(value: bytes | str) -> str:
     """A key or field name as text; bytes that are not UTF-8 are shown with replacement characters."""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
+    return text(value)
 
 
 def problem(value, shape: dict, required: tuple[str, ...] = ()) -> str | None:

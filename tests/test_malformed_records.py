@@ -9,11 +9,12 @@ traceback from `hsx status`.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from hsx import ledger
-from hsx.keys import RunKeys
+from hsx.keys import RUNS, RunKeys
 from hsx_cli.main import main
 from tests.test_dashboard_api import RUN, client, metrics, mid_run  # noqa: F401 (client is a fixture)
 
@@ -35,7 +36,14 @@ GARBAGE = {
     "done record not JSON": lambda r: r.hset(K.done_info, "b0000", "nope"),
     "manifest not JSON": lambda r: r.set(K.manifest, "{manifest"),
     "manifest codec a number": lambda r: r.set(K.manifest, json.dumps({"codec": 5})),
+    # Names that are not UTF-8: read with replacement characters (nothing to skip, nothing to name).
+    "run name not UTF-8": lambda r: r.sadd(RUNS, b"\xff\xfe-run"),
+    "worker id not UTF-8": lambda r: r.zadd(K.workers, {b"gpu-\xff": time.time()}),
+    "done log member not UTF-8": lambda r: r.zadd(K.done_log, {b"b\xff": time.time()}),
+    "plan field not UTF-8": lambda r: r.hset(K.plan, b"b\xfe", json.dumps({"samples": 1, "tokens": 1, "shard": "00000"})),
 }
+NOT_NAMED = {"done record not JSON", "run name not UTF-8", "worker id not UTF-8", "done log member not UTF-8",
+             "plan field not UTF-8"}  # read only where they add nothing, or read as text
 
 
 @pytest.mark.parametrize("case", sorted(GARBAGE))
@@ -46,7 +54,7 @@ def test_one_bad_record_is_named_never_a_500(case, r, client, capsys, redis_env)
     res = client.get(f"/api/status?run={RUN}")
     assert res.status_code == 200, res.data[-500:]
     o = res.json["overview"]
-    if case != "done record not JSON":  # read only for the upload rate, where it adds nothing
+    if case not in NOT_NAMED:
         assert o["malformed"], case
         assert any(key in " ".join(o["malformed"]) for key in (K.heartbeat("gpu-hostA-0"), K.totals, K.counters,
                                                                  K.shard_done, K.plan, K.failures, K.dead, K.hosts,
