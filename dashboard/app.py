@@ -2,7 +2,7 @@
 
 One port serves the hsx page (/), its API (/api/...), /metrics, and
 rq-dashboard (/rq: queues, workers, jobs), all behind the same optional auth
-(dashboard.auth).
+(dashboard.auth) and the same security headers (dashboard.headers).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import redis
 from flask import Flask
 
-from dashboard import api, auth, metrics, pages, rq_mount
+from dashboard import api, auth, headers, metrics, outage, pages, rq_mount
 from dashboard.config import DashboardConfig
 from dashboard.plan_cache import PlanCache
 from dashboard.state import EXTENSION, AppState
@@ -34,6 +34,8 @@ def create_app(config: DashboardConfig, r: redis.Redis | None = None) -> Flask:
     client = r or connect(config.redis_url, retries=3)
     app.extensions[EXTENSION] = AppState(config=config, redis=client, plans=PlanCache())
     auth.install(app, config)
+    headers.install(app, RQ_PREFIX)
+    outage.install(app, outage.RedisOutage(config.redis_url))
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(metrics.bp)

@@ -8,7 +8,6 @@ writes to Redis.
 
 from __future__ import annotations
 
-import json
 import time
 
 import redis
@@ -17,7 +16,7 @@ from rq.registry import FinishedJobRegistry
 from dashboard.config import DEFAULT_RECENT_ERRORS, DashboardConfig
 from dashboard.plan_cache import PlanCache, PlanSummary
 from dashboard.series import throughput_series
-from hsx import ledger, queues
+from hsx import ledger, queues, records
 from hsx.keys import RunKeys
 from hsx.progress import RATE_WINDOW_SECONDS, host_row, run_progress
 from hsx.redisconn import text
@@ -65,8 +64,10 @@ def _host_upload_rate(r: redis.Redis, run: str, host: str, plan: PlanSummary, no
         parsed = queues.batch_of_job(text(raw))
         if parsed and parsed[0] == run:
             bids.add(parsed[1])
-    sizes = r.hmget(RunKeys(run).done_info, sorted(bids)) if bids else []
-    nbytes = sum(int(json.loads(s)["size"]) for s in sizes if s)
+    key = RunKeys(run).done_info
+    sizes = r.hmget(key, sorted(bids)) if bids else []
+    infos = (records.decode(s, key, [], records.DONE_INFO, ("size",)) for s in sizes if s)
+    nbytes = sum(info["size"] for info in infos if info)  # a malformed done record adds nothing to the rate
     return {"upload_batches_per_s": len(bids) / window,
             "upload_tokens_per_s": sum(plan.tokens.get(b, 0) for b in bids) / window,
             "upload_bytes_per_s": nbytes / window}
@@ -125,4 +126,5 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
         "dead_letters": dead,
         "retrying": len(p["failures"]),
         "recent_errors": recent[:DEFAULT_RECENT_ERRORS],
+        "malformed": list(dict.fromkeys([*p["malformed"], *plan.malformed])),  # records skipped (hsx.records), "<key> <field>: why"
     }

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import redis
 
-from hsx import ledger
+from hsx import records
+from hsx.keys import RunKeys
 
 
 @dataclass(frozen=True)
@@ -22,17 +23,19 @@ class PlanSummary:
     samples: dict[str, int]       # batch id -> samples
     shard_batches: dict[str, int]  # shard -> planned batches
     shard_tokens: dict[str, int]   # shard -> planned tokens
+    malformed: tuple[str, ...] = ()  # plan entries skipped (hsx.records): "<key> <batch>: why"
 
     @classmethod
     def read(cls, r: redis.Redis, run: str) -> PlanSummary:
-        specs = ledger.all_specs(r, run)
+        malformed: list[str] = []
+        specs = records.json_hash(r, RunKeys(run).plan, malformed, records.SPEC, records.SPEC_REQUIRED)
         shard_batches: Counter = Counter()
         shard_tokens: Counter = Counter()
         for spec in specs.values():
-            shard_batches[spec.shard] += 1
-            shard_tokens[spec.shard] += spec.tokens
-        return cls(tokens={b: s.tokens for b, s in specs.items()}, samples={b: s.samples for b, s in specs.items()},
-                   shard_batches=dict(shard_batches), shard_tokens=dict(shard_tokens))
+            shard_batches[spec["shard"]] += 1
+            shard_tokens[spec["shard"]] += spec["tokens"]
+        return cls(tokens={b: s["tokens"] for b, s in specs.items()}, samples={b: s["samples"] for b, s in specs.items()},
+                   shard_batches=dict(shard_batches), shard_tokens=dict(shard_tokens), malformed=tuple(malformed))
 
 
 class PlanCache:
@@ -48,7 +51,7 @@ class PlanCache:
         if cached is not None:
             return cached
         summary = PlanSummary.read(r, run)
-        planned = ledger.run_totals(r, run).get("batches")
+        planned = records.int_hash(r, RunKeys(run).totals, []).get("batches")  # a bad field: named by run_progress
         if planned is not None and planned == len(summary.tokens):
             with self._lock:
                 self._plans[run] = summary

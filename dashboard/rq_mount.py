@@ -14,7 +14,14 @@ holds; ``hsx.queues`` makes rq's default serializer JSON in this process). Here:
   the job lists and on the Workers page (rq-dashboard's two serialize functions
   are wrapped), and the one-job views answer 422 naming it, instead of a 500;
 - rq-dashboard never sees the Redis URL: it uses the app's client (instance 0
-  only), and the URL it displays is the redacted one.
+  only), and the URL it displays is the redacted one;
+- every string its JSON endpoints return (queue, worker and job names, a worker's
+  queues, job descriptions, tracebacks, results, metadata) is HTML-escaped here:
+  its client-side templates insert most of them as raw HTML (underscore's ``<%= %>``),
+  so a queue named ``<img onerror=...>`` would otherwise run script in the
+  operator's browser. The few fields its templates escape themselves (SELF_ESCAPED)
+  are left alone while the mounted templates still do so (checked at mount), else
+  escaped too. The CSP (dashboard.headers) is the second line.
 
 The routes kept, all GET, all reading only (see docs/reliability.md, "Security"):
 ``/rq/`` and ``/rq/<0>/[view[/queues]]`` (queue overview), ``/rq/0/data/queues.json``
@@ -33,6 +40,7 @@ from functools import wraps
 
 import redis
 from flask import Flask, abort, current_app, request
+from markupsafe import escape
 from rq.exceptions import DeserializationError
 
 from hsx.redisconn import redact
@@ -49,6 +57,13 @@ REFUSAL = ("read-only here: hsx keeps rq's queues as a cache of its ledger; retr
            "POST /api/retry (the page's retry button) or `hsx retry-failed`\n")
 
 
+DATA_ENDPOINTS = frozenset({"list_queues", "list_workers", "list_jobs", "job_info"})  # JSON for its templates
+# Fields an rq-dashboard template escapes itself (endpoint -> {field: text proving it, in that template}).
+SELF_ESCAPED = {
+    "list_jobs": ("rq_dashboard/jobs.html", {"description": "$('<div/>').text(d.description).html()",
+                                             "exc_info": "$('<div/>').text(d.exc_info).html()"}),
+    "list_workers": ("rq_dashboard/workers.html", {"description": "<%- d.current_job.description %>"}),
+}
 UNREADABLE_ERRORS = (DeserializationError, UnicodeDecodeError, json.JSONDecodeError, RecursionError)
 NOT_JSON = "(job data is not JSON: hsx did not write it and does not decode it)"
 
@@ -101,6 +116,39 @@ def _guarded(view):
     return wrapper
 
 
+def escape_strings(value, keep: frozenset[str] = frozenset()):
+    """``value`` (decoded JSON) with every string HTML-escaped, except the values of keys in ``keep``."""
+    if isinstance(value, str):
+        return str(escape(value))
+    if isinstance(value, list):
+        return [escape_strings(v, keep) for v in value]
+    if isinstance(value, dict):
+        return {k: v if k in keep and isinstance(v, str) else escape_strings(v, keep) for k, v in value.items()}
+    return value
+
+
+def self_escaped_fields(app: Flask, endpoint: str) -> frozenset[str]:
+    """The fields of ``endpoint``'s JSON that its template (as mounted) escapes itself."""
+    template, proofs = SELF_ESCAPED.get(endpoint, (None, {}))
+    if template is None:
+        return frozenset()
+    source = app.jinja_env.loader.get_source(app.jinja_env, template)[0]
+    return frozenset(field for field, proof in proofs.items() if proof in source)
+
+
+def _escaping(view, keep: frozenset[str]):
+    """The JSON view, its strings HTML-escaped (see the module doc)."""
+
+    @wraps(view)
+    def wrapper(**view_args):
+        response = current_app.make_response(view(**view_args))
+        if response.is_json and response.status_code == 200:
+            response.set_data(json.dumps(escape_strings(response.get_json(), keep)))
+        return response
+
+    return wrapper
+
+
 def mount(app: Flask, redis_url: str, r: redis.Redis, poll_ms: int) -> None:
     """Register rq-dashboard under PREFIX on ``app``, read-only, using ``r``."""
     import rq_dashboard
@@ -126,4 +174,7 @@ def mount(app: Flask, redis_url: str, r: redis.Redis, poll_ms: int) -> None:
     app.before_request_funcs[BLUEPRINT] = [_one_instance]
     for name in {rule.endpoint for rule in app.url_map.iter_rules() if rule.endpoint.startswith(BLUEPRINT + ".")}:
         endpoint = name.partition(".")[2]
-        app.view_functions[name] = _guarded(app.view_functions[name]) if endpoint in READ_ONLY else _refuse
+        view = app.view_functions[name]
+        if endpoint in DATA_ENDPOINTS:
+            view = _escaping(view, self_escaped_fields(app, endpoint))
+        app.view_functions[name] = _guarded(view) if endpoint in READ_ONLY else _refuse

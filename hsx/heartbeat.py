@@ -11,9 +11,9 @@ import time
 
 import redis
 
+from hsx import records
 from hsx.defaults import HEARTBEAT_TTL_BEATS
 from hsx.keys import RunKeys
-from hsx.redisconn import json_hash, text
 
 
 def ttl_seconds(heartbeat_seconds: float) -> int:
@@ -32,15 +32,22 @@ def publish_heartbeat(r: redis.Redis, run: str, worker_name: str, stats: dict, t
         pipe.execute()
 
 
-def read_workers(r: redis.Redis, run: str, forget_after_seconds: float = 86400) -> list[dict]:
-    """Every worker seen in the last day: its last stats, ``alive`` False once its heartbeat expired."""
+def read_workers(r: redis.Redis, run: str, forget_after_seconds: float = 86400,
+                 malformed: list[str] | None = None) -> list[dict]:
+    """Every worker seen in the last day: its last stats, ``alive`` False once its heartbeat expired.
+
+    A heartbeat that is not what a worker writes (hsx.records.HEARTBEAT) counts as none (the worker
+    is listed with its name only) and is named in ``malformed``.
+    """
     keys = RunKeys(run)
+    malformed = [] if malformed is None else malformed
     now = time.time()
     out = []
     for raw_id, last in r.zrangebyscore(keys.workers, now - forget_after_seconds, "+inf", withscores=True):
-        wid = text(raw_id)
+        wid = records.name(raw_id)
         raw = r.get(keys.heartbeat(wid))
-        stats = json.loads(raw) if raw else {"worker": wid}
+        stats = records.decode(raw, keys.heartbeat(wid), malformed, records.HEARTBEAT) if raw else None
+        stats = {**(stats or {}), "worker": wid}
         stats.update(alive=raw is not None, last_seen=last, age_seconds=now - last)
         out.append(stats)
     return out
@@ -50,5 +57,7 @@ def publish_host(r: redis.Redis, run: str, host: str, stats: dict, pipe=None) ->
     (pipe or r).hset(RunKeys(run).hosts, host, json.dumps({**stats, "ts": time.time()}))
 
 
-def read_hosts(r: redis.Redis, run: str) -> dict[str, dict]:
-    return json_hash(r, RunKeys(run).hosts)
+def read_hosts(r: redis.Redis, run: str, malformed: list[str] | None = None) -> dict[str, dict]:
+    """Each host's last spool stats; a record that is not what hsx writes (hsx.records.HOST) is skipped
+    and named in ``malformed``."""
+    return records.json_hash(r, RunKeys(run).hosts, [] if malformed is None else malformed, records.HOST)

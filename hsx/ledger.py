@@ -15,14 +15,19 @@ from dataclasses import asdict, dataclass
 
 import redis
 
+from hsx import records
 from hsx.errors import HsxError
 from hsx.keys import RUNS, RunKeys
 from hsx.redisconn import int_hash, json_hash, text
 
-# KEYS: done, done_info, counters, shard_done, done_log
+# KEYS: done, done_info, counters, shard_done, done_log, failures, dead
 # ARGV: batch_id, info_json, samples, tokens, bytes, shard, now
-# Returns 1 if this call recorded the batch, 0 if it was already done.
+# Returns 1 if this call recorded the batch, 0 if it was already done. Either way the batch is no
+# longer a failure or a dead letter: a batch done is done (a dead letter left from before a Redis loss,
+# or by an upload that ran while the plan was being saved again, must not outlive it).
 _MARK_DONE = """
+redis.call('HDEL', KEYS[6], ARGV[1])
+redis.call('HDEL', KEYS[7], ARGV[1])
 if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('HINCRBY', KEYS[3], 'batches', 1)
@@ -34,12 +39,17 @@ redis.call('ZADD', KEYS[5], ARGV[7], ARGV[1])
 return 1
 """
 
-# KEYS: failures, dead ; ARGV: batch_id, error, now, max_attempts
-# Returns the attempt count; moves the record to dead letters at max_attempts.
+# KEYS: failures, dead, done ; ARGV: batch_id, error, now, max_attempts
+# Returns the attempt count; moves the record to dead letters at max_attempts. A batch already done
+# records nothing and returns 0 (a late failure of a duplicate copy is no failure of the batch).
 _RECORD_FAILURE = """
+if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 local attempts = 1
-if raw then attempts = cjson.decode(raw)['attempts'] + 1 end
+if raw then
+  local ok, old = pcall(cjson.decode, raw)
+  if ok and type(old) == 'table' and tonumber(old['attempts']) then attempts = tonumber(old['attempts']) + 1 end
+end
 local rec = cjson.encode({attempts=attempts, last_error=ARGV[2], ts=tonumber(ARGV[3])})
 if attempts >= tonumber(ARGV[4]) then
   redis.call('HDEL', KEYS[1], ARGV[1])
@@ -136,8 +146,8 @@ def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sh
     keys = RunKeys(run)
     now = time.time()
     info = json.dumps({"key": key, "size": size, "sha256": sha256, "by": by, "ts": now}, separators=(",", ":"))
-    recorded = r.eval(_MARK_DONE, 5, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
-                      spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now)
+    recorded = r.eval(_MARK_DONE, 7, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
+                      keys.failures, keys.dead, spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now)
     return bool(recorded)
 
 
@@ -152,20 +162,40 @@ def mark_spooled(r: redis.Redis, run: str, bid: str, pipe=None, nbytes: int = 0)
 
 
 def record_failure(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int) -> int:
+    """Count a failure of ``bid``: its attempt count (a dead letter at ``max_attempts``), or 0 if it is done."""
     keys = RunKeys(run)
-    return int(r.eval(_RECORD_FAILURE, 2, keys.failures, keys.dead, bid, error[-2000:], time.time(), max_attempts))
+    return int(r.eval(_RECORD_FAILURE, 3, keys.failures, keys.dead, keys.done, bid, error[-2000:], time.time(),
+                      max_attempts))
+
+
+def drop_failures_of_done(r: redis.Redis, run: str) -> list[str]:
+    """Remove the failure and dead-letter records of batches that are done (left by an older hsx, or from
+    before a Redis loss whose ledger was rebuilt from the store); return their ids."""
+    keys = RunKeys(run)
+    bids = sorted({text(b) for key in (keys.failures, keys.dead) for b in r.hkeys(key)})
+    if not bids:
+        return []
+    settled = [b for b, done in zip(bids, r.smismember(keys.done, bids), strict=True) if done]
+    if settled:
+        pipe = r.pipeline()
+        pipe.hdel(keys.failures, *settled)
+        pipe.hdel(keys.dead, *settled)
+        pipe.execute()
+    return settled
 
 
 def clear_failure(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
     (pipe or r).hdel(RunKeys(run).failures, bid)
 
 
-def dead_letters(r: redis.Redis, run: str) -> dict[str, dict]:
-    return json_hash(r, RunKeys(run).dead)
+def dead_letters(r: redis.Redis, run: str, malformed: list[str] | None = None) -> dict[str, dict]:
+    """Dead letters by batch id; a malformed record is a placeholder named in ``malformed`` (hsx.records)."""
+    return records.failure_hash(r, RunKeys(run).dead, [] if malformed is None else malformed)
 
 
-def failures(r: redis.Redis, run: str) -> dict[str, dict]:
-    return json_hash(r, RunKeys(run).failures)
+def failures(r: redis.Redis, run: str, malformed: list[str] | None = None) -> dict[str, dict]:
+    """Batches being retried after a failure, by batch id (malformed records as in dead_letters)."""
+    return records.failure_hash(r, RunKeys(run).failures, [] if malformed is None else malformed)
 
 
 def take_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
@@ -192,7 +222,10 @@ local raw = redis.call('HGET', KEYS[2], ARGV[1])
 if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('DEL', KEYS[6])
 local size = 0
-if raw then size = cjson.decode(raw)['size'] end
+if raw then
+  local ok, info = pcall(cjson.decode, raw)
+  if ok and type(info) == 'table' and tonumber(info['size']) then size = tonumber(info['size']) end
+end
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HINCRBY', KEYS[3], 'batches', -1)
 redis.call('HINCRBY', KEYS[3], 'samples', -tonumber(ARGV[2]))

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import redis
 
-from hsx import heartbeat, ledger, queues, reconcile
+from hsx import heartbeat, ledger, queues, reconcile, records
 from hsx.keys import RunKeys
-from hsx.redisconn import int_hash
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
 MIN_RATE_SPAN_SECONDS = 10  # ...or, for a run younger than that, over its age (at least this long)
@@ -26,39 +24,60 @@ def rate_span(r: redis.Redis, run: str, now: float, window: float = RATE_WINDOW_
     return min(window, max(now - min(firsts), MIN_RATE_SPAN_SECONDS))
 
 
-def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float, span: float | None = None) -> dict:
+def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float, span: float | None = None,
+            malformed: list[str] | None = None) -> dict:
     members = r.zrangebyscore(log_key, now - window, now, withscores=True)
     if not members:
         return {"batches": 0, "samples": 0, "tokens": 0, "per_s": {"batches": 0.0, "samples": 0.0, "tokens": 0.0}}
-    specs = r.hmget(RunKeys(run).plan, [m for m, _ in members])
+    plan_key = RunKeys(run).plan
+    specs = r.hmget(plan_key, [m for m, _ in members])
     samples = tokens = 0
-    for raw in specs:
-        if raw:
-            spec = json.loads(raw)
+    seen: list[str] = []
+    for (bid, _), raw in zip(members, specs, strict=True):
+        spec = records.decode(raw, f"{plan_key} {records.name(bid)}", seen, records.SPEC, records.SPEC_REQUIRED) \
+            if raw else None
+        if spec:
             samples += spec["samples"]
             tokens += spec["tokens"]
+    if malformed is not None:
+        malformed.extend(m for m in seen if m not in malformed)  # the two windows read the same plan entries
     span = span or window
     return {"batches": len(members), "samples": samples, "tokens": tokens,
             "per_s": {"batches": len(members) / span, "samples": samples / span, "tokens": tokens / span}}
 
 
+def _not_done(r: redis.Redis, keys: RunKeys, records_by_batch: dict[str, dict]) -> dict[str, dict]:
+    """Failure records without the batches that are done (a done batch failed nothing: the ledger
+    drops such records in mark_done and `hsx produce`; one written by an older hsx is not shown)."""
+    if not records_by_batch:
+        return records_by_batch
+    bids = list(records_by_batch)
+    return {b: records_by_batch[b] for b, done in zip(bids, r.smismember(keys.done, bids), strict=True) if not done}
+
+
 def run_progress(r: redis.Redis, run: str, now: float | None = None, window: float = RATE_WINDOW_SECONDS) -> dict:
+    """The run's progress. A record that is not what hsx writes is skipped (a failure record is kept as
+    a placeholder) and named under ``"malformed"`` (hsx.records): one bad record never fails the read."""
     keys = RunKeys(run)
     now = now or time.time()
-    totals, done = int_hash(r, keys.totals), int_hash(r, keys.counters)
+    malformed: list[str] = []
+    totals, done = records.int_hash(r, keys.totals, malformed), records.int_hash(r, keys.counters, malformed)
     spooled = r.zcard(keys.spooled_log)
     span = rate_span(r, run, now, window)
-    rate = _window(r, run, keys.done_log, now, window, span)
+    rate = _window(r, run, keys.done_log, now, window, span, malformed)
     remaining_tokens = max(totals.get("tokens", 0) - done.get("tokens", 0), 0)
     tok_rate = rate["per_s"]["tokens"]
     eta = remaining_tokens / tok_rate if tok_rate > 0 else None
     complete = not totals.get("planning", 0) and totals.get("batches", -1) == done.get("batches", 0)
     first = r.zrange(keys.done_log, 0, 0, withscores=True)
-    manifest = ledger.get_manifest(r, run) or {}
-    workers = heartbeat.read_workers(r, run)
+    raw_manifest = r.get(keys.manifest)
+    manifest = (records.decode(raw_manifest, keys.manifest, malformed, records.MANIFEST) if raw_manifest else None) or {}
+    workers = heartbeat.read_workers(r, run, malformed=malformed)
     extract_queue = len(queues.queue(r, queues.extract_queue_name(run)))
-    dead = ledger.dead_letters(r, run)
+    dead = _not_done(r, keys, ledger.dead_letters(r, run, malformed))
+    failures = _not_done(r, keys, ledger.failures(r, run, malformed))
     stalled = None if complete else stall_reason(r, run, now, totals, done, extract_queue, workers, dead)
+    hosts = heartbeat.read_hosts(r, run, malformed)
     return {
         "run": run,
         "totals": totals,
@@ -67,21 +86,22 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "written_bytes": done.get(ledger.WRITTEN_BYTES, 0),
         "bytes_per_token": (done["bytes"] / done["tokens"]) if done.get("tokens") and done.get("bytes") else None,
         "store_dtype": manifest.get("store_dtype") or manifest.get("dtype"),
-        "codec": manifest.get("codec", "none"),
+        "codec": manifest.get("codec") or "none",
         "rate": rate["per_s"],
-        "extract_rate": _window(r, run, keys.spooled_log, now, window, span)["per_s"],
+        "extract_rate": _window(r, run, keys.spooled_log, now, window, span, malformed)["per_s"],
         "rate_span_seconds": span,
         "eta_seconds": 0.0 if complete else (None if stalled else eta),
         "complete": complete,
         "started": first[0][1] if first else None,
-        "shards": {k: {"done": v} for k, v in int_hash(r, keys.shard_done).items()},
-        "failures": ledger.failures(r, run),
+        "shards": {k: {"done": v} for k, v in records.int_hash(r, keys.shard_done, malformed).items()},
+        "failures": failures,
         "dead_letters": dead,
         "extract_queue": extract_queue,
         "workers": workers,
         "stalled": stalled,
-        "hosts": heartbeat.read_hosts(r, run),
+        "hosts": hosts,
         "index_written": bool(r.get(keys.index_key)),
+        "malformed": malformed,
     }
 
 
@@ -171,6 +191,9 @@ def summary_lines(p: dict) -> list[str]:
         lines.append(f"  STALLED  {p['stalled']}")
     if p["failures"]:
         lines.append(f"  retrying {len(p['failures'])} batches after failures")
+    if p.get("malformed"):
+        lines.append(f"  MALFORMED {len(p['malformed'])} records in Redis that hsx did not write this way (skipped):")
+        lines.extend(f"    {m[:200]}" for m in p["malformed"][:10])
     if p["dead_letters"]:
         lines.append(f"  FAILED   {len(p['dead_letters'])} batches in dead letters (hsx retry-failed --run {p['run']}):")
         for bid, rec in sorted(p["dead_letters"].items())[:10]:

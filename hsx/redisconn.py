@@ -177,7 +177,9 @@ class LocalRedis:
 
 # ---- reading replies (clients here do not decode responses: rq needs bytes) ----
 def text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    """A reply as text. Everything hsx writes is UTF-8; other bytes (planted, or another program's)
+    come out with replacement characters instead of failing the read (issue 23 item 11)."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def int_hash(r: redis.Redis, key: str) -> dict[str, int]:

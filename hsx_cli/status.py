@@ -33,6 +33,7 @@ def config(v) -> StatusConfig:
 
 def run(cfg: StatusConfig) -> int:
     from hsx import ledger
+    from hsx.keys import RunKeys
     from hsx.progress import run_progress, summary_lines
     from hsx.redisconn import connect
 
@@ -41,7 +42,7 @@ def run(cfg: StatusConfig) -> int:
     if not runs:
         print("no runs in this Redis")
         return 1
-    if cfg.run and ledger.get_manifest(r, cfg.run) is None:
+    if cfg.run and not r.exists(RunKeys(cfg.run).manifest):  # present is enough: run_progress reads it warily
         print(f"run {cfg.run!r} is not in this Redis (never planned, or Redis lost it: re-run `hsx produce` for it, "
               "which rebuilds the ledger from the store)")
         return 1

@@ -209,6 +209,11 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
                             + "; ".join(state.report.examples[:5]))
         store.put_bytes(layout.manifest_key(cfg.run), json.dumps(manifest, indent=2, sort_keys=True).encode())
         ledger.save_plan(r, cfg.run, manifest, [], {**state.totals, "planning": 0, **_row_totals(state.report)})
+        if rebuild is not None:
+            settled = ledger.drop_failures_of_done(r, cfg.run)
+            if settled:
+                log.warning("run %s: %d batches are done but were still listed as failed or dead letters (%s); "
+                            "those records are dropped", cfg.run, len(settled), ", ".join(settled[:10]))
         if rebuild is not None and rebuild.rebuilt:
             write_index_if_complete(r, store, cfg.run)
     t = state.totals

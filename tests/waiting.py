@@ -81,3 +81,26 @@ def wait_until(what: str, predicate: Callable[[], T], stall_seconds: float, *, i
                                  f"(time scale {time_scale():.1f}, {now - started:.0f}s in all{moving}; "
                                  f"last error: {last_error}){extra}")
         time.sleep(interval)
+
+
+class ProgressDeadline:
+    """For loops that do more each round than poll: ``expired(snapshot)`` is True once ``snapshot``
+    (anything comparable with ==) has not changed for ``scaled(idle_seconds)``, or ``cap_seconds``
+    (also scaled) have passed since the start."""
+
+    def __init__(self, idle_seconds: float, cap_seconds: float):
+        self.idle_seconds = scaled(idle_seconds)
+        self.start = self.moved_at = time.monotonic()
+        self.cap = self.start + scaled(cap_seconds)
+        self.last = None
+
+    def expired(self, snapshot) -> bool:
+        now = time.monotonic()
+        if snapshot != self.last:
+            self.last, self.moved_at = snapshot, now
+        return now - self.moved_at > self.idle_seconds or now > self.cap
+
+    def __str__(self) -> str:
+        now = time.monotonic()
+        return (f"waited {now - self.start:.0f} s; last change {now - self.moved_at:.0f} s ago "
+                f"(gives up after {self.idle_seconds:.0f} s without one), last seen {self.last!r}")

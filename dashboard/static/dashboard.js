@@ -145,6 +145,12 @@
     sel.value = run;
   }
 
+  function renderMalformed(lines) {
+    const e = $("malformed");
+    e.hidden = !lines.length;
+    e.textContent = lines.length ? `${lines.length} malformed records in Redis skipped: ${lines.slice(0, 5).join("; ")}` : "";
+  }
+
   function showError(text) { const e = $("error"); e.textContent = text; e.hidden = !text; }
 
   let timer = null;
@@ -152,14 +158,19 @@
     clearTimeout(timer);
     try {
       const res = await fetch(API + (run ? "?run=" + encodeURIComponent(run) : ""), {credentials: "same-origin", cache: "no-store"});
-      if (!res.ok) throw new Error(`HTTP ${res.status} from ${API}`);
+      if (!res.ok) {
+        // 503 while Redis is down: {"error": "Redis unreachable since ..."}; show that line as it is.
+        const body = await res.json().catch(() => null);
+        if (body && body.error) { showError(body.error); timer = setTimeout(refresh, refreshMs); return; }
+        throw new Error(`HTTP ${res.status} from ${API}`);
+      }
       const data = await res.json();
       const o = data.overview;
       $("empty").hidden = !!o;
       if (o) {
         run = o.run;
         renderRuns(data.runs); renderProgress(o); renderChart(o.series); renderWorkers(o); renderHosts(o);
-        renderShards(o); renderFailures(o);
+        renderShards(o); renderFailures(o); renderMalformed(o.malformed || []);
       }
       $("updated").textContent = `updated ${new Date().toLocaleTimeString()} · Redis ${data.redis}`;
       refreshMs = Math.max(1000, 1000 * data.refresh_seconds);
