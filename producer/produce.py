@@ -21,7 +21,7 @@ import torch
 from hsx import batchfile, heartbeat, layout, ledger, queues
 from hsx.codec import check_codec
 from hsx.config import ProduceConfig
-from hsx.dataset import DatasetError, fingerprint
+from hsx.dataset import DatasetError, fingerprints
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.dtypes import check_store_dtype
 from hsx.errors import HsxError
@@ -131,6 +131,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     store = cfg.store.open()
 
     log.info("fingerprinting %s", cfg.dataset)
+    content_fingerprint, named_fingerprint = fingerprints(cfg.dataset)
     manifest = build_manifest(
         run=cfg.run, model=cfg.model, model_config_hash=cfg_hash, model_type=text_cfg.model_type,
         num_layers=text_cfg.num_hidden_layers, hidden_size=text_cfg.hidden_size, layer_preset=cfg.layers,
@@ -138,7 +139,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         store_dtype=check_store_dtype(cfg.store_dtype or cfg.dtype), codec=check_codec(cfg.codec),
         overlong=cfg.overlong, token_budget=cfg.token_budget, pad_multiple=cfg.pad_multiple,
         max_batch_rows=cfg.max_batch_rows, batches_per_shard=cfg.batches_per_shard, window_rows=cfg.window_rows,
-        dataset=str(cfg.dataset), dataset_fingerprint=fingerprint(cfg.dataset),
+        dataset=str(cfg.dataset), dataset_fingerprint=content_fingerprint,
         chat_template_hash=hashlib.sha256(str(tokenizer.chat_template or "").encode()).hexdigest(),
         template_kwargs=dict(cfg.template_kwargs or {}),
         columns=cfg.columns.to_dict() if cfg.columns is not None else {},
@@ -153,6 +154,8 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         except KeyError:
             existing = None
     if existing is not None:
+        if existing.get("dataset_fingerprint") == named_fingerprint:  # a run planned when the name counted
+            manifest["dataset_fingerprint"] = named_fingerprint
         check_same_run(existing, manifest, cfg.run)
         manifest["created"] = existing.get("created", manifest["created"])
 

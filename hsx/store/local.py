@@ -21,11 +21,14 @@ class LocalStore(Store):
             ensure_dir(root, "store", "--store / HSX_STORE")
         self.root = root.resolve()
 
-    def _path(self, key: str) -> Path:
+    def path(self, key: str) -> Path:
+        """The file of ``key``; ValueError if it resolves (``..``, a symlink) outside the store root."""
         path = (self.root / key).resolve()
         if self.root not in path.parents and path != self.root:
-            raise ValueError(f"key {key!r} escapes the store root")
+            raise ValueError(f"key {key!r} escapes the store root {self.root}")
         return path
+
+    _path = path
 
     def url(self, key: str = "") -> str:
         return str(self.root / key) if key else str(self.root)
