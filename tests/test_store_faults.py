@@ -60,3 +60,36 @@ def lying_store(s3_server):
     proxy = LyingStoreProxy(s3_server)
     yield proxy
     proxy.stop()
+
+
+def _objects(endpoint: str, bucket: str, run: str) -> set[str]:
+    pages = _s3(endpoint).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"runs/{run}/batches/")
+    return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+
+def test_a_store_whose_head_lies_is_caught_by_read_back(r, redis_server, tiny_model, s3_server, s3_bucket,
+                                                          lying_store, tmp_path):
+    from gpu_worker.worker import run_worker
+    from uploader.worker import run_uploader
+
+    settings = _settings(lying_store.url, s3_bucket)
+    direct = open_store(settings.url, s3_server, "us-east-1", "path")
+    # HEAD-only verification (the default): the store loses 3 objects, HEAD answers for them, all "done".
+    produce(produce_config(redis_server.url, tiny_model, settings, run="lh1"))
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="lh1"))
+    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
+    planned = ledger.run_totals(r, "lh1")["batches"]
+    assert run_progress(r, "lh1")["complete"] and len(_objects(s3_server, s3_bucket, "lh1")) == planned - 3
+    lying = open_store(settings.url, lying_store.url, "us-east-1", "path")
+    assert verify_run(r, lying, "lh1", quick=True).ok  # --quick trusts HEAD, as the upload did
+    report = verify_run(r, lying, "lh1")                # the full verify reads every object: 3 missing
+    assert not report.ok and len(report.problems) == 3
+    assert all("missing from the store" in problem for problem in report.problems.values())
+    # --verify-readback: each object is read back before it is recorded done; the lost ones are uploaded again.
+    lying_store.lies_left, heads = 3, lying_store.lied_heads
+    produce(produce_config(redis_server.url, tiny_model, settings, run="lh2"))
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="lh2"))
+    rt = run_uploader(upload_config(redis_server.url, tmp_path / "spool", verify_readback=True))
+    assert lying_store.lied_heads - heads >= 3 and rt.failures == 3
+    assert run_progress(r, "lh2")["complete"] and len(_objects(s3_server, s3_bucket, "lh2")) == planned
+    assert verify_run(r, direct, "lh2").ok
