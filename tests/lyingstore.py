@@ -4,13 +4,16 @@ The first PUT of each of the first ``lies`` batch objects (keys under ``/batches
 store, answered as the store answered, and then deleted there: the object is lost. A HEAD of that key
 is answered 200 with the size, ETag and ``x-amz-meta-sha256`` of the lost PUT, as a store whose
 metadata and data paths disagree would. A GET answers what the store holds (404). A later PUT of the
-same key passes through for good. Everything else is forwarded unchanged (path-style addressing).
+same key passes through for good. A listing of multipart uploads gets each upload's true start time
+(moto answers a fixed 2010 date). Everything else is forwarded unchanged (path-style addressing).
 """
 
 from __future__ import annotations
 
 import http.client
+import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -23,6 +26,7 @@ class LyingStoreProxy:
         self.lies_left = lies
         self.lost: dict[str, dict[str, str]] = {}   # path -> the headers HEAD answers for the lost object
         self.lied_heads = 0
+        self.initiated: dict[str, float] = {}       # multipart upload id -> when it was created (epoch s)
         self._lock = threading.Lock()
         proxy = self
 
@@ -57,7 +61,7 @@ class LyingStoreProxy:
             def _answer(self, status: int, headers, data: bytes, head: bool = False) -> None:
                 self.send_response(status)
                 for k, v in headers:
-                    if k.lower() not in _HOP and k.lower() != "content-length":
+                    if k.lower() not in _HOP and k.lower() not in ("content-length", "date", "server"):
                         self.send_header(k, v)
                 length = dict((k.lower(), v) for k, v in headers).get("content-length") if head else None
                 self.send_header("Content-Length", length if length is not None else str(len(data)))
@@ -97,18 +101,40 @@ class LyingStoreProxy:
                 self._answer(status, headers, data, head=True)
 
             def do_GET(self):
-                self._answer(*self._forward("GET", None))
+                status, headers, data = self._forward("GET", None)
+                if "uploads" in self.path.partition("?")[2].split("&") and status == 200:
+                    data = proxy._true_initiated(data)
+                self._answer(status, headers, data)
 
             def do_DELETE(self):
                 self._answer(*self._forward("DELETE", None))
 
             def do_POST(self):
-                self._answer(*self._forward("POST", self._body()))
+                status, headers, data = self._forward("POST", self._body())
+                created = re.search(rb"<UploadId>([^<]+)</UploadId>", data)
+                if "uploads" in self.path.partition("?")[2].split("&") and status == 200 and created:
+                    with proxy._lock:
+                        proxy.initiated[created.group(1).decode()] = time.time()
+                self._answer(status, headers, data)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def _true_initiated(self, listing: bytes) -> bytes:
+        """moto answers every upload's Initiated as 2010-11-10: put the time the proxy saw it created."""
+        def fix(upload: re.Match) -> bytes:
+            block = upload.group(0)
+            upload_id = re.search(rb"<UploadId>([^<]+)</UploadId>", block)
+            with self._lock:
+                started = self.initiated.get(upload_id.group(1).decode()) if upload_id else None
+            if started is None:
+                return block
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(started)).encode()
+            return re.sub(rb"<Initiated>[^<]*</Initiated>", b"<Initiated>" + stamp + b"</Initiated>", block)
+
+        return re.sub(rb"<Upload>.*?</Upload>", fix, listing, flags=re.S)
 
     @property
     def url(self) -> str:

@@ -93,3 +93,47 @@ def test_a_store_whose_head_lies_is_caught_by_read_back(r, redis_server, tiny_mo
     assert lying_store.lied_heads - heads >= 3 and rt.failures == 3
     assert run_progress(r, "lh2")["complete"] and len(_objects(s3_server, s3_bucket, "lh2")) == planned
     assert verify_run(r, direct, "lh2").ok
+
+
+def test_incomplete_multipart_uploads_are_reported_and_stale_ones_aborted(r, redis_server, tiny_model, s3_server,
+                                                                           s3_bucket, lying_store, tmp_path):
+    import time
+
+    from hsx import leases
+    from uploader.worker import run_uploader
+
+    lying_store.lies_left = 0  # an honest store; the proxy gives each upload its true start time
+    settings = _settings(lying_store.url, s3_bucket)
+    produce(produce_config(redis_server.url, tiny_model, settings, run="mp", enqueue=False, lease_seconds=5))
+    s3 = _s3(lying_store.url)
+    specs = ledger.all_specs(r, "mp")
+
+    def start(bid: str, run: str = "mp") -> str:
+        key = "runs/" + layout.batch_key(run, specs[bid].shard, bid)
+        upload = s3.create_multipart_upload(Bucket=s3_bucket, Key=key)["UploadId"]
+        s3.upload_part(Bucket=s3_bucket, Key=key, UploadId=upload, PartNumber=1, Body=b"x" * 1024)
+        return key
+
+    killed = start("b0000000")   # an uploader killed mid-upload
+    live = start("b0000001")     # another uploader's upload in progress: it holds its batch's lease
+    leases.take_upload(r, "mp", "b0000001", {"host": "otherhost"}, 600)
+    other_run = start("b0000002", run="notarun")  # not a run of this Redis: not ours to touch
+    time.sleep(5.5)              # the run's lease length (5 s) on the store's clock
+    young = start("b0000003")    # started just now (no lease seen: the listing may run ahead of a lease read)
+    store = open_store(settings.url, lying_store.url, "us-east-1", "path")
+
+    report = verify_run(r, store, "mp")
+    assert not report.ok and [u.split(" ")[0] for u in report.stale_uploads] == [killed.removeprefix("runs/")]
+    assert report.live_uploads == 2 and any("incomplete multipart uploads of killed uploaders" in line
+                                            for line in report.lines())
+
+    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))  # start-up aborts the stale one only
+    left = {u["Key"] for u in s3.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])}
+    assert left == {live, other_run, young}
+
+    leases.drop_upload(r, "mp", "b0000001")  # that uploader died too: its upload is stale now
+    repaired = verify_run(r, store, "mp", repair=True)
+    assert live.removeprefix("runs/") in repaired.aborted_uploads and "aborted" in repaired.lines()[-1]
+    left = {u["Key"] for u in s3.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])}
+    assert live not in left and other_run in left
+    assert not verify_run(r, store, "mp").stale_uploads

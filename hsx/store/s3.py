@@ -21,6 +21,8 @@ import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timezone
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import boto3
@@ -186,6 +188,33 @@ class S3Store(Store):
             raise VerifyError(f"{self.url(key)}: read back after upload: the object is missing "
                               "(the store's HEAD said it was there)") from None
         check_read_back(self.url(key), got_size, got_sha, size, sha256)
+
+    def incomplete_uploads(self, prefix: str) -> list[tuple[str, str, float]]:
+        """(key, upload id, age in s on the store's clock) of each multipart upload under ``prefix`` that
+        was started and neither completed nor aborted (a killed uploader's: its parts are billed storage)."""
+        found = []
+        for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.s.bucket,
+                                                                                  Prefix=self._k(prefix)):
+            now = parsedate_to_datetime(page["ResponseMetadata"]["HTTPHeaders"]["date"])
+            now = now if now.tzinfo else now.replace(tzinfo=timezone.utc)  # HTTP dates are GMT
+            strip = len(self._k(""))
+            found.extend((u["Key"][strip:], u["UploadId"], (now - u["Initiated"]).total_seconds())
+                         for u in page.get("Uploads", []))
+        return found
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        """Abort an incomplete multipart upload (its parts are deleted); one already gone is no error."""
+        def abort():
+            try:
+                self.client.abort_multipart_upload(Bucket=self.s.bucket, Key=self._k(key), UploadId=upload_id)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                    raise
+
+        try:
+            self._call(f"abort multipart {self.url(key)}", abort)
+        except _Missing:
+            pass
 
     def list_keys(self, prefix: str) -> list[str]:
         strip = len(self._k(""))
