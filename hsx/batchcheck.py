@@ -68,8 +68,10 @@ def check_header(header) -> None:
         return  # parse_header names the missing tensor
     n_tokens = header.stored("input_ids")[1][0]
     width = _declared_width(meta)
-    if width is None and any(header.has(n) for n in _HIDDEN):
-        raise ValueError("hidden states without layer_ids and hidden_size in __metadata__ (their width is unknown)")
+    if width is None and any(n in header.encoding for n in _HIDDEN):
+        # Raw tensors are backed by the object's bytes; a compressed one only by what the header claims.
+        raise ValueError("compressed hidden states without layer_ids and hidden_size in __metadata__ (the size "
+                         "they decompress to would be unchecked)")
     spans = sorted((t.start, t.end, name) for name, t in header.tensors.items())
     for (_, end, name), (start, _, later) in zip(spans, spans[1:], strict=False):
         if start < end:

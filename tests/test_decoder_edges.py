@@ -165,3 +165,15 @@ def test_retry_failed_of_an_unknown_run_exits_2(redis_env):
     out = hsx("retry-failed", "--run", "nosuchrun")
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "nosuchrun" in out.stderr and "not planned" in out.stderr
+
+
+def test_compressed_hidden_states_need_their_declared_width():
+    data = _compressed([N, 8], lambda n: [["zstd", n]], _zstd(bytes(64)))
+    assert batchfile.read_bytes(data, "ok").hidden_states.shape == (N, 8)
+    head_len = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + head_len])
+    del header["__metadata__"]["layer_ids"], header["__metadata__"]["hidden_size"]
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with pytest.raises(BatchFileError, match="compressed hidden states without layer_ids and hidden_size"):
+        batchfile.read_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + head_len:], "bare")
