@@ -38,10 +38,12 @@ class Prefetcher:
             data = self.store.get_bytes(key)
         except KeyError:
             raise FileNotFoundError(f"inputs of {spec.batch_id} are missing from the store ({key}); re-run hsx produce") from None
-        contents = batchfile.read_bytes(data, where=key)  # names truncation / malformed files
+        # The digest first: bytes that differ from the plan's are named as such (the producer rewrites
+        # them on a re-run) whatever the decoder would make of them.
         if spec.input_sha256 and hashlib.sha256(data).hexdigest() != spec.input_sha256:
             raise batchfile.BatchFileError(f"{key}: inputs of {spec.batch_id} {batchfile.INPUT_DIGEST_MISMATCH} "
                                            "(changed or corrupt at rest); re-run hsx produce to rewrite them")
+        contents = batchfile.read_bytes(data, where=key)  # names truncation / malformed files
         if contents.sample_ids != spec.sample_ids:
             raise batchfile.BatchFileError(f"{key}: sample ids differ from the plan of {spec.batch_id}")
         return pad_batch(contents.input_ids, contents.cu_seqlens, spec.padded_len, self.pad_id, self.pin), contents

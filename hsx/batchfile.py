@@ -57,6 +57,7 @@ from pathlib import Path
 import torch
 
 from hsx import codec as codecs
+from hsx.batchcheck import check_header, check_offsets, check_planes, check_shape
 from hsx.dtypes import FP8, FP8_TORCH, ST_CODES, ST_TORCH, VALUE_DTYPES, dequantise_fp8, store_itemsize
 
 FORMAT = "hsx-batch/1"
@@ -289,8 +290,8 @@ def parse_header(prefix: bytes | memoryview, key: str, outputs: bool = True) -> 
         data_start = 8 + header_len
         tensors, end = {}, 0
         for name, t in raw.items():
-            lo, hi = (int(x) for x in t["data_offsets"])
-            dtype, shape = ST_TORCH[t["dtype"]], tuple(int(x) for x in t["shape"])
+            lo, hi = check_offsets(name, t["data_offsets"])
+            dtype, shape = ST_TORCH[t["dtype"]], check_shape(name, t["shape"])
             numel = 1
             for d in shape:
                 numel *= d
@@ -301,17 +302,17 @@ def parse_header(prefix: bytes | memoryview, key: str, outputs: bool = True) -> 
         encoding = json.loads(metadata.get("encoding", "{}"))
         for name, enc in encoding.items():
             codecs.check_codec(enc["codec"])
-            ST_TORCH[enc["dtype"]], [int(d) for d in enc["shape"]]  # noqa: B018 - validates
-            if f"{name}.{enc['codec']}" not in tensors:
-                raise ValueError(f"encoded tensor {name}.{enc['codec']} is missing")
+            ST_TORCH[enc["dtype"]], check_shape(name, enc["shape"])  # noqa: B018 - validates
+            stored = tensors.get(f"{name}.{enc['codec']}")
+            if stored is None or name not in _ENCODABLE:
+                raise ValueError(f"encoded tensor {name}.{enc['codec']} is missing or not one a codec applies to")
+            check_planes(name, enc.get("planes"), stored.end - stored.start)
         if metadata.get("format") not in (FORMAT, INPUT_FORMAT):
             raise ValueError(f"not an hsx batch file (format={metadata.get('format')!r})")
-        sample_ids = json.loads(metadata["sample_ids"])
-        if not isinstance(sample_ids, list):
-            raise ValueError("sample_ids is not a list")
+        header = Header(key, data_start + end, data_start, tensors, metadata, encoding)
+        check_header(header)  # dtypes, ranks, shapes against the token count: before anything is allocated
     except (ValueError, KeyError, TypeError, RecursionError, AttributeError) as exc:
         raise BatchFileError(f"{key}: corrupt or truncated batch file ({type(exc).__name__}: {exc})") from None
-    header = Header(key, data_start + end, data_start, tensors, metadata, encoding)
     for name in ("input_ids", "loss_mask", "cu_seqlens") + (("hidden_states",) if outputs else ()):
         if not header.has(name):
             raise BatchFileError(f"{key}: tensor {name!r} is missing")
@@ -367,7 +368,10 @@ def decode(buf: torch.Tensor, where: str = "<bytes>", outputs: bool | None = Non
         if header.has(name):
             scales = decode_tensor(buf, header, scale_name) if header.has(scale_name) else None
             tensors[name] = values(header, name, decode_tensor(buf, header, name), scales)
-    validate(tensors, header.sample_ids, check_finite=False)  # raises BatchFileError
+    try:
+        validate(tensors, header.sample_ids, check_finite=False)
+    except BatchFileError as exc:
+        raise BatchFileError(f"{where}: corrupt batch file: {exc}") from None
     return BatchContents(input_ids=tensors["input_ids"], loss_mask=tensors["loss_mask"],
                          cu_seqlens=tensors["cu_seqlens"], sample_ids=header.sample_ids, metadata=header.metadata,
                          hidden_states=tensors.get("hidden_states"),

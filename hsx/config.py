@@ -161,6 +161,7 @@ class UploadConfig:
     heartbeat_seconds: float = D.DEFAULT_HEARTBEAT_SECONDS
     log_every_seconds: float = D.DEFAULT_LOG_EVERY_SECONDS
     memory_spool_dir: Path | None = None  # the host's memory tier, where workers write first
+    verify_readback: bool = False  # GET each object after upload and check size + SHA-256 (stores whose HEAD lies)
 
     @property
     def tiers(self):

@@ -101,14 +101,22 @@ def iter_rows(path: Path) -> Iterator[Row | RowError]:
     raise DatasetError(f"dataset {path}: unknown format (want .jsonl, .parquet or a `datasets` folder)")
 
 
-def fingerprint(path: Path) -> str:
-    """SHA-256 over the dataset's bytes (file, or every file of a folder in name order)."""
+def fingerprints(path: Path) -> tuple[str, str]:
+    """(content, named): SHA-256s over the dataset's bytes (a file, or every file of a folder in name order).
+
+    ``content`` is the run's ``dataset_fingerprint``: the same rows under another file name are the same
+    dataset (a folder's files are still told apart by their paths inside it). ``named`` also covers a
+    single file's name, as manifests written before this did: ``hsx produce`` accepts it for those runs.
+    """
     path = Path(path)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    digest = hashlib.sha256()
+    content, named = hashlib.sha256(), hashlib.sha256()
     for f in files:
-        digest.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
+        if path.is_dir():
+            content.update(str(f.relative_to(path)).encode())
+        named.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
         with open(f, "rb") as fh:
             while block := fh.read(8 * 2**20):
-                digest.update(block)
-    return digest.hexdigest()
+                content.update(block)
+                named.update(block)
+    return content.hexdigest(), named.hexdigest()

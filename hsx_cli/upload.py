@@ -7,14 +7,22 @@ from pathlib import Path
 from hsx.config import UploadConfig
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, SPOOL_FLAGS, host, redis_url, worker_name
+from hsx_cli.flags import Flag
 
-FLAGS = (*SPOOL_FLAGS, REDIS_URL)
+FLAGS = (
+    *SPOOL_FLAGS,
+    Flag("--verify-readback", "after each upload, read the object back (GET) and check its size and SHA-256 before "
+         "recording it done; for stores whose HEAD may answer for an object that is not there (one more read of "
+         "every byte)", type=bool),
+    REDIS_URL,
+)
 
 
 def config(v) -> UploadConfig:
     return UploadConfig(redis_url=redis_url(v), spool_dir=Path(v["spool_dir"]), host=host(v), burst=v["burst"],
                         worker_name=v["name"] or worker_name("upload", host(v)), heartbeat_seconds=v["heartbeat_seconds"],
-                        log_every_seconds=v["log_every_seconds"], memory_spool_dir=Path(v["memory_spool_dir"]))
+                        log_every_seconds=v["log_every_seconds"], memory_spool_dir=Path(v["memory_spool_dir"]),
+                        verify_readback=v["verify_readback"])
 
 
 def run(cfg: UploadConfig) -> int:

@@ -10,8 +10,8 @@ FLAGS = (
     RUN,
     Flag("--quick", "sizes only; do not read every object (same-size corruption needs the full check)", type=bool),
     Flag("--repair", "re-extract every batch found bad (out of the ledger, bad object deleted, re-enqueued at the "
-         "front), re-enqueue batches in no queue, and remove temp files of killed writers older than 10 min from a "
-         "local store", type=bool),
+         "front), re-enqueue batches in no queue, remove temp files of killed writers older than 10 min from a "
+         "local store, and abort multipart uploads of killed uploaders in S3", type=bool),
     Flag("--rebuild-ledger", "first record done every planned batch whose object is in the store and checks out in "
          "full (after Redis lost the run, `hsx produce` restores the plan and does the same with a lighter check)",
          type=bool),
@@ -34,6 +34,7 @@ def run(cfg) -> int:
 COMMAND = Command(
     "verify", "check the store against the plan; non-zero exit on any gap",
     "Every planned batch present in the store with the right size and checksum, every sample id exactly once, "
-    "hidden states finite, no temp files of killed writers in a local store. Prints a summary; exits 1 on any gap. "
+    "hidden states finite, no temp files of killed writers in a local store, no incomplete multipart uploads of "
+    "killed uploaders in S3 (older than the lease, no live lease). Prints a summary; exits 1 on any gap. "
     "--repair re-extracts what it finds bad.",
     FLAGS, config, run)

@@ -15,7 +15,6 @@ import json
 import mmap
 import os
 import struct
-from pathlib import Path
 
 import torch
 
@@ -77,7 +76,10 @@ def fetch_object(store: Store, key: str) -> torch.Tensor:
     consumer touches them, and a write to a tensor never reaches the file. A remote object is read into memory.
     """
     if isinstance(store, LocalStore):
-        path = Path(store.url(key))
+        try:
+            path = store.path(key)  # a key from the index may not leave the store (`..`, symlinks)
+        except ValueError as exc:
+            raise ReaderError(f"{store.url()}: {exc}") from None
         try:
             with open(path, "rb") as fh:
                 if os.fstat(fh.fileno()).st_size == 0:

@@ -3,7 +3,8 @@
 Every planned batch must be done and present with the ledger's size and
 SHA-256; its sample ids must be the plan's; hidden states finite; every
 sample id exactly once across the run; no stray objects; no temp files left
-by killed writers in a local store. ``--quick`` checks sizes only (no object
+by killed writers in a local store, no multipart upload of a killed uploader in S3
+(hsx/multipart.py). ``--quick`` checks sizes only (no object
 is read). ``--repair`` re-extracts every batch found bad (and removes stale
 temp files); ``--rebuild-ledger`` first records done the planned batches
 whose objects check out in full but the ledger lacks (after a Redis loss).
@@ -16,8 +17,9 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from hsx import layout, ledger
+from hsx import layout, ledger, multipart
 from hsx.integrity import check_batch, repair_batches, requeue_orphans
+from hsx.manifest import RunLimits
 from hsx.rebuild import rebuild_done
 
 log = logging.getLogger(__name__)
@@ -39,10 +41,14 @@ class VerifyReport:
     rebuilt: list[str] = field(default_factory=list)         # --rebuild-ledger: batches recorded done from the store
     repaired: list[str] = field(default_factory=list)        # --repair: batches re-enqueued
     removed_temp_files: list[str] = field(default_factory=list)
+    stale_uploads: list[str] = field(default_factory=list)   # incomplete multipart uploads no live process holds
+    live_uploads: int = 0                                     # incomplete multipart uploads in progress
+    aborted_uploads: list[str] = field(default_factory=list)  # --repair: stale multipart uploads aborted
 
     @property
     def ok(self) -> bool:
-        return not (self.problems or self.duplicate_samples or self.missing_samples or self.temp_files)
+        return not (self.problems or self.duplicate_samples or self.missing_samples or self.temp_files
+                    or self.stale_uploads)
 
     def lines(self) -> list[str]:
         out = [f"run {self.run}: {self.checked}/{self.planned} batches verified, {self.samples} samples, "
@@ -58,12 +64,19 @@ class VerifyReport:
         if self.temp_files:
             out.append(f"  {len(self.temp_files)} temp files of killed writers in the store, e.g. {self.temp_files[:3]}"
                        " (--repair removes those older than 10 min)")
+        if self.stale_uploads:
+            out.append(f"  {len(self.stale_uploads)} incomplete multipart uploads of killed uploaders (billed storage, "
+                       f"no object), e.g. {self.stale_uploads[:3]} (--repair or a starting uploader aborts them)")
+        if self.live_uploads:
+            out.append(f"  {self.live_uploads} multipart uploads in progress")
         if self.rebuilt:
             out.append(f"  rebuilt: {len(self.rebuilt)} batches recorded done from verified objects in the store")
         if self.repaired:
             out.append(f"  repair: {len(self.repaired)} batches re-enqueued for extraction: {self.repaired[:10]}")
         if self.removed_temp_files:
             out.append(f"  repair: removed {len(self.removed_temp_files)} stale temp files")
+        if self.aborted_uploads:
+            out.append(f"  repair: aborted {len(self.aborted_uploads)} stale multipart uploads")
         return out
 
 
@@ -98,7 +111,14 @@ def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, re
     temp_files = getattr(store, "temp_files", None)  # a local store: hidden .<name>.tmp-<pid> files
     if temp_files is not None:
         report.temp_files = [str(p) for p, _ in temp_files(run)]
+    lease_seconds = RunLimits.of(ledger.get_manifest(r, run) or {}).lease_seconds
+    for upload in multipart.incomplete_uploads(r, store, run, lease_seconds):
+        if upload.stale:
+            report.stale_uploads.append(f"{upload.key} ({upload.age_seconds:.0f} s old)")
+        else:
+            report.live_uploads += 1
     if repair:
+        report.aborted_uploads = [u.key for u in multipart.abort_stale(r, store, run, lease_seconds)]
         bad = sorted(bid for bid in report.problems if bid in specs and bid in infos)
         report.repaired = repair_batches(r, store, run, bad, specs) + requeue_orphans(r, run)
         if temp_files is not None:

@@ -21,7 +21,7 @@ import torch
 from hsx import batchfile, heartbeat, layout, ledger, queues
 from hsx.codec import check_codec
 from hsx.config import ProduceConfig
-from hsx.dataset import DatasetError, fingerprint
+from hsx.dataset import DatasetError, fingerprints
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.dtypes import check_store_dtype
 from hsx.errors import HsxError
@@ -131,6 +131,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     store = cfg.store.open()
 
     log.info("fingerprinting %s", cfg.dataset)
+    content_fingerprint, named_fingerprint = fingerprints(cfg.dataset)
     manifest = build_manifest(
         run=cfg.run, model=cfg.model, model_config_hash=cfg_hash, model_type=text_cfg.model_type,
         num_layers=text_cfg.num_hidden_layers, hidden_size=text_cfg.hidden_size, layer_preset=cfg.layers,
@@ -138,7 +139,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         store_dtype=check_store_dtype(cfg.store_dtype or cfg.dtype), codec=check_codec(cfg.codec),
         overlong=cfg.overlong, token_budget=cfg.token_budget, pad_multiple=cfg.pad_multiple,
         max_batch_rows=cfg.max_batch_rows, batches_per_shard=cfg.batches_per_shard, window_rows=cfg.window_rows,
-        dataset=str(cfg.dataset), dataset_fingerprint=fingerprint(cfg.dataset),
+        dataset=str(cfg.dataset), dataset_fingerprint=content_fingerprint,
         chat_template_hash=hashlib.sha256(str(tokenizer.chat_template or "").encode()).hexdigest(),
         template_kwargs=dict(cfg.template_kwargs or {}),
         columns=cfg.columns.to_dict() if cfg.columns is not None else {},
@@ -153,6 +154,8 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         except KeyError:
             existing = None
     if existing is not None:
+        if existing.get("dataset_fingerprint") == named_fingerprint:  # a run planned when the name counted
+            manifest["dataset_fingerprint"] = named_fingerprint
         check_same_run(existing, manifest, cfg.run)
         manifest["created"] = existing.get("created", manifest["created"])
 
@@ -165,7 +168,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         pending = queues.pending_extract(r, cfg.run)
         for host in heartbeat.read_hosts(r, cfg.run):
             pending |= queues.pending_upload(r, host, cfg.run)
-        records = _replan_bad_inputs(r, cfg.run, windows.load(r, cfg.run))
+        records, suspect = _replan_bad_inputs(r, cfg.run, windows.load(r, cfg.run))
         state = _State(report=TokeniseReport(), totals=dict.fromkeys(TOTAL_FIELDS, 0), first_pending=len(pending))
         for rec in records:
             state.add_record(rec)
@@ -193,7 +196,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
                     store.put_bytes(layout.manifest_key(cfg.run), json.dumps(manifest, indent=2, sort_keys=True).encode())
                     state.manifest_saved = True
                 rec = _plan_window(r, store, cfg, manifest, window, state.totals["batches"], done, pending, lock,
-                                   rebuild)
+                                   rebuild, suspect)
                 event("enqueued", window.number)
                 rec["report"] = window.report.to_dict()
                 windows.record(r, cfg.run, window.number, rec)
@@ -225,20 +228,23 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
 TOTAL_FIELDS = ("batches", "samples", "tokens", "padded_tokens")
 
 
-def _replan_bad_inputs(r, run: str, records: list[dict]) -> list[dict]:
+def _replan_bad_inputs(r, run: str, records: list[dict]) -> tuple[list[dict], frozenset[str]]:
     """Windows from the first one holding a batch whose worker found its inputs corrupt (a failure or
-    dead letter naming the digest mismatch) are planned again: same batch ids, inputs rewritten."""
+    dead letter naming the digest mismatch) are planned again: same batch ids, inputs rewritten.
+
+    Returns the window records kept and those batches: their input objects are checked by their bytes
+    (the store's sha256 metadata is what the producer wrote, not what the object holds now)."""
     bad = [bid for rec in (*ledger.failures(r, run).items(), *ledger.dead_letters(r, run).items())
            for bid in [rec[0]] if batchfile.INPUT_DIGEST_MISMATCH in str(rec[1].get("last_error", ""))]
     indexes = [int(bid[1:]) for bid in bad if bid[1:].isdigit()]
     if not indexes or not records:
-        return records
+        return records, frozenset(bad)
     first = min(indexes)
     keep = [rec for rec in records if rec["first_batch"] + rec["batches"] <= first]
     windows.forget_from(r, run, len(keep))
     log.warning("inputs of %s were found corrupt by workers: planning windows %d-%d again to rewrite them",
                 sorted(bad)[:10], len(keep), len(records) - 1)
-    return keep
+    return keep, frozenset(bad)
 
 
 @dataclass
@@ -281,7 +287,8 @@ def _check_reject_share(r, cfg: ProduceConfig, state: _State) -> None:
 
 
 def _plan_window(r, store, cfg: ProduceConfig, manifest: dict, window, first_batch: int, done: set[str],
-                 pending: set[str], lock: ProducerLock, rebuild: Rebuild | None = None) -> dict:
+                 pending: set[str], lock: ProducerLock, rebuild: Rebuild | None = None,
+                 suspect: frozenset[str] = frozenset()) -> dict:
     """Cut, write inputs, save the plan and enqueue one window's batches; the window's record."""
     samples = window.samples
     planned = cut_batches([len(s.input_ids) for s in samples], cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple)
@@ -294,7 +301,7 @@ def _plan_window(r, store, cfg: ProduceConfig, manifest: dict, window, first_bat
             sample_ids=[samples[i].sample_id for i in batch.members]))
     if rebuild is not None:
         rebuild.check(specs)
-    specs = _write_inputs(store, cfg.run, samples, planned, specs, done, manifest)
+    specs = _write_inputs(store, cfg.run, samples, planned, specs, done, suspect)
     ledger.save_plan(r, cfg.run, manifest, specs, {"planning": 1})
     enqueued = _enqueue(r, cfg, specs, done, pending, lock)
     return {"first_batch": first_batch, "batches": len(specs), "samples": len(samples),
@@ -317,9 +324,12 @@ def _enqueue(r, cfg: ProduceConfig, specs: list[ledger.BatchSpec], done: set[str
     return len(todo)
 
 
-def _write_inputs(store, run, samples, planned, specs, done, manifest) -> list[ledger.BatchSpec]:
+def _write_inputs(store, run, samples, planned, specs, done, suspect: frozenset[str]) -> list[ledger.BatchSpec]:
     """Put each batch's packed inputs in the store (skipping done batches and identical objects).
 
+    An object counts as identical by its size and the SHA-256 the store reports (S3: the metadata written
+    with it), except for ``suspect`` batches (a worker found their inputs corrupt): those objects are read
+    back and hashed, since corruption at rest leaves the metadata as it was.
     Returns the specs with ``input_sha256`` set: workers check the inputs they read against it.
     """
 
@@ -333,8 +343,12 @@ def _write_inputs(store, run, samples, planned, specs, done, manifest) -> list[l
         if spec.batch_id not in done:
             key = layout.input_key(run, spec.shard, spec.batch_id)
             head = store.head(key)
-            if head is None or head.size != len(data) or head.sha256 != sha:
+            if head is None or head.size != len(data) or head.sha256 != sha or (
+                    spec.batch_id in suspect and _stored_sha256(store, key) != sha):
                 store.put_bytes(key, data)
+                if spec.batch_id in suspect:
+                    log.warning("rewrote the input object %s of %s (its bytes differed from the plan's)",
+                                store.url(key), spec.batch_id)
         return replace(spec, input_sha256=sha)
 
     out = []
@@ -344,3 +358,11 @@ def _write_inputs(store, run, samples, planned, specs, done, manifest) -> list[l
             if n % 1000 == 0:
                 log.info("wrote inputs of %d/%d batches", n, len(specs))
     return out
+
+
+def _stored_sha256(store, key: str) -> str | None:
+    """SHA-256 of the object's bytes as the store returns them now (None if it is gone)."""
+    try:
+        return hashlib.sha256(store.get_bytes(key)).hexdigest()
+    except KeyError:
+        return None

@@ -150,8 +150,8 @@ def test_codec_round_trip_is_exact():
         raise AssertionError("a truncated frame decoded")
     tensors = {"hidden_states": torch.randn(5, 8).bfloat16(), "input_ids": torch.arange(5, dtype=torch.int32),
                "loss_mask": torch.ones(5, dtype=torch.uint8), "cu_seqlens": torch.tensor([0, 2, 5])}
-    data = batchfile.to_bytes(tensors, {"format": batchfile.FORMAT, "sample_ids": '["a","b"]', "dtype": "bfloat16"},
-                              codec="zstd")
+    data = batchfile.to_bytes(tensors, {"format": batchfile.FORMAT, "sample_ids": '["a","b"]', "dtype": "bfloat16",
+                                        "layer_ids": "[0]", "hidden_size": "8"}, codec="zstd")
     assert torch.equal(batchfile.read_bytes(data).hidden_states, tensors["hidden_states"])
 
 

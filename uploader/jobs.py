@@ -95,6 +95,8 @@ def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, s
     key = layout.batch_key(run, spec.shard, batch_id)
     try:
         info = store.put_file(key, local, size, sha256)
+        if rt.cfg.verify_readback:
+            store.read_back(key, size, sha256)
     except Exception as exc:
         from hsx.store import VerifyError
 

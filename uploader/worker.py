@@ -7,7 +7,7 @@ import logging
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
-from hsx import queues
+from hsx import ledger, multipart, queues
 from hsx.config import UploadConfig
 from hsx.localdirs import ensure_dir
 from hsx.redisconn import connect
@@ -24,6 +24,7 @@ def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
     rt = UploaderRuntime(cfg, connect(cfg.redis_url))
     runtime.install(rt)
     rt.start()
+    _abort_stale_multipart(rt)
     worker = SimpleWorker([queues.queue(rt.r, queues.upload_queue_name(cfg.host))], connection=rt.r,
                           name=cfg.worker_name, serializer=JSONSerializer, job_class=queues.HsxJob)
     log.info("uploader %s on upload@%s, spool %s", cfg.worker_name, cfg.host, rt.spool_dir)
@@ -34,3 +35,18 @@ def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
         runtime.install(None)
         rt.log_progress()
     return rt
+
+
+def _abort_stale_multipart(rt: UploaderRuntime) -> None:
+    """Abort each run's multipart uploads that uploaders killed mid-upload left (hsx/multipart.py says which
+    are safe to abort: never a live one of another uploader). A store that cannot be reached is no reason
+    not to start: the next start or `hsx verify --repair` tries again."""
+    for run in ledger.list_runs(rt.r):
+        try:
+            aborted = multipart.abort_stale(rt.r, rt.run_context(run).store, run, rt.run_context(run).limits.lease_seconds)
+        except Exception as exc:
+            log.warning("run %s: could not check for stale multipart uploads: %s", run, exc)
+            continue
+        if aborted:
+            log.warning("run %s: aborted %d incomplete multipart uploads left by killed uploaders: %s", run,
+                        len(aborted), ", ".join(u.key for u in aborted[:5]))

@@ -7,6 +7,7 @@ same bytes are idempotent.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,18 @@ class Store(ABC):
     def get_bytes(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of ``key`` (the whole object by default); KeyError if absent."""
 
+    def read_back(self, key: str, size: int, sha256: str) -> None:
+        """GET ``key`` and check its size and SHA-256 against the bytes sent; VerifyError otherwise.
+
+        For stores whose HEAD (what ``put_*`` verifies with) may answer for an object that is not
+        there, or not whole: ``hsx upload --verify-readback``. Costs one read of every object.
+        """
+        try:
+            data = self.get_bytes(key)
+        except KeyError:
+            raise VerifyError(f"{self.url(key)}: read back after upload: the object is missing") from None
+        check_read_back(self.url(key), len(data), hashlib.sha256(data).hexdigest(), size, sha256)
+
     @abstractmethod
     def list_keys(self, prefix: str) -> list[str]:
         """Keys under ``prefix`` (recursive), sorted."""
@@ -57,3 +70,9 @@ class Store(ABC):
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
+
+
+def check_read_back(where: str, got_size: int, got_sha256: str, size: int, sha256: str) -> None:
+    if (got_size, got_sha256) != (size, sha256):
+        raise VerifyError(f"{where}: read back after upload: {got_size} bytes sha256 {got_sha256[:12]}, sent {size} "
+                          f"bytes sha256 {sha256[:12]} (the store's HEAD said it was whole)")

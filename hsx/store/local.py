@@ -21,10 +21,11 @@ class LocalStore(Store):
             ensure_dir(root, "store", "--store / HSX_STORE")
         self.root = root.resolve()
 
-    def _path(self, key: str) -> Path:
+    def path(self, key: str) -> Path:
+        """The file of ``key``; ValueError if it resolves (``..``, a symlink) outside the store root."""
         path = (self.root / key).resolve()
         if self.root not in path.parents and path != self.root:
-            raise ValueError(f"key {key!r} escapes the store root")
+            raise ValueError(f"key {key!r} escapes the store root {self.root}")
         return path
 
     def url(self, key: str = "") -> str:
@@ -41,7 +42,7 @@ class LocalStore(Store):
             os.close(dir_fd)
 
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
-        final = self._path(key)
+        final = self.path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         try:
@@ -53,7 +54,7 @@ class LocalStore(Store):
 
     def put_file(self, key: str, path: Path, size: int, sha256: str) -> ObjectInfo:
         """Copy (or, on the same filesystem, hard-link: no second write of the bytes) and verify."""
-        final = self._path(key)
+        final = self.path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         try:
@@ -71,13 +72,13 @@ class LocalStore(Store):
         return ObjectInfo(key, size, sha256)
 
     def head(self, key: str) -> ObjectInfo | None:
-        path = self._path(key)
+        path = self.path(key)
         if not path.is_file():
             return None
         return ObjectInfo(key, path.stat().st_size, file_sha256(path))
 
     def get_bytes(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        path = self._path(key)
+        path = self.path(key)
         if not path.is_file():
             raise KeyError(self.url(key))
         with open(path, "rb") as fh:
@@ -86,7 +87,7 @@ class LocalStore(Store):
             return fh.read() if end is None else fh.read(end - (start or 0))
 
     def list_keys(self, prefix: str) -> list[str]:
-        base = self._path(prefix) if prefix else self.root
+        base = self.path(prefix) if prefix else self.root
         if not base.exists():
             return []
         return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
@@ -96,7 +97,7 @@ class LocalStore(Store):
         """Hidden ``.<name>.tmp-<pid>`` files under ``prefix`` (a writer killed mid-put) with their age in s."""
         import time
 
-        base = self._path(prefix) if prefix else self.root
+        base = self.path(prefix) if prefix else self.root
         if not base.exists():
             return []
         now = time.time()
@@ -109,4 +110,4 @@ class LocalStore(Store):
         return found
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        self.path(key).unlink(missing_ok=True)

@@ -21,6 +21,8 @@ import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timezone
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import boto3
@@ -29,7 +31,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, DEFAULT_UPLOAD_RETRIES
 from hsx.retry import retry_call
-from hsx.store.base import ObjectInfo, Store, StoreError, VerifyError
+from hsx.store.base import ObjectInfo, Store, StoreError, VerifyError, check_read_back
 
 log = logging.getLogger(__name__)
 RETRYABLE = (BotoCoreError, ClientError, ConnectionError, TimeoutError)
@@ -39,6 +41,7 @@ NOT_FOUND = ("404", "NoSuchKey", "NotFound")
 class _Missing(Exception):
     """A 404: an answer, not a fault; never retried."""
 PART_CONCURRENCY = 4  # parts of one object in flight at once (memory: x chunk bytes)
+READ_BACK_CHUNK = 8 * 2**20  # bytes hashed at a time by read_back
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,50 @@ class S3Store(Store):
             return self._call(f"get {self.url(key)}", lambda: self.client.get_object(**kwargs)["Body"].read())
         except _Missing:
             raise KeyError(self.url(key)) from None
+
+    def read_back(self, key: str, size: int, sha256: str) -> None:
+        """Stream the object (READ_BACK_CHUNK bytes at a time) and check size and SHA-256."""
+        def read() -> tuple[int, str]:
+            digest, got = hashlib.sha256(), 0
+            body = self.client.get_object(Bucket=self.s.bucket, Key=self._k(key))["Body"]
+            for chunk in body.iter_chunks(READ_BACK_CHUNK):
+                digest.update(chunk)
+                got += len(chunk)
+            return got, digest.hexdigest()
+
+        try:
+            got_size, got_sha = self._call(f"read back {self.url(key)}", read)
+        except _Missing:
+            raise VerifyError(f"{self.url(key)}: read back after upload: the object is missing "
+                              "(the store's HEAD said it was there)") from None
+        check_read_back(self.url(key), got_size, got_sha, size, sha256)
+
+    def incomplete_uploads(self, prefix: str) -> list[tuple[str, str, float]]:
+        """(key, upload id, age in s on the store's clock) of each multipart upload under ``prefix`` that
+        was started and neither completed nor aborted (a killed uploader's: its parts are billed storage)."""
+        found = []
+        for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.s.bucket,
+                                                                                  Prefix=self._k(prefix)):
+            now = parsedate_to_datetime(page["ResponseMetadata"]["HTTPHeaders"]["date"])
+            now = now if now.tzinfo else now.replace(tzinfo=timezone.utc)  # HTTP dates are GMT
+            strip = len(self._k(""))
+            found.extend((u["Key"][strip:], u["UploadId"], (now - u["Initiated"]).total_seconds())
+                         for u in page.get("Uploads", []))
+        return found
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        """Abort an incomplete multipart upload (its parts are deleted); one already gone is no error."""
+        def abort():
+            try:
+                self.client.abort_multipart_upload(Bucket=self.s.bucket, Key=self._k(key), UploadId=upload_id)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                    raise
+
+        try:
+            self._call(f"abort multipart {self.url(key)}", abort)
+        except _Missing:
+            pass
 
     def list_keys(self, prefix: str) -> list[str]:
         strip = len(self._k(""))

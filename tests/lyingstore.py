@@ -1,0 +1,145 @@
+"""An HTTP proxy in front of moto's S3 server that loses writes and lies about them on HEAD.
+
+The first PUT of each of the first ``lies`` batch objects (keys under ``/batches/``) is passed to the
+store, answered as the store answered, and then deleted there: the object is lost. A HEAD of that key
+is answered 200 with the size, ETag and ``x-amz-meta-sha256`` of the lost PUT, as a store whose
+metadata and data paths disagree would. A GET answers what the store holds (404). A later PUT of the
+same key passes through for good. A listing of multipart uploads gets each upload's true start time
+(moto answers a fixed 2010 date). Everything else is forwarded unchanged (path-style addressing).
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
+
+
+class LyingStoreProxy:
+    def __init__(self, upstream: str, lies: int = 3):
+        self.upstream = urlsplit(upstream)
+        self.lies_left = lies
+        self.lost: dict[str, dict[str, str]] = {}   # path -> the headers HEAD answers for the lost object
+        self.lied_heads = 0
+        self.initiated: dict[str, float] = {}       # multipart upload id -> when it was created (epoch s)
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    out = b""
+                    while size := int(self.rfile.readline().split(b";")[0], 16):
+                        out += self.rfile.read(size)
+                        self.rfile.readline()
+                    self.rfile.readline()
+                    return out
+                return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+
+            def _forward(self, method: str, body: bytes | None) -> tuple[int, list[tuple[str, str]], bytes]:
+                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP and k.lower() != "expect"
+                           and (body is not None or not k.lower().startswith(("content-", "x-amz-meta-")))}
+                if body is not None:
+                    headers["Content-Length"] = str(len(body))
+                conn.request(method, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                conn.close()
+                return resp.status, resp.getheaders(), data
+
+            def _answer(self, status: int, headers, data: bytes, head: bool = False) -> None:
+                self.send_response(status)
+                for k, v in headers:
+                    if k.lower() not in _HOP and k.lower() not in ("content-length", "date", "server"):
+                        self.send_header(k, v)
+                length = dict((k.lower(), v) for k, v in headers).get("content-length") if head else None
+                self.send_header("Content-Length", length if length is not None else str(len(data)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(data)
+
+            def do_PUT(self):
+                body = self._body()
+                status, headers, data = self._forward("PUT", body)
+                path = self.path.split("?")[0]
+                lie = False
+                with proxy._lock:
+                    if ("/batches/" in path and "?" not in self.path and status == 200 and proxy.lies_left > 0
+                            and path not in proxy.lost):
+                        proxy.lies_left -= 1
+                        lie = True
+                    elif path in proxy.lost:
+                        proxy.lost.pop(path)
+                if lie:
+                    self._forward("DELETE", None)  # the store loses the object it just acknowledged
+                    answered = dict(headers)
+                    with proxy._lock:
+                        proxy.lost[path] = {"Content-Length": str(len(body)), "ETag": answered.get("ETag", ""),
+                                            "x-amz-meta-sha256": self.headers.get("x-amz-meta-sha256", "")}
+                self._answer(status, headers, data)
+
+            def do_HEAD(self):
+                with proxy._lock:
+                    lost = proxy.lost.get(self.path.split("?")[0])
+                    if lost:
+                        proxy.lied_heads += 1
+                if lost:
+                    self._answer(200, [*lost.items(), ("Content-Type", "binary/octet-stream")], b"", head=True)
+                    return
+                status, headers, data = self._forward("HEAD", None)
+                self._answer(status, headers, data, head=True)
+
+            def do_GET(self):
+                status, headers, data = self._forward("GET", None)
+                if "uploads" in self.path.partition("?")[2].split("&") and status == 200:
+                    data = proxy._true_initiated(data)
+                self._answer(status, headers, data)
+
+            def do_DELETE(self):
+                self._answer(*self._forward("DELETE", None))
+
+            def do_POST(self):
+                status, headers, data = self._forward("POST", self._body())
+                created = re.search(rb"<UploadId>([^<]+)</UploadId>", data)
+                if "uploads" in self.path.partition("?")[2].split("&") and status == 200 and created:
+                    with proxy._lock:
+                        proxy.initiated[created.group(1).decode()] = time.time()
+                self._answer(status, headers, data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def _true_initiated(self, listing: bytes) -> bytes:
+        """moto answers every upload's Initiated as 2010-11-10: put the time the proxy saw it created."""
+        def fix(upload: re.Match) -> bytes:
+            block = upload.group(0)
+            upload_id = re.search(rb"<UploadId>([^<]+)</UploadId>", block)
+            with self._lock:
+                started = self.initiated.get(upload_id.group(1).decode()) if upload_id else None
+            if started is None:
+                return block
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(started)).encode()
+            return re.sub(rb"<Initiated>[^<]*</Initiated>", b"<Initiated>" + stamp + b"</Initiated>", block)
+
+        return re.sub(rb"<Upload>.*?</Upload>", fix, listing, flags=re.S)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
