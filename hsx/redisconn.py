@@ -90,7 +90,9 @@ def check_reachable(url: str, wait_seconds: float) -> None:
     """Ping ``url`` (once a second) until it answers or ``wait_seconds`` pass; raise RedisUnreachable then."""
     deadline = time.monotonic() + wait_seconds
     while True:
-        probe = redis.Redis.from_url(url, socket_connect_timeout=min(2.0, wait_seconds), socket_timeout=5)
+        # Every wait is cut to what is left: the answer comes within wait_seconds, not a probe timeout later.
+        left = max(deadline - time.monotonic(), 0.1)
+        probe = redis.Redis.from_url(url, socket_connect_timeout=min(2.0, left), socket_timeout=min(5.0, left))
         try:
             probe.ping()
             return
@@ -103,7 +105,7 @@ def check_reachable(url: str, wait_seconds: float) -> None:
                     f"cannot reach Redis at {redact(url)} ({_reason(exc)}) for {wait_seconds:.0f}s: check that "
                     "redis-server runs there, the host name and port, and HSX_REDIS_URL / REDIS_URL / --redis-url"
                 ) from None
-            time.sleep(1.0)
+            time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
         except redis.ResponseError as exc:
             raise RedisUnreachable(f"Redis at {redact(url)} answered with an error ({exc}): check the password "
                                    "and database number in HSX_REDIS_URL / REDIS_URL") from None
