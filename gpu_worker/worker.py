@@ -95,7 +95,7 @@ def check_directories(cfg: WorkerConfig, model: str | None) -> None:
 def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     check_device(cfg.device)
     check_directories(cfg, None)
-    r = connect(cfg.redis_url)
+    r = connect(cfg.redis_url, ride_out=True)
     manifest = ledger.get_manifest(r, cfg.run)
     if manifest is None and cfg.wait_for_plan:
         log.info("run %r is not planned yet; waiting for `hsx produce` (checking every %d s)", cfg.run, PLAN_POLL_SECONDS)

@@ -24,7 +24,9 @@ def check_budget(max_length: int, token_budget: int, pad_multiple: int) -> None:
     longest = round_up(max_length, pad_multiple)
     if longest > token_budget:
         raise SettingsError(
-            f"--max-length {max_length} (padded to {longest} by --pad-multiple {pad_multiple}) exceeds --token-budget "
+            f"--max-length {max_length}"
+            + (f" (padded to {longest} by --pad-multiple {pad_multiple})" if longest != max_length else "")
+            + f" exceeds --token-budget "
             f"{token_budget}: a sample that long would fit no batch; raise --token-budget to at least {longest} or "
             f"lower --max-length to {token_budget - token_budget % pad_multiple or pad_multiple}")
 

@@ -21,7 +21,7 @@ def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
     """Serve upload@<host> until stopped (or, with ``burst``, until the queue is empty); returns the runtime."""
     # Uploaded files are removed from the spool: a spool this process cannot write would only fill up.
     ensure_dir(cfg.spool_dir, "spool", "--spool-dir / HSX_SPOOL_DIR")
-    rt = UploaderRuntime(cfg, connect(cfg.redis_url))
+    rt = UploaderRuntime(cfg, connect(cfg.redis_url, ride_out=True))
     runtime.install(rt)
     rt.start()
     worker = SimpleWorker([queues.queue(rt.r, queues.upload_queue_name(cfg.host))], connection=rt.r,

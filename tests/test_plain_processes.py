@@ -1,0 +1,144 @@
+"""Plain processes on several terminals or hosts (issue 20): each case's message, exit code and time to answer."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hsx.redisconn import LocalRedis, connect
+from hsx_cli.main import main
+from hsx_tools.demo import sample_dataset
+from tests.test_cli_errors import free_port, hsx, one_error_line
+
+
+def test_abbreviated_flag_is_refused_with_the_near_flag(capsys):
+    t0 = time.monotonic()
+    code = main(["inspect", "--store", "x", "--dataset", "d", "--model", "m"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("hsx inspect: error: unknown flag --store (did you mean --store-dtype?); flags are never "
+                   "abbreviated (hsx inspect --help lists them)")
+    assert time.monotonic() - t0 < 5
+
+
+def test_redis_url_without_a_scheme_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("HSX_REDIS_URL", "127.0.0.1:6379")
+    assert main(["status"]) == 2
+    line = one_error_line(capsys, "status")
+    assert line == ("hsx status: error: Redis URL '127.0.0.1:6379' needs a scheme: redis://, rediss:// (TLS) or "
+                    "unix://, e.g. redis://127.0.0.1:6379")
+
+
+def test_status_into_a_closed_pipe_is_not_an_error(r, redis_env, tmp_path):
+    for n in range(200):  # enough runs that status writes more than a pipe buffer
+        r.sadd("hsx:runs", f"run{n}")
+        r.set(f"hsx:run{n}:manifest", json.dumps({"run": f"run{n}"}))
+    proc = subprocess.Popen(f"{sys.executable} -m hsx_cli.main status | head -1", shell=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=os.environ)
+    out, err = proc.communicate(timeout=120)
+    assert out.strip(), err
+    assert "unexpected error" not in err and "BrokenPipe" not in err and "Traceback" not in err, err
+
+
+def test_unreachable_redis_answers_within_10_seconds_of_wall_time():
+    t0 = time.monotonic()
+    out = hsx("status", env={"HSX_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}, timeout=60)
+    took = time.monotonic() - t0
+    assert out.returncode == 2 and "cannot reach Redis" in out.stderr, out.stderr
+    assert took < 10.5, f"answered after {took:.1f} s"
+
+
+def test_budget_below_max_length_is_refused_before_anything_is_written(tmp_path, capsys, redis_env, r):
+    store = tmp_path / "store"
+    t0 = time.monotonic()
+    code = main(["produce", "--dataset", str(sample_dataset()), "--model", "no/such-model", "--store", str(store),
+                 "--run", "b", "--token-budget", "1024"])
+    assert code == 2
+    assert one_error_line(capsys, "produce").endswith(
+        "--max-length 4096 exceeds --token-budget 1024: a sample that long "
+        "would fit no batch; raise --token-budget to at least 4096 or lower --max-length to 1024")
+    assert time.monotonic() - t0 < 5
+    assert not store.exists() and not r.keys("hsx:b:*")
+
+
+def test_inspect_shares_produce_checks_and_exit_codes(tmp_path, capsys):
+    assert main(["inspect", "--dataset", str(tmp_path / "nope.jsonl"), "--model", "m"]) == 2
+    assert one_error_line(capsys, "inspect").endswith(f"dataset {tmp_path / 'nope.jsonl'} does not exist "
+                                                      "(--dataset / HSX_DATASET)")
+    assert main(["inspect", "--dataset", str(sample_dataset()), "--model", "m", "--token-budget", "512"]) == 2
+    assert "exceeds --token-budget 512" in one_error_line(capsys, "inspect")
+    assert main(["inspect", "--dataset", str(sample_dataset()), "--model", str(tmp_path / "no-model")]) == 2
+    assert f"model path {tmp_path / 'no-model'} does not exist" in one_error_line(capsys, "inspect")
+
+
+def test_inspect_with_every_row_rejected_exits_2(tmp_path, capsys, tiny_model):
+    data = tmp_path / "bad.jsonl"
+    data.write_text("\n".join(json.dumps({"text": f"no chat here {n}"}) for n in range(5)) + "\n")
+    assert main(["inspect", "--dataset", str(data), "--model", str(tiny_model), "--layers", "1,2", "--samples", "0",
+                 "--tokenise-workers", "1"]) == 2
+    assert "no usable rows out of 5; nothing to plan" in one_error_line(capsys, "inspect")
+
+
+def test_relative_paths_are_absolute_in_the_manifest_and_a_run_can_be_reset(tmp_path, monkeypatch, capsys, r,
+                                                                             redis_env, tiny_model):
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "data.jsonl").write_bytes(sample_dataset().read_bytes())
+    os.symlink(tiny_model, a / "model")
+    monkeypatch.chdir(a)
+    argv = ["produce", "--dataset", "data.jsonl", "--model", "model", "--layers", "1,2", "--store", "relstore", "--run", "rel",
+            "--tokenise-workers", "1"]
+    assert main(argv) == 0
+    manifest = r.get("hsx:rel:manifest")
+    m = json.loads(manifest)
+    assert m["store_url"] == str(a / "relstore") and m["store"]["url"] == str(a / "relstore")
+    assert m["dataset"] == str(a / "data.jsonl") and m["model"] == str(tiny_model.resolve())
+    capsys.readouterr()
+    # Other settings for the same run: refused, and the refusal says how to start over.
+    assert main([*argv, "--max-length", "1024", "--token-budget", "2048"]) == 2
+    assert "hsx reset --run rel --store STORE" in capsys.readouterr().err
+    assert main(["reset", "--run", "rel", "--store", "relstore"]) == 2  # no terminal to ask: refused
+    assert "pass --yes to confirm" in one_error_line(capsys, "reset") and r.exists("hsx:rel:manifest")
+    assert main(["reset", "--run", "rel", "--store", "relstore", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("reset run rel: ") and f"objects under {a / 'relstore'}/rel/: removed" in out, out
+    assert not r.keys("hsx:rel:*") and not list((a / "relstore").rglob("*.safetensors"))
+    assert main([*argv, "--max-length", "1024", "--token-budget", "2048"]) == 0
+
+
+def test_a_role_client_rides_out_a_redis_outage_with_one_line_each_way(tmp_path, caplog):
+    port = free_port()
+    server = LocalRedis(tmp_path / "redis", port=port).start()
+    try:
+        r = connect(server.url, ride_out=True)
+        r.set("k", 1)
+        server.stop()
+        got = {}
+        caplog.set_level(logging.WARNING, logger="hsx.redisconn")
+        worker = threading.Thread(target=lambda: got.setdefault("v", r.incr("k")), daemon=True)
+        worker.start()
+        time.sleep(25)  # past the 20 retries (about 3 minutes at full backoff) of a plain client's first tries
+        assert worker.is_alive() and "v" not in got
+        server = LocalRedis(tmp_path / "redis", port=port).start()
+        worker.join(timeout=30)
+        assert got.get("v") == 2  # the AOF kept k; the call in hand went through
+    finally:
+        server.stop()
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "hsx.redisconn"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"Redis at {server.url} lost (") and "waiting for it as long as it takes" in lines[0]
+    assert lines[1].startswith(f"Redis at {server.url} is back after an outage of ")
+    assert 20 <= float(lines[1].split("outage of ")[1].split(" s")[0]) <= 60
+
+
+@pytest.mark.parametrize("flag", ["--stor", "--burs"])
+def test_near_miss_flags_are_suggested(flag, capsys):
+    assert main(["upload", flag]) == 2
+    assert "did you mean" in capsys.readouterr().err
