@@ -142,3 +142,54 @@ def test_a_role_client_rides_out_a_redis_outage_with_one_line_each_way(tmp_path,
 def test_near_miss_flags_are_suggested(flag, capsys):
     assert main(["upload", flag]) == 2
     assert "did you mean" in capsys.readouterr().err
+
+
+def test_uploader_with_another_spool_counts_refuses_and_status_names_the_cause(tmp_path, r, redis_server, tiny_model,
+                                                                                caplog):
+    from gpu_worker.worker import run_worker
+    from hsx import ledger, queues
+    from hsx.progress import run_progress, summary_lines
+    from producer.produce import produce
+    from tests.pipeline import produce_config, upload_config, worker_config
+    from uploader.runtime import UploadsRefused
+    from uploader.worker import run_uploader
+
+    url = redis_server.url
+    produce(produce_config(url, tiny_model, str(tmp_path / "store"), run="sm"))
+    run_worker(worker_config(url, tmp_path / "spool-a", run="sm"))
+    waiting = len(queues.queue(r, queues.upload_queue_name("testhost")))
+    assert waiting > 0
+    caplog.set_level(logging.ERROR, logger="uploader")
+    t0 = time.monotonic()
+    with pytest.raises(UploadsRefused, match=r"upload job\(s\) refused on host testhost \(spool mismatch\)"):
+        run_uploader(upload_config(url, tmp_path / "spool-b"))
+    assert time.monotonic() - t0 < 20
+    refusals = [rec.getMessage() for rec in caplog.records if "uploads refused" in rec.getMessage()]
+    assert len(refusals) == 1 and refusals[0].startswith("uploads refused: spool mismatch on host testhost: ")
+    assert "--spool-dir / HSX_SPOOL_DIR must be the spool of the workers of host testhost" in refusals[0]
+    # Nothing failed, nothing is extracted again: the jobs wait on the queue for a right uploader.
+    assert len(queues.queue(r, queues.upload_queue_name("testhost"))) == waiting
+    assert not ledger.failures(r, "sm") and not ledger.dead_letters(r, "sm")
+    assert len(queues.queue(r, queues.extract_queue_name("sm"))) == 0
+    p = run_progress(r, "sm")
+    assert p["stalled"] == "uploads refused: spool mismatch on host testhost"
+    assert any(line.startswith("  REFUSED  1 upload jobs on host testhost: ") for line in summary_lines(p))
+    run_uploader(upload_config(url, tmp_path / "spool-a"))  # the right spool: the run completes, the cause is gone
+    p = run_progress(r, "sm")
+    assert p["complete"] and not p["upload_refused"] and not p["stalled"]
+
+
+def test_worker_that_cannot_see_the_run_store_says_so_in_one_line(tmp_path, r, redis_server, tiny_model):
+    from gpu_worker.worker import run_worker
+    from hsx.visibility import RunNotVisible
+    from producer.produce import produce
+    from tests.pipeline import produce_config, worker_config
+
+    store = tmp_path / "store"
+    produce(produce_config(redis_server.url, tiny_model, str(store), run="vis"))
+    store.rename(tmp_path / "elsewhere")
+    with pytest.raises(RunNotVisible) as err:
+        run_worker(worker_config(redis_server.url, tmp_path / "spool", run="vis", host="h3"))
+    assert str(err.value) == (f"this worker cannot see the run's store {store} from host h3 (no vis/manifest.json "
+                              "there): mount it at that path or use S3")
+    assert not store.exists()  # nothing created at the unseen path

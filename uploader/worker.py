@@ -12,7 +12,7 @@ from hsx.config import UploadConfig
 from hsx.localdirs import ensure_dir
 from hsx.redisconn import connect
 from uploader import runtime
-from uploader.runtime import UploaderRuntime
+from uploader.runtime import UploaderRuntime, UploadsRefused
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,8 @@ def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
     rt.start()
     worker = SimpleWorker([queues.queue(rt.r, queues.upload_queue_name(cfg.host))], connection=rt.r,
                           name=cfg.worker_name, serializer=JSONSerializer, job_class=queues.HsxJob)
+    if cfg.burst:
+        rt.on_refused = lambda: setattr(worker, "_stop_requested", True)
     log.info("uploader %s on upload@%s, spool %s", cfg.worker_name, cfg.host, rt.spool_dir)
     try:
         worker.work(burst=cfg.burst, logging_level="WARNING")
@@ -33,4 +35,7 @@ def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
         rt.close()
         runtime.install(None)
         rt.log_progress()
+    if rt.refused and cfg.burst:
+        raise UploadsRefused(f"{rt.refused} upload job(s) refused on host {cfg.host} ({', '.join(sorted(rt.refusals))}): "
+                             "they are back on the queue; fix this uploader's settings (see the error above) and rerun")
     return rt
