@@ -151,6 +151,8 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
                            exception_handlers=[_on_failure])
     rt.on_vanished = lambda: _stop(worker, cfg.burst)
     rt.start()
+    log.info("ready: model %s loaded on %s, taking jobs from extract:%s as %s", rt.manifest["model"],
+             rt.extractor.device, cfg.run, cfg.worker_name)
     try:
         worker.work(burst=cfg.burst, logging_level="WARNING")
     finally:
@@ -158,7 +160,7 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
             log.error("writer did not drain within %.0f s; unwritten batches were handed back", cfg.grace_seconds)
         runtime_mod.install(None)
         ExtractWorker.hsx_runtime = None
-        rt.log_progress()  # the summary on exit
+        rt.log_progress(final=True)  # the summary on exit
     if ExtractWorker.store_lost:
         why, ExtractWorker.store_lost = ExtractWorker.store_lost, None
         raise RunNotVisible(why)

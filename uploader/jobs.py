@@ -40,6 +40,8 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, att
         local = rt.spool_file(run, batch_id, path, tier)  # before anything else: nothing read or deleted if refused
         limits = rt.run_context(run).limits
     except (runtime.OutsideSpool, RunNotVisible) as exc:
+        if isinstance(exc, runtime.OutsideSpool) and not _spool_mismatch(r, run, batch_id, path):
+            raise  # a forged or stale job (another name, a done batch): refused, not put back
         # This uploader is set up unlike the host's workers (another --spool-dir, a store it cannot see). The job
         # goes back on the queue untouched, for an uploader that can do it: the batch stays queued, so it is
         # neither failed nor extracted again (issue 23 item 3); the cause is counted and shown by `hsx status`.
@@ -86,6 +88,14 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, att
     finally:
         rt.in_progress = None
         leases.drop_upload(r, run, batch_id)
+
+
+def _spool_mismatch(r, run: str, batch_id: str, path: str) -> bool:
+    """A worker's real spool file in a spool folder other than this uploader's: ``<dir>/<run>/<batch>.safetensors``
+    of a batch not done yet. Anything else an OutsideSpool job names is forged or stale."""
+    named = Path(path)
+    return (named.name == f"{batch_id}.safetensors" and named.parent.name == run and ".." not in named.parts
+            and not ledger.is_done(r, run, batch_id))
 
 
 def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, size: int, sha256: str) -> str:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import layout, leases, ledger, reconcile, refused, spool
+from hsx import layout, leases, ledger, reconcile, refused, rqclean, spool
 from hsx.config import UploadConfig
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.errors import HsxError
@@ -72,7 +72,7 @@ class UploaderRuntime:
         self.refusals: set[str] = set()                   # their causes, each logged once
         self.on_refused = None                            # set by the worker loop in burst mode: how to stop it
         self.started = time.monotonic()
-        self._logged_at, self._logged_batches = self.started, 0
+        self._logged_at, self._logged_batches, self._logged_bytes, self._said_idle = self.started, 0, 0, False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, name="hsx-upload-heartbeat", daemon=True)
 
@@ -146,23 +146,37 @@ class UploaderRuntime:
             self.failures += 1
 
     def progress_line(self) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
+        interval = max(time.monotonic() - self._logged_at, 1e-9)  # rates over the last interval, not a lifetime
         usage = spool.usage(self.spool_dir)
-        from hsx import queues
-
-        queued = queues.queue(self.r, queues.upload_queue_name(self.host)).count
-        return (f"uploader {self.cfg.worker_name}: {self.uploaded} batches, {fmt_bytes(self.bytes)} uploaded "
-                f"({fmt_bytes(self.bytes / elapsed)}/s), {self.failures} failed tries"
+        queued = self.queued()
+        return (f"uploader {self.cfg.worker_name}: {self.uploaded} batches, {fmt_bytes(self.bytes)} uploaded; "
+                f"last {interval:.0f}s: {60 * (self.uploaded - self._logged_batches) / interval:.1f} batches/min, "
+                f"{fmt_bytes((self.bytes - self._logged_bytes) / interval)}/s; {self.failures} failed tries"
                 + (f", {self.refused} refused ({', '.join(sorted(self.refusals))})" if self.refused else "")
                 + f"; spool {usage.files} files "
                 f"{fmt_bytes(usage.bytes)}; upload@{self.host} queue {queued}")
 
-    def log_progress(self) -> None:
+    def queued(self) -> int:
+        from hsx import queues
+
+        return queues.queue(self.r, queues.upload_queue_name(self.host)).count
+
+    def log_progress(self, final: bool = False) -> None:
+        """A progress line; once idle (nothing uploaded since the last line, queue empty) one idle line, then
+        silence until work comes. ``final``: the summary on exit, always written."""
         try:
-            line = self.progress_line()
+            idle = not final and self.uploaded == self._logged_batches and self.queued() == 0
+            line = None if idle else self.progress_line()
         except Exception as exc:  # Redis away: the next beat tries again
-            line = f"uploader {self.cfg.worker_name}: {self.uploaded} batches uploaded (queue unknown: {exc})"
-        self._logged_at, self._logged_batches = time.monotonic(), self.uploaded
+            idle, line = False, f"uploader {self.cfg.worker_name}: {self.uploaded} batches uploaded (queue unknown: {exc})"
+        if idle:
+            if not self._said_idle:
+                log.info("idle: uploader %s has uploaded %d batches (%s); upload@%s is empty, waiting for jobs",
+                         self.cfg.worker_name, self.uploaded, fmt_bytes(self.bytes), self.host)
+            self._said_idle, self._logged_at = True, time.monotonic()
+            return
+        self._said_idle = False
+        self._logged_at, self._logged_batches, self._logged_bytes = time.monotonic(), self.uploaded, self.bytes
         log.info("%s", line)
 
     # ---- heartbeat -----------------------------------------------------------
@@ -184,6 +198,7 @@ class UploaderRuntime:
                 limits = RunLimits.of(manifest)
                 leases.reap(self.r, run, limits.max_attempts)
                 reconcile.maybe_reconcile(self.r, run, limits.lease_seconds / 2)
+                rqclean.forget_dead_workers(self.r, run)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):

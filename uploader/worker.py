@@ -28,13 +28,13 @@ def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
                           name=cfg.worker_name, serializer=JSONSerializer, job_class=queues.HsxJob)
     if cfg.burst:
         rt.on_refused = lambda: setattr(worker, "_stop_requested", True)
-    log.info("uploader %s on upload@%s, spool %s", cfg.worker_name, cfg.host, rt.spool_dir)
+    log.info("ready: uploader %s taking jobs from upload@%s, spool %s", cfg.worker_name, cfg.host, rt.spool_dir)
     try:
         worker.work(burst=cfg.burst, logging_level="WARNING")
     finally:
         rt.close()
         runtime.install(None)
-        rt.log_progress()
+        rt.log_progress(final=True)
     if rt.refused and cfg.burst:
         raise UploadsRefused(f"{rt.refused} upload job(s) refused on host {cfg.host} ({', '.join(sorted(rt.refusals))}): "
                              "they are back on the queue; fix this uploader's settings (see the error above) and rerun")
