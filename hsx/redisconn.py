@@ -77,11 +77,11 @@ class _Outages:
         self._lock = threading.Lock()
         self._since: dict[str, float] = {}
 
-    def lost(self, name: str, error: BaseException) -> None:
+    def lost(self, name: str, error: BaseException, since: float) -> None:
         with self._lock:
             if name in self._since:
                 return
-            self._since[name] = time.monotonic()
+            self._since[name] = since
         log.warning("Redis at %s lost (%s); waiting for it as long as it takes, the work in hand is kept", name,
                     _reason(error))
 
@@ -112,7 +112,7 @@ class _RideOut(Retry):
         self.name = name
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
-        failures = 0
+        failures, first_failure = 0, 0.0
         while True:
             try:
                 result = do()
@@ -121,8 +121,11 @@ class _RideOut(Retry):
                     raise
                 failures += 1
                 fail(error, failures) if with_failure_count else fail(error)
-                OUTAGES.lost(self.name, error)
-                time.sleep(self._backoff.compute(failures))
+                if failures == 1:  # a pooled socket Redis closed (a restart): the reconnect alone may cure it
+                    first_failure = time.monotonic()
+                    continue
+                OUTAGES.lost(self.name, error, first_failure)
+                time.sleep(self._backoff.compute(failures - 1))
                 continue
             if failures:
                 OUTAGES.back(self.name)

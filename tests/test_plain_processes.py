@@ -193,3 +193,65 @@ def test_worker_that_cannot_see_the_run_store_says_so_in_one_line(tmp_path, r, r
     assert str(err.value) == (f"this worker cannot see the run's store {store} from host h3 (no vis/manifest.json "
                               "there): mount it at that path or use S3")
     assert not store.exists()  # nothing created at the unseen path
+
+
+def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_path, tiny_model, caplog):
+    """A real redis-server (AOF) stopped mid-batch for 20 s and restarted: the roles neither exit nor lose the
+    batch; each process logs one line when Redis is lost and one when it is back."""
+    from gpu_worker.worker import run_worker
+    from hsx import ledger
+    from producer.produce import produce
+    from tests.pipeline import produce_config, upload_config, worker_config
+    from uploader.worker import run_uploader
+
+    port = free_port()
+    servers = [LocalRedis(tmp_path / "redis", port=port).start()]
+    url = servers[0].url
+    outage = {}
+
+    def stop_and_restart():  # rq runs only in the main thread: the outage is made from this one
+        time.sleep(3)  # mid-run, a batch in hand
+        servers[0].stop()
+        outage["stopped"] = time.monotonic()
+        time.sleep(20)
+        servers.append(LocalRedis(tmp_path / "redis", port=port).start())
+        outage["restarted"] = time.monotonic()
+
+    try:
+        produce(produce_config(url, tiny_model, str(tmp_path / "store"), run="out", token_budget=256,
+                               max_length=256))
+        batches = len(ledger.all_specs(connect(url), "out"))
+        caplog.set_level(logging.INFO)
+        chaos = threading.Thread(target=stop_and_restart, daemon=True)
+        chaos.start()
+        run_worker(worker_config(url, tmp_path / "spool", run="out", min_batch_seconds=1.0, heartbeat_seconds=1.0))
+        chaos.join(timeout=60)
+        assert outage.get("restarted"), "the worker returned before Redis came back"
+        run_uploader(upload_config(url, tmp_path / "spool"))
+        r = connect(url)
+        assert ledger.done_ids(r, "out") == set(ledger.all_specs(r, "out")) and batches > 3
+        assert not ledger.failures(r, "out") and not ledger.dead_letters(r, "out")
+    finally:
+        for server in servers:
+            server.stop()
+    lost = [m for m in caplog.messages if m.startswith(f"Redis at {url} lost (")]
+    back = [m for m in caplog.messages if m.startswith(f"Redis at {url} is back after an outage of ")]
+    assert len(lost) == 1 and len(back) == 1, caplog.messages
+    assert not [m for m in caplog.messages if "heartbeat failed" in m or "could not connect" in m]
+
+
+def test_rq_registry_forgets_extract_workers_with_no_hsx_heartbeat(r):
+    from rq.worker import Worker
+
+    from hsx import queues, rqclean
+    from hsx.keys import RunKeys
+
+    q = queues.queue(r, queues.extract_queue_name("reg"))
+    killed = Worker([q], connection=r, name="gpu-h3-killed")
+    alive = Worker([q], connection=r, name="gpu-h3-alive")
+    for w in (killed, alive):
+        w.register_birth()
+    r.set(RunKeys("reg").heartbeat("gpu-h3-alive"), "{}", ex=30)
+    assert rqclean.forget_dead_workers(r, "reg") == ["gpu-h3-killed"]
+    assert [w.name for w in Worker.all(connection=r, queue=q)] == ["gpu-h3-alive"]
+    assert not r.exists(killed.key)
