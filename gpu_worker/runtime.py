@@ -25,6 +25,7 @@ from hsx.idle import IdleNote
 from hsx.keys import RunKeys
 from hsx.manifest import RunLimits
 from hsx.progress import fmt_bytes
+from hsx.redisconn import OUTAGES
 from hsx.storeerror import ERROR_SAMPLE_EVERY
 
 log = logging.getLogger(__name__)
@@ -171,8 +172,12 @@ class WorkerRuntime:
             "spool_budget_bytes": sum(t.budget_bytes for t in self.tiers.tiers),
             "spool_tiers": stats["spool_tiers"]}, pipe=pipe)
         pipe.execute()
-        leases.reap(self.r, self.run, self.limits.max_attempts)
         self.beats += 1
+        # Just back from a Redis outage, every lease and heartbeat looks expired: live owners refresh theirs
+        # before this process reaps leases, sweeps temp files or forgets rq workers.
+        if OUTAGES.settling(self.cfg.redis_url, self.limits.lease_seconds):
+            return
+        leases.reap(self.r, self.run, self.limits.max_attempts)
         if self.beats % HEARTBEATS_PER_SWEEP == 0:
             self.sweep_temp_files()
             rqclean.forget_dead_workers(self.r, self.run)

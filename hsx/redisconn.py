@@ -76,6 +76,7 @@ class _Outages:
     def __init__(self):
         self._lock = threading.Lock()
         self._since: dict[str, float] = {}
+        self._back_at: dict[str, float] = {}  # monotonic() when each Redis's last outage ended
 
     def lost(self, name: str, error: BaseException, since: float) -> None:
         with self._lock:
@@ -88,8 +89,18 @@ class _Outages:
     def back(self, name: str) -> None:
         with self._lock:
             since = self._since.pop(name, None)
+            if since is not None:
+                self._back_at[name] = time.monotonic()
         if since is not None:
             log.warning("Redis at %s is back after an outage of %.0f s", name, time.monotonic() - since)
+
+    def settling(self, url: str, seconds: float) -> bool:
+        """Redis at ``url`` is down, or came back less than ``seconds`` ago: other processes' leases and
+        heartbeats expired while it was away and their owners may not have refreshed them yet, so this
+        process reaps none (lease times are in Redis's clock, which ran on through the outage)."""
+        name = redact(url)
+        with self._lock:
+            return name in self._since or time.monotonic() - self._back_at.get(name, float("-inf")) < seconds
 
     def down_since(self, name: str) -> float | None:
         """monotonic() when ``name`` was lost, None while it answers."""

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hsx.redisconn import LocalRedis, connect
+from hsx.redisconn import OUTAGES, LocalRedis, connect
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
 from tests.test_cli_errors import free_port, hsx, one_error_line
@@ -129,6 +129,9 @@ def test_a_role_client_rides_out_a_redis_outage_with_one_line_each_way(tmp_path,
         server = LocalRedis(tmp_path / "redis", port=port).start()
         worker.join(timeout=30)
         assert got.get("v") == 2  # the AOF kept k; the call in hand went through
+        # Just back: leases and heartbeats of live processes look expired; no reaping for a lease's length.
+        assert OUTAGES.settling(server.url, 60) and not OUTAGES.settling(server.url, 0)
+        assert not OUTAGES.settling(f"redis://127.0.0.1:{free_port()}/0", 60)
     finally:
         server.stop()
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "hsx.redisconn"]

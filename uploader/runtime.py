@@ -22,6 +22,7 @@ from hsx.errors import HsxError
 from hsx.keys import RunKeys
 from hsx.manifest import RunLimits
 from hsx.progress import fmt_bytes
+from hsx.redisconn import OUTAGES
 from hsx.visibility import open_run_store
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,8 @@ class UploaderRuntime:
             manifest = ledger.get_manifest(self.r, run)
             if manifest is not None:
                 limits = RunLimits.of(manifest)
+                if OUTAGES.settling(self.cfg.redis_url, limits.lease_seconds):
+                    continue  # just back from a Redis outage: live owners refresh their leases first
                 leases.reap(self.r, run, limits.max_attempts)
                 reconcile.maybe_reconcile(self.r, run, limits.lease_seconds / 2)
                 rqclean.forget_dead_workers(self.r, run)
