@@ -258,3 +258,24 @@ def test_rq_registry_forgets_extract_workers_with_no_hsx_heartbeat(r):
     assert rqclean.forget_dead_workers(r, "reg") == ["gpu-h3-killed"]
     assert [w.name for w in Worker.all(connection=r, queue=q)] == ["gpu-h3-alive"]
     assert not r.exists(killed.key)
+
+
+def test_worker_whose_store_vanishes_stops_after_one_batch_without_failing_the_run(tmp_path, r, redis_server,
+                                                                                   tiny_model, caplog):
+    from gpu_worker.worker import load_runtime, run_worker
+    from hsx import ledger, queues
+    from hsx.visibility import RunNotVisible
+    from producer.produce import produce
+    from tests.pipeline import produce_config, worker_config
+
+    store = tmp_path / "store"
+    produce(produce_config(redis_server.url, tiny_model, str(store), run="gone"))
+    batches = len(queues.queue(r, queues.extract_queue_name("gone")))
+    cfg = worker_config(redis_server.url, tmp_path / "spool", run="gone", host="h3")
+    rt = load_runtime(cfg)            # the store was there at start ...
+    store.rename(tmp_path / "unmounted")  # ... and goes away before the first job
+    with pytest.raises(RunNotVisible, match=rf"^this worker cannot see the run's store {store} from host h3 any more"):
+        run_worker(cfg, rt)
+    assert not ledger.failures(r, "gone") and not ledger.dead_letters(r, "gone")
+    assert len(queues.queue(r, queues.extract_queue_name("gone"))) == batches  # the batch was handed back
+    assert len([m for m in caplog.messages if "cannot see the run's store" in m]) == 1
