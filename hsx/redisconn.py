@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 MASK = "***"
-EXIT_MARGIN_SECONDS = 1.0  # s kept for printing the error and exiting, inside a command's wait for Redis
+EXIT_MARGIN_SECONDS = 2.0  # s kept for printing the error and exiting, inside a command's wait for Redis
 # Query parameters whose value is a secret (redis-py passes query parameters to the connection:
 # ?password=, and sentinel/TLS variants): any name containing one of these words, any case.
 _SECRET_PARAM = re.compile(r"(?i)(^|[&;])([^&;=]*(?:password|passwd|pwd|secret|token|auth)[^&;=]*)=([^&;]*)")
