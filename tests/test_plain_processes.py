@@ -279,3 +279,13 @@ def test_worker_whose_store_vanishes_stops_after_one_batch_without_failing_the_r
     assert not ledger.failures(r, "gone") and not ledger.dead_letters(r, "gone")
     assert len(queues.queue(r, queues.extract_queue_name("gone"))) == batches  # the batch was handed back
     assert len([m for m in caplog.messages if "cannot see the run's store" in m]) == 1
+
+
+def test_a_manifest_with_a_relative_store_still_reads_as_the_same_run(tmp_path, monkeypatch):
+    from hsx.manifest import ManifestMismatch, check_same_run
+
+    monkeypatch.chdir(tmp_path)
+    old = {"store_url": "relstore"}  # written before the producer resolved paths
+    check_same_run(old, {"store_url": str(tmp_path / "relstore")}, "r")
+    with pytest.raises(ManifestMismatch, match="hsx reset --run r --store STORE"):
+        check_same_run(old, {"store_url": str(tmp_path / "other")}, "r")
