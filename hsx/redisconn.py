@@ -186,6 +186,9 @@ def check_reachable(url: str, wait_seconds: float) -> None:
                     "redis-server runs there, the host name and port, and HSX_REDIS_URL / REDIS_URL / --redis-url"
                 ) from None
             time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
+        except redis.exceptions.InvalidResponse as exc:  # something else listens there (an HTTP proxy, ...)
+            raise RedisUnreachable(f"{redact(url)} answered, but not as Redis ({_reason(exc)}): check the host name "
+                                   "and port in HSX_REDIS_URL / REDIS_URL / --redis-url") from None
         except redis.ResponseError as exc:
             raise RedisUnreachable(f"Redis at {redact(url)} answered with an error ({exc}): check the password "
                                    "and database number in HSX_REDIS_URL / REDIS_URL") from None

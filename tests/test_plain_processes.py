@@ -289,3 +289,18 @@ def test_a_manifest_with_a_relative_store_still_reads_as_the_same_run(tmp_path, 
     check_same_run(old, {"store_url": str(tmp_path / "relstore")}, "r")
     with pytest.raises(ManifestMismatch, match="hsx reset --run r --store STORE"):
         check_same_run(old, {"store_url": str(tmp_path / "other")}, "r")
+
+
+def test_a_port_that_is_not_redis_is_one_line(capsys, monkeypatch):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"redis://127.0.0.1:{server.server_address[1]}/0"
+        monkeypatch.setenv("HSX_REDIS_URL", url)
+        assert main(["status"]) == 2
+        line = one_error_line(capsys, "status")
+        assert line.startswith(f"hsx status: error: {url} answered, but not as Redis (") and "check the host name" in line
+    finally:
+        server.shutdown()
