@@ -292,15 +292,26 @@ def test_a_manifest_with_a_relative_store_still_reads_as_the_same_run(tmp_path, 
 
 
 def test_a_port_that_is_not_redis_is_one_line(capsys, monkeypatch):
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import socket
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_http():  # what an HTTP proxy says to a Redis PING
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(1024)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer_http, daemon=True).start()
     try:
-        url = f"redis://127.0.0.1:{server.server_address[1]}/0"
+        url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
         monkeypatch.setenv("HSX_REDIS_URL", url)
         assert main(["status"]) == 2
         line = one_error_line(capsys, "status")
         assert line.startswith(f"hsx status: error: {url} answered, but not as Redis (") and "check the host name" in line
     finally:
-        server.shutdown()
+        listener.close()
