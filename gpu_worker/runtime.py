@@ -16,14 +16,16 @@ import torch
 from gpu_worker.extractor import Extractor
 from gpu_worker.prefetch import Prefetcher
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
-from hsx import heartbeat, leases, ledger, queues, reconcile, spool
+from hsx import heartbeat, leases, ledger, queues, reconcile, rqclean, spool
 from hsx.batchfile import file_sha256
 from hsx.config import WorkerConfig
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES, DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.devices import GpuProbe
+from hsx.idle import IdleNote
 from hsx.keys import RunKeys
 from hsx.manifest import RunLimits
 from hsx.progress import fmt_bytes
+from hsx.redisconn import OUTAGES
 from hsx.storeerror import ERROR_SAMPLE_EVERY
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,8 @@ class WorkerRuntime:
         self.batches_run = 0
         self.tokens_run = 0
         self.started = time.time()
-        self._logged_at, self._logged_batches = time.monotonic(), 0
+        self._logged_at, self._logged_batches, self._logged_tokens = time.monotonic(), 0, 0
+        self.idle_note = IdleNote(f"worker {cfg.worker_name}")
         self._stop = threading.Event()
         self.vanished = False                    # the run disappeared from Redis: the worker stops
         self.on_vanished = None                  # set by the worker loop: how to stop it
@@ -169,10 +172,15 @@ class WorkerRuntime:
             "spool_budget_bytes": sum(t.budget_bytes for t in self.tiers.tiers),
             "spool_tiers": stats["spool_tiers"]}, pipe=pipe)
         pipe.execute()
-        leases.reap(self.r, self.run, self.limits.max_attempts)
         self.beats += 1
+        # Just back from a Redis outage, every lease and heartbeat looks expired: live owners refresh theirs
+        # before this process reaps leases, sweeps temp files or forgets rq workers.
+        if OUTAGES.settling(self.cfg.redis_url, self.limits.lease_seconds):
+            return
+        leases.reap(self.r, self.run, self.limits.max_attempts)
         if self.beats % HEARTBEATS_PER_SWEEP == 0:
             self.sweep_temp_files()
+            rqclean.forget_dead_workers(self.r, self.run)
         reconcile.maybe_reconcile(self.r, self.run, self.limits.lease_seconds / 2)
 
     def run_vanished(self) -> None:
@@ -210,15 +218,25 @@ class WorkerRuntime:
             queued = str(queues.queue(self.r, queues.extract_queue_name(self.run)).count)
         except Exception as exc:  # Redis away
             queued = f"unknown ({type(exc).__name__})"
-        return (f"worker {self.worker_name}: {self.batches_run} batches, {self.tokens_run} tokens in {elapsed:.0f}s "
-                f"({self.tokens_run / elapsed:.0f} tokens/s, {60 * self.batches_run / elapsed:.1f} batches/min), "
+        # Rates over the interval since the last line (a lifetime average hides a worker gone idle).
+        interval = max(time.monotonic() - self._logged_at, 1e-9)
+        tokens, batches = self.tokens_run - self._logged_tokens, self.batches_run - self._logged_batches
+        return (f"worker {self.worker_name}: {self.batches_run} batches, {self.tokens_run} tokens in {elapsed:.0f}s; "
+                f"last {interval:.0f}s: {tokens / interval:.0f} tokens/s, {60 * batches / interval:.1f} batches/min; "
                 f"{self.writer.written} spooled ({fmt_bytes(self.writer.bytes_written)}); spool {files} files {fmt_bytes(nbytes)} of "
                 f"{fmt_bytes(sum(t.budget_bytes for t in self.tiers.tiers))} ({', '.join(t.name for t in self.tiers.tiers)}); "
                 f"extract:{self.run} queue {queued}")
 
-    def log_progress(self) -> None:
-        self._logged_at, self._logged_batches = time.monotonic(), self.batches_run
-        log.info("%s", self.progress_line())
+    def log_progress(self, final: bool = False) -> None:
+        """A progress line; while the run is complete and nothing happened since the last one, one idle line
+        instead (then silence until work comes). ``final``: the summary on exit, always written."""
+        idle = self.batches_run == self._logged_batches and not final
+        if idle and self.idle_note.quiet(self.r, self.run, f"extract:{self.run}"):
+            self._logged_at = time.monotonic()
+            return
+        line = self.progress_line()
+        self._logged_at, self._logged_batches, self._logged_tokens = time.monotonic(), self.batches_run, self.tokens_run
+        log.info("%s", line)
 
     def spool_full(self) -> bool:
         """Every spool tier at its budget (memory and disk): take no job until uploads free some."""

@@ -15,12 +15,13 @@ from rq.worker import SimpleWorker
 from gpu_worker import runtime as runtime_mod
 from gpu_worker.extractor import Extractor
 from gpu_worker.runtime import WorkerRuntime
-from hsx import ledger, queues
-from hsx.config import StoreSettings, WorkerConfig
+from hsx import layout, leases, ledger, queues
+from hsx.config import WorkerConfig
 from hsx.errors import HsxError
 from hsx.localdirs import ensure_dir
 from hsx.manifest import RunLimits, config_hash
 from hsx.redisconn import connect, redact
+from hsx.visibility import RunNotVisible, check_model_visible, open_run_store
 
 log = logging.getLogger(__name__)
 PLAN_POLL_SECONDS = 5  # --wait-for-plan: seconds between looks for the run's manifest
@@ -38,6 +39,7 @@ class ExtractWorker(SimpleWorker):
     """Takes a job only while the host spool is under its byte budget (backpressure, never failure)."""
 
     hsx_runtime: WorkerRuntime | None = None
+    store_lost: str | None = None   # why this worker stopped taking jobs: the run's store vanished from this host
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
         rt = self.hsx_runtime
@@ -57,9 +59,27 @@ def _on_failure(job, exc_type, exc_value, tb):
         return True  # rq's sweep of a dead worker's job: leases or the reconciler already re-enqueued the batch
     parsed = queues.batch_of_job(job.id)
     rt = ExtractWorker.hsx_runtime
+    if parsed and rt is not None and exc_type is FileNotFoundError and _store_unseen(rt):
+        # Inputs missing because the store itself is gone from this host (an unmounted share): no batch is at
+        # fault. Hand it back uncounted and take no more jobs, rather than dead-letter the run batch by batch.
+        queues.enqueue_extract(rt.r, rt.run, parsed[1], attempt=leases.next_attempt(rt.r, rt.run), at_front=True)
+        ExtractWorker.store_lost = (f"this worker cannot see the run's store {rt.store.url()} from host {rt.cfg.host} "
+                                    f"any more (reading inputs of {parsed[1]}: {exc_value}): mount it at that path "
+                                    "or use S3, then restart the worker; the batch was handed back, no failure counted")
+        log.error("%s", ExtractWorker.store_lost)
+        if rt.on_vanished is not None:
+            rt.on_vanished()  # the worker loop's stop
+        return True
     if parsed and rt is not None:
         rt.fail_batch(parsed[1], parsed[2], f"{exc_type.__name__}: {exc_value}")
     return True
+
+
+def _store_unseen(rt: WorkerRuntime) -> bool:
+    try:
+        return rt.store.head(layout.manifest_key(rt.run)) is None
+    except Exception:  # the store answers with errors: not this rule's case, count the failure as usual
+        return False
 
 
 def check_device(device: str) -> None:
@@ -95,7 +115,7 @@ def check_directories(cfg: WorkerConfig, model: str | None) -> None:
 def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     check_device(cfg.device)
     check_directories(cfg, None)
-    r = connect(cfg.redis_url)
+    r = connect(cfg.redis_url, ride_out=True)
     manifest = ledger.get_manifest(r, cfg.run)
     if manifest is None and cfg.wait_for_plan:
         log.info("run %r is not planned yet; waiting for `hsx produce` (checking every %d s)", cfg.run, PLAN_POLL_SECONDS)
@@ -110,10 +130,11 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
                                f"{cfg.run!r}'s lease ({lease} s, set by hsx produce --lease-seconds), or leases expire "
                                "between beats and batches run twice")
     model_path = cfg.model_override or manifest["model"]
+    check_model_visible(model_path, "worker", cfg.host)
+    store = open_run_store(manifest, "worker", cfg.host)  # before the model loads: a wrong mount is seen at once
     check_directories(cfg, model_path)
     if config_hash(model_path) != manifest["model_config_hash"]:
         raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
-    store = StoreSettings.of_run(manifest).open()
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, manifest["layer_ids"])
     extractor = Extractor.load(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"],
                                store_dtype=manifest.get("store_dtype"))
@@ -130,6 +151,8 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
                            exception_handlers=[_on_failure])
     rt.on_vanished = lambda: _stop(worker, cfg.burst)
     rt.start()
+    log.info("ready: model %s loaded on %s, taking jobs from extract:%s as %s", rt.manifest["model"],
+             rt.extractor.device, cfg.run, cfg.worker_name)
     try:
         worker.work(burst=cfg.burst, logging_level="WARNING")
     finally:
@@ -137,7 +160,10 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
             log.error("writer did not drain within %.0f s; unwritten batches were handed back", cfg.grace_seconds)
         runtime_mod.install(None)
         ExtractWorker.hsx_runtime = None
-        rt.log_progress()  # the summary on exit
+        rt.log_progress(final=True)  # the summary on exit
+    if ExtractWorker.store_lost:
+        why, ExtractWorker.store_lost = ExtractWorker.store_lost, None
+        raise RunNotVisible(why)
     if rt.vanished:
         raise RunVanished(f"run {cfg.run!r} vanished from Redis at {redact(cfg.redis_url)} while this worker ran "
                           "(restarted empty or flushed?): re-run `hsx produce` for it (the ledger is rebuilt from the "

@@ -98,6 +98,10 @@ class RunKeys:
         return self._k("hosts")
 
     @property
+    def upload_refused(self) -> str:  # HASH host -> JSON {cause, message, jobs, ts}: uploads a host refuses; no TTL
+        return self._k("upload_refused")
+
+    @property
     def store_error(self) -> str:  # HASH batch_id -> JSON {rel_l2, cosine, tokens} per layer, FP8 vs bf16; no TTL
         return self._k("store_error")
 

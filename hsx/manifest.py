@@ -56,6 +56,10 @@ def _identity(manifest: dict, key: str):
     """A field as it defines the run (runs planned before store_dtype/codec existed had their defaults)."""
     defaults = {"store_dtype": manifest.get("dtype"), "codec": "none"}
     value = manifest.get(key)
+    if key == "store_url" and value:  # manifests before issue 20 may hold a relative local store: as seen from here
+        from hsx.runinputs import resolve_store_url
+
+        return resolve_store_url(value)
     return defaults.get(key) if value is None else value
 
 
@@ -64,7 +68,8 @@ def check_same_run(existing: dict, wanted: dict, run: str) -> None:
              for k in IDENTITY_FIELDS if _identity(existing, k) != _identity(wanted, k)]
     if diffs:
         raise ManifestMismatch(f"run {run!r} already exists with a different manifest; refusing to mix outputs. "
-                               "Use a new --run name, or the original settings. Differences:\n  " + "\n  ".join(diffs))
+                               "Use a new --run name, the original settings, or start it over with `hsx reset --run "
+                               f"{run} --store STORE`. Differences:\n  " + "\n  ".join(diffs))
 
 
 class ModelNotFound(HsxError):

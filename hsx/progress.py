@@ -6,7 +6,7 @@ import time
 
 import redis
 
-from hsx import heartbeat, ledger, queues, reconcile, records
+from hsx import heartbeat, ledger, queues, reconcile, records, refused
 from hsx.keys import RunKeys
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
@@ -78,6 +78,9 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     failures = _not_done(r, keys, ledger.failures(r, run, malformed))
     stalled = None if complete else stall_reason(r, run, now, totals, done, extract_queue, workers, dead)
     hosts = heartbeat.read_hosts(r, run, malformed)
+    upload_refused = {} if complete else refused.read(r, run)
+    if upload_refused:  # the cause a person must fix, before any generic "nothing moved"
+        stalled = "; ".join(f"uploads refused: {v.get('cause')} on host {h}" for h, v in sorted(upload_refused.items()))
     return {
         "run": run,
         "totals": totals,
@@ -99,6 +102,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "extract_queue": extract_queue,
         "workers": workers,
         "stalled": stalled,
+        "upload_refused": upload_refused,
         "hosts": hosts,
         "index_written": bool(r.get(keys.index_key)),
         "malformed": malformed,
@@ -189,6 +193,8 @@ def summary_lines(p: dict) -> list[str]:
     lines.append(f"  workers  {len(alive)} alive, {len(p['workers']) - len(alive)} stale")
     if p.get("stalled"):
         lines.append(f"  STALLED  {p['stalled']}")
+    for host, rec in sorted(p.get("upload_refused", {}).items()):
+        lines.append(f"  REFUSED  {rec.get('jobs', 0)} upload jobs on host {host}: {rec.get('message', '')[:300]}")
     if p["failures"]:
         lines.append(f"  retrying {len(p['failures'])} batches after failures")
     if p.get("malformed"):

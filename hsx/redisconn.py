@@ -8,6 +8,7 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 
 MASK = "***"
+EXIT_MARGIN_SECONDS = 2.0  # s kept for printing the error and exiting, inside a command's wait for Redis
 # Query parameters whose value is a secret (redis-py passes query parameters to the connection:
 # ?password=, and sentinel/TLS variants): any name containing one of these words, any case.
 _SECRET_PARAM = re.compile(r"(?i)(^|[&;])([^&;=]*(?:password|passwd|pwd|secret|token|auth)[^&;=]*)=([^&;]*)")
@@ -67,18 +69,95 @@ class _Backoff(AbstractBackoff):
         return backoff_delay(max(failures - 1, 0), self.base_seconds, self.cap_seconds)
 
 
+class _Outages:
+    """Whether each Redis (by redacted URL) is down as this process sees it: one log line when it is lost,
+    one when it is back with the outage's length, whichever thread or connection saw it first."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._since: dict[str, float] = {}
+        self._back_at: dict[str, float] = {}  # monotonic() when each Redis's last outage ended
+
+    def lost(self, name: str, error: BaseException, since: float) -> None:
+        with self._lock:
+            if name in self._since:
+                return
+            self._since[name] = since
+        log.warning("Redis at %s lost (%s); waiting for it as long as it takes, the work in hand is kept", name,
+                    _reason(error))
+
+    def back(self, name: str) -> None:
+        with self._lock:
+            since = self._since.pop(name, None)
+            if since is not None:
+                self._back_at[name] = time.monotonic()
+        if since is not None:
+            log.warning("Redis at %s is back after an outage of %.0f s", name, time.monotonic() - since)
+
+    def settling(self, url: str, seconds: float) -> bool:
+        """Redis at ``url`` is down, or came back less than ``seconds`` ago: other processes' leases and
+        heartbeats expired while it was away and their owners may not have refreshed them yet, so this
+        process reaps none (lease times are in Redis's clock, which ran on through the outage)."""
+        name = redact(url)
+        with self._lock:
+            return name in self._since or time.monotonic() - self._back_at.get(name, float("-inf")) < seconds
+
+    def down_since(self, name: str) -> float | None:
+        """monotonic() when ``name`` was lost, None while it answers."""
+        with self._lock:
+            return self._since.get(name)
+
+
+OUTAGES = _Outages()
+
+
+class _RideOut(Retry):
+    """Retry forever, with backoff (capped at 10 s), and report the outage through OUTAGES.
+
+    A long-running role (worker, uploader) blocks inside the Redis call it was making, whatever its
+    thread, and carries on when Redis answers again: no batch in hand is lost, no thread dies.
+    """
+
+    def __init__(self, name: str):
+        super().__init__(_Backoff(), -1, supported_errors=(RedisConnectionError, RedisTimeoutError, OSError))
+        self.name = name
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        failures, first_failure = 0, 0.0
+        while True:
+            try:
+                result = do()
+            except self._supported_errors as error:
+                if is_retryable and not is_retryable(error):
+                    raise
+                failures += 1
+                fail(error, failures) if with_failure_count else fail(error)
+                if failures == 1:  # a pooled socket Redis closed (a restart): the reconnect alone may cure it
+                    first_failure = time.monotonic()
+                    continue
+                OUTAGES.lost(self.name, error, first_failure)
+                time.sleep(self._backoff.compute(failures - 1))
+                continue
+            if failures:
+                OUTAGES.back(self.name)
+            return result
+
+
 class RedisUnreachable(HsxError):
     """Redis did not answer when a command started."""
 
 
-def connect(url: str, retries: int = 20, wait_seconds: float = DEFAULT_REDIS_CONNECT_SECONDS) -> redis.Redis:
+def connect(url: str, retries: int = 20, wait_seconds: float = DEFAULT_REDIS_CONNECT_SECONDS,
+            ride_out: bool = False) -> redis.Redis:
     """A client that retries a dropped connection with backoff (full jitter under 0.5 s doubling, capped at 10 s).
 
     Redis must answer within ``wait_seconds`` now, else RedisUnreachable says where hsx looked
-    (password masked) and what to check; later outages are ridden out by the retries.
+    (password masked) and what to check. Later outages: ``retries`` tries (about 3 minutes), or with
+    ``ride_out`` (long-running roles) as long as they last, logged once when lost and once when back.
     """
+    retry = _RideOut(redact(url)) if ride_out else Retry(_Backoff(), retries)
     client = redis.Redis.from_url(
-        url, retry=Retry(_Backoff(), retries),
+        url, retry=retry,
         retry_on_error=[RedisConnectionError, RedisTimeoutError], health_check_interval=30,
         socket_connect_timeout=5, socket_keepalive=True)
     if wait_seconds > 0:
@@ -88,9 +167,12 @@ def connect(url: str, retries: int = 20, wait_seconds: float = DEFAULT_REDIS_CON
 
 def check_reachable(url: str, wait_seconds: float) -> None:
     """Ping ``url`` (once a second) until it answers or ``wait_seconds`` pass; raise RedisUnreachable then."""
-    deadline = time.monotonic() + wait_seconds
+    # Counted from the process's start, not from here: "within 10 s" is what a person measures at the prompt.
+    deadline = time.monotonic() + max(wait_seconds - _process_age_seconds() - EXIT_MARGIN_SECONDS, 1.0)
     while True:
-        probe = redis.Redis.from_url(url, socket_connect_timeout=min(2.0, wait_seconds), socket_timeout=5)
+        # Every wait is cut to what is left: the answer comes within wait_seconds, not a probe timeout later.
+        left = max(deadline - time.monotonic(), 0.1)
+        probe = redis.Redis.from_url(url, socket_connect_timeout=min(2.0, left), socket_timeout=min(5.0, left))
         try:
             probe.ping()
             return
@@ -103,12 +185,25 @@ def check_reachable(url: str, wait_seconds: float) -> None:
                     f"cannot reach Redis at {redact(url)} ({_reason(exc)}) for {wait_seconds:.0f}s: check that "
                     "redis-server runs there, the host name and port, and HSX_REDIS_URL / REDIS_URL / --redis-url"
                 ) from None
-            time.sleep(1.0)
+            time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
+        except redis.exceptions.InvalidResponse as exc:  # something else listens there (an HTTP proxy, ...)
+            raise RedisUnreachable(f"{redact(url)} answered, but not as Redis ({_reason(exc)}): check the host name "
+                                   "and port in HSX_REDIS_URL / REDIS_URL / --redis-url") from None
         except redis.ResponseError as exc:
             raise RedisUnreachable(f"Redis at {redact(url)} answered with an error ({exc}): check the password "
                                    "and database number in HSX_REDIS_URL / REDIS_URL") from None
         finally:
             probe.close()
+
+
+def _process_age_seconds() -> float:
+    """Seconds since this process started (Linux /proc; 0 where unknown)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _reason(exc: BaseException) -> str:

@@ -55,6 +55,11 @@ def redis_url(values) -> str:
     url = values["redis_url"]
     if not url:
         raise ConfigError("no Redis: set HSX_REDIS_URL (or REDIS_URL), e.g. redis://127.0.0.1:6379/0")
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme not in ("redis", "rediss", "unix"):
+        where = url.split("://")[-1].rsplit("@", 1)[-1]  # never the userinfo: it may hold a password
+        raise ConfigError(f"Redis URL {where!r} needs a scheme: redis://, rediss:// (TLS) or unix://, "
+                          f"e.g. redis://{where or '127.0.0.1:6379'}")
     return with_redis_password(url, os.environ.get("HSX_REDIS_PASSWORD"))
 
 

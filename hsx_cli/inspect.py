@@ -7,7 +7,7 @@ from pathlib import Path
 from hsx import defaults as D
 from hsx_cli.command import Command
 from hsx_cli.flags import Flag
-from hsx_cli.produce import ROW_FLAGS, columns, template_kwargs
+from hsx_cli.produce import ROW_FLAGS, check_flags, columns, template_kwargs
 
 FLAGS = (
     Flag("--dataset", "JSONL, Parquet or a `datasets` folder", required=True),
@@ -37,6 +37,7 @@ FLAGS = (
 
 
 def config(v):
+    check_flags(v)
     from hsx_tools.inspect import InspectConfig
 
     return InspectConfig(

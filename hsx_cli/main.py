@@ -16,12 +16,12 @@ import sys
 
 from hsx import __version__
 from hsx.errors import HsxError
-from hsx_cli import dashboard, demo, export, inspect, produce, retry_failed, status, upload, verify, worker
+from hsx_cli import dashboard, demo, export, inspect, produce, reset, retry_failed, status, upload, verify, worker
 from hsx_cli.command import Command
 from hsx_cli.flags import Flag, resolve
 
 COMMANDS: tuple[Command, ...] = (
-    produce.COMMAND, inspect.COMMAND, worker.COMMAND, upload.COMMAND, status.COMMAND, retry_failed.COMMAND,
+    produce.COMMAND, inspect.COMMAND, worker.COMMAND, upload.COMMAND, status.COMMAND, retry_failed.COMMAND, reset.COMMAND,
     dashboard.COMMAND, verify.COMMAND, export.COMMAND, demo.DEMO, demo.ASSETS,
 )
 VERBOSE = Flag("--verbose", "debug logging, and the traceback of an unexpected error", type=bool, short="-v",
@@ -32,14 +32,14 @@ log = logging.getLogger("hsx")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hsx", description="Extract hidden states from a target LLM into S3, "
+    p = argparse.ArgumentParser(prog="hsx", allow_abbrev=False, description="Extract hidden states from a target LLM into S3, "
                                 "for training speculative-decoding drafters. Roles meet in Redis.",
                                 epilog="Every flag falls back to the HSX_* variable named in its help.")
     p.add_argument("--version", action="version", version=f"hsx {__version__}")
     VERBOSE.add_to(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
-        s = sub.add_parser(command.name, help=command.help, description=command.description)
+        s = sub.add_parser(command.name, help=command.help, description=command.description, allow_abbrev=False)
         for flag in command.flags:
             flag.add_to(s)
         s.set_defaults(hsx_command=command)
@@ -70,9 +70,28 @@ def _quiet_libraries(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _unknown_flags(command: Command, extra: list[str]) -> str:
+    """One line naming the flags argparse did not know, each with its nearest real flag when one is close."""
+    import difflib
+
+    names = [f.name for f in command.flags] + ["--help", VERBOSE.name]
+    parts = []
+    for arg in extra:
+        if not arg.startswith("-"):
+            continue
+        flag = arg.split("=", 1)[0]
+        near = difflib.get_close_matches(flag, names, n=1, cutoff=0.6)
+        parts.append(f"{flag} (did you mean {near[0]}?)" if near else flag)
+    return (f"hsx {command.name}: error: unknown flag{'s' if len(parts) > 1 else ''} {', '.join(parts) or ' '.join(extra)}"
+            f"; flags are never abbreviated (hsx {command.name} --help lists them)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
     command: Command = args.hsx_command
+    if extra:
+        print(_unknown_flags(command, extra), file=sys.stderr)
+        return 2
     try:
         verbose = bool(VERBOSE.value(args.verbose))
     except HsxError as exc:
@@ -90,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hsx {command.name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `hsx status | head`: the reader has all it wanted; not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except Exception as exc:  # a bug, or a case hsx does not know yet: keep the evidence
         if verbose:
             import traceback

@@ -85,7 +85,17 @@ FLAGS = (
 )
 
 
+def check_flags(v) -> None:
+    """The checks `hsx produce` and `hsx inspect` share, made before any heavy import (seconds, not tens)."""
+    from hsx.runinputs import check_budget, check_row_settings, resolve_dataset
+
+    check_row_settings(v["overlong"], v["max_reject_share"])
+    check_budget(v["max_length"], v["token_budget"], v["pad_multiple"])
+    resolve_dataset(v["dataset"])
+
+
 def config(v) -> ProduceConfig:
+    check_flags(v)
     return ProduceConfig(
         run=v["run"], dataset=Path(v["dataset"]), model=v["model"], layers=v["layers"], store=store_settings(v),
         redis_url=redis_url(v), token_budget=v["token_budget"], max_length=v["max_length"], overlong=v["overlong"],

@@ -53,6 +53,7 @@ def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:
     try:
         subprocess.run(_hsx("produce", "--run", RUN, "--dataset", str(dataset), "--model", str(model),
                             "--layers", "dflash:3", "--store", str(store), "--token-budget", "2048",
+                            "--max-length", "2048",
                             "--dtype", "float32"), env=env, check=True)
         procs.append(subprocess.Popen(_hsx("worker", "--run", RUN, "--device", "cpu", "--spool-dir", str(spool),
                                            "--host", "demo", "--burst"), env=env))

@@ -34,8 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from hsx.layers import resolve_layers
+from hsx.manifest import load_model_config
 from hsx.planning import cut_batches, padding_fraction
 from hsx.progress import fmt_bytes
+from hsx.runinputs import SettingsError, check_budget, check_row_settings, resolve_dataset, resolve_model
 from hsx.tokenising import TokeniseSettings, WindowTokeniser, default_workers
 from hsx.tokenreport import TokeniseReport
 
@@ -172,9 +174,15 @@ def render_sample(segments: list[tuple[str, bool]], console=None) -> str | None:
 
 
 def run_inspect(cfg: InspectConfig) -> int:
-    from transformers import AutoConfig, AutoTokenizer
+    """Print the report; the checks `hsx produce` makes fail the same way (HsxError: one line, exit 2)."""
+    from dataclasses import replace
 
-    config = AutoConfig.from_pretrained(cfg.model)
+    from transformers import AutoTokenizer
+
+    check_row_settings(cfg.overlong, cfg.max_reject_share)
+    check_budget(cfg.max_length, cfg.token_budget, cfg.pad_multiple)
+    cfg = replace(cfg, dataset=resolve_dataset(cfg.dataset), model=resolve_model(cfg.model))
+    config = load_model_config(cfg.model)
     text_cfg = getattr(config, "text_config", None) or config
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
@@ -222,7 +230,8 @@ def run_inspect(cfg: InspectConfig) -> int:
             print(text if len(text) <= cfg.sample_chars else text[:cfg.sample_chars] + f" ... [{len(text)} chars]")
     if not len(lengths_np):
         print("plan: nothing to plan (no usable rows)")
-        return 1
+        raise SettingsError(f"{cfg.dataset}: no usable rows out of {report.rows}; nothing to plan (hsx produce "
+                            "would fail the same way)")
     stored_dtype = cfg.store_dtype or cfg.dtype
     est = estimate(lengths_np, text_cfg, layer_ids, store_final, stored_dtype, cfg.token_budget, cfg.max_batch_rows,
                    cfg.pad_multiple, window_rows, cfg.gpu_tokens_per_s, cfg.storage_usd_per_tb_month, cfg.codec)

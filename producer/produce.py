@@ -21,7 +21,7 @@ import torch
 from hsx import batchfile, heartbeat, layout, ledger, queues
 from hsx.codec import check_codec
 from hsx.config import ProduceConfig
-from hsx.dataset import DatasetError, fingerprints
+from hsx.dataset import fingerprints
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.dtypes import check_store_dtype
 from hsx.errors import HsxError
@@ -32,6 +32,7 @@ from hsx.manifest import RunLimits, build_manifest, check_same_run, config_hash,
 from hsx.planning import cut_batches, padding_fraction
 from hsx.rebuild import Rebuild
 from hsx.redisconn import connect
+from hsx.runinputs import check_budget, check_row_settings, resolve_dataset, resolve_model, resolve_store_url
 from hsx.tokenising import TokeniseSettings, WindowTokeniser, default_workers
 from hsx.tokenreport import Sample, TokeniseReport
 from producer import windows
@@ -116,12 +117,11 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     "enqueued" and "recorded" as each window gets there (tests and progress)."""
     # Everything that can be wrong with the settings is found before anything is created.
     layout.check_run_name(cfg.run)
-    if cfg.overlong not in ("drop", "truncate"):
-        raise PlanError(f"--overlong must be drop or truncate, got {cfg.overlong!r}")
-    if not 0.0 <= cfg.max_reject_share <= 1.0:
-        raise PlanError(f"--max-reject-share must be a share between 0 and 1, got {cfg.max_reject_share}")
-    if not cfg.dataset.exists():
-        raise DatasetError(f"dataset {cfg.dataset} does not exist (--dataset / HSX_DATASET)")
+    check_row_settings(cfg.overlong, cfg.max_reject_share)
+    check_budget(cfg.max_length, cfg.token_budget, cfg.pad_multiple)
+    # Paths are resolved once, here: the manifest holds them absolute for roles started anywhere (DESIGN rule 8).
+    cfg = replace(cfg, dataset=resolve_dataset(cfg.dataset), model=resolve_model(cfg.model),
+                  store=replace(cfg.store, url=resolve_store_url(cfg.store.url)))
     cfg.store.check_writable()
     r = connect(cfg.redis_url)
     event = on_event or (lambda name, window: None)

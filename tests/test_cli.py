@@ -9,7 +9,8 @@ from hsx.config import ConfigError
 from hsx.devices import GpuProbe
 from hsx_cli.main import build_parser
 
-COMMANDS = ["produce", "inspect", "worker", "upload", "status", "retry-failed", "dashboard", "verify", "export", "demo", "demo-assets"]
+COMMANDS = ["produce", "inspect", "worker", "upload", "status", "retry-failed", "reset", "dashboard", "verify", "export",
+            "demo", "demo-assets"]
 
 
 def hsx(*args, env=None, timeout=120):

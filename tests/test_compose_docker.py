@@ -189,7 +189,8 @@ def make_project(tmp_path: Path, image: str) -> tuple[Path, dict[str, int]]:
         "  producer:\n"
         "    environment:\n"
         "      HSX_DATASET: /data/long.jsonl\n"
-        "      HSX_TOKEN_BUDGET: \"512\"\n")
+        "      HSX_TOKEN_BUDGET: \"512\"\n"
+        "      HSX_MAX_LENGTH: \"512\"\n")
     return project, ports
 
 

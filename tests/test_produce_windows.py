@@ -66,7 +66,7 @@ def test_too_many_rejects_fail_with_nothing_enqueued(r, redis_env, tiny_model, t
     # The bad rows sit in the last window: earlier windows were enqueued by then and must be taken back.
     data = _rows(tmp_path / "bad-tail.jsonl", _sample_rows() + [{"messages": [{"role": "robot", "content": "x"}]}] * 5)
     args = ["produce", "--dataset", str(data), "--model", str(tiny_model), "--store", str(tmp_path / "store"),
-            "--run", "toomany", "--layers", "dflash:3", "--token-budget", "1024", "--tokenise-workers", "1",
+            "--run", "toomany", "--layers", "dflash:3", "--token-budget", "1024", "--max-length", "1024", "--tokenise-workers", "1",
             "--window-rows", str(WINDOW)]
     assert main(args) != 0
     err = capsys.readouterr().err

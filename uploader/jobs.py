@@ -16,6 +16,7 @@ from pathlib import Path
 from hsx import index, layout, leases, ledger, queues
 from hsx.batchfile import file_sha256
 from hsx.retry import backoff_delay
+from hsx.visibility import RunNotVisible
 from uploader import runtime
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,19 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, att
                  tier: str = "disk") -> str:
     rt = runtime.current()
     r = rt.r
-    local = rt.spool_file(run, batch_id, path, tier)  # before anything else: refused jobs are not retried
     try:
+        local = rt.spool_file(run, batch_id, path, tier)  # before anything else: nothing read or deleted if refused
         limits = rt.run_context(run).limits
+    except (runtime.OutsideSpool, RunNotVisible) as exc:
+        if isinstance(exc, runtime.OutsideSpool) and not _spool_mismatch(r, run, batch_id, path):
+            raise  # a forged or stale job (another name, a done batch): refused, not put back
+        # This uploader is set up unlike the host's workers (another --spool-dir, a store it cannot see). The job
+        # goes back on the queue untouched, for an uploader that can do it: the batch stays queued, so it is
+        # neither failed nor extracted again (issue 23 item 3); the cause is counted and shown by `hsx status`.
+        queues.enqueue_upload(r, rt.host, run, batch_id, path, size, sha256, attempt=leases.next_attempt(r, run),
+                              retry=retry, tier=tier)
+        rt.refuse(run, exc)
+        return f"{batch_id}: refused here ({exc}); put back on upload@{rt.host}"
     except runtime.RunVanished as exc:
         # Redis lost the run: no retry loop. The spool file stays; after `hsx produce` rebuilds the
         # ledger from the store, a restarted worker of this host re-enqueues its upload (recover_spool).
@@ -79,6 +90,14 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, att
         leases.drop_upload(r, run, batch_id)
 
 
+def _spool_mismatch(r, run: str, batch_id: str, path: str) -> bool:
+    """A worker's real spool file in a spool folder other than this uploader's: ``<dir>/<run>/<batch>.safetensors``
+    of a batch not done yet. Anything else an OutsideSpool job names is forged or stale."""
+    named = Path(path)
+    return (named.name == f"{batch_id}.safetensors" and named.parent.name == run and ".." not in named.parts
+            and not ledger.is_done(r, run, batch_id))
+
+
 def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, size: int, sha256: str) -> str:
     r = rt.r
     if ledger.is_done(r, run, batch_id):
@@ -105,6 +124,6 @@ def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, s
         raise
     ledger.mark_done(r, run, spec, key, info.size, sha256, by=rt.cfg.worker_name)
     local.unlink(missing_ok=True)
-    rt.record_upload(size)
+    rt.record_upload(size, run)
     index.write_index_if_complete(r, store, run)
     return f"{batch_id} -> {store.url(key)} ({size} bytes)"

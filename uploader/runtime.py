@@ -15,20 +15,27 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import layout, leases, ledger, reconcile, spool
-from hsx.config import StoreSettings, UploadConfig
+from hsx import layout, leases, ledger, reconcile, refused, rqclean, spool
+from hsx.config import UploadConfig
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.errors import HsxError
 from hsx.keys import RunKeys
 from hsx.manifest import RunLimits
 from hsx.progress import fmt_bytes
+from hsx.redisconn import OUTAGES
+from hsx.visibility import open_run_store
 
 log = logging.getLogger(__name__)
+REFUSED_PAUSE_SECONDS = 30.0  # s an uploader waits after putting back a job it cannot do (not burst mode)
 _current: UploaderRuntime | None = None
 
 
 class RunVanished(HsxError):
     """The job's run is not in Redis (restarted empty, flushed): nothing to record an upload in."""
+
+
+class UploadsRefused(HsxError):
+    """A burst uploader put back jobs it cannot do (spool mismatch, unseen store): exit 2 with the cause."""
 
 
 class OutsideSpool(HsxError):
@@ -62,8 +69,11 @@ class UploaderRuntime:
         self._lock = threading.Lock()
         self.in_progress: tuple[str, str] | None = None   # (run, batch id) being uploaded; its lease is refreshed
         self.uploaded = self.bytes = self.failures = 0
+        self.refused = 0                                  # jobs put back: this uploader cannot do them (refuse())
+        self.refusals: set[str] = set()                   # their causes, each logged once
+        self.on_refused = None                            # set by the worker loop in burst mode: how to stop it
         self.started = time.monotonic()
-        self._logged_at, self._logged_batches = self.started, 0
+        self._logged_at, self._logged_batches, self._logged_bytes, self._said_idle = self.started, 0, 0, False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, name="hsx-upload-heartbeat", daemon=True)
 
@@ -76,7 +86,7 @@ class UploaderRuntime:
             manifest = ledger.get_manifest(self.r, run)
             if manifest is None:
                 raise RunVanished(f"run {run!r} is no longer in Redis (restarted empty or flushed?)")
-            ctx = RunContext(StoreSettings.of_run(manifest).open(), RunLimits.of(manifest))
+            ctx = RunContext(open_run_store(manifest, "uploader", self.host), RunLimits.of(manifest))
             with self._lock:
                 self._runs.setdefault(run, ctx)
         return ctx
@@ -105,33 +115,69 @@ class UploaderRuntime:
         return expected
 
     # ---- accounting ----------------------------------------------------------
-    def record_upload(self, size: int) -> None:
+    def record_upload(self, size: int, run: str | None = None) -> None:
         with self._lock:
             self.uploaded += 1
             self.bytes += size
+        if run is not None:  # this host uploads again: a refusal recorded by a misconfigured uploader is over
+            refused.clear(self.r, run, self.host)
         if self.uploaded - self._logged_batches >= DEFAULT_LOG_EVERY_BATCHES:
             self.log_progress()
+
+    def refuse(self, run: str, exc: Exception) -> None:
+        """A job this uploader cannot do (spool mismatch, unseen store): counted, logged once with the fix,
+        recorded for `hsx status`; then a pause (burst mode: stop), so the job is not taken back at once."""
+        cause = "spool mismatch" if isinstance(exc, OutsideSpool) else "store not visible"
+        with self._lock:
+            self.refused += 1
+            first = cause not in self.refusals
+            self.refusals.add(cause)
+        if first:
+            log.error("uploads refused: %s on host %s: %s. This uploader puts such jobs back and %s", cause, self.host,
+                      exc, "stops (burst mode)" if self.cfg.burst else f"waits {REFUSED_PAUSE_SECONDS:.0f} s between tries")
+        refused.record(self.r, run, self.host, cause, str(exc))
+        if self.cfg.burst:
+            if self.on_refused is not None:
+                self.on_refused()
+        else:
+            self._stop.wait(REFUSED_PAUSE_SECONDS)
 
     def record_failure(self) -> None:
         with self._lock:
             self.failures += 1
 
     def progress_line(self) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
+        interval = max(time.monotonic() - self._logged_at, 1e-9)  # rates over the last interval, not a lifetime
         usage = spool.usage(self.spool_dir)
-        from hsx import queues
-
-        queued = queues.queue(self.r, queues.upload_queue_name(self.host)).count
-        return (f"uploader {self.cfg.worker_name}: {self.uploaded} batches, {fmt_bytes(self.bytes)} uploaded "
-                f"({fmt_bytes(self.bytes / elapsed)}/s), {self.failures} failed tries; spool {usage.files} files "
+        queued = self.queued()
+        return (f"uploader {self.cfg.worker_name}: {self.uploaded} batches, {fmt_bytes(self.bytes)} uploaded; "
+                f"last {interval:.0f}s: {60 * (self.uploaded - self._logged_batches) / interval:.1f} batches/min, "
+                f"{fmt_bytes((self.bytes - self._logged_bytes) / interval)}/s; {self.failures} failed tries"
+                + (f", {self.refused} refused ({', '.join(sorted(self.refusals))})" if self.refused else "")
+                + f"; spool {usage.files} files "
                 f"{fmt_bytes(usage.bytes)}; upload@{self.host} queue {queued}")
 
-    def log_progress(self) -> None:
+    def queued(self) -> int:
+        from hsx import queues
+
+        return queues.queue(self.r, queues.upload_queue_name(self.host)).count
+
+    def log_progress(self, final: bool = False) -> None:
+        """A progress line; once idle (nothing uploaded since the last line, queue empty) one idle line, then
+        silence until work comes. ``final``: the summary on exit, always written."""
         try:
-            line = self.progress_line()
+            idle = not final and self.uploaded == self._logged_batches and self.queued() == 0
+            line = None if idle else self.progress_line()
         except Exception as exc:  # Redis away: the next beat tries again
-            line = f"uploader {self.cfg.worker_name}: {self.uploaded} batches uploaded (queue unknown: {exc})"
-        self._logged_at, self._logged_batches = time.monotonic(), self.uploaded
+            idle, line = False, f"uploader {self.cfg.worker_name}: {self.uploaded} batches uploaded (queue unknown: {exc})"
+        if idle:
+            if not self._said_idle:
+                log.info("idle: uploader %s has uploaded %d batches (%s); upload@%s is empty, waiting for jobs",
+                         self.cfg.worker_name, self.uploaded, fmt_bytes(self.bytes), self.host)
+            self._said_idle, self._logged_at = True, time.monotonic()
+            return
+        self._said_idle = False
+        self._logged_at, self._logged_batches, self._logged_bytes = time.monotonic(), self.uploaded, self.bytes
         log.info("%s", line)
 
     # ---- heartbeat -----------------------------------------------------------
@@ -151,8 +197,11 @@ class UploaderRuntime:
             manifest = ledger.get_manifest(self.r, run)
             if manifest is not None:
                 limits = RunLimits.of(manifest)
+                if OUTAGES.settling(self.cfg.redis_url, limits.lease_seconds):
+                    continue  # just back from a Redis outage: live owners refresh their leases first
                 leases.reap(self.r, run, limits.max_attempts)
                 reconcile.maybe_reconcile(self.r, run, limits.lease_seconds / 2)
+                rqclean.forget_dead_workers(self.r, run)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):

@@ -12,7 +12,7 @@ from hsx.config import UploadConfig
 from hsx.localdirs import ensure_dir
 from hsx.redisconn import connect
 from uploader import runtime
-from uploader.runtime import UploaderRuntime
+from uploader.runtime import UploaderRuntime, UploadsRefused
 
 log = logging.getLogger(__name__)
 
@@ -21,19 +21,24 @@ def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
     """Serve upload@<host> until stopped (or, with ``burst``, until the queue is empty); returns the runtime."""
     # Uploaded files are removed from the spool: a spool this process cannot write would only fill up.
     ensure_dir(cfg.spool_dir, "spool", "--spool-dir / HSX_SPOOL_DIR")
-    rt = UploaderRuntime(cfg, connect(cfg.redis_url))
+    rt = UploaderRuntime(cfg, connect(cfg.redis_url, ride_out=True))
     runtime.install(rt)
     rt.start()
     _abort_stale_multipart(rt)
     worker = SimpleWorker([queues.queue(rt.r, queues.upload_queue_name(cfg.host))], connection=rt.r,
                           name=cfg.worker_name, serializer=JSONSerializer, job_class=queues.HsxJob)
-    log.info("uploader %s on upload@%s, spool %s", cfg.worker_name, cfg.host, rt.spool_dir)
+    if cfg.burst:
+        rt.on_refused = lambda: setattr(worker, "_stop_requested", True)
+    log.info("ready: uploader %s taking jobs from upload@%s, spool %s", cfg.worker_name, cfg.host, rt.spool_dir)
     try:
         worker.work(burst=cfg.burst, logging_level="WARNING")
     finally:
         rt.close()
         runtime.install(None)
-        rt.log_progress()
+        rt.log_progress(final=True)
+    if rt.refused and cfg.burst:
+        raise UploadsRefused(f"{rt.refused} upload job(s) refused on host {cfg.host} ({', '.join(sorted(rt.refusals))}): "
+                             "they are back on the queue; fix this uploader's settings (see the error above) and rerun")
     return rt
 
 

@@ -1,0 +1,81 @@
+"""`hsx reset`: remove a run's Redis keys and queued jobs (and, with --store, its objects) to plan it anew."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from hsx.config import ConfigError, StoreSettings
+from hsx_cli.command import Command
+from hsx_cli.common import REDIS_URL, STORE_FLAGS, redis_url
+from hsx_cli.flags import Flag
+
+FLAGS = (
+    Flag("--run", "the run to reset", required=True),
+    Flag("--store", "also delete the run's objects in this store (s3://bucket/prefix or a local directory; "
+         "must be the run's own store when Redis still records it)"),
+    *STORE_FLAGS,
+    Flag("--yes", "do not ask", type=bool),
+    REDIS_URL,
+)
+
+
+@dataclass(frozen=True)
+class ResetConfig:
+    redis_url: str
+    run: str
+    store: StoreSettings | None
+    yes: bool
+
+
+def config(v) -> ResetConfig:
+    from hsx.runinputs import resolve_store_url
+    from hsx_cli.common import store_settings
+
+    store = None
+    if v["store"]:
+        store = store_settings(v)
+        store = StoreSettings(resolve_store_url(store.url), store.endpoint_url, store.region, store.addressing_style,
+                              store.verify_etag)
+    return ResetConfig(redis_url(v), v["run"], store, v["yes"])
+
+
+def run(cfg: ResetConfig) -> int:
+    from hsx import ledger
+    from hsx.redisconn import connect
+    from hsx.reset import apply_reset, plan_reset
+    from hsx.runinputs import resolve_store_url
+
+    r = connect(cfg.redis_url)
+    manifest = ledger.get_manifest(r, cfg.run)
+    recorded = (manifest or {}).get("store_url")
+    if cfg.store is not None and recorded and resolve_store_url(recorded) != cfg.store.url:
+        raise ConfigError(f"--store {cfg.store.url} is not run {cfg.run}'s store ({recorded}); nothing was changed")
+    store = cfg.store.open() if cfg.store is not None else None
+    plan = plan_reset(r, cfg.run, store)
+    if not plan.redis_keys and not plan.jobs and not plan.objects:
+        print(f"run {cfg.run}: nothing to reset (no Redis keys, no queued jobs"
+              + (", no objects in the store)" if store is not None else ")"))
+        return 0
+    if not cfg.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError(f"reset would delete {plan.summary().split(': ', 1)[1]}; pass --yes to confirm "
+                              "(no terminal to ask)")
+        answer = input(f"delete {plan.summary()}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing was changed")
+            return 1
+    apply_reset(r, plan, store)
+    print(f"reset {plan.summary()}: removed")
+    if store is None:
+        print(f"store objects kept{' in ' + recorded if recorded else ''}: its {cfg.run}/manifest.json still pins the "
+              "old settings; reset again with --store STORE to delete them")
+    return 0
+
+
+COMMAND = Command(
+    "reset", "start a run over: delete its Redis keys and queued jobs (and its store objects with --store)",
+    "Remove everything Redis holds for the run (manifest, plan, ledger, counters, leases, heartbeats) and its jobs "
+    "on the extract and upload queues; with --store also every object under <store>/<run>/. Asks first (or --yes). "
+    "Refused while a producer works on the run. Then `hsx produce` plans the run anew, with any settings.",
+    FLAGS, config, run)
