@@ -86,7 +86,8 @@ def resolve_layers(spec: str, num_layers: int) -> tuple[list[int], bool]:
         try:
             ids = [int(part) for part in spec.split(",") if part.strip()]
         except ValueError:
-            raise LayerSpecError(f"layers must be dflash, dflash:N, eagle3 or a comma-separated list of integers (each optionally +final), got {spec!r}") from None
+            raise LayerSpecError("layers must be dflash, dflash:N, eagle3 or a comma-separated list of integers (each "
+                                 f"optionally +final), got {spec!r}") from None
         if not ids:
             raise LayerSpecError("empty layer list")
         final = False
