@@ -10,6 +10,7 @@ and the peer's own trainer runs a few CPU steps of a tiny drafter with a finite,
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -38,12 +39,12 @@ def peer_python(name: str) -> Path:
     return python
 
 
-def run_peer(name: str, script: str, *args) -> dict:
+def run_peer(name: str, script: str, *args, cwd: Path | None = None) -> dict:
     """Run tests/peers/<script> in the peer's venv; its last stdout line is a JSON report."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update(OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
     proc = subprocess.run([str(peer_python(name)), str(SCRIPTS / script), *map(str, args)], capture_output=True,
-                          text=True, timeout=600, env=env, cwd=args[0] if args else None)
+                          text=True, timeout=600, env=env, cwd=cwd)
     assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -70,6 +71,13 @@ def exports(redis_server, tmp_path_factory):
     return _BUILT
 
 
+_LOADED: dict = {}
+
+
+def _export_items(exports):
+    return [(key, out) for key, out in exports.items() if isinstance(key, tuple)]
+
+
 @pytest.mark.parametrize("store_dtype", ["bfloat16", "float8_e4m3"])
 @pytest.mark.parametrize("algorithm,keys", [
     ("eagle3", ["attention_mask", "hidden_state", "input_ids", "loss_mask", "target"]),
@@ -77,7 +85,11 @@ def exports(redis_server, tmp_path_factory):
     ("dspark", ["hidden_states", "input_ids", "loss_mask", "target_last_hidden_states"]),
 ])
 def test_specforge_loads_every_sample(exports, algorithm, keys, store_dtype):
-    got = run_peer("specforge", "load_specforge.py", exports[(f"specforge-{algorithm}", store_dtype)], algorithm)
+    if "specforge" not in _LOADED:  # one specforge process loads all six exports
+        args = [x for (target, dtype), out in _export_items(exports) if target.startswith("specforge-")
+                for x in (out, target.split("-")[1])]
+        _LOADED["specforge"] = run_peer("specforge", "load_specforge.py", *args)
+    got = _LOADED["specforge"][str(exports[(f"specforge-{algorithm}", store_dtype)])]
     assert got == {"refs": SAMPLES, "batches": SAMPLES, "keys": keys}
 
 
@@ -92,3 +104,32 @@ def test_speculators_loads_every_sample(exports, store_dtype):
     assert got["loaded"] == SAMPLES
     assert got["backend"] == ("fp8" if store_dtype == "float8_e4m3" else "file")
     assert got["rel_l2_vs_bf16"] < 0.06
+
+
+STEPS = 5
+
+
+def test_speculators_train_decreases_the_loss(exports, tmp_path):
+    """`speculators train` itself (its config resolution, Trainer, drafters and data path; a CPU device shim only):
+    EAGLE-3 and DFlash drafters, a bf16 export (file backend) and an FP8 one (fp8 backend), a few steps each."""
+    cases = [(algo, dtype) for dtype in ("bfloat16", "float8_e4m3") for algo in ("eagle3", "dflash")]
+    flag_lists = []
+    for algo, dtype in cases:
+        out = exports[("speculators-eagle3", dtype)]
+        info = json.loads((out / "hsx_export.json").read_text())
+        flag_lists.append([
+            "--verifier-name-or-path", str(exports["model"]), "--speculator-type", algo,
+            "--data-path", str(out / "dataset"), "--hidden-states-path", str(out),
+            "--hidden-states-backend", info.get("hidden_states_backend", "file"),
+            "--target-layer-ids", *map(str, info["layer_ids"]), "--on-missing", "raise",
+            "--max-steps", str(STEPS), "--epochs", "1", "--num-workers", "0", "--total-seq-len", "256",
+            "--save-path", str(tmp_path / f"{algo}-{dtype}"), "--lr", "1e-2", "--log-freq", "1",
+            "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--seed", "0",
+            *(["--max-anchors", "16", "--block-size", "4"] if algo == "dflash" else [])])
+    got = run_peer("speculators", "train_speculators.py", json.dumps(flag_lists), cwd=tmp_path)
+    report = dict(zip(cases, got["losses"], strict=True))
+    print("speculators losses (first, last):", {k: (v[0], v[-1]) for k, v in report.items()})
+    for case, losses in report.items():
+        assert len(losses) == STEPS, (case, losses)
+        assert all(math.isfinite(x) for x in losses), (case, losses)
+        assert losses[-1] < losses[0], (case, losses)
