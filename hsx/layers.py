@@ -6,6 +6,8 @@ Layer ids are 0-based decoder-layer outputs, i.e. Hugging Face
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hsx.defaults import DEFAULT_DFLASH_LAYERS
 from hsx.errors import HsxError
 
@@ -98,3 +100,35 @@ def resolve_layers(spec: str, num_layers: int) -> tuple[list[int], bool]:
         raise LayerSpecError(f"layer ids repeat: {ids} ({spec} on a model of {num_layers} decoder layers); use "
                              f"--layers dflash:{max_dflash_layers(num_layers)} or list distinct ids (0..{num_layers - 1})")
     return sorted(ids), final
+
+
+@dataclass(frozen=True)
+class Target:
+    """A trainer and algorithm `hsx export --for` writes files for."""
+
+    trainer: str         # specforge | speculators
+    final: str | None    # the trainer's name for the final hidden state, where it needs one
+
+
+TARGETS = {
+    "specforge-eagle3": Target("specforge", "hidden_state"),
+    "specforge-dflash": Target("specforge", None),
+    "specforge-dspark": Target("specforge", "target_last_hidden_states"),
+    "speculators-eagle3": Target("speculators", "the last hidden_states slot"),
+    "speculators-dflash": Target("speculators", "the last hidden_states slot"),
+}
+
+
+def refusal(target: str, run: str, layer_ids: list[int], store_final: bool) -> str | None:
+    """Why this run cannot feed ``target`` (one line), or None."""
+    need = TARGETS[target].final
+    if need and not store_final:
+        ids = ",".join(map(str, layer_ids))
+        return (f"run {run!r} cannot feed {target}: it needs the final hidden state ({need}), and the run stored "
+                f"layers [{ids}] only; produce with --layers {ids}+final (or eagle3)")
+    return None
+
+
+def feeds(layer_ids: list[int], store_final: bool) -> list[str]:
+    """The trainers a run with these layers can feed."""
+    return [t for t in TARGETS if refusal(t, "", layer_ids, store_final) is None]

@@ -53,6 +53,7 @@ import torch
 
 from hsx.config import ConfigError, StoreSettings
 from hsx.dtypes import FP8, quantise_fp8
+from hsx.layers import TARGETS, refusal
 from hsx_reader.run import ReaderError, RunIndex, SampleRef
 from hsx_reader.source import Source, sample_of
 
@@ -125,19 +126,6 @@ def final_norm_gain(model: str, hidden_size: int) -> torch.Tensor:
     return gain
 
 
-@dataclass(frozen=True)
-class Target:
-    trainer: str         # specforge | speculators
-    final: str | None    # the trainer's name for the final hidden state, where it needs one
-
-
-TARGETS = {
-    "specforge-eagle3": Target("specforge", "hidden_state"),
-    "specforge-dflash": Target("specforge", None),
-    "specforge-dspark": Target("specforge", "target_last_hidden_states"),
-    "speculators-eagle3": Target("speculators", "the last hidden_states slot"),
-    "speculators-dflash": Target("speculators", "the last hidden_states slot"),
-}
 # --format of earlier releases: specforge followed the run's preset (eagle3 keys with a final state).
 LEGACY_FORMATS = ("specforge", "speculators")
 
@@ -150,21 +138,6 @@ def target_of(name: str, store_final: bool) -> str:
     if name not in TARGETS:
         raise ConfigError(f"unknown trainer {name!r} (want one of {', '.join(TARGETS)})")
     return name
-
-
-def refusal(target: str, run: str, layer_ids: list[int], store_final: bool) -> str | None:
-    """Why this run cannot feed ``target`` (one line), or None."""
-    need = TARGETS[target].final
-    if need and not store_final:
-        ids = ",".join(map(str, layer_ids))
-        return (f"run {run!r} cannot feed {target}: it needs the final hidden state ({need}), and the run stored "
-                f"layers [{ids}] only; produce with --layers {ids}+final (or eagle3)")
-    return None
-
-
-def feeds(layer_ids: list[int], store_final: bool) -> list[str]:
-    """The trainers a run with these layers can feed."""
-    return [t for t in TARGETS if refusal(t, "", layer_ids, store_final) is None]
 
 
 def specforge_path(out: Path, position: int) -> Path:
