@@ -20,8 +20,9 @@ every export with the peers' own code (scripts/peers.sh makes their venvs) and t
   ``hidden_states`` [T, n+1, H] (run dtype) and ``token_ids`` [T] int64 (plus ``loss_mask`` [T] int64, which
   speculators ignores); the rows ``input_ids``, ``loss_mask``, ``seq_len`` in ``OUT/dataset.jsonl`` and, where
   the ``datasets`` package is installed, as an Arrow dataset in torch format (as speculators' own prepare step
-  saves it) in ``OUT/dataset``; ``OUT/token_freq.pt`` {token id: count over loss-masked tokens} (speculators'
-  ``save_token_frequency_distribution``), from which ``--draft-vocab-size`` picks the draft vocabulary.
+  saves it) in ``OUT/dataset``; ``OUT/dataset/token_freq.pt`` {token id: count over loss-masked tokens}
+  (speculators' ``save_token_frequency_distribution``, where its train step looks by default), from which
+  ``--draft-vocab-size`` picks the draft vocabulary.
   Speculators layer id = hsx layer id + 1. Its last slot must be the final decoder layer's output BEFORE the
   final norm (speculators applies ``verifier_norm`` itself); hsx stores it after the norm, and the norm drops
   each token's scale, so the exact pre-norm tensor cannot be recovered. The export writes
@@ -205,20 +206,22 @@ def write_speculators_table(out: Path) -> int:
     tmp = out / f".dataset.jsonl.tmp-{os.getpid()}"
     tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
     os.replace(tmp, out / "dataset.jsonl")
-    freq: dict[int, int] = {}
-    for row in rows:
-        for token, kept in zip(row["input_ids"], row["loss_mask"], strict=True):
-            if kept:
-                freq[token] = freq.get(token, 0) + 1
-    tmp = out / f".token_freq.pt.tmp-{os.getpid()}"
-    torch.save(freq, tmp)
-    os.replace(tmp, out / "token_freq.pt")
     try:
         write_arrow_table(out / "dataset", rows)
     except ImportError:
         log.info("`pyarrow` is not installed: wrote %s only; for speculators install hsx[speculators] and re-run, or "
                  "datasets.Dataset.from_json(%r).with_format('torch').save_to_disk(%r)", out / "dataset.jsonl",
                  str(out / "dataset.jsonl"), str(out / "dataset"))
+    # Where speculators' prepare step leaves it and `speculators train` looks for it: <data-path>/token_freq.pt
+    freq: dict[int, int] = {}
+    for row in rows:
+        for token, kept in zip(row["input_ids"], row["loss_mask"], strict=True):
+            if kept:
+                freq[token] = freq.get(token, 0) + 1
+    (out / "dataset").mkdir(exist_ok=True)
+    tmp = out / "dataset" / f".token_freq.pt.tmp-{os.getpid()}"
+    torch.save(freq, tmp)
+    os.replace(tmp, out / "dataset" / "token_freq.pt")
     return len(rows)
 
 

@@ -126,7 +126,7 @@ def test_speculators_table_is_torch_format_with_token_freq(eagle3_run, tmp_path)
     with pa.OSFile(str(out / "dataset" / "data-00000-of-00001.arrow")) as fh:
         table = pa.ipc.open_stream(fh).read_all()
     assert table.schema.field("input_ids").type == pa.list_(pa.int64()) and table.num_rows == 10
-    freq = torch.load(out / "token_freq.pt", weights_only=True)
+    freq = torch.load(out / "dataset" / "token_freq.pt", weights_only=True)
     want: dict[int, int] = {}
     for r in table.to_pylist():
         for t, kept in zip(r["input_ids"], r["loss_mask"], strict=True):
