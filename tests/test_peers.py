@@ -125,9 +125,11 @@ def test_speculators_train_decreases_the_loss(exports, tmp_path):
             "--max-steps", str(STEPS), "--epochs", "1", "--num-workers", "0", "--total-seq-len", "256",
             "--save-path", str(tmp_path / f"{algo}-{dtype}"), "--lr", "1e-2", "--log-freq", "1",
             "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--seed", "0",
-            *(["--max-anchors", "16", "--block-size", "4"] if algo == "dflash" else [])])
+            *(["--max-anchors", "16", "--block-size", "4"] if algo == "dflash" else ["--draft-vocab-size", "64"])])
     got = run_peer("speculators", "train_speculators.py", json.dumps(flag_lists), cwd=tmp_path)
     report = dict(zip(cases, got["losses"], strict=True))
+    # --draft-vocab-size took the draft vocabulary from the export's token_freq.pt (not the full vocabulary)
+    assert got["draft_vocab_from_token_freq"] == [algo == "eagle3" for algo, _ in cases]
     print("speculators losses (first, last):", {k: (v[0], v[-1]) for k, v in report.items()})
     for case, losses in report.items():
         assert len(losses) == STEPS, (case, losses)

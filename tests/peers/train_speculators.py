@@ -10,6 +10,7 @@ release's code. Prints the loss of every step of each run (JSON, last line)."""
 import json
 import sys
 
+import speculators.train.cli as cli_module
 import speculators.train.trainer as trainer_module
 import torch
 import torch.utils.data._utils.pin_memory as pinning
@@ -42,9 +43,21 @@ def recording_init(self, model, *args, **kwargs):
 
 
 trainer_module.Trainer.__init__ = recording_init
-report = []
+generate_vocab_mappings = cli_module._generate_vocab_mappings
+vocab_from_freq: list[bool] = []
+
+
+def recording_vocab(*args, **kwargs):
+    result = generate_vocab_mappings(*args, **kwargs)
+    vocab_from_freq.append(result is not None)  # None: no token_freq.pt, the full verifier vocabulary
+    return result
+
+
+cli_module._generate_vocab_mappings = recording_vocab
+report, vocab = [], []
 for flags in json.loads(sys.argv[1]):
-    losses = []
+    losses, vocab_from_freq = [], []
     main(TrainConfig.resolve(flags))
     report.append(losses)
-print(json.dumps({"losses": report}))
+    vocab.append(any(vocab_from_freq))
+print(json.dumps({"losses": report, "draft_vocab_from_token_freq": vocab}))
