@@ -48,7 +48,7 @@ EAGLE3_MIN_LAYERS = 4
 
 
 def eagle3_layers(num_layers: int) -> list[int]:
-    """SpecForge's [1, L // 2 - 1, L - 4] (DESIGN.md); where that repeats a layer (L < 7), three distinct layers
+    """SpecForge's [1, L // 2 - 1, L - 4] (the preset for large L); where that repeats a layer (L < 7), three distinct layers
     below the last one: [1, L // 2, L - 2], else [0, 1, 2]."""
     if num_layers < EAGLE3_MIN_LAYERS:
         raise LayerSpecError(f"eagle3 needs a model of >= {EAGLE3_MIN_LAYERS} decoder layers (3 distinct layers below "

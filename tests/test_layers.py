@@ -21,7 +21,7 @@ def test_dflash_formula_for_other_counts():
 
 
 @pytest.mark.parametrize("num_layers,expected", [
-    (36, [1, 17, 32]), (32, [1, 15, 28]), (64, [1, 31, 60]), (7, [1, 2, 3]),   # DESIGN.md's [1, L//2 - 1, L - 4]
+    (36, [1, 17, 32]), (32, [1, 15, 28]), (64, [1, 31, 60]), (7, [1, 2, 3]),   # the preset [1, L//2 - 1, L - 4]
     (6, [1, 3, 4]), (5, [1, 2, 3]), (4, [0, 1, 2]),                             # small models: distinct, below the last
 ])
 def test_eagle3(num_layers, expected):
