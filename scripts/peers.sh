@@ -33,7 +33,7 @@ run_pip() {
     echo "peers: failed: $*" >&2
     exit "$rc"
   fi
-  grep -v -E "is ignored: it is neither|dependency resolver|requires .*, which is|^ *$" "$log" || true
+  grep -v -E "is ignored: it is neither|dependency resolver|requires .*(, which is|, but you have)|^ *$" "$log" || true
   rm -f "$log"
 }
 
