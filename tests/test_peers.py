@@ -65,9 +65,6 @@ def exports(redis_server, tmp_path_factory):
                              "--limit", str(SAMPLES)]) == 0
                 _BUILT[(target, store_dtype)] = out
         _BUILT["model"] = model
-    if os.environ.get("HSX_PEERS_KEEP"):
-        (Path(os.environ["HSX_PEERS_KEEP"])).write_text(json.dumps({"|".join(k) if isinstance(k, tuple) else k: str(v)
-                                                                     for k, v in _BUILT.items()}))
     return _BUILT
 
 
