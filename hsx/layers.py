@@ -6,6 +6,8 @@ Layer ids are 0-based decoder-layer outputs, i.e. Hugging Face
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hsx.defaults import DEFAULT_DFLASH_LAYERS
 from hsx.errors import HsxError
 
@@ -42,18 +44,34 @@ def dflash_layers(num_layers: int, count: int = DEFAULT_DFLASH_LAYERS) -> list[i
     return ids
 
 
+EAGLE3_MIN_LAYERS = 4
+
+
 def eagle3_layers(num_layers: int) -> list[int]:
-    if num_layers < 5:
-        raise LayerSpecError(f"eagle3 needs a model of >= 5 decoder layers, this one has {num_layers}")
-    return [1, num_layers // 2 - 1, num_layers - 4]
+    """SpecForge's [1, L // 2 - 1, L - 4] (the preset for large L); where that repeats a layer (L < 7), three distinct layers
+    below the last one: [1, L // 2, L - 2], else [0, 1, 2]."""
+    if num_layers < EAGLE3_MIN_LAYERS:
+        raise LayerSpecError(f"eagle3 needs a model of >= {EAGLE3_MIN_LAYERS} decoder layers (3 distinct layers below "
+                             f"the last), this one has {num_layers}")
+    for ids in ([1, num_layers // 2 - 1, num_layers - 4], [1, num_layers // 2, num_layers - 2], [0, 1, 2]):
+        if len(set(ids)) == 3 and min(ids) >= 0:
+            return ids
+    raise AssertionError("unreachable: [0, 1, 2] is distinct")
 
 
 def resolve_layers(spec: str, num_layers: int) -> tuple[list[int], bool]:
     """Parse a layer spec into (sorted layer ids, whether the final hidden state is stored).
 
-    ``spec`` is ``dflash``, ``dflash:N``, ``eagle3`` or a comma-separated list of ids.
+    ``spec`` is ``dflash``, ``dflash:N``, ``eagle3`` or a comma-separated list of ids, optionally followed by
+    ``+final`` (also store the final hidden state; eagle3 always does).
     """
     spec = spec.strip()
+    base, plus, suffix = spec.partition("+")
+    if plus:
+        if suffix.strip() != "final":
+            raise LayerSpecError(f"the only layer-spec suffix is +final, got {spec!r}")
+        ids, _ = resolve_layers(base, num_layers)
+        return ids, True
     name, _, arg = spec.partition(":")
     if name == "dflash":
         count = DEFAULT_DFLASH_LAYERS
@@ -70,7 +88,8 @@ def resolve_layers(spec: str, num_layers: int) -> tuple[list[int], bool]:
         try:
             ids = [int(part) for part in spec.split(",") if part.strip()]
         except ValueError:
-            raise LayerSpecError(f"layers must be dflash, dflash:N, eagle3 or a comma-separated list of integers, got {spec!r}") from None
+            raise LayerSpecError("layers must be dflash, dflash:N, eagle3 or a comma-separated list of integers (each "
+                                 f"optionally +final), got {spec!r}") from None
         if not ids:
             raise LayerSpecError("empty layer list")
         final = False
@@ -81,3 +100,35 @@ def resolve_layers(spec: str, num_layers: int) -> tuple[list[int], bool]:
         raise LayerSpecError(f"layer ids repeat: {ids} ({spec} on a model of {num_layers} decoder layers); use "
                              f"--layers dflash:{max_dflash_layers(num_layers)} or list distinct ids (0..{num_layers - 1})")
     return sorted(ids), final
+
+
+@dataclass(frozen=True)
+class Target:
+    """A trainer and algorithm `hsx export --for` writes files for."""
+
+    trainer: str         # specforge | speculators
+    final: str | None    # the trainer's name for the final hidden state, where it needs one
+
+
+TARGETS = {
+    "specforge-eagle3": Target("specforge", "hidden_state"),
+    "specforge-dflash": Target("specforge", None),
+    "specforge-dspark": Target("specforge", "target_last_hidden_states"),
+    "speculators-eagle3": Target("speculators", "the last hidden_states slot"),
+    "speculators-dflash": Target("speculators", "the last hidden_states slot"),
+}
+
+
+def refusal(target: str, run: str, layer_ids: list[int], store_final: bool) -> str | None:
+    """Why this run cannot feed ``target`` (one line), or None."""
+    need = TARGETS[target].final
+    if need and not store_final:
+        ids = ",".join(map(str, layer_ids))
+        return (f"run {run!r} cannot feed {target}: it needs the final hidden state ({need}), and the run stored "
+                f"layers [{ids}] only; produce with --layers {ids}+final (or eagle3)")
+    return None
+
+
+def feeds(layer_ids: list[int], store_final: bool) -> list[str]:
+    """The trainers a run with these layers can feed."""
+    return [t for t in TARGETS if refusal(t, "", layer_ids, store_final) is None]

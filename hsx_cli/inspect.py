@@ -12,7 +12,7 @@ from hsx_cli.produce import ROW_FLAGS, check_flags, columns, template_kwargs
 FLAGS = (
     Flag("--dataset", "JSONL, Parquet or a `datasets` folder", required=True),
     Flag("--model", "target model: local path or hub id", required=True),
-    Flag("--layers", "dflash, dflash:N, eagle3 or a list like 1,9,17", default="dflash"),
+    Flag("--layers", "dflash, dflash:N, eagle3 or a list like 1,9,17; +final also stores the final state", default="dflash"),
     *ROW_FLAGS,
     Flag("--token-budget", "padded tokens a batch", type=int, default=D.DEFAULT_TOKEN_BUDGET, min=1),
     Flag("--max-batch-rows", "samples a batch at most", type=int, default=D.DEFAULT_MAX_BATCH_ROWS, min=1),

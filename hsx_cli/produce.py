@@ -53,7 +53,7 @@ def columns(v):
 FLAGS = (
     Flag("--dataset", "JSONL, Parquet or a `datasets` folder", required=True),
     Flag("--model", "target model: local path or hub id", required=True),
-    Flag("--layers", "dflash, dflash:N, eagle3 or a list like 1,9,17", default="dflash"),
+    Flag("--layers", "dflash, dflash:N, eagle3 or a list like 1,9,17; +final also stores the final state", default="dflash"),
     RUN,
     Flag("--store", "s3://bucket/prefix or a local directory", required=True),
     *STORE_FLAGS,

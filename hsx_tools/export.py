@@ -5,30 +5,39 @@ it, so exports of different ``--shard``s into one directory fit together.
 Files are written to a temp name and renamed, so an existing file is complete
 and a re-run skips it (resume). Checked against:
 
-- SpecForge v0.2.0 (sgl-project/SpecForge a6b6b02): ``OUT/rows_{g}-{g+2000}/data_{i}.ckpt``,
-  g = (i // 2000) * 2000, one ``torch.save``d dict each. Run with the final state (eagle3 preset):
-  ``input_ids`` [T] int64, ``loss_mask`` [T] int64, ``aux_hidden_state`` [1, T, n*H] (hsx layer ids =
-  SpecForge's), ``hidden_state`` [1, T, H] (after the final norm, as SpecForge stores it). Run without it
-  (dflash): ``input_ids``, ``loss_mask``, ``hidden_states`` [1, T, n*H].
-- vLLM speculators hsc-v0.7.0 (vllm-project/speculators c05b95b): ``OUT/hs_{i}.safetensors`` with
+The layout and key names follow the trainer (``--for``), not the run's layer preset; a run that lacks what
+the trainer needs (the final hidden state) is refused with the layer it is missing. Checked against the
+released specforge 0.2.0 and speculators 0.9.0 + hs-connectors 0.9.0 by tests/test_peers.py, which loads
+every export with the peers' own code (scripts/peers.sh makes their venvs) and trains a few steps on it.
+
+- SpecForge (``specforge-eagle3|dflash|dspark``): ``OUT/rows_{g}-{g+2000}/data_{i}.ckpt``,
+  g = (i // 2000) * 2000, one ``torch.save``d dict each, the keys its offline readers ask for
+  (``specforge/algorithms/*/data.py``): all have ``input_ids`` [T] int64 and ``loss_mask`` [T] int64; eagle3
+  ``aux_hidden_state`` [1, T, n*H] + ``hidden_state`` [1, T, H] (the final state, after the norm, as SpecForge
+  stores it); dflash ``hidden_states`` [1, T, n*H]; dspark (DFlash + target supervision) ``hidden_states``
+  + ``target_last_hidden_states`` [1, T, H] (the final state). hsx layer ids = SpecForge's.
+- speculators (``speculators-eagle3|dflash``; both read the same files): ``OUT/hs_{i}.safetensors`` with
   ``hidden_states`` [T, n+1, H] (run dtype) and ``token_ids`` [T] int64 (plus ``loss_mask`` [T] int64, which
-  speculators ignores); the rows ``input_ids``, ``loss_mask``, ``seq_len`` in ``OUT/dataset.jsonl`` and,
-  where the ``datasets`` package is installed, as an Arrow dataset saved to ``OUT/dataset``.
+  speculators ignores); the rows ``input_ids``, ``loss_mask``, ``seq_len`` in ``OUT/dataset.jsonl`` and, where
+  the ``datasets`` package is installed, as an Arrow dataset in torch format (as speculators' own prepare step
+  saves it) in ``OUT/dataset``; ``OUT/dataset/token_freq.pt`` {token id: count over loss-masked tokens}
+  (speculators' ``save_token_frequency_distribution``, where its train step looks by default), from which
+  ``--draft-vocab-size`` picks the draft vocabulary.
   Speculators layer id = hsx layer id + 1. Its last slot must be the final decoder layer's output BEFORE the
   final norm (speculators applies ``verifier_norm`` itself); hsx stores it after the norm, and the norm drops
   each token's scale, so the exact pre-norm tensor cannot be recovered. The export writes
   ``final / g`` instead, g = the target's final-norm gain (read from the model in the manifest): the unit-RMS
   direction of the pre-norm state, which the target's own norm maps back to the stored final state to within
   a relative eps / (2 * mean(x^2)) (< 1e-6 for a real model's last layer; below bf16 precision). Its
-  per-token magnitude is not the true one; speculators only reads the slot through its norm. Runs without
-  a stored final state are refused.
+  per-token magnitude is not the true one; speculators only reads the slot through its norm.
 
-Store dtypes: a run stored as FP8 (``--store-dtype float8_e4m3``) is exported to speculators in its own
-FP8 layout (speculators ``fp8_utils``, per_token_scaled): ``hidden_states`` float8_e4m3fn [T, n+1, H] with
-``hidden_states_scales`` float32 [T, 1], one scale per token over all its slots (hsx keeps one per token per
-layer, so the values are re-quantised: their error adds to the recorded one). SpecForge has no FP8 layout:
-its export dequantises to the run's dtype and says so (log line and ``hsx_export.json``). Compressed runs
-(``--codec zstd``) are decompressed on read; exports are never compressed.
+Store dtypes: a run stored as FP8 (``--store-dtype float8_e4m3``) is exported to speculators in the layout
+hs-connectors' ``fp8`` backend reads (``--hidden-states-backend fp8``; ``hs_connectors.fp8_utils``):
+``hidden_states`` float8_e4m3fn [T, n+1, H] with ``hidden_states_scales`` float32 [T, 1, 1], one scale per
+token over all its slots (hsx keeps one per token per layer, so the values are re-quantised: their error adds
+to the recorded one). SpecForge has no FP8 layout: its export dequantises to the run's dtype and says so (log
+line and ``hsx_export.json``). Compressed runs (``--codec zstd``) are decompressed on read; exports are never
+compressed.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +54,7 @@ import torch
 
 from hsx.config import ConfigError, StoreSettings
 from hsx.dtypes import FP8, quantise_fp8
+from hsx.layers import TARGETS, refusal
 from hsx_reader.run import ReaderError, RunIndex, SampleRef
 from hsx_reader.source import Source, sample_of
 
@@ -55,7 +66,7 @@ PROGRESS_SECONDS = 10.0
 @dataclass(frozen=True)
 class ExportConfig:
     run: str
-    format: str                      # specforge | speculators
+    format: str                      # a TARGETS key (the trainer and algorithm)
     out: Path
     store: StoreSettings | None      # None: the store the run recorded in Redis (needs redis_url)
     redis_url: str | None = None
@@ -116,6 +127,20 @@ def final_norm_gain(model: str, hidden_size: int) -> torch.Tensor:
     return gain
 
 
+# --format of earlier releases: specforge followed the run's preset (eagle3 keys with a final state).
+LEGACY_FORMATS = ("specforge", "speculators")
+
+
+def target_of(name: str, store_final: bool) -> str:
+    if name == "specforge":
+        return "specforge-eagle3" if store_final else "specforge-dflash"
+    if name == "speculators":
+        return "speculators-eagle3"
+    if name not in TARGETS:
+        raise ConfigError(f"unknown trainer {name!r} (want one of {', '.join(TARGETS)})")
+    return name
+
+
 def specforge_path(out: Path, position: int) -> Path:
     g = (position // SPECFORGE_GROUP) * SPECFORGE_GROUP
     return out / f"rows_{g}-{g + SPECFORGE_GROUP}" / f"data_{position}.ckpt"
@@ -125,14 +150,16 @@ def speculators_path(out: Path, position: int) -> Path:
     return out / f"hs_{position}.safetensors"
 
 
-def specforge_record(sample: dict) -> dict:
-    """The dict SpecForge's offline dataset loads; tensors are fresh copies (a view would save its whole batch)."""
+def specforge_record(sample: dict, target: str) -> dict:
+    """The dict SpecForge's offline reader for ``target`` loads; fresh copies (a view would save its whole batch)."""
     record = {"input_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
-    if "final_hidden_states" in sample:
+    if target == "specforge-eagle3":
         record["aux_hidden_state"] = sample["hidden_states"].clone()[None]
         record["hidden_state"] = sample["final_hidden_states"].clone()[None]
     else:
         record["hidden_states"] = sample["hidden_states"].clone()[None]
+    if target == "specforge-dspark":
+        record["target_last_hidden_states"] = sample["final_hidden_states"].clone()[None]
     return record
 
 
@@ -143,19 +170,19 @@ def speculators_record(sample: dict, hidden_size: int, gain: torch.Tensor, fp8: 
     stacked = torch.cat([aux, last[:, None]], dim=1).contiguous()
     record = {"hidden_states": stacked, "token_ids": sample["input_ids"].to(torch.int64),
               "loss_mask": sample["loss_mask"].to(torch.int64)}
-    if fp8:  # speculators' per_token_scaled layout: one scale per token over all slots
+    if fp8:  # hs-connectors' fp8 layout: one scale per token over all slots, [T, 1, 1] (broadcasts on [T, n+1, H])
         q, scales = quantise_fp8(stacked.reshape(stacked.shape[0], -1), 1)
-        record["hidden_states"], record["hidden_states_scales"] = q.reshape(stacked.shape), scales
+        record["hidden_states"], record["hidden_states_scales"] = q.reshape(stacked.shape), scales[:, :, None]
     return record
 
 
-def _write(path: Path, record: dict, fmt: str) -> None:
+def _write(path: Path, record: dict, trainer: str) -> None:
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        if fmt == "specforge":
+        if trainer == "specforge":
             torch.save(record, tmp)
         else:
             save_file(record, str(tmp))
@@ -180,37 +207,75 @@ def write_speculators_table(out: Path) -> int:
     tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
     os.replace(tmp, out / "dataset.jsonl")
     try:
-        import datasets
+        write_arrow_table(out / "dataset", rows)
     except ImportError:
-        log.info("`datasets` is not installed: wrote %s only; for speculators run "
-                 "datasets.Dataset.from_json(%r).save_to_disk(%r)", out / "dataset.jsonl",
+        log.info("`pyarrow` is not installed: wrote %s only; for speculators install hsx[speculators] and re-run, or "
+                 "datasets.Dataset.from_json(%r).with_format('torch').save_to_disk(%r)", out / "dataset.jsonl",
                  str(out / "dataset.jsonl"), str(out / "dataset"))
-        return len(rows)
-    datasets.Dataset.from_list(rows).save_to_disk(str(out / "dataset"))
+    # Where speculators' prepare step leaves it and `speculators train` looks for it: <data-path>/token_freq.pt
+    freq: dict[int, int] = {}
+    for row in rows:
+        for token, kept in zip(row["input_ids"], row["loss_mask"], strict=True):
+            if kept:
+                freq[token] = freq.get(token, 0) + 1
+    (out / "dataset").mkdir(exist_ok=True)
+    tmp = out / "dataset" / f".token_freq.pt.tmp-{os.getpid()}"
+    torch.save(freq, tmp)
+    os.replace(tmp, out / "dataset" / "token_freq.pt")
     return len(rows)
+
+
+def write_arrow_table(folder: Path, rows: list[dict]) -> None:
+    """``rows`` as a Hugging Face ``datasets`` folder in torch format, the layout ``Dataset.save_to_disk`` writes
+    after speculators' prepare step ``set_format(type="torch")`` (one Arrow stream, dataset_info.json, state.json),
+    written with pyarrow so hsx does not need ``datasets``; every column int64, as speculators compares
+    ``input_ids`` with the int64 ``token_ids`` of the hidden-state file."""
+    import pyarrow as pa
+
+    ints = {"dtype": "int64", "_type": "Value"}
+    features = {"input_ids": {"feature": ints, "_type": "List"}, "loss_mask": {"feature": ints, "_type": "List"},
+                "seq_len": ints}
+    info = {"citation": "", "description": "", "features": features, "homepage": "", "license": ""}
+    schema = pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int64())),
+                        ("seq_len", pa.int64())], metadata={"huggingface": json.dumps({"info": {"features": features}})})
+    table = pa.Table.from_pylist(rows, schema=schema)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with pa.OSFile(str(tmp / "data-00000-of-00001.arrow"), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(table)
+    (tmp / "dataset_info.json").write_text(json.dumps(info, indent=2))
+    state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "_fingerprint": f"hsx{len(rows):013x}",
+             "_format_columns": None, "_format_kwargs": {}, "_format_type": "torch", "_output_all_columns": False,
+             "_split": None}
+    (tmp / "state.json").write_text(json.dumps(state, indent=2))
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
 
 
 def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: int | None = None,
                shards: list[str] | None = None) -> dict:
-    """Export; returns counts {written, skipped, samples}."""
-    if fmt not in ("specforge", "speculators"):
-        raise ConfigError(f"unknown export format {fmt!r} (want specforge or speculators)")
+    """Export for trainer ``fmt`` (a TARGETS key, or a legacy --format); returns counts {written, skipped, samples}."""
+    if fmt not in TARGETS and fmt not in LEGACY_FORMATS:
+        raise ConfigError(f"unknown trainer {fmt!r} (want one of {', '.join(TARGETS)})")
     source = Source(settings, run, shards=shards)
     index: RunIndex = source.index
+    target = target_of(fmt, index.store_final)
+    trainer = TARGETS[target].trainer
+    why = refusal(target, run, index.layer_ids, index.store_final)
+    if why:
+        raise ConfigError(why)
     refs = index.samples[:limit] if limit is not None else index.samples
     if not refs:
         raise ReaderError(f"run {run!r}: no samples to export" + (f" in shard(s) {shards}" if shards else ""))
     manifest, gain = index.manifest, None
-    if fmt == "speculators":
-        if not index.store_final:
-            raise ConfigError(f"run {run!r} stored no final hidden state; speculators needs it as the last slot. "
-                              "Produce the run with --layers eagle3, or export --format specforge")
+    if trainer == "speculators":
         gain = final_norm_gain(manifest["model"], index.hidden_size)
     fp8 = manifest.get("store_dtype") == FP8
-    if fp8 and fmt == "specforge":
+    if fp8 and trainer == "specforge":
         log.warning("run %s is stored as FP8; SpecForge has no FP8 layout, so the export dequantises to %s",
                     run, manifest["dtype"])
-    path_of = specforge_path if fmt == "specforge" else speculators_path
+    path_of = specforge_path if trainer == "specforge" else speculators_path
     out.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[SampleRef]] = {}
     for ref in refs:
@@ -225,30 +290,38 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
         contents = source.batch(key)
         for ref in todo:
             sample = sample_of(contents, ref, source.store.url(key))
-            record = specforge_record(sample) if fmt == "specforge" else \
+            record = specforge_record(sample, target) if trainer == "specforge" else \
                 speculators_record(sample, index.hidden_size, gain, fp8=fp8)
-            _write(path_of(out, ref.position), record, fmt)
+            _write(path_of(out, ref.position), record, trainer)
             written += 1
         if time.monotonic() - last_log > PROGRESS_SECONDS:
             log.info("export %s: %d/%d samples (%d already there)", run, written + skipped, len(refs), skipped)
             last_log = time.monotonic()
     counts = {"written": written, "skipped": skipped, "samples": len(refs)}
-    if fmt == "speculators":
+    if trainer == "speculators":
         counts["table_rows"] = write_speculators_table(out)
-    layer_ids = index.layer_ids if fmt == "specforge" else [k + 1 for k in index.layer_ids]
-    info = {"run": run, "format": fmt, "layer_ids": layer_ids, "hidden_size": index.hidden_size,
-            "dtype": FP8 if fp8 and fmt == "speculators" else manifest["dtype"],
+    layer_ids = index.layer_ids if trainer == "specforge" else [k + 1 for k in index.layer_ids]
+    info = {"run": run, "format": trainer, "for": target, "layer_ids": layer_ids, "hidden_size": index.hidden_size,
+            "dtype": FP8 if fp8 and trainer == "speculators" else manifest["dtype"],
             "store_dtype": manifest.get("store_dtype") or manifest["dtype"], "codec": manifest.get("codec", "none"),
-            "dequantised": fp8 and fmt == "specforge",
+            "dequantised": fp8 and trainer == "specforge",
             "model": manifest.get("model"), "store_final": index.store_final, **counts}
+    if fp8 and trainer == "speculators":
+        info["hidden_states_backend"] = "fp8"  # the default `file` backend would train on the unscaled values
     (out / "hsx_export.json").write_text(json.dumps(info, indent=2) + "\n")
     log.info("export %s -> %s (%s): %d written, %d already there; trainer layer ids %s",
-             run, out, fmt, written, skipped, layer_ids)
+             run, out, target, written, skipped, layer_ids)
     return counts
 
 
 def run_export(cfg: ExportConfig) -> int:
     counts = export_run(run_store(cfg), cfg.run, cfg.format, cfg.out, cfg.limit, list(cfg.shards) or None)
-    print(f"exported run {cfg.run} as {cfg.format} to {cfg.out}: {counts['written']} written, "
+    print(f"exported run {cfg.run} for {cfg.format} to {cfg.out}: {counts['written']} written, "
           f"{counts['skipped']} already there, {counts['samples']} in all")
+    info = json.loads((cfg.out / "hsx_export.json").read_text())
+    if info["format"] == "speculators":
+        backend = " --hidden-states-backend fp8" if info.get("hidden_states_backend") == "fp8" else ""
+        print(f"train: speculators train --verifier-name-or-path {info['model']} --speculator-type "
+              f"{info['for'].split('-')[1]} --data-path {cfg.out / 'dataset'} --hidden-states-path {cfg.out}{backend} "
+              f"--target-layer-ids {' '.join(map(str, info['layer_ids']))} --on-missing raise")
     return 0

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hsx.layers import resolve_layers
+from hsx.layers import TARGETS, feeds, resolve_layers
 from hsx.manifest import load_model_config
 from hsx.planning import cut_batches, padding_fraction
 from hsx.progress import fmt_bytes
@@ -241,6 +241,10 @@ def run_inspect(cfg: InspectConfig) -> int:
           + (f" + {cfg.codec}" if cfg.codec != "none" else "") + " = "
           f"{fmt_bytes(est.bytes_per_token)} a token -> {fmt_bytes(est.stored_bytes)}, "
           f"${est.storage_usd_month:,.2f} a month at ${cfg.storage_usd_per_tb_month:g}/TB-month")
+    can = feeds(layer_ids, store_final)
+    cannot = [t for t in TARGETS if t not in can]
+    print(f"  trainers: {', '.join(can)} (hsx export --for)"
+          + (f"; not {', '.join(cannot)}: they need the final state (--layers {cfg.layers}+final)" if cannot else ""))
     print(f"  GPU: {est.gpu_hours:,.2f} GPU-hours at {est.tokens_per_s:,.0f} tokens/s ({est.rate_source})"
           + (f", ${est.gpu_hours * cfg.gpu_usd_per_hour:,.2f} at ${cfg.gpu_usd_per_hour:g}/GPU-hour"
              if cfg.gpu_usd_per_hour else ""))

@@ -20,10 +20,10 @@ def _ids_by_position(run):
 
 def test_specforge_dflash_with_limit_shard_and_resume(dflash_run, tmp_path, capsys):
     out, store = tmp_path / "sf", str(dflash_run.store)
-    assert main(["export", "--run", dflash_run.run, "--format", "specforge", "--out", str(out), "--store", store,
+    assert main(["export", "--run", dflash_run.run, "--for", "specforge-dflash", "--out", str(out), "--store", store,
                  "--shard", "00001", "--limit", "5"]) == 0
     assert len(list(out.rglob("*.ckpt"))) == 5
-    assert main(["export", "--run", dflash_run.run, "--format", "specforge", "--out", str(out), "--store", store]) == 0
+    assert main(["export", "--run", dflash_run.run, "--for", "specforge-dflash", "--out", str(out), "--store", store]) == 0
     assert "155 written, 5 already there, 160 in all" in capsys.readouterr().out
     ids = _ids_by_position(dflash_run)
     files = sorted(out.rglob("*.ckpt"))
@@ -40,7 +40,7 @@ def test_specforge_dflash_with_limit_shard_and_resume(dflash_run, tmp_path, caps
 
 def test_specforge_eagle3_keys(eagle3_run, tmp_path):
     out = tmp_path / "sf"
-    assert main(["export", "--run", eagle3_run.run, "--format", "specforge", "--out", str(out),
+    assert main(["export", "--run", eagle3_run.run, "--for", "specforge-eagle3", "--out", str(out),
                  "--store", str(eagle3_run.store), "--limit", "40"]) == 0
     for position, sample_id in enumerate(_ids_by_position(eagle3_run)[:40]):
         record = torch.load(specforge_path(out, position), weights_only=False, mmap=True)
@@ -51,7 +51,7 @@ def test_specforge_eagle3_keys(eagle3_run, tmp_path):
 
 def test_speculators_eagle3_layout_and_prenorm_slot(eagle3_run, tmp_path):
     out = tmp_path / "spec"
-    assert main(["export", "--run", eagle3_run.run, "--format", "speculators", "--out", str(out),
+    assert main(["export", "--run", eagle3_run.run, "--for", "speculators-eagle3", "--out", str(out),
                  "--store", str(eagle3_run.store), "--limit", "30"]) == 0
     body = eagle3_run.hf[0]
     rows = [json.loads(line) for line in (out / "dataset.jsonl").read_text().splitlines()]
@@ -73,16 +73,63 @@ def test_speculators_eagle3_layout_and_prenorm_slot(eagle3_run, tmp_path):
 
 
 def test_speculators_refuses_a_run_without_final_state(dflash_run, tmp_path, capsys):
-    assert main(["export", "--run", dflash_run.run, "--format", "speculators", "--out", str(tmp_path / "o"),
+    ids = ",".join(map(str, dflash_run.layer_ids))
+    assert main(["export", "--run", dflash_run.run, "--for", "speculators-eagle3", "--out", str(tmp_path / "o"),
                  "--store", str(dflash_run.store)]) == 2
-    assert "stored no final hidden state" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"run 'rdflash' cannot feed speculators-eagle3: it needs the final hidden state (the last "
+                        f"hidden_states slot), and the run stored layers [{ids}] only; produce with --layers {ids}+final "
+                        f"(or eagle3)") and "\n" not in err
 
 
 def test_store_comes_from_the_runs_manifest_in_redis(dflash_run, r, redis_env, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("HSX_STORE", raising=False)
-    assert main(["export", "--run", dflash_run.run, "--format", "specforge", "--out", str(tmp_path / "o")]) == 2
+    assert main(["export", "--run", dflash_run.run, "--for", "specforge-dflash", "--out", str(tmp_path / "o")]) == 2
     assert "pass --store" in capsys.readouterr().err
     r.set(RunKeys(dflash_run.run).manifest, json.dumps({"store": {"url": str(dflash_run.store)}}))
-    assert main(["export", "--run", dflash_run.run, "--format", "specforge", "--out", str(tmp_path / "o"),
+    assert main(["export", "--run", dflash_run.run, "--for", "specforge-dflash", "--out", str(tmp_path / "o"),
                  "--limit", "3"]) == 0
     assert len(list((tmp_path / "o").rglob("*.ckpt"))) == 3
+
+
+def test_key_names_follow_the_trainer_not_the_run(eagle3_run, dflash_run, tmp_path, capsys):
+    # An eagle3 run (final stored) feeds SpecForge's DFlash and DSpark too; a dflash run cannot feed EAGLE-3/DSpark.
+    ids = _ids_by_position(eagle3_run)
+    for target, keys in (("specforge-dflash", {"input_ids", "loss_mask", "hidden_states"}),
+                         ("specforge-dspark", {"input_ids", "loss_mask", "hidden_states", "target_last_hidden_states"})):
+        out = tmp_path / target
+        assert main(["export", "--run", eagle3_run.run, "--for", target, "--out", str(out),
+                     "--store", str(eagle3_run.store), "--limit", "4"]) == 0
+        for position in range(4):
+            record = torch.load(specforge_path(out, position), weights_only=True)
+            assert set(record) == keys
+            assert_sample_matches(eagle3_run, ids[position], record["input_ids"], record["loss_mask"],
+                                  record["hidden_states"][0], final=record.get("target_last_hidden_states", [None])[0])
+    for target, missing in (("specforge-eagle3", "hidden_state"), ("specforge-dspark", "target_last_hidden_states")):
+        assert main(["export", "--run", dflash_run.run, "--for", target, "--out", str(tmp_path / "no"),
+                     "--store", str(dflash_run.store)]) == 2
+        assert f"cannot feed {target}: it needs the final hidden state ({missing})" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+    assert main(["export", "--run", dflash_run.run, "--out", str(tmp_path / "o"), "--store", str(dflash_run.store)]) == 2
+    assert "say which trainer the export is for: --for" in capsys.readouterr().err
+
+
+def test_speculators_table_is_torch_format_with_token_freq(eagle3_run, tmp_path):
+    # speculators' own load_from_disk reads it (tests/test_peers.py); here: the torch format flag, the int64
+    # columns and the loss-masked token counts.
+    import pyarrow as pa
+
+    out = tmp_path / "spec"
+    assert main(["export", "--run", eagle3_run.run, "--for", "speculators-dflash", "--out", str(out),
+                 "--store", str(eagle3_run.store), "--limit", "10"]) == 0
+    assert json.loads((out / "dataset" / "state.json").read_text())["_format_type"] == "torch"
+    with pa.OSFile(str(out / "dataset" / "data-00000-of-00001.arrow")) as fh:
+        table = pa.ipc.open_stream(fh).read_all()
+    assert table.schema.field("input_ids").type == pa.list_(pa.int64()) and table.num_rows == 10
+    freq = torch.load(out / "dataset" / "token_freq.pt", weights_only=True)
+    want: dict[int, int] = {}
+    for r in table.to_pylist():
+        for t, kept in zip(r["input_ids"], r["loss_mask"], strict=True):
+            if kept:
+                want[t] = want.get(t, 0) + 1
+    assert freq == want and sum(freq.values()) > 0

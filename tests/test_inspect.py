@@ -28,6 +28,8 @@ def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_whe
     assert len(samples) == 2 and "in the loss mask: [[...]]" in samples[0]
     assert text.count("[[") >= 2 and "]]" in text
     assert "plan: " in text and "padding" in text and "GPU-hours" in text and "a month at $20/TB-month" in text
+    assert ("  trainers: specforge-dflash (hsx export --for); not specforge-eagle3, specforge-dspark, speculators-eagle3, "
+            "speculators-dflash: they need the final state (--layers dflash:3+final)\n") in text
     assert "at $3/GPU-hour" in text
     # tiny model: 3 layers x 64 values, FP8 (1 byte + a 4-byte scale a layer) x zstd's measured 0.82, + 5 of ids/mask
     assert "x float8_e4m3 + zstd = 172 B a token" in text

@@ -20,14 +20,29 @@ def test_dflash_formula_for_other_counts():
     assert resolve_layers("dflash:4", 40)[0] == [round(1 + i * 36 / 3) for i in range(4)]
 
 
-@pytest.mark.parametrize("num_layers,expected", [(36, [1, 17, 32]), (32, [1, 15, 28]), (64, [1, 31, 60]), (6, [1, 2, 2])])
+@pytest.mark.parametrize("num_layers,expected", [
+    (36, [1, 17, 32]), (32, [1, 15, 28]), (64, [1, 31, 60]), (7, [1, 2, 3]),   # the preset [1, L//2 - 1, L - 4]
+    (6, [1, 3, 4]), (5, [1, 2, 3]), (4, [0, 1, 2]),                             # small models: distinct, below the last
+])
 def test_eagle3(num_layers, expected):
-    if len(set(expected)) != len(expected):
-        with pytest.raises(LayerSpecError, match="repeat"):
-            resolve_layers("eagle3", num_layers)
-        return
     assert eagle3_layers(num_layers) == expected
     assert resolve_layers("eagle3", num_layers) == (expected, True)
+
+
+def test_eagle3_refuses_a_model_under_4_layers_saying_how_many_it_needs():
+    with pytest.raises(LayerSpecError, match=r"^eagle3 needs a model of >= 4 decoder layers .* this one has 3$"):
+        resolve_layers("eagle3", 3)
+
+
+def test_plus_final_stores_the_final_state_for_any_spec():
+    assert resolve_layers("dflash:5+final", 36) == ([1, 9, 17, 25, 33], True)
+    assert resolve_layers("1,9,17+final", 36) == ([1, 9, 17], True)
+    assert resolve_layers("dflash:3 +final", 6) == ([1, 2, 3], True)
+    assert resolve_layers("eagle3+final", 36) == ([1, 17, 32], True)
+    with pytest.raises(LayerSpecError, match=r"only layer-spec suffix is \+final"):
+        resolve_layers("dflash+last", 36)
+    with pytest.raises(LayerSpecError, match="dflash:4 picks 4 layers"):   # the base spec is still checked
+        resolve_layers("dflash:4+final", 6)
 
 
 def test_explicit_list_sorted_and_checked():
@@ -50,5 +65,4 @@ def test_too_many_layers_for_the_model_names_its_count_and_suggests_dflash_n():
     with pytest.raises(LayerSpecError, match=r"dflash:4 picks 4 layers.*dflash:3"):
         resolve_layers("dflash:4", 6)
     assert resolve_layers("dflash:3", 6) == ([1, 2, 3], False)
-    with pytest.raises(LayerSpecError, match=r"repeat.*eagle3 on a model of 6 decoder layers.*dflash:3"):
-        resolve_layers("eagle3", 6)
+    assert resolve_layers("eagle3", 6) == ([1, 3, 4], True)   # was refused: "layer ids repeat: [1, 2, 2]"

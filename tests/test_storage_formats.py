@@ -112,10 +112,10 @@ def test_both_exports(runs, tmp_path, store_dtype, codec):
             else:
                 got = load_file(str(speculators_path(tmp_path / fmt / "got", position)))
                 want = load_file(str(speculators_path(tmp_path / fmt / "base", position)))
-                if fp8:  # speculators' own FP8 layout: fp8 [T, n+1, H] + one float32 scale a token
+                if fp8:  # hs-connectors' fp8 layout: fp8 [T, n+1, H] + one float32 scale a token, [T, 1, 1]
                     assert got["hidden_states"].dtype == torch.float8_e4m3fn
-                    assert got["hidden_states_scales"].shape == (got["hidden_states"].shape[0], 1)
-                    got["hidden_states"] = got["hidden_states"].float() * got["hidden_states_scales"][:, :, None]
+                    assert got["hidden_states_scales"].shape == (got["hidden_states"].shape[0], 1, 1)
+                    got["hidden_states"] = got["hidden_states"].float() * got["hidden_states_scales"]
                     assert info["dtype"] == "float8_e4m3"
                 pairs = [(got["hidden_states"], want["hidden_states"])]
             assert torch.equal(got["input_ids" if fmt == "specforge" else "token_ids"],
