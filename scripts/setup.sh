@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything hsx needs on a fresh Debian/Ubuntu machine, idempotently.
 #   scripts/setup.sh          runtime: redis-server, a venv in .venv, CPU torch, hsx
-#   scripts/setup.sh --test   also the test tools: moto, pytest, playwright, chromium, docker-compose (v1; tests/test_compose_docker.py
+#   scripts/setup.sh --test   also the test tools (and scripts/peers.sh: the peers' trainers in .peers/): moto, pytest, playwright, chromium, docker-compose (v1; tests/test_compose_docker.py
 #                           gets docker.io, an engine and base images from ../shared/docker/offline-base-images.sh)
 # Torch: the pinned CPU wheel is installed first so that no multi-GB CUDA build is pulled.
 # On a GPU machine, install the CUDA torch you want into .venv before running this (HSX_KEEP_TORCH=1).
@@ -35,6 +35,7 @@ if [ "${HSX_KEEP_TORCH:-0}" != 1 ] && ! .venv/bin/python -c "import torch" 2>/de
 fi
 if [ "$want_test" = 1 ]; then
   $pip install -q -e ".[test]"
+  scripts/peers.sh   # the peers' released trainers, in venvs of their own, for tests/test_peers.py
 else
   $pip install -q -e .
 fi
