@@ -10,7 +10,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
