@@ -141,3 +141,43 @@ print(json.dumps({"n": len(ds), "hs": list(item["hidden_states"].shape), "last":
     print("speculators losses:", losses)
     assert len(losses) >= 3 and all(map(lambda x: x == x and abs(x) != float("inf"), losses)), log[-3000:]
     assert losses[-1] < losses[0], losses
+
+
+SPECFORGE_LOADER = """
+import sys, json, torch
+from hsx_peers.specforge import HsxFeatureStore, run_refs
+from specforge.algorithms.builtin import builtin_algorithm_registry
+from specforge.launch import _offline_io
+from specforge.runtime.data_plane.feature_dataloader import FeatureDataLoader
+store_url, run, strategy = sys.argv[1:4]
+algorithm = builtin_algorithm_registry().resolve(strategy)
+collate_fn, transform = _offline_io(algorithm, "text", 512, ttt_length=1, use_usp_preprocess=False)
+store = HsxFeatureStore(store_url, run, strategy, fetch="range")
+refs = run_refs(store, ttt_length=1, max_len=512)
+loader = FeatureDataLoader(store, refs=refs[:8], batch_size=2, collate_fn=collate_fn, per_sample_transform=transform,
+                           drop_last=False, strategy=strategy)
+batches = list(loader)
+first = batches[0].tensors if hasattr(batches[0], "tensors") else batches[0]
+print(json.dumps({"refs": len(refs), "batches": len(batches),
+                  "shapes": {k: list(v.shape) for k, v in first.items() if hasattr(v, "shape")},
+                  "ids0": first["input_ids"][0].tolist()}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["eagle3", "dflash"])
+def test_specforge_loader_reads_in_place_through_the_feature_store(which, eagle3_run, dflash_run, tmp_path):
+    run = eagle3_run if which == "eagle3" else dflash_run
+    py, env = peer_python("specforge"), peer_env(tmp_path)
+    out = subprocess.run([str(py), "-c", SPECFORGE_LOADER, str(run.store), run.run, which], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["refs"] == 160 and got["batches"] == 4, got
+    want = RunDataset(str(run.store), run.run)[0]
+    assert got["ids0"][:len(want["input_ids"])] == want["input_ids"].tolist()
+    # SpecForge's own normalizers: eagle3 feeds the aux layers as hidden_state and the final state as target
+    key = "hidden_state" if which == "eagle3" else "hidden_states"
+    assert got["shapes"][key][-1] == want["hidden_states"].shape[-1], got
+    if which == "eagle3":
+        assert got["shapes"]["target"][-1] == want["final_hidden_states"].shape[-1], got
