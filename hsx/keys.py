@@ -47,6 +47,14 @@ class RunKeys:
         return self._k("shard_done")
 
     @property
+    def done_seq(self) -> str:  # LIST of batch ids in the order first recorded done (what a follower reads); no TTL
+        return self._k("done_seq")
+
+    @property
+    def done_seq_pos(self) -> str:  # HASH batch_id -> its 0-based position in done_seq; no TTL
+        return self._k("done_seq_pos")
+
+    @property
     def done_log(self) -> str:  # ZSET batch_id scored by unix time it was recorded done; no TTL
         return self._k("done_log")
 

@@ -20,15 +20,20 @@ from hsx.errors import HsxError
 from hsx.keys import RUNS, RunKeys
 from hsx.redisconn import int_hash, json_hash, text
 
-# KEYS: done, done_info, counters, shard_done, done_log, failures, dead
+# KEYS: done, done_info, counters, shard_done, done_log, failures, dead, done_seq, done_seq_pos
 # ARGV: batch_id, info_json, samples, tokens, bytes, shard, now
 # Returns 1 if this call recorded the batch, 0 if it was already done. Either way the batch is no
 # longer a failure or a dead letter: a batch done is done (a dead letter left from before a Redis loss,
-# or by an upload that ran while the plan was being saved again, must not outlive it).
+# or by an upload that ran while the plan was being saved again, must not outlive it). A batch recorded
+# for the first time is appended to done_seq (the order a run follower reads batches in); one recorded
+# again after a repair keeps its place.
 _MARK_DONE = """
 redis.call('HDEL', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[7], ARGV[1])
 if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+if redis.call('HSETNX', KEYS[9], ARGV[1], redis.call('LLEN', KEYS[8])) == 1 then
+  redis.call('RPUSH', KEYS[8], ARGV[1])
+end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('HINCRBY', KEYS[3], 'batches', 1)
 redis.call('HINCRBY', KEYS[3], 'samples', ARGV[3])
@@ -146,8 +151,9 @@ def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sh
     keys = RunKeys(run)
     now = time.time()
     info = json.dumps({"key": key, "size": size, "sha256": sha256, "by": by, "ts": now}, separators=(",", ":"))
-    recorded = r.eval(_MARK_DONE, 7, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
-                      keys.failures, keys.dead, spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now)
+    recorded = r.eval(_MARK_DONE, 9, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
+                      keys.failures, keys.dead, keys.done_seq, keys.done_seq_pos,
+                      spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now)
     return bool(recorded)
 
 
@@ -246,3 +252,30 @@ def unmark_done(r: redis.Redis, run: str, spec: BatchSpec) -> bool:
 
 def done_info(r: redis.Redis, run: str) -> dict[str, dict]:
     return json_hash(r, RunKeys(run).done_info)
+
+
+# KEYS: done, done_seq, done_seq_pos ; ARGV: the batch ids of done, sorted
+# Appends, in the given order, the done batches done_seq lacks (recorded by an hsx older than done_seq, or
+# by a rebuilt ledger). Idempotent; returns how many were appended.
+_SEQUENCE_DONE = """
+local added = 0
+for _, bid in ipairs(ARGV) do
+  if redis.call('SISMEMBER', KEYS[1], bid) == 1 and redis.call('HSETNX', KEYS[3], bid, redis.call('LLEN', KEYS[2])) == 1 then
+    redis.call('RPUSH', KEYS[2], bid)
+    added = added + 1
+  end
+end
+return added
+"""
+
+
+def sequence_done(r: redis.Redis, run: str) -> int:
+    """Give every done batch a place in ``done_seq`` (the ones without one, in batch-id order)."""
+    keys = RunKeys(run)
+    missing = sorted(done_ids(r, run) - {text(x) for x in r.hkeys(keys.done_seq_pos)})
+    return int(r.eval(_SEQUENCE_DONE, 3, keys.done, keys.done_seq, keys.done_seq_pos, *missing)) if missing else 0
+
+
+def done_sequence(r: redis.Redis, run: str, start: int, count: int = 1000) -> list[str]:
+    """Batch ids at positions ``start .. start + count - 1`` of ``done_seq`` (fewer at its end)."""
+    return [text(x) for x in r.lrange(RunKeys(run).done_seq, start, start + count - 1)]

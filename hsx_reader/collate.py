@@ -52,6 +52,7 @@ def collate_packed(samples: list[dict]) -> dict:
     for key in HIDDEN_KEYS:
         if key in samples[0]:
             batch[key] = _cat([s[key] for s in samples])[None]
+    _pass_cursor(samples, batch)
     return batch
 
 
@@ -85,4 +86,11 @@ def collate_padded(samples: list[dict], pad_token_id: int = 0, pad_to_multiple_o
         for key in HIDDEN_KEYS:
             if key in batch:
                 batch[key][b, :t] = s[key]
+    _pass_cursor(samples, batch)
     return batch
+
+
+def _pass_cursor(samples: list[dict], batch: dict) -> None:
+    """A followed run's samples carry ``cursor`` (hsx_reader.follow): the batch keeps its last sample's."""
+    if samples and "cursor" in samples[-1]:
+        batch["cursor"] = samples[-1]["cursor"]

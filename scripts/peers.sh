@@ -60,4 +60,16 @@ make_venv() {
 
 make_venv specforge "$SPECFORGE_PKGS" "$SPECFORGE_DEPS"
 make_venv speculators "$SPECULATORS_PKGS" "$SPECULATORS_DEPS"
+
+# What hsx_reader and the plugins in peers/hsx_peers need beside the peers' own deps (zero-copy and follow
+# mode read the store and the ledger in the peer's process). hsx and hsx_peers themselves are not installed
+# here (the venvs outlive a checkout): the tests put this checkout on PYTHONPATH; users `pip install hsx ./peers`.
+READER_DEPS="boto3 redis zstandard"
+for name in specforge speculators; do
+  stamp="$root/$name/.hsx-reader-stamp"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$READER_DEPS" ]; then continue; fi
+  # shellcheck disable=SC2086
+  "$root/$name/bin/python" -m pip install -q $READER_DEPS "$TORCH"
+  echo "$READER_DEPS" >"$stamp"
+done
 echo "peers: done ($root)"

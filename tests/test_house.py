@@ -6,13 +6,14 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOMS = ("hsx", "producer", "gpu_worker", "uploader", "dashboard", "hsx_tools", "hsx_reader", "hsx_cli")
+ROOMS = ("hsx", "producer", "gpu_worker", "uploader", "dashboard", "hsx_tools", "hsx_reader", "hsx_cli", "peers")
 ALLOWED = {
     "hsx": set(),
     "producer": {"hsx"}, "gpu_worker": {"hsx"}, "uploader": {"hsx"}, "dashboard": {"hsx"},
     "hsx_reader": {"hsx"},
     "hsx_tools": {"hsx", "hsx_reader"},
-    "hsx_cli": set(ROOMS) - {"hsx_cli"},
+    "hsx_cli": set(ROOMS) - {"hsx_cli", "peers"},
+    "peers": {"hsx", "hsx_reader", "hsx_tools"},   # peers/hsx_peers: plugins for the peers' trainers, not in the wheel
 }
 
 
