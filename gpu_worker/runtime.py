@@ -221,8 +221,9 @@ class WorkerRuntime:
         log.info("%s", self.progress_line())
 
     def spool_full(self) -> bool:
-        """Every spool tier at its budget (memory and disk): take no job until uploads free some."""
-        return self.tiers.full()
+        """Every spool tier at its budget (memory and disk), or its file system without room for a batch
+        as large as the largest so far: take no job until uploads free some."""
+        return self.tiers.full(self.writer.largest_raw)
 
     # ---- the job ---------------------------------------------------------
     def extract(self, bid: str, attempt: int) -> str:

@@ -44,11 +44,12 @@ class ExtractWorker(SimpleWorker):
         waited = False
         while rt is not None and rt.spool_full() and not self._stop_requested:
             if not waited:
-                log.warning("every spool tier is full (%s): waiting for uploads before taking a job",
-                            ", ".join(f"{t.name} {t.budget_bytes} bytes" for t in rt.tiers.tiers))
+                log.warning("spool full (%s): waiting for uploads before taking a job", rt.tiers.describe())
                 waited = True
             self.heartbeat()
             time.sleep(1.0)
+        if waited:
+            log.warning("spool has room again: taking jobs")
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
 
