@@ -18,6 +18,7 @@ from gpu_worker.runtime import WorkerRuntime
 from hsx import ledger, queues
 from hsx.config import StoreSettings, WorkerConfig
 from hsx.errors import HsxError
+from hsx.evictionpolicy import check_eviction_policy
 from hsx.localdirs import ensure_dir
 from hsx.manifest import RunLimits, config_hash
 from hsx.redisconn import connect, redact
@@ -97,6 +98,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     check_device(cfg.device)
     check_directories(cfg, None)
     r = connect(cfg.redis_url)
+    check_eviction_policy(r, f"Redis at {redact(cfg.redis_url)}")
     manifest = ledger.get_manifest(r, cfg.run)
     if manifest is None and cfg.wait_for_plan:
         log.info("run %r is not planned yet; waiting for `hsx produce` (checking every %d s)", cfg.run, PLAN_POLL_SECONDS)

@@ -9,8 +9,9 @@ from rq.worker import SimpleWorker
 
 from hsx import queues
 from hsx.config import UploadConfig
+from hsx.evictionpolicy import check_eviction_policy
 from hsx.localdirs import ensure_dir
-from hsx.redisconn import connect
+from hsx.redisconn import connect, redact
 from uploader import runtime
 from uploader.runtime import UploaderRuntime
 
@@ -21,7 +22,9 @@ def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
     """Serve upload@<host> until stopped (or, with ``burst``, until the queue is empty); returns the runtime."""
     # Uploaded files are removed from the spool: a spool this process cannot write would only fill up.
     ensure_dir(cfg.spool_dir, "spool", "--spool-dir / HSX_SPOOL_DIR")
-    rt = UploaderRuntime(cfg, connect(cfg.redis_url))
+    r = connect(cfg.redis_url)
+    check_eviction_policy(r, f"Redis at {redact(cfg.redis_url)}")
+    rt = UploaderRuntime(cfg, r)
     runtime.install(rt)
     rt.start()
     worker = SimpleWorker([queues.queue(rt.r, queues.upload_queue_name(cfg.host))], connection=rt.r,
