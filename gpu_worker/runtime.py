@@ -97,16 +97,21 @@ class WorkerRuntime:
         self.r.delete(RunKeys(self.run).heartbeat(self.worker_name))
         return drained
 
-    def sweep_temp_files(self) -> int:
+    def sweep_temp_files(self, at_start: bool = False) -> int:
         """Remove temp files of writers with no live heartbeat, in every tier; the number removed.
 
         Runs at start and on every HEARTBEATS_PER_SWEEP-th beat: a writer that died within its
-        heartbeat TTL of this worker's start still looked alive then (issue 13 item 7).
+        heartbeat TTL of this worker's start still looked alive then (issue 13 item 7). At start,
+        temp files under this worker's own name are a killed predecessor's of the same ``--name``
+        (this process has written nothing yet) and go too (issue 23 item 5).
         """
         removed = 0
         for tier in self.tiers.tiers:
             for tmp, writer in spool.temp_files(tier.dir, self.run).items():
-                if writer == self.worker_name or self.r.exists(RunKeys(self.run).heartbeat(writer)):
+                if writer == self.worker_name:
+                    if not at_start:
+                        continue
+                elif self.r.exists(RunKeys(self.run).heartbeat(writer)):
                     continue
                 log.info("removing unfinished temp file %s (its writer %s has no heartbeat)", tmp, writer)
                 tmp.unlink(missing_ok=True)
@@ -119,7 +124,7 @@ class WorkerRuntime:
         The spool may be shared with other live workers of this host: a temp file whose writer
         still heartbeats is a write in progress and stays (until a later sweep finds it dead).
         """
-        self.sweep_temp_files()
+        self.sweep_temp_files(at_start=True)
         pending = queues.pending_upload(self.r, self.cfg.host, self.run)
         requeued = 0
         for tier in self.tiers.tiers:

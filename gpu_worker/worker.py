@@ -14,6 +14,7 @@ from rq.worker import SimpleWorker
 
 from gpu_worker import runtime as runtime_mod
 from gpu_worker.extractor import Extractor
+from gpu_worker.name_claim import claim_name
 from gpu_worker.runtime import WorkerRuntime
 from hsx import ledger, queues
 from hsx.config import StoreSettings, WorkerConfig
@@ -125,12 +126,13 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
 
 def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRuntime:
     rt = rt or load_runtime(cfg)
-    rt.recover_spool()
-    runtime_mod.install(rt)
-    ExtractWorker.hsx_runtime = rt
     worker = ExtractWorker([queues.queue(rt.r, queues.extract_queue_name(cfg.run))], connection=rt.r,
                            name=cfg.worker_name, serializer=JSONSerializer, job_class=queues.HsxJob,
                            exception_handlers=[_on_failure])
+    claim_name(rt.r, worker, cfg.run, cfg.host, cfg.heartbeat_seconds)  # before the sweep of our name's temp files
+    rt.recover_spool()
+    runtime_mod.install(rt)
+    ExtractWorker.hsx_runtime = rt
     rt.on_vanished = lambda: _stop(worker, cfg.burst)
     rt.start()
     try:
