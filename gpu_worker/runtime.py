@@ -136,7 +136,7 @@ class WorkerRuntime:
                 if bid in pending:
                     continue
                 queues.enqueue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size,
-                                      file_sha256(path), tier=tier.name)
+                                      file_sha256(path), tier=tier.name, attempt=leases.next_attempt(self.r, self.run))
                 requeued += 1
         if requeued:
             log.info("re-enqueued uploads of %d spool files left from before", requeued)

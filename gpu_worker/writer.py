@@ -152,9 +152,10 @@ class SpoolWriter:
         tier, path, size, sha, started = self._write_file(spec.batch_id, raw, tensors, metadata)
         self.rates.wrote(tier.name, size, time.monotonic() - started)
         self._warn_if_slow()
-        pipe = self.r.pipeline()
+        attempt = leases.next_attempt(self.r, self.run)  # a job id of its own: a second extraction of the batch
+        pipe = self.r.pipeline()                          # must not overwrite an upload job still running
         queues.enqueue_upload(self.r, self.host, self.run, spec.batch_id, str(path), size, sha, pipeline=pipe,
-                              tier=tier.name)
+                              tier=tier.name, attempt=attempt)
         ledger.mark_spooled(self.r, self.run, spec.batch_id, pipe=pipe, nbytes=size)
         ledger.clear_failure(self.r, self.run, spec.batch_id, pipe=pipe)
         leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id, pipe=pipe)

@@ -12,7 +12,10 @@ from hsx.config import UploadConfig
 from hsx.evictionpolicy import check_eviction_policy
 from hsx.localdirs import ensure_dir
 from hsx.redisconn import connect, redact
-from uploader import runtime
+
+# Imported now, not inside the first job: it pulls in torch, seconds between rq's hand-over
+# and the job's lease that the reconciler would count as a lost batch (issue 23 item 7).
+from uploader import jobs, runtime  # noqa: F401
 from uploader.runtime import UploaderRuntime
 
 log = logging.getLogger(__name__)
