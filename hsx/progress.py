@@ -7,7 +7,7 @@ import time
 
 import redis
 
-from hsx import heartbeat, ledger, queues, reconcile
+from hsx import heartbeat, ledger, queues, reconcile, storerefusal
 from hsx.keys import RunKeys
 from hsx.redisconn import int_hash
 
@@ -82,6 +82,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "stalled": stalled,
         "hosts": heartbeat.read_hosts(r, run),
         "index_written": bool(r.get(keys.index_key)),
+        "store_refusal": None if complete else storerefusal.read(r, run),  # {error, batch, ts, by}: store says no
     }
 
 
@@ -169,6 +170,9 @@ def summary_lines(p: dict) -> list[str]:
     lines.append(f"  workers  {len(alive)} alive, {len(p['workers']) - len(alive)} stale")
     if p.get("stalled"):
         lines.append(f"  STALLED  {p['stalled']}")
+    if p.get("store_refusal"):
+        ref = p["store_refusal"]
+        lines.append(f"  STORE REFUSES uploads (batch {ref.get('batch')}): {str(ref.get('error'))[:300]}")
     if p["failures"]:
         lines.append(f"  retrying {len(p['failures'])} batches after failures")
     if p["dead_letters"]:
