@@ -47,6 +47,8 @@ class OverviewCollector:
         dead = gauge("hsx_dead_letter_batches", "batches in dead letters (need a retry)")
         retrying = gauge("hsx_retrying_batches", "batches that failed and are being retried")
         malformed = gauge("hsx_malformed_records", "records of the run in Redis that hsx skipped as malformed")
+        refusing = gauge("hsx_store_refusing", "1 while the store refuses uploads for good (403, no bucket, metadata "
+                         "dropped; the message is in /api/status store_refusal)")
         shard_planned = gauge("hsx_shard_planned_batches", "planned batches of a shard", ("run", "shard"))
         shard_done = gauge("hsx_shard_uploaded_batches", "done batches of a shard", ("run", "shard"))
         wl = ("run", "worker", "host", "gpu")
@@ -90,6 +92,7 @@ class OverviewCollector:
             dead.add_metric([run], len(o["dead_letters"]))
             retrying.add_metric([run], o["retrying"])
             malformed.add_metric([run], len(o["malformed"]))
+            refusing.add_metric([run], 1 if o.get("store_refusal") else 0)
             for s in o["shards"]:
                 shard_planned.add_metric([run, s["shard"]], s["total"])
                 shard_done.add_metric([run, s["shard"]], s["done"])
@@ -109,7 +112,7 @@ class OverviewCollector:
         yield from planned.values()
         yield from done.values()
         yield from (extracted, written, per_token, *rate.values(), extract_rate, eta, complete, queue, dead, retrying,
-                    malformed, shard_planned, shard_done, w_up, w_age, w_batches, w_busy, *gpu.values(), *host.values())
+                    malformed, refusing, shard_planned, shard_done, w_up, w_age, w_batches, w_busy, *gpu.values(), *host.values())
 
 
 @bp.get("/metrics")

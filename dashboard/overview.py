@@ -115,6 +115,7 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
                  "extract_batches_per_s": p["extract_rate"]["batches"]},
         "eta_seconds": p["eta_seconds"],
         "stalled": p["stalled"],           # why a run with work left is not moving (None if it is)
+        "store_refusal": p["store_refusal"],  # {error, batch, ts, by}: the store refuses uploads for good (None if not)
         "extract_queue": p["extract_queue"],
         "series": throughput_series(r, run, plan.tokens, now, p["complete"], config.series_span_seconds,
                                     config.series_bucket_seconds),

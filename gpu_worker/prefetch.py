@@ -68,9 +68,18 @@ class Prefetcher:
             self._future(spec)
 
     def take(self, spec: BatchSpec) -> tuple[PaddedBatch, batchfile.BatchContents]:
+        """The batch's inputs. A fetch started ahead that failed (e.g. in a store outage while the worker
+        waited for spool room) is tried once more now, so it does not count against the batch."""
+        with self._lock:
+            ahead = self._cache.get(spec.batch_id)
         fut = self._future(spec)
         try:
             return fut.result()
+        except Exception:
+            if ahead is None:
+                raise
+            log.info("prefetch of %s had failed; fetching its inputs again", spec.batch_id)
+            return self._load(spec)
         finally:
             with self._lock:
                 self._cache.pop(spec.batch_id, None)

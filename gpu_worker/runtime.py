@@ -100,16 +100,21 @@ class WorkerRuntime:
         self.r.delete(RunKeys(self.run).heartbeat(self.worker_name))
         return drained
 
-    def sweep_temp_files(self) -> int:
+    def sweep_temp_files(self, at_start: bool = False) -> int:
         """Remove temp files of writers with no live heartbeat, in every tier; the number removed.
 
         Runs at start and on every HEARTBEATS_PER_SWEEP-th beat: a writer that died within its
-        heartbeat TTL of this worker's start still looked alive then (issue 13 item 7).
+        heartbeat TTL of this worker's start still looked alive then (issue 13 item 7). At start,
+        temp files under this worker's own name are a killed predecessor's of the same ``--name``
+        (this process has written nothing yet) and go too (issue 23 item 5).
         """
         removed = 0
         for tier in self.tiers.tiers:
             for tmp, writer in spool.temp_files(tier.dir, self.run).items():
-                if writer == self.worker_name or self.r.exists(RunKeys(self.run).heartbeat(writer)):
+                if writer == self.worker_name:
+                    if not at_start:
+                        continue
+                elif self.r.exists(RunKeys(self.run).heartbeat(writer)):
                     continue
                 log.info("removing unfinished temp file %s (its writer %s has no heartbeat)", tmp, writer)
                 tmp.unlink(missing_ok=True)
@@ -122,7 +127,7 @@ class WorkerRuntime:
         The spool may be shared with other live workers of this host: a temp file whose writer
         still heartbeats is a write in progress and stays (until a later sweep finds it dead).
         """
-        self.sweep_temp_files()
+        self.sweep_temp_files(at_start=True)
         pending = queues.pending_upload(self.r, self.cfg.host, self.run)
         requeued = 0
         for tier in self.tiers.tiers:
@@ -134,7 +139,7 @@ class WorkerRuntime:
                 if bid in pending:
                     continue
                 queues.enqueue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size,
-                                      file_sha256(path), tier=tier.name)
+                                      file_sha256(path), tier=tier.name, attempt=leases.next_attempt(self.r, self.run))
                 requeued += 1
         if requeued:
             log.info("re-enqueued uploads of %d spool files left from before", requeued)
@@ -239,8 +244,9 @@ class WorkerRuntime:
         log.info("%s", line)
 
     def spool_full(self) -> bool:
-        """Every spool tier at its budget (memory and disk): take no job until uploads free some."""
-        return self.tiers.full()
+        """Every spool tier at its budget (memory and disk), or its file system without room for a batch
+        as large as the largest so far: take no job until uploads free some."""
+        return self.tiers.full(self.writer.largest_raw)
 
     # ---- the job ---------------------------------------------------------
     def extract(self, bid: str, attempt: int) -> str:

@@ -14,10 +14,12 @@ from rq.worker import SimpleWorker
 
 from gpu_worker import runtime as runtime_mod
 from gpu_worker.extractor import Extractor
+from gpu_worker.name_claim import claim_name
 from gpu_worker.runtime import WorkerRuntime
 from hsx import layout, leases, ledger, queues
 from hsx.config import WorkerConfig
 from hsx.errors import HsxError
+from hsx.evictionpolicy import check_eviction_policy
 from hsx.localdirs import ensure_dir
 from hsx.manifest import RunLimits, config_hash
 from hsx.redisconn import connect, redact
@@ -46,11 +48,12 @@ class ExtractWorker(SimpleWorker):
         waited = False
         while rt is not None and rt.spool_full() and not self._stop_requested:
             if not waited:
-                log.warning("every spool tier is full (%s): waiting for uploads before taking a job",
-                            ", ".join(f"{t.name} {t.budget_bytes} bytes" for t in rt.tiers.tiers))
+                log.warning("spool full (%s): waiting for uploads before taking a job", rt.tiers.describe())
                 waited = True
             self.heartbeat()
             time.sleep(1.0)
+        if waited:
+            log.warning("spool has room again: taking jobs")
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
 
@@ -116,6 +119,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     check_device(cfg.device)
     check_directories(cfg, None)
     r = connect(cfg.redis_url, ride_out=True)
+    check_eviction_policy(r, f"Redis at {redact(cfg.redis_url)}")
     manifest = ledger.get_manifest(r, cfg.run)
     if manifest is None and cfg.wait_for_plan:
         log.info("run %r is not planned yet; waiting for `hsx produce` (checking every %d s)", cfg.run, PLAN_POLL_SECONDS)
@@ -143,12 +147,13 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
 
 def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRuntime:
     rt = rt or load_runtime(cfg)
-    rt.recover_spool()
-    runtime_mod.install(rt)
-    ExtractWorker.hsx_runtime = rt
     worker = ExtractWorker([queues.queue(rt.r, queues.extract_queue_name(cfg.run))], connection=rt.r,
                            name=cfg.worker_name, serializer=JSONSerializer, job_class=queues.HsxJob,
                            exception_handlers=[_on_failure])
+    claim_name(rt.r, worker, cfg.run, cfg.host, cfg.heartbeat_seconds)  # before the sweep of our name's temp files
+    rt.recover_spool()
+    runtime_mod.install(rt)
+    ExtractWorker.hsx_runtime = rt
     rt.on_vanished = lambda: _stop(worker, cfg.burst)
     rt.start()
     log.info("ready: model %s loaded on %s, taking jobs from extract:%s as %s", rt.manifest["model"],

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 # one slow fsync does not hold the GPU thread (measured in bench/gpu_bench.py).
 WRITER_THREADS = 2
 TIER_WAIT_SECONDS = 0.05   # poll period while every spool tier is full
+DISK_FULL_WAIT_SECONDS = 0.5  # pause before a write that met ENOSPC is tried again
 RATE_WARN_SECONDS = 60.0   # at most one "disk cannot keep up" warning a minute
 
 
@@ -83,6 +84,8 @@ class SpoolWriter:
         self.rates = WriteRates()
         self.raw_bytes = 0        # hidden-state bytes before the codec (for the measured ratio)
         self.stored_bytes = 0     # the same after it
+        self.largest_raw = 0      # bytes of the largest batch so far (uncompressed): a full tier cannot take it
+        self.disk_full_waits = 0  # writes that met ENOSPC and waited for room (never counted as failures)
 
     def start(self) -> None:
         for thread in self._threads:
@@ -145,26 +148,14 @@ class SpoolWriter:
                     "model": m["model"], "hidden_size": str(m["hidden_size"]),
                     "store_final": str(bool(m["store_final"])).lower()}
         raw = sum(t.numel() * t.element_size() for t in tensors.values())
-        tier = self._take_tier(raw)
-        path = self.tiers.path(tier.name, self.run, spec.batch_id)
-        started = time.monotonic()
-        try:
-            size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_name,
-                                               codec=self.codec)
-        except OSError as exc:
-            if tier.name != spool.MEMORY or len(self.tiers.tiers) < 2:
-                raise
-            log.warning("memory tier write of %s failed (%s); writing it to the disk tier", spec.batch_id, exc)
-            tier = self.tiers.get(spool.DISK)
-            path = self.tiers.path(tier.name, self.run, spec.batch_id)
-            started = time.monotonic()
-            size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_name,
-                                               codec=self.codec)
+        self.largest_raw = max(self.largest_raw, raw)
+        tier, path, size, sha, started = self._write_file(spec.batch_id, raw, tensors, metadata)
         self.rates.wrote(tier.name, size, time.monotonic() - started)
         self._warn_if_slow()
-        pipe = self.r.pipeline()
+        attempt = leases.next_attempt(self.r, self.run)  # a job id of its own: a second extraction of the batch
+        pipe = self.r.pipeline()                          # must not overwrite an upload job still running
         queues.enqueue_upload(self.r, self.host, self.run, spec.batch_id, str(path), size, sha, pipeline=pipe,
-                              tier=tier.name)
+                              tier=tier.name, attempt=attempt)
         ledger.mark_spooled(self.r, self.run, spec.batch_id, pipe=pipe, nbytes=size)
         ledger.clear_failure(self.r, self.run, spec.batch_id, pipe=pipe)
         leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id, pipe=pipe)
@@ -177,13 +168,42 @@ class SpoolWriter:
             self.raw_bytes += raw
             self.stored_bytes += size
 
+    def _write_file(self, bid: str, raw: int, tensors: dict, metadata: dict):
+        """Write the batch file into the first tier with room: (tier, path, size, sha256, start time).
+
+        A full file system is backpressure, not a failure: a write that meets ENOSPC (the temp
+        file is removed by write_atomic) waits for room and is tried again, never counted
+        against the batch. Another OSError of the memory tier falls back to the disk tier once.
+        """
+        fallback = False
+        while True:
+            tier = self.tiers.get(spool.DISK) if fallback else self._take_tier(raw)
+            path = self.tiers.path(tier.name, self.run, bid)
+            started = time.monotonic()
+            try:
+                size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_name,
+                                                   codec=self.codec)
+                return tier, path, size, sha, started
+            except OSError as exc:
+                if spool.is_disk_full(exc):
+                    if not self.disk_full_waits:
+                        log.warning("spool file system full writing %s to the %s tier (%s); waiting for uploads to "
+                                    "free room, the batch is kept (not a failure)", bid, tier.name, exc)
+                    self.disk_full_waits += 1
+                    fallback = False
+                    time.sleep(DISK_FULL_WAIT_SECONDS)
+                    continue
+                if tier.name != spool.MEMORY or len(self.tiers.tiers) < 2 or fallback:
+                    raise
+                log.warning("memory tier write of %s failed (%s); writing it to the disk tier", bid, exc)
+                fallback = True
+
     def _take_tier(self, nbytes: int) -> spool.Tier:
         """The first tier with room; while every tier is full, wait (the GPU thread goes on until the queue fills)."""
         waited = False
         while (tier := self.tiers.choose(nbytes)) is None:
             if not waited:
-                log.warning("every spool tier is full (%s); waiting for uploads", ", ".join(
-                    f"{t.name} {t.budget_bytes / 2**30:.1f} GiB" for t in self.tiers.tiers))
+                log.warning("no spool tier has room for %d bytes (%s); waiting for uploads", nbytes, self.tiers.describe())
                 waited = True
             time.sleep(TIER_WAIT_SECONDS)
         return tier

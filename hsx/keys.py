@@ -114,6 +114,10 @@ class RunKeys:
         return self._k("store_error")
 
     @property
+    def store_refusal(self) -> str:  # STRING JSON {error, batch, ts, by}: last permanent store error; cleared on upload; no TTL
+        return self._k("store_refusal")
+
+    @property
     def orphans(self) -> str:  # HASH batch_id -> Redis TIME it was first seen in no queue/lease/ledger/dead; no TTL
         return self._k("orphans")
 

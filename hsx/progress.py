@@ -6,7 +6,7 @@ import time
 
 import redis
 
-from hsx import heartbeat, ledger, queues, reconcile, records, refused
+from hsx import heartbeat, ledger, queues, reconcile, records, refused, storerefusal
 from hsx.keys import RunKeys
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
@@ -106,6 +106,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "hosts": hosts,
         "index_written": bool(r.get(keys.index_key)),
         "malformed": malformed,
+        "store_refusal": None if complete else storerefusal.read(r, run),  # {error, batch, ts, by}: store says no
     }
 
 
@@ -195,6 +196,9 @@ def summary_lines(p: dict) -> list[str]:
         lines.append(f"  STALLED  {p['stalled']}")
     for host, rec in sorted(p.get("upload_refused", {}).items()):
         lines.append(f"  REFUSED  {rec.get('jobs', 0)} upload jobs on host {host}: {rec.get('message', '')[:300]}")
+    if p.get("store_refusal"):
+        ref = p["store_refusal"]
+        lines.append(f"  STORE REFUSES uploads (batch {ref.get('batch')}): {str(ref.get('error'))[:300]}")
     if p["failures"]:
         lines.append(f"  retrying {len(p['failures'])} batches after failures")
     if p.get("malformed"):

@@ -7,7 +7,12 @@ someone emptied or deleted jobs at /rq, a producer died between saving the
 plan and enqueueing. A pass re-enqueues (at the front) every batch that was
 an orphan in the previous pass too and has been one for at least ``grace``
 seconds (so the ms-wide gaps of normal hand-overs, e.g. dequeue -> lease, are
-never mistaken for loss).
+never mistaken for loss). A batch whose job rq has handed out (in a queue's
+intermediate list or started registry) but that holds no lease yet is given
+``HANDED_OUT_GRACES`` graces: a fresh process may spend seconds in its first
+job before taking the lease (issue 23 item 7: an uploader importing torch for
+3.4 s at a 5 s lease re-extracted a batch). A worker that died there is still
+caught, one lease later.
 
 Workers and uploaders call ``maybe_reconcile`` from their heartbeats; a Redis
 lock (SET NX PX ``interval``) lets one process per run make one pass per
@@ -29,13 +34,37 @@ from hsx.keys import RunKeys
 from hsx.redisconn import text
 
 log = logging.getLogger(__name__)
+HANDED_OUT_GRACES = 3  # graces (lease / 2 each) a handed-out, not yet leased batch waits before it counts as lost
+
+
+def _queue_names(r: redis.Redis, run: str) -> list[str]:
+    hosts = [text(h) for h in r.hkeys(RunKeys(run).hosts)]
+    return [queues.extract_queue_name(run)] + [queues.upload_queue_name(h) for h in hosts]
+
+
+def handed_out(r: redis.Redis, run: str, bids: set[str]) -> set[str]:
+    """Those of ``bids`` whose job rq has handed to a worker (intermediate list, started registry)."""
+    if not bids:
+        return set()
+    pipe = r.pipeline(transaction=False)
+    for name in _queue_names(r, run):
+        q = queues.queue(r, name)
+        pipe.lrange(q.intermediate_queue_key, 0, -1)
+        pipe.zrange(q.started_job_registry.key, 0, -1)
+    found = set()
+    for ids in pipe.execute():
+        for raw in ids:
+            job_id = text(raw)  # started registry members are <job id>:<execution id>
+            parsed = queues.batch_of_job(job_id) or queues.batch_of_job(job_id.rpartition(":")[0])
+            if parsed and parsed[0] == run and parsed[1] in bids:
+                found.add(parsed[1])
+    return found
 
 
 def orphans(r: redis.Redis, run: str) -> set[str]:
     """Planned batches neither done, queued, leased nor dead (one pipelined read + one of EXISTS)."""
     keys = RunKeys(run)
-    hosts = [text(h) for h in r.hkeys(keys.hosts)]
-    queue_names = [queues.extract_queue_name(run)] + [queues.upload_queue_name(h) for h in hosts]
+    queue_names = _queue_names(r, run)
     pipe = r.pipeline(transaction=False)
     pipe.hkeys(keys.plan)
     pipe.smembers(keys.done)
@@ -71,7 +100,9 @@ def reconcile(r: redis.Redis, run: str, grace: float) -> list[str]:
     now = leases.redis_now(r)
     found = orphans(r, run)
     seen = {text(k): float(v) for k, v in r.hgetall(keys.orphans).items()}
-    due = sorted(b for b in found if b in seen and seen[b] <= now - grace)
+    waiting = handed_out(r, run, {b for b in found if b in seen and seen[b] <= now - grace})
+    due = sorted(b for b in found if b in seen
+                 and seen[b] <= now - grace * (HANDED_OUT_GRACES if b in waiting else 1))
     pipe = r.pipeline()
     pipe.delete(keys.orphans)
     keep = {b: seen.get(b, now) for b in found if b not in due}

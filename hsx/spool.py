@@ -6,6 +6,11 @@ Tiers, tried in this order by the GPU worker's writer:
 - ``disk``: the spool folder on a local disk (``--spool-dir``), used only while memory is full.
 The GPU worker stops taking jobs only when every tier is at its budget.
 
+A tier's budget is the smaller of its flag and what its file system can hold: the free
+space ``statvfs`` reports, less a margin (``free_room``), checked before each write. A full
+disk is backpressure like a full budget: the worker takes no job, and a write that still
+meets ENOSPC waits and is tried again; it never counts against the batch (issue 23 item 1).
+
 Inside a tier: ``<tier dir>/<run>/<batch>.safetensors`` and, while being written,
 ``<batch>.safetensors.tmp-<writer's worker name>``. Usage counts both: a temp file
 takes the same bytes (issue 13 item 7: leaked temp files escaped the budget).
@@ -13,6 +18,7 @@ takes the same bytes (issue 13 item 7: leaked temp files escaped the budget).
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +28,27 @@ from hsx import layout
 TMP_MARK = ".tmp-"  # <batch>.safetensors.tmp-<writer's worker name>: a write in progress
 MEMORY, DISK = "memory", "disk"
 TIERS = (MEMORY, DISK)
+FREE_MARGIN_BYTES = 256 * 2**20  # bytes a spool leaves free on its file system (at most 1/20 of the file system)
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a write that meets these waits for room: backpressure, not failure
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in FULL_ERRNOS
+
+
+def free_room(spool_dir: Path) -> int:
+    """Bytes a spool may still write on the file system of ``spool_dir``: free space less the margin.
+
+    0 when the file system has no free inode. A folder not created yet is measured at its nearest parent.
+    """
+    d = Path(spool_dir)
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    st = os.statvfs(d)
+    if st.f_files and not st.f_favail:
+        return 0
+    margin = min(FREE_MARGIN_BYTES, st.f_blocks * st.f_frsize // 20)
+    return max(0, st.f_bavail * st.f_frsize - margin)
 
 
 @dataclass(frozen=True)
@@ -102,16 +129,24 @@ class SpoolTiers:
         return {t.name: usage(t.dir) for t in self.tiers}
 
     def choose(self, nbytes: int) -> Tier | None:
-        """The first tier with room for ``nbytes`` more (the first tier that is empty takes any size)."""
+        """The first tier with room for ``nbytes`` more: under its budget (a tier that is empty takes any
+        size) and on a file system with ``nbytes`` of free room."""
         for tier in self.tiers:
             used = usage(tier.dir).bytes
-            if used + nbytes <= tier.budget_bytes or (used == 0 and tier.budget_bytes > 0):
+            if ((used + nbytes <= tier.budget_bytes or (used == 0 and tier.budget_bytes > 0))
+                    and nbytes <= free_room(tier.dir)):
                 return tier
         return None
 
-    def full(self) -> bool:
-        """Every tier at or over its budget: the worker takes no job until uploads free some."""
-        return all(usage(t.dir).bytes >= t.budget_bytes for t in self.tiers)
+    def full(self, nbytes: int = 0) -> bool:
+        """Every tier at or over its budget, or its file system without room for ``nbytes`` (the size of a
+        batch, as far as the caller knows; at least one byte): the worker takes no job until uploads free some."""
+        return all(usage(t.dir).bytes >= t.budget_bytes or free_room(t.dir) < max(nbytes, 1) for t in self.tiers)
+
+    def describe(self) -> str:
+        """Each tier's budget and its file system's free room, for the "spool full" log line."""
+        return ", ".join(f"{t.name} {t.dir}: budget {t.budget_bytes / 2**30:.2f} GiB, file system room "
+                         f"{free_room(t.dir) / 2**20:.1f} MiB" for t in self.tiers)
 
     def path(self, tier: str, run: str, bid: str) -> Path:
         return layout.spool_path(self.get(tier).dir, run, bid)

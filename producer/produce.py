@@ -25,13 +25,14 @@ from hsx.dataset import fingerprints
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.dtypes import check_store_dtype
 from hsx.errors import HsxError
+from hsx.evictionpolicy import check_eviction_policy
 from hsx.index import write_index_if_complete
 from hsx.integrity import unmark_missing_done
 from hsx.layers import resolve_layers
 from hsx.manifest import RunLimits, build_manifest, check_same_run, config_hash, load_model_config
 from hsx.planning import cut_batches, padding_fraction
 from hsx.rebuild import Rebuild
-from hsx.redisconn import connect
+from hsx.redisconn import connect, redact
 from hsx.runinputs import check_budget, check_row_settings, resolve_dataset, resolve_model, resolve_store_url
 from hsx.tokenising import TokeniseSettings, WindowTokeniser, default_workers
 from hsx.tokenreport import Sample, TokeniseReport
@@ -124,6 +125,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
                   store=replace(cfg.store, url=resolve_store_url(cfg.store.url)))
     cfg.store.check_writable()
     r = connect(cfg.redis_url)
+    check_eviction_policy(r, f"Redis at {redact(cfg.redis_url)}")
     event = on_event or (lambda name, window: None)
     text_cfg, tokenizer, cfg_hash = model_identity(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)

@@ -2,16 +2,24 @@
 
 Modes: ``up`` (bytes pass through), ``down`` (listener closed, live connections
 cut: connection refused / reset, like an endpoint outage), ``slowdown`` (every
-request is answered ``503 SlowDown`` the way S3 throttles).
+request is answered ``503 SlowDown`` the way S3 throttles), ``forbidden`` (every
+request is answered ``403 AccessDenied``, as S3 does under a denying bucket
+policy), ``strip_metadata`` (bytes pass, but ``x-amz-meta-*`` headers are cut
+from the answers: a store that drops user metadata).
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 
 SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
                  b"<Message>Please reduce your request rate.</Message></Error>")
+DENIED_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+               b"<Message>Access Denied by the bucket policy (faultproxy)</Message></Error>")
+_META_HEADER = re.compile(rb"\r\nx-amz-meta-[^\r\n]*", re.IGNORECASE)
+ANSWERS = {"slowdown": (b"503 Slow Down", SLOWDOWN_BODY), "forbidden": (b"403 Forbidden", DENIED_BODY)}
 
 
 class FaultProxy:
@@ -28,7 +36,7 @@ class FaultProxy:
         return f"http://127.0.0.1:{self.port}"
 
     def set_mode(self, mode: str) -> None:
-        assert mode in ("up", "down", "slowdown")
+        assert mode in ("up", "down", "slowdown", "forbidden", "strip_metadata")
         if mode == "down":
             self._close_all()
         elif self._listener is None:
@@ -65,8 +73,8 @@ class FaultProxy:
                 client, _ = listener.accept()
             except OSError:
                 return
-            if self.mode == "slowdown":
-                threading.Thread(target=self._throttle, args=(client,), daemon=True).start()
+            if self.mode in ANSWERS:
+                threading.Thread(target=self._answer, args=(client, *ANSWERS[self.mode]), daemon=True).start()
                 continue
             try:
                 upstream = socket.create_connection(self.upstream)
@@ -74,10 +82,11 @@ class FaultProxy:
                 client.close()
                 continue
             self._track(client, upstream)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            strip = self.mode == "strip_metadata"
+            for a, b, cut in ((client, upstream, False), (upstream, client, strip)):
+                threading.Thread(target=self._pump, args=(a, b, cut), daemon=True).start()
 
-    def _throttle(self, client: socket.socket) -> None:
+    def _answer(self, client: socket.socket, status: bytes, body: bytes) -> None:
         try:
             client.settimeout(5)
             data = b""
@@ -86,18 +95,18 @@ class FaultProxy:
                 if not chunk:
                     return
                 data += chunk
-            client.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
-                           + f"Content-Length: {len(SLOWDOWN_BODY)}\r\n\r\n".encode() + SLOWDOWN_BODY)
+            client.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                           + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         except OSError:
             pass
         finally:
             client.close()
 
     @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(src: socket.socket, dst: socket.socket, strip_metadata: bool = False) -> None:
         try:
             while chunk := src.recv(65536):
-                dst.sendall(chunk)
+                dst.sendall(_META_HEADER.sub(b"", chunk) if strip_metadata else chunk)
         except OSError:
             pass
         finally:

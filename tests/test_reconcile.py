@@ -73,3 +73,49 @@ def test_leased_dead_and_done_batches_are_left_alone(r, redis_server, tiny_model
     queues.enqueue_upload(r, "h9", "la", "b0000004", "/spool/x", 1, "0" * 64)
     r.hset(keys.hosts, "h9", "{}")
     assert reconcile.orphans(r, "la") == set(specs) - {f"b000000{i}" for i in range(5)}
+
+
+def test_a_job_rq_handed_out_but_not_yet_leased_is_not_lost(r, redis_server, tiny_model, tmp_path):
+    """Issue 23 item 7: between rq's hand-over and the job's lease (a fresh uploader importing torch: 3.4 s at
+    a 5 s lease) the batch is in no queue and no lease; it gets more graces, and is still caught if it dies."""
+    import time
+
+    from rq.serializers import JSONSerializer
+    from rq.worker import SimpleWorker
+
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="ho"))
+    q = queues.queue(r, queues.extract_queue_name("ho"))
+    worker = SimpleWorker([q], connection=r, name="slow-starter", serializer=JSONSerializer, job_class=queues.HsxJob)
+    worker.register_birth()
+    try:
+        job, _ = worker.dequeue_job_and_maintain_ttl(timeout=1)
+        worker.prepare_execution(job)
+        worker.prepare_job_execution(job)   # rq's bookkeeping done; the job function has not taken its lease yet
+        bid = queues.batch_of_job(job.id)[1]
+        assert bid in reconcile.orphans(r, "ho")
+        grace = 0.4
+        assert reconcile.reconcile(r, "ho", grace=grace) == []     # remembered
+        time.sleep(grace * 1.5)
+        assert reconcile.reconcile(r, "ho", grace=grace) == []     # past one grace: handed out, not lost yet
+        time.sleep(grace * reconcile.HANDED_OUT_GRACES)
+        assert reconcile.reconcile(r, "ho", grace=grace) == [bid]  # never leased: the worker died there
+    finally:
+        worker.register_death()
+
+
+def test_each_spooling_of_a_batch_gets_its_own_upload_job(r, redis_server, tiny_model, tmp_path):
+    """Issue 23 item 7: a batch extracted twice enqueued its upload twice under one job id, overwriting a job
+    that may be running; each spooling now has its own id and the first job's hash is left as it was."""
+    from gpu_worker.worker import run_worker
+
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="dup", enqueue=False))
+    queues.enqueue_extract(r, "dup", "b0000000", attempt=1)
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dup"))
+    up = queues.queue(r, queues.upload_queue_name("testhost"))
+    (first,) = up.get_job_ids()
+    r.hset(f"rq:job:{first}", "status", "started")   # an uploader holds it
+    queues.enqueue_extract(r, "dup", "b0000000", attempt=2)  # the reconciler's (or a duplicate's) second extraction
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dup"))
+    ids = up.get_job_ids()
+    assert len(ids) == 2 and len(set(ids)) == 2 and first in ids
+    assert r.hget(f"rq:job:{first}", "status") == b"started"

@@ -13,9 +13,10 @@ import logging
 import time
 from pathlib import Path
 
-from hsx import index, layout, leases, ledger, queues
+from hsx import index, layout, leases, ledger, queues, storerefusal
 from hsx.batchfile import file_sha256
 from hsx.retry import backoff_delay
+from hsx.store import PermanentStoreError
 from hsx.visibility import RunNotVisible
 from uploader import runtime
 
@@ -68,6 +69,24 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, att
         if attempts < limits.max_attempts:
             queues.enqueue_extract(r, run, batch_id, attempt=leases.next_attempt(r, run))
         log.error("%s; re-enqueued its extraction (failure %d/%d)", exc, attempts, limits.max_attempts)
+        raise
+    except PermanentStoreError as exc:
+        # The store refused for good (access denied, no bucket, metadata dropped): no retry can help
+        # without a person. Counted against the batch (dead letter at max_attempts, file kept) and shown
+        # on the run (status, dashboard, /metrics) with the store's message.
+        rt.record_failure()
+        storerefusal.record(r, run, batch_id, str(exc), rt.cfg.worker_name)
+        attempts = ledger.record_failure(r, run, batch_id, f"upload: store refused: {exc}", limits.max_attempts)
+        if attempts < limits.max_attempts:
+            delay = backoff_delay(retry, RETRY_BASE_SECONDS, RETRY_CAP_SECONDS)
+            log.error("upload of %s refused by the store (failure %d/%d): %s; next try in %.1fs", batch_id, attempts,
+                      limits.max_attempts, exc, delay)
+            time.sleep(delay)
+            queues.enqueue_upload(r, rt.host, run, batch_id, path, size, sha256, attempt=leases.next_attempt(r, run),
+                                  retry=retry + 1, tier=tier)
+        else:
+            log.error("upload of %s refused by the store %d times: dead letter, spool file %s kept: %s", batch_id,
+                      attempts, local, exc)
         raise
     except NotPlanned as exc:
         rt.record_failure()
@@ -123,6 +142,7 @@ def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, s
             raise SpoolFileLost(f"spool file {local} is corrupt (sha256 differs from what the worker wrote)") from exc
         raise
     ledger.mark_done(r, run, spec, key, info.size, sha256, by=rt.cfg.worker_name)
+    storerefusal.clear(r, run)  # the store takes uploads again
     local.unlink(missing_ok=True)
     rt.record_upload(size, run)
     index.write_index_if_complete(r, store, run)

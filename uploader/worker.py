@@ -9,9 +9,13 @@ from rq.worker import SimpleWorker
 
 from hsx import ledger, multipart, queues
 from hsx.config import UploadConfig
+from hsx.evictionpolicy import check_eviction_policy
 from hsx.localdirs import ensure_dir
-from hsx.redisconn import connect
-from uploader import runtime
+from hsx.redisconn import connect, redact
+
+# Imported now, not inside the first job: it pulls in torch, seconds between rq's hand-over
+# and the job's lease that the reconciler would count as a lost batch (issue 23 item 7).
+from uploader import jobs, runtime  # noqa: F401
 from uploader.runtime import UploaderRuntime, UploadsRefused
 
 log = logging.getLogger(__name__)
@@ -21,7 +25,9 @@ def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
     """Serve upload@<host> until stopped (or, with ``burst``, until the queue is empty); returns the runtime."""
     # Uploaded files are removed from the spool: a spool this process cannot write would only fill up.
     ensure_dir(cfg.spool_dir, "spool", "--spool-dir / HSX_SPOOL_DIR")
-    rt = UploaderRuntime(cfg, connect(cfg.redis_url, ride_out=True))
+    r = connect(cfg.redis_url, ride_out=True)
+    check_eviction_policy(r, f"Redis at {redact(cfg.redis_url)}")
+    rt = UploaderRuntime(cfg, r)
     runtime.install(rt)
     rt.start()
     _abort_stale_multipart(rt)

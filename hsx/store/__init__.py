@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from hsx.errors import HsxError
-from hsx.store.base import ObjectInfo, Store, StoreError, VerifyError
+from hsx.store.base import ObjectInfo, PermanentStoreError, Store, StoreError, VerifyError
 from hsx.store.local import LocalStore
 
-__all__ = ["ObjectInfo", "Store", "StoreError", "VerifyError", "LocalStore", "open_store", "StoreURLError"]
+__all__ = ["ObjectInfo", "Store", "StoreError", "PermanentStoreError", "VerifyError", "LocalStore", "open_store", "StoreURLError"]
 
 
 class StoreURLError(HsxError, ValueError):

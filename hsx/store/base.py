@@ -19,6 +19,11 @@ class StoreError(HsxError, RuntimeError):
     """A store call failed for good (after retries)."""
 
 
+class PermanentStoreError(StoreError):
+    """The store refused in a way retrying cannot fix (access denied, no such bucket, user metadata
+    dropped); the message carries the store's own words. Never retried by the store layer."""
+
+
 class VerifyError(StoreError):
     """An object in the store does not match the bytes that were sent."""
 

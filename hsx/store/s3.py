@@ -31,11 +31,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, DEFAULT_UPLOAD_RETRIES
 from hsx.retry import retry_call
-from hsx.store.base import ObjectInfo, Store, StoreError, VerifyError, check_read_back
+from hsx.store.base import ObjectInfo, PermanentStoreError, Store, StoreError, VerifyError, check_read_back
 
 log = logging.getLogger(__name__)
 RETRYABLE = (BotoCoreError, ClientError, ConnectionError, TimeoutError)
 NOT_FOUND = ("404", "NoSuchKey", "NotFound")
+# Answers no retry can change (issue 23 item 4): failed fast with the store's message, counted against the batch.
+PERMANENT = ("403", "AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidAccessKeyId", "InvalidBucketName",
+             "NoSuchBucket", "NotSignedUp", "SignatureDoesNotMatch", "InvalidObjectState")
 
 
 class _Missing(Exception):
@@ -81,8 +84,13 @@ class S3Store(Store):
             try:
                 return fn()
             except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in NOT_FOUND:
+                error = exc.response.get("Error", {})
+                if error.get("Code") in NOT_FOUND:
                     raise _Missing(what) from exc
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if error.get("Code") in PERMANENT or status == 403:
+                    raise PermanentStoreError(f"{what}: the store answered {error.get('Code') or status}: "
+                                              f"{error.get('Message') or exc}") from None
                 raise
 
         try:
@@ -145,6 +153,10 @@ class S3Store(Store):
 
     def _verify(self, key: str, size: int, sha256: str, etag: str) -> ObjectInfo:
         info = self._call(f"head {self.url(key)}", lambda: self.client.head_object(Bucket=self.s.bucket, Key=self._k(key)))
+        if not info.get("Metadata", {}).get("sha256"):
+            raise PermanentStoreError(f"{self.url(key)}: the store kept no sha256 metadata (x-amz-meta-sha256) on the "
+                                      "object hsx wrote with it, so it can never be verified; this store drops user "
+                                      "metadata and cannot hold an hsx run")
         problems = []
         if info["ContentLength"] != size:
             problems.append(f"size {info['ContentLength']} != {size}")

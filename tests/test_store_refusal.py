@@ -1,0 +1,62 @@
+"""Permanent store errors fail fast and show (issue 23 item 4).
+
+moto's S3 behind tests/faultproxy.py: every request answered 403 AccessDenied,
+or the answers stripped of the object's sha256 metadata so verification can
+never pass. Before the fix both looped forever, shown only in the uploader log.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dashboard.app import create_app
+from dashboard.config import DashboardConfig
+from hsx import ledger, spool
+from hsx.config import StoreSettings
+from hsx.progress import run_progress, summary_lines
+from producer.produce import produce
+from tests.faultproxy import FaultProxy
+from tests.pipeline import produce_config, worker_config
+
+
+def _uploader_within(redis_url, spool_dir, seconds):
+    """Run `hsx upload --burst`; fail (not hang) if it is still retrying after ``seconds``."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "hsx_cli.main", "upload", "--spool-dir", str(spool_dir), "--host",
+                              "testhost", "--burst", "--heartbeat-seconds", "1"], capture_output=True, text=True,
+                             timeout=seconds, env={**os.environ, "HSX_REDIS_URL": redis_url})
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the uploader still retried after {seconds} s (a permanent error retried forever)") from None
+    return out
+
+
+@pytest.mark.parametrize("mode, words", [("forbidden", "AccessDenied"), ("strip_metadata", "sha256 metadata")])
+def test_permanent_store_errors_dead_letter_and_show(r, redis_server, tiny_model, tmp_path, s3_server, s3_bucket,
+                                                     mode, words):
+    from gpu_worker.worker import run_worker
+
+    proxy = FaultProxy(int(s3_server.rsplit(":", 1)[1]))
+    proxy.set_mode("up")
+    try:
+        store = StoreSettings(url=f"s3://{s3_bucket}/runs", endpoint_url=proxy.url, region="us-east-1",
+                              addressing_style="path")
+        produce(produce_config(redis_server.url, tiny_model, store, run="t1", max_attempts=2))
+        run_worker(worker_config(redis_server.url, tmp_path / "spool"))
+        batches = ledger.run_totals(r, "t1")["batches"]
+        proxy.set_mode(mode)
+        _uploader_within(redis_server.url, tmp_path / "spool", 120)
+    finally:
+        proxy.stop()
+    dead = ledger.dead_letters(r, "t1")
+    assert len(dead) == batches and all(rec["attempts"] == 2 and words in rec["last_error"] for rec in dead.values())
+    assert len(spool.complete_files(tmp_path / "spool", "t1")) == batches  # nothing deleted
+    p = run_progress(r, "t1")
+    assert words in p["store_refusal"]["error"]
+    assert any(line.strip().startswith("STORE REFUSES") and words in line for line in summary_lines(p))
+    client = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client()
+    assert words in client.get("/api/status?run=t1").get_json()["overview"]["store_refusal"]["error"]
+    assert 'hsx_store_refusing{run="t1"} 1.0' in client.get("/metrics").get_data(as_text=True)
