@@ -116,6 +116,7 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
         "eta_seconds": p["eta_seconds"],
         "stalled": p["stalled"],           # why a run with work left is not moving (None if it is)
         "store_refusal": p["store_refusal"],  # {error, batch, ts, by}: the store refuses uploads for good (None if not)
+        "upload_refused": p["upload_refused"],  # {host: {cause, message, jobs, ts}}: uploaders that put jobs back
         "extract_queue": p["extract_queue"],
         "series": throughput_series(r, run, plan.tokens, now, p["complete"], config.series_span_seconds,
                                     config.series_bucket_seconds),

@@ -59,4 +59,6 @@ def test_permanent_store_errors_dead_letter_and_show(r, redis_server, tiny_model
     assert any(line.strip().startswith("STORE REFUSES") and words in line for line in summary_lines(p))
     client = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client()
     assert words in client.get("/api/status?run=t1").get_json()["overview"]["store_refusal"]["error"]
+    page_js = client.get("/static/dashboard.js").get_data(as_text=True)
+    assert "o.store_refusal" in page_js and 'id="problems"' in client.get("/?run=t1").get_data(as_text=True)
     assert 'hsx_store_refusing{run="t1"} 1.0' in client.get("/metrics").get_data(as_text=True)

@@ -151,6 +151,19 @@
     e.textContent = lines.length ? `${lines.length} malformed records in Redis skipped: ${lines.slice(0, 5).join("; ")}` : "";
   }
 
+  // Why the run needs a person: the stall reason, a store that refuses uploads, uploaders that put jobs back.
+  function renderProblems(o) {
+    const lines = [];
+    if (o.stalled) lines.push(`STALLED: ${o.stalled}`);
+    if (o.store_refusal) lines.push(`the store refuses uploads (batch ${o.store_refusal.batch}): ${o.store_refusal.error}`);
+    for (const [host, rec] of Object.entries(o.upload_refused || {})) {
+      lines.push(`uploads refused on host ${host} (${rec.jobs || 0} jobs put back): ${rec.message || rec.cause}`);
+    }
+    const e = $("problems");
+    e.hidden = !lines.length;
+    e.textContent = lines.join(" · ");
+  }
+
   function showError(text) { const e = $("error"); e.textContent = text; e.hidden = !text; }
 
   let timer = null;
@@ -170,7 +183,7 @@
       if (o) {
         run = o.run;
         renderRuns(data.runs); renderProgress(o); renderChart(o.series); renderWorkers(o); renderHosts(o);
-        renderShards(o); renderFailures(o); renderMalformed(o.malformed || []);
+        renderShards(o); renderFailures(o); renderMalformed(o.malformed || []); renderProblems(o);
       }
       $("updated").textContent = `updated ${new Date().toLocaleTimeString()} · Redis ${data.redis}`;
       refreshMs = Math.max(1000, 1000 * data.refresh_seconds);
