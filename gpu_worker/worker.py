@@ -18,6 +18,7 @@ from gpu_worker.runtime import WorkerRuntime
 from hsx import ledger, queues
 from hsx.config import StoreSettings, WorkerConfig
 from hsx.errors import HsxError
+from hsx.fp8compute import require_fp8_device
 from hsx.localdirs import ensure_dir
 from hsx.manifest import RunLimits, config_hash
 from hsx.redisconn import connect, redact
@@ -109,6 +110,8 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
         raise WorkerSetupError(f"--heartbeat-seconds {cfg.heartbeat_seconds:g} must be at most half of run "
                                f"{cfg.run!r}'s lease ({lease} s, set by hsx produce --lease-seconds), or leases expire "
                                "between beats and batches run twice")
+    if manifest.get("compute_dtype", "bfloat16") == "float8":
+        require_fp8_device(cfg.device)  # before the model is read: a CPU or pre-Ada GPU is refused at once
     model_path = cfg.model_override or manifest["model"]
     check_directories(cfg, model_path)
     if config_hash(model_path) != manifest["model_config_hash"]:
@@ -116,7 +119,8 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     store = StoreSettings.of_run(manifest).open()
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, manifest["layer_ids"])
     extractor = Extractor.load(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"],
-                               store_dtype=manifest.get("store_dtype"))
+                               store_dtype=manifest.get("store_dtype"),
+                               compute_dtype=manifest.get("compute_dtype", "bfloat16"))
     return WorkerRuntime(cfg, r, store, manifest, extractor)
 
 
