@@ -71,8 +71,17 @@ def run_shape(args) -> dict:
     config = shapes.make_config(args.shape, vocab_size=512 if args.shape.startswith("tiny") else None)
     t = time.perf_counter()
     model = shapes.build_model(config, device, dtype)
+    if args.compute_dtype == "float8":  # as the worker does (gpu_worker/extractor.py): the decoder's linears
+        from gpu_worker.extractor import _decoder
+        from hsx import fp8compute
+
+        fp8compute.require_fp8_device(device)
+        converted = fp8compute.convert_linears(_decoder(model).layers)
+        print(f"[bench] float8 compute: {converted} linear layers as rowwise e4m3 GEMMs", flush=True)
+        torch.cuda.empty_cache()
     build_s = time.perf_counter() - t
-    result = {"shape": args.shape, "tag": args.tag, "device": torch.cuda.get_device_name(0) if not cpu else "cpu",
+    result = {"shape": args.shape, "tag": args.tag, "compute_dtype": args.compute_dtype,
+              "device": torch.cuda.get_device_name(0) if not cpu else "cpu",
               "torch": torch.__version__, "fla": shapes.fla_available(), "body_params": shapes.body_params(model),
               "build_s": build_s, "sections": []}
     import transformers
@@ -110,7 +119,8 @@ def run_shape(args) -> dict:
             dataset = harness.write_dataset(work / f"{name}.jsonl", lengths, vocab)
             t = time.perf_counter()
             report, specs = harness.plan(svc, run, dataset, budget, out_dtype, layers=args.layers,
-                                         store_dtype=store_dtype, codec=codec)
+                                         store_dtype=store_dtype, codec=codec,
+                                         compute_dtype=args.compute_dtype)
             print(f"[bench] {name}: {len(lengths)} samples, {report.batches} batches, "
                   f"padding {1 - report.tokens / report.padded_tokens:.2%}, planned in {time.perf_counter() - t:.1f}s", flush=True)
             batch_shapes = [(s.samples, s.padded_len, s.tokens) for s in specs]
@@ -253,6 +263,8 @@ def main(argv=None) -> int:
     ap.add_argument("--token-budget", type=int, default=None, help="override the sections' token budget")
     ap.add_argument("--layers", default=None, help="layer spec (default dflash; dflash:3 on tiny shapes)")
     ap.add_argument("--no-full", action="store_true", help="skip the bare forward through the full body")
+    ap.add_argument("--compute-dtype", default="bfloat16", choices=("bfloat16", "float8"),
+                    help="the linear layers as rowwise e4m3 GEMMs (float8), as `hsx produce --compute-dtype`")
     ap.add_argument("--warm", type=int, default=2, help="batches left out of the timed window")
     ap.add_argument("--uploaders", type=int, default=4)
     ap.add_argument("--spool-budget-gib", type=float, default=24.0, help="the disk tier's budget")

@@ -106,8 +106,11 @@ def bare_forward(decoder, layers, shapes, vocab: int, device, clock: Clock, warm
     try:
         gen = torch.Generator().manual_seed(0)
         inputs = [torch.randint(0, vocab, (rows, length), generator=gen).to(device) for rows, length, _ in shapes]
-        for ids in inputs[:1]:
-            decoder(input_ids=ids, use_cache=False)
+        seen = set()
+        for ids in inputs:  # every batch shape once: fla's Triton kernels compile per shape, off the clock
+            if ids.shape not in seen:
+                seen.add(ids.shape)
+                decoder(input_ids=ids, use_cache=False)
         clock.sync()
         if clock.cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -293,7 +296,7 @@ class Services:
 
 
 def plan(svc: Services, run: str, dataset: Path, token_budget: int, dtype: str, layers: str = "dflash",
-         store_dtype: str | None = None, codec: str = "none"):
+         store_dtype: str | None = None, codec: str = "none", compute_dtype: str = "bfloat16"):
     """Plan + enqueue a run through the real producer; return the batch specs in queue order."""
     from producer.produce import produce
 
@@ -302,7 +305,7 @@ def plan(svc: Services, run: str, dataset: Path, token_budget: int, dtype: str, 
         store=StoreSettings(url=svc.store_url), redis_url=svc.redis_url, token_budget=token_budget,
         max_length=4096, overlong="drop", max_batch_rows=512, pad_multiple=8, dtype=dtype,
         batches_per_shard=1000, tokenise_workers=1, enqueue=True, lease_seconds=600, store_dtype=store_dtype,
-        codec=codec))
+        codec=codec, compute_dtype=compute_dtype))
     specs = sorted(ledger.all_specs(svc.r, run).values(), key=lambda s: s.index)
     return report, specs
 

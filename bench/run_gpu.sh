@@ -11,6 +11,10 @@
 #   8b-shm        8b's mix32k with the store in /dev/shm: the store's bytes off the local disk, as with S3
 #   8b-formats    issue 15: memory-first spool (8 GiB tier in /dev/shm, disk tier on this machine's disk), store
 #                 in /dev/shm (as S3); bf16, FP8, bf16+zstd, FP8+zstd (SECTIONS_FMT to choose)
+#   ceiling       ../shared/bench/forward_ceiling.py (8B, mode A: the bare forward ceiling), beside the steps below
+#   8b-compute    issue 22: 8B mix32k at --compute-dtype bfloat16 then float8 (MEM_GIB: memory tier, 0 = flags' default)
+#   27b-compute   issue 22: the 27B hybrid shape (hybrid27b, fla) the same way
+#   fidelity      issue 22: FP8 compute vs bf16 hidden states per layer on a model trained on the GPU (bench/fp8_fidelity.py)
 # The padding table of 1M planned samples (target 3) runs beside them on the CPU.
 # Results: one JSON per step under $OUT (or ./bench-out); the table is printed last.
 set -uo pipefail
@@ -53,6 +57,15 @@ for step in "${STEPS[@]}"; do
     8b-formats)   timeout "${T_FMT:-420}" $B --shape qwen3-8b --tag formats --io-probe --tokens "${TOKENS_FMT:-1000000}" \
                     --sections "${SECTIONS_FMT:-mix32k_bf16,mix32k_fp8,mix32k_zstd,mix32k_fp8zstd}" \
                     --memory-spool-gib "${MEM_GIB:-8}" --store-dir /dev/shm/hsx-bench-store ;;
+    ceiling)      SHAPE=qwen3-8b timeout "${T_CEIL:-150}" python "${CEILING:-../shared/bench/forward_ceiling.py}" 2>&1 | grep '"mode": "A"' ;;
+    8b-compute)   for cd in bfloat16 float8; do  # issue 22: bf16 vs FP8 compute, 8B, mix 32k
+                    timeout "${T_8B:-200}" $B --shape qwen3-8b --tag "$cd" --compute-dtype "$cd" --tokens "${TOKENS_8B:-400000}" \
+                      --sections mix32k --memory-spool-gib "${MEM_GIB:-0}"; done ;;
+    27b-compute)  for cd in bfloat16 float8; do  # issue 22: the Qwen3.5/3.6-27B text shape, fla, bf16 vs FP8 compute
+                    PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_27B:-240}" $B --shape hybrid27b --tag "$cd" \
+                      --compute-dtype "$cd" --tokens "${TOKENS_27B:-200000}" --sections mix32k --no-full \
+                      --memory-spool-gib "${MEM_GIB:-0}"; done ;;
+    fidelity)     timeout "${T_FID:-240}" python bench/fp8_fidelity.py --minutes "${FID_MIN:-1.5}" --out "$OUTDIR" ;;
     *)            echo "unknown step $step" ;;
   esac
   echo "=== $step exit $?"

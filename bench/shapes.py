@@ -15,7 +15,11 @@ DENSE = {
     "qwen3-32b": (5120, 25600, 64, 64, 8, 128),
     "tiny": (64, 128, 6, 4, 2, 16),
 }
-HYBRID = ("hybrid", "tiny-hybrid")  # Qwen3.5-style: Gated DeltaNet layers, every 4th layer full attention
+HYBRID = ("hybrid", "hybrid27b", "tiny-hybrid")  # Qwen3.5-style: Gated DeltaNet layers, every 4th layer full attention
+# The Qwen3.5/3.6-27B text config: 64 layers, H 5120, 3 linear (Gated DeltaNet) : 1 full attention.
+HYBRID_27B = dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
+                  num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
+                  linear_key_head_dim=128, linear_value_head_dim=128)
 SHAPES = tuple(DENSE) + HYBRID
 
 
@@ -29,20 +33,20 @@ def make_config(shape: str, vocab_size: int | None = None):
                           num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
                           head_dim=hd, max_position_embeddings=32768, tie_word_embeddings=False)
     elif shape in HYBRID:
-        cfg = _hybrid_config(tiny=shape == "tiny-hybrid", vocab_size=vocab_size)
+        cfg = _hybrid_config(tiny=shape == "tiny-hybrid", vocab_size=vocab_size, big=shape == "hybrid27b")
     else:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
     cfg._attn_implementation = "sdpa"
     return cfg
 
 
-def _hybrid_config(tiny: bool, vocab_size: int | None):
-    """transformers' default Qwen3.5 text shape (32 layers, 3 linear : 1 full, H = 4096), or a tiny one."""
+def _hybrid_config(tiny: bool, vocab_size: int | None, big: bool = False):
+    """transformers' default Qwen3.5 text shape (32 layers, 3 linear : 1 full, H = 4096), the 27B one, or a tiny one."""
     import transformers
 
     small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                 linear_key_head_dim=16, linear_value_head_dim=16) if tiny else {}
+                 linear_key_head_dim=16, linear_value_head_dim=16) if tiny else dict(HYBRID_27B if big else {})
     if hasattr(transformers, "Qwen3_5TextConfig"):
         return transformers.Qwen3_5TextConfig(vocab_size=vocab_size or 248320, **small)
     # Older transformers: Qwen3-Next, made dense (every layer a plain MLP) to match the Qwen3.5 body.

@@ -78,14 +78,29 @@ class Extractor:
     @classmethod
     def load(cls, model_path: str, layer_ids: list[int], store_final: bool, device: str, out_dtype: str = "bfloat16",
              model_dtype: str | None = None, attn_implementation: str = "sdpa",
-             store_dtype: str | None = None) -> Extractor:
-        """Load the model body (no lm_head) once; compute in fp32 on the CPU, bf16 on a GPU unless told."""
-        from transformers import AutoModel
+             store_dtype: str | None = None, compute_dtype: str = "bfloat16") -> Extractor:
+        """Load the model body (no lm_head) once; compute in fp32 on the CPU, bf16 on a GPU unless told.
 
+        ``compute_dtype`` float8: the decoder layers' linears as rowwise e4m3 GEMMs (hsx/fp8compute.py); refused
+        (ComputeDtypeError) on a device without FP8 tensor cores. An FP8 checkpoint is loaded as it is stored.
+        """
+        from transformers import AutoConfig, AutoModel
+
+        from hsx import fp8compute
+
+        if fp8compute.check_compute_dtype(compute_dtype) == "float8":
+            fp8compute.require_fp8_device(device)
+            if fp8compute.fp8_block_config(AutoConfig.from_pretrained(model_path)) is not None:
+                model = fp8compute.load_fp8_checkpoint(model_path, device, attn_implementation)
+                return cls(model, layer_ids, store_final, out_dtype, store_dtype)
         cpu = torch.device(device).type == "cpu"
         compute = DTYPES[model_dtype] if model_dtype else (torch.float32 if cpu else torch.bfloat16)
         model = AutoModel.from_pretrained(model_path, dtype=compute, attn_implementation=attn_implementation)
-        return cls(model.to(device), layer_ids, store_final, out_dtype, store_dtype)
+        model = model.to(device)
+        if compute_dtype == "float8":
+            converted = fp8compute.convert_linears(_decoder(model).layers)
+            log.info("float8 compute: %d linear layers as rowwise e4m3 GEMMs", converted)
+        return cls(model, layer_ids, store_final, out_dtype, store_dtype)
 
     def _setup(self, model) -> None:
         decoder = _decoder(model)

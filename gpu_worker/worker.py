@@ -20,6 +20,7 @@ from hsx import layout, leases, ledger, queues
 from hsx.config import WorkerConfig
 from hsx.errors import HsxError
 from hsx.evictionpolicy import check_eviction_policy
+from hsx.fp8compute import require_fp8_device
 from hsx.localdirs import ensure_dir
 from hsx.manifest import RunLimits, config_hash
 from hsx.redisconn import connect, redact
@@ -133,6 +134,8 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
         raise WorkerSetupError(f"--heartbeat-seconds {cfg.heartbeat_seconds:g} must be at most half of run "
                                f"{cfg.run!r}'s lease ({lease} s, set by hsx produce --lease-seconds), or leases expire "
                                "between beats and batches run twice")
+    if manifest.get("compute_dtype", "bfloat16") == "float8":
+        require_fp8_device(cfg.device)  # before the model is read: a CPU or pre-Ada GPU is refused at once
     model_path = cfg.model_override or manifest["model"]
     check_model_visible(model_path, "worker", cfg.host)
     store = open_run_store(manifest, "worker", cfg.host)  # before the model loads: a wrong mount is seen at once
@@ -141,7 +144,8 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
         raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, manifest["layer_ids"])
     extractor = Extractor.load(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"],
-                               store_dtype=manifest.get("store_dtype"))
+                               store_dtype=manifest.get("store_dtype"),
+                               compute_dtype=manifest.get("compute_dtype", "bfloat16"))
     return WorkerRuntime(cfg, r, store, manifest, extractor)
 
 

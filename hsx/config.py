@@ -119,6 +119,7 @@ class ProduceConfig:
     lock_wait_seconds: float = 0.0          # wait this long for another producer of the run, then refuse
     store_dtype: str | None = None   # what batch files hold: None = dtype, or float8_e4m3 (hsx/dtypes.py)
     codec: str = "none"              # lossless codec of the hidden states: none | zstd (hsx/codec.py)
+    compute_dtype: str = "bfloat16"  # the target's linear layers: bfloat16 | float8 (hsx/fp8compute.py)
 
 
 @dataclass(frozen=True)

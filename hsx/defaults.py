@@ -10,6 +10,7 @@ DEFAULT_MAX_REJECT_SHARE = 0.01         # share of rows that may be rejected bef
 DEFAULT_PRODUCER_LOCK_WAIT = 0.0        # seconds a second producer of a run waits for the first, then refuses
 DEFAULT_DTYPE = "bfloat16"              # dtype of the hidden states readers get
 STORE_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3")  # what batch files may hold (hsx/dtypes.py)
+COMPUTE_DTYPES = ("bfloat16", "float8")  # what the target's linear layers compute in (hsx/fp8compute.py)
 CODECS = ("none", "zstd")               # lossless codecs of the hidden states (hsx/codec.py)
 DEFAULT_MEMORY_SPOOL_DIR = "/dev/shm/hsx"  # the spool's memory tier (tmpfs)
 DEFAULT_DFLASH_LAYERS = 5               # layers the dflash preset picks

@@ -14,7 +14,7 @@ from hsx.errors import HsxError
 IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "store_dtype", "codec", "hidden_size", "num_layers",
                    "max_length", "overlong", "token_budget", "pad_multiple", "max_batch_rows", "batches_per_shard",
                    "dataset_fingerprint", "chat_template_hash", "store_url", "template_kwargs", "columns",
-                   "window_rows")
+                   "window_rows", "compute_dtype")
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ def build_manifest(**fields) -> dict:
 
 
 def _identity(manifest: dict, key: str):
-    """A field as it defines the run (runs planned before store_dtype/codec existed had their defaults)."""
-    defaults = {"store_dtype": manifest.get("dtype"), "codec": "none"}
+    """A field as it defines the run (runs planned before store_dtype/codec/compute_dtype existed had their defaults)."""
+    defaults = {"store_dtype": manifest.get("dtype"), "codec": "none", "compute_dtype": "bfloat16"}
     value = manifest.get(key)
     if key == "store_url" and value:  # manifests before issue 20 may hold a relative local store: as seen from here
         from hsx.runinputs import resolve_store_url

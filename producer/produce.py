@@ -26,6 +26,7 @@ from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.dtypes import check_store_dtype
 from hsx.errors import HsxError
 from hsx.evictionpolicy import check_eviction_policy
+from hsx.fp8compute import check_compute_dtype
 from hsx.index import write_index_if_complete
 from hsx.integrity import unmark_missing_done
 from hsx.layers import resolve_layers
@@ -139,6 +140,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         num_layers=text_cfg.num_hidden_layers, hidden_size=text_cfg.hidden_size, layer_preset=cfg.layers,
         layer_ids=layer_ids, store_final=store_final, dtype=cfg.dtype, max_length=cfg.max_length,
         store_dtype=check_store_dtype(cfg.store_dtype or cfg.dtype), codec=check_codec(cfg.codec),
+        compute_dtype=check_compute_dtype(cfg.compute_dtype),
         overlong=cfg.overlong, token_budget=cfg.token_budget, pad_multiple=cfg.pad_multiple,
         max_batch_rows=cfg.max_batch_rows, batches_per_shard=cfg.batches_per_shard, window_rows=cfg.window_rows,
         dataset=str(cfg.dataset), dataset_fingerprint=content_fingerprint,

@@ -1,0 +1,130 @@
+"""FP8 *compute* fidelity on trained weights (GPU with FP8 tensor cores), next to the FP8 *storage* error.
+
+    python bench/fp8_fidelity.py --minutes 2 --out bench-out
+
+Trains a small Qwen3 (H=512, 8 layers) on text on the GPU long enough to grow outlier channels, saves it,
+then extracts the dflash layers of held-out text three ways through the worker's own loader
+(``Extractor.load``): bf16 compute (the reference), ``compute_dtype=float8`` from the bf16 checkpoint, and
+``compute_dtype=float8`` from an e4m3 block-scaled (128x128 ``weight_scale_inv``) copy of the checkpoint, as
+the published FP8 releases are stored. Per layer: relative L2 and mean cosine of each against the bf16
+reference, beside the FP8 storage error (one scale a token a layer) of the bf16 states and max|x|/rms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.activation_stats import texts  # noqa: E402
+from gpu_worker.extractor import Extractor, pad_batch  # noqa: E402
+from hsx.dtypes import fp8_error, quantise_fp8  # noqa: E402
+from hsx.fp8compute import write_fp8_checkpoint  # noqa: E402
+from hsx.layers import resolve_layers  # noqa: E402
+from hsx_tools.demo import sample_dataset  # noqa: E402
+from hsx_tools.tinymodel import build_tokenizer  # noqa: E402
+
+
+def compare(ref: torch.Tensor, x: torch.Tensor, n_layers: int) -> list[tuple[float, float]]:
+    H = ref.shape[1] // n_layers
+    out = []
+    for k in range(n_layers):
+        a, b = ref[:, k * H:(k + 1) * H].float(), x[:, k * H:(k + 1) * H].float()
+        rel = float((a - b).norm() / a.norm())
+        cos = float(torch.nn.functional.cosine_similarity(a, b, dim=1).mean())
+        out.append((rel, cos))
+    return out
+
+
+def extract(path: Path, layer_ids, batches, compute: str) -> torch.Tensor:
+    ex = Extractor.load(str(path), layer_ids, False, "cuda:0", "bfloat16", compute_dtype=compute)
+    outs = [ex.run(b)[0].clone() for b in batches]
+    del ex
+    torch.cuda.empty_cache()
+    return torch.cat(outs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=2.0, help="GPU training time")
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--out", default="bench-out")
+    args = ap.parse_args()
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    out = Path(args.out)
+    work = Path("/tmp/hsx-fp8-fidelity")
+    tok = build_tokenizer(work / "bf16", vocab_size=2048, sample_path=sample_dataset())
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+                      num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=2,
+                      head_dim=args.hidden // 8, max_position_embeddings=4096, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).cuda()
+    layer_ids, _ = resolve_layers("dflash", args.layers)
+    corpus = texts(0, 40000)
+    held_out, train = corpus[:64], corpus[64:]
+    stream = torch.tensor([t for text in train for t in tok(text + "<|im_end|>").input_ids]).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
+    model.train()
+    t0, step, losses = time.time(), 0, []
+    while time.time() - t0 < args.minutes * 60:
+        starts = torch.randint(0, len(stream) - args.seq - 1, (args.batch,), device="cuda")
+        ids = torch.stack([stream[s:s + args.seq] for s in starts.tolist()])
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        if step % 100 == 0:
+            losses.append(float(loss))
+            print(f"step {step}: loss {losses[-1]:.3f} ({time.time() - t0:.0f}s)", flush=True)
+    model.to(torch.bfloat16).save_pretrained(work / "bf16")
+    write_fp8_checkpoint(work / "bf16", work / "fp8")
+    tok.save_pretrained(work / "fp8")
+    del model, opt
+    torch.cuda.empty_cache()
+
+    batches = []
+    for text in held_out:
+        ids = torch.tensor(tok(text).input_ids[:1024])
+        batches.append(pad_batch(ids, torch.tensor([0, len(ids)]), len(ids) + (-len(ids)) % 16, 0, pin=False))
+    ref = extract(work / "bf16", layer_ids, batches, "bfloat16")
+    fp8_bf16ckpt = extract(work / "bf16", layer_ids, batches, "float8")
+    fp8_fp8ckpt = extract(work / "fp8", layer_ids, batches, "float8")
+    q, scales = quantise_fp8(ref, len(layer_ids))
+    store = fp8_error(ref, q, scales)
+    a, b = compare(ref, fp8_bf16ckpt, len(layer_ids)), compare(ref, fp8_fp8ckpt, len(layer_ids))
+    H = args.hidden
+    rows = []
+    for k, layer in enumerate(layer_ids):
+        block = ref[:, k * H:(k + 1) * H].float()
+        rows.append({"layer": layer, "compute_rel_l2": a[k][0], "compute_cosine": a[k][1],
+                     "fp8_ckpt_rel_l2": b[k][0], "fp8_ckpt_cosine": b[k][1],
+                     "store_rel_l2": float(store[0, k]), "store_cosine": float(store[1, k]),
+                     "max_over_rms": float(block.abs().max() / block.pow(2).mean().sqrt())})
+    result = {"config": vars(args), "steps": step, "loss_last": losses[-1] if losses else None,
+              "tokens": ref.shape[0], "layers": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fp8_fidelity.json").write_text(json.dumps(result, indent=1))
+    print(f"trained {step} steps, loss {result['loss_last']}; {ref.shape[0]} held-out tokens")
+    print(f"{'layer':>5} {'max/rms':>8} {'FP8 compute relL2':>18} {'cos':>8} {'FP8 ckpt relL2':>15} {'cos':>8} "
+          f"{'FP8 store relL2':>16} {'cos':>8}")
+    for r in rows:
+        print(f"{r['layer']:>5} {r['max_over_rms']:>8.0f} {r['compute_rel_l2']:>18.4f} {r['compute_cosine']:>8.5f} "
+              f"{r['fp8_ckpt_rel_l2']:>15.4f} {r['fp8_ckpt_cosine']:>8.5f} {r['store_rel_l2']:>16.4f} "
+              f"{r['store_cosine']:>8.5f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
