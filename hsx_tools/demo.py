@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from hsx.redisconn import LocalRedis, reachable
+from hsx_tools.processes import stop_all
 
 RUN = "demo"
 
@@ -74,14 +75,7 @@ def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:
         print(f"hsx demo: a step failed: {exc}", file=sys.stderr)
         return 1
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         if local:
             local.stop()
     d = p["done"]

@@ -26,6 +26,7 @@ from hsx.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect
 from hsx_reader import RunFollower, collate_packed
 from hsx_tools.demo import sample_dataset
+from hsx_tools.processes import stop_all
 from hsx_tools.tinymodel import build_tiny_model
 
 RUN = "twe"
@@ -106,14 +107,7 @@ def main() -> int:
             procs = start_extraction_resume(workdir, env, args.batch_seconds)
         return train(redis.url, workdir, args.resume, args.stop_after)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         redis.stop()
 
 

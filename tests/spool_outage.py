@@ -24,6 +24,7 @@ from hsx import heartbeat, ledger, spool
 from hsx.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect
 from hsx_tools.demo import sample_dataset
+from hsx_tools.processes import stop_all
 from tests.faultproxy import FaultProxy
 
 RUN, HOST, WORKER = "fullspool", "h1", "gpu-fixed"
@@ -146,13 +147,7 @@ def run_outage(work: Path, model: Path, s3_endpoint: str, bucket: str, outage_se
                             (t_up - full_since) if full_since else 0.0, peak,
                             len(failures) + len(dead), len(dead), complete_after, worker_log.read_text())
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         proxy.stop()
         server.stop()
         umount(spool_dir)

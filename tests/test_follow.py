@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from hsx import ledger
 from hsx.keys import RunKeys
 from hsx.redisconn import text
 from hsx_reader import Cursor, ReaderError, RunDataset, RunFollower, collate_packed
+from hsx_tools.processes import stop_all
 from producer.produce import produce
 from tests.pipeline import produce_config, run_pipeline
 
@@ -35,15 +35,7 @@ def _roles(env, spool, logs):
 
 
 def _stop(procs):
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    stop_all(procs)
 
 
 @pytest.mark.slow
