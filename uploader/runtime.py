@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsx import layout, leases, ledger, reconcile, refused, rqclean, spool
-from hsx.config import UploadConfig
+from hsx.config import StoreSettings, UploadConfig
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.errors import HsxError
 from hsx.keys import RunKeys
 from hsx.manifest import RunLimits
 from hsx.progress import fmt_bytes
 from hsx.redisconn import OUTAGES
+from hsx.store import PermanentStoreError
 from hsx.visibility import open_run_store
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,14 @@ class UploaderRuntime:
             manifest = ledger.get_manifest(self.r, run)
             if manifest is None:
                 raise RunVanished(f"run {run!r} is no longer in Redis (restarted empty or flushed?)")
-            ctx = RunContext(open_run_store(manifest, "uploader", self.host), RunLimits.of(manifest))
+            try:
+                store = open_run_store(manifest, "uploader", self.host)
+            except PermanentStoreError:
+                # The store refuses this host for good (403, no such bucket): not a store it cannot see
+                # (those jobs are put back for another uploader) but a refusal each upload meets again,
+                # counts against its batch and shows on the run with the store's words (issue 23 item 4).
+                store = StoreSettings.of_run(manifest).open()
+            ctx = RunContext(store, RunLimits.of(manifest))
             with self._lock:
                 self._runs.setdefault(run, ctx)
         return ctx
