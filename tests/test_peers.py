@@ -11,42 +11,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model
+from tests.peerenv import run_peer
 from tests.pipeline import run_pipeline
 
-ROOT = Path(__file__).resolve().parents[1]
-PEERS = ROOT / ".peers"
-SCRIPTS = Path(__file__).resolve().parent / "peers"
 SAMPLES = 24
 _BUILT: dict = {}
-
-
-def peer_python(name: str) -> Path:
-    python = PEERS / name / "bin" / "python"
-    if not (PEERS / name / ".hsx-stamp").exists():
-        message = f"no {name} venv in {PEERS}: run scripts/peers.sh (scripts/setup.sh --test does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return python
-
-
-def run_peer(name: str, script: str, *args, cwd: Path | None = None) -> dict:
-    """Run tests/peers/<script> in the peer's venv; its last stdout line is a JSON report."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.update(OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
-    proc = subprocess.run([str(peer_python(name)), str(SCRIPTS / script), *map(str, args)], capture_output=True,
-                          text=True, timeout=600, env=env, cwd=cwd)
-    assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")

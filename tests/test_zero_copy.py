@@ -4,32 +4,18 @@ peer's own venv (scripts/peers.sh), and trains; and what a sample costs to read,
 from __future__ import annotations
 
 import json
-import os
-import re
+import math
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from hsx.config import StoreSettings
 from hsx.store import LocalStore, Store
 from hsx_reader import RunDataset
-
-ROOT = Path(__file__).resolve().parents[1]
-PEERS = ROOT / ".peers"
-
-
-def peer_python(name: str) -> Path:
-    py = PEERS / name / "bin" / "python"
-    if not py.exists():
-        pytest.fail(f"{py} missing: run scripts/peers.sh (scripts/setup.sh --test does)")
-    return py
-
-
-def peer_env(tmp_path: Path) -> dict:
-    """This checkout (hsx, hsx_reader, hsx_tools) and its plugin package on the peer venv's path."""
-    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'peers'}", "HOME": str(tmp_path),
-            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
+from tests.peerenv import peer_env, peer_python, run_peer
+from tests.pipeline import run_pipeline
 
 
 class CountingStore(Store):
@@ -92,7 +78,7 @@ def test_bytes_read_per_sample(eagle3_run):
 
 
 @pytest.mark.slow
-def test_speculators_trains_in_place_through_the_hsx_backend(eagle3_run, tmp_path):
+def test_speculators_dataset_reads_in_place_through_the_hsx_backend(eagle3_run, tmp_path):
     py, env = peer_python("speculators"), peer_env(tmp_path)
     tokens = tmp_path / "tokens"
     out = subprocess.run([str(py), "-m", "hsx_peers.speculators", "tokens", "--store", str(eagle3_run.store),
@@ -120,27 +106,46 @@ print(json.dumps({"n": len(ds), "hs": list(item["hidden_states"].shape), "last":
     assert got["hs"] == list(want["hidden_states"].shape) and got["last"] == list(want["final_hidden_states"].shape)
     torch.testing.assert_close(torch.tensor(got["hs0"]), want["hidden_states"][0, :4].float())
 
-    # speculators' own trainer, a few steps of a one-layer EAGLE-3 drafter: its Trainer moves the model to
-    # cuda:<local_rank> (speculators/train/trainer.py setup_model) and has no CPU path
-    has_cuda = subprocess.run([str(py), "-c", "import torch; print(torch.cuda.is_available())"], env=env,
-                              capture_output=True, text=True, timeout=120).stdout.strip() == "True"
-    if not has_cuda:
-        pytest.skip("speculators 0.9.0's Trainer needs a CUDA device (model.to(local_rank)); its loader read the run above")
-    train = subprocess.run([str(py), "-m", "hsx_peers.speculators", "train",
-                            "--verifier-name-or-path", str(eagle3_run.model), "--data-path", str(tokens),
-                            "--hidden-states-backend", "hsx", "--hsx-store", str(eagle3_run.store), "--hsx-run", eagle3_run.run,
-                            "--speculator-type", "eagle3", "--num-layers", "1", "--total-seq-len", "512",
-                            "--target-layer-ids", *[str(i + 1) for i in eagle3_run.layer_ids],
-                            "--epochs", "1", "--max-steps", "6", "--lr", "3e-3", "--num-workers", "0", "--log-freq", "1",
-                            "--hidden-states-dtype", "float32", "--draft-attn-impl", "sdpa", "--on-missing", "raise",
-                            "--save-path", str(tmp_path / "ckpt"), "--log-dir", str(tmp_path / "logs")],
-                           env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    log = train.stdout + train.stderr
-    assert train.returncode == 0, log[-4000:]
-    losses = [float(x) for x in re.findall(r"'train/loss': ([0-9.eE+-]+)", log)]
-    print("speculators losses:", losses)
-    assert len(losses) >= 3 and all(map(lambda x: x == x and abs(x) != float("inf"), losses)), log[-3000:]
-    assert losses[-1] < losses[0], losses
+
+STEPS = 5
+
+
+@pytest.mark.slow
+def test_speculators_trainer_trains_in_place_on_the_cpu(redis_server, eagle3_run, s3_server, s3_bucket, tmp_path):
+    """`speculators train` itself (tests/peers/train_speculators.py: its config resolution, Trainer, drafter and
+    data path; a CPU device shim only) reads two runs in place through the `hsx` backend, no export: a bf16 run
+    in a local store and an FP8-stored one (e4m3 + per-token scales) on S3 (moto), a few steps each."""
+    s3 = StoreSettings(url=f"s3://{s3_bucket}/runs", endpoint_url=s3_server, region="us-east-1")
+    cases = {"bf16 local": ("bfloat16", str(tmp_path / "store")), "fp8 e4m3 on S3 (moto)": ("float8_e4m3", s3)}
+    flag_lists = []
+    for i, (store_dtype, store) in enumerate(cases.values()):
+        run = f"zc{i}"
+        run_pipeline(redis_server.url, eagle3_run.model, store, tmp_path / f"spool-{run}", run=run, layers="eagle3",
+                     dtype="bfloat16", store_dtype=store_dtype)
+        url = store.url if isinstance(store, StoreSettings) else store
+        endpoint = ["--hsx-s3-endpoint-url", s3_server] if isinstance(store, StoreSettings) else []
+        tokens = tmp_path / f"tokens-{run}"
+        out = subprocess.run([str(peer_python("speculators")), "-m", "hsx_peers.speculators", "tokens", "--store", url,
+                              "--run", run, "--out", str(tokens), *(["--s3-endpoint-url", s3_server] if endpoint else [])],
+                             env=peer_env(tmp_path), capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        flag_lists.append([
+            "--verifier-name-or-path", str(eagle3_run.model), "--speculator-type", "eagle3", "--data-path", str(tokens),
+            "--hidden-states-backend", "hsx", "--hsx-store", url, "--hsx-run", run, "--hsx-fetch", "range", *endpoint,
+            "--target-layer-ids", *[str(x + 1) for x in eagle3_run.layer_ids], "--on-missing", "raise",
+            "--max-steps", str(STEPS), "--epochs", "1", "--num-workers", "0", "--total-seq-len", "256",
+            "--save-path", str(tmp_path / f"ckpt-{run}"), "--lr", "1e-2", "--log-freq", "1",
+            "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--seed", "0"])
+    got = run_peer("speculators", "train_speculators.py", json.dumps(flag_lists), cwd=tmp_path)
+    report = dict(zip(cases, got["losses"], strict=True))
+    print("\nspeculators train, reading hsx runs in place (hsx backend, CPU):")
+    print(f"{'case':<24}{'steps':>6}{'first loss':>12}{'last loss':>12}")
+    for case, losses in report.items():
+        print(f"{case:<24}{len(losses):>6}{losses[0]:>12.6f}{losses[-1]:>12.6f}")
+    for case, losses in report.items():
+        assert len(losses) == STEPS, (case, losses)
+        assert all(math.isfinite(x) for x in losses), (case, losses)
+        assert losses[-1] < losses[0], (case, losses)
 
 
 SPECFORGE_LOADER = """

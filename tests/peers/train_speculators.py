@@ -1,6 +1,8 @@
 """Run in the speculators venv: `speculators train` (speculators.train.cli.main with its own TrainConfig
 resolution, Trainer, model and data path) for a few CPU steps. argv[1]: a JSON list of `speculators train`
 flag lists, trained one after the other in this process (one import of torch and speculators for all).
+The hsx hs-connectors backend (peers/hsx_peers, on the path: tests/peerenv.py) is registered first, so a flag
+list may read an hsx run in place (``--hidden-states-backend hsx --hsx-store ... --hsx-run ...``).
 
 speculators 0.9.0's Trainer puts the model on ``get_local_rank()`` (an accelerator index) and autocasts on the
 current accelerator and pins batches for it, so on a machine without one it stops at ``model.to(0)``. The only
@@ -9,6 +11,11 @@ release's code. Prints the loss of every step of each run (JSON, last line)."""
 
 import json
 import sys
+
+# the `hsx` backend registers itself on import, before speculators snapshots the registry
+import hsx_peers.speculators  # noqa: F401
+
+# isort: split
 
 import speculators.train.cli as cli_module
 import speculators.train.trainer as trainer_module
