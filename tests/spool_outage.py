@@ -26,8 +26,10 @@ from hsx.redisconn import LocalRedis, connect
 from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all
 from tests.faultproxy import FaultProxy
+from tests.waiting import scaled
 
 RUN, HOST, WORKER = "fullspool", "h1", "gpu-fixed"
+SETTLE_SECONDS = 4  # from "full" by the file system's room to "no job taken": 1 s heartbeats and 1 s room polls
 
 
 class CannotMount(RuntimeError):
@@ -62,7 +64,8 @@ class OutageReport:
     outage_seconds: float
     spool_fs_bytes: int
     jobs_taken_in_outage: int    # extract jobs the worker started while the store was down
-    jobs_taken_while_full: int   # ... of which after the spool had filled
+    jobs_taken_while_full: int   # ... of which after the spool had been full for SETTLE_SECONDS (heartbeats lag, and
+                                 # a batch smaller than the average may still fit just after "full" by our measure)
     seconds_full: float          # how long the worker sat with a full spool in the outage
     peak_spool_bytes: int        # batch files (and temp files) on the spool file system at most
     failures: int                # failure records + dead letters at the end (every cause)
@@ -128,12 +131,15 @@ def run_outage(work: Path, model: Path, s3_endpoint: str, bucket: str, outage_se
         t_down = time.monotonic()
         at_down = batches_run()
         peak, full_since, at_full = 0, None, None
+        settle = scaled(SETTLE_SECONDS)
         while time.monotonic() - t_down < outage_seconds:
             used = spool.usage(spool_dir).bytes
             peak = max(peak, used)
             room = spool.free_room(spool_dir)
             if full_since is None and room < used / max(spool.usage(spool_dir).files, 1):  # no room for one more
-                full_since, at_full = time.monotonic(), batches_run()
+                full_since = time.monotonic()
+            if full_since is not None and at_full is None and time.monotonic() - full_since >= settle:
+                at_full = batches_run()
             time.sleep(0.2)
         at_up = batches_run()
         proxy.set_mode("up")
