@@ -44,6 +44,11 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", str(point)], check=True)
 
 
+@pytest.fixture(autouse=True)
+def default_memory_tier(monkeypatch):
+    monkeypatch.delenv("HSX_MEMORY_SPOOL_BUDGET_GB")  # conftest turns it off for the other tests
+
+
 def _worker_cfg(monkeypatch, redis_url, *args):
     monkeypatch.setenv("HSX_REDIS_URL", redis_url)
     parsed = build_parser().parse_args(["worker", "--device", "cpu", *args])
