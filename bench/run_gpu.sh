@@ -12,7 +12,7 @@
 #   8b-formats    issue 15: memory-first spool (8 GiB tier in /dev/shm, disk tier on this machine's disk), store
 #                 in /dev/shm (as S3); bf16, FP8, bf16+zstd, FP8+zstd (SECTIONS_FMT to choose)
 #   ceiling       ../shared/bench/forward_ceiling.py (8B, mode A: the bare forward ceiling), beside the steps below
-#   8b-compute    issue 22: 8B mix32k at --compute-dtype bfloat16 then float8 (MEM_GIB: memory tier, 0 = flags' default)
+#   8b-compute    issue 22: 8B mix32k at --compute-dtype bfloat16 then float8 (MEM_GIB: memory tier, 0 = off (the default before issue 22 item 4))
 #   27b-compute   issue 22: the 27B hybrid shape (hybrid27b, fla) the same way
 #   fidelity      issue 22: FP8 compute vs bf16 hidden states per layer on a model trained on the GPU (bench/fp8_fidelity.py)
 # The padding table of 1M planned samples (target 3) runs beside them on the CPU.

@@ -162,6 +162,7 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
     rt.start()
     log.info("ready: model %s loaded on %s, taking jobs from extract:%s as %s", rt.manifest["model"],
              rt.extractor.device, cfg.run, cfg.worker_name)
+    log.info("spool: %s%s", rt.tiers.describe(), f" (memory tier: {cfg.memory_spool_why})" if cfg.memory_spool_why else "")
     try:
         worker.work(burst=cfg.burst, logging_level="WARNING")
     finally:

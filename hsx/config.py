@@ -140,6 +140,7 @@ class WorkerConfig:
     log_every_seconds: float = D.DEFAULT_LOG_EVERY_SECONDS  # progress line at least this often (and every N batches)
     memory_spool_dir: Path | None = None  # the memory tier (tmpfs); None: disk tier only
     memory_spool_budget_bytes: int = 0
+    memory_spool_why: str = ""  # how the memory tier's budget was chosen (hsx worker's start line says it)
 
     @property
     def tiers(self):

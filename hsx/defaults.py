@@ -13,6 +13,9 @@ STORE_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3")  # what batch f
 COMPUTE_DTYPES = ("bfloat16", "float8")  # what the target's linear layers compute in (hsx/fp8compute.py)
 CODECS = ("none", "zstd")               # lossless codecs of the hidden states (hsx/codec.py)
 DEFAULT_MEMORY_SPOOL_DIR = "/dev/shm/hsx"  # the spool's memory tier (tmpfs)
+MEMORY_SPOOL_AUTO_CAP_BYTES = 16 * 2**30  # bytes: the largest memory tier "auto" picks
+MEMORY_SPOOL_AUTO_SHARE = 0.5             # share of the tmpfs's free space at start that "auto" takes
+MEMORY_SPOOL_AUTO_MIN_BYTES = 1 * 2**30   # bytes: below this "auto" leaves the memory tier off
 DEFAULT_DFLASH_LAYERS = 5               # layers the dflash preset picks
 
 DEFAULT_SPOOL_BUDGET_BYTES = 64 * 2**30  # bytes of finished batch files a host may hold

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsx import defaults as D
 from hsx import layout
 
 TMP_MARK = ".tmp-"  # <batch>.safetensors.tmp-<writer's worker name>: a write in progress
@@ -36,15 +37,59 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in FULL_ERRNOS
 
 
+def _existing(path: Path) -> Path:
+    """``path`` or its nearest parent that exists (a folder not created yet is measured there)."""
+    d = Path(path).absolute()
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    return d
+
+
+def fs_type(path: Path) -> str | None:
+    """The file system type (e.g. tmpfs) holding ``path``, from /proc/self/mounts; None when unknown."""
+    d, best, kind = os.path.realpath(_existing(path)), "", None
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = d == point or d.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def auto_memory_budget(memory_dir: Path, cap: int = D.MEMORY_SPOOL_AUTO_CAP_BYTES,
+                       share: float = D.MEMORY_SPOOL_AUTO_SHARE,
+                       minimum: int = D.MEMORY_SPOOL_AUTO_MIN_BYTES) -> tuple[int, str]:
+    """The memory tier's budget when none is given: ``share`` of its tmpfs's free space now, at most ``cap``;
+    0 (off) when the folder is not on a tmpfs or that is under ``minimum``. Returns (bytes, why)."""
+    kind = fs_type(memory_dir)
+    if kind not in ("tmpfs", "ramfs"):
+        return 0, f"{memory_dir} is not on a tmpfs (file system {kind or 'unknown'}): memory tier off"
+    where = _existing(memory_dir)
+    if not os.access(where, os.W_OK):
+        return 0, f"{where} is not writable: memory tier off"
+    st = os.statvfs(where)
+    free = st.f_bavail * st.f_frsize
+    size = min(cap, int(free * share))
+    if size < minimum:
+        return 0, (f"{share:g} of the {free / 2**30:.2f} GiB free on the tmpfs of {memory_dir} is under "
+                   f"{minimum / 2**30:g} GiB: memory tier off (give it room, e.g. docker shm_size)")
+    return size, (f"auto: {share:g} of the {free / 2**30:.2f} GiB free on the tmpfs of {memory_dir}, "
+                  f"at most {cap / 2**30:g} GiB")
+
+
 def free_room(spool_dir: Path) -> int:
     """Bytes a spool may still write on the file system of ``spool_dir``: free space less the margin.
 
     0 when the file system has no free inode. A folder not created yet is measured at its nearest parent.
     """
-    d = Path(spool_dir)
-    while not d.exists() and d != d.parent:
-        d = d.parent
-    st = os.statvfs(d)
+    st = os.statvfs(_existing(spool_dir))
     if st.f_files and not st.f_favail:
         return 0
     margin = min(FREE_MARGIN_BYTES, st.f_blocks * st.f_frsize // 20)

@@ -5,10 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from hsx import defaults as D
+from hsx import spool
 from hsx.config import ConfigError, WorkerConfig
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, RUN, SPOOL_FLAGS, host, redis_url, worker_name
 from hsx_cli.flags import Flag
+
+
+def gib_or_auto(text: str) -> float | str:
+    """``auto`` or a number of GiB, at least 0."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"expected auto or a number of GiB at least 0, not {text!r}")
+    return value
+
+
+gib_or_auto.__name__ = "GiB number or auto"
 
 FLAGS = (
     RUN,
@@ -18,7 +32,9 @@ FLAGS = (
     Flag("--spool-budget-gb", "GiB the disk tier (--spool-dir) may hold", type=float,
          default=D.DEFAULT_SPOOL_BUDGET_BYTES / 2**30, above=0),
     Flag("--memory-spool-budget-gb", "GiB the memory tier (--memory-spool-dir) may hold; batch files go there first "
-         "and to the disk tier only while it is full; 0: no memory tier", type=float, default=0.0, min=0),
+         "and to the disk tier only while it is full; auto: half of that tmpfs's free space at start, at most "
+         f"{D.MEMORY_SPOOL_AUTO_CAP_BYTES // 2**30} GiB, off when it is not a tmpfs or has under "
+         f"{D.MEMORY_SPOOL_AUTO_MIN_BYTES * 2 // 2**30} GiB free; 0: no memory tier", type=gib_or_auto, default="auto"),
     Flag("--model", "local path of the run's model if it differs from the manifest's", env="HSX_WORKER_MODEL"),
     Flag("--wait-for-plan", "if the run is not planned yet, wait for `hsx produce` instead of exiting", type=bool),
     Flag("--grace-seconds", "on SIGTERM, seconds to finish writing computed batches before handing the rest back",
@@ -35,14 +51,20 @@ def config(v) -> WorkerConfig:
     device = v["device"] or (f"cuda:{v['gpu']}" if v["gpu"] is not None else None)
     if device is None:
         raise ConfigError("say which device: --gpu N or --device cpu (or HSX_GPU / HSX_DEVICE)")
+    memory_dir = Path(v["memory_spool_dir"])
+    if v["memory_spool_budget_gb"] == "auto":
+        memory_budget, why = spool.auto_memory_budget(memory_dir)
+    else:
+        memory_budget = int(v["memory_spool_budget_gb"] * 2**30)
+        why = "--memory-spool-budget-gb" + ("" if memory_budget else ": memory tier off")
     return WorkerConfig(
         run=v["run"], redis_url=redis_url(v), device=device, spool_dir=Path(v["spool_dir"]),
         spool_budget_bytes=int(v["spool_budget_gb"] * 2**30), host=host(v), model_override=v["model"],
         burst=v["burst"], worker_name=v["name"] or worker_name("gpu", host(v), device.replace(":", "")),
         heartbeat_seconds=v["heartbeat_seconds"], grace_seconds=v["grace_seconds"],
         min_batch_seconds=v["test_min_batch_seconds"], wait_for_plan=v["wait_for_plan"],
-        log_every_seconds=v["log_every_seconds"], memory_spool_dir=Path(v["memory_spool_dir"]),
-        memory_spool_budget_bytes=int(v["memory_spool_budget_gb"] * 2**30))
+        log_every_seconds=v["log_every_seconds"], memory_spool_dir=memory_dir,
+        memory_spool_budget_bytes=memory_budget, memory_spool_why=why)
 
 
 def run(cfg: WorkerConfig) -> int:

@@ -36,6 +36,20 @@ def _child_redis_pids() -> set[int]:
     return found
 
 
+@pytest.fixture(autouse=True, scope="session")
+def disk_spool_only():
+    """Workers the tests start (in-process or as `hsx worker`) write to the disk tier only, unless a test asks for
+    the memory tier: the default one (auto-sized at /dev/shm/hsx) would be shared by every test run on this host.
+    tests/test_memory_spool_auto.py tests the default."""
+    before = os.environ.get("HSX_MEMORY_SPOOL_BUDGET_GB")
+    os.environ["HSX_MEMORY_SPOOL_BUDGET_GB"] = "0"
+    yield
+    if before is None:
+        os.environ.pop("HSX_MEMORY_SPOOL_BUDGET_GB", None)
+    else:
+        os.environ["HSX_MEMORY_SPOOL_BUDGET_GB"] = before
+
+
 @pytest.fixture(autouse=True)
 def no_redis_server_left_behind():
     """A test that starts a redis-server stops it, whatever happens (fails the test otherwise)."""

@@ -112,6 +112,12 @@ def source_of(svc: dict, container_path: str) -> tuple[str, str] | None:
     return best
 
 
+def size_bytes(value) -> int:
+    """A compose byte size (2147483648, "2g", "512m") in bytes."""
+    amount, unit = re.fullmatch(r"(\d+)([bkmg]?)b?", str(value).lower()).groups()
+    return int(amount) * {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}[unit]
+
+
 def seconds(value) -> float:
     if isinstance(value, (int, float)):
         return float(value)
@@ -197,6 +203,18 @@ def test_volumes_and_environment_line_up(config):
     assert len(spool) == 1, spool
     spool_dir, mount = spool.pop()
     assert mount is not None and mount[0] == spool_dir
+    # ... and the memory tier: one tmpfs volume (not /dev/shm, which each container has its own of) at one path.
+    memory = {(s["environment"]["HSX_MEMORY_SPOOL_DIR"], source_of(s, s["environment"]["HSX_MEMORY_SPOOL_DIR"]))
+              for s in hsx_services.values() if role(s) in ("worker", "upload")}
+    assert len(memory) == 1, memory
+    memory_dir, mount = memory.pop()
+    assert mount is not None and mount[0] == memory_dir and mount[1] != spool_dir
+    volume = next(v for k, v in config["volumes"].items() if mount[1] in (k, v.get("name")))
+    assert volume["driver_opts"]["type"] == "tmpfs" and re.fullmatch(r"size=\d+[kmg]?", volume["driver_opts"]["o"])
+    # Workers get a /dev/shm above docker's 64 MiB default.
+    for name, svc in hsx_services.items():
+        if role(svc) == "worker":
+            assert size_bytes(svc.get("shm_size", 0)) >= 2**30, (name, svc.get("shm_size"))
     # Producer and workers see the model at the same path (the manifest records it), HF cache inside.
     for name, svc in services.items():
         if role(svc) in ("produce", "worker"):
