@@ -182,12 +182,17 @@ def drop_failures_of_done(r: redis.Redis, run: str) -> list[str]:
     if not bids:
         return []
     settled = [b for b, done in zip(bids, r.smismember(keys.done, bids), strict=True) if done]
-    if settled:
-        pipe = r.pipeline()
-        pipe.hdel(keys.failures, *settled)
-        pipe.hdel(keys.dead, *settled)
-        pipe.execute()
+    _drop_failure_records(r, keys, settled)
     return settled
+
+
+def _drop_failure_records(r: redis.Redis, keys: RunKeys, bids: list[str]) -> None:
+    """Remove the failure and dead-letter records of ``bids`` (one round trip)."""
+    if bids:
+        pipe = r.pipeline()
+        pipe.hdel(keys.failures, *bids)
+        pipe.hdel(keys.dead, *bids)
+        pipe.execute()
 
 
 def clear_failure(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
@@ -208,11 +213,7 @@ def take_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -
     """Remove dead letters (all, or ``bids``) and return the batch ids taken."""
     keys = RunKeys(run)
     taken = list(dead_letters(r, run)) if bids is None else bids
-    if taken:
-        pipe = r.pipeline()
-        pipe.hdel(keys.dead, *taken)
-        pipe.hdel(keys.failures, *taken)
-        pipe.execute()
+    _drop_failure_records(r, keys, taken)
     return taken
 
 
