@@ -16,7 +16,7 @@ from gpu_worker import runtime as runtime_mod
 from gpu_worker.extractor import Extractor
 from gpu_worker.name_claim import claim_name
 from gpu_worker.runtime import WorkerRuntime
-from hsx import layout, leases, ledger, queues
+from hsx import computeerror, layout, leases, ledger, queues
 from hsx.config import WorkerConfig
 from hsx.errors import HsxError
 from hsx.evictionpolicy import check_eviction_policy
@@ -143,9 +143,10 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     if config_hash(model_path) != manifest["model_config_hash"]:
         raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, manifest["layer_ids"])
+    compute_dtype = manifest.get("compute_dtype", "bfloat16")
     extractor = Extractor.load(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"],
-                               store_dtype=manifest.get("store_dtype"),
-                               compute_dtype=manifest.get("compute_dtype", "bfloat16"))
+                               store_dtype=manifest.get("store_dtype"), compute_dtype=compute_dtype,
+                               measure_compute=compute_dtype == "float8" and not computeerror.recorded(r, cfg.run))
     return WorkerRuntime(cfg, r, store, manifest, extractor)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from hsx import layout, ledger, storeerror
+from hsx import computeerror, layout, ledger, storeerror
 from hsx.keys import RunKeys
 
 
@@ -37,6 +37,7 @@ def write_index_if_complete(r, store, run: str) -> bool:
     if r.get(keys.index_key):
         return True
     storeerror.write_record(r, store, run)
+    computeerror.write_record(r, store, run)
     info = store.put_bytes(layout.index_key(run),
                            build_index_lines(ledger.all_specs(r, run), run, ledger.done_info(r, run)))
     r.set(keys.index_key, info.key)
