@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hsx.dtypes import FP8, fp8_error, quantise_fp8
-from hsx.dtypes import VALUE_DTYPES as DTYPES
+from hsx.batch.dtypes import FP8, fp8_error, quantise_fp8
+from hsx.batch.dtypes import VALUE_DTYPES as DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Extractor:
         ``compute_dtype`` float8: the decoder layers' linears as rowwise e4m3 GEMMs (hsx/fp8compute.py); refused
         (ComputeDtypeError) on a device without FP8 tensor cores. An FP8 checkpoint is loaded as it is stored.
         ``measure_compute``: a bf16 checkpoint's linears are converted at the first batch instead of here,
-        so that ``run_measured`` can run that batch through them first (hsx/computeerror.py).
+        so that ``run_measured`` can run that batch through them first (hsx/run/computeerror.py).
         """
         from transformers import AutoConfig, AutoModel
 
@@ -184,8 +184,8 @@ class Extractor:
         """``run`` on a float8 model, plus the compute error of that batch: the same batch first through the
         reference linears (a bf16 checkpoint's own, before they are converted; an FP8 checkpoint's dequantised),
         then as FP8 GEMMs. Returns (hidden, final, error [2, n stored columns] on the device, reference)."""
-        from gpu_worker.fp8reference import reference_linears
-        from hsx import computeerror
+        from gpu_worker.fp8reference import compare, reference_linears
+        from hsx.run import computeerror
 
         dtype = str(self.decoder.embed_tokens.weight.dtype).removeprefix("torch.")
         if self.fp8_pending:
@@ -200,9 +200,9 @@ class Extractor:
                 ref_hidden, ref_final = self.run(batch)
         hidden, final = self.run(batch)
         with torch.inference_mode():
-            error = computeerror.compare(ref_hidden, hidden, len(self.layer_ids))
+            error = compare(ref_hidden, hidden, len(self.layer_ids))
             if final is not None:
-                error = torch.cat([error, computeerror.compare(ref_final, final, 1)], dim=1)
+                error = torch.cat([error, compare(ref_final, final, 1)], dim=1)
         return hidden, final, error, reference
 
     @torch.inference_mode()

@@ -1,6 +1,7 @@
-"""The reference linears of an FP8-compute model: what its decoder's linears compute without FP8 GEMMs.
+"""The reference linears of an FP8-compute model (what its decoder's linears compute without FP8 GEMMs),
+and the comparison of FP8 outputs with the reference's.
 
-Used once per run, for the one batch the compute error is measured on (hsx/computeerror.py):
+Used once per run, for the one batch the compute error is measured on (hsx/run/computeerror.py):
 ``reference_linears(layers)`` swaps every :class:`~hsx.fp8compute.Fp8Linear` under ``layers`` for a
 :class:`DequantisedLinear` of the same weights and puts them back on exit. A model loaded from a bf16
 checkpoint is measured before its linears are converted (gpu_worker/extractor.py), so it never needs this;
@@ -43,3 +44,16 @@ def reference_linears(layers: nn.Module) -> Iterator[int]:
     finally:
         for parent, name, child in swaps:
             setattr(parent, name, child)
+
+
+def compare(reference: torch.Tensor, x: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """[2, n] float32 on the device: per column block of ``H = width / n``, relative L2 of ``x`` against
+    ``reference`` over all rows (``||x - ref|| / ||ref||``), and the mean over rows of their cosine. No host sync."""
+    H = reference.shape[1] // n_layers
+    out = torch.empty((2, n_layers), dtype=torch.float32, device=reference.device)
+    for layer in range(n_layers):
+        ref = reference[:, layer * H:(layer + 1) * H].float()
+        got = x[:, layer * H:(layer + 1) * H].float()
+        out[0, layer] = (got - ref).norm() / ref.norm().clamp(min=1e-30)
+        out[1, layer] = torch.nn.functional.cosine_similarity(got, ref, dim=1, eps=1e-30).mean()
+    return out

@@ -25,10 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hsx import batchfile, computeerror, leases, ledger, queues, spool
-from hsx.keys import RunKeys
-from hsx.ledger import BatchSpec
-from hsx.storeerror import record_store_error
+from hsx import spool
+from hsx.batch import batchfile
+from hsx.run import computeerror, leases, ledger, queues
+from hsx.run.fp8error import record_store_error
+from hsx.run.keys import RunKeys
+from hsx.run.ledger import BatchSpec
 
 log = logging.getLogger(__name__)
 # Writer threads: one file is written and hashed while the other is fsynced, so
@@ -50,7 +52,7 @@ class Finished:
     finite: torch.Tensor               # 0-dim bool on the host
     ready: object | None               # torch.cuda.Event to wait on, or None
     release: Callable[[], None]        # give the pinned buffer back
-    compute_reference: str | None = None  # what compute_error compares against (hsx/computeerror.py)
+    compute_reference: str | None = None  # what compute_error compares against (hsx/run/computeerror.py)
 
 
 class PinnedPool:

@@ -26,12 +26,15 @@ from dashboard.app import create_app
 from dashboard.config import DashboardConfig
 from gpu_worker.extractor import Extractor, _decoder, pad_batch
 from gpu_worker.worker import load_runtime
-from hsx import batchfile, computeerror, fp8compute, layout, ledger
+from hsx import fp8compute
+from hsx.batch import batchfile
 from hsx.fp8compute import Fp8Linear
-from hsx.keys import RunKeys
-from hsx.ledger import BatchSpec
-from hsx.progress import fidelity_lines, run_progress, summary_lines
-from hsx.storeerror import record_store_error
+from hsx.run import computeerror, ledger
+from hsx.run.fp8error import record_store_error
+from hsx.run.keys import RunKeys
+from hsx.run.ledger import BatchSpec
+from hsx.run.progress import fidelity_lines, run_progress, summary_lines
+from hsx.store import layout
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model

@@ -22,29 +22,13 @@ from __future__ import annotations
 import json
 import time
 
-import torch
-
-from hsx.keys import RunKeys
-from hsx.layout import compute_error_key
+from hsx.run.keys import RunKeys
+from hsx.store.layout import compute_error_key
 
 WHAT = "FP8 e4m3 GEMMs (weights per output row, activations per token) against the reference, per stored layer"
 BF16_REFERENCE = "the checkpoint's {dtype} weights in {dtype} linears (what --compute-dtype bfloat16 computes)"
 DEQUANTISED_REFERENCE = ("{dtype} linears of the e4m3 weights dequantised (an FP8 checkpoint has no other weights): "
                          "the weights' own quantisation is not in this figure")
-
-
-def compare(reference: torch.Tensor, x: torch.Tensor, n_layers: int) -> torch.Tensor:
-    """[2, n] float32 on the device: per column block of ``H = width / n``, relative L2 of ``x`` against
-    ``reference`` over all rows, and the mean over rows of their cosine. No host sync."""
-    width = reference.shape[1]
-    H = width // n_layers
-    out = torch.empty((2, n_layers), dtype=torch.float32, device=reference.device)
-    for layer in range(n_layers):
-        ref = reference[:, layer * H:(layer + 1) * H].float()
-        got = x[:, layer * H:(layer + 1) * H].float()
-        out[0, layer] = (got - ref).norm() / ref.norm().clamp(min=1e-30)
-        out[1, layer] = torch.nn.functional.cosine_similarity(got, ref, dim=1, eps=1e-30).mean()
-    return out
 
 
 def stored_layers(manifest: dict) -> list:

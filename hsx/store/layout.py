@@ -52,12 +52,12 @@ def index_key(run: str) -> str:
 
 
 def store_error_key(run: str) -> str:
-    """The run-level record of a lossy store dtype's measured error (hsx/storeerror.py)."""
+    """The run-level record of a lossy store dtype's measured error (hsx/run/fp8error.py)."""
     return f"{run}/store_error.json"
 
 
 def compute_error_key(run: str) -> str:
-    """The run-level record of FP8 compute's measured error (hsx/computeerror.py)."""
+    """The run-level record of FP8 compute's measured error (hsx/run/computeerror.py)."""
     return f"{run}/compute_error.json"
 
 

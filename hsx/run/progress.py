@@ -6,8 +6,8 @@ import time
 
 import redis
 
-from hsx import computeerror, heartbeat, ledger, queues, reconcile, records, refused, storeerror, storerefusal
-from hsx.keys import RunKeys
+from hsx.run import computeerror, fp8error, heartbeat, ledger, queues, reconcile, records, refused, storerefusal
+from hsx.run.keys import RunKeys
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
 MIN_RATE_SPAN_SECONDS = 10  # ...or, for a run younger than that, over its age (at least this long)
@@ -57,9 +57,9 @@ def _not_done(r: redis.Redis, keys: RunKeys, records_by_batch: dict[str, dict]) 
 
 def fidelity(r: redis.Redis, run: str, malformed: list[str]) -> dict | None:
     """FP8's measured error against bf16, per stored layer: ``{"layer_ids", "compute", "store"}`` with
-    ``compute`` the run's record (hsx/computeerror.py: one batch, measured once) and ``store`` the summary
-    of the sampled batches (hsx/storeerror.py), each None where not measured; None for a run with neither."""
-    compute, store = computeerror.read(r, run, malformed), storeerror.summary(r, run, malformed)
+    ``compute`` the run's record (hsx/run/computeerror.py: one batch, measured once) and ``store`` the summary
+    of the sampled batches (hsx/run/fp8error.py), each None where not measured; None for a run with neither."""
+    compute, store = computeerror.read(r, run, malformed), fp8error.summary(r, run, malformed)
     if compute is None and store is None:
         return None
     layer_ids = list((compute or {}).get("layer_ids", []))
@@ -88,13 +88,13 @@ def fidelity_lines(f: dict) -> list[str]:
                      f"against {str(compute.get('reference'))[:200]}")
     if store is not None:
         lines.append(f"    storage: {store['batches_measured']} batches ({store['tokens_measured']} tokens), one in "
-                     f"{storeerror.ERROR_SAMPLE_EVERY} a worker runs")
+                     f"{fp8error.ERROR_SAMPLE_EVERY} a worker runs")
     return lines
 
 
 def run_progress(r: redis.Redis, run: str, now: float | None = None, window: float = RATE_WINDOW_SECONDS) -> dict:
     """The run's progress. A record that is not what hsx writes is skipped (a failure record is kept as
-    a placeholder) and named under ``"malformed"`` (hsx.records): one bad record never fails the read."""
+    a placeholder) and named under ``"malformed"`` (hsx.run.records): one bad record never fails the read."""
     keys = RunKeys(run)
     now = now or time.time()
     malformed: list[str] = []
