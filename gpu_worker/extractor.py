@@ -187,7 +187,7 @@ class Extractor:
         from gpu_worker.fp8reference import compare, reference_linears
         from hsx.run import computeerror
 
-        dtype = str(self.decoder.embed_tokens.weight.dtype).removeprefix("torch.")
+        dtype = str(next(p.dtype for p in self.model.parameters() if p.is_floating_point())).removeprefix("torch.")
         if self.fp8_pending:
             reference = computeerror.BF16_REFERENCE.format(dtype=dtype)
             try:

@@ -242,6 +242,8 @@ def summary_lines(p: dict) -> list[str]:
         lines.append(f"  STORE REFUSES uploads (batch {ref.get('batch')}): {str(ref.get('error'))[:300]}")
     if p.get("fidelity"):
         lines.extend(fidelity_lines(p["fidelity"]))
+    if p.get("compute_dtype") == "float8" and not (p.get("fidelity") or {}).get("compute"):
+        lines.append("  FP8 compute error not measured yet (the first worker to take a batch measures it, once)")
     if p["failures"]:
         lines.append(f"  retrying {len(p['failures'])} batches after failures")
     if p.get("malformed"):
