@@ -14,22 +14,10 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from hsx import defaults as D
 from hsx.errors import HsxError
-from hsx.redisconn import redact
 
 
 class ConfigError(HsxError, ValueError):
     """A setting is missing or wrong; the message names it."""
-
-
-def redis_url_from(flag: str | None, environ_value: str | None = None) -> str:
-    """The Redis URL: the flag (never with a password: it would show in the process list), else the environment's."""
-    if flag and redact(flag) != flag:
-        raise ConfigError("--redis-url must not carry a password (it would show in the process list); "
-                          "set HSX_REDIS_URL or REDIS_URL in the environment instead")
-    url = flag or environ_value
-    if not url:
-        raise ConfigError("no Redis: set HSX_REDIS_URL (or REDIS_URL), e.g. redis://127.0.0.1:6379/0")
-    return url
 
 
 def with_redis_password(url: str, password: str | None) -> str:

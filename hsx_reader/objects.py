@@ -14,7 +14,6 @@ import hashlib
 import json
 import mmap
 import os
-import struct
 
 import torch
 
@@ -23,8 +22,6 @@ from hsx.batch.batchfile import MAX_HEADER, BatchContents, BatchFileError, Heade
 from hsx.batch.dtypes import FP8, dtype_name
 from hsx.store import LocalStore, Store
 from hsx_reader.run import ReaderError
-
-HEADER_PROBE = 64 * 2**10  # bytes fetched first in range mode; covers the header of any real batch
 
 
 class CorruptBatch(ReaderError):
@@ -110,14 +107,11 @@ def check_digest(buf: torch.Tensor, where: str, size: int, sha256: str) -> torch
 def fetch_header(store: Store, key: str) -> Header:
     """Read only the header (one or two range requests)."""
     try:
-        prefix = store.get_bytes(key, 0, HEADER_PROBE)
-        if len(prefix) >= 8:
-            (header_len,) = struct.unpack("<Q", prefix[:8])
-            if 8 + header_len > len(prefix) and header_len <= MAX_HEADER:
-                prefix = store.get_bytes(key, 0, 8 + header_len)
+        return batchfile.read_header(lambda start, length: store.get_bytes(key, start, length), key)
     except KeyError:
         raise ReaderError(f"{store.url(key)}: batch object is missing from the store") from None
-    return parse_header(prefix, key)
+    except BatchFileError as exc:
+        raise CorruptBatch(str(exc)) from None
 
 
 def fetch_rows(store: Store, header: Header, names: list[str], lo: int, hi: int) -> dict[str, torch.Tensor]:

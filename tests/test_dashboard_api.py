@@ -214,7 +214,7 @@ def test_dead_letters_and_retry(client, r):
 def test_finished_run(client, r):
     plan(r)
     upload(r, *BY_ID)
-    r.set(RunKeys(RUN).index_key, f"{RUN}/index.jsonl")
+    r.set(RunKeys(RUN).index_written, f"{RUN}/index.jsonl")
     o = status(client)
     assert all(v["done"] == v["total"] for v in o["progress"].values())
     assert o["progress"]["tokens"] == {"done": 2100, "total": 2100}

@@ -239,7 +239,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         w2, u2 = roles.worker("w2-restarted"), roles.uploader("u2-restarted")
 
         _wait("run complete", lambda: ledger.run_totals(r, RUN)["batches"] == done()
-              and r.get(RunKeys(RUN).index_key), 150)
+              and r.get(RunKeys(RUN).index_written), 150)
         # Let the duplicate jobs finish too: they must leave nothing behind.
         _wait("queues drained", lambda: not queues.pending_extract(r, RUN) and not queues.pending_upload(r, HOST, RUN), 60)
     finally:

@@ -392,3 +392,17 @@ HEADER_PROBE = 64 * 2**10  # bytes: the first read of an object covers the heade
 def header_length(prefix: bytes) -> int:
     """Bytes from the start of the object that hold the whole header (8 + its declared length)."""
     return 8 + struct.unpack("<Q", prefix[:8])[0] if len(prefix) >= 8 else 8
+
+
+def read_header(get_range, key: str) -> Header:
+    """The header of a stored batch object, in one range read (two when the header is over HEADER_PROBE).
+
+    ``get_range(start, length) -> bytes`` reads the object (a store's ``get_bytes`` bound to ``key``); the
+    format takes a callable so it never imports a store. Raises BatchFileError on a corrupt header and lets
+    the store's own errors (KeyError: no such object) through.
+    """
+    prefix = get_range(0, HEADER_PROBE)
+    need = header_length(prefix)
+    if len(prefix) < need <= MAX_HEADER + 8:
+        prefix = get_range(0, need)
+    return parse_header(prefix, key, outputs=True)

@@ -77,15 +77,15 @@ class ChatTokeniser:
     """Wraps a Hugging Face fast tokenizer that has a chat template; one per process (not shared)."""
 
     def __init__(self, tokenizer, template_kwargs: dict[str, Any] | None = None,
-                 columns: ColumnMapping | None = None, column_map: ColumnMapping | None = None):
-        """``columns`` (alias ``column_map``): how rows map to turns (hsx/prep/columns.py); None = the defaults."""
+                 columns: ColumnMapping | None = None):
+        """``columns``: how rows map to turns (hsx/prep/columns.py); None = the defaults."""
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat template; hsx needs one to tokenise chat rows")
         if not getattr(tokenizer, "is_fast", False):
             raise TemplateError("hsx needs a fast tokenizer (character offsets) to build the loss mask")
         self.tok = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
-        self.columns = columns or column_map or ColumnMapping()
+        self.columns = columns or ColumnMapping()
         self.shape: TemplateShape = probe_shape(self.render)
         # A template that reads message.thinking and not message.reasoning_content (gpt-oss style) gets the
         # reasoning under that name.

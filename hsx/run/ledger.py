@@ -248,7 +248,7 @@ def unmark_done(r: redis.Redis, run: str, spec: BatchSpec) -> bool:
     """Take a batch out of the ledger (its object is missing or corrupt), counters included."""
     keys = RunKeys(run)
     return bool(r.eval(_UNMARK_DONE, 6, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
-                       keys.index_key, spec.batch_id, spec.samples, spec.tokens, spec.shard))
+                       keys.index_written, spec.batch_id, spec.samples, spec.tokens, spec.shard))
 
 
 def done_info(r: redis.Redis, run: str) -> dict[str, dict]:

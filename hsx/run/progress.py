@@ -144,7 +144,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "stalled": stalled,
         "upload_refused": upload_refused,
         "hosts": hosts,
-        "index_written": bool(r.get(keys.index_key)),
+        "index_written": bool(r.get(keys.index_written)),
         "malformed": malformed,
         "store_refusal": None if complete else storerefusal.read(r, run),  # {error, batch, ts, by}: store says no
     }
