@@ -74,7 +74,7 @@ def test_float8_run_records_its_compute_error_from_its_own_first_batch(r, redis_
     store, run = tmp_path / "store", "cerr"
     run_pipeline(redis_server.url, tiny_model, str(store), tmp_path / "spool", run=run, layers="1,3+final",
                  dtype="bfloat16", store_dtype="float8_e4m3", compute_dtype="float8")
-    assert r.get(RunKeys(run).index_key)  # complete
+    assert r.get(RunKeys(run).index_written)  # complete
     record = json.loads(r.get(RunKeys(run).compute_error))
     assert record["layer_ids"] == [*LAYERS, "final"]
     assert "weights in float32 linears" in record["reference"]  # a CPU worker's bf16 compute is float32
