@@ -109,6 +109,8 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
         "bytes_per_token": p["bytes_per_token"],
         "store_dtype": p["store_dtype"],
         "codec": p["codec"],
+        "compute_dtype": p["compute_dtype"],
+        "fidelity": p["fidelity"],  # {layer_ids, compute, store}: FP8's measured error per stored layer (hsx.progress)
         "rate": {"window_seconds": p["rate_span_seconds"], "samples_per_s": p["rate"]["samples"],
                  "tokens_per_s": p["rate"]["tokens"],
                  "batches_per_s": p["rate"]["batches"], "extract_tokens_per_s": p["extract_rate"]["tokens"],

@@ -73,16 +73,20 @@ class Extractor:
         self.store_dtype = store_dtype or out_dtype
         self.num_layers = text_config(model.config).num_hidden_layers
         self.layer_ids, self.store_final = sorted(layer_ids), store_final
+        self.fp8_pending = False  # float8 run whose linears are kept until the compute error is measured
         self._setup(model)
 
     @classmethod
     def load(cls, model_path: str, layer_ids: list[int], store_final: bool, device: str, out_dtype: str = "bfloat16",
              model_dtype: str | None = None, attn_implementation: str = "sdpa",
-             store_dtype: str | None = None, compute_dtype: str = "bfloat16") -> Extractor:
+             store_dtype: str | None = None, compute_dtype: str = "bfloat16",
+             measure_compute: bool = False) -> Extractor:
         """Load the model body (no lm_head) once; compute in fp32 on the CPU, bf16 on a GPU unless told.
 
         ``compute_dtype`` float8: the decoder layers' linears as rowwise e4m3 GEMMs (hsx/fp8compute.py); refused
         (ComputeDtypeError) on a device without FP8 tensor cores. An FP8 checkpoint is loaded as it is stored.
+        ``measure_compute``: a bf16 checkpoint's linears are converted at the first batch instead of here,
+        so that ``run_measured`` can run that batch through them first (hsx/run/computeerror.py).
         """
         from transformers import AutoConfig, AutoModel
 
@@ -97,10 +101,21 @@ class Extractor:
         compute = DTYPES[model_dtype] if model_dtype else (torch.float32 if cpu else torch.bfloat16)
         model = AutoModel.from_pretrained(model_path, dtype=compute, attn_implementation=attn_implementation)
         model = model.to(device)
+        extractor = cls(model, layer_ids, store_final, out_dtype, store_dtype)
         if compute_dtype == "float8":
-            converted = fp8compute.convert_linears(_decoder(model).layers)
+            extractor.fp8_pending = True
+            if not measure_compute:
+                extractor.convert_to_fp8()
+        return extractor
+
+    def convert_to_fp8(self) -> None:
+        """The (kept) decoder layers' linears become rowwise e4m3 GEMMs, once."""
+        from hsx import fp8compute
+
+        if self.fp8_pending:
+            converted = fp8compute.convert_linears(self.decoder.layers)
+            self.fp8_pending = False
             log.info("float8 compute: %d linear layers as rowwise e4m3 GEMMs", converted)
-        return cls(model, layer_ids, store_final, out_dtype, store_dtype)
 
     def _setup(self, model) -> None:
         decoder = _decoder(model)
@@ -165,9 +180,38 @@ class Extractor:
                 out["fp8_error"] = error
         return out
 
+    def run_measured(self, batch: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, str]:
+        """``run`` on a float8 model, plus the compute error of that batch: the same batch first through the
+        reference linears (a bf16 checkpoint's own, before they are converted; an FP8 checkpoint's dequantised),
+        then as FP8 GEMMs. Returns (hidden, final, error [2, n stored columns] on the device, reference)."""
+        from gpu_worker.fp8reference import compare, reference_linears
+        from hsx.run import computeerror
+
+        dtype = str(next(p.dtype for p in self.model.parameters() if p.is_floating_point())).removeprefix("torch.")
+        if self.fp8_pending:
+            reference = computeerror.BF16_REFERENCE.format(dtype=dtype)
+            try:
+                ref_hidden, ref_final = self.run(batch, convert=False)
+            finally:
+                self.convert_to_fp8()
+        else:
+            reference = computeerror.DEQUANTISED_REFERENCE.format(dtype=dtype)
+            with reference_linears(self.decoder.layers):
+                ref_hidden, ref_final = self.run(batch)
+        hidden, final = self.run(batch)
+        with torch.inference_mode():
+            error = compare(ref_hidden, hidden, len(self.layer_ids))
+            if final is not None:
+                error = torch.cat([error, compare(ref_final, final, 1)], dim=1)
+        return hidden, final, error, reference
+
     @torch.inference_mode()
-    def run(self, batch: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Return (hidden_states [N, n*H], final_hidden_states [N, H] or None) on the device."""
+    def run(self, batch: PaddedBatch, convert: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return (hidden_states [N, n*H], final_hidden_states [N, H] or None) on the device.
+        A float8 model whose linears are still kept for a measurement converts them first, unless ``convert``
+        is False (``run_measured``'s reference pass)."""
+        if convert and self.fp8_pending:
+            self.convert_to_fp8()
         ids = batch.input_ids.to(self.device, non_blocking=True)
         self._flat_index = batch.flat_index.to(self.device, non_blocking=True)
         self._out = torch.empty((batch.n_tokens, self.width), dtype=self.out_dtype, device=self.device)

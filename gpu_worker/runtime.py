@@ -23,7 +23,7 @@ from hsx.devices import GpuProbe
 from hsx.digest import file_sha256
 from hsx.manifest import RunLimits
 from hsx.redisconn import OUTAGES
-from hsx.run import heartbeat, leases, ledger, queues, reconcile, rqclean
+from hsx.run import computeerror, heartbeat, leases, ledger, queues, reconcile, rqclean
 from hsx.run.fp8error import ERROR_SAMPLE_EVERY
 from hsx.run.idle import IdleNote
 from hsx.run.keys import RunKeys
@@ -66,6 +66,9 @@ class WorkerRuntime:
         self.current_batch: str | None = None
         self.batches_run = 0
         self.tokens_run = 0
+        # A float8 run with no compute-error record yet: this worker claims the measurement at its first batch.
+        self.measure_compute = (manifest.get("compute_dtype") == "float8"
+                                and not computeerror.recorded(r, cfg.run))
         self.started = time.time()
         self._logged_at, self._logged_batches, self._logged_tokens = time.monotonic(), 0, 0
         self.idle_note = IdleNote(f"worker {cfg.worker_name}")
@@ -271,15 +274,24 @@ class WorkerRuntime:
             padded, contents = self.prefetcher.take(spec)
             self._hint_next()
             started = time.monotonic()
-            hidden, final = self.extractor.run(padded)
+            compute_error = reference = None
+            if self.measure_compute:  # once a process: one extra forward, for the one worker that wins the claim
+                self.measure_compute = False
+                if computeerror.claim(self.r, self.run, self.worker_name, self.limits.lease_seconds):
+                    hidden, final, compute_error, reference = self.extractor.run_measured(padded)
+            if reference is None:
+                hidden, final = self.extractor.run(padded)
             if self.cfg.min_batch_seconds:  # fault-injection tests: make "mid-batch" last long enough to hit
                 time.sleep(max(0.0, self.cfg.min_batch_seconds - (time.monotonic() - started)))
             measure = self.batches_run % ERROR_SAMPLE_EVERY == 0
             stored = self.extractor.stored(hidden, final, measure_error=measure)
+            if compute_error is not None:
+                stored["compute_error"] = compute_error
             finite = torch.isfinite(hidden).all()
             if final is not None:
                 finite = finite & torch.isfinite(final).all()
             item = self._to_host(spec, attempt, contents, stored, finite)
+            item.compute_reference = reference
             self.writer.submit(item, emitted_bytes=sum(t.numel() * t.element_size() for t in stored.values()))
         except BaseException:
             leases.drop(self.r, self.leases_key, bid)

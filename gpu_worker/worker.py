@@ -22,7 +22,7 @@ from hsx.fp8compute import require_fp8_device
 from hsx.localdirs import ensure_dir
 from hsx.manifest import RunLimits, config_hash
 from hsx.redisconn import connect, redact
-from hsx.run import leases, ledger, queues
+from hsx.run import computeerror, leases, ledger, queues
 from hsx.run.evictionpolicy import check_eviction_policy
 from hsx.store import layout
 from hsx.visibility import RunNotVisible, check_model_visible, open_run_store
@@ -144,9 +144,10 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     if config_hash(model_path) != manifest["model_config_hash"]:
         raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, manifest["layer_ids"])
+    compute_dtype = manifest.get("compute_dtype", "bfloat16")
     extractor = Extractor.load(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"],
-                               store_dtype=manifest.get("store_dtype"),
-                               compute_dtype=manifest.get("compute_dtype", "bfloat16"))
+                               store_dtype=manifest.get("store_dtype"), compute_dtype=compute_dtype,
+                               measure_compute=compute_dtype == "float8" and not computeerror.recorded(r, cfg.run))
     return WorkerRuntime(cfg, r, store, manifest, extractor)
 
 

@@ -27,7 +27,7 @@ import torch
 
 from hsx import spool
 from hsx.batch import batchfile
-from hsx.run import leases, ledger, queues
+from hsx.run import computeerror, leases, ledger, queues
 from hsx.run.fp8error import record_store_error
 from hsx.run.keys import RunKeys
 from hsx.run.ledger import BatchSpec
@@ -47,10 +47,12 @@ class Finished:
     attempt: int
     contents: batchfile.BatchContents
     tensors: dict[str, torch.Tensor]   # on the host (pinned views, or CPU tensors): hidden_states, hidden_scales,
-                                       # final_hidden_states, final_scales as stored; fp8_error [2, n] if sampled
+                                       # final_hidden_states, final_scales as stored; fp8_error [2, n] if sampled;
+                                       # compute_error [2, n] on the batch the run's FP8 compute error is measured on
     finite: torch.Tensor               # 0-dim bool on the host
     ready: object | None               # torch.cuda.Event to wait on, or None
     release: Callable[[], None]        # give the pinned buffer back
+    compute_reference: str | None = None  # what compute_error compares against (hsx/run/computeerror.py)
 
 
 class PinnedPool:
@@ -133,11 +135,15 @@ class SpoolWriter:
         spec, contents = item.spec, item.contents
         if item.ready is not None:
             item.ready.synchronize()  # also before a skip: the pinned buffer is reused once released
-        if ledger.is_done(self.r, self.run, spec.batch_id):  # a duplicate delivery finished elsewhere first
-            leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id)
-            return
         stored = dict(item.tensors)
         error = stored.pop("fp8_error", None)
+        compute_error = stored.pop("compute_error", None)
+        if ledger.is_done(self.r, self.run, spec.batch_id):  # a duplicate delivery finished elsewhere first
+            leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id)
+            if compute_error is not None:  # measured all the same: the run's record, if it has none yet
+                computeerror.record(self.r, self.run, spec.batch_id, self.manifest, compute_error, spec.tokens,
+                                    item.compute_reference or "", self.worker_name)
+            return
         tensors = {**stored, "input_ids": contents.input_ids.to(torch.int32),
                    "loss_mask": contents.loss_mask.to(torch.uint8), "cu_seqlens": contents.cu_seqlens.to(torch.int64)}
         if not bool(item.finite):
@@ -163,7 +169,15 @@ class SpoolWriter:
         leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id, pipe=pipe)
         if error is not None:
             record_store_error(self.r, self.run, spec.batch_id, m, error, spec.tokens, pipe=pipe)
+        if compute_error is not None:
+            entry = computeerror.record(self.r, self.run, spec.batch_id, m, compute_error, spec.tokens,
+                                        item.compute_reference or "", self.worker_name, pipe=pipe)
         pipe.execute()
+        if compute_error is not None:
+            log.info("float8 compute error measured on %s (%d tokens), rel L2 / cosine per stored layer against %s: "
+                     "%s", spec.batch_id, spec.tokens, entry["reference"],
+                     ", ".join(f"{layer} {rel:.4f}/{cos:.5f}" for layer, rel, cos
+                               in zip(entry["layer_ids"], entry["rel_l2"], entry["cosine"], strict=True)))
         with self._idle:
             self.written += 1
             self.bytes_written += size

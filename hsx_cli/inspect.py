@@ -23,6 +23,9 @@ FLAGS = (
          choices=D.STORE_DTYPES),
     Flag("--codec", "lossless codec of the hidden states: none, or zstd (the ratio measured in docs/benchmarks.md)",
          choices=D.CODECS, default="none"),
+    Flag("--compute-dtype", "what the target's linear layers compute in: bfloat16, or float8 (e4m3 GEMMs); with FP8 "
+         "storage or compute, the error each costs against bf16 is printed beside the plan",
+         choices=D.COMPUTE_DTYPES, default="bfloat16"),
     Flag("--samples", "random samples printed with their loss mask", type=int, default=3, min=0),
     Flag("--seed", "seed of the sample draw", type=int, default=0),
     Flag("--sample-chars", "characters of a printed sample (plain output)", type=int, default=3000, min=1),
@@ -45,7 +48,7 @@ def config(v):
         columns=columns(v), max_length=v["max_length"], overlong=v["overlong"], max_reject_share=v["max_reject_share"],
         tokenise_workers=v["tokenise_workers"], window_rows=v["window_rows"], token_budget=v["token_budget"],
         max_batch_rows=v["max_batch_rows"], pad_multiple=v["pad_multiple"], dtype=v["dtype"],
-        store_dtype=v["store_dtype"], codec=v["codec"], samples=v["samples"],
+        store_dtype=v["store_dtype"], codec=v["codec"], compute_dtype=v["compute_dtype"], samples=v["samples"],
         seed=v["seed"], sample_chars=v["sample_chars"], plain=v["plain"], limit_rows=v["limit_rows"],
         gpu_tokens_per_s=v["gpu_tokens_per_s"], gpu_usd_per_hour=v["gpu_usd_per_hour"],
         storage_usd_per_tb_month=v["storage_usd_per_tb_month"])

@@ -69,6 +69,7 @@ class InspectConfig:
     dtype: str
     store_dtype: str | None         # what batch files hold (None: dtype), e.g. float8_e4m3
     codec: str                      # none | zstd
+    compute_dtype: str              # bfloat16 | float8: the target's linear layers
     samples: int                    # random samples printed with their loss mask
     seed: int
     sample_chars: int               # characters of a printed sample (plain output)
@@ -173,6 +174,22 @@ def render_sample(segments: list[tuple[str, bool]], console=None) -> str | None:
     return None
 
 
+def precision_lines(store_dtype: str, compute_dtype: str) -> list[str]:
+    """What FP8 storage and FP8 compute cost in fidelity, before the run: the figures of docs/benchmarks.md
+    (bench/fp8_fidelity.py, a small Qwen3 trained on the GPU) and where the run's own measurement appears."""
+    lines = []
+    if compute_dtype == "float8":
+        lines.append("  precision: FP8 compute ~1.3-1.5 % rel L2 a stored layer against bf16 compute (cosine 0.9999); "
+                     "the run measures its own on its first batch: hsx status, the dashboard, <run>/compute_error.json")
+    if store_dtype == "float8_e4m3":
+        lines.append("  precision: FP8 storage ~2.6 % rel L2 a stored layer against the bf16 values (cosine 0.9997); "
+                     "the run measures its own on every 16th batch: hsx status, the dashboard, <run>/store_error.json")
+    if lines:
+        lines.append("    (figures of a small Qwen3 trained on the GPU, docs/benchmarks.md: real checkpoints' outlier "
+                     "channels may cost more; the run's own figures are the ones to trust)")
+    return lines
+
+
 def run_inspect(cfg: InspectConfig) -> int:
     """Print the report; the checks `hsx produce` makes fail the same way (HsxError: one line, exit 2)."""
     from dataclasses import replace
@@ -241,6 +258,8 @@ def run_inspect(cfg: InspectConfig) -> int:
           + (f" + {cfg.codec}" if cfg.codec != "none" else "") + " = "
           f"{fmt_bytes(est.bytes_per_token)} a token -> {fmt_bytes(est.stored_bytes)}, "
           f"${est.storage_usd_month:,.2f} a month at ${cfg.storage_usd_per_tb_month:g}/TB-month")
+    for line in precision_lines(stored_dtype, cfg.compute_dtype):
+        print(line)
     can = feeds(layer_ids, store_final)
     cannot = [t for t in TARGETS if t not in can]
     print(f"  trainers: {', '.join(can)} (hsx export --for)"

@@ -14,7 +14,7 @@ def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_whe
     out = subprocess.run([sys.executable, "-m", "hsx_cli.main", "inspect", "--dataset", str(data), "--model",
                           str(tiny_model), "--layers", "dflash:3", "--samples", "2", "--tokenise-workers", "1",
                           "--gpu-usd-per-hour", "3", "--storage-usd-per-tb-month", "20",
-                          "--store-dtype", "float8_e4m3", "--codec", "zstd"],
+                          "--store-dtype", "float8_e4m3", "--codec", "zstd", "--compute-dtype", "float8"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     text = out.stdout
@@ -33,3 +33,7 @@ def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_whe
     assert "at $3/GPU-hour" in text
     # tiny model: 3 layers x 64 values, FP8 (1 byte + a 4-byte scale a layer) x zstd's measured 0.82, + 5 of ids/mask
     assert "x float8_e4m3 + zstd = 172 B a token" in text
+    # FP8 storage and compute: what each costs against bf16, side by side, and where the run's own figures go.
+    precision = [line for line in text.splitlines() if line.startswith("  precision: ")]
+    assert len(precision) == 2 and "FP8 compute ~1.3-1.5 % rel L2" in precision[0] and "compute_error.json" in precision[0]
+    assert "FP8 storage ~2.6 % rel L2" in precision[1] and "store_error.json" in precision[1]

@@ -56,7 +56,9 @@
     $("eta").textContent = o.complete ? "done" : fmtDuration(o.eta_seconds);
     $("uploaded-bytes").textContent = fmtBytes(o.uploaded_bytes);
     $("bytes-per-token").textContent = o.bytes_per_token == null ? "-" : `${fmtNum(o.bytes_per_token, 0)} B/token`;
-    $("storage").textContent = `${o.store_dtype || "-"}, codec ${o.codec || "none"}; ${fmtBytes(o.written_bytes || 0)} written`;
+    $("storage").textContent = `${o.store_dtype || "-"}, codec ${o.codec || "none"}` +
+      (o.compute_dtype && o.compute_dtype !== "bfloat16" ? `, computed in ${o.compute_dtype}` : "") +
+      `; ${fmtBytes(o.written_bytes || 0)} written`;
     $("extract-queue").textContent = fmtInt(o.extract_queue);
     $("failure-count").textContent = `${o.dead_letters.length} dead, ${o.retrying} retrying`;
     const badge = $("run-state");
@@ -138,6 +140,25 @@
       el("td", {class: "num"}, e.attempts), el("td", {class: "err"}, e.last_error))), "none", 4);
   }
 
+  // FP8's measured error per stored layer: compute (one batch, once per run) next to storage (sampled batches).
+  function renderFidelity(o) {
+    const f = o.fidelity;
+    $("fidelity").hidden = !f;
+    if (!f) return;
+    const cell = (rec, layer, rel, cos) => {
+      const i = rec ? rec.layer_ids.indexOf(layer) : -1;
+      return el("td", {class: "num"}, i < 0 ? "-" : `${Number(rec[rel][i]).toFixed(4)} / ${Number(rec[cos][i]).toFixed(5)}`);
+    };
+    fill($("fidelity-layers").tBodies[0], f.layer_ids.map((layer) => el("tr", {"data-layer": String(layer)},
+      el("td", {}, String(layer)), cell(f.compute, layer, "rel_l2", "cosine"),
+      cell(f.store, layer, "rel_l2_mean", "cosine_mean"), cell(f.store, layer, "rel_l2_max", "cosine_min"))),
+      "not measured yet", 4);
+    const notes = [];
+    if (f.compute) notes.push(`compute: batch ${f.compute.batch_id} (${fmtInt(f.compute.tokens)} tokens, once per run), against ${f.compute.reference}`);
+    if (f.store) notes.push(`storage: ${fmtInt(f.store.batches_measured)} batches (${fmtInt(f.store.tokens_measured)} tokens)`);
+    $("fidelity-note").textContent = notes.join(" · ");
+  }
+
   function renderRuns(runs) {
     const sel = $("run-select");
     if (sel.options.length === runs.length && [...sel.options].every((o, i) => o.value === runs[i])) { sel.value = run; return; }
@@ -184,6 +205,7 @@
         run = o.run;
         renderRuns(data.runs); renderProgress(o); renderChart(o.series); renderWorkers(o); renderHosts(o);
         renderShards(o); renderFailures(o); renderMalformed(o.malformed || []); renderProblems(o);
+        renderFidelity(o);
       }
       $("updated").textContent = `updated ${new Date().toLocaleTimeString()} · Redis ${data.redis}`;
       refreshMs = Math.max(1000, 1000 * data.refresh_seconds);

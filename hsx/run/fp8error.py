@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from hsx.redisconn import json_hash
+from hsx.redisconn import text
 from hsx.run.keys import RunKeys
 from hsx.store.layout import store_error_key
 
@@ -30,9 +30,36 @@ def record_store_error(r, run: str, bid: str, manifest: dict, error, tokens: int
     (pipe or r).hset(RunKeys(run).store_error, bid, json.dumps(entry))
 
 
-def summary(r, run: str) -> dict | None:
-    """The run-level record (None when nothing was measured: a lossless store dtype)."""
-    samples = json_hash(r, RunKeys(run).store_error)
+def _problem(sample) -> str | None:
+    if not isinstance(sample, dict) or not isinstance(sample.get("tokens"), int):
+        return "not a JSON object with integer 'tokens'"
+    n = len(sample.get("layer_ids") or [])
+    for field in ("rel_l2", "cosine"):
+        numbers = sample.get(field)
+        if not isinstance(numbers, list) or len(numbers) != n or n == 0 \
+                or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers):
+            return f"{field!r} is not one number a layer"
+    return None
+
+
+def summary(r, run: str, malformed: list[str] | None = None) -> dict | None:
+    """The run-level record (None when nothing was measured: a lossless store dtype). A sample that is not
+    what ``record_store_error`` writes is skipped and named in ``malformed`` (when given)."""
+    key = RunKeys(run).store_error
+    samples = {}
+    for bid, raw in r.hscan_iter(key, count=1000):
+        try:
+            sample = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            sample = None
+        wrong = _problem(sample)
+        if wrong is None and samples and len(sample["rel_l2"]) != len(next(iter(samples.values()))["rel_l2"]):
+            wrong = "another number of layers than the other samples"
+        if wrong:
+            if malformed is not None:
+                malformed.append(f"{key} {text(bid)}: {wrong}")
+            continue
+        samples[text(bid)] = sample
     if not samples:
         return None
     first = next(iter(samples.values()))

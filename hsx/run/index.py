@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from hsx.run import fp8error, ledger
+from hsx.run import computeerror, fp8error, ledger
 from hsx.run.keys import RunKeys
 from hsx.store import layout
 
@@ -38,6 +38,7 @@ def write_index_if_complete(r, store, run: str) -> bool:
     if r.get(keys.index_written):
         return True
     fp8error.write_record(r, store, run)
+    computeerror.write_record(r, store, run)
     info = store.put_bytes(layout.index_key(run),
                            build_index_lines(ledger.all_specs(r, run), run, ledger.done_info(r, run)))
     r.set(keys.index_written, info.key)

@@ -114,6 +114,14 @@ class RunKeys:
         return self._k("store_error")
 
     @property
+    def compute_error(self) -> str:  # STRING JSON {rel_l2, cosine, ...} per stored layer, FP8 vs bf16 compute; SET NX; no TTL
+        return self._k("compute_error")
+
+    @property
+    def compute_error_claim(self) -> str:  # STRING worker measuring the compute error; TTL the run's lease (EX)
+        return self._k("compute_error_claim")
+
+    @property
     def store_refusal(self) -> str:  # STRING JSON {error, batch, ts, by}: last permanent store error; cleared on upload; no TTL
         return self._k("store_refusal")
 

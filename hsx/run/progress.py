@@ -6,7 +6,7 @@ import time
 
 import redis
 
-from hsx.run import heartbeat, ledger, queues, reconcile, records, refused, storerefusal
+from hsx.run import computeerror, fp8error, heartbeat, ledger, queues, reconcile, records, refused, storerefusal
 from hsx.run.keys import RunKeys
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
@@ -55,6 +55,43 @@ def _not_done(r: redis.Redis, keys: RunKeys, records_by_batch: dict[str, dict]) 
     return {b: records_by_batch[b] for b, done in zip(bids, r.smismember(keys.done, bids), strict=True) if not done}
 
 
+def fidelity(r: redis.Redis, run: str, malformed: list[str]) -> dict | None:
+    """FP8's measured error against bf16, per stored layer: ``{"layer_ids", "compute", "store"}`` with
+    ``compute`` the run's record (hsx/run/computeerror.py: one batch, measured once) and ``store`` the summary
+    of the sampled batches (hsx/run/fp8error.py), each None where not measured; None for a run with neither."""
+    compute, store = computeerror.read(r, run, malformed), fp8error.summary(r, run, malformed)
+    if compute is None and store is None:
+        return None
+    layer_ids = list((compute or {}).get("layer_ids", []))
+    layer_ids += [x for x in (store or {}).get("layer_ids", []) if x not in layer_ids]
+    return {"layer_ids": layer_ids, "compute": compute, "store": store}
+
+
+def fidelity_lines(f: dict) -> list[str]:
+    """The fidelity block of `hsx status`: one row a stored layer, FP8 compute next to FP8 storage."""
+    compute, store = f["compute"], f["store"]
+
+    def cell(record, layer, rel_key, cos_key):
+        if record is None or layer not in record["layer_ids"]:
+            return "-"
+        i = record["layer_ids"].index(layer)
+        return f"{record[rel_key][i]:.4f} / {record[cos_key][i]:.5f}"
+
+    lines = ["  fidelity against bf16, per stored layer (rel L2 / mean cosine over tokens):",
+             f"    {'layer':<7}{'FP8 compute':<22}{'FP8 storage (mean)':<22}FP8 storage (worst batch)"]
+    for layer in f["layer_ids"]:
+        lines.append(f"    {layer!s:<7}{cell(compute, layer, 'rel_l2', 'cosine'):<22}"
+                     f"{cell(store, layer, 'rel_l2_mean', 'cosine_mean'):<22}"
+                     f"{cell(store, layer, 'rel_l2_max', 'cosine_min')}")
+    if compute is not None:
+        lines.append(f"    compute: batch {compute.get('batch_id')} ({compute.get('tokens')} tokens, once per run), "
+                     f"against {str(compute.get('reference'))[:200]}")
+    if store is not None:
+        lines.append(f"    storage: {store['batches_measured']} batches ({store['tokens_measured']} tokens), one in "
+                     f"{fp8error.ERROR_SAMPLE_EVERY} a worker runs")
+    return lines
+
+
 def run_progress(r: redis.Redis, run: str, now: float | None = None, window: float = RATE_WINDOW_SECONDS) -> dict:
     """The run's progress. A record that is not what hsx writes is skipped (a failure record is kept as
     a placeholder) and named under ``"malformed"`` (hsx.run.records): one bad record never fails the read."""
@@ -81,6 +118,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     upload_refused = {} if complete else refused.read(r, run)
     if upload_refused:  # the cause a person must fix, before any generic "nothing moved"
         stalled = "; ".join(f"uploads refused: {v.get('cause')} on host {h}" for h, v in sorted(upload_refused.items()))
+    fp8 = fidelity(r, run, malformed)
     return {
         "run": run,
         "totals": totals,
@@ -90,6 +128,8 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "bytes_per_token": (done["bytes"] / done["tokens"]) if done.get("tokens") and done.get("bytes") else None,
         "store_dtype": manifest.get("store_dtype") or manifest.get("dtype"),
         "codec": manifest.get("codec") or "none",
+        "compute_dtype": manifest.get("compute_dtype") or "bfloat16",
+        "fidelity": fp8,  # FP8 compute and storage error per stored layer (None: a bf16 run, or not measured yet)
         "rate": rate["per_s"],
         "extract_rate": _window(r, run, keys.spooled_log, now, window, span, malformed)["per_s"],
         "rate_span_seconds": span,
@@ -185,7 +225,8 @@ def summary_lines(p: dict) -> list[str]:
         f"  tokens   {d['tokens']}/{t.get('tokens', 0)} ({pct(d['tokens'], t.get('tokens', 0))})",
         f"  uploaded {fmt_bytes(d['bytes'])}, {fmt_bytes(p['written_bytes'])} written to spools; "
         + (f"{p['bytes_per_token']:.0f} bytes/token" if p["bytes_per_token"] else "bytes/token not known yet")
-        + f" ({p['store_dtype']}, codec {p['codec']})",
+        + f" ({p['store_dtype']}, codec {p['codec']}"
+        + (f", computed in {p['compute_dtype']})" if p.get("compute_dtype", "bfloat16") != "bfloat16" else ")"),
         f"  rate     {p['rate']['samples']:.1f} samples/s, {p['rate']['tokens']:.0f} tokens/s "
         f"(last {fmt_duration(p['rate_span_seconds'])})",
         f"  ETA      {fmt_duration(p['eta_seconds'])}",
@@ -199,6 +240,10 @@ def summary_lines(p: dict) -> list[str]:
     if p.get("store_refusal"):
         ref = p["store_refusal"]
         lines.append(f"  STORE REFUSES uploads (batch {ref.get('batch')}): {str(ref.get('error'))[:300]}")
+    if p.get("fidelity"):
+        lines.extend(fidelity_lines(p["fidelity"]))
+    if p.get("compute_dtype") == "float8" and not (p.get("fidelity") or {}).get("compute"):
+        lines.append("  FP8 compute error not measured yet (the first worker to take a batch measures it, once)")
     if p["failures"]:
         lines.append(f"  retrying {len(p['failures'])} batches after failures")
     if p.get("malformed"):

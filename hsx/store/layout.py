@@ -56,6 +56,11 @@ def store_error_key(run: str) -> str:
     return f"{run}/store_error.json"
 
 
+def compute_error_key(run: str) -> str:
+    """The run-level record of FP8 compute's measured error (hsx/run/computeerror.py)."""
+    return f"{run}/compute_error.json"
+
+
 def _names(run: str, shard: str, bid: str) -> tuple[str, str, str]:
     return segment(run, "run"), segment(shard, "shard"), segment(bid, "batch id")
 
