@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 
 import pytest
 from safetensors import safe_open
@@ -21,7 +22,7 @@ from hsx_cli.main import main
 from hsx_reader import RunDataset
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model
-from tests.peerenv import run_peer
+from tests.peerenv import peer_env, peer_python, run_peer
 from tests.pipeline import run_pipeline
 
 SAMPLES = 8
@@ -110,3 +111,22 @@ def test_specforge_trains_on_hsx_data(redis_server, s3_server, s3_bucket, tmp_pa
         if mode.startswith("in place"):  # the same samples, read in place: the same training, step for step
             export = next(v for (a, d, m), v in report.items() if (a, d) == (strategy, dtype) and m.startswith("export"))
             assert losses == pytest.approx(export, rel=1e-5), (case, losses, export)
+
+
+@pytest.mark.slow
+def test_specforge_train_in_place_refusals(tmp_path):
+    """One line and exit 2, before any training: a run the store does not hold, and a config that would make
+    specforge train launch processes of its own CLI (which would not read hsx://)."""
+    target = _specforge_target(build_tiny_model(tmp_path / "tiny8", num_layers=8, sample_path=sample_dataset()),
+                               tmp_path / "tiny8-specforge")
+    config = _config(tmp_path, "nosuch", target, "dflash", "hsx://nosuchrun")
+    two_ranks = json.loads(config.read_text()) | {"deployment": {"trainer": {"nproc_per_node": 2}}}
+    (tmp_path / "two.json").write_text(json.dumps(two_ranks))
+    for path, says in [(config, "nosuchrun/manifest.json: no manifest"),
+                       (tmp_path / "two.json", "run one process per rank under torchrun")]:
+        proc = subprocess.run([str(peer_python("specforge")), "-m", "hsx_peers.specforge", "train", "-c", str(path),
+                               "--hsx-store", str(tmp_path / "store")], capture_output=True, text=True, timeout=300,
+                              env=peer_env(tmp_path), cwd=tmp_path)
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and says in errors[0], proc.stderr[-4000:]

@@ -204,6 +204,18 @@ def install(source: RunSource) -> None:
     assembly._ensure_offline_vocab_mapping = ensure_offline_vocab_mapping
 
 
+class SpawnRefused(Exception):
+    """specforge train would start processes of its own CLI, which would not read hsx://."""
+
+
+def _refuse_spawning(plan) -> int:
+    raise SpawnRefused(
+        "this config makes specforge train launch processes of its own CLI (several ranks, or a producer "
+        "and a consumer), which do not read hsx:// paths: run one process per rank under torchrun instead "
+        "(torchrun --nproc_per_node N "
+        "-m hsx_peers.specforge train ...; SpecForge then trains in each rank's process)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
@@ -217,9 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hsx-s3-endpoint-url", default=None)
     args, rest = parser.parse_known_args(argv)
     install(RunSource(args.hsx_store, args.hsx_fetch, args.hsx_cache_dir, args.hsx_s3_endpoint_url))
+    import specforge.launch_plan as launch_plan
     from specforge.cli import main as specforge_main
 
-    return specforge_main(["train", *rest])
+    launch_plan.run_commands = _refuse_spawning  # the CLI takes it from there when it would launch processes
+    try:
+        return specforge_main(["train", *rest])
+    except (SpawnRefused, ReaderError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
