@@ -17,13 +17,16 @@ What is replaced for the CPU, and why (nothing else):
    wheel ships none. A stand-in triton module (jit = identity) is present in sys.modules only while that
    file is imported, then removed, so nothing else sees it; `LogSoftmaxLoss.apply` is then the same file's
    own "Reference implementation", `_compute_loss` (-sum(mask * p * log_softmax(logits)), mean over B*T:
-   the kernel's math), called without its torch.compile wrapper (on a CPU that would build C++ first).
+   the kernel's math; SpecForge's benchmarks/benchmark_loss.py times the two against each other), called
+   without its torch.compile wrapper (on a CPU that would build C++ first).
    torch's compile machinery is imported before the stand-in goes in, because it probes triton as it
    imports and must find none. DFlash and DSpark do not import that file: they need no substitution.
 2. Nothing for FSDP: torch 2.13's FSDP1 refuses a CPU ("FSDP needs a non-CPU accelerator device"), and
    SpecForge's default `training.fsdp_sharding` (SHARD_GRAD_OP) wraps in FSDP. Its own `NO_SHARD` recipe
    wraps in DDP instead, which runs on the gloo process group SpecForge itself starts on a CPU (world size 1,
-   specforge.distributed: cpu -> gloo). The tests set `training.fsdp_sharding=NO_SHARD` in the config.
+   specforge.distributed: cpu -> gloo). The tests set `training.fsdp_sharding=NO_SHARD` in the config, and
+   `training.attention_backend=sdpa` (the default flex_attention: "FlexAttention does not support backward
+   on CPU").
 
 Recorded, not replaced: SpecForge's console logger (`specforge.training.assembly._logger`, one call per
 optimizer step) is wrapped to keep each step's `loss`. Prints {"losses": [[...] per run]} (JSON, last line).
