@@ -2,7 +2,8 @@
 model on hsx data, on the CPU, in SpecForge's venv (scripts/peers.sh): from `hsx export --for specforge-*`
 folders and from the runs read in place (`python -m hsx_peers.specforge train`, HsxFeatureStore), a bf16
 run in a local store and an FP8-stored one (e4m3 + per-token scales) on S3 (moto). What is replaced for the
-CPU, and why, is in tests/peers/train_specforge.py (EAGLE-3's triton loss kernel only).
+CPU, and why, is in tests/peers/train_specforge.py (EAGLE-3's triton loss kernel only). The in-place
+command's refusals (a missing run; a config that would launch SpecForge's own CLI processes) are checked too.
 
 Each run sees the same SAMPLES samples at every step (batch = the run, one epoch a step), so a working
 trainer's loss falls from the first step to the last; it must also be finite at every step, and reading a
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import pytest
 from safetensors import safe_open
@@ -22,7 +22,7 @@ from hsx_cli.main import main
 from hsx_reader import RunDataset
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model
-from tests.peerenv import peer_env, peer_python, run_peer
+from tests.peerenv import run_peer
 from tests.pipeline import run_pipeline
 
 SAMPLES = 8
@@ -97,12 +97,23 @@ def test_specforge_trains_on_hsx_data(redis_server, s3_server, s3_bucket, tmp_pa
                 draft = {"path": str(tmp_path / f"draft-{name}.json"), "set": draft_changes} if draft_changes else None
                 cases.append((strategy, dtype, mode))
                 runs.append({"argv": ["train", "-c", str(config)], "draft": draft, "hsx_store": hsx_store})
+    # refused in one line, exit 2, before any step: a run the store lacks, and a config that would make
+    # specforge train launch processes of its own CLI (they would not read hsx://)
+    local = {"store": str(tmp_path / "store"), "fetch": "range"}
+    nosuch = _config(tmp_path, "nosuch", target, "dflash", "hsx://nosuchrun")
+    two_ranks = tmp_path / "two-ranks.json"
+    two_ranks.write_text(json.dumps(json.loads(nosuch.read_text()) | {"deployment": {"trainer": {"nproc_per_node": 2}}}))
+    refusals = {"nosuchrun/manifest.json: no manifest": nosuch, "run one process per rank under torchrun": two_ranks}
+    runs += [{"argv": ["train", "-c", str(path)], "hsx_store": local, "refused": True} for path in refusals.values()]
     got = run_peer("specforge", "train_specforge.py", json.dumps(runs), cwd=tmp_path)
+    for says, refused in zip(refusals, got["refusals"], strict=True):
+        assert refused["rc"] == 2 and refused["losses"] == [], refused
+        assert len(refused["errors"]) == 1 and says in refused["errors"][0], refused
     report = dict(zip(cases, got["losses"], strict=True))
     print("\nspecforge train (SpecForge 0.2.0, CPU) on hsx data:")
-    print(f"{'trainer':<10}{'run':<6}{'data':<28}{'steps':>6}{'first loss':>12}{'last loss':>12}")
-    for (strategy, dtype, mode), losses in report.items():
-        print(f"{strategy:<10}{dtype:<6}{mode:<28}{len(losses):>6}{losses[0]:>12.6f}{losses[-1]:>12.6f}")
+    print(f"{'trainer':<10}{'run':<6}{'data':<28}{'steps':>6}{'first loss':>12}{'last loss':>12}{'seconds':>9}")
+    for ((strategy, dtype, mode), losses), secs in zip(report.items(), got["seconds"], strict=True):
+        print(f"{strategy:<10}{dtype:<6}{mode:<28}{len(losses):>6}{losses[0]:>12.6f}{losses[-1]:>12.6f}{secs:>9}")
     for (strategy, dtype, mode), losses in report.items():
         case = (strategy, dtype, mode)
         assert len(losses) == STEPS, (case, losses)
@@ -112,21 +123,3 @@ def test_specforge_trains_on_hsx_data(redis_server, s3_server, s3_bucket, tmp_pa
             export = next(v for (a, d, m), v in report.items() if (a, d) == (strategy, dtype) and m.startswith("export"))
             assert losses == pytest.approx(export, rel=1e-5), (case, losses, export)
 
-
-@pytest.mark.slow
-def test_specforge_train_in_place_refusals(tmp_path):
-    """One line and exit 2, before any training: a run the store does not hold, and a config that would make
-    specforge train launch processes of its own CLI (which would not read hsx://)."""
-    target = _specforge_target(build_tiny_model(tmp_path / "tiny8", num_layers=8, sample_path=sample_dataset()),
-                               tmp_path / "tiny8-specforge")
-    config = _config(tmp_path, "nosuch", target, "dflash", "hsx://nosuchrun")
-    two_ranks = json.loads(config.read_text()) | {"deployment": {"trainer": {"nproc_per_node": 2}}}
-    (tmp_path / "two.json").write_text(json.dumps(two_ranks))
-    for path, says in [(config, "nosuchrun/manifest.json: no manifest"),
-                       (tmp_path / "two.json", "run one process per rank under torchrun")]:
-        proc = subprocess.run([str(peer_python("specforge")), "-m", "hsx_peers.specforge", "train", "-c", str(path),
-                               "--hsx-store", str(tmp_path / "store")], capture_output=True, text=True, timeout=300,
-                              env=peer_env(tmp_path), cwd=tmp_path)
-        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
-        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-        assert len(errors) == 1 and says in errors[0], proc.stderr[-4000:]

@@ -4,7 +4,8 @@ steps. argv[1]: a JSON list of runs, trained one after the other in this process
 {"argv": specforge train's argv, "hsx_store": null | {"store", "fetch", "endpoint_url"}, "draft": null | {...}}:
 
 - "hsx_store": run through `python -m hsx_peers.specforge train` instead (data.hidden_states_path: hsx://R
-  read in place from that store through HsxFeatureStore, no export);
+  read in place from that store through HsxFeatureStore, no export); with "refused": true, a run that
+  command must refuse: its exit status and "error: " lines are reported instead of losses;
 - "draft": {"path", "set"}: test setup, not a substitution: SpecForge's own draft config generated from the
   target (specforge.training.model_loading.resolve_draft_config), with "set"'s fields changed, written to
   "path" for model.draft_model_config (DFlash: the run's layer ids; EAGLE-3: a draft vocabulary that fits
@@ -29,12 +30,16 @@ What is replaced for the CPU, and why (nothing else):
    on CPU").
 
 Recorded, not replaced: SpecForge's console logger (`specforge.training.assembly._logger`, one call per
-optimizer step) is wrapped to keep each step's `loss`. Prints {"losses": [[...] per run]} (JSON, last line).
+optimizer step) is wrapped to keep each step's `loss`. Prints {"losses": [[...] per run], "seconds": [...],
+"refusals": [{"rc", "errors", "losses"} per refused run]} (JSON, last line).
 """
 
+import contextlib
+import io
 import json
 import os
 import sys
+import time
 import types
 
 import torch
@@ -89,9 +94,9 @@ def write_draft_config(argv: list[str], path: str, changes: dict) -> None:
 
 
 DISTRIBUTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-report = []
+report, seconds, refusals = [], [], []
 for spec in json.loads(sys.argv[1]):
-    losses = []
+    losses, started = [], time.monotonic()
     for name in DISTRIBUTED_ENV:  # each run rendezvouses afresh (SpecForge picks a free port when unset)
         os.environ.pop(name, None)
     argv = list(spec["argv"])
@@ -103,9 +108,16 @@ for spec in json.loads(sys.argv[1]):
         flags = ["--hsx-store", store["store"], "--hsx-fetch", store.get("fetch", "object")]
         if store.get("endpoint_url"):
             flags += ["--hsx-s3-endpoint-url", store["endpoint_url"]]
+        if spec.get("refused"):  # the command's refusal: its exit status and its error lines
+            with contextlib.redirect_stderr(io.StringIO()) as stderr:
+                rc = hsx_specforge.main([*argv, *flags])
+            refusals.append({"rc": rc, "errors": [x for x in stderr.getvalue().splitlines() if x.startswith("error: ")],
+                             "losses": losses})
+            continue
         rc = hsx_specforge.main([*argv, *flags])
     else:
         rc = specforge_main(argv)
     assert rc == 0, (argv, rc)
     report.append(losses)
-print(json.dumps({"losses": report}))
+    seconds.append(round(time.monotonic() - started, 1))
+print(json.dumps({"losses": report, "seconds": seconds, "refusals": refusals}))
