@@ -143,7 +143,7 @@ class RunSource:
             return None
         run = hidden_states_path[len(RUN_SCHEME):].strip("/")
         if not run or "/" in run:
-            raise ValueError(f"data.hidden_states_path {hidden_states_path!r}: expected hsx://<run>")
+            raise ReaderError(f"data.hidden_states_path {hidden_states_path!r}: expected hsx://<run>")
         return run
 
     def feature_store(self, run: str, strategy: str) -> HsxFeatureStore:
@@ -209,11 +209,12 @@ class SpawnRefused(Exception):
 
 
 def _refuse_spawning(plan) -> int:
+    """Stands in for ``specforge.launch_plan.run_commands(plan)``, which would start those processes."""
     raise SpawnRefused(
         "this config makes specforge train launch processes of its own CLI (several ranks, or a producer "
         "and a consumer), which do not read hsx:// paths: run one process per rank under torchrun instead "
-        "(torchrun --nproc_per_node N "
-        "-m hsx_peers.specforge train ...; SpecForge then trains in each rank's process)")
+        "(torchrun --nproc_per_node N -m hsx_peers.specforge train ...; SpecForge then trains in each rank's "
+        "process)")
 
 
 def main(argv: list[str] | None = None) -> int:
