@@ -2,8 +2,9 @@
 
 - ``hsx_peers.speculators``: an hs-connectors backend named ``hsx`` for ``speculators train``
   (``python -m hsx_peers.speculators train ...`` registers it, then runs speculators' own trainer).
-- ``hsx_peers.specforge``: a SpecForge ``FeatureStore`` and the ``SampleRef`` list of a run, for SpecForge's
-  own loader and trainer (``build_disagg_offline_runtime(feature_store=..., refs=...)``).
+- ``hsx_peers.specforge``: a SpecForge ``FeatureStore`` and the ``SampleRef`` list of a run, and
+  ``python -m hsx_peers.specforge train -c run.yaml --hsx-store ...``: SpecForge's own ``specforge train``
+  with ``data.hidden_states_path: hsx://R`` read in place through them.
 
 Imports only hsx, hsx_reader and hsx_tools of this repository, and the peer's package.
 """

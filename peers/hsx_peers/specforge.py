@@ -12,17 +12,37 @@ The tensors carry the raw keys of SpecForge's offline files, so its own normaliz
 - ``strategy="dspark"``: those plus ``target_last_hidden_states`` [1, T, H].
 
 Reads go through hsx_reader (see hsx_peers.samples for the bytes read and the digests of each fetch mode).
+
+``specforge train`` itself reads a run in place through this package's command, which runs SpecForge's
+own CLI with two of its offline seams pointed at the run when ``data.hidden_states_path`` is ``hsx://R``:
+
+    python -m hsx_peers.specforge train -c run.yaml --hsx-store s3://bucket/prefix [--hsx-fetch range] \
+        [--hsx-cache-dir /nvme/hsx-cache] [--hsx-s3-endpoint-url URL] [section.field=value ...]
+
+- ``specforge.launch.build_offline_runtime`` (the colocated offline trainer over a ``LocalFeatureStore`` of
+  ``.ckpt`` files) hands over to SpecForge's ``build_disagg_offline_runtime`` with an ``HsxFeatureStore``
+  of run R and ``run_refs`` (same trainer assembly, same arguments);
+- ``specforge.training.assembly._ensure_offline_vocab_mapping`` (EAGLE-3's draft vocabulary, counted from
+  the feature files) counts the same loss-masked ``input_ids`` from the run's token columns (range reads,
+  no hidden state read) and installs the map with SpecForge's own ``_install_dataset_vocab_mapping``.
+
+Any other ``data.hidden_states_path`` is left to SpecForge (an ``hsx export`` folder trains as usual).
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
+import sys
+from collections import Counter
 from typing import Any
 
 import torch
 from specforge.runtime.contracts import SCHEMA_VERSION, FeatureHandle, SampleRef
 from specforge.runtime.data_plane.feature_store import FeatureStore
 
-from hsx_peers.samples import open_run
+from hsx_peers.samples import open_run, token_columns
 from hsx_reader import ReaderError
 
 KEYS = {
@@ -105,3 +125,121 @@ def run_refs(store: HsxFeatureStore, ttt_length: int = 7, max_len: int = 2048) -
                                 "file_index": i,
                                 "target_repr": "hidden_state" if store.strategy in NEEDS_FINAL else None})
             for i, ref in enumerate(ds.index.samples)]
+
+
+RUN_SCHEME = "hsx://"
+
+
+class RunSource:
+    """Where ``hsx://R`` paths of a SpecForge config are read: the store and how to fetch from it."""
+
+    def __init__(self, store: str, fetch: str = "object", cache_dir: str | None = None,
+                 endpoint_url: str | None = None):
+        self.store, self.fetch, self.cache_dir, self.endpoint_url = store, fetch, cache_dir, endpoint_url
+
+    def run_of(self, hidden_states_path: str) -> str | None:
+        """R for ``hsx://R``; None for any other path (an export folder: SpecForge's own reader)."""
+        if not hidden_states_path.startswith(RUN_SCHEME):
+            return None
+        run = hidden_states_path[len(RUN_SCHEME):].strip("/")
+        if not run or "/" in run:
+            raise ReaderError(f"data.hidden_states_path {hidden_states_path!r}: expected hsx://<run>")
+        return run
+
+    def feature_store(self, run: str, strategy: str) -> HsxFeatureStore:
+        return HsxFeatureStore(self.store, run, strategy, self.fetch, self.cache_dir, self.endpoint_url)
+
+
+def token_counts(ds, max_length: int | None) -> Counter:
+    """Loss-masked token id -> count over the run, each sample cut to ``max_length`` as SpecForge's
+    ``count_effective_feature_tokens`` counts its feature files (read by range: no hidden state)."""
+    counts: Counter = Counter()
+    columns = token_columns(ds)
+    for ids, mask in zip(columns["input_ids"], columns["loss_mask"], strict=True):
+        counts.update(t for t, m in zip(ids[:max_length], mask[:max_length], strict=True) if m)
+    return counts
+
+
+_SOURCE: list[RunSource] = []   # the source the installed seams read (install() sets it; one per process)
+
+
+def install(source: RunSource) -> None:
+    """Point SpecForge's two offline seams at ``source`` for ``hsx://R`` paths (module docstring)."""
+    installed = bool(_SOURCE)
+    _SOURCE[:] = [source]
+    if installed:
+        return
+    import specforge.launch as launch
+    import specforge.training.assembly as assembly
+    from specforge.algorithms.contracts import FeatureMode
+
+    offline_runtime, vocab_mapping = launch.build_offline_runtime, assembly._ensure_offline_vocab_mapping
+
+    def build_offline_runtime(*, hidden_states_path: str, **kwargs):
+        source = _SOURCE[0]
+        run = source.run_of(hidden_states_path)
+        if run is None:
+            return offline_runtime(hidden_states_path=hidden_states_path, **kwargs)
+        store = source.feature_store(run, kwargs["algorithm"].name)
+        refs = run_refs(store, ttt_length=kwargs.get("ttt_length", 7), max_len=kwargs.get("max_len", 2048))
+        return launch.build_disagg_offline_runtime(feature_store=store, refs=refs, **kwargs)
+
+    def ensure_offline_vocab_mapping(cfg, bundle, algorithm):
+        source = _SOURCE[0]
+        run = source.run_of(cfg.data.hidden_states_path)
+        if run is None:
+            return vocab_mapping(cfg, bundle, algorithm)
+        # SpecForge's own conditions for building a map (assembly._ensure_offline_vocab_mapping)
+        if (FeatureMode.OFFLINE not in algorithm.providers.vocab_mapping_modes or cfg.model.vocab_mapping_path
+                or bundle.draft_vocab_size == bundle.target_vocab_size):
+            return None
+        ds = source.feature_store(run, algorithm.name).dataset()
+        digests = hashlib.sha256(json.dumps(sorted(ds.index.digests.items())).encode()).hexdigest()
+        identity = json.dumps({"kind": "hsx-run-v1", "store": source.store, "run": run, "objects": digests,
+                               "max_length": cfg.data.max_length}, sort_keys=True)
+        return assembly._install_dataset_vocab_mapping(cfg, bundle, counts=token_counts(ds, cfg.data.max_length),
+                                                       dataset_identity=identity)
+
+    launch.build_offline_runtime = build_offline_runtime
+    assembly._ensure_offline_vocab_mapping = ensure_offline_vocab_mapping
+
+
+class SpawnRefused(Exception):
+    """specforge train would start processes of its own CLI, which would not read hsx://."""
+
+
+def _refuse_spawning(plan) -> int:
+    """Stands in for ``specforge.launch_plan.run_commands(plan)``, which would start those processes."""
+    raise SpawnRefused(
+        "this config makes specforge train launch processes of its own CLI (several ranks, or a producer "
+        "and a consumer), which do not read hsx:// paths: run one process per rank under torchrun instead "
+        "(torchrun --nproc_per_node N -m hsx_peers.specforge train ...; SpecForge then trains in each rank's "
+        "process)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="python -m hsx_peers.specforge",
+        description="specforge train, reading data.hidden_states_path: hsx://R from an hsx store in place; "
+                    "every other flag and override is specforge train's")
+    parser.add_argument("command", choices=["train"])
+    parser.add_argument("--hsx-store", required=True, help="the run's store: a directory or s3://bucket/prefix")
+    parser.add_argument("--hsx-fetch", choices=["object", "range"], default="object")
+    parser.add_argument("--hsx-cache-dir", default=None, help="keep fetched objects here (object fetch)")
+    parser.add_argument("--hsx-s3-endpoint-url", default=None)
+    args, rest = parser.parse_known_args(argv)
+    install(RunSource(args.hsx_store, args.hsx_fetch, args.hsx_cache_dir, args.hsx_s3_endpoint_url))
+    import specforge.launch_plan as launch_plan
+    from specforge.cli import main as specforge_main
+
+    launch_plan.run_commands = _refuse_spawning  # the CLI takes it from there when it would launch processes
+    try:
+        return specforge_main(["train", *rest])
+    except (SpawnRefused, ReaderError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
