@@ -73,10 +73,10 @@ def run_shape(args) -> dict:
     model = shapes.build_model(config, device, dtype)
     if args.compute_dtype == "float8":  # as the worker does (gpu_worker/extractor.py): the decoder's linears
         from gpu_worker.extractor import _decoder
-        from hsx import fp8compute
+        from hsx import fp8compute, fp8linear
 
         fp8compute.require_fp8_device(device)
-        converted = fp8compute.convert_linears(_decoder(model).layers)
+        converted = fp8linear.convert_linears(_decoder(model).layers)
         print(f"[bench] float8 compute: {converted} linear layers as rowwise e4m3 GEMMs", flush=True)
         torch.cuda.empty_cache()
     build_s = time.perf_counter() - t

@@ -86,7 +86,7 @@ class Extractor:
         """
         from transformers import AutoConfig, AutoModel
 
-        from hsx import fp8compute
+        from hsx import fp8compute, fp8linear
 
         if fp8compute.check_compute_dtype(compute_dtype) == "float8":
             fp8compute.require_fp8_device(device)
@@ -98,7 +98,7 @@ class Extractor:
         model = AutoModel.from_pretrained(model_path, dtype=compute, attn_implementation=attn_implementation)
         model = model.to(device)
         if compute_dtype == "float8":
-            converted = fp8compute.convert_linears(_decoder(model).layers)
+            converted = fp8linear.convert_linears(_decoder(model).layers)
             log.info("float8 compute: %d linear layers as rowwise e4m3 GEMMs", converted)
         return cls(model, layer_ids, store_final, out_dtype, store_dtype)
 
