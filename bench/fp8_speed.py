@@ -5,8 +5,9 @@
 Plans mix-32k batches (lognormal lengths, as gpu_bench.py's mix32k), builds the shape with random weights,
 keeps the layers the dflash pipeline runs, warms every batch shape once at bf16 (fla compiles per shape),
 then times one pass over all batches per variant (CUDA events; computed = padded tokens/s). Variants switch
-hsx/fp8linear.py's knobs: quantiser (compile / triton), shared input quantisation, fast accumulation, fused
-sibling GEMMs, and the narrowest linear converted. ``--profile``: torch.profiler's kernel table of one batch
+hsx/fp8linear.py's knobs: quantiser (compile / triton), shared input quantisation, fast accumulation, and the
+narrowest linear converted. (Fused sibling GEMMs, q/k/v and gate/up as one GEMM, were measured slower with
+commit d0c6b81's version of this script and removed.) ``--profile``: torch.profiler's kernel table of one batch
 at bf16 and at the first and last FP8 variant. Also: the GEMM's accumulation error with and without fast
 accumulation against an fp32 product of the same e4m3 operands. Writes fp8_speed_<shape>.json.
 """
@@ -31,26 +32,21 @@ from hsx import fp8linear  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.planning import cut_batches  # noqa: E402
 
-# name: (quantiser, share inputs, fast accum, fuse, min features)
+# name: (quantiser, share inputs, fast accum, min features); "triton + shared + fast accum" is the default
 VARIANTS = {
-    "fp8 as landed (compile, per linear)": ("compile", False, False, False, 16),
-    "+ fast accum": ("compile", False, True, False, 16),
-    "triton quantiser": ("triton", False, False, False, 16),
-    "triton + shared input": ("triton", True, False, False, 16),
-    "triton + shared + fast accum": ("triton", True, True, False, 16),
-    "triton + shared + fast + >=512 only": ("triton", True, True, False, 512),
-    "triton + fused siblings": ("triton", True, False, True, 16),
-    "triton + fused + fast accum": ("triton", True, True, True, 16),
+    "fp8 as landed (compiled quantiser)": ("compile", False, False, 16),
+    "+ fast accum": ("compile", False, True, 16),
+    "triton quantiser": ("triton", False, False, 16),
+    "triton + shared input": ("triton", True, False, 16),
+    "triton + shared + fast accum": ("triton", True, True, 16),
+    "triton + shared + fast + >=512 only": ("triton", True, True, 512),
 }
 
 
-def set_structure(layers, min_features: int, fuse: bool, device) -> None:
-    """Every linear of at least ``min_features`` as an Fp8Linear (narrower ones back to bf16), siblings fused
-    or not. Going back and forth re-quantises dequantised e4m3 weights: the same values, for speed runs."""
-    for m in layers.modules():
-        if isinstance(m, fp8linear.Fp8Linear) and m.group is not None:
-            m.weight, m.weight_scale, m.group, m.slot = m.weight.clone(), m.weight_scale.clone(), None, 0
-    fp8linear.convert_linears(layers, min_features=16, fuse=False)
+def set_structure(layers, min_features: int, device) -> None:
+    """Every linear of at least ``min_features`` as an Fp8Linear (narrower ones back to bf16). Going back and
+    forth re-quantises dequantised e4m3 weights: the same values, for speed runs."""
+    fp8linear.convert_linears(layers, min_features=16)
     for parent in list(layers.modules()):
         for child_name, child in list(parent.named_children()):
             if isinstance(child, fp8linear.Fp8Linear) and min(child.weight.shape) < min_features:
@@ -58,8 +54,6 @@ def set_structure(layers, min_features: int, fuse: bool, device) -> None:
                                       dtype=torch.bfloat16)
                 lin.weight.data = child.dequantised().bfloat16()
                 setattr(parent, child_name, lin)
-    if fuse:
-        fp8linear.fuse_siblings(layers)
     torch.cuda.empty_cache()
 
 
@@ -68,8 +62,6 @@ def set_knobs(layers, quantiser: str, share: bool, fast: bool) -> None:
     for m in layers.modules():
         if isinstance(m, fp8linear.Fp8Linear):
             m.fast_accum = fast
-            if m.group is not None:
-                m.group.fast_accum = fast
 
 
 @torch.inference_mode()
@@ -145,7 +137,7 @@ def main() -> int:
     lengths = harness.lengths_for("mix", args.tokens, seed=1)
     batches = cut_batches(lengths, 32768, 512, 8)
     gen = torch.Generator().manual_seed(0)
-    inputs = [torch.randint(0, 1000, (len(b.samples), b.padded_len), generator=gen).to(device) for b in batches]
+    inputs = [torch.randint(0, 1000, (len(b.members), b.padded_len), generator=gen).to(device) for b in batches]
     real = sum(b.tokens for b in batches)
     result.update(batches=len(batches), layers=len(decoder.layers), real_tokens=real)
     prof_path = out / f"fp8_profile_{args.shape}.txt"
@@ -163,10 +155,10 @@ def main() -> int:
     structure = None
     names = [n for n in args.variants.split(",") if n]
     for name in names:
-        quantiser, share, fast, fuse, min_features = VARIANTS[name]
-        if structure != (min_features, fuse):
-            set_structure(decoder.layers, min_features, fuse, device)
-            structure = (min_features, fuse)
+        quantiser, share, fast, min_features = VARIANTS[name]
+        if structure != min_features:
+            set_structure(decoder.layers, min_features, device)
+            structure = min_features
         set_knobs(decoder.layers, quantiser, share, fast)
         try:
             with torch.inference_mode():

@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hsx import fp8linear
 from hsx.defaults import COMPUTE_DTYPES
 from hsx.errors import HsxError
 from hsx.fp8linear import FP8, FP8_MAX, MIN_SCALE, Fp8Linear
@@ -167,8 +166,6 @@ def load_fp8_checkpoint(model_path: str, device, attn_implementation: str = "sdp
         else:
             owner._buffers[attr] = value
     _rebuild_meta(model, config, device)
-    if fp8linear.FUSE:
-        fp8linear.fuse_siblings(model)
     model.config.hsx_fp8_linears = converted
     return model.eval()
 

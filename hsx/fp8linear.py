@@ -7,8 +7,10 @@ is 2x the bf16 one, everything around it decides the speed-up, so:
 - the activation is quantised in one pass (a Triton kernel on a GPU: amax of the row, scale, cast), and
   once per tensor: linears that read the same activation (q/k/v, gate/up, a Gated DeltaNet's in_proj_*)
   share its quantised form (:func:`quantised_input`, keyed by the activation's identity);
-- siblings that read the same activation can be one GEMM over their concatenated weights
-  (:func:`fuse_siblings`); each returns its column slice of the shared output.
+- the GEMM accumulates with Hopper's fast FP8 accumulation (``FAST_ACCUM``).
+
+Measured on an H200 (docs/benchmarks.md): the quantiser compiled by ``torch.compile`` took 13 % of the FP8
+forward, the Triton one 3 %; one GEMM over the siblings' concatenated weights was slower than separate ones.
 
 The CPU runs the same layers with the reference quantiser (tests; torch's CPU ``_scaled_mm``).
 """
@@ -25,15 +27,9 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 MIN_SCALE = 1e-12
 MIN_FEATURES = 16      # _scaled_mm needs both GEMM dimensions a multiple of 16
-FAST_ACCUM = False     # Hopper's fast FP8 accumulation (no periodic promotion to fp32); see docs/benchmarks.md
+FAST_ACCUM = True      # Hopper's fast FP8 accumulation (no periodic promotion to fp32): +2-4 %, error in docs/benchmarks.md
 QUANTISER = "triton"   # "triton" (one pass) | "compile" (torch.compile'd reference) | "eager"
 SHARE_INPUTS = True    # linears reading one activation quantise it once
-FUSE = False           # siblings reading one activation as one GEMM (fuse_siblings)
-
-# Linears of one module that read the same activation, by the names transformers gives them.
-SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"),
-            ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), ("in_proj_qkvz", "in_proj_ba"))
-
 
 def quantise_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 values, float32 scale [rows, 1]) with ``x ~= q * scale`` per row: the reference."""
@@ -139,10 +135,7 @@ def scaled_mm(xq, xs, weight, weight_scale, bias, out_dtype, fast_accum: bool) -
 
 
 class Fp8Linear(nn.Module):
-    """``y = x @ W.T + b`` as one rowwise-scaled e4m3 GEMM; W held in e4m3 with a float32 scale per row.
-
-    In a fused group (:func:`fuse_siblings`) W and its scales are row slices of the group's, and the output
-    is the member's column slice of the group's one GEMM over the same input."""
+    """``y = x @ W.T + b`` as one rowwise-scaled e4m3 GEMM; W held in e4m3 with a float32 scale per row."""
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                  out_dtype: torch.dtype = torch.bfloat16):
@@ -153,8 +146,6 @@ class Fp8Linear(nn.Module):
         self.bias = nn.Parameter(bias.to(out_dtype), requires_grad=False) if bias is not None else None
         self.out_dtype = out_dtype
         self.fast_accum = FAST_ACCUM
-        self.group: FusedGroup | None = None
-        self.slot = 0
 
     @classmethod
     def of(cls, linear: nn.Linear) -> Fp8Linear:
@@ -165,65 +156,12 @@ class Fp8Linear(nn.Module):
         return self.weight.float() * self.weight_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.group is not None:
-            return self.group.output(x, self.slot)
         xq, xs = quantised_input(x)
         y = scaled_mm(xq, xs, self.weight, self.weight_scale, self.bias, self.out_dtype, self.fast_accum)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        fused = f", fused slot {self.slot} of {len(self.group.bounds)}" if self.group is not None else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise{fused}"
-
-
-class FusedGroup:
-    """Sibling Fp8Linears (same input, same in_features, no bias) as one GEMM over their stacked weights.
-
-    The first member called with an activation runs the GEMM; each member returns its column slice of the
-    output, and the output is dropped once every member has taken its slice (or a new input arrives)."""
-
-    def __init__(self, members: list[Fp8Linear]):
-        self.weight = torch.cat([m.weight for m in members])
-        self.weight_scale = torch.cat([m.weight_scale for m in members])
-        self.out_dtype, self.fast_accum = members[0].out_dtype, members[0].fast_accum
-        self.bounds, start = [], 0
-        for slot, m in enumerate(members):
-            stop = start + m.out_features
-            self.bounds.append((start, stop))
-            m.weight, m.weight_scale = self.weight[start:stop], self.weight_scale[start:stop]  # views, no copy
-            m.group, m.slot = self, slot
-            start = stop
-        self._ref = self._out = None
-        self._taken: set[int] = set()
-
-    def output(self, x: torch.Tensor, slot: int) -> torch.Tensor:
-        if self._ref is None or self._ref() is not x or slot in self._taken:
-            self._ref = self._out = None
-            xq, xs = quantised_input(x)
-            out = scaled_mm(xq, xs, self.weight, self.weight_scale, None, self.out_dtype, self.fast_accum)
-            self._ref, self._out, self._taken = weakref.ref(x), out.reshape(*x.shape[:-1], -1), set()
-        start, stop = self.bounds[slot]
-        y = self._out[..., start:stop]
-        self._taken.add(slot)
-        if len(self._taken) == len(self.bounds):
-            self._ref = self._out = None
-        return y
-
-
-def fuse_siblings(layers: nn.Module) -> int:
-    """Fuse the sibling Fp8Linears (``SIBLINGS``; those of them that are Fp8Linears without bias) of every module
-    under ``layers`` into one GEMM each; how many groups. Members keep their names and modules; their weights
-    become views of the group's."""
-    groups = 0
-    for parent in layers.modules():
-        for names in SIBLINGS:
-            members = [m for n in names if isinstance(m := getattr(parent, n, None), Fp8Linear)
-                       and m.group is None and m.bias is None]
-            if len(members) < 2 or len({m.in_features for m in members}) != 1:
-                continue
-            FusedGroup(members)
-            groups += 1
-    return groups
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise"
 
 
 def _convertible(linear: nn.Linear, min_features: int) -> bool:
@@ -231,14 +169,11 @@ def _convertible(linear: nn.Linear, min_features: int) -> bool:
     return min(o, i) >= min_features and o % 16 == 0 and i % 16 == 0
 
 
-def convert_linears(layers: nn.Module, min_features: int = MIN_FEATURES, fuse: bool | None = None) -> int:
-    """Replace every convertible ``nn.Linear`` under ``layers`` by an Fp8Linear, in place (``fuse``, default
-    ``FUSE``: then :func:`fuse_siblings`); how many."""
+def convert_linears(layers: nn.Module, min_features: int = MIN_FEATURES) -> int:
+    """Replace every convertible ``nn.Linear`` under ``layers`` by an Fp8Linear, in place; how many."""
     swaps = [(parent, name, child) for parent in layers.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear and _convertible(child, min_features)]
     for parent, name, child in swaps:
         setattr(parent, name, Fp8Linear.of(child))
         del child
-    if FUSE if fuse is None else fuse:
-        fuse_siblings(layers)
     return len(swaps)
