@@ -102,11 +102,6 @@ class _Outages:
         with self._lock:
             return name in self._since or time.monotonic() - self._back_at.get(name, float("-inf")) < seconds
 
-    def down_since(self, name: str) -> float | None:
-        """monotonic() when ``name`` was lost, None while it answers."""
-        with self._lock:
-            return self._since.get(name)
-
 
 OUTAGES = _Outages()
 

@@ -24,11 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsx import defaults as D
-from hsx import layout
+from hsx.store import layout
 
 TMP_MARK = ".tmp-"  # <batch>.safetensors.tmp-<writer's worker name>: a write in progress
 MEMORY, DISK = "memory", "disk"
-TIERS = (MEMORY, DISK)
 FREE_MARGIN_BYTES = 256 * 2**20  # bytes a spool leaves free on its file system (at most 1/20 of the file system)
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a write that meets these waits for room: backpressure, not failure
 

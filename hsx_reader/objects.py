@@ -1,6 +1,6 @@
-"""Batch objects, read for training: fetch whole or by byte range; decoding is hsx.batchfile's.
+"""Batch objects, read for training: fetch whole or by byte range; decoding is hsx.batch.batchfile's.
 
-A batch object is a batch file (see ``hsx.batchfile`` for the layout and the one
+A batch object is a batch file (see ``hsx.batch.batchfile`` for the layout and the one
 decoder). The whole object is read into one uint8 tensor and every stored
 tensor is a view of it; compressed hidden states are decompressed and FP8 ones
 dequantised to the run's dtype. Byte-range reads use the header's exact
@@ -14,17 +14,14 @@ import hashlib
 import json
 import mmap
 import os
-import struct
 
 import torch
 
-from hsx import batchfile
-from hsx.batchfile import MAX_HEADER, BatchContents, BatchFileError, Header, TensorSpec  # noqa: F401 (re-exported)
-from hsx.dtypes import FP8, dtype_name
+from hsx.batch import batchfile
+from hsx.batch.batchfile import MAX_HEADER, BatchContents, BatchFileError, Header, TensorSpec  # noqa: F401 (re-exported)
+from hsx.batch.dtypes import FP8, dtype_name
 from hsx.store import LocalStore, Store
 from hsx_reader.run import ReaderError
-
-HEADER_PROBE = 64 * 2**10  # bytes fetched first in range mode; covers the header of any real batch
 
 
 class CorruptBatch(ReaderError):
@@ -59,7 +56,7 @@ def check_against_run(header: Header, manifest: dict) -> None:
 
 
 def decode(buf: torch.Tensor, key: str, manifest: dict | None = None) -> BatchContents:
-    """Decode a whole batch object held in a uint8 tensor (see hsx.batchfile.decode)."""
+    """Decode a whole batch object held in a uint8 tensor (see hsx.batch.batchfile.decode)."""
     header = parse_header(memoryview(buf.numpy())[:min(len(buf), MAX_HEADER + 8)], key)
     if manifest is not None:
         check_against_run(header, manifest)
@@ -110,14 +107,11 @@ def check_digest(buf: torch.Tensor, where: str, size: int, sha256: str) -> torch
 def fetch_header(store: Store, key: str) -> Header:
     """Read only the header (one or two range requests)."""
     try:
-        prefix = store.get_bytes(key, 0, HEADER_PROBE)
-        if len(prefix) >= 8:
-            (header_len,) = struct.unpack("<Q", prefix[:8])
-            if 8 + header_len > len(prefix) and header_len <= MAX_HEADER:
-                prefix = store.get_bytes(key, 0, 8 + header_len)
+        return batchfile.read_header(lambda start, length: store.get_bytes(key, start, length), key)
     except KeyError:
         raise ReaderError(f"{store.url(key)}: batch object is missing from the store") from None
-    return parse_header(prefix, key)
+    except BatchFileError as exc:
+        raise CorruptBatch(str(exc)) from None
 
 
 def fetch_rows(store: Store, header: Header, names: list[str], lo: int, hi: int) -> dict[str, torch.Tensor]:

@@ -23,9 +23,10 @@ import boto3
 import pytest
 import torch
 
-from hsx import batchfile, heartbeat, ledger, queues
-from hsx.keys import RunKeys
+from hsx.batch import batchfile
 from hsx.redisconn import LocalRedis, connect, int_hash, zset_members
+from hsx.run import heartbeat, ledger, queues
+from hsx.run.keys import RunKeys
 from hsx_tools.demo import sample_dataset
 from tests.faultproxy import FaultProxy
 from tests.waiting import wait_until
@@ -238,7 +239,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         w2, u2 = roles.worker("w2-restarted"), roles.uploader("u2-restarted")
 
         _wait("run complete", lambda: ledger.run_totals(r, RUN)["batches"] == done()
-              and r.get(RunKeys(RUN).index_key), 150)
+              and r.get(RunKeys(RUN).index_written), 150)
         # Let the duplicate jobs finish too: they must leave nothing behind.
         _wait("queues drained", lambda: not queues.pending_extract(r, RUN) and not queues.pending_upload(r, HOST, RUN), 60)
     finally:

@@ -103,8 +103,3 @@ INSTRUCTION_PRESETS = (
     ColumnMapping(system=("system",), user=("instruction", "input"), assistant=("output",)),
     ColumnMapping(user=("problem",), assistant=("solution",)),
 )
-
-
-def parse_column_map(text: str | None) -> ColumnMapping:
-    """``--columns`` / ``--column-map`` value -> ColumnMapping (see ColumnMapping.parse)."""
-    return ColumnMapping.parse(text)

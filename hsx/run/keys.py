@@ -126,5 +126,5 @@ class RunKeys:
         return self._k("reconcile_lock")
 
     @property
-    def index_key(self) -> str:  # STRING the index's store key, set once the index is written; no TTL
+    def index_written(self) -> str:  # STRING the index's store key, set once the index is written; no TTL
         return self._k("index")

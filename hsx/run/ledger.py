@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 
 import redis
 
-from hsx import records
 from hsx.errors import HsxError
-from hsx.keys import RUNS, RunKeys
 from hsx.redisconn import int_hash, json_hash, text
+from hsx.run import records
+from hsx.run.keys import RUNS, RunKeys
 
 # KEYS: done, done_info, counters, shard_done, done_log, failures, dead, done_seq, done_seq_pos
 # ARGV: batch_id, info_json, samples, tokens, bytes, shard, now
@@ -200,7 +200,7 @@ def clear_failure(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
 
 
 def dead_letters(r: redis.Redis, run: str, malformed: list[str] | None = None) -> dict[str, dict]:
-    """Dead letters by batch id; a malformed record is a placeholder named in ``malformed`` (hsx.records)."""
+    """Dead letters by batch id; a malformed record is a placeholder named in ``malformed`` (hsx.run.records)."""
     return records.failure_hash(r, RunKeys(run).dead, [] if malformed is None else malformed)
 
 
@@ -248,7 +248,7 @@ def unmark_done(r: redis.Redis, run: str, spec: BatchSpec) -> bool:
     """Take a batch out of the ledger (its object is missing or corrupt), counters included."""
     keys = RunKeys(run)
     return bool(r.eval(_UNMARK_DONE, 6, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
-                       keys.index_key, spec.batch_id, spec.samples, spec.tokens, spec.shard))
+                       keys.index_written, spec.batch_id, spec.samples, spec.tokens, spec.shard))
 
 
 def done_info(r: redis.Redis, run: str) -> dict[str, dict]:

@@ -26,11 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from hsx import batchfile, layout, ledger
+from hsx.batch import batchfile
+from hsx.run import ledger
+from hsx.store import layout
 
 log = logging.getLogger(__name__)
 THREADS = 8  # store requests in flight
-MAX_HEADER = 64 * 2**20  # bytes; a larger declared header is corrupt
 
 
 def check_object(store, run: str, spec: ledger.BatchSpec, full: bool) -> tuple[str | None, int, str | None]:
@@ -42,11 +43,7 @@ def check_object(store, run: str, spec: ledger.BatchSpec, full: bool) -> tuple[s
     if not head.sha256:
         return "the store has no SHA-256 for it", head.size, None
     try:
-        prefix = store.get_bytes(key, 0, batchfile.HEADER_PROBE)
-        need = batchfile.header_length(prefix)
-        if len(prefix) < need <= MAX_HEADER:
-            prefix = store.get_bytes(key, 0, need)
-        header = batchfile.parse_header(prefix, key, outputs=True)
+        header = batchfile.read_header(lambda start, length: store.get_bytes(key, start, length), key)
         metadata, described = header.metadata, header.size
     except KeyError:
         return "missing", 0, None

@@ -24,9 +24,9 @@ host memory to disk without an extra copy, and are hashed on the way)::
                                  "planes": [["raw", N*n*H], ["zstd", <frame bytes>]]}
 
     (1) store dtype: BF16 (default), F16, F32, or F8_E4M3 with a float32 scale per token per
-        layer (value = fp8 * scale; hsx/dtypes.py). With a codec (run's ``codec`` = zstd) the
+        layer (value = fp8 * scale; hsx/batch/dtypes.py). With a codec (run's ``codec`` = zstd) the
         tensor is stored instead as ``<name>.zstd`` [bytes] U8: its bytes split into byte planes,
-        each a zstd frame or raw (hsx/codec.py); ``__metadata__["encoding"]`` gives, per such tensor,
+        each a zstd frame or raw (hsx/batch/codec.py); ``__metadata__["encoding"]`` gives, per such tensor,
         {"codec", "dtype", "shape", "planes"} of what it decodes to. Scales and the small tensors are raw.
 
 N = real tokens of the batch, B = samples, H = hidden size, n = captured
@@ -56,9 +56,9 @@ from pathlib import Path
 
 import torch
 
-from hsx import codec as codecs
-from hsx.batchcheck import check_header, check_offsets, check_planes, check_shape
-from hsx.dtypes import FP8, FP8_TORCH, ST_CODES, ST_TORCH, VALUE_DTYPES, dequantise_fp8, store_itemsize
+from hsx.batch import codec as codecs
+from hsx.batch.check import check_header, check_offsets, check_planes, check_shape
+from hsx.batch.dtypes import FP8, FP8_TORCH, ST_CODES, ST_TORCH, VALUE_DTYPES, dequantise_fp8, store_itemsize
 
 FORMAT = "hsx-batch/1"
 INPUT_FORMAT = "hsx-input/1"
@@ -386,18 +386,23 @@ def read_bytes(data: bytes | bytearray | memoryview, where: str = "<bytes>") -> 
     return decode(buf, where)
 
 
-def file_sha256(path: Path, chunk: int = 8 * 2**20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-
 HEADER_PROBE = 64 * 2**10  # bytes: the first read of an object covers the header of any real batch
 
 
 def header_length(prefix: bytes) -> int:
     """Bytes from the start of the object that hold the whole header (8 + its declared length)."""
     return 8 + struct.unpack("<Q", prefix[:8])[0] if len(prefix) >= 8 else 8
+
+
+def read_header(get_range, key: str) -> Header:
+    """The header of a stored batch object, in one range read (two when the header is over HEADER_PROBE).
+
+    ``get_range(start, length) -> bytes`` reads the object (a store's ``get_bytes`` bound to ``key``); the
+    format takes a callable so it never imports a store. Raises BatchFileError on a corrupt header and lets
+    the store's own errors (KeyError: no such object) through.
+    """
+    prefix = get_range(0, HEADER_PROBE)
+    need = header_length(prefix)
+    if len(prefix) < need <= MAX_HEADER + 8:
+        prefix = get_range(0, need)
+    return parse_header(prefix, key, outputs=True)
