@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from gpu_worker.extractor import _decoder  # noqa: E402
 from hsx import fp8linear  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
-from hsx.planning import cut_batches  # noqa: E402
+from hsx.prep.planning import cut_batches  # noqa: E402
 
 # name: (quantiser, share inputs, fast accum, min features); "triton + shared + fast accum" is the default
 VARIANTS = {
