@@ -73,10 +73,10 @@ def run_shape(args) -> dict:
     model = shapes.build_model(config, device, dtype)
     if args.compute_dtype == "float8":  # as the worker does (gpu_worker/extractor.py): the decoder's linears
         from gpu_worker.extractor import _decoder
-        from hsx import fp8compute
+        from hsx import fp8compute, fp8linear
 
         fp8compute.require_fp8_device(device)
-        converted = fp8compute.convert_linears(_decoder(model).layers)
+        converted = fp8linear.convert_linears(_decoder(model).layers)
         print(f"[bench] float8 compute: {converted} linear layers as rowwise e4m3 GEMMs", flush=True)
         torch.cuda.empty_cache()
     build_s = time.perf_counter() - t
@@ -90,6 +90,14 @@ def run_shape(args) -> dict:
     print(f"[bench] {args.shape} ({args.tag}): {result['body_params'] / 1e9:.2f}B body params on {result['device']}, "
           f"built in {build_s:.1f}s, fla={'yes' if result['fla'] else 'no'}", flush=True)
     work = Path(args.workdir) / f"{args.shape}-{args.tag}"
+    if args.memory_spool_gib == "auto":  # the worker's default (hsx_cli/worker.py)
+        from hsx import spool
+
+        budget, why = spool.auto_memory_budget(Path(args.memory_spool_dir))
+        args.memory_spool_gib = budget / harness.GiB
+        print(f"[bench] memory tier {args.memory_spool_gib:.1f} GiB ({why})", flush=True)
+    args.memory_spool_gib = float(args.memory_spool_gib)
+    result["memory_spool_gib"] = args.memory_spool_gib
     svc, redis_server, uploaders = harness.start_services(work, config, device, args.uploaders, args.store_dir,
                                                           args.memory_spool_dir if args.memory_spool_gib else None)
     try:
@@ -203,9 +211,9 @@ def print_table(out_dir: Path) -> None:
     print(head)
     print("-" * len(head))
     for res in results:
-        if res["shape"] == "padding":
+        if res.get("shape") == "padding":
             continue
-        for s in res["sections"]:
+        for s in res.get("sections", []):
             if "pipeline" not in s:
                 print(f"{res['shape']}/{res['tag']} {s['section']}: pipeline failed: {s.get('error')}")
                 continue
@@ -224,7 +232,7 @@ def print_table(out_dir: Path) -> None:
                   f"{fmt(s.get('ratio_full'), '{:>7.3f}')} {100 * p['busy']:>7.1f} {100 * p['padding']:>6.2f} "
                   f"{fmt(p['peak_gib'], '{:>9.1f}')} {p['spool_peak_gib']:>9.2f} {p['e2e_tok_s']:>10.0f}")
     for res in results:
-        if res["shape"] == "padding":
+        if res.get("shape") == "padding":
             best = {r["token_budget"]: r["padding"] for r in res["rows"] if r["pad_multiple"] == 8}
             print(f"padding, {res['samples']} lognormal samples, pad_multiple 8: "
                   + ", ".join(f"{b // 1024}k {100 * v:.2f}%" for b, v in best.items()))
@@ -268,7 +276,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", type=int, default=2, help="batches left out of the timed window")
     ap.add_argument("--uploaders", type=int, default=4)
     ap.add_argument("--spool-budget-gib", type=float, default=24.0, help="the disk tier's budget")
-    ap.add_argument("--memory-spool-gib", type=float, default=0.0, help="the memory tier's budget (0: none)")
+    ap.add_argument("--memory-spool-gib", default="auto", help="the memory tier's budget in GiB (0: none; auto: "
+                    "as `hsx worker` sizes it by default, from the tmpfs's free space)")
     ap.add_argument("--memory-spool-dir", default="/dev/shm/hsx-bench-mem", help="the memory tier (a tmpfs)")
     ap.add_argument("--io-probe", action="store_true", help="measure write+fsync and sha256 speed first")
     ap.add_argument("--store-dir", default=None, help="local-directory store (default under --workdir; "

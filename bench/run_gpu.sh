@@ -12,8 +12,11 @@
 #   8b-formats    issue 15: memory-first spool (8 GiB tier in /dev/shm, disk tier on this machine's disk), store
 #                 in /dev/shm (as S3); bf16, FP8, bf16+zstd, FP8+zstd (SECTIONS_FMT to choose)
 #   ceiling       ../shared/bench/forward_ceiling.py (8B, mode A: the bare forward ceiling), beside the steps below
-#   8b-compute    issue 22: 8B mix32k at --compute-dtype bfloat16 then float8 (MEM_GIB: memory tier, 0 = off (the default before issue 22 item 4))
+#   8b-compute    issue 22: 8B mix32k at --compute-dtype bfloat16 then float8 (MEM_GIB: memory tier GiB, default auto
+#                 as the worker's default; 0 = off)
 #   27b-compute   issue 22: the 27B hybrid shape (hybrid27b, fla) the same way
+#   fp8-speed     issue 22: where FP8 compute's time goes, bare forward variants + profiles (bench/fp8_speed.py)
+#   producer      issue 22: a real `hsx produce` of 1M generated rows to its first enqueue (bench/producer_e2e.py)
 #   fidelity      issue 22: FP8 compute vs bf16 hidden states per layer on a model trained on the GPU (bench/fp8_fidelity.py)
 # The padding table of 1M planned samples (target 3) runs beside them on the CPU.
 # Results: one JSON per step under $OUT (or ./bench-out); the table is printed last.
@@ -60,11 +63,16 @@ for step in "${STEPS[@]}"; do
     ceiling)      SHAPE=qwen3-8b timeout "${T_CEIL:-150}" python "${CEILING:-../shared/bench/forward_ceiling.py}" 2>&1 | grep '"mode": "A"' ;;
     8b-compute)   for cd in bfloat16 float8; do  # issue 22: bf16 vs FP8 compute, 8B, mix 32k
                     timeout "${T_8B:-200}" $B --shape qwen3-8b --tag "$cd" --compute-dtype "$cd" --tokens "${TOKENS_8B:-400000}" \
-                      --sections mix32k --memory-spool-gib "${MEM_GIB:-0}"; done ;;
+                      --sections mix32k --memory-spool-gib "${MEM_GIB:-auto}"; done ;;
     27b-compute)  for cd in bfloat16 float8; do  # issue 22: the Qwen3.5/3.6-27B text shape, fla, bf16 vs FP8 compute
                     PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_27B:-240}" $B --shape hybrid27b --tag "$cd" \
                       --compute-dtype "$cd" --tokens "${TOKENS_27B:-200000}" --sections mix32k --no-full \
-                      --memory-spool-gib "${MEM_GIB:-0}"; done ;;
+                      --memory-spool-gib "${MEM_GIB:-auto}"; done ;;
+    fp8-speed)    timeout "${T_SPEED:-200}" python bench/fp8_speed.py --shape qwen3-8b --tokens 150000 --profile --out "$OUTDIR"
+                  PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_SPEED27:-330}" python bench/fp8_speed.py --shape hybrid27b \
+                    --tokens 100000 --profile --out "$OUTDIR" \
+                    --variants "fp8 as landed (compiled quantiser),triton + shared input,triton + shared + fast accum" ;;
+    producer)     timeout "${T_PROD:-240}" python bench/producer_e2e.py --rows "${PROD_ROWS:-1000000}" --out "$OUTDIR" ;;
     fidelity)     timeout "${T_FID:-240}" python bench/fp8_fidelity.py --minutes "${FID_MIN:-1.5}" --out "$OUTDIR" ;;
     *)            echo "unknown step $step" ;;
   esac

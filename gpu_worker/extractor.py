@@ -110,10 +110,10 @@ class Extractor:
 
     def convert_to_fp8(self) -> None:
         """The (kept) decoder layers' linears become rowwise e4m3 GEMMs, once."""
-        from hsx import fp8compute
+        from hsx import fp8linear
 
         if self.fp8_pending:
-            converted = fp8compute.convert_linears(self.decoder.layers)
+            converted = fp8linear.convert_linears(self.decoder.layers)
             self.fp8_pending = False
             log.info("float8 compute: %d linear layers as rowwise e4m3 GEMMs", converted)
 

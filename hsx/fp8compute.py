@@ -24,11 +24,8 @@ from torch import nn
 
 from hsx.defaults import COMPUTE_DTYPES
 from hsx.errors import HsxError
+from hsx.fp8linear import FP8, FP8_MAX, MIN_SCALE, Fp8Linear
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
-MIN_SCALE = 1e-12
-MIN_FEATURES = 16      # _scaled_mm needs both GEMM dimensions a multiple of 16
 FP8_CAPABILITY = (8, 9)  # Ada / Hopper and later: FP8 tensor cores
 
 
@@ -57,12 +54,6 @@ def require_fp8_device(device) -> None:
                                 "bfloat16, or run its workers on Ada/Hopper/Blackwell GPUs")
 
 
-def quantise_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 values, float32 scale [rows, 1]) with ``x ~= q * scale`` per row."""
-    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp_min(MIN_SCALE)
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
-
-
 def rows_from_blocks(qweight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = (128, 128),
                      chunk_rows: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """Block-scaled e4m3 (``w = q * scale_inv[r // bo, c // bi]``) -> rowwise e4m3 + float32 row scales.
@@ -83,67 +74,6 @@ def rows_from_blocks(qweight: torch.Tensor, scale_inv: torch.Tensor, block: tupl
         ratio = per_col / row_scale[start:stop, None]
         q[start:stop] = (qweight[start:stop].float() * ratio).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q, row_scale[:, None].contiguous()
-
-
-_compiled_quantise = None
-
-
-def quantise_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantise_rows`` on the GEMM's input; on a GPU compiled once (dynamic shapes) into fused kernels:
-    eager, its five float32 passes over every activation cost more than FP8 saves in the GEMM."""
-    global _compiled_quantise
-    if not x.is_cuda:
-        return quantise_rows(x)
-    if _compiled_quantise is None:
-        _compiled_quantise = torch.compile(quantise_rows, dynamic=True, fullgraph=True)
-    return _compiled_quantise(x)
-
-
-class Fp8Linear(nn.Module):
-    """``y = x @ W.T + b`` as one rowwise-scaled e4m3 GEMM; W held in e4m3 with a float32 scale per row."""
-
-    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                 out_dtype: torch.dtype = torch.bfloat16):
-        super().__init__()
-        self.out_features, self.in_features = qweight.shape
-        self.register_buffer("weight", qweight)
-        self.register_buffer("weight_scale", scale.float().reshape(-1, 1))
-        self.bias = nn.Parameter(bias.to(out_dtype), requires_grad=False) if bias is not None else None
-        self.out_dtype = out_dtype
-
-    @classmethod
-    def of(cls, linear: nn.Linear) -> Fp8Linear:
-        q, scale = quantise_rows(linear.weight.data)
-        return cls(q, scale, linear.bias.data if linear.bias is not None else None, linear.weight.dtype)
-
-    def dequantised(self) -> torch.Tensor:
-        return self.weight.float() * self.weight_scale
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, self.in_features)
-        xq, xs = quantise_activations(x2)
-        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.weight_scale.t(), bias=self.bias,
-                             out_dtype=self.out_dtype)
-        return y.reshape(*shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise"
-
-
-def _convertible(linear: nn.Linear, min_features: int) -> bool:
-    o, i = linear.weight.shape
-    return min(o, i) >= min_features and o % 16 == 0 and i % 16 == 0
-
-
-def convert_linears(layers: nn.Module, min_features: int = MIN_FEATURES) -> int:
-    """Replace every convertible ``nn.Linear`` under ``layers`` by an Fp8Linear, in place; how many."""
-    swaps = [(parent, name, child) for parent in layers.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear and _convertible(child, min_features)]
-    for parent, name, child in swaps:
-        setattr(parent, name, Fp8Linear.of(child))
-        del child
-    return len(swaps)
 
 
 # ---- FP8 checkpoints ----------------------------------------------------------

@@ -28,7 +28,7 @@ from gpu_worker.extractor import Extractor, _decoder, pad_batch
 from gpu_worker.worker import load_runtime
 from hsx import fp8compute
 from hsx.batch import batchfile
-from hsx.fp8compute import Fp8Linear
+from hsx.fp8linear import Fp8Linear
 from hsx.run import computeerror, ledger
 from hsx.run.fp8error import record_store_error
 from hsx.run.keys import RunKeys

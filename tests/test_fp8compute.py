@@ -12,8 +12,9 @@ import torch
 from safetensors import safe_open
 
 from gpu_worker.extractor import Extractor, _decoder
-from hsx import fp8compute
-from hsx.fp8compute import ComputeDtypeError, Fp8Linear
+from hsx import fp8compute, fp8linear
+from hsx.fp8compute import ComputeDtypeError
+from hsx.fp8linear import Fp8Linear
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model
@@ -120,5 +121,5 @@ def test_fp8_linear_forward_matches_bf16_within_e4m3_error():
     assert y.shape == (3, 7, 128) and y.dtype == torch.bfloat16
     assert float((y.float() - y_ref).norm() / y_ref.norm()) < 0.06
     model_layers = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))  # 8 wide: kept as it is
-    assert fp8compute.convert_linears(model_layers) == 1
+    assert fp8linear.convert_linears(model_layers) == 1
     assert isinstance(model_layers[0], Fp8Linear) and type(model_layers[1]) is torch.nn.Linear

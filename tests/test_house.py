@@ -51,7 +51,7 @@ WALLS = {
     "store": {"prep", "batch", "run"},    # a byte store never imports the format (nor torch: see below)
     "run": {"prep"},                      # run state may read the format and the store (rebuild, verify)
 }
-BASE = {"__init__", "config", "defaults", "devices", "digest", "errors", "fp8compute", "layers", "localdirs",
+BASE = {"__init__", "config", "defaults", "devices", "digest", "errors", "fp8compute", "fp8linear", "layers", "localdirs",
         "manifest", "redisconn", "retry", "spool", "visibility"}
 
 
