@@ -11,7 +11,7 @@ first, which its command line does before it hands over to speculators' own ``ma
     (torchrun --nproc_per_node=8 -m hsx_peers.speculators train ... likewise)
 
 ``tokens`` writes speculators' Arrow dataset of the token columns only (input_ids, loss_mask, seq_len;
-torch format): about 9 bytes a token against the run's tens of KB. The hidden states stay in the store:
+torch format; about 9 bytes a token against the run's tens of KB) and its ``token_freq.pt``. The hidden states stay in the store:
 ``get_cached(i)`` reads sample i of the run (line i of its index) through hsx_reader and gives
 speculators its offline layout, ``hidden_states`` [T, n + 1, H] (the run's layers, then the final state)
 and ``token_ids`` [T] int64, in the run's dtype (FP8 runs come back dequantised with their scales).
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -107,13 +108,19 @@ class HsxBackend(HiddenStatesBackend):
 
 
 def write_tokens(store: str, run: str, out: str, endpoint_url: str | None = None) -> int:
-    """speculators' Arrow dataset of the run's token columns (torch format) at ``out``; returns its rows."""
+    """speculators' Arrow dataset of the run's token columns (torch format) at ``out``, and beside it
+    ``token_freq.pt`` (as ``hsx export`` and speculators' own prepare step write it), from which
+    ``--draft-vocab-size`` picks the draft vocabulary; returns its rows."""
     from datasets import Dataset
 
+    from hsx_tools.export import write_token_freq
+
     ds = open_run(store, run, "range", endpoint_url=endpoint_url)
-    table = Dataset.from_dict(token_columns(ds))
+    columns = token_columns(ds)
+    table = Dataset.from_dict(columns)
     table.set_format("torch")
     table.save_to_disk(out)
+    write_token_freq(Path(out), columns["input_ids"], columns["loss_mask"])
     return len(table)
 
 
