@@ -117,3 +117,31 @@ def test_cursor_is_checked_and_a_finished_run_ends(r, redis_server, tiny_model, 
     tail = [s["sample_id"] for s in RunFollower(redis_server.url, "fdone", cursor=Cursor(pos, 2))]
     assert tail[0] == ledger.get_spec(r, "fdone", sequence[pos]).sample_ids[2]
     assert json.loads(r.hget(keys.done_info, sequence[0]))["sha256"]
+
+
+def test_a_cursor_counted_in_a_ledger_lost_with_redis_is_refused(r, redis_server, tiny_model, tmp_path):
+    """After a Redis loss the ledger is rebuilt from the store and records its batches again in another order:
+    a saved position would name other batches. The cursor carries its sequence's generation; a follower given
+    a cursor of another generation refuses it in one line."""
+    store = str(tmp_path / "store")
+    run_pipeline(redis_server.url, tiny_model, store, tmp_path / "spool", run="fgen")
+    stream = iter(RunFollower(redis_server.url, "fgen", timeout_seconds=5))
+    saved = [next(stream) for _ in range(20)][-1]["cursor"]
+    generation = ledger.sequence_generation(r, "fgen")
+    assert saved.endswith(f"@{generation}") and Cursor.parse(saved).generation == generation
+    assert [s["sample_id"] for s in RunFollower(redis_server.url, "fgen", cursor=saved)][:1]   # same ledger: goes on
+
+    r.flushall()                                           # Redis restarted empty
+    again = produce(produce_config(redis_server.url, tiny_model, store, run="fgen"))
+    assert again.rebuilt == again.batches                  # the ledger rebuilt from the store, nothing recomputed
+    with pytest.raises(ReaderError) as refused:
+        RunFollower(redis_server.url, "fgen", cursor=saved)
+    message = str(refused.value)
+    assert "\n" not in message and saved in message and "start again from 0:0" in message, message
+    assert ledger.sequence_generation(r, "fgen") != generation
+    # from the start of the new sequence: every sample once, cursors of the new generation
+    samples = list(RunFollower(redis_server.url, "fgen", timeout_seconds=5))
+    assert len({s["sample_id"] for s in samples}) == len(samples) == 160
+    assert samples[-1]["cursor"].endswith("@" + ledger.sequence_generation(r, "fgen"))
+    # a cursor written before generations (POSITION:ROW) is taken as it is
+    assert len(list(RunFollower(redis_server.url, "fgen", cursor="1:0", timeout_seconds=5))) < 160
