@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hsx.dtypes import fp8_error, quantise_fp8  # noqa: E402
+from hsx.batch.dtypes import fp8_error, quantise_fp8  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx_tools.demo import sample_dataset  # noqa: E402
 from hsx_tools.tinymodel import build_tokenizer  # noqa: E402
@@ -49,7 +49,7 @@ def texts(seed: int, n_generated: int) -> list[str]:
 def zstd_stats(t: torch.Tensor, planes: bool) -> dict:
     import zstandard
 
-    from hsx import codec
+    from hsx.batch import codec
 
     t = t.contiguous()
     raw_bytes = t.numel() * t.element_size()

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.activation_stats import texts  # noqa: E402
 from gpu_worker.extractor import Extractor, pad_batch  # noqa: E402
-from hsx.dtypes import fp8_error, quantise_fp8  # noqa: E402
+from hsx.batch.dtypes import fp8_error, quantise_fp8  # noqa: E402
 from hsx.fp8compute import write_fp8_checkpoint  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx_tools.demo import sample_dataset  # noqa: E402

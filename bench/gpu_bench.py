@@ -34,7 +34,7 @@ import shapes  # noqa: E402
 import torch  # noqa: E402
 
 from hsx.layers import resolve_layers  # noqa: E402
-from hsx.planning import cut_batches, padding_fraction  # noqa: E402
+from hsx.prep.planning import cut_batches, padding_fraction  # noqa: E402
 
 # section: (length mix, token budget, also time the full body, worker knobs[, store dtype, codec])
 # Knobs: "serial" = the writer before issue 6 (one writer thread, sha256 then write on that thread).
@@ -57,7 +57,7 @@ SECTIONS = {
 
 def set_knobs(knobs: str | None) -> None:
     from gpu_worker import writer
-    from hsx import batchfile
+    from hsx.batch import batchfile
 
     writer.WRITER_THREADS = 1 if knobs == "serial" else 2
     batchfile.HASH_IN_PARALLEL = knobs != "serial"

@@ -33,9 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpu_worker.extractor import Extractor  # noqa: E402
-from hsx import ledger, spool  # noqa: E402
+from hsx import spool  # noqa: E402
 from hsx.config import ProduceConfig, StoreSettings, WorkerConfig  # noqa: E402
-from hsx.keys import RunKeys  # noqa: E402
+from hsx.run import ledger  # noqa: E402
+from hsx.run.keys import RunKeys  # noqa: E402
 
 GiB = 2**30
 
@@ -315,7 +316,7 @@ def run_pipeline(svc: Services, run: str, extractor: TimedExtractor, specs, warm
     """Worker (rq, burst) in this thread + the uploaders already running; measured until the ledger is complete."""
     from gpu_worker.runtime import WorkerRuntime
     from gpu_worker.worker import run_worker
-    from hsx import codec
+    from hsx.batch import codec
 
     manifest = ledger.get_manifest(svc.r, run)
     cfg = make(WorkerConfig, run=run, redis_url=svc.redis_url, device=str(svc.device), spool_dir=svc.spool_dir,

@@ -187,7 +187,7 @@ def time_tokenise(model: Path, rows: Path, workers: int, block: int, hold: bool 
     """rows/s over the whole file; per-block seconds (drift); the first block includes starting the processes.
 
     ``hold``: keep every sample until the end, as the landed producer did (whole dataset in memory)."""
-    from hsx.tokenising import TokeniseSettings, WindowTokeniser
+    from hsx.prep.windows import TokeniseSettings, WindowTokeniser
 
     settings = TokeniseSettings(str(model), max_length=32768, overlong="drop")
     start = time.perf_counter()

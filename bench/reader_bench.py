@@ -3,7 +3,7 @@
     .venv/bin/python bench/reader_bench.py [--batches 12] [--token-budget 8192] [--workers 4]
 
 Writes a synthetic run of a realistic shape (H = 4096, 5 layers, bf16; sample lengths lognormal, median ~600,
-capped at 4096) with ``hsx.batchfile.write_atomic`` into a temp dir, copies part of it into moto's S3 server on
+capped at 4096) with ``hsx.batch.batchfile.write_atomic`` into a temp dir, copies part of it into moto's S3 server on
 loopback, and reads it back through a DataLoader (in-process, and with N worker processes) with
 ``collate_packed``, 8 samples a step, as a training loop would. MB/s counts the bytes of the samples delivered (hidden states, ids,
 mask). The local numbers read through the page cache (the files were just written); prints a table.
@@ -24,8 +24,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from hsx import batchfile, layout
-from hsx.dtypes import FP8, quantise_fp8
+from hsx.batch import batchfile
+from hsx.batch.dtypes import FP8, quantise_fp8
+from hsx.store import layout
 from hsx_reader import RunStream, collate_packed
 
 RUN, H, LAYERS = "bench", 4096, [1, 9, 17, 25, 33]

@@ -13,9 +13,9 @@ import argparse
 import tempfile
 import time
 
-from hsx import leases, ledger, queues, reconcile
-from hsx.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect
+from hsx.run import leases, ledger, queues, reconcile
+from hsx.run.keys import RunKeys
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Per-row cost of tokenising with the loss mask (hsx.tokenise.ChatTokeniser), one process, one core.
+"""Per-row cost of tokenising with the loss mask (hsx.prep.tokenise.ChatTokeniser), one process, one core.
 
 Counts template renders per row and splits the time into the template renders, the mask placement
 (markers, alignment, spans -> token mask) and the tokenizer call. Rows: the generated agentic rows
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hsx.tokenise import ChatTokeniser, parse_template_kwargs
+from hsx.prep.tokenise import ChatTokeniser, parse_template_kwargs
 from hsx_tools.demo import sample_dataset
 from hsx_tools.samples import agentic_rows
 from hsx_tools.tinymodel import build_tokenizer

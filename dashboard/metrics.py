@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dashboard import state
 from dashboard.overview import build_overview
-from hsx import ledger
+from hsx.run import ledger
 
 bp = Blueprint("metrics", __name__)
 

@@ -1,6 +1,6 @@
 """One run's overview: the numbers the page, /api/status and /metrics all show.
 
-Built from ``hsx.progress.run_progress`` (ledger, counters, heartbeats, hosts)
+Built from ``hsx.run.progress.run_progress`` (ledger, counters, heartbeats, hosts)
 plus the plan (per-shard totals, tokens a batch) and rq (upload queue depth,
 uploaders, uploads finished a host). Plain JSON-ready dicts; nothing here
 writes to Redis.
@@ -16,10 +16,10 @@ from rq.registry import FinishedJobRegistry
 from dashboard.config import DEFAULT_RECENT_ERRORS, DashboardConfig
 from dashboard.plan_cache import PlanCache, PlanSummary
 from dashboard.series import throughput_series
-from hsx import ledger, queues, records
-from hsx.keys import RunKeys
-from hsx.progress import RATE_WINDOW_SECONDS, host_row, run_progress
 from hsx.redisconn import text
+from hsx.run import ledger, queues, records
+from hsx.run.keys import RunKeys
+from hsx.run.progress import RATE_WINDOW_SECONDS, host_row, run_progress
 
 # Worker states: "busy" (fresh heartbeat, a batch in hand), "idle" (fresh heartbeat, no batch),
 # "stale" (heartbeat expired or older than stale_after_seconds while the run is unfinished),
@@ -128,5 +128,5 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
         "dead_letters": dead,
         "retrying": len(p["failures"]),
         "recent_errors": recent[:DEFAULT_RECENT_ERRORS],
-        "malformed": list(dict.fromkeys([*p["malformed"], *plan.malformed])),  # records skipped (hsx.records), "<key> <field>: why"
+        "malformed": list(dict.fromkeys([*p["malformed"], *plan.malformed])),  # records skipped (hsx.run.records), "<key> <field>: why"
     }

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hsx.dtypes import FP8, fp8_error, quantise_fp8
-from hsx.dtypes import VALUE_DTYPES as DTYPES
+from hsx.batch.dtypes import FP8, fp8_error, quantise_fp8
+from hsx.batch.dtypes import VALUE_DTYPES as DTYPES
 
 log = logging.getLogger(__name__)
 

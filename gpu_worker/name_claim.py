@@ -17,9 +17,9 @@ import logging
 import os
 import time
 
-from hsx import heartbeat
 from hsx.errors import HsxError
-from hsx.keys import RunKeys
+from hsx.run import heartbeat
+from hsx.run.keys import RunKeys
 
 log = logging.getLogger(__name__)
 

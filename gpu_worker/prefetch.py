@@ -9,8 +9,9 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from gpu_worker.extractor import PaddedBatch, pad_batch
-from hsx import batchfile, layout
-from hsx.ledger import BatchSpec
+from hsx.batch import batchfile
+from hsx.run.ledger import BatchSpec
+from hsx.store import layout
 
 log = logging.getLogger(__name__)
 

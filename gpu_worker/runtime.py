@@ -16,17 +16,18 @@ import torch
 from gpu_worker.extractor import Extractor
 from gpu_worker.prefetch import Prefetcher
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
-from hsx import heartbeat, leases, ledger, queues, reconcile, rqclean, spool
-from hsx.batchfile import file_sha256
+from hsx import spool
 from hsx.config import WorkerConfig
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES, DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.devices import GpuProbe
-from hsx.idle import IdleNote
-from hsx.keys import RunKeys
+from hsx.digest import file_sha256
 from hsx.manifest import RunLimits
-from hsx.progress import fmt_bytes
 from hsx.redisconn import OUTAGES
-from hsx.storeerror import ERROR_SAMPLE_EVERY
+from hsx.run import heartbeat, leases, ledger, queues, reconcile, rqclean
+from hsx.run.fp8error import ERROR_SAMPLE_EVERY
+from hsx.run.idle import IdleNote
+from hsx.run.keys import RunKeys
+from hsx.run.progress import fmt_bytes
 
 log = logging.getLogger(__name__)
 HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files (one heartbeat TTL)

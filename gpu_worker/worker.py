@@ -16,14 +16,15 @@ from gpu_worker import runtime as runtime_mod
 from gpu_worker.extractor import Extractor
 from gpu_worker.name_claim import claim_name
 from gpu_worker.runtime import WorkerRuntime
-from hsx import layout, leases, ledger, queues
 from hsx.config import WorkerConfig
 from hsx.errors import HsxError
-from hsx.evictionpolicy import check_eviction_policy
 from hsx.fp8compute import require_fp8_device
 from hsx.localdirs import ensure_dir
 from hsx.manifest import RunLimits, config_hash
 from hsx.redisconn import connect, redact
+from hsx.run import leases, ledger, queues
+from hsx.run.evictionpolicy import check_eviction_policy
+from hsx.store import layout
 from hsx.visibility import RunNotVisible, check_model_visible, open_run_store
 
 log = logging.getLogger(__name__)

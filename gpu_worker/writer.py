@@ -25,10 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hsx import batchfile, leases, ledger, queues, spool
-from hsx.keys import RunKeys
-from hsx.ledger import BatchSpec
-from hsx.storeerror import record_store_error
+from hsx import spool
+from hsx.batch import batchfile
+from hsx.run import leases, ledger, queues
+from hsx.run.fp8error import record_store_error
+from hsx.run.keys import RunKeys
+from hsx.run.ledger import BatchSpec
 
 log = logging.getLogger(__name__)
 # Writer threads: one file is written and hashed while the other is fsynced, so

@@ -113,12 +113,12 @@ class ProduceConfig:
     max_attempts: int = D.DEFAULT_MAX_ATTEMPTS      # run limit (manifest): failures of a batch before dead letters
     lease_seconds: int = D.DEFAULT_LEASE_SECONDS    # run limit (manifest): lease life without a refresh
     template_kwargs: dict | None = None     # chat-template arguments, e.g. {"enable_thinking": true}; in the manifest
-    columns: object = None                  # hsx.columns.ColumnMapping: instruction columns -> turns; in the manifest
+    columns: object = None                  # hsx.prep.columns.ColumnMapping: instruction columns -> turns; in the manifest
     window_rows: int = D.DEFAULT_WINDOW_ROWS      # dataset rows planned (sorted + cut) together; in the manifest
     max_reject_share: float = D.DEFAULT_MAX_REJECT_SHARE  # fail, nothing enqueued, when more rows than this share are rejected
     lock_wait_seconds: float = 0.0          # wait this long for another producer of the run, then refuse
-    store_dtype: str | None = None   # what batch files hold: None = dtype, or float8_e4m3 (hsx/dtypes.py)
-    codec: str = "none"              # lossless codec of the hidden states: none | zstd (hsx/codec.py)
+    store_dtype: str | None = None   # what batch files hold: None = dtype, or float8_e4m3 (hsx/batch/dtypes.py)
+    codec: str = "none"              # lossless codec of the hidden states: none | zstd (hsx/batch/codec.py)
     compute_dtype: str = "bfloat16"  # the target's linear layers: bfloat16 | float8 (hsx/fp8compute.py)
 
 

@@ -57,7 +57,7 @@ def _identity(manifest: dict, key: str):
     defaults = {"store_dtype": manifest.get("dtype"), "codec": "none", "compute_dtype": "bfloat16"}
     value = manifest.get(key)
     if key == "store_url" and value:  # manifests before issue 20 may hold a relative local store: as seen from here
-        from hsx.runinputs import resolve_store_url
+        from hsx.prep.inputs import resolve_store_url
 
         return resolve_store_url(value)
     return defaults.get(key) if value is None else value

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsx import defaults as D
-from hsx import layout
+from hsx.store import layout
 
 TMP_MARK = ".tmp-"  # <batch>.safetensors.tmp-<writer's worker name>: a write in progress
 MEMORY, DISK = "memory", "disk"

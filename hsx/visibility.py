@@ -12,9 +12,9 @@ import logging
 import socket
 from pathlib import Path
 
-from hsx import layout
 from hsx.config import StoreSettings
 from hsx.errors import HsxError
+from hsx.store import layout
 
 log = logging.getLogger(__name__)
 

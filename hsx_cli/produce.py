@@ -31,7 +31,7 @@ ROW_FLAGS = (
 
 
 def template_kwargs(v) -> dict:
-    from hsx.tokenise import parse_template_kwargs
+    from hsx.prep.tokenise import parse_template_kwargs
 
     try:
         return parse_template_kwargs(v["template_kwargs"])
@@ -40,7 +40,7 @@ def template_kwargs(v) -> dict:
 
 
 def columns(v):
-    from hsx.columns import ColumnMapping, ColumnMappingError
+    from hsx.prep.columns import ColumnMapping, ColumnMappingError
 
     if not v["columns"]:
         return None
@@ -91,7 +91,7 @@ FLAGS = (
 
 def check_flags(v) -> None:
     """The checks `hsx produce` and `hsx inspect` share, made before any heavy import (seconds, not tens)."""
-    from hsx.runinputs import check_budget, check_row_settings, resolve_dataset
+    from hsx.prep.inputs import check_budget, check_row_settings, resolve_dataset
 
     check_row_settings(v["overlong"], v["max_reject_share"])
     check_budget(v["max_length"], v["token_budget"], v["pad_multiple"])

@@ -29,7 +29,7 @@ class ResetConfig:
 
 
 def config(v) -> ResetConfig:
-    from hsx.runinputs import resolve_store_url
+    from hsx.prep.inputs import resolve_store_url
     from hsx_cli.common import store_settings
 
     store = None
@@ -41,10 +41,10 @@ def config(v) -> ResetConfig:
 
 
 def run(cfg: ResetConfig) -> int:
-    from hsx import ledger
+    from hsx.prep.inputs import resolve_store_url
     from hsx.redisconn import connect
-    from hsx.reset import apply_reset, plan_reset
-    from hsx.runinputs import resolve_store_url
+    from hsx.run import ledger
+    from hsx.run.reset import apply_reset, plan_reset
 
     r = connect(cfg.redis_url)
     manifest = ledger.get_manifest(r, cfg.run)

@@ -1,6 +1,6 @@
-"""Batch objects, read for training: fetch whole or by byte range; decoding is hsx.batchfile's.
+"""Batch objects, read for training: fetch whole or by byte range; decoding is hsx.batch.batchfile's.
 
-A batch object is a batch file (see ``hsx.batchfile`` for the layout and the one
+A batch object is a batch file (see ``hsx.batch.batchfile`` for the layout and the one
 decoder). The whole object is read into one uint8 tensor and every stored
 tensor is a view of it; compressed hidden states are decompressed and FP8 ones
 dequantised to the run's dtype. Byte-range reads use the header's exact
@@ -18,9 +18,9 @@ import struct
 
 import torch
 
-from hsx import batchfile
-from hsx.batchfile import MAX_HEADER, BatchContents, BatchFileError, Header, TensorSpec  # noqa: F401 (re-exported)
-from hsx.dtypes import FP8, dtype_name
+from hsx.batch import batchfile
+from hsx.batch.batchfile import MAX_HEADER, BatchContents, BatchFileError, Header, TensorSpec  # noqa: F401 (re-exported)
+from hsx.batch.dtypes import FP8, dtype_name
 from hsx.store import LocalStore, Store
 from hsx_reader.run import ReaderError
 
@@ -59,7 +59,7 @@ def check_against_run(header: Header, manifest: dict) -> None:
 
 
 def decode(buf: torch.Tensor, key: str, manifest: dict | None = None) -> BatchContents:
-    """Decode a whole batch object held in a uint8 tensor (see hsx.batchfile.decode)."""
+    """Decode a whole batch object held in a uint8 tensor (see hsx.batch.batchfile.decode)."""
     header = parse_header(memoryview(buf.numpy())[:min(len(buf), MAX_HEADER + 8)], key)
     if manifest is not None:
         check_against_run(header, manifest)

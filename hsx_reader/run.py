@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hsx import layout
-from hsx.dtypes import VALUE_DTYPES as TORCH_DTYPES
-from hsx.dtypes import dtype_name
+from hsx.batch.dtypes import VALUE_DTYPES as TORCH_DTYPES
+from hsx.batch.dtypes import dtype_name
 from hsx.errors import HsxError
-from hsx.store import Store
+from hsx.store import Store, layout
 
 
 class ReaderError(HsxError, RuntimeError):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hsx.batchfile import BatchContents
+from hsx.batch.batchfile import BatchContents
 from hsx.config import StoreSettings
 from hsx.store import Store
 from hsx_reader.cache import ByteCache

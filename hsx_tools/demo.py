@@ -29,8 +29,8 @@ def _hsx(*args: str) -> list[str]:
 
 
 def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:
-    from hsx.progress import fmt_bytes, run_progress
     from hsx.redisconn import connect
+    from hsx.run.progress import fmt_bytes, run_progress
     from hsx_tools.tinymodel import build_tiny_model
 
     started = time.monotonic()

@@ -52,8 +52,8 @@ from pathlib import Path
 
 import torch
 
+from hsx.batch.dtypes import FP8, quantise_fp8
 from hsx.config import ConfigError, StoreSettings
-from hsx.dtypes import FP8, quantise_fp8
 from hsx.layers import TARGETS, refusal
 from hsx_reader.run import ReaderError, RunIndex, SampleRef
 from hsx_reader.source import Source, sample_of
@@ -80,8 +80,8 @@ def run_store(cfg: ExportConfig) -> StoreSettings:
         return cfg.store
     manifest = None
     if cfg.redis_url:
-        from hsx import ledger
         from hsx.redisconn import RedisUnreachable, connect
+        from hsx.run import ledger
 
         try:
             manifest = ledger.get_manifest(connect(cfg.redis_url, retries=1, wait_seconds=2), cfg.run)

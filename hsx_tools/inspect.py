@@ -35,11 +35,11 @@ import numpy as np
 
 from hsx.layers import TARGETS, feeds, resolve_layers
 from hsx.manifest import load_model_config
-from hsx.planning import cut_batches, padding_fraction
-from hsx.progress import fmt_bytes
-from hsx.runinputs import SettingsError, check_budget, check_row_settings, resolve_dataset, resolve_model
-from hsx.tokenising import TokeniseSettings, WindowTokeniser, default_workers
-from hsx.tokenreport import TokeniseReport
+from hsx.prep.inputs import SettingsError, check_budget, check_row_settings, resolve_dataset, resolve_model
+from hsx.prep.planning import cut_batches, padding_fraction
+from hsx.prep.report import TokeniseReport
+from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
+from hsx.run.progress import fmt_bytes
 
 H200_BF16_FLOPS = 989e12          # dense bf16 FLOP/s of one H200 (SXM)
 DEFAULT_MFU = 0.45                # effective share of it, over projection FLOPs only (calibrated, see above)
@@ -57,7 +57,7 @@ class InspectConfig:
     model: str
     layers: str
     template_kwargs: dict
-    columns: object                 # hsx.columns.ColumnMapping or None
+    columns: object                 # hsx.prep.columns.ColumnMapping or None
     max_length: int
     overlong: str                   # drop | truncate
     max_reject_share: float         # shown beside the rejected share: where produce would fail
@@ -106,7 +106,7 @@ def body_params(text_cfg, layers_run: int) -> int:
 
 def bytes_per_token(width: int, layers: int, store_dtype: str, codec: str) -> int:
     """Stored bytes a token: hidden states (+ FP8 scales, one float32 a layer) x codec ratio, + 5 of ids and mask."""
-    from hsx.dtypes import store_itemsize
+    from hsx.batch.dtypes import store_itemsize
 
     fp8 = store_dtype == "float8_e4m3"
     hidden = width * store_itemsize(store_dtype) + (4 * layers if fp8 else 0)

@@ -4,7 +4,7 @@ Every planned batch must be done and present with the ledger's size and
 SHA-256; its sample ids must be the plan's; hidden states finite; every
 sample id exactly once across the run; no stray objects; no temp files left
 by killed writers in a local store, no multipart upload of a killed uploader in S3
-(hsx/multipart.py). ``--quick`` checks sizes only (no object
+(hsx/run/multipart.py). ``--quick`` checks sizes only (no object
 is read). ``--repair`` re-extracts every batch found bad (and removes stale
 temp files); ``--rebuild-ledger`` first records done the planned batches
 whose objects check out in full but the ledger lacks (after a Redis loss).
@@ -17,10 +17,11 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from hsx import layout, ledger, multipart
-from hsx.integrity import check_batch, repair_batches, requeue_orphans
 from hsx.manifest import RunLimits
-from hsx.rebuild import rebuild_done
+from hsx.run import ledger, multipart
+from hsx.run.integrity import check_batch, repair_batches, requeue_orphans
+from hsx.run.rebuild import rebuild_done
+from hsx.store import layout
 
 log = logging.getLogger(__name__)
 VERIFY_THREADS = 8   # store reads in flight

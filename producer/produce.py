@@ -18,25 +18,27 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from hsx import batchfile, heartbeat, layout, ledger, queues
-from hsx.codec import check_codec
+from hsx.batch import batchfile
+from hsx.batch.codec import check_codec
+from hsx.batch.dtypes import check_store_dtype
 from hsx.config import ProduceConfig
-from hsx.dataset import fingerprints
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
-from hsx.dtypes import check_store_dtype
 from hsx.errors import HsxError
-from hsx.evictionpolicy import check_eviction_policy
 from hsx.fp8compute import check_compute_dtype
-from hsx.index import write_index_if_complete
-from hsx.integrity import unmark_missing_done
 from hsx.layers import resolve_layers
 from hsx.manifest import RunLimits, build_manifest, check_same_run, config_hash, load_model_config
-from hsx.planning import cut_batches, padding_fraction
-from hsx.rebuild import Rebuild
+from hsx.prep.dataset import fingerprints
+from hsx.prep.inputs import check_budget, check_row_settings, resolve_dataset, resolve_model, resolve_store_url
+from hsx.prep.planning import cut_batches, padding_fraction
+from hsx.prep.report import Sample, TokeniseReport
+from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
 from hsx.redisconn import connect, redact
-from hsx.runinputs import check_budget, check_row_settings, resolve_dataset, resolve_model, resolve_store_url
-from hsx.tokenising import TokeniseSettings, WindowTokeniser, default_workers
-from hsx.tokenreport import Sample, TokeniseReport
+from hsx.run import heartbeat, ledger, queues
+from hsx.run.evictionpolicy import check_eviction_policy
+from hsx.run.index import write_index_if_complete
+from hsx.run.integrity import unmark_missing_done
+from hsx.run.rebuild import Rebuild
+from hsx.store import layout
 from producer import windows
 from producer.runlock import ProducerLock
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from hsx.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect
+from hsx.run.keys import RunKeys
 from hsx_reader import RunFollower, collate_packed
 from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all

@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import heartbeat, ledger, spool
-from hsx.keys import RunKeys
+from hsx import spool
 from hsx.redisconn import LocalRedis, connect
+from hsx.run import heartbeat, ledger
+from hsx.run.keys import RunKeys
 from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all
 from tests.faultproxy import FaultProxy

@@ -116,8 +116,8 @@ def test_numeric_flags_are_ranged(argv, message, capsys, monkeypatch):
 
 
 def test_retry_failed_refuses_ids_not_in_the_plan_and_creates_nothing(r, capsys, redis_env):
-    from hsx import ledger, queues
-    from hsx.ledger import BatchSpec
+    from hsx.run import ledger, queues
+    from hsx.run.ledger import BatchSpec
 
     specs = [BatchSpec(batch_id=f"b{i:07d}", index=i, shard="00000", samples=1, tokens=8, padded=8, padded_len=8,
                        sample_ids=[str(i)]) for i in range(3)]

@@ -14,10 +14,10 @@ from rq.registry import FinishedJobRegistry
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
-from hsx import heartbeat, ledger, queues
-from hsx.keys import RunKeys
-from hsx.ledger import BatchSpec
-from hsx.progress import RATE_WINDOW_SECONDS
+from hsx.run import heartbeat, ledger, queues
+from hsx.run.keys import RunKeys
+from hsx.run.ledger import BatchSpec
+from hsx.run.progress import RATE_WINDOW_SECONDS
 
 RUN = "dash"
 # Six batches in two shards; batch i has 10 samples and 100 * (i + 1) tokens (2,100 in all).

@@ -33,9 +33,9 @@ from rq.serializers import JSONSerializer
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
-from hsx import ledger, queues
-from hsx.ledger import BatchSpec
 from hsx.redisconn import free_port, redact
+from hsx.run import ledger, queues
+from hsx.run.ledger import BatchSpec
 from tests.waiting import scaled
 
 RUN = "sec"

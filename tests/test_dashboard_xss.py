@@ -29,9 +29,9 @@ from werkzeug.serving import make_server
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
-from hsx import ledger
-from hsx.keys import RunKeys
-from hsx.ledger import BatchSpec
+from hsx.run import ledger
+from hsx.run.keys import RunKeys
+from hsx.run.ledger import BatchSpec
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
 
 RUN = "xss"

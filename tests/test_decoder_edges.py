@@ -14,10 +14,11 @@ import tracemalloc
 import pytest
 import torch
 
-from hsx import batchfile, ledger
-from hsx.batchfile import BatchFileError
-from hsx.keys import RunKeys
+from hsx.batch import batchfile
+from hsx.batch.batchfile import BatchFileError
 from hsx.manifest import ManifestMismatch
+from hsx.run import ledger
+from hsx.run.keys import RunKeys
 from hsx.store import LocalStore
 from hsx_reader.objects import CorruptBatch, decode, fetch_object
 from hsx_reader.run import ReaderError

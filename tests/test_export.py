@@ -7,7 +7,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from hsx.keys import RunKeys
+from hsx.run.keys import RunKeys
 from hsx_cli.main import main
 from hsx_reader import RunDataset
 from hsx_tools.export import specforge_path, speculators_path

@@ -23,9 +23,10 @@ import boto3
 import pytest
 import torch
 
-from hsx import batchfile, heartbeat, ledger, queues
-from hsx.keys import RunKeys
+from hsx.batch import batchfile
 from hsx.redisconn import LocalRedis, connect, int_hash, zset_members
+from hsx.run import heartbeat, ledger, queues
+from hsx.run.keys import RunKeys
 from hsx_tools.demo import sample_dataset
 from tests.faultproxy import FaultProxy
 from tests.waiting import wait_until

@@ -94,7 +94,7 @@ def test_compute_dtype_is_in_the_manifest_and_workers_obey_it(tiny_model, tmp_pa
     common = ["--dataset", str(sample_dataset()), "--model", str(tiny_model), "--layers", "dflash:3",
               "--store", str(tmp_path / "store"), "--run", "fp8c", "--dtype", "float32"]
     assert main(["produce", *common, "--compute-dtype", "float8"]) == 0
-    from hsx import ledger
+    from hsx.run import ledger
 
     assert ledger.get_manifest(r, "fp8c")["compute_dtype"] == "float8"
     stored = json.loads(next((tmp_path / "store").rglob("manifest.json")).read_text())

@@ -6,8 +6,9 @@ import struct
 
 import pytest
 
-from hsx import batchfile, layout, ledger
-from hsx.store import open_store
+from hsx.batch import batchfile
+from hsx.run import ledger
+from hsx.store import layout, open_store
 from hsx_tools.demo import sample_dataset
 from hsx_tools.verify import verify_run
 from producer.produce import produce

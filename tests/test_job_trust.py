@@ -17,7 +17,8 @@ from rq.callbacks import Callback
 from rq.serializers import JSONSerializer
 from rq.webhook import Webhook
 
-from hsx import layout, ledger, queues
+from hsx.run import ledger, queues
+from hsx.store import layout
 from tests.pipeline import produce_config, upload_config, worker_config
 
 RUN = "trust"
@@ -123,7 +124,7 @@ def test_upload_jobs_never_touch_files_outside_their_own_spool_file(r, redis_ser
 
 
 def test_names_from_redis_never_leave_their_directory(tmp_path):
-    from hsx import layout
+    from hsx.store import layout
 
     assert layout.batch_key("run1", "00000", "b0000001") == "run1/batches/00000/b0000001.safetensors"
     for run, shard, bid in (("run1", "../../other/batches/00000", "b0000001"), ("run1", "00000", "../b0000001"),

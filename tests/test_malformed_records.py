@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from hsx import ledger
-from hsx.keys import RUNS, RunKeys
+from hsx.run import ledger
+from hsx.run.keys import RUNS, RunKeys
 from hsx_cli.main import main
 from tests.test_dashboard_api import RUN, client, metrics, mid_run  # noqa: F401 (client is a fixture)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hsx.rows import read_conversation
-from hsx.tokenise import ChatTokeniser
+from hsx.prep.rows import read_conversation
+from hsx.prep.tokenise import ChatTokeniser
 from hsx_tools.demo import sample_dataset
 from hsx_tools.samples import agentic_rows
 from hsx_tools.tinymodel import CHAT_TEMPLATE, build_tokenizer

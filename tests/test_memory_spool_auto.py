@@ -12,8 +12,9 @@ import uuid
 import pytest
 
 from hsx import defaults as D
-from hsx import ledger, queues, spool
-from hsx.progress import run_progress
+from hsx import spool
+from hsx.run import ledger, queues
+from hsx.run.progress import run_progress
 from hsx_cli import upload as upload_cmd
 from hsx_cli import worker as worker_cmd
 from hsx_cli.flags import resolve

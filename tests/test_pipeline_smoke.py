@@ -1,7 +1,7 @@
 import json
 
-from hsx import ledger
-from hsx.progress import run_progress
+from hsx.run import ledger
+from hsx.run.progress import run_progress
 from tests.pipeline import run_pipeline
 
 

@@ -150,8 +150,8 @@ def test_near_miss_flags_are_suggested(flag, capsys):
 def test_uploader_with_another_spool_counts_refuses_and_status_names_the_cause(tmp_path, r, redis_server, tiny_model,
                                                                                 caplog):
     from gpu_worker.worker import run_worker
-    from hsx import ledger, queues
-    from hsx.progress import run_progress, summary_lines
+    from hsx.run import ledger, queues
+    from hsx.run.progress import run_progress, summary_lines
     from producer.produce import produce
     from tests.pipeline import produce_config, upload_config, worker_config
     from uploader.runtime import UploadsRefused
@@ -202,7 +202,7 @@ def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_pa
     """A real redis-server (AOF) stopped mid-batch for 20 s and restarted: the roles neither exit nor lose the
     batch; each process logs one line when Redis is lost and one when it is back."""
     from gpu_worker.worker import run_worker
-    from hsx import ledger
+    from hsx.run import ledger
     from producer.produce import produce
     from tests.pipeline import produce_config, upload_config, worker_config
     from uploader.worker import run_uploader
@@ -246,8 +246,8 @@ def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_pa
 def test_rq_registry_forgets_extract_workers_with_no_hsx_heartbeat(r):
     from rq.worker import Worker
 
-    from hsx import queues, rqclean
-    from hsx.keys import RunKeys
+    from hsx.run import queues, rqclean
+    from hsx.run.keys import RunKeys
 
     q = queues.queue(r, queues.extract_queue_name("reg"))
     killed = Worker([q], connection=r, name="gpu-h3-killed")
@@ -263,7 +263,7 @@ def test_rq_registry_forgets_extract_workers_with_no_hsx_heartbeat(r):
 def test_worker_whose_store_vanishes_stops_after_one_batch_without_failing_the_run(tmp_path, r, redis_server,
                                                                                    tiny_model, caplog):
     from gpu_worker.worker import load_runtime, run_worker
-    from hsx import ledger, queues
+    from hsx.run import ledger, queues
     from hsx.visibility import RunNotVisible
     from producer.produce import produce
     from tests.pipeline import produce_config, worker_config

@@ -1,7 +1,7 @@
 import numpy as np
 
 from hsx.defaults import DEFAULT_MAX_BATCH_ROWS, DEFAULT_PAD_MULTIPLE, DEFAULT_TOKEN_BUDGET, DEFAULT_WINDOW_ROWS
-from hsx.planning import cut_batches, padding_fraction
+from hsx.prep.planning import cut_batches, padding_fraction
 
 
 def _lognormal_lengths(n: int) -> np.ndarray:

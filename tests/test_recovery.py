@@ -6,10 +6,10 @@ import time
 import pytest
 import torch
 
-from hsx import layout, leases, ledger, queues
-from hsx.keys import RunKeys
-from hsx.progress import run_progress
-from hsx.store import open_store
+from hsx.run import leases, ledger, queues
+from hsx.run.keys import RunKeys
+from hsx.run.progress import run_progress
+from hsx.store import layout, open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce
 from tests.pipeline import produce_config, run_pipeline, upload_config, worker_config
@@ -233,7 +233,7 @@ def test_disk_full_fails_cleanly_and_retries(r, redis_server, tiny_model, tmp_pa
 
 def test_restart_cleans_dead_writers_temp_files_only(r, redis_server, tiny_model, tmp_path):
     from gpu_worker.worker import load_runtime
-    from hsx import heartbeat
+    from hsx.run import heartbeat
 
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="rs", enqueue=False))
     spool_run = tmp_path / "spool" / "rs"
@@ -244,7 +244,7 @@ def test_restart_cleans_dead_writers_temp_files_only(r, redis_server, tiny_model
     live.write_bytes(b"partial")
     heartbeat.publish_heartbeat(r, "rs", "gpu-live-2", {"host": "testhost"}, ttl_seconds=30)
     # A complete file left from before the restart, not done: its upload is enqueued again.
-    from hsx import batchfile
+    from hsx.batch import batchfile
 
     spec = ledger.get_spec(r, "rs", "b0000000")
     complete = spool_run / "b0000000.safetensors"

@@ -8,10 +8,10 @@ import time
 
 from rq.job import Job
 
-from hsx import layout, ledger, queues
-from hsx.keys import RunKeys
-from hsx.progress import run_progress
-from hsx.store import open_store
+from hsx.run import ledger, queues
+from hsx.run.keys import RunKeys
+from hsx.run.progress import run_progress
+from hsx.store import layout, open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce
 from tests.pipeline import produce_config, run_pipeline, upload_config, worker_config

@@ -6,9 +6,10 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from hsx import batchfile, ledger
+from hsx.batch import batchfile
 from hsx.config import StoreSettings
-from hsx.rows import read_conversation
+from hsx.prep.rows import read_conversation
+from hsx.run import ledger
 from hsx.store import open_store
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import re
 
-from hsx.keys import RunKeys
-from hsx.progress import fmt_bytes
+from hsx.run.keys import RunKeys
+from hsx.run.progress import fmt_bytes
 from producer.produce import produce
 from tests.pipeline import produce_config, upload_config, worker_config
 

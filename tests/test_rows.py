@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from hsx.columns import ColumnMapping, ColumnMappingError
-from hsx.rows import RowRejected, read_conversation
-from hsx.tokenise import ChatTokeniser, parse_template_kwargs
+from hsx.prep.columns import ColumnMapping, ColumnMappingError
+from hsx.prep.rows import RowRejected, read_conversation
+from hsx.prep.tokenise import ChatTokeniser, parse_template_kwargs
 from hsx_tools.tinymodel import build_tokenizer
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"query": "x"}'}}
@@ -156,7 +156,7 @@ def test_a_turn_the_template_does_not_render_is_rejected_naming_it(tmp_path):
 
 
 def test_templates_hsx_cannot_follow(tmp_path):
-    from hsx.tokenise import TemplateError
+    from hsx.prep.tokenise import TemplateError
 
     shouting = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
                 "{% if m.role == 'assistant' %}{{ m.content | upper }}{% else %}{{ m.content }}{% endif %}"

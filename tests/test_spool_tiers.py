@@ -7,8 +7,10 @@ import time
 
 import torch
 
-from hsx import batchfile, heartbeat, ledger, queues, spool
-from hsx.progress import run_progress
+from hsx import spool
+from hsx.batch import batchfile
+from hsx.run import heartbeat, ledger, queues
+from hsx.run.progress import run_progress
 from hsx.store import open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce
@@ -114,7 +116,7 @@ def test_temp_file_of_a_writer_that_died_just_before_a_restart_is_swept(r, redis
 
 
 def test_fp8_quantise_round_trip_and_error_measure():
-    from hsx.dtypes import dequantise_fp8, fp8_error, quantise_fp8
+    from hsx.batch.dtypes import dequantise_fp8, fp8_error, quantise_fp8
 
     x = torch.randn(257, 3 * 64) * torch.logspace(-2, 2, 257)[:, None]  # per-token scales over 4 decades
     x[:, 64:128] *= 50                                                      # and one loud layer
@@ -133,7 +135,7 @@ def test_fp8_quantise_round_trip_and_error_measure():
 
 
 def test_codec_round_trip_is_exact():
-    from hsx import codec
+    from hsx.batch import codec
 
     for dtype in (torch.bfloat16, torch.float32, torch.float8_e4m3fn):
         t = torch.randn(300, 96).to(dtype)

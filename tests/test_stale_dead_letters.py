@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 
-from hsx import layout, ledger, queues
-from hsx.keys import RunKeys
-from hsx.progress import run_progress, summary_lines
-from hsx.store import open_store
+from hsx.run import ledger, queues
+from hsx.run.keys import RunKeys
+from hsx.run.progress import run_progress, summary_lines
+from hsx.store import layout, open_store
 from producer.produce import produce
 from tests.pipeline import produce_config, run_pipeline, upload_config
 

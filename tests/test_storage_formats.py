@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hsx import batchfile
+from hsx.batch import batchfile
 from hsx_cli.main import main
 from hsx_reader import RunDataset
 from hsx_tools.demo import sample_dataset

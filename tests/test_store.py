@@ -4,7 +4,7 @@ import os
 import boto3
 import pytest
 
-from hsx import batchfile
+from hsx.batch import batchfile
 from hsx.store import StoreError, VerifyError, open_store
 from hsx.store.s3 import S3Settings, S3Store
 

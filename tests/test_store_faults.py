@@ -6,10 +6,10 @@ import hashlib
 import boto3
 import pytest
 
-from hsx import layout, ledger, queues
 from hsx.config import StoreSettings
-from hsx.progress import run_progress
-from hsx.store import open_store
+from hsx.run import ledger, queues
+from hsx.run.progress import run_progress
+from hsx.store import layout, open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce
 from tests.pipeline import produce_config, upload_config, worker_config
@@ -99,7 +99,7 @@ def test_incomplete_multipart_uploads_are_reported_and_stale_ones_aborted(r, red
                                                                            s3_bucket, lying_store, tmp_path):
     import time
 
-    from hsx import leases
+    from hsx.run import leases
     from uploader.worker import run_uploader
 
     lying_store.lies_left = 0  # an honest store; the proxy gives each upload its true start time

@@ -15,9 +15,10 @@ import pytest
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
-from hsx import ledger, spool
+from hsx import spool
 from hsx.config import StoreSettings
-from hsx.progress import run_progress, summary_lines
+from hsx.run import ledger
+from hsx.run.progress import run_progress, summary_lines
 from producer.produce import produce
 from tests.faultproxy import FaultProxy
 from tests.pipeline import produce_config, worker_config

@@ -7,8 +7,8 @@ import re
 
 from rich.console import Console
 
-from hsx import heartbeat, ledger
-from hsx.ledger import BatchSpec
+from hsx.run import heartbeat, ledger
+from hsx.run.ledger import BatchSpec
 from hsx_tools.watch import watch
 
 SPECS = [BatchSpec(batch_id=f"b{i}", index=i, shard="00000", samples=5, tokens=100, padded=128, padded_len=32,

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from hsx import heartbeat, ledger
-from hsx.progress import run_progress
+from hsx.run import heartbeat, ledger
+from hsx.run.progress import run_progress
 from producer.produce import produce
 from tests.pipeline import produce_config
 

@@ -13,10 +13,10 @@ import logging
 import time
 from pathlib import Path
 
-from hsx import index, layout, leases, ledger, queues, storerefusal
-from hsx.batchfile import file_sha256
+from hsx.digest import file_sha256
 from hsx.retry import backoff_delay
-from hsx.store import PermanentStoreError
+from hsx.run import index, leases, ledger, queues, storerefusal
+from hsx.store import PermanentStoreError, layout
 from hsx.visibility import RunNotVisible
 from uploader import runtime
 

@@ -4,7 +4,7 @@ rq calls ``uploader.jobs.upload_batch`` in this same process (SimpleWorker, no
 fork); the job finds this object through ``current()``, as the GPU worker's
 jobs find ``gpu_worker.runtime``. The heartbeat thread refreshes the lease of
 the upload in progress, reclaims work of dead processes, reconciles each run's
-queues with its plan (hsx/reconcile.py), and logs progress.
+queues with its plan (hsx/run/reconcile.py), and logs progress.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import layout, leases, ledger, reconcile, refused, rqclean, spool
+from hsx import spool
 from hsx.config import StoreSettings, UploadConfig
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.errors import HsxError
-from hsx.keys import RunKeys
 from hsx.manifest import RunLimits
-from hsx.progress import fmt_bytes
 from hsx.redisconn import OUTAGES
-from hsx.store import PermanentStoreError
+from hsx.run import leases, ledger, reconcile, refused, rqclean
+from hsx.run.keys import RunKeys
+from hsx.run.progress import fmt_bytes
+from hsx.store import PermanentStoreError, layout
 from hsx.visibility import open_run_store
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ class UploaderRuntime:
                 f"{fmt_bytes(usage.bytes)}; upload@{self.host} queue {queued}")
 
     def queued(self) -> int:
-        from hsx import queues
+        from hsx.run import queues
 
         return queues.queue(self.r, queues.upload_queue_name(self.host)).count
 

@@ -7,11 +7,11 @@ import logging
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
-from hsx import ledger, multipart, queues
 from hsx.config import UploadConfig
-from hsx.evictionpolicy import check_eviction_policy
 from hsx.localdirs import ensure_dir
 from hsx.redisconn import connect, redact
+from hsx.run import ledger, multipart, queues
+from hsx.run.evictionpolicy import check_eviction_policy
 
 # Imported now, not inside the first job: it pulls in torch, seconds between rq's hand-over
 # and the job's lease that the reconciler would count as a lost batch (issue 23 item 7).
@@ -49,7 +49,7 @@ def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
 
 
 def _abort_stale_multipart(rt: UploaderRuntime) -> None:
-    """Abort each run's multipart uploads that uploaders killed mid-upload left (hsx/multipart.py says which
+    """Abort each run's multipart uploads that uploaders killed mid-upload left (hsx/run/multipart.py says which
     are safe to abort: never a live one of another uploader). A store that cannot be reached is no reason
     not to start: the next start or `hsx verify --repair` tries again."""
     for run in ledger.list_runs(rt.r):

@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from hsx.batchfile import file_sha256
+from hsx.digest import file_sha256
 from hsx.store.base import ObjectInfo, Store, VerifyError
 
 

@@ -1,9 +1,9 @@
 """Turning a dataset row into (input_ids, loss_mask) with the target's chat template.
 
 input_ids are exactly ``tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs)`` of the
-row's normal form (hsx/rows.py): the template's rendering tokenised without added special tokens.
+row's normal form (hsx/prep/rows.py): the template's rendering tokenised without added special tokens.
 loss_mask (0/1, one per token) is 1 on every token that overlaps an assistant turn's body as located by
-hsx/mask.py in that same rendering. Per row: two template renders and one tokenizer call.
+hsx/prep/mask.py in that same rendering. Per row: two template renders and one tokenizer call.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from hsx.columns import ColumnMapping
 from hsx.errors import HsxError
-from hsx.mask import TemplateError, TemplateShape, assistant_spans, probe_shape
-from hsx.rows import RowRejected, read_conversation
+from hsx.prep.columns import ColumnMapping
+from hsx.prep.mask import TemplateError, TemplateShape, assistant_spans, probe_shape
+from hsx.prep.rows import RowRejected, read_conversation
 
 __all__ = ["ChatTokeniser", "RowProblem", "RowRejected", "TemplateArgsError", "TemplateError", "Tokenised",
            "parse_template_kwargs"]
@@ -78,7 +78,7 @@ class ChatTokeniser:
 
     def __init__(self, tokenizer, template_kwargs: dict[str, Any] | None = None,
                  columns: ColumnMapping | None = None, column_map: ColumnMapping | None = None):
-        """``columns`` (alias ``column_map``): how rows map to turns (hsx/columns.py); None = the defaults."""
+        """``columns`` (alias ``column_map``): how rows map to turns (hsx/prep/columns.py); None = the defaults."""
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat template; hsx needs one to tokenise chat rows")
         if not getattr(tokenizer, "is_fast", False):

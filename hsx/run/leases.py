@@ -20,9 +20,9 @@ import logging
 
 import redis
 
-from hsx import ledger, queues
-from hsx.keys import RunKeys
 from hsx.redisconn import text
+from hsx.run import ledger, queues
+from hsx.run.keys import RunKeys
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from rq.registry import StartedJobRegistry
 from rq.worker import Worker
 from rq.worker_registration import unregister
 
-from hsx import queues
-from hsx.keys import RunKeys
+from hsx.run import queues
+from hsx.run.keys import RunKeys
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from rq.serializers import JSONSerializer
 
 from hsx.defaults import DEFAULT_EXTRACT_JOB_TIMEOUT, DEFAULT_UPLOAD_JOB_TIMEOUT
 from hsx.errors import HsxError
-from hsx.keys import RunKeys
 from hsx.redisconn import zset_members
+from hsx.run.keys import RunKeys
 
 EXTRACT_FUNC = "gpu_worker.jobs.extract_batch"
 UPLOAD_FUNC = "uploader.jobs.upload_batch"
@@ -174,7 +174,7 @@ def retry_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) 
     Every id in ``bids`` must be a planned batch in the dead-letter record, else NotRetryable
     says which and why, and nothing is changed.
     """
-    from hsx import ledger
+    from hsx.run import ledger
 
     if bids is not None:
         keys = RunKeys(run)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hsx.errors import HsxError
-from hsx.rows import RowRejected
+from hsx.prep.rows import RowRejected
 
 Render = Callable[..., str]      # render(messages, tools, add_generation_prompt) -> text
 MAX_BACKTRACK = 256             # alignment attempts beyond the first before a row is rejected

@@ -1,6 +1,6 @@
 """Reading the input dataset: JSONL, Parquet or a `datasets` folder.
 
-Each row is a dict of columns; hsx/rows.py says which row formats are understood
+Each row is a dict of columns; hsx/prep/rows.py says which row formats are understood
 (OpenAI ``messages``, ShareGPT ``conversations``, instruction columns, pre-tokenised
 ``input_ids`` + ``loss_mask``). The stable sample id is the ``id`` column (or the
 column a ColumnMapping names) when present, else the row's 0-based index. A line that

@@ -18,8 +18,8 @@ from pathlib import PurePosixPath
 
 import redis
 
-from hsx import leases
-from hsx.keys import RunKeys
+from hsx.run import leases
+from hsx.run.keys import RunKeys
 
 
 @dataclass(frozen=True)

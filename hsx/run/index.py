@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 
-from hsx import layout, ledger, storeerror
-from hsx.keys import RunKeys
+from hsx.run import fp8error, ledger
+from hsx.run.keys import RunKeys
+from hsx.store import layout
 
 
 def build_index_lines(specs: dict[str, ledger.BatchSpec], run: str, infos: dict[str, dict] | None = None) -> bytes:
@@ -36,7 +37,7 @@ def write_index_if_complete(r, store, run: str) -> bool:
         return False
     if r.get(keys.index_key):
         return True
-    storeerror.write_record(r, store, run)
+    fp8error.write_record(r, store, run)
     info = store.put_bytes(layout.index_key(run),
                            build_index_lines(ledger.all_specs(r, run), run, ledger.done_info(r, run)))
     r.set(keys.index_key, info.key)

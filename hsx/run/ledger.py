@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass
 
 import redis
 
-from hsx import records
 from hsx.errors import HsxError
-from hsx.keys import RUNS, RunKeys
 from hsx.redisconn import int_hash, json_hash, text
+from hsx.run import records
+from hsx.run.keys import RUNS, RunKeys
 
 # KEYS: done, done_info, counters, shard_done, done_log, failures, dead, done_seq, done_seq_pos
 # ARGV: batch_id, info_json, samples, tokens, bytes, shard, now
@@ -201,7 +201,7 @@ def clear_failure(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
 
 
 def dead_letters(r: redis.Redis, run: str, malformed: list[str] | None = None) -> dict[str, dict]:
-    """Dead letters by batch id; a malformed record is a placeholder named in ``malformed`` (hsx.records)."""
+    """Dead letters by batch id; a malformed record is a placeholder named in ``malformed`` (hsx.run.records)."""
     return records.failure_hash(r, RunKeys(run).dead, [] if malformed is None else malformed)
 
 

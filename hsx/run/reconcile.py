@@ -29,9 +29,9 @@ import logging
 
 import redis
 
-from hsx import leases, queues
-from hsx.keys import RunKeys
 from hsx.redisconn import text
+from hsx.run import leases, queues
+from hsx.run.keys import RunKeys
 
 log = logging.getLogger(__name__)
 HANDED_OUT_GRACES = 3  # graces (lease / 2 each) a handed-out, not yet leased batch waits before it counts as lost

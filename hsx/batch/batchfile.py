@@ -24,9 +24,9 @@ host memory to disk without an extra copy, and are hashed on the way)::
                                  "planes": [["raw", N*n*H], ["zstd", <frame bytes>]]}
 
     (1) store dtype: BF16 (default), F16, F32, or F8_E4M3 with a float32 scale per token per
-        layer (value = fp8 * scale; hsx/dtypes.py). With a codec (run's ``codec`` = zstd) the
+        layer (value = fp8 * scale; hsx/batch/dtypes.py). With a codec (run's ``codec`` = zstd) the
         tensor is stored instead as ``<name>.zstd`` [bytes] U8: its bytes split into byte planes,
-        each a zstd frame or raw (hsx/codec.py); ``__metadata__["encoding"]`` gives, per such tensor,
+        each a zstd frame or raw (hsx/batch/codec.py); ``__metadata__["encoding"]`` gives, per such tensor,
         {"codec", "dtype", "shape", "planes"} of what it decodes to. Scales and the small tensors are raw.
 
 N = real tokens of the batch, B = samples, H = hidden size, n = captured
@@ -56,9 +56,9 @@ from pathlib import Path
 
 import torch
 
-from hsx import codec as codecs
-from hsx.batchcheck import check_header, check_offsets, check_planes, check_shape
-from hsx.dtypes import FP8, FP8_TORCH, ST_CODES, ST_TORCH, VALUE_DTYPES, dequantise_fp8, store_itemsize
+from hsx.batch import codec as codecs
+from hsx.batch.check import check_header, check_offsets, check_planes, check_shape
+from hsx.batch.dtypes import FP8, FP8_TORCH, ST_CODES, ST_TORCH, VALUE_DTYPES, dequantise_fp8, store_itemsize
 
 FORMAT = "hsx-batch/1"
 INPUT_FORMAT = "hsx-input/1"
@@ -384,15 +384,6 @@ def read_bytes(data: bytes | bytearray | memoryview, where: str = "<bytes>") -> 
         warnings.simplefilter("ignore", UserWarning)
         buf = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
     return decode(buf, where)
-
-
-def file_sha256(path: Path, chunk: int = 8 * 2**20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 
 HEADER_PROBE = 64 * 2**10  # bytes: the first read of an object covers the header of any real batch

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 
 import redis
 
-from hsx import layout, queues
 from hsx.errors import HsxError
-from hsx.keys import RUNS, RunKeys
 from hsx.redisconn import text
+from hsx.run import queues
+from hsx.run.keys import RUNS, RunKeys
+from hsx.store import layout
 
 
 class ResetRefused(HsxError):

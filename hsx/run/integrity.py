@@ -13,7 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from hsx import batchfile, layout, leases, ledger, queues, reconcile
+from hsx.batch import batchfile
+from hsx.run import leases, ledger, queues, reconcile
+from hsx.store import layout
 
 log = logging.getLogger(__name__)
 CHECK_THREADS = 8   # store requests in flight

@@ -6,8 +6,8 @@ import logging
 
 import redis
 
-from hsx.keys import RunKeys
 from hsx.redisconn import int_hash
+from hsx.run.keys import RunKeys
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from hsx.dataset import Row, RowError, iter_rows
-from hsx.tokenise import sample_id_of
-from hsx.tokenreport import Sample, TokeniseReport, Window
+from hsx.prep.dataset import Row, RowError, iter_rows
+from hsx.prep.report import Sample, TokeniseReport, Window
+from hsx.prep.tokenise import sample_id_of
 
 log = logging.getLogger(__name__)
 CHUNK_ROWS = 64         # rows a task sent to a tokenising process
@@ -58,7 +58,7 @@ class TokeniseSettings:
     max_length: int
     overlong: str                               # drop | truncate
     template_kwargs: dict | None = None         # passed to the chat template of every row
-    columns: Any = None                         # hsx.columns.ColumnMapping (picklable), or None
+    columns: Any = None                         # hsx.prep.columns.ColumnMapping (picklable), or None
 
 
 # --- in each tokenising process -------------------------------------------------------------
@@ -70,7 +70,7 @@ def _init(settings: TokeniseSettings) -> None:
     global _tokeniser
     from transformers import AutoTokenizer
 
-    from hsx.tokenise import ChatTokeniser
+    from hsx.prep.tokenise import ChatTokeniser
 
     extra = {}
     if settings.template_kwargs:

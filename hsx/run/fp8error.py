@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 
-from hsx.keys import RunKeys
-from hsx.layout import store_error_key
 from hsx.redisconn import json_hash
+from hsx.run.keys import RunKeys
+from hsx.store.layout import store_error_key
 
 ERROR_SAMPLE_EVERY = 16   # batches a worker runs between two measured ones
 

@@ -1,4 +1,4 @@
-"""Worker heartbeats and per-host spool stats in Redis (leases: hsx/leases.py).
+"""Worker heartbeats and per-host spool stats in Redis (leases: hsx/run/leases.py).
 
 A heartbeat key expires on its own when its worker dies.
 """
@@ -11,9 +11,9 @@ import time
 
 import redis
 
-from hsx import records
 from hsx.defaults import HEARTBEAT_TTL_BEATS
-from hsx.keys import RunKeys
+from hsx.run import records
+from hsx.run.keys import RunKeys
 
 
 def ttl_seconds(heartbeat_seconds: float) -> int:
@@ -36,7 +36,7 @@ def read_workers(r: redis.Redis, run: str, forget_after_seconds: float = 86400,
                  malformed: list[str] | None = None) -> list[dict]:
     """Every worker seen in the last day: its last stats, ``alive`` False once its heartbeat expired.
 
-    A heartbeat that is not what a worker writes (hsx.records.HEARTBEAT) counts as none (the worker
+    A heartbeat that is not what a worker writes (hsx.run.records.HEARTBEAT) counts as none (the worker
     is listed with its name only) and is named in ``malformed``.
     """
     keys = RunKeys(run)
@@ -58,6 +58,6 @@ def publish_host(r: redis.Redis, run: str, host: str, stats: dict, pipe=None) ->
 
 
 def read_hosts(r: redis.Redis, run: str, malformed: list[str] | None = None) -> dict[str, dict]:
-    """Each host's last spool stats; a record that is not what hsx writes (hsx.records.HOST) is skipped
+    """Each host's last spool stats; a record that is not what hsx writes (hsx.run.records.HOST) is skipped
     and named in ``malformed``."""
     return records.json_hash(r, RunKeys(run).hosts, [] if malformed is None else malformed, records.HOST)

@@ -6,8 +6,8 @@ import time
 
 import redis
 
-from hsx import heartbeat, ledger, queues, reconcile, records, refused, storerefusal
-from hsx.keys import RunKeys
+from hsx.run import heartbeat, ledger, queues, reconcile, records, refused, storerefusal
+from hsx.run.keys import RunKeys
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
 MIN_RATE_SPAN_SECONDS = 10  # ...or, for a run younger than that, over its age (at least this long)
@@ -57,7 +57,7 @@ def _not_done(r: redis.Redis, keys: RunKeys, records_by_batch: dict[str, dict]) 
 
 def run_progress(r: redis.Redis, run: str, now: float | None = None, window: float = RATE_WINDOW_SECONDS) -> dict:
     """The run's progress. A record that is not what hsx writes is skipped (a failure record is kept as
-    a placeholder) and named under ``"malformed"`` (hsx.records): one bad record never fails the read."""
+    a placeholder) and named under ``"malformed"`` (hsx.run.records): one bad record never fails the read."""
     keys = RunKeys(run)
     now = now or time.time()
     malformed: list[str] = []

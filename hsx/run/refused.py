@@ -11,8 +11,8 @@ import time
 
 import redis
 
-from hsx.keys import RunKeys
 from hsx.redisconn import json_hash
+from hsx.run.keys import RunKeys
 
 
 def record(r: redis.Redis, run: str, host: str, cause: str, message: str) -> None:

@@ -1,6 +1,6 @@
 """What a batch file's header must say before any of its tensors is read or decompressed.
 
-``hsx.batchfile.parse_header`` calls ``check_header``; every problem is a
+``hsx.batch.batchfile.parse_header`` calls ``check_header``; every problem is a
 ValueError there, which the decoder reports as the one BatchFileError (the
 reader's CorruptBatch) naming the object. The checks need only the header, so
 a crafted object is refused before a byte of it is allocated: the declared
@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from hsx.dtypes import FP8_TORCH, VALUE_DTYPES
+from hsx.batch.dtypes import FP8_TORCH, VALUE_DTYPES
 
 # The dtype and rank each tensor of the format must have (hidden states: any value dtype or FP8).
 _FIXED = {"input_ids": (torch.int32, 1), "loss_mask": (torch.uint8, 1), "cu_seqlens": (torch.int64, 1),
@@ -52,7 +52,7 @@ def check_planes(name: str, planes, stored_bytes: int) -> None:
 
 
 def check_header(header) -> None:
-    """Raise ValueError unless ``header`` (an hsx.batchfile.Header) describes a well-formed batch."""
+    """Raise ValueError unless ``header`` (an hsx.batch.batchfile.Header) describes a well-formed batch."""
     meta = header.metadata
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise ValueError("__metadata__ holds a value that is not a string")

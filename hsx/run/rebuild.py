@@ -26,7 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from hsx import batchfile, layout, ledger
+from hsx.batch import batchfile
+from hsx.run import ledger
+from hsx.store import layout
 
 log = logging.getLogger(__name__)
 THREADS = 8  # store requests in flight

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from hsx.columns import INSTRUCTION_PRESETS, ColumnMapping
+from hsx.prep.columns import INSTRUCTION_PRESETS, ColumnMapping
 
 OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                 "tool": "tool", "function": "tool"}

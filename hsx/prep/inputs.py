@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hsx.dataset import DatasetError
 from hsx.errors import HsxError
+from hsx.prep.dataset import DatasetError
 
 
-def round_up(n: int, multiple: int) -> int:  # as hsx.planning's, without importing numpy: checks come first
+def round_up(n: int, multiple: int) -> int:  # as hsx.prep.planning's, without importing numpy: checks come first
     return -(-n // multiple) * multiple
 
 

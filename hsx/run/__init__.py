@@ -1,0 +1,5 @@
+"""A run's state in Redis: keys, the ledger, leases, queues, progress, reconciling and repair.
+
+May read the batch format and the store (to rebuild or verify); never imports token preparation
+(tests/test_house.py).
+"""
