@@ -281,3 +281,56 @@ def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkp
           f"{statistics.median(waited) * 1000:.0f} ms, max {max(waited) * 1000:.0f} ms (poll 200 ms); "
           f"{len(backlog)} batches of backlog: median {statistics.median(backlog):.1f} s")
     assert len(waited) >= 3 and statistics.median(waited) < 2.0, waited
+
+
+FOLLOW_SAMPLER = """
+import json, sys
+from hsx_peers.speculators_follow import FollowLog, FollowSampler
+from hsx_reader import ReaderError, RunFollower
+url, run, state_dir, start = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sampler = FollowSampler(RunFollower(url, run, timeout_seconds=5), 256, state_dir, FollowLog(None))
+try:
+    steps = [[list(at) for at in step] for step in sampler._generate_batches(0)[start:]]   # as speculators resumes
+except ReaderError as exc:
+    print(json.dumps({"refused": str(exc)}))
+else:
+    print(json.dumps({"steps": steps, "length": len(sampler)}))
+"""
+
+
+@pytest.mark.slow
+def test_follow_sampler_packs_long_batches_and_refuses_a_resume_on_a_rebuilt_ledger(r, redis_server, tiny_model,
+                                                                                    tmp_path):
+    """speculators' follow sampler (in its venv): run batches over --total-seq-len tokens are cut into steps of at
+    most that many (a longer sample alone), every sample once in the ledger's order; resuming at step k gives the
+    same steps from k on; after the ledger was rebuilt from the store, a resume is refused in one line."""
+    from tests.peerenv import peer_env, peer_python
+
+    store = str(tmp_path / "store")
+    run_pipeline(redis_server.url, tiny_model, store, tmp_path / "spool", run="fpack")   # 1024-token batches
+    python, state = peer_python("speculators"), tmp_path / "ckpt"
+
+    def sampler(start):
+        out = subprocess.run([str(python), "-c", FOLLOW_SAMPLER, redis_server.url, "fpack", str(state), str(start)],
+                             env=peer_env(tmp_path), capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    got = sampler(0)
+    lengths = {}
+    for s in RunDataset(store, "fpack"):
+        lengths[s["sample_id"]] = len(s["input_ids"])
+    specs = ledger.all_specs(r, "fpack")
+    sequence = [text(b) for b in r.lrange(RunKeys("fpack").done_seq, 0, -1)]
+    steps = [[specs[bid].sample_ids[row] for bid, row in step] for step in got["steps"]]
+    assert [sid for step in steps for sid in step] == [sid for bid in sequence for sid in specs[bid].sample_ids]
+    assert all(len({bid for bid, _ in step}) == 1 for step in got["steps"])         # a step within one run batch
+    assert all(sum(lengths[s] for s in step) <= 256 or len(step) == 1 for step in steps)
+    assert len(steps) > len(sequence) and got["length"] <= len(steps)               # long batches were cut
+    assert json.loads((state / "hsx_follow.json").read_text())["total_seq_len"] == 256
+    assert sampler(5)["steps"] == got["steps"][5:]                                  # resume: the same steps
+
+    r.flushall()                                           # Redis lost; the ledger rebuilt from the store
+    produce(produce_config(redis_server.url, tiny_model, store, run="fpack"))
+    refused = sampler(5)["refused"]
+    assert "\n" not in refused and "rebuilt" in refused and str(state) in refused, refused
