@@ -110,7 +110,7 @@ class HsxBackend(HiddenStatesBackend):
 
     @staticmethod
     def from_train_args(args: argparse.Namespace, data_path: str) -> HsxTransfer | FollowTransfer:
-        if args.hsx_mode == "follow":
+        if getattr(args, "hsx_mode", "complete") == "follow":   # callers may build args without it
             if not args.hsx_run:
                 raise ValueError("--hsx-mode follow needs --hsx-run")
             store = StoreSettings(url=args.hsx_store, endpoint_url=args.hsx_s3_endpoint_url) if args.hsx_store else None
