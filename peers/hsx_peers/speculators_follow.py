@@ -149,7 +149,10 @@ class FollowSampler:
             return [range(spec.samples)]
         store = self.follower.store
         header = fetch_header(store, layout.batch_key(self.follower.run, spec.shard, spec.batch_id))
-        cu = fetch_rows(store, header, ["cu_seqlens"], 0, spec.samples + 1)["cu_seqlens"].tolist()
+        if "cu_seqlens" in header.encoding:     # compressed: no range read; the whole object, digest-checked
+            cu = self.follower.read_batch(spec.batch_id)[2].cu_seqlens.tolist()
+        else:
+            cu = fetch_rows(store, header, ["cu_seqlens"], 0, spec.samples + 1)["cu_seqlens"].tolist()
         steps, first = [], 0
         for row in range(spec.samples):
             if row > first and cu[row + 1] - cu[first] > self.total_seq_len:   # row does not fit: a new step
