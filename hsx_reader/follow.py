@@ -10,12 +10,20 @@ the ledger's, the same for every reader and every restart; a batch repaired
 follower waits at that place until it is done again.
 
 Resuming: every sample carries ``cursor``, a string naming the place just
-after it. A trainer saves the cursor of the last sample it trained on (the
+after it (``POSITION:ROW@GENERATION``). A trainer saves the cursor of the last sample it trained on (the
 collate functions pass the last one on as ``batch["cursor"]``) and, after a
 restart, passes it back: the stream goes on with the next sample, none
 repeated, none skipped. With ``world_size`` ranks, rank r reads the batches
 at positions r, r + world_size, ... of the sequence (one cursor per rank).
 One reader per rank: use ``num_workers`` 0 or 1 in a DataLoader.
+
+A position means something only in the sequence it was counted in. A ledger
+rebuilt from the store after a Redis loss records its batches again in another
+order, under a new ``done_seq_generation`` (``hsx.ledger.sequence_generation``);
+a cursor carries the generation it was counted in, and a follower given a
+cursor of another generation refuses it (ReaderError, one line) instead of
+resuming at a place that names other batches. A cursor without a generation
+(``POSITION:ROW``, written before generations) is taken as it is.
 
 The iteration ends when the run is COMPLETE (every planned batch done, the
 producer done planning) and every done batch was read.
@@ -35,7 +43,7 @@ from hsx.redisconn import text
 from hsx.run import ledger
 from hsx.run.keys import RunKeys
 from hsx.store import Store, layout
-from hsx_reader.objects import check_digest, decode, fetch_object
+from hsx_reader.objects import BatchContents, check_digest, decode, fetch_object
 from hsx_reader.run import Expectations, ReaderError, SampleRef
 from hsx_reader.source import sample_of
 from hsx_reader.stream import _rank_world
@@ -50,9 +58,10 @@ class Cursor:
 
     position: int = 0
     row: int = 0
+    generation: str = ""     # the done_seq the position was counted in ("": not known, not checked)
 
     def __str__(self) -> str:
-        return f"{self.position}:{self.row}"
+        return f"{self.position}:{self.row}" + (f"@{self.generation}" if self.generation else "")
 
     @classmethod
     def parse(cls, value: str | Cursor | None) -> Cursor:
@@ -60,13 +69,14 @@ class Cursor:
             return cls()
         if isinstance(value, Cursor):
             return value
+        place, _, generation = str(value).partition("@")
         try:
-            position, row = (int(x) for x in str(value).split(":"))
+            position, row = (int(x) for x in place.split(":"))
         except ValueError:
-            raise ReaderError(f"cursor {value!r} is not POSITION:ROW (the 'cursor' of a sample)") from None
+            raise ReaderError(f"cursor {value!r} is not POSITION:ROW[@GENERATION] (the 'cursor' of a sample)") from None
         if position < 0 or row < 0:
             raise ReaderError(f"cursor {value!r} has a negative part")
-        return cls(position, row)
+        return cls(position, row, generation)
 
 
 @dataclass
@@ -96,6 +106,8 @@ class RunFollower(IterableDataset):
         self.settings = StoreSettings(url=store) if isinstance(store, str) else store
         self._store = store if isinstance(store, Store) else None
         self.cursor = Cursor.parse(cursor)
+        if self.cursor.generation:
+            self.generation()   # a cursor of a lost ledger is refused here, not at the first batch
         self.poll_seconds, self.timeout_seconds, self.verify = poll_seconds, timeout_seconds, verify
         self.rank, self.world_size = rank, world_size
         self.stats = FollowStats()
@@ -126,22 +138,33 @@ class RunFollower(IterableDataset):
         total, planning = self.r.hmget(keys.totals, "batches", "planning")
         return not (planning and int(planning)) and total is not None and self.r.scard(keys.done) == int(total)
 
+    def generation(self) -> str:
+        """The id of the ledger's done sequence now; refuses (ReaderError) when ``self.cursor`` was counted in
+        another one."""
+        generation = ledger.sequence_generation(self.r, self.run)
+        if self.cursor.generation and self.cursor.generation != generation:
+            raise ReaderError(f"run {self.run!r}: cursor {self.cursor} was counted in done sequence "
+                              f"{self.cursor.generation}, but the ledger's is now {generation} (rebuilt after a "
+                              "Redis loss?): its position names other batches; start again from 0:0")
+        return generation
+
     def __iter__(self):
         info = get_worker_info()
         if info is not None and info.num_workers > 1:
             raise ReaderError("RunFollower reads the ledger's order: use one DataLoader worker per rank (num_workers 0 or 1)")
         rank, world_size = _rank_world(self.rank, self.world_size)
         position, row = self.cursor.position, self.cursor.row
+        generation = self.generation()
         ledger.sequence_done(self.r, self.run)
         while True:
-            bid = self._next_batch_id(position)
+            bid = self.next_batch_id(position)
             if bid is None:
                 return
             if position % world_size == rank:
-                yield from self._samples(position, bid, row)
+                yield from self._samples(position, bid, row, generation)
             position, row = position + 1, 0
 
-    def _next_batch_id(self, position: int) -> str | None:
+    def next_batch_id(self, position: int) -> str | None:
         """The batch at ``position`` of the ledger's sequence, waiting for it; None once the run is complete
         and the sequence has no such position."""
         keys, waited = RunKeys(self.run), 0.0
@@ -174,10 +197,16 @@ class RunFollower(IterableDataset):
             time.sleep(self.poll_seconds)
             waited += self.poll_seconds
 
-    def _samples(self, position: int, bid: str, first_row: int):
+    def spec(self, bid: str) -> ledger.BatchSpec:
         spec = ledger.get_spec(self.r, self.run, layout.segment(bid, "batch id"))
         if spec is None:
             raise ReaderError(f"run {self.run!r}: batch {bid} is in the ledger but not in the plan")
+        return spec
+
+    def read_batch(self, bid: str) -> tuple[ledger.BatchSpec, str, BatchContents]:
+        """(spec, store URL, decoded contents) of done batch ``bid``: its object fetched whole and checked
+        against the size and SHA-256 the ledger recorded (waiting while a repair has taken it out)."""
+        spec = self.spec(bid)
         info = self._done_info(bid)
         key = layout.batch_key(self.run, spec.shard, bid)   # derived, not taken from Redis
         where = self.store.url(key)
@@ -188,10 +217,21 @@ class RunFollower(IterableDataset):
         self.stats.batches += 1
         self.stats.bytes_read += buf.numel()
         self.stats.seen_at[bid] = time.time()
+        return spec, where, contents
+
+    def sample(self, spec: ledger.BatchSpec, where: str, contents: BatchContents, row: int) -> dict:
+        """Row ``row`` of a batch read by ``read_batch``: hsx_reader's sample dict plus ``batch_id``."""
+        key = layout.batch_key(self.run, spec.shard, spec.batch_id)
+        sample = sample_of(contents, SampleRef(-1, spec.sample_ids[row], key, spec.batch_id, row), where)
+        sample["batch_id"] = spec.batch_id
+        return sample
+
+    def _samples(self, position: int, bid: str, first_row: int, generation: str):
+        spec, where, contents = self.read_batch(bid)
         n = len(spec.sample_ids)
         for row in range(first_row, n):
-            sample = sample_of(contents, SampleRef(-1, spec.sample_ids[row], key, bid, row), where)
-            sample["batch_id"] = bid
-            sample["cursor"] = str(Cursor(position + 1, 0) if row + 1 == n else Cursor(position, row + 1))
+            sample = self.sample(spec, where, contents, row)
+            after = Cursor(position + 1, 0, generation) if row + 1 == n else Cursor(position, row + 1, generation)
+            sample["cursor"] = str(after)
             self.stats.samples += 1
             yield sample

@@ -212,17 +212,24 @@ def write_speculators_table(out: Path) -> int:
         log.info("`pyarrow` is not installed: wrote %s only; for speculators install hsx[speculators] and re-run, or "
                  "datasets.Dataset.from_json(%r).with_format('torch').save_to_disk(%r)", out / "dataset.jsonl",
                  str(out / "dataset.jsonl"), str(out / "dataset"))
-    # Where speculators' prepare step leaves it and `speculators train` looks for it: <data-path>/token_freq.pt
+    write_token_freq(out / "dataset", [r["input_ids"] for r in rows], [r["loss_mask"] for r in rows])
+    return len(rows)
+
+
+def write_token_freq(folder: Path, input_ids: list[list[int]], loss_masks: list[list[int]]) -> dict[int, int]:
+    """``folder/token_freq.pt``: {token id: count over loss-masked tokens}, as speculators' prepare step
+    (``save_token_frequency_distribution``) writes it beside its Arrow dataset, where `speculators train` looks
+    by default (``<data-path>/token_freq.pt``) to pick the draft vocabulary (``--draft-vocab-size``)."""
     freq: dict[int, int] = {}
-    for row in rows:
-        for token, kept in zip(row["input_ids"], row["loss_mask"], strict=True):
+    for ids, mask in zip(input_ids, loss_masks, strict=True):
+        for token, kept in zip(ids, mask, strict=True):
             if kept:
                 freq[token] = freq.get(token, 0) + 1
-    (out / "dataset").mkdir(exist_ok=True)
-    tmp = out / "dataset" / f".token_freq.pt.tmp-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".token_freq.pt.tmp-{os.getpid()}"
     torch.save(freq, tmp)
-    os.replace(tmp, out / "dataset" / "token_freq.pt")
-    return len(rows)
+    os.replace(tmp, folder / "token_freq.pt")
+    return freq
 
 
 def write_arrow_table(folder: Path, rows: list[dict]) -> None:

@@ -1,125 +1,151 @@
-"""Train while extracting, on the demo's tiny model, on CPU: hsx produce, a worker and an uploader start, and
-a trainer in this process steps on each batch as soon as the ledger records it done (hsx_reader.RunFollower).
+"""Train while extracting, on the demo's tiny model: hsx produce, a worker and an uploader start, and
+speculators' own trainer (`speculators train`, EAGLE-3) follows the run through its ledger, a training step
+per batch as soon as the ledger records it done (peers/hsx_peers/speculators_follow.py).
 
-    .venv/bin/python scripts/train_while_extracting.py --workdir /tmp/twe                  # whole run
-    .venv/bin/python scripts/train_while_extracting.py --workdir /tmp/twe --stop-after 10  # "crash" at step 10
-    .venv/bin/python scripts/train_while_extracting.py --workdir /tmp/twe --resume         # go on from the cursor
+    .venv/bin/python scripts/train_while_extracting.py --workdir /tmp/twe                    # whole run
+    .venv/bin/python scripts/train_while_extracting.py --workdir /tmp/twe --stop-at-checkpoint  # "crash" there
+    .venv/bin/python scripts/train_while_extracting.py --workdir /tmp/twe --resume           # go on from it
 
-The trainer is a stand-in drafter (a linear head from the stored layers to the next token; what matters is
-where its batches come from): each step prints its loss, the batches the ledger has recorded done of those
-planned, and the cursor it saves to WORKDIR/cursor after the step. --resume reuses the extraction of a
-previous call (its Redis data and store in WORKDIR) and the saved cursor.
+The trainer runs in speculators' venv (scripts/peers.sh makes it; --python another) as
+`python -m hsx_peers.speculators train --hidden-states-backend hsx --hsx-run twe --hsx-mode follow ...`, with
+HSX_REDIS_URL in its environment. speculators 0.9.0's Trainer puts the drafter on an accelerator; without one
+(no CUDA here) the script runs the same command through tests/peers/train_speculators.py, the CPU device shim
+the tests use. Each step prints the batch it trained on, the ledger's batches done of those planned when the
+trainer took it, and the cursor after it. --stop-at-checkpoint kills the trainer right after speculators'
+first mid-epoch checkpoint (WORKDIR/ckpt, every quarter of the run); --resume starts extraction's worker and
+uploader again for what is left and the trainer with the same --save-path: speculators' own resume goes on
+from the checkpoint's step.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from hsx.redisconn import LocalRedis, connect
 from hsx.run.keys import RunKeys
-from hsx_reader import RunFollower, collate_packed
 from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all
 from hsx_tools.tinymodel import build_tiny_model
 
 RUN = "twe"
+ROOT = Path(__file__).resolve().parents[1]
+SPECULATORS_PYTHON = ROOT / ".peers" / "speculators" / "bin" / "python"
+CPU_SHIM = ROOT / "tests" / "peers" / "train_speculators.py"
 
 
 def hsx(*args: str) -> list[str]:
     return [sys.executable, "-m", "hsx_cli.main", *args]
 
 
-def start_extraction(workdir: Path, env: dict, slow: float) -> list[subprocess.Popen]:
-    model = build_tiny_model(workdir / "tiny-qwen3", sample_path=sample_dataset())
-    subprocess.run(hsx("produce", "--run", RUN, "--dataset", str(sample_dataset()), "--model", str(model),
-                       "--layers", "dflash:3", "--store", str(workdir / "store"), "--token-budget", "512",
-                       "--dtype", "float32", "--max-length", "512", "--overlong", "truncate"), env=env, check=True)
-    spool = str(workdir / "spool")
-    logs = workdir / "logs"
-    logs.mkdir(exist_ok=True)
-    env = {**env, "HSX_TEST_MIN_BATCH_SECONDS": str(slow)}   # a slower "GPU", so training visibly overlaps
+def model_dir(workdir: Path) -> Path:
+    return build_tiny_model(workdir / "tiny8", num_layers=8, sample_path=sample_dataset())
+
+
+def start_roles(workdir: Path, env: dict, batch_seconds: float) -> list[subprocess.Popen]:
+    """A worker (a slowed CPU "GPU", so training visibly overlaps) and an uploader for what the plan has left."""
+    spool, logs = str(workdir / "spool"), workdir / "logs"
+    env = {**env, "HSX_TEST_MIN_BATCH_SECONDS": str(batch_seconds)}
     return [subprocess.Popen(hsx("worker", "--run", RUN, "--device", "cpu", "--spool-dir", spool, "--host", "twe",
                                  "--burst"), env=env, stdout=open(logs / "worker.log", "a"), stderr=subprocess.STDOUT),
             subprocess.Popen(hsx("upload", "--spool-dir", spool, "--host", "twe"), env=env,
                              stdout=open(logs / "upload.log", "a"), stderr=subprocess.STDOUT)]
 
 
-def train(redis_url: str, workdir: Path, resume: bool, stop_after: int | None) -> int:
-    cursor_file = workdir / "cursor"
-    cursor = cursor_file.read_text().strip() if resume and cursor_file.exists() else None
-    follower = RunFollower(redis_url, RUN, cursor=cursor, timeout_seconds=300)
-    manifest, r = follower.manifest, connect(redis_url)
-    width = len(manifest["layer_ids"]) * manifest["hidden_size"]
-    torch.manual_seed(0)
-    head = torch.nn.Linear(width, 512)          # the tiny model's vocabulary is under 512 ids
-    state = workdir / "drafter.pt"
-    if resume and state.exists():
-        head.load_state_dict(torch.load(state))
-    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
-    print(f"trainer: following run {RUN} from cursor {cursor or '0:0'}")
-    step = 0
-    for batch in DataLoader(follower, batch_size=8, collate_fn=collate_packed):
-        hidden, ids = batch["hidden_states"][0].float(), batch["input_ids"][0]
-        same_sample = batch["position_ids"][0][1:] != 0
-        loss = torch.nn.functional.cross_entropy(head(hidden[:-1][same_sample]), ids[1:][same_sample])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        step += 1
-        keys = RunKeys(RUN)
-        done, planned = r.scard(keys.done), r.hget(keys.totals, "batches")
-        torch.save(head.state_dict(), state)
-        cursor_file.write_text(batch["cursor"])      # after the step: a restart goes on with the next sample
-        print(f"step {step:3d}  loss {loss.item():.3f}  ledger {done}/{int(planned)} batches done  cursor {batch['cursor']}")
-        if stop_after and step >= stop_after:
-            print(f"trainer: stopping after {step} steps (restart with --resume)")
+def produce(workdir: Path, env: dict) -> None:
+    subprocess.run(hsx("produce", "--run", RUN, "--dataset", str(sample_dataset()), "--model", str(model_dir(workdir)),
+                       "--layers", "eagle3", "--store", str(workdir / "store"), "--token-budget", "1024",
+                       "--dtype", "float32", "--max-length", "1024", "--overlong", "truncate"), env=env, check=True)
+
+
+def trainer_command(python: Path, workdir: Path, layer_ids: list[int]) -> list[str]:
+    flags = ["--verifier-name-or-path", str(model_dir(workdir)), "--speculator-type", "eagle3",
+             "--data-path", str(workdir / "spec-data"), "--hidden-states-backend", "hsx", "--hsx-run", RUN,
+             "--hsx-mode", "follow", "--hsx-follow-log", str(workdir / "follow.jsonl"),
+             "--target-layer-ids", *[str(x + 1) for x in layer_ids], "--on-missing", "raise", "--epochs", "1",
+             "--num-workers", "0", "--total-seq-len", "1024", "--checkpoint-freq", "0.25",
+             "--save-path", str(workdir / "ckpt"), "--lr", "1e-2", "--log-freq", "1", "--draft-attn-impl", "sdpa",
+             "--loss-implementation", "eager", "--seed", "0"]
+    if torch.cuda.is_available():
+        return [str(python), "-m", "hsx_peers.speculators", "train", *flags]
+    return [str(python), str(CPU_SHIM), json.dumps([flags])]
+
+
+def follow(trainer: subprocess.Popen, workdir: Path, r, stop_at_checkpoint: bool) -> int:
+    """Print each step the trainer takes (from its follow log) until it exits; 0 when it finished the run."""
+    log, state = workdir / "follow.jsonl", workdir / "ckpt" / "0" / "training_state.json"
+    seen = len(log.read_text().splitlines()) if log.exists() else 0     # lines of an earlier call
+    checkpointed = state.read_text() if state.exists() else None
+    keys = RunKeys(RUN)
+    while True:
+        lines = log.read_text().splitlines() if log.exists() else []
+        for line in lines[seen:]:
+            record = json.loads(line)
+            if "step" in record:
+                done, planned = r.scard(keys.done), int(r.hget(keys.totals, "batches") or 0)
+                print(f"step {record['step']:3d}  batch {record['batch_id']}  ({len(record['sample_ids'])} samples)  "
+                      f"ledger {done}/{planned} batches done  cursor {record['cursor']}", flush=True)
+        seen = len(lines)
+        if stop_at_checkpoint and state.exists() and state.read_text() != checkpointed:
+            trainer.kill()
+            trainer.wait()
+            step = json.loads(state.read_text())["local_step"]
+            print(f"trainer: killed after speculators' checkpoint of its first {step} steps (0-{step - 1}); --resume "
+                  f"goes on from step {step}")
             return 0
-    print(f"trainer: run {RUN} is COMPLETE; {follower.stats.samples} samples in {step} steps")
-    return 0
+        if trainer.poll() is not None:
+            if trainer.returncode:
+                tail = (workdir / "logs" / "trainer.log").read_text().splitlines()[-15:]
+                print("trainer failed:\n" + "\n".join(tail), file=sys.stderr)
+            return trainer.returncode
+        time.sleep(0.2)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--resume", action="store_true", help="go on from WORKDIR/cursor (no new extraction)")
-    parser.add_argument("--stop-after", type=int, default=None, help="stop the trainer after N steps")
-    parser.add_argument("--batch-seconds", type=float, default=0.5, help="slow the CPU worker to this per batch")
+    parser.add_argument("--resume", action="store_true", help="go on from speculators' checkpoint in WORKDIR/ckpt")
+    parser.add_argument("--stop-at-checkpoint", action="store_true",
+                        help="kill the trainer right after its first mid-epoch checkpoint")
+    parser.add_argument("--batch-seconds", type=float, default=2.0, help="slow the CPU worker to this per batch")
+    parser.add_argument("--python", type=Path, default=SPECULATORS_PYTHON, help="python of speculators' venv")
     args = parser.parse_args()
+    if not args.python.exists():
+        print(f"no speculators venv at {args.python}: run scripts/peers.sh (or pass --python)", file=sys.stderr)
+        return 2
     workdir = args.workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    (workdir / "spec-data").mkdir(exist_ok=True)
     redis = LocalRedis(workdir / "redis").start()
     env = {**os.environ, "HSX_REDIS_URL": redis.url}
-    procs: list[subprocess.Popen] = []
+    trainer_env = {k: v for k, v in env.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    trainer_env.update(PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'peers'}", HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
+    r, procs = connect(redis.url), []
     try:
-        if not args.resume:
-            procs = start_extraction(workdir, env, args.batch_seconds)
-        elif connect(redis.url).llen(RunKeys(RUN).done_seq) == 0:
+        if args.resume and not r.exists(RunKeys(RUN).manifest):
             print(f"nothing extracted in {workdir} yet: run without --resume first", file=sys.stderr)
             return 2
-        else:   # extraction of the first call goes on where it stopped
-            procs = start_extraction_resume(workdir, env, args.batch_seconds)
-        return train(redis.url, workdir, args.resume, args.stop_after)
+        if not args.resume:
+            produce(workdir, env)
+        layer_ids = json.loads(r.get(RunKeys(RUN).manifest))["layer_ids"]
+        trainer = subprocess.Popen(trainer_command(args.python, workdir, layer_ids), cwd=workdir, env=trainer_env,
+                                   stdout=open(workdir / "logs" / "trainer.log", "a"), stderr=subprocess.STDOUT)
+        procs = [trainer, *start_roles(workdir, env, args.batch_seconds)]   # trainer and extraction together
+        print(f"trainer: speculators train following run {RUN} (log: {workdir / 'logs' / 'trainer.log'})")
+        rc = follow(trainer, workdir, r, args.stop_at_checkpoint)
+        if rc == 0 and trainer.returncode == 0:
+            print(f"trainer: run {RUN} is COMPLETE and trained on; drafter in {workdir / 'ckpt'}")
+        return rc
     finally:
         stop_all(procs)
         redis.stop()
-
-
-def start_extraction_resume(workdir: Path, env: dict, slow: float) -> list[subprocess.Popen]:
-    """A worker and an uploader for what is left (the plan and the ledger are in Redis already)."""
-    spool = str(workdir / "spool")
-    env = {**env, "HSX_TEST_MIN_BATCH_SECONDS": str(slow)}
-    logs = workdir / "logs"
-    return [subprocess.Popen(hsx("worker", "--run", RUN, "--device", "cpu", "--spool-dir", spool, "--host", "twe",
-                                 "--burst"), env=env, stdout=open(logs / "worker.log", "a"), stderr=subprocess.STDOUT),
-            subprocess.Popen(hsx("upload", "--spool-dir", spool, "--host", "twe"), env=env,
-                             stdout=open(logs / "upload.log", "a"), stderr=subprocess.STDOUT)]
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@ as a trainer would, reads the run through RunFollower; it starts before the run 
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -25,9 +28,9 @@ from tests.pipeline import produce_config, run_pipeline
 RUN = "follow"
 
 
-def _roles(env, spool, logs):
+def _roles(env, spool, logs, run=RUN):
     common = ["--spool-dir", str(spool), "--host", "followhost", "--heartbeat-seconds", "1"]
-    worker = subprocess.Popen([sys.executable, "-m", "hsx_cli.main", "worker", "--run", RUN, "--device", "cpu",
+    worker = subprocess.Popen([sys.executable, "-m", "hsx_cli.main", "worker", "--run", run, "--device", "cpu",
                                "--burst", *common], env=env, stdout=open(logs / "worker.log", "w"), stderr=subprocess.STDOUT)
     uploader = subprocess.Popen([sys.executable, "-m", "hsx_cli.main", "upload", *common], env=env,
                                 stdout=open(logs / "upload.log", "w"), stderr=subprocess.STDOUT)
@@ -117,3 +120,217 @@ def test_cursor_is_checked_and_a_finished_run_ends(r, redis_server, tiny_model, 
     tail = [s["sample_id"] for s in RunFollower(redis_server.url, "fdone", cursor=Cursor(pos, 2))]
     assert tail[0] == ledger.get_spec(r, "fdone", sequence[pos]).sample_ids[2]
     assert json.loads(r.hget(keys.done_info, sequence[0]))["sha256"]
+
+
+def test_a_cursor_counted_in_a_ledger_lost_with_redis_is_refused(r, redis_server, tiny_model, tmp_path):
+    """After a Redis loss the ledger is rebuilt from the store and records its batches again in another order:
+    a saved position would name other batches. The cursor carries its sequence's generation; a follower given
+    a cursor of another generation refuses it in one line."""
+    store = str(tmp_path / "store")
+    run_pipeline(redis_server.url, tiny_model, store, tmp_path / "spool", run="fgen")
+    stream = iter(RunFollower(redis_server.url, "fgen", timeout_seconds=5))
+    saved = [next(stream) for _ in range(20)][-1]["cursor"]
+    generation = ledger.sequence_generation(r, "fgen")
+    assert saved.endswith(f"@{generation}") and Cursor.parse(saved).generation == generation
+    assert [s["sample_id"] for s in RunFollower(redis_server.url, "fgen", cursor=saved)][:1]   # same ledger: goes on
+
+    r.flushall()                                           # Redis restarted empty
+    again = produce(produce_config(redis_server.url, tiny_model, store, run="fgen"))
+    assert again.rebuilt == again.batches                  # the ledger rebuilt from the store, nothing recomputed
+    with pytest.raises(ReaderError) as refused:
+        RunFollower(redis_server.url, "fgen", cursor=saved)
+    message = str(refused.value)
+    assert "\n" not in message and saved in message and "start again from 0:0" in message, message
+    assert ledger.sequence_generation(r, "fgen") != generation
+    # from the start of the new sequence: every sample once, cursors of the new generation
+    samples = list(RunFollower(redis_server.url, "fgen", timeout_seconds=5))
+    assert len({s["sample_id"] for s in samples}) == len(samples) == 160
+    assert samples[-1]["cursor"].endswith("@" + ledger.sequence_generation(r, "fgen"))
+    # a cursor written before generations (POSITION:ROW) is taken as it is
+    assert len(list(RunFollower(redis_server.url, "fgen", cursor="1:0", timeout_seconds=5))) < 160
+
+
+def _follow_flags(model, layer_ids, run, save, log, data):
+    """`speculators train` flags that follow ``run`` through its ledger (hsx_peers.speculators_follow)."""
+    return ["--verifier-name-or-path", str(model), "--speculator-type", "eagle3", "--data-path", str(data),
+            "--hidden-states-backend", "hsx", "--hsx-run", run, "--hsx-mode", "follow", "--hsx-follow-log", str(log),
+            "--target-layer-ids", *[str(x + 1) for x in layer_ids], "--on-missing", "raise", "--epochs", "1",
+            "--num-workers", "0", "--total-seq-len", "1024", "--checkpoint-freq", "0.25", "--save-path", str(save),
+            "--lr", "1e-2", "--log-freq", "1", "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
+            "--seed", "0"]
+
+
+def _log(path):
+    lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return [x for x in lines if "step" in x], {x["read"]: x["at"] for x in lines if "read" in x}
+
+
+def _caught_up(r, keys, log, trainer, first_position, timeout):
+    """Wait until ``trainer`` (following, per ``log``, from ``first_position`` of done_seq) has taken every batch
+    recorded done, and no more is being recorded (the worker is paused; the uploader has drained its spool)."""
+    deadline, last, since = time.monotonic() + timeout, -1, time.monotonic()
+    while time.monotonic() < deadline and trainer.poll() is None:
+        n = r.llen(keys.done_seq)
+        if n != last:
+            last, since = n, time.monotonic()
+        steps = _log(log)[0]
+        wanted = steps[-1]["position"] + 1 if steps else first_position
+        if wanted >= n and time.monotonic() - since > 2:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the trainer did not catch up with the ledger ({last} batches done)")
+
+
+@pytest.mark.slow
+def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkpoint(r, redis_env, tmp_path):
+    """speculators' own trainer (`speculators train`: its drafter, loss, optimizer, scheduler, checkpoints; the
+    CPU device shim of tests/peers/train_speculators.py) follows a run being extracted by a worker and an
+    uploader: its first step comes before the run is COMPLETE; killed after its first mid-epoch checkpoint, it
+    is started again on the same --save-path and speculators' own resume goes on from that step: across both,
+    every sample is trained on exactly once, in the ledger's order; the loss is finite and falls."""
+    from hsx_tools.demo import sample_dataset
+    from hsx_tools.tinymodel import build_tiny_model
+    from tests.peerenv import SCRIPTS, peer_env, peer_python
+
+    python = peer_python("speculators")
+    model = build_tiny_model(tmp_path / "tiny8", num_layers=8, sample_path=sample_dataset())
+    # 1024-token run batches, one training step each
+    report = produce(produce_config(redis_env, model, str(tmp_path / "store"), run="fspec", layers="eagle3",
+                                    token_budget=1024))
+    layer_ids = ledger.get_manifest(r, "fspec")["layer_ids"]
+    save, data, logs, keys = tmp_path / "ckpt", tmp_path / "spec-data", tmp_path / "logs", RunKeys("fspec")
+    data.mkdir()
+    logs.mkdir()
+
+    def trainer(name):
+        flags = _follow_flags(model, layer_ids, "fspec", save, tmp_path / f"{name}.jsonl", data)
+        return subprocess.Popen([str(python), str(SCRIPTS / "train_speculators.py"), json.dumps([flags])], cwd=tmp_path,
+                                env=peer_env(), stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT)
+
+    first_trainer = trainer("first")
+    procs = [first_trainer]
+    try:
+        procs += _roles({**os.environ, "HSX_TEST_MIN_BATCH_SECONDS": "3"}, tmp_path / "spool", logs, run="fspec")
+        worker = procs[1]
+        state = save / "0" / "training_state.json"
+        deadline = time.monotonic() + 300
+        while not state.exists() and first_trainer.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first_trainer.kill()                                    # dies after its first mid-epoch checkpoint
+        first_trainer.wait(timeout=30)
+        assert state.exists(), (logs / "first.log").read_text()[-4000:]
+        checkpoint_step = json.loads(state.read_text())["local_step"]
+        assert r.scard(keys.done) < report.batches, "extraction ended before the checkpoint"
+        # the same command again: speculators' resume asks the sampler for the steps from the checkpoint on
+        second_trainer = trainer("second")
+        procs.append(second_trainer)
+        # three times: pause the "GPU" until the trainer has caught up, so it waits for the next batch (what the
+        # delay from "recorded done" to "decoded" is measured on); then let extraction go on
+        for _ in range(3):
+            if worker.poll() is not None:
+                break
+            worker.send_signal(signal.SIGSTOP)
+            try:
+                # one run batch a step here: the trainer resumes at position checkpoint_step of done_seq
+                _caught_up(r, keys, tmp_path / "second.jsonl", second_trainer, checkpoint_step, timeout=300)
+                time.sleep(5)                                   # the last step is trained; the sampler waits
+            finally:
+                worker.send_signal(signal.SIGCONT)
+            done = r.llen(keys.done_seq)
+            while r.llen(keys.done_seq) == done and worker.poll() is None:
+                time.sleep(0.1)
+        assert second_trainer.wait(timeout=600) == 0, (logs / "second.log").read_text()[-4000:]
+        assert worker.wait(timeout=120) == 0, (logs / "worker.log").read_text()[-2000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+        stop_all(procs)
+    second = json.loads((logs / "second.log").read_text().strip().splitlines()[-1])
+    first, first_reads = _log(tmp_path / "first.jsonl")
+    rest, rest_reads = _log(tmp_path / "second.jsonl")
+    done_at = {text(b): s for b, s in r.zrange(keys.done_log, 0, -1, withscores=True)}
+    complete_at = max(done_at.values())
+    assert r.scard(keys.done) == report.batches
+    # the first step came before the run was COMPLETE
+    assert first[0]["step"] == 0 and first[0]["at"] < complete_at, (first[0], complete_at)
+    # speculators' checkpoint recorded step k; the second trainer went on from step k: each sample exactly once
+    assert checkpoint_step > 0 and rest[0]["step"] == checkpoint_step
+    trained = [s for x in first if x["step"] < checkpoint_step for s in x["sample_ids"]]
+    trained += [s for x in rest for s in x["sample_ids"]]
+    sequence = [text(b) for b in r.lrange(keys.done_seq, 0, -1)]
+    specs = ledger.all_specs(r, "fspec")
+    assert trained == [sid for bid in sequence for sid in specs[bid].sample_ids]
+    assert len(trained) == len(set(trained)) == report.samples
+    # speculators' own loop trained every step of the second trainer; the loss is finite and falls
+    losses = second["losses"][0]
+    assert len(losses) == len(rest) == report.batches - checkpoint_step, (len(losses), len(rest))
+    assert all(math.isfinite(x) for x in losses)
+    assert statistics.mean(losses[-5:]) < statistics.mean(losses[:5]), losses
+    # delay from "recorded done" to the trainer decoding the object: for the batches the trainer waited for (it
+    # had trained on everything before), the follow path's own; for the others, the backlog of a slower trainer
+    waited, backlog = [], []
+    for steps, reads in ((first, first_reads), (rest, rest_reads)):
+        for x in steps:
+            if x["batch_id"] in reads:
+                (waited if x["waited"] > 0 else backlog).append(reads[x["batch_id"]] - done_at[x["batch_id"]])
+    print(f"\nspeculators train following a run: first step {complete_at - first[0]['at']:.1f} s before COMPLETE "
+          f"({report.batches} batches); checkpoint at step {checkpoint_step}, resumed there; {len(trained)} samples "
+          f"once each; loss {losses[0]:.4f} -> {losses[-1]:.4f} over the {len(losses)} steps after the restart; "
+          f"done -> decoded, {len(waited)} batches the trainer waited for: median "
+          f"{statistics.median(waited) * 1000:.0f} ms, max {max(waited) * 1000:.0f} ms (poll 200 ms); "
+          f"{len(backlog)} batches of backlog: median {statistics.median(backlog):.1f} s")
+    assert len(waited) >= 3 and statistics.median(waited) < 2.0, waited
+
+
+FOLLOW_SAMPLER = """
+import json, sys
+from hsx_peers.speculators_follow import FollowLog, FollowSampler
+from hsx_reader import ReaderError, RunFollower
+url, run, state_dir, start = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sampler = FollowSampler(RunFollower(url, run, timeout_seconds=5), 256, state_dir, FollowLog(None))
+try:
+    steps = [[list(at) for at in step] for step in sampler._generate_batches(0)[start:]]   # as speculators resumes
+except ReaderError as exc:
+    print(json.dumps({"refused": str(exc)}))
+else:
+    print(json.dumps({"steps": steps, "length": len(sampler)}))
+"""
+
+
+@pytest.mark.slow
+def test_follow_sampler_packs_long_batches_and_refuses_a_resume_on_a_rebuilt_ledger(r, redis_server, tiny_model,
+                                                                                    tmp_path):
+    """speculators' follow sampler (in its venv): run batches over --total-seq-len tokens are cut into steps of at
+    most that many (a longer sample alone), every sample once in the ledger's order; resuming at step k gives the
+    same steps from k on; after the ledger was rebuilt from the store, a resume is refused in one line."""
+    from tests.peerenv import peer_env, peer_python
+
+    store = str(tmp_path / "store")
+    run_pipeline(redis_server.url, tiny_model, store, tmp_path / "spool", run="fpack")   # 1024-token batches
+    python, state = peer_python("speculators"), tmp_path / "ckpt"
+
+    def sampler(start):
+        out = subprocess.run([str(python), "-c", FOLLOW_SAMPLER, redis_server.url, "fpack", str(state), str(start)],
+                             env=peer_env(tmp_path), capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    got = sampler(0)
+    lengths = {}
+    for s in RunDataset(store, "fpack"):
+        lengths[s["sample_id"]] = len(s["input_ids"])
+    specs = ledger.all_specs(r, "fpack")
+    sequence = [text(b) for b in r.lrange(RunKeys("fpack").done_seq, 0, -1)]
+    steps = [[specs[bid].sample_ids[row] for bid, row in step] for step in got["steps"]]
+    assert [sid for step in steps for sid in step] == [sid for bid in sequence for sid in specs[bid].sample_ids]
+    assert all(len({bid for bid, _ in step}) == 1 for step in got["steps"])         # a step within one run batch
+    assert all(sum(lengths[s] for s in step) <= 256 or len(step) == 1 for step in steps)
+    assert len(steps) > len(sequence) and got["length"] <= len(steps)               # long batches were cut
+    assert json.loads((state / "hsx_follow.json").read_text())["total_seq_len"] == 256
+    assert sampler(5)["steps"] == got["steps"][5:]                                  # resume: the same steps
+
+    r.flushall()                                           # Redis lost; the ledger rebuilt from the store
+    produce(produce_config(redis_server.url, tiny_model, store, run="fpack"))
+    refused = sampler(5)["refused"]
+    assert "\n" not in refused and "rebuilt" in refused and str(state) in refused, refused

@@ -84,6 +84,14 @@ def test_speculators_dataset_reads_in_place_through_the_hsx_backend(eagle3_run, 
     out = subprocess.run([str(py), "-m", "hsx_peers.speculators", "tokens", "--store", str(eagle3_run.store),
                           "--run", eagle3_run.run, "--out", str(tokens)], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
+    # token_freq.pt beside the token table, as the export writes it: token id -> count over loss-masked tokens
+    freq, run_ds = torch.load(tokens / "token_freq.pt", weights_only=True), RunDataset(str(eagle3_run.store), eagle3_run.run)
+    want_freq: dict[int, int] = {}
+    for i in range(len(run_ds)):
+        sample = run_ds[i]
+        for token in sample["input_ids"][sample["loss_mask"].bool()].tolist():
+            want_freq[token] = want_freq.get(token, 0) + 1
+    assert freq == want_freq and sum(freq.values()) > 0
     # the peer's own dataset class reads sample i through the backend: same tensors as the run
     check = subprocess.run([str(py), "-c", """
 import sys, json, torch

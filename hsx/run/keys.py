@@ -55,6 +55,10 @@ class RunKeys:
         return self._k("done_seq_pos")
 
     @property
+    def done_seq_generation(self) -> str:  # STRING: random id of this done_seq (gone with it after a Redis loss); no TTL
+        return self._k("done_seq_generation")
+
+    @property
     def done_log(self) -> str:  # ZSET batch_id scored by unix time it was recorded done; no TTL
         return self._k("done_log")
 

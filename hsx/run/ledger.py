@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import asdict, dataclass
 
 import redis
@@ -275,6 +276,15 @@ def sequence_done(r: redis.Redis, run: str) -> int:
     keys = RunKeys(run)
     missing = sorted(done_ids(r, run) - {text(x) for x in r.hkeys(keys.done_seq_pos)})
     return int(r.eval(_SEQUENCE_DONE, 3, keys.done, keys.done_seq, keys.done_seq_pos, *missing)) if missing else 0
+
+
+def sequence_generation(r: redis.Redis, run: str) -> str:
+    """The id of this ``done_seq``: made once (the first caller sets it), lost with the list in a Redis loss, so
+    a ledger rebuilt from the store (whose sequence is in another order) has another. A follower's cursor
+    carries it: a position is only meaningful in the sequence it was counted in."""
+    key = RunKeys(run).done_seq_generation
+    r.set(key, uuid.uuid4().hex[:12], nx=True)
+    return text(r.get(key))
 
 
 def done_sequence(r: redis.Redis, run: str, start: int, count: int = 1000) -> list[str]:

@@ -9,9 +9,11 @@ first, which its command line does before it hands over to speculators' own ``ma
     python -m hsx_peers.speculators train --hidden-states-backend hsx --hsx-store s3://bucket/prefix \
         --hsx-run R --data-path /data/R-tokens --verifier-name-or-path <target> --speculator-type eagle3 ...
     (torchrun --nproc_per_node=8 -m hsx_peers.speculators train ... likewise)
+    HSX_REDIS_URL=redis://ledger:6379/0 python -m hsx_peers.speculators train --hidden-states-backend hsx \
+        --hsx-run R --hsx-mode follow ...      # train while R is extracted: hsx_peers.speculators_follow
 
 ``tokens`` writes speculators' Arrow dataset of the token columns only (input_ids, loss_mask, seq_len;
-torch format): about 9 bytes a token against the run's tens of KB. The hidden states stay in the store:
+torch format; about 9 bytes a token against the run's tens of KB) and its ``token_freq.pt``. The hidden states stay in the store:
 ``get_cached(i)`` reads sample i of the run (line i of its index) through hsx_reader and gives
 speculators its offline layout, ``hidden_states`` [T, n + 1, H] (the run's layers, then the final state)
 and ``token_ids`` [T] int64, in the run's dtype (FP8 runs come back dequantised with their scales).
@@ -22,13 +24,18 @@ speculators applies ``verifier_norm`` to it, which gives back the stored state.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 
+from hsx.config import StoreSettings, redis_url_from, with_redis_password
+from hsx.errors import HsxError
 from hsx_peers.samples import open_run, token_columns
+from hsx_peers.speculators_follow import FollowTransfer, install
 from hsx_reader import ReaderError
 
 
@@ -90,13 +97,26 @@ class HsxBackend(HiddenStatesBackend):
         parser.add_argument("--hsx-cache-dir", type=str, default=None,
                             help="local folder for the object cache (default: memory)")
         parser.add_argument("--hsx-s3-endpoint-url", type=str, default=None, help="S3-compatible endpoint URL")
+        parser.add_argument("--hsx-mode", type=str, default="complete", choices=["complete", "follow"],
+                            help="complete: a completed run, by its index; follow: the run while it is extracted, "
+                                 "through its ledger (Redis from HSX_REDIS_URL), each batch as it is recorded done, "
+                                 "until the run is COMPLETE")
+        parser.add_argument("--hsx-follow-log", type=str, default=None,
+                            help="with --hsx-mode follow: append a JSON line per step and per object read to this file")
 
     @staticmethod
     def add_launch_args(parser: argparse.ArgumentParser) -> None:
         """hsx extracts with its own pipeline (hsx produce/worker/upload), not through vLLM."""
 
     @staticmethod
-    def from_train_args(args: argparse.Namespace, data_path: str) -> HsxTransfer:
+    def from_train_args(args: argparse.Namespace, data_path: str) -> HsxTransfer | FollowTransfer:
+        if getattr(args, "hsx_mode", "complete") == "follow":   # callers may build args without it
+            if not args.hsx_run:
+                raise ValueError("--hsx-mode follow needs --hsx-run")
+            store = StoreSettings(url=args.hsx_store, endpoint_url=args.hsx_s3_endpoint_url) if args.hsx_store else None
+            redis_url = with_redis_password(redis_url_from(None, os.environ.get("HSX_REDIS_URL") or os.environ.get("REDIS_URL")),
+                                            os.environ.get("HSX_REDIS_PASSWORD"))
+            return FollowTransfer(redis_url, args.hsx_run, store, args.save_path, args.hsx_follow_log)
         if not args.hsx_store or not args.hsx_run:
             raise ValueError("--hidden-states-backend hsx needs --hsx-store and --hsx-run")
         return HsxTransfer(args.hsx_store, args.hsx_run, args.hsx_fetch, args.hsx_cache_dir, args.hsx_s3_endpoint_url)
@@ -107,13 +127,19 @@ class HsxBackend(HiddenStatesBackend):
 
 
 def write_tokens(store: str, run: str, out: str, endpoint_url: str | None = None) -> int:
-    """speculators' Arrow dataset of the run's token columns (torch format) at ``out``; returns its rows."""
+    """speculators' Arrow dataset of the run's token columns (torch format) at ``out``, and beside it
+    ``token_freq.pt`` (as ``hsx export`` and speculators' own prepare step write it), from which
+    ``--draft-vocab-size`` picks the draft vocabulary; returns its rows."""
     from datasets import Dataset
 
+    from hsx_tools.export import write_token_freq
+
     ds = open_run(store, run, "range", endpoint_url=endpoint_url)
-    table = Dataset.from_dict(token_columns(ds))
+    columns = token_columns(ds)
+    table = Dataset.from_dict(columns)
     table.set_format("torch")
     table.save_to_disk(out)
+    write_token_freq(Path(out), columns["input_ids"], columns["loss_mask"])
     return len(table)
 
 
@@ -123,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         from speculators.train.cli import main as train
         from speculators.train.config import TrainConfig
 
-        train(TrainConfig.resolve(argv[1:]))
+        try:
+            train(TrainConfig.resolve(argv[1:]))
+        except (ReaderError, HsxError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     parser = argparse.ArgumentParser(prog="python -m hsx_peers.speculators")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{rows} samples' token columns -> {args.out}")
     return 0
+
+
+# After HsxBackend is registered: importing speculators' cli snapshots the backend registry.
+install()
 
 
 if __name__ == "__main__":

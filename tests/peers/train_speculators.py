@@ -17,6 +17,7 @@ import hsx_peers.speculators  # noqa: F401
 
 # isort: split
 
+import speculators.train.checkpointer as checkpointer_module
 import speculators.train.cli as cli_module
 import speculators.train.trainer as trainer_module
 import torch
@@ -25,6 +26,7 @@ from speculators.train.cli import main
 from speculators.train.config import TrainConfig
 
 trainer_module.get_local_rank = lambda: "cpu"
+checkpointer_module.get_current_device = lambda: "cpu"  # a resumed Trainer loads its checkpoint onto the accelerator
 torch.accelerator.current_accelerator = lambda check_available=False: torch.device("cpu")
 pinning.pin_memory = lambda data, device=None: data  # its DataLoader pins batches for the accelerator
 torch.accelerator.synchronize = lambda device=None: None  # its step timer syncs the accelerator ...
