@@ -16,6 +16,8 @@
 #                 as the worker's default; 0 = off)
 #   27b-compute   issue 22: the 27B hybrid shape (hybrid27b, fla) the same way
 #   fp8-speed     issue 22: where FP8 compute's time goes, bare forward variants + profiles (bench/fp8_speed.py)
+#   fp8-checkpoint issue 22: an e4m3 block-scaled FP8 checkpoint (8B shape, written to /dev/shm) loaded as stored, its
+#                 bare forward beside bf16 and FP8 compute from bf16 weights (bench/fp8_checkpoint.py)
 #   producer      issue 22: a real `hsx produce` of 1M generated rows to its first enqueue (bench/producer_e2e.py)
 #   fidelity      issue 22: FP8 compute vs bf16 hidden states per layer on a model trained on the GPU (bench/fp8_fidelity.py)
 # The padding table of 1M planned samples (target 3) runs beside them on the CPU.
@@ -72,6 +74,8 @@ for step in "${STEPS[@]}"; do
                   PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_SPEED27:-330}" python bench/fp8_speed.py --shape hybrid27b \
                     --tokens 100000 --profile --out "$OUTDIR" \
                     --variants "fp8 as landed (compiled quantiser),triton + shared input,triton + shared + fast accum" ;;
+    fp8-checkpoint) timeout "${T_CKPT:-200}" python bench/fp8_checkpoint.py --shape qwen3-8b --tokens "${TOKENS_CKPT:-150000}" \
+                    --layers "${CKPT_LAYERS:-0}" --out "$OUTDIR" ;;
     producer)     timeout "${T_PROD:-240}" python bench/producer_e2e.py --rows "${PROD_ROWS:-1000000}" --out "$OUTDIR" ;;
     fidelity)     timeout "${T_FID:-240}" python bench/fp8_fidelity.py --minutes "${FID_MIN:-1.5}" --out "$OUTDIR" ;;
     *)            echo "unknown step $step" ;;

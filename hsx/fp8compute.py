@@ -196,28 +196,37 @@ def quantise_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tup
     return q.to(FP8).contiguous(), scale
 
 
+def fp8_tensors(tensors, block: tuple[int, int] = (128, 128)):
+    """(key, tensor) pairs of an e4m3 block-scaled checkpoint from a bf16 one's ``tensors`` (key -> tensor):
+    every 2-D ``*.weight`` of the decoder layers (not norms, embeddings or lm_head) as float8_e4m3fn plus a
+    float32 ``weight_scale_inv`` per block, the rest as they are. One weight at a time, on the tensors' device."""
+    for key, t in tensors.items():
+        if ".layers." in key and key.endswith(".weight") and t.dim() == 2 and "norm" not in key:
+            q, scale_inv = quantise_blocks(t, block)
+            yield key, q
+            yield key.removesuffix("weight") + "weight_scale_inv", scale_inv
+        else:
+            yield key, t.contiguous()
+
+
+def fp8_config(config: dict, block: tuple[int, int] = (128, 128)) -> dict:
+    """``config`` (config.json's dict) with the ``quantization_config`` of an e4m3 block-scaled checkpoint."""
+    return {**config, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                              "weight_block_size": list(block)}}
+
+
 def write_fp8_checkpoint(src: str | Path, dst: str | Path, block: tuple[int, int] = (128, 128)) -> int:
-    """An e4m3 block-scaled copy of a bf16 checkpoint, laid out as the published FP8 releases: every 2-D
-    ``*.weight`` of the decoder layers (not norms, embeddings or lm_head) as float8_e4m3fn plus a float32
-    ``weight_scale_inv`` per block, and ``quantization_config`` in config.json. For tests and benchmarks;
-    returns how many weights were quantised."""
+    """An e4m3 block-scaled copy of a bf16 checkpoint, laid out as the published FP8 releases
+    (:func:`fp8_tensors`, :func:`fp8_config`). For tests and benchmarks; returns how many weights were quantised."""
     from safetensors.torch import load_file, save_file
 
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     quantised = 0
     for file in sorted(src.glob("*.safetensors")):
-        tensors = load_file(str(file))
-        out = {}
-        for key, t in tensors.items():
-            if ".layers." in key and key.endswith(".weight") and t.dim() == 2 and "norm" not in key:
-                out[key], out[key.removesuffix("weight") + "weight_scale_inv"] = quantise_blocks(t, block)
-                quantised += 1
-            else:
-                out[key] = t.contiguous()
+        out = dict(fp8_tensors(load_file(str(file)), block))
+        quantised += sum(key.endswith(".weight_scale_inv") for key in out)
         save_file(out, str(dst / file.name), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": list(block)}
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    (dst / "config.json").write_text(json.dumps(fp8_config(config, block), indent=2))
     return quantised
