@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 
-from hsx.config import StoreSettings, redis_url_from, with_redis_password
+from hsx.config import StoreSettings, with_redis_password
 from hsx.errors import HsxError
 from hsx_peers.samples import open_run, token_columns
 from hsx_peers.speculators_follow import FollowTransfer, install
@@ -114,8 +114,11 @@ class HsxBackend(HiddenStatesBackend):
             if not args.hsx_run:
                 raise ValueError("--hsx-mode follow needs --hsx-run")
             store = StoreSettings(url=args.hsx_store, endpoint_url=args.hsx_s3_endpoint_url) if args.hsx_store else None
-            redis_url = with_redis_password(redis_url_from(None, os.environ.get("HSX_REDIS_URL") or os.environ.get("REDIS_URL")),
-                                            os.environ.get("HSX_REDIS_PASSWORD"))
+            redis_url = os.environ.get("HSX_REDIS_URL") or os.environ.get("REDIS_URL")
+            if not redis_url:   # never a flag: speculators writes every flag into run.yaml
+                raise ValueError("--hsx-mode follow needs HSX_REDIS_URL (or REDIS_URL) in the environment, "
+                                 "e.g. redis://127.0.0.1:6379/0")
+            redis_url = with_redis_password(redis_url, os.environ.get("HSX_REDIS_PASSWORD"))
             return FollowTransfer(redis_url, args.hsx_run, store, args.save_path, args.hsx_follow_log)
         if not args.hsx_store or not args.hsx_run:
             raise ValueError("--hidden-states-backend hsx needs --hsx-store and --hsx-run")
