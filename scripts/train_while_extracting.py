@@ -55,8 +55,7 @@ def train(redis_url: str, workdir: Path, resume: bool, stop_after: int | None) -
     cursor_file = workdir / "cursor"
     cursor = cursor_file.read_text().strip() if resume and cursor_file.exists() else None
     follower = RunFollower(redis_url, RUN, cursor=cursor, timeout_seconds=300)
-    manifest, r = follower.manifest, connect(redis_url)
-    width = len(manifest["layer_ids"]) * manifest["hidden_size"]
+    width, r = follower.manifest.width, connect(redis_url)
     torch.manual_seed(0)
     head = torch.nn.Linear(width, 512)          # the tiny model's vocabulary is under 512 ids
     state = workdir / "drafter.pt"
