@@ -33,3 +33,23 @@ def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_whe
     assert "at $3/GPU-hour" in text
     # tiny model: 3 layers x 64 values, FP8 (1 byte + a 4-byte scale a layer) x zstd's measured 0.82, + 5 of ids/mask
     assert "x float8_e4m3 + zstd = 172 B a token" in text
+
+
+def test_inspect_takes_produces_own_flag_declarations_and_refuses_alike(capsys):
+    from hsx_cli import inspect, produce
+    from hsx_cli.main import main
+
+    shared = {f.name for f in inspect.FLAGS} & {f.name for f in produce.FLAGS}
+    assert shared == {"--dataset", "--model", "--layers", "--token-budget", "--max-batch-rows", "--pad-multiple",
+                      "--dtype", "--store-dtype", "--codec", "--template-kwargs", "--columns", "--max-length",
+                      "--overlong", "--max-reject-share", "--tokenise-workers", "--window-rows"}
+    by_name = {f.name: f for f in produce.FLAGS}
+    assert all(f is by_name[f.name] for f in inspect.FLAGS if f.name in shared)   # one declaration, not a copy
+    # Before, inspect declared --token-budget and --pad-multiple without produce's upper limits.
+    common = ["--dataset", str(sample_dataset()), "--model", "m"]
+    for flag, value in (("--token-budget", str(2**22 + 1)), ("--pad-multiple", "5000")):
+        answers = []
+        for argv in (["inspect", *common], ["produce", *common, "--run", "x", "--store", "/tmp/s"]):
+            assert main([*argv, flag, value]) == 2
+            answers.append(capsys.readouterr().err.strip().split(": error: ", 1)[1])
+        assert answers[0] == answers[1] and flag in answers[0], answers
