@@ -54,8 +54,8 @@ class RunLimits:
         return {"max_attempts": self.max_attempts, "lease_seconds": self.lease_seconds}
 
 
-# JSON types of the fields (a bool is never an int here). Fields after the first block may be absent from
-# manifests older hsx versions wrote; Manifest.from_dict gives them the value those versions meant.
+# JSON types of the fields (a bool is never an int here). OPTIONAL fields may be absent from manifests older
+# hsx versions wrote (or null); Manifest.from_dict gives them the value those versions meant.
 _INT, _STR, _BOOL, _DICT = (int,), (str,), (bool,), (dict,)
 REQUIRED = {"run": _STR, "model": _STR, "model_config_hash": _STR, "model_type": _STR, "num_layers": _INT,
             "hidden_size": _INT, "layer_preset": _STR, "layer_ids": (list,), "store_final": _BOOL, "dtype": _STR,
@@ -164,12 +164,14 @@ class Manifest:
                 raise ManifestError(f"{where}: {name} is {value!r:.60}, not {' or '.join(t.__name__ for t in types)}")
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in data["layer_ids"]):
             raise ManifestError(f"{where}: layer_ids {data['layer_ids']!r:.60} are not all integers")
+        limits = {**RunLimits().to_dict(), **(data.get("limits") or {})}
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in limits.values()):
+            raise ManifestError(f"{where}: limits {data['limits']!r:.60} are not all integers")
         run = data["run"]
         try:
             store = StoreSettings.resolve(None, recorded=data["store"])
         except ConfigError as exc:
             raise ManifestError(f"{where}: store: {exc}") from None
-        limits = data.get("limits") or {}
         known = {*REQUIRED, *OPTIONAL}
         return cls(
             run=run, model=_absolute(run, "model", data["model"]), model_config_hash=data["model_config_hash"],
@@ -186,8 +188,7 @@ class Manifest:
             columns=MappingProxyType(dict(data.get("columns") or {})), pad_token_id=data["pad_token_id"],
             store_url=_absolute(run, "store_url", data["store_url"]),
             store=replace(store, url=_absolute(run, "store", store.url)),
-            limits=RunLimits(int(limits.get("max_attempts", D.DEFAULT_MAX_ATTEMPTS)),
-                             int(limits.get("lease_seconds", D.DEFAULT_LEASE_SECONDS))),
+            limits=RunLimits(limits["max_attempts"], limits["lease_seconds"]),
             hsx_version=data["hsx_version"], created=data["created"],
             extra=MappingProxyType({k: v for k, v in data.items() if k not in known}))
 

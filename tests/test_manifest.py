@@ -88,6 +88,7 @@ def test_a_newer_format_is_refused_and_unknown_keys_are_kept():
     ({"layer_ids": ["1", "2"]}, "layer_ids ['1', '2'] are not all integers"),
     ({"hidden_size": True}, "hidden_size is True, not int"),
     ({"store_final": 1}, "store_final is 1, not bool"),
+    ({"limits": {"max_attempts": "3"}}, "limits {'max_attempts': '3'} are not all integers"),
     ({"format": "something-else"}, "format 'something-else' is not an hsx run manifest"),
     ({"store": {"url": "s3://b/p", "addressing_style": "sideways"}}, "store: S3 addressing style"),
 ])
