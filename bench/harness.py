@@ -326,7 +326,7 @@ def run_pipeline(svc: Services, run: str, extractor: TimedExtractor, specs, warm
                memory_spool_dir=svc.memory_spool_dir if memory_budget_bytes else None,
                memory_spool_budget_bytes=memory_budget_bytes)
     store = StoreSettings(url=svc.store_url).open()
-    extractor.store_dtype = manifest.get("store_dtype") or manifest["dtype"]
+    extractor.store_dtype = manifest.store_dtype
     rt = WorkerRuntime(cfg, svc.r, store, manifest, extractor)
     monitor = Monitor([t.dir for t in cfg.tiers.tiers], Path(svc.store_url) / run / "batches",
                       gpu_index=svc.device.index if svc.clock.cuda else None)
@@ -363,7 +363,7 @@ def run_pipeline(svc: Services, run: str, extractor: TimedExtractor, specs, warm
         "e2e_tok_s": tokens / (t_done - t0), "batches_run": rt.batches_run, "spooled": rt.writer.written,
         "peak_gib": torch.cuda.max_memory_allocated() / GiB if svc.clock.cuda else None,
         "pinned_gib": (rt.pinned.nbytes * rt.pinned.count / GiB) if rt.pinned else 0.0,
-        "store_dtype": extractor.store_dtype, "codec": manifest.get("codec", "none"),
+        "store_dtype": extractor.store_dtype, "codec": manifest.codec,
         "stored_bytes": rt.writer.stored_bytes, "raw_bytes": rt.writer.raw_bytes,
         "bytes_per_token": rt.writer.stored_bytes / max(tokens, 1),
         "codec_ratio": rt.writer.stored_bytes / max(rt.writer.raw_bytes, 1),

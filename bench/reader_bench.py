@@ -26,7 +26,9 @@ from torch.utils.data import DataLoader
 
 from hsx.batch import batchfile
 from hsx.batch.dtypes import FP8, quantise_fp8
-from hsx.store import layout
+from hsx.config import StoreSettings
+from hsx.manifest import RunLimits, new_manifest
+from hsx.store import LocalStore, layout
 from hsx_reader import RunStream, collate_packed
 
 RUN, H, LAYERS = "bench", 4096, [1, 9, 17, 25, 33]
@@ -61,9 +63,14 @@ def write_run(root: Path, batches: int, token_budget: int, seed: int = 0, store_
         lines += [json.dumps({"id": s, "key": key, "batch_id": bid, "row": i}) for i, s in enumerate(ids)]
         total += len(ids)
     (root / layout.index_key(RUN)).write_text("\n".join(lines) + "\n")
-    (root / layout.manifest_key(RUN)).write_text(json.dumps(
-        {"run": RUN, "layer_ids": LAYERS, "hidden_size": H, "dtype": "bfloat16", "store_final": False,
-         "store_dtype": store_dtype, "codec": codec}))
+    store = str(root)   # a synthetic run: what a reader checks is real, the rest says where it came from
+    new_manifest(run=RUN, model="synthetic", model_config_hash="0" * 64, model_type="synthetic", num_layers=36,
+                 hidden_size=H, layer_preset=",".join(map(str, LAYERS)), layer_ids=tuple(LAYERS), store_final=False,
+                 dtype="bfloat16", store_dtype=store_dtype, codec=codec, compute_dtype="bfloat16", max_length=4096,
+                 overlong="drop", token_budget=token_budget, pad_multiple=8, max_batch_rows=512, batches_per_shard=100,
+                 window_rows=None, dataset="synthetic", dataset_fingerprint="0" * 64, chat_template_hash="0" * 64,
+                 template_kwargs={}, columns={}, pad_token_id=0, store_url=store, store=StoreSettings(url=store),
+                 limits=RunLimits()).save(LocalStore(root))
     return total
 
 

@@ -19,12 +19,9 @@ import torch
 
 from hsx.batch.dtypes import FP8, fp8_error, quantise_fp8
 from hsx.batch.dtypes import VALUE_DTYPES as DTYPES
+from hsx.manifest import text_config
 
 log = logging.getLogger(__name__)
-
-
-def text_config(config):
-    return getattr(config, "text_config", None) or config
 
 
 def _decoder(model):
@@ -151,13 +148,6 @@ class Extractor:
     @property
     def width(self) -> int:
         return len(self.layer_ids) * self.hidden_size
-
-    def host_bytes_per_token(self) -> int:
-        """Bytes a token's stored tensors take in host memory (hidden states, scales, final state)."""
-        rows = len(self.layer_ids) + (1 if self.store_final else 0)
-        if self.store_dtype == FP8:
-            return rows * (self.hidden_size + 4)
-        return rows * self.hidden_size * self.out_dtype.itemsize
 
     def stored(self, hidden: torch.Tensor, final: torch.Tensor | None,
                measure_error: bool = False) -> dict[str, torch.Tensor]:

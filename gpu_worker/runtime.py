@@ -21,7 +21,7 @@ from hsx.config import WorkerConfig
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES, DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.devices import GpuProbe
 from hsx.digest import file_sha256
-from hsx.manifest import RunLimits
+from hsx.manifest import Manifest
 from hsx.redisconn import OUTAGES
 from hsx.run import computeerror, heartbeat, leases, ledger, queues, reconcile, rqclean
 from hsx.run.fp8error import ERROR_SAMPLE_EVERY
@@ -46,19 +46,19 @@ def install(runtime: WorkerRuntime | None) -> None:
 
 
 class WorkerRuntime:
-    def __init__(self, cfg: WorkerConfig, r, store, manifest: dict, extractor: Extractor):
+    def __init__(self, cfg: WorkerConfig, r, store, manifest: Manifest, extractor: Extractor):
         self.cfg, self.r, self.store, self.manifest, self.extractor = cfg, r, store, manifest, extractor
         self.run, self.worker_name = cfg.run, cfg.worker_name
-        self.limits = RunLimits.of(manifest)   # attempts and lease length: the run's, not this process's
+        self.limits = manifest.limits   # attempts and lease length: the run's, not this process's
         self.leases_key = RunKeys(cfg.run).extract_leases
         self.cuda = extractor.device.type == "cuda"
         self.tiers = cfg.tiers
         self.writer = SpoolWriter(r, cfg.run, manifest, self.tiers, cfg.host, cfg.worker_name,
                                   on_failure=self.fail_batch, depth=DEFAULT_WRITE_QUEUE)
-        self.prefetcher = Prefetcher(store, cfg.run, manifest.get("pad_token_id", 0), pin=self.cuda,
+        self.prefetcher = Prefetcher(store, cfg.run, manifest.pad_token_id, pin=self.cuda,
                                      depth=DEFAULT_PREFETCH_BATCHES)
         # One pinned byte buffer a batch in flight holds every stored tensor (hidden states, scales, final).
-        self.pinned = (PinnedPool(DEFAULT_PINNED_BUFFERS, manifest["token_budget"] * extractor.host_bytes_per_token() + 2**16)
+        self.pinned = (PinnedPool(DEFAULT_PINNED_BUFFERS, manifest.token_budget * manifest.host_bytes_per_token + 2**16)
                        if self.cuda else None)
         self.beats = 0
         self.copy_stream = torch.cuda.Stream(device=extractor.device) if self.cuda else None
@@ -67,7 +67,7 @@ class WorkerRuntime:
         self.batches_run = 0
         self.tokens_run = 0
         # A float8 run with no compute-error record yet: this worker claims the measurement at its first batch.
-        self.measure_compute = (manifest.get("compute_dtype") == "float8"
+        self.measure_compute = (manifest.compute_dtype == "float8"
                                 and not computeerror.recorded(r, cfg.run))
         self.started = time.time()
         self._logged_at, self._logged_batches, self._logged_tokens = time.monotonic(), 0, 0

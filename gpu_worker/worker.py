@@ -20,7 +20,7 @@ from hsx.config import WorkerConfig
 from hsx.errors import HsxError
 from hsx.fp8compute import require_fp8_device
 from hsx.localdirs import ensure_dir
-from hsx.manifest import RunLimits, config_hash
+from hsx.manifest import config_hash
 from hsx.redisconn import connect, redact
 from hsx.run import computeerror, leases, ledger, queues
 from hsx.run.evictionpolicy import check_eviction_policy
@@ -130,24 +130,23 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
             manifest = ledger.get_manifest(r, cfg.run)
     if manifest is None:
         manifest = ledger.require_manifest(r, cfg.run)
-    lease = RunLimits.of(manifest).lease_seconds
+    lease = manifest.limits.lease_seconds
     if cfg.heartbeat_seconds * 2 > lease:
         raise WorkerSetupError(f"--heartbeat-seconds {cfg.heartbeat_seconds:g} must be at most half of run "
                                f"{cfg.run!r}'s lease ({lease} s, set by hsx produce --lease-seconds), or leases expire "
                                "between beats and batches run twice")
-    if manifest.get("compute_dtype", "bfloat16") == "float8":
+    if manifest.compute_dtype == "float8":
         require_fp8_device(cfg.device)  # before the model is read: a CPU or pre-Ada GPU is refused at once
-    model_path = cfg.model_override or manifest["model"]
+    model_path = cfg.model_override or manifest.model
     check_model_visible(model_path, "worker", cfg.host)
     store = open_run_store(manifest, "worker", cfg.host)  # before the model loads: a wrong mount is seen at once
     check_directories(cfg, model_path)
-    if config_hash(model_path) != manifest["model_config_hash"]:
+    if config_hash(model_path) != manifest.model_config_hash:
         raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
-    log.info("loading %s on %s (layers %s)", model_path, cfg.device, manifest["layer_ids"])
-    compute_dtype = manifest.get("compute_dtype", "bfloat16")
-    extractor = Extractor.load(model_path, manifest["layer_ids"], manifest["store_final"], cfg.device, manifest["dtype"],
-                               store_dtype=manifest.get("store_dtype"), compute_dtype=compute_dtype,
-                               measure_compute=compute_dtype == "float8" and not computeerror.recorded(r, cfg.run))
+    log.info("loading %s on %s (layers %s)", model_path, cfg.device, list(manifest.layer_ids))
+    extractor = Extractor.load(model_path, list(manifest.layer_ids), manifest.store_final, cfg.device, manifest.dtype,
+                               store_dtype=manifest.store_dtype, compute_dtype=manifest.compute_dtype,
+                               measure_compute=manifest.compute_dtype == "float8" and not computeerror.recorded(r, cfg.run))
     return WorkerRuntime(cfg, r, store, manifest, extractor)
 
 
@@ -162,7 +161,7 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
     ExtractWorker.hsx_runtime = rt
     rt.on_vanished = lambda: _stop(worker, cfg.burst)
     rt.start()
-    log.info("ready: model %s loaded on %s, taking jobs from extract:%s as %s", rt.manifest["model"],
+    log.info("ready: model %s loaded on %s, taking jobs from extract:%s as %s", rt.manifest.model,
              rt.extractor.device, cfg.run, cfg.worker_name)
     log.info("spool: %s%s", rt.tiers.describe(), f" (memory tier: {cfg.memory_spool_why})" if cfg.memory_spool_why else "")
     try:

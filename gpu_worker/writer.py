@@ -27,6 +27,7 @@ import torch
 
 from hsx import spool
 from hsx.batch import batchfile
+from hsx.manifest import Manifest
 from hsx.run import computeerror, leases, ledger, queues
 from hsx.run.fp8error import record_store_error
 from hsx.run.keys import RunKeys
@@ -72,11 +73,11 @@ class PinnedPool:
 
 
 class SpoolWriter:
-    def __init__(self, r, run: str, manifest: dict, tiers: spool.SpoolTiers, host: str, worker_name: str,
+    def __init__(self, r, run: str, manifest: Manifest, tiers: spool.SpoolTiers, host: str, worker_name: str,
                  on_failure: Callable[[str, int, str], None], depth: int, fsync: bool = True):
         self.r, self.run, self.manifest = r, run, manifest
         self.tiers, self.host, self.worker_name = tiers, host, worker_name
-        self.codec = manifest.get("codec", "none")
+        self.codec = manifest.codec
         self.on_failure, self.fsync = on_failure, fsync
         self._q: stdqueue.Queue = stdqueue.Queue(maxsize=depth)
         self._threads = [threading.Thread(target=self._loop, name=f"hsx-writer-{i}", daemon=True)
@@ -151,10 +152,9 @@ class SpoolWriter:
         batchfile.validate(tensors, spec.sample_ids, check_finite=False)
         m = self.manifest
         metadata = {"format": batchfile.FORMAT, "run": self.run, "batch_id": spec.batch_id,
-                    "sample_ids": json.dumps(spec.sample_ids), "layer_ids": json.dumps(m["layer_ids"]),
-                    "dtype": m["dtype"], "store_dtype": m.get("store_dtype") or m["dtype"], "codec": self.codec,
-                    "model": m["model"], "hidden_size": str(m["hidden_size"]),
-                    "store_final": str(bool(m["store_final"])).lower()}
+                    "sample_ids": json.dumps(spec.sample_ids), "layer_ids": json.dumps(list(m.layer_ids)),
+                    "dtype": m.dtype, "store_dtype": m.store_dtype, "codec": m.codec, "model": m.model,
+                    "hidden_size": str(m.hidden_size), "store_final": str(m.store_final).lower()}
         raw = sum(t.numel() * t.element_size() for t in tensors.values())
         self.largest_raw = max(self.largest_raw, raw)
         tier, path, size, sha, started = self._write_file(spec.batch_id, raw, tensors, metadata)

@@ -56,11 +56,6 @@ class StoreSettings:
                    region=region or recorded.get("region"), addressing_style=style,
                    verify_etag=bool(recorded.get("verify_etag", True) if verify_etag is None else verify_etag))
 
-    @classmethod
-    def of_run(cls, manifest: dict) -> StoreSettings:
-        """The store a run recorded in its manifest: the one way every role opens a run's store."""
-        return cls.resolve(None, recorded=manifest["store"])
-
     @property
     def is_local(self) -> bool:
         return "://" not in self.url or self.url.startswith("file://")

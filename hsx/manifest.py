@@ -3,18 +3,39 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from types import MappingProxyType
 
 from hsx import __version__
 from hsx import defaults as D
+from hsx.config import ConfigError, StoreSettings
 from hsx.errors import HsxError
+
+# The manifest's version, kept in its "format" field. Bump it when a field changes meaning or a new field
+# changes what a role must do: an hsx that reads an older version refuses a newer one (ManifestError), while
+# keys it does not know under its own version are kept as read and written back (Manifest.extra).
+FORMAT = "hsx-run/1"
+FP8 = D.STORE_DTYPES[-1]   # "float8_e4m3": one byte a value plus a float32 scale a token a layer (hsx/batch/dtypes.py)
 
 # Fields that define the run's output; a resume must agree on every one.
 IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "store_dtype", "codec", "hidden_size", "num_layers",
                    "max_length", "overlong", "token_budget", "pad_multiple", "max_batch_rows", "batches_per_shard",
                    "dataset_fingerprint", "chat_template_hash", "store_url", "template_kwargs", "columns",
                    "window_rows", "compute_dtype")
+log = logging.getLogger(__name__)
+_warned: set[tuple[str, str]] = set()   # (run, field) whose relative path was reported: once a process
+
+
+class ManifestError(HsxError, ValueError):
+    """A manifest this hsx cannot read: not JSON, a field missing or of the wrong type, or a newer format."""
+
+
+class ManifestMismatch(HsxError, RuntimeError):
+    """A run exists with a different manifest."""
 
 
 @dataclass(frozen=True)
@@ -29,44 +50,222 @@ class RunLimits:
     max_attempts: int = D.DEFAULT_MAX_ATTEMPTS
     lease_seconds: int = D.DEFAULT_LEASE_SECONDS
 
-    @classmethod
-    def of(cls, manifest: dict) -> RunLimits:
-        """From a manifest (one written before limits were recorded gets the defaults)."""
-        limits = manifest.get("limits") or {}
-        return cls(int(limits.get("max_attempts", D.DEFAULT_MAX_ATTEMPTS)),
-                   int(limits.get("lease_seconds", D.DEFAULT_LEASE_SECONDS)))
-
     def to_dict(self) -> dict:
         return {"max_attempts": self.max_attempts, "lease_seconds": self.lease_seconds}
 
 
-class ManifestMismatch(HsxError, RuntimeError):
-    """A run exists with a different manifest."""
+# JSON types of the fields (a bool is never an int here). OPTIONAL fields may be absent from manifests older
+# hsx versions wrote (or null); Manifest.from_dict gives them the value those versions meant.
+_INT, _STR, _BOOL, _DICT = (int,), (str,), (bool,), (dict,)
+REQUIRED = {"run": _STR, "model": _STR, "model_config_hash": _STR, "model_type": _STR, "num_layers": _INT,
+            "hidden_size": _INT, "layer_preset": _STR, "layer_ids": (list,), "store_final": _BOOL, "dtype": _STR,
+            "max_length": _INT, "overlong": _STR, "token_budget": _INT, "pad_multiple": _INT, "max_batch_rows": _INT,
+            "batches_per_shard": _INT, "dataset": _STR, "dataset_fingerprint": _STR, "chat_template_hash": _STR,
+            "pad_token_id": _INT, "store_url": _STR, "store": _DICT, "hsx_version": _STR, "created": _STR}
+OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "limits": _DICT, "template_kwargs": _DICT,
+            "columns": _DICT, "window_rows": _INT, "format": _STR}
 
 
-def build_manifest(**fields) -> dict:
-    manifest = dict(fields)
-    manifest.setdefault("hsx_version", __version__)
-    manifest.setdefault("created", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    manifest["format"] = "hsx-run/1"
-    return manifest
+@dataclass(frozen=True)
+class Manifest:
+    """What a run is: written once by `hsx produce` (Redis ``hsx:<run>:manifest`` and ``<run>/manifest.json``
+    in the store, the same JSON), read by every role. Paths are absolute (DESIGN rule 8).
+
+    Read and written only here: ``from_dict``/``from_json`` (old manifests included) and ``to_dict``/``to_json``.
+    """
+
+    run: str
+    model: str                  # absolute local folder or hub id
+    model_config_hash: str      # config_hash() of the model
+    model_type: str             # the text config's model_type
+    num_layers: int             # decoder layers of the target
+    hidden_size: int            # H
+    layer_preset: str           # --layers as given (dflash, eagle3, 1,9,17+final, ...)
+    layer_ids: tuple[int, ...]  # 0-based decoder-layer outputs stored, low to high
+    store_final: bool           # the final (normed) hidden state is stored too
+    dtype: str                  # what readers get back: bfloat16, float16 or float32
+    store_dtype: str            # what batch files hold: dtype or float8_e4m3 (older manifests: dtype)
+    codec: str                  # lossless codec of the hidden states: none or zstd
+    compute_dtype: str          # the target's linear layers: bfloat16 or float8
+    max_length: int             # tokens a sample
+    overlong: str               # drop | truncate
+    token_budget: int           # padded tokens a batch
+    pad_multiple: int
+    max_batch_rows: int
+    batches_per_shard: int
+    window_rows: int | None     # rows planned together; None: planned before windows (one sort of the whole set)
+    dataset: str                # absolute path of the input
+    dataset_fingerprint: str
+    chat_template_hash: str
+    template_kwargs: Mapping    # chat-template arguments
+    columns: Mapping            # instruction-column mapping (hsx.prep.columns), {} for none
+    pad_token_id: int
+    store_url: str              # the store, as a URL or absolute path (identity)
+    store: StoreSettings        # how to open it (endpoint, region, ...; no credentials)
+    limits: RunLimits
+    hsx_version: str            # of the producer that planned the run
+    created: str                # ISO 8601, UTC
+    extra: Mapping = field(default_factory=lambda: MappingProxyType({}))  # keys of a newer hsx, kept as read
+
+    # ---- derived facts -------------------------------------------------------------------------------
+    @property
+    def stored_rows(self) -> int:
+        """Hidden-state rows a token stores: one a layer, plus the final state."""
+        return len(self.layer_ids) + int(self.store_final)
+
+    @property
+    def stored_layer_names(self) -> list:
+        """The stored rows by name: the layer ids, then "final" when the final state is stored."""
+        return [*self.layer_ids, "final"] if self.store_final else list(self.layer_ids)
+
+    @property
+    def width(self) -> int:
+        """Columns of ``hidden_states``: the layers side by side (the final state is a tensor of its own)."""
+        return len(self.layer_ids) * self.hidden_size
+
+    @property
+    def fp8_store(self) -> bool:
+        return self.store_dtype == FP8
+
+    @property
+    def host_bytes_per_token(self) -> int:
+        """Bytes a token's stored tensors take in host memory before the codec (hidden states, FP8 scales, final)."""
+        from hsx.batch.batchfile import hidden_bytes_per_token
+
+        return hidden_bytes_per_token(self.hidden_size, self.stored_rows, self.store_dtype)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes a token takes in a batch file, estimated (the codec's measured ratio; headers left out)."""
+        from hsx.batch.batchfile import stored_bytes_per_token
+
+        return stored_bytes_per_token(self.hidden_size, self.stored_rows, self.store_dtype, self.codec)
+
+    # ---- reading and writing -------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data, where: str = "manifest") -> Manifest:
+        """A manifest as any hsx wrote it; ManifestError (one line naming ``where``) if it cannot be one."""
+        if not isinstance(data, dict):
+            raise ManifestError(f"{where}: not a JSON object ({type(data).__name__})")
+        fmt = data.get("format", FORMAT)   # manifests have always had it; a hand-written one may not
+        if fmt != FORMAT:
+            version = fmt.removeprefix("hsx-run/") if isinstance(fmt, str) else ""
+            if version.isdigit() and int(version) > int(FORMAT.removeprefix("hsx-run/")):
+                raise ManifestError(f"{where}: format {fmt} is newer than this hsx {__version__} reads ({FORMAT}); "
+                                    "upgrade hsx on this host")
+            raise ManifestError(f"{where}: format {fmt!r} is not an hsx run manifest ({FORMAT})")
+        missing = [k for k in REQUIRED if k not in data]
+        if missing:
+            raise ManifestError(f"{where}: no {', '.join(missing)} (not a manifest `hsx produce` wrote)")
+        for name, types in (*REQUIRED.items(), *OPTIONAL.items()):
+            value = data.get(name)
+            if name in data and not (name in OPTIONAL and value is None) and (
+                    not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+                raise ManifestError(f"{where}: {name} is {value!r:.60}, not {' or '.join(t.__name__ for t in types)}")
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in data["layer_ids"]):
+            raise ManifestError(f"{where}: layer_ids {data['layer_ids']!r:.60} are not all integers")
+        limits = {**RunLimits().to_dict(), **(data.get("limits") or {})}
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in limits.values()):
+            raise ManifestError(f"{where}: limits {data['limits']!r:.60} are not all integers")
+        run = data["run"]
+        try:
+            store = StoreSettings.resolve(None, recorded=data["store"])
+        except ConfigError as exc:
+            raise ManifestError(f"{where}: store: {exc}") from None
+        known = {*REQUIRED, *OPTIONAL}
+        return cls(
+            run=run, model=_absolute(run, "model", data["model"]), model_config_hash=data["model_config_hash"],
+            model_type=data["model_type"], num_layers=data["num_layers"], hidden_size=data["hidden_size"],
+            layer_preset=data["layer_preset"], layer_ids=tuple(data["layer_ids"]), store_final=data["store_final"],
+            dtype=data["dtype"], store_dtype=data.get("store_dtype") or data["dtype"],
+            codec=data.get("codec") or "none", compute_dtype=data.get("compute_dtype") or "bfloat16",
+            max_length=data["max_length"], overlong=data["overlong"], token_budget=data["token_budget"],
+            pad_multiple=data["pad_multiple"], max_batch_rows=data["max_batch_rows"],
+            batches_per_shard=data["batches_per_shard"], window_rows=data.get("window_rows"),
+            dataset=_absolute(run, "dataset", data["dataset"]), dataset_fingerprint=data["dataset_fingerprint"],
+            chat_template_hash=data["chat_template_hash"],
+            template_kwargs=MappingProxyType(dict(data.get("template_kwargs") or {})),
+            columns=MappingProxyType(dict(data.get("columns") or {})), pad_token_id=data["pad_token_id"],
+            store_url=_absolute(run, "store_url", data["store_url"]),
+            store=replace(store, url=_absolute(run, "store", store.url)),
+            limits=RunLimits(limits["max_attempts"], limits["lease_seconds"]),
+            hsx_version=data["hsx_version"], created=data["created"],
+            extra=MappingProxyType({k: v for k, v in data.items() if k not in known}))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, where: str = "manifest") -> Manifest:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise ManifestError(f"{where}: not valid JSON ({exc})") from None
+        return cls.from_dict(data, where)
+
+    def to_dict(self) -> dict:
+        """The JSON object, keys as every hsx wrote them (a window_rows of None is left out, as it was)."""
+        out = {**self.extra, "format": FORMAT}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or (f.name == "window_rows" and value is None):
+                continue
+            if isinstance(value, (StoreSettings, RunLimits)):
+                value = value.to_dict()
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def load(cls, store, run: str) -> Manifest | None:
+        """``<run>/manifest.json`` from a store (hsx.store.Store), or None if it has none."""
+        from hsx.store import layout
+
+        key = layout.manifest_key(run)
+        try:
+            raw = store.get_bytes(key)
+        except KeyError:
+            return None
+        return cls.from_json(raw, store.url(key))
+
+    def save(self, store) -> None:
+        """Write ``<run>/manifest.json`` into the store (the same bytes for the same manifest)."""
+        from hsx.store import layout
+
+        store.put_bytes(layout.manifest_key(self.run), self.to_json(indent=2).encode())
 
 
-def _identity(manifest: dict, key: str):
-    """A field as it defines the run (runs planned before store_dtype/codec/compute_dtype existed had their defaults)."""
-    defaults = {"store_dtype": manifest.get("dtype"), "codec": "none", "compute_dtype": "bfloat16"}
-    value = manifest.get(key)
-    if key == "store_url" and value:  # manifests before issue 20 may hold a relative local store: as seen from here
-        from hsx.prep.inputs import resolve_store_url
-
-        return resolve_store_url(value)
-    return defaults.get(key) if value is None else value
+def new_manifest(**fields_) -> Manifest:
+    """The manifest of a run planned now, by this hsx."""
+    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return Manifest(**{"hsx_version": __version__, "created": now, **fields_})
 
 
-def check_same_run(existing: dict, wanted: dict, run: str) -> None:
-    diffs = [f"{k}: run has {_identity(existing, k)!r}, this call has {_identity(wanted, k)!r}"
-             for k in IDENTITY_FIELDS if _identity(existing, k) != _identity(wanted, k)]
+def _absolute(run: str, name: str, path: str) -> str:
+    """A local path an older hsx recorded relative (before issue 20): resolved from here, with a warning."""
+    if "://" in path and not path.startswith("file://"):
+        return path
+    local = Path(path.removeprefix("file://")).expanduser()
+    if local.is_absolute() or (name == "model" and not _looks_like_path(path)):  # a hub id stays as written
+        return path
+    resolved = str(local.resolve())
+    if (run, name) not in _warned:
+        _warned.add((run, name))
+        log.warning("run %s's %s %s is a relative path (an older hsx planned it): reading it as %s",
+                    run, name, path, resolved)
+    return ("file://" + resolved) if path.startswith("file://") else resolved
+
+
+def check_same_run(existing: Manifest, wanted: Manifest) -> None:
+    """ManifestMismatch, listing the differences, unless both define the same output."""
+    old, new = existing.to_dict(), wanted.to_dict()
+    diffs = [f"{k}: run has {old.get(k)!r}, this call has {new.get(k)!r}"
+             for k in IDENTITY_FIELDS if old.get(k) != new.get(k)]
     if diffs:
+        run = wanted.run
         raise ManifestMismatch(f"run {run!r} already exists with a different manifest; refusing to mix outputs. "
                                "Use a new --run name, the original settings, or start it over with `hsx reset --run "
                                f"{run} --store STORE`. Differences:\n  " + "\n  ".join(diffs))
@@ -98,6 +297,11 @@ def load_model_config(model: str):
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ModelNotFound(f"model {model!r} is not a local folder and the hub did not give it ({reason}); check "
                             "the id, HF_TOKEN for a gated model, the network or HF_HUB_OFFLINE") from None
+
+
+def text_config(config):
+    """The decoder's part of a model config: a multimodal model's ``text_config``, else the config itself."""
+    return getattr(config, "text_config", None) or config
 
 
 def config_hash(model) -> str:

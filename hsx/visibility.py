@@ -8,30 +8,24 @@ uploader that wrote there would split the run's batches across two folders).
 
 from __future__ import annotations
 
-import logging
 import socket
 from pathlib import Path
 
-from hsx.config import StoreSettings
 from hsx.errors import HsxError
+from hsx.manifest import Manifest
 from hsx.store import layout
-
-log = logging.getLogger(__name__)
 
 
 class RunNotVisible(HsxError):
     """This host cannot see the run's store or model; the message says which path and the fix."""
 
 
-def open_run_store(manifest: dict, role: str, host: str | None = None):
+def open_run_store(manifest: Manifest, role: str, host: str | None = None):
     """The run's store, opened only once its manifest is seen there; RunNotVisible otherwise."""
-    run, host = manifest["run"], host or socket.gethostname()
-    settings = StoreSettings.of_run(manifest)
+    run, host = manifest.run, host or socket.gethostname()
+    settings = manifest.store   # absolute: Manifest resolves (and reports) a relative one an older hsx wrote
     if settings.is_local:
         root = Path(settings.url.removeprefix("file://")).expanduser()
-        if not root.is_absolute():  # a manifest written before paths were resolved by the producer
-            log.warning("run %s's store %s is a relative path (an older hsx planned it): reading it from %s",
-                        run, root, Path.cwd())
         if not (root / layout.manifest_key(run)).is_file():
             raise RunNotVisible(f"this {role} cannot see the run's store {root.resolve()} from host {host} (no "
                                 f"{layout.manifest_key(run)} there): mount it at that path or use S3")

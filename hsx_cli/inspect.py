@@ -4,28 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hsx import defaults as D
 from hsx_cli.command import Command
 from hsx_cli.flags import Flag
-from hsx_cli.produce import ROW_FLAGS, check_flags, columns, template_kwargs
+from hsx_cli.produce import BATCH_FLAGS, DATASET, LAYERS, MODEL, ROW_FLAGS, TOKEN_BUDGET, check_flags, columns, template_kwargs
 
+# The run's flags are produce's own declarations (hsx_cli/produce.py), so both refuse and default alike.
 FLAGS = (
-    Flag("--dataset", "JSONL, Parquet or a `datasets` folder", required=True),
-    Flag("--model", "target model: local path or hub id", required=True),
-    Flag("--layers", "dflash, dflash:N, eagle3 or a list like 1,9,17; +final also stores the final state", default="dflash"),
+    DATASET, MODEL, LAYERS,
     *ROW_FLAGS,
-    Flag("--token-budget", "padded tokens a batch", type=int, default=D.DEFAULT_TOKEN_BUDGET, min=1),
-    Flag("--max-batch-rows", "samples a batch at most", type=int, default=D.DEFAULT_MAX_BATCH_ROWS, min=1),
-    Flag("--pad-multiple", "round padded row length up to this", type=int, default=D.DEFAULT_PAD_MULTIPLE, min=1),
-    Flag("--dtype", "dtype of the hidden states readers get", choices=("bfloat16", "float16", "float32"),
-         default=D.DEFAULT_DTYPE),
-    Flag("--store-dtype", "what batch files hold: the --dtype (default) or float8_e4m3 (1 byte a value + a scale)",
-         choices=D.STORE_DTYPES),
-    Flag("--codec", "lossless codec of the hidden states: none, or zstd (the ratio measured in docs/benchmarks.md)",
-         choices=D.CODECS, default="none"),
-    Flag("--compute-dtype", "what the target's linear layers compute in: bfloat16, or float8 (e4m3 GEMMs); with FP8 "
-         "storage or compute, the error each costs against bf16 is printed beside the plan",
-         choices=D.COMPUTE_DTYPES, default="bfloat16"),
+    TOKEN_BUDGET,
+    *BATCH_FLAGS,
     Flag("--samples", "random samples printed with their loss mask", type=int, default=3, min=0),
     Flag("--seed", "seed of the sample draw", type=int, default=0),
     Flag("--sample-chars", "characters of a printed sample (plain output)", type=int, default=3000, min=1),

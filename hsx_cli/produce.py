@@ -50,17 +50,14 @@ def columns(v):
         raise ConfigError(f"--columns: {exc}") from None
 
 
-FLAGS = (
-    Flag("--dataset", "JSONL, Parquet or a `datasets` folder", required=True),
-    Flag("--model", "target model: local path or hub id", required=True),
-    Flag("--layers", "dflash, dflash:N, eagle3 or a list like 1,9,17; +final also stores the final state", default="dflash"),
-    RUN,
-    Flag("--store", "s3://bucket/prefix or a local directory", required=True),
-    *STORE_FLAGS,
-    REDIS_URL,
-    Flag("--token-budget", "padded tokens a batch", type=int, default=D.DEFAULT_TOKEN_BUDGET, min=1,
-         max=MAX_TOKEN_BUDGET),
-    *ROW_FLAGS,
+# What a run is planned from: declared once, shared with `hsx inspect` (same limits, same help).
+DATASET = Flag("--dataset", "JSONL, Parquet or a `datasets` folder", required=True)
+MODEL = Flag("--model", "target model: local path or hub id", required=True)
+LAYERS = Flag("--layers", "dflash, dflash:N, eagle3 or a list like 1,9,17; +final also stores the final state",
+              default="dflash")
+TOKEN_BUDGET = Flag("--token-budget", "padded tokens a batch", type=int, default=D.DEFAULT_TOKEN_BUDGET, min=1,
+                    max=MAX_TOKEN_BUDGET)
+BATCH_FLAGS = (
     Flag("--max-batch-rows", "samples a batch at most", type=int, default=D.DEFAULT_MAX_BATCH_ROWS, min=1),
     Flag("--pad-multiple", "round padded row length up to this", type=int, default=D.DEFAULT_PAD_MULTIPLE, min=1,
          max=4096),
@@ -73,8 +70,19 @@ FLAGS = (
          "(byte planes, the exponent plane compressed)", choices=D.CODECS, default="none"),
     Flag("--compute-dtype", "the target's linear layers: bfloat16, or float8 (e4m3 weights and per-token activations, "
          "rowwise-scaled GEMMs, ~1.3x faster on H100/H200; workers on GPUs without FP8 tensor cores refuse; "
-         "attention and recurrent kernels stay bf16; fidelity in docs/benchmarks.md)", choices=D.COMPUTE_DTYPES,
-         default="bfloat16"),
+         "attention and recurrent kernels stay bf16; fidelity in docs/benchmarks.md; `hsx inspect` prints what FP8 "
+         "storage and compute each cost against bf16)", choices=D.COMPUTE_DTYPES, default="bfloat16"),
+)
+
+FLAGS = (
+    DATASET, MODEL, LAYERS,
+    RUN,
+    Flag("--store", "s3://bucket/prefix or a local directory", required=True),
+    *STORE_FLAGS,
+    REDIS_URL,
+    TOKEN_BUDGET,
+    *ROW_FLAGS,
+    *BATCH_FLAGS,
     Flag("--batches-per-shard", "batches a store shard folder", type=int, default=D.DEFAULT_BATCHES_PER_SHARD, min=1,
          max=10**6),
     Flag("--lock-wait", "seconds to wait while another producer works on this run, then refuse (two at once would "

@@ -41,15 +41,14 @@ def config(v) -> ResetConfig:
 
 
 def run(cfg: ResetConfig) -> int:
-    from hsx.prep.inputs import resolve_store_url
     from hsx.redisconn import connect
     from hsx.run import ledger
     from hsx.run.reset import apply_reset, plan_reset
 
     r = connect(cfg.redis_url)
     manifest = ledger.get_manifest(r, cfg.run)
-    recorded = (manifest or {}).get("store_url")
-    if cfg.store is not None and recorded and resolve_store_url(recorded) != cfg.store.url:
+    recorded = manifest.store_url if manifest is not None else None   # absolute: Manifest resolves an old relative one
+    if cfg.store is not None and recorded and recorded != cfg.store.url:
         raise ConfigError(f"--store {cfg.store.url} is not run {cfg.run}'s store ({recorded}); nothing was changed")
     store = cfg.store.open() if cfg.store is not None else None
     plan = plan_reset(r, cfg.run, store)

@@ -15,6 +15,7 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from hsx.config import StoreSettings
+from hsx.manifest import Manifest
 from hsx.store import Store
 from hsx_reader.cache import DEFAULT_CACHE_BYTES
 from hsx_reader.objects import Header, check_against_run, fetch_header, fetch_rows, ranged
@@ -42,7 +43,7 @@ class RunDataset(Dataset):
         return self.source.index
 
     @property
-    def manifest(self) -> dict:
+    def manifest(self) -> Manifest:
         return self.source.index.manifest
 
     def __len__(self) -> int:

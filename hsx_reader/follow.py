@@ -102,7 +102,7 @@ class RunFollower(IterableDataset):
         self.manifest = ledger.require_manifest(self.r, run)
         (expect or Expectations()).check(self.manifest, run)
         if store is None:
-            store = StoreSettings.of_run(self.manifest)
+            store = self.manifest.store
         self.settings = StoreSettings(url=store) if isinstance(store, str) else store
         self._store = store if isinstance(store, Store) else None
         self.cursor = Cursor.parse(cursor)

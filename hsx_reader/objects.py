@@ -20,6 +20,7 @@ import torch
 from hsx.batch import batchfile
 from hsx.batch.batchfile import MAX_HEADER, BatchContents, BatchFileError, Header, TensorSpec  # noqa: F401 (re-exported)
 from hsx.batch.dtypes import FP8, dtype_name
+from hsx.manifest import Manifest
 from hsx.store import LocalStore, Store
 from hsx_reader.run import ReaderError
 
@@ -36,26 +37,24 @@ def parse_header(prefix: bytes | memoryview, key: str) -> Header:
         raise CorruptBatch(str(exc)) from None
 
 
-def check_against_run(header: Header, manifest: dict) -> None:
+def check_against_run(header: Header, manifest: Manifest) -> None:
     """The object must carry the run's layers, dtype, store dtype and hidden size."""
-    n_layers, hidden = len(manifest["layer_ids"]), int(manifest["hidden_size"])
-    problems = []
-    if json.loads(header.metadata.get("layer_ids", "null")) not in (None, manifest["layer_ids"]):
-        problems.append(f"layer_ids {header.metadata.get('layer_ids')} != run's {manifest['layer_ids']}")
+    problems, layer_ids = [], list(manifest.layer_ids)
+    if json.loads(header.metadata.get("layer_ids", "null")) not in (None, layer_ids):
+        problems.append(f"layer_ids {header.metadata.get('layer_ids')} != run's {layer_ids}")
     dtype, shape = header.stored("hidden_states")
-    if len(shape) != 2 or shape[1] != n_layers * hidden:
-        problems.append(f"hidden_states shape {list(shape)}, run wants [N, {n_layers * hidden}]")
-    store_dtype = manifest.get("store_dtype") or manifest["dtype"]
+    if len(shape) != 2 or shape[1] != manifest.width:
+        problems.append(f"hidden_states shape {list(shape)}, run wants [N, {manifest.width}]")
     stored_name = FP8 if dtype == torch.float8_e4m3fn else dtype_name(dtype)
-    if stored_name != store_dtype:
-        problems.append(f"hidden_states stored as {stored_name}, run's store dtype is {store_dtype}")
-    if manifest.get("store_final") and not header.has("final_hidden_states"):
+    if stored_name != manifest.store_dtype:
+        problems.append(f"hidden_states stored as {stored_name}, run's store dtype is {manifest.store_dtype}")
+    if manifest.store_final and not header.has("final_hidden_states"):
         problems.append("final_hidden_states missing")
     if problems:
         raise CorruptBatch(f"{header.key}: does not match the run's manifest: " + "; ".join(problems))
 
 
-def decode(buf: torch.Tensor, key: str, manifest: dict | None = None) -> BatchContents:
+def decode(buf: torch.Tensor, key: str, manifest: Manifest | None = None) -> BatchContents:
     """Decode a whole batch object held in a uint8 tensor (see hsx.batch.batchfile.decode)."""
     header = parse_header(memoryview(buf.numpy())[:min(len(buf), MAX_HEADER + 8)], key)
     if manifest is not None:

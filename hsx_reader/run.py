@@ -15,6 +15,7 @@ import torch
 from hsx.batch.dtypes import VALUE_DTYPES as TORCH_DTYPES
 from hsx.batch.dtypes import dtype_name
 from hsx.errors import HsxError
+from hsx.manifest import Manifest, ManifestError
 from hsx.store import Store, layout
 
 
@@ -51,12 +52,13 @@ class Expectations:
     store_final: bool | None = None
     model_config_hash: str | None = None
 
-    def check(self, manifest: dict, run: str) -> None:
+    def check(self, manifest: Manifest, run: str) -> None:
         wanted = {"layer_ids": None if self.layer_ids is None else list(self.layer_ids),
                   "hidden_size": self.hidden_size, "dtype": _dtype_name(self.dtype),
                   "store_final": self.store_final, "model_config_hash": self.model_config_hash}
-        diffs = [f"{k}: run has {manifest.get(k)!r}, expected {v!r}"
-                 for k, v in wanted.items() if v is not None and manifest.get(k) != v]
+        has = {"layer_ids": list(manifest.layer_ids), "hidden_size": manifest.hidden_size, "dtype": manifest.dtype,
+               "store_final": manifest.store_final, "model_config_hash": manifest.model_config_hash}
+        diffs = [f"{k}: run has {has[k]!r}, expected {v!r}" for k, v in wanted.items() if v is not None and has[k] != v]
         if diffs:
             raise RunMismatch(f"run {run!r} is not what this reader expects:\n  " + "\n  ".join(diffs))
 
@@ -72,26 +74,26 @@ class RunIndex:
     """Manifest + index of one completed run in one store."""
 
     run: str
-    manifest: dict
+    manifest: Manifest
     samples: list[SampleRef]
     by_id: dict[str, SampleRef] = field(repr=False, default_factory=dict)
     digests: dict[str, tuple[int, str]] = field(repr=False, default_factory=dict)  # key -> (size, sha256 hex)
 
     @property
     def layer_ids(self) -> list[int]:
-        return list(self.manifest["layer_ids"])
+        return list(self.manifest.layer_ids)
 
     @property
     def hidden_size(self) -> int:
-        return int(self.manifest["hidden_size"])
+        return self.manifest.hidden_size
 
     @property
     def dtype(self) -> torch.dtype:
-        return TORCH_DTYPES[self.manifest["dtype"]]
+        return TORCH_DTYPES[self.manifest.dtype]
 
     @property
     def store_final(self) -> bool:
-        return bool(self.manifest.get("store_final"))
+        return self.manifest.store_final
 
     def keys(self) -> list[str]:
         """Batch object keys in index order, each once."""
@@ -121,10 +123,11 @@ def _get_json_bytes(store: Store, key: str, what: str) -> bytes:
 def load_run(store: Store, run: str, expect: Expectations | None = None) -> RunIndex:
     """Read ``<run>/manifest.json`` and ``<run>/index.jsonl`` from ``store``; check ``expect``."""
     layout.check_run_name(run)
+    key = layout.manifest_key(run)
     try:
-        manifest = json.loads(_get_json_bytes(store, layout.manifest_key(run), "manifest"))
-    except ValueError as exc:
-        raise ReaderError(f"{store.url(layout.manifest_key(run))}: not valid JSON ({exc})") from None
+        manifest = Manifest.from_json(_get_json_bytes(store, key, "manifest"), store.url(key))
+    except ManifestError as exc:
+        raise ReaderError(str(exc)) from None
     (expect or Expectations()).check(manifest, run)
     raw = _get_json_bytes(store, layout.index_key(run), "index")
     samples, digests = [], {}

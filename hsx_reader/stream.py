@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from hsx.config import StoreSettings
+from hsx.manifest import Manifest
 from hsx.store import Store
 from hsx_reader.run import Expectations
 from hsx_reader.source import Source, sample_of
@@ -48,7 +49,7 @@ class RunStream(IterableDataset):
         self.epoch = 0
 
     @property
-    def manifest(self) -> dict:
+    def manifest(self) -> Manifest:
         return self.source.index.manifest
 
     def set_epoch(self, epoch: int) -> None:

@@ -87,9 +87,9 @@ def run_store(cfg: ExportConfig) -> StoreSettings:
             manifest = ledger.get_manifest(connect(cfg.redis_url, retries=1, wait_seconds=2), cfg.run)
         except RedisUnreachable as exc:
             log.warning("%s; pass --store", exc)
-    if not manifest or not manifest.get("store"):
+    if manifest is None:
         raise ConfigError(f"no store for run {cfg.run!r}: pass --store (Redis does not know this run)")
-    return StoreSettings.of_run(manifest)
+    return manifest.store
 
 
 def final_norm_gain(model: str, hidden_size: int) -> torch.Tensor:
@@ -277,11 +277,11 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
         raise ReaderError(f"run {run!r}: no samples to export" + (f" in shard(s) {shards}" if shards else ""))
     manifest, gain = index.manifest, None
     if trainer == "speculators":
-        gain = final_norm_gain(manifest["model"], index.hidden_size)
-    fp8 = manifest.get("store_dtype") == FP8
+        gain = final_norm_gain(manifest.model, index.hidden_size)
+    fp8 = manifest.fp8_store
     if fp8 and trainer == "specforge":
         log.warning("run %s is stored as FP8; SpecForge has no FP8 layout, so the export dequantises to %s",
-                    run, manifest["dtype"])
+                    run, manifest.dtype)
     path_of = specforge_path if trainer == "specforge" else speculators_path
     out.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[SampleRef]] = {}
@@ -309,10 +309,10 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
         counts["table_rows"] = write_speculators_table(out)
     layer_ids = index.layer_ids if trainer == "specforge" else [k + 1 for k in index.layer_ids]
     info = {"run": run, "format": trainer, "for": target, "layer_ids": layer_ids, "hidden_size": index.hidden_size,
-            "dtype": FP8 if fp8 and trainer == "speculators" else manifest["dtype"],
-            "store_dtype": manifest.get("store_dtype") or manifest["dtype"], "codec": manifest.get("codec", "none"),
+            "dtype": FP8 if fp8 and trainer == "speculators" else manifest.dtype,
+            "store_dtype": manifest.store_dtype, "codec": manifest.codec,
             "dequantised": fp8 and trainer == "specforge",
-            "model": manifest.get("model"), "store_final": index.store_final, **counts}
+            "model": manifest.model, "store_final": index.store_final, **counts}
     if fp8 and trainer == "speculators":
         info["hidden_states_backend"] = "fp8"  # the default `file` backend would train on the unscaled values
     (out / "hsx_export.json").write_text(json.dumps(info, indent=2) + "\n")

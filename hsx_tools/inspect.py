@@ -11,7 +11,8 @@ Estimates (units in the names):
 - bytes stored = tokens x (stored layers x hidden) x bytes of the run's store
   dtype (FP8: 1, plus a float32 scale a token a layer), x the zstd ratio measured
   in docs/benchmarks.md when --codec zstd, plus 5 bytes a token of input ids +
-  mask (the batch file's payload; headers are small).
+  mask (the batch file's payload; headers are small): hsx.batch.batchfile.
+  stored_bytes_per_token, as a run's Manifest.bytes_per_token.
 - GPU-hours = computed (padded) tokens / tokens_per_s / 3600. The default rate
   is one H200 at an effective 0.45 of its 989 TFLOP/s over the decoder layers
   the forward runs (up to the last stored one): tokens_per_s =
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from hsx.layers import TARGETS, feeds, resolve_layers
-from hsx.manifest import load_model_config
+from hsx.manifest import load_model_config, text_config
 from hsx.prep.inputs import SettingsError, check_budget, check_row_settings, resolve_dataset, resolve_model
 from hsx.prep.planning import cut_batches, padding_fraction
 from hsx.prep.report import TokeniseReport
@@ -44,10 +45,6 @@ from hsx.run.progress import fmt_bytes
 H200_BF16_FLOPS = 989e12          # dense bf16 FLOP/s of one H200 (SXM)
 DEFAULT_MFU = 0.45                # effective share of it, over projection FLOPs only (calibrated, see above)
 DEFAULT_STORAGE_USD_PER_TB_MONTH = 23.0
-# stored / raw bytes of the hidden states under --codec zstd, measured on an H200 run of a Qwen3-8B shape
-# (docs/benchmarks.md, issue 15): 28,189 / 40,965 for bf16, 16,798 / 20,505 for FP8. Real weights may differ.
-ZSTD_RATIO = {"float8_e4m3": 0.82}
-ZSTD_RATIO_DEFAULT = 0.69
 HISTOGRAM_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -105,17 +102,6 @@ def body_params(text_cfg, layers_run: int) -> int:
     return per_layer * layers_run
 
 
-def bytes_per_token(width: int, layers: int, store_dtype: str, codec: str) -> int:
-    """Stored bytes a token: hidden states (+ FP8 scales, one float32 a layer) x codec ratio, + 5 of ids and mask."""
-    from hsx.batch.dtypes import store_itemsize
-
-    fp8 = store_dtype == "float8_e4m3"
-    hidden = width * store_itemsize(store_dtype) + (4 * layers if fp8 else 0)
-    if codec == "zstd":
-        hidden *= ZSTD_RATIO.get(store_dtype, ZSTD_RATIO_DEFAULT)
-    return int(round(hidden)) + 5
-
-
 def estimate(lengths: np.ndarray, text_cfg, layer_ids: list[int], store_final: bool, dtype: str, token_budget: int,
              max_rows: int, pad_multiple: int, window_rows: int, tokens_per_s: float | None,
              storage_usd_per_tb_month: float, codec: str = "none") -> Estimate:
@@ -125,8 +111,9 @@ def estimate(lengths: np.ndarray, text_cfg, layer_ids: list[int], store_final: b
         batches += cut_batches(lengths[start:start + window_rows], token_budget, max_rows, pad_multiple)
     tokens = int(lengths.sum())
     padded = sum(b.padded for b in batches)
-    layers = len(layer_ids) + int(store_final)
-    per_token = bytes_per_token(layers * text_cfg.hidden_size, layers, dtype, codec)
+    from hsx.batch.batchfile import stored_bytes_per_token
+
+    per_token = stored_bytes_per_token(text_cfg.hidden_size, len(layer_ids) + int(store_final), dtype, codec)
     layers_run = text_cfg.num_hidden_layers if store_final else max(layer_ids) + 1
     if tokens_per_s:
         source = "given"
@@ -200,7 +187,7 @@ def run_inspect(cfg: InspectConfig) -> int:
     check_budget(cfg.max_length, cfg.token_budget, cfg.pad_multiple)
     cfg = replace(cfg, dataset=resolve_dataset(cfg.dataset), model=resolve_model(cfg.model))
     config = load_model_config(cfg.model)
-    text_cfg = getattr(config, "text_config", None) or config
+    text_cfg = text_config(config)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
     settings = TokeniseSettings(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns)

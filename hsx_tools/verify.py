@@ -112,7 +112,8 @@ def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, re
     temp_files = getattr(store, "temp_files", None)  # a local store: hidden .<name>.tmp-<pid> files
     if temp_files is not None:
         report.temp_files = [str(p) for p, _ in temp_files(run)]
-    lease_seconds = RunLimits.of(ledger.get_manifest(r, run) or {}).lease_seconds
+    manifest = ledger.get_manifest(r, run)
+    lease_seconds = (manifest.limits if manifest is not None else RunLimits()).lease_seconds
     for upload in multipart.incomplete_uploads(r, store, run, lease_seconds):
         if upload.stale:
             report.stale_uploads.append(f"{upload.key} ({upload.age_seconds:.0f} s old)")
@@ -140,12 +141,10 @@ class VerifyConfig:
 
 
 def run_verify(cfg: VerifyConfig) -> int:
-    from hsx.config import StoreSettings
     from hsx.redisconn import connect
 
     r = connect(cfg.redis_url)
-    manifest = ledger.require_manifest(r, cfg.run)
-    store = StoreSettings.of_run(manifest).open()
+    store = ledger.require_manifest(r, cfg.run).store.open()
     report = verify_run(r, store, cfg.run, quick=cfg.quick, repair=cfg.repair, rebuild=cfg.rebuild_ledger)
     print("\n".join(report.lines()))
     return 0 if report.ok else 1

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.errors import HsxError
 from hsx.fp8compute import check_compute_dtype
 from hsx.layers import resolve_layers
-from hsx.manifest import RunLimits, build_manifest, check_same_run, config_hash, load_model_config
+from hsx.manifest import Manifest, RunLimits, check_same_run, config_hash, load_model_config, new_manifest, text_config
 from hsx.prep.dataset import fingerprints
 from hsx.prep.inputs import check_budget, check_row_settings, resolve_dataset, resolve_model, resolve_store_url
 from hsx.prep.planning import cut_batches, padding_fraction
@@ -57,7 +58,7 @@ class RejectShareExceeded(PlanError):
 @dataclass
 class ProduceReport:
     run: str
-    manifest: dict
+    manifest: Manifest
     tokenise: TokeniseReport
     batches: int
     samples: int
@@ -95,16 +96,18 @@ def model_identity(model: str):
     from transformers import AutoTokenizer
 
     config = load_model_config(model)
-    return getattr(config, "text_config", None) or config, AutoTokenizer.from_pretrained(model), config_hash(config)
+    return text_config(config), AutoTokenizer.from_pretrained(model), config_hash(config)
 
 
-def _check_pinned_memory(cfg: ProduceConfig, width: int) -> None:
-    """A GPU worker pins DEFAULT_PINNED_BUFFERS x token_budget x width values of host memory; refuse absurd budgets."""
-    need = DEFAULT_PINNED_BUFFERS * cfg.token_budget * width * torch.finfo(getattr(torch, cfg.dtype)).bits // 8
+def _check_pinned_memory(token_budget: int, hidden_size: int, rows: int, store_dtype: str) -> None:
+    """A GPU worker pins DEFAULT_PINNED_BUFFERS x token_budget x the bytes a token stores (Manifest.host_bytes_per_token);
+    refuse absurd budgets."""
+    per_token = batchfile.hidden_bytes_per_token(hidden_size, rows, store_dtype)
+    need = DEFAULT_PINNED_BUFFERS * token_budget * per_token
     if need > MAX_PINNED_BYTES:
-        raise PlanError(f"--token-budget {cfg.token_budget} needs {need / 2**30:.0f} GiB of pinned host memory per GPU "
-                        f"worker ({DEFAULT_PINNED_BUFFERS} x budget x {width} values x {cfg.dtype}); at most "
-                        f"{MAX_PINNED_BYTES // 2**30} GiB: lower --token-budget")
+        raise PlanError(f"--token-budget {token_budget} needs {need / 2**30:.0f} GiB of pinned host memory per GPU "
+                        f"worker ({DEFAULT_PINNED_BUFFERS} x budget x {per_token} bytes a token of {store_dtype}); at "
+                        f"most {MAX_PINNED_BYTES // 2**30} GiB: lower --token-budget")
 
 
 def _input_tensors(members: list[Sample]) -> dict[str, torch.Tensor]:
@@ -132,38 +135,33 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     event = on_event or (lambda name, window: None)
     text_cfg, tokenizer, cfg_hash = model_identity(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
-    _check_pinned_memory(cfg, text_cfg.hidden_size * (len(layer_ids) + store_final))
+    store_dtype = check_store_dtype(cfg.store_dtype or cfg.dtype)   # the one place a run's store dtype is chosen
+    _check_pinned_memory(cfg.token_budget, text_cfg.hidden_size, len(layer_ids) + store_final, store_dtype)
     store = cfg.store.open()
 
     log.info("fingerprinting %s", cfg.dataset)
     content_fingerprint, named_fingerprint = fingerprints(cfg.dataset)
-    manifest = build_manifest(
+    manifest = new_manifest(
         run=cfg.run, model=cfg.model, model_config_hash=cfg_hash, model_type=text_cfg.model_type,
         num_layers=text_cfg.num_hidden_layers, hidden_size=text_cfg.hidden_size, layer_preset=cfg.layers,
-        layer_ids=layer_ids, store_final=store_final, dtype=cfg.dtype, max_length=cfg.max_length,
-        store_dtype=check_store_dtype(cfg.store_dtype or cfg.dtype), codec=check_codec(cfg.codec),
+        layer_ids=tuple(layer_ids), store_final=store_final, dtype=cfg.dtype, max_length=cfg.max_length,
+        store_dtype=store_dtype, codec=check_codec(cfg.codec),
         compute_dtype=check_compute_dtype(cfg.compute_dtype),
         overlong=cfg.overlong, token_budget=cfg.token_budget, pad_multiple=cfg.pad_multiple,
         max_batch_rows=cfg.max_batch_rows, batches_per_shard=cfg.batches_per_shard, window_rows=cfg.window_rows,
         dataset=str(cfg.dataset), dataset_fingerprint=content_fingerprint,
         chat_template_hash=hashlib.sha256(str(tokenizer.chat_template or "").encode()).hexdigest(),
-        template_kwargs=dict(cfg.template_kwargs or {}),
-        columns=cfg.columns.to_dict() if cfg.columns is not None else {},
+        template_kwargs=MappingProxyType(dict(cfg.template_kwargs or {})),
+        columns=MappingProxyType(cfg.columns.to_dict() if cfg.columns is not None else {}),
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-        store_url=cfg.store.url, store=cfg.store.to_dict(),
-        limits=RunLimits(cfg.max_attempts, cfg.lease_seconds).to_dict(),
+        store_url=cfg.store.url, store=cfg.store, limits=RunLimits(cfg.max_attempts, cfg.lease_seconds),
     )
-    existing = ledger.get_manifest(r, cfg.run)
-    if existing is None:
-        try:
-            existing = json.loads(store.get_bytes(layout.manifest_key(cfg.run)))
-        except KeyError:
-            existing = None
+    existing = ledger.get_manifest(r, cfg.run) or Manifest.load(store, cfg.run)
     if existing is not None:
-        if existing.get("dataset_fingerprint") == named_fingerprint:  # a run planned when the name counted
-            manifest["dataset_fingerprint"] = named_fingerprint
-        check_same_run(existing, manifest, cfg.run)
-        manifest["created"] = existing.get("created", manifest["created"])
+        if existing.dataset_fingerprint == named_fingerprint:  # a run planned when the name counted
+            manifest = replace(manifest, dataset_fingerprint=named_fingerprint)
+        check_same_run(existing, manifest)
+        manifest = replace(manifest, created=existing.created)
 
     with ProducerLock(r, cfg.run, cfg.lock_wait_seconds) as lock:
         repaired = unmark_missing_done(r, store, cfg.run) if existing is not None else []
@@ -199,7 +197,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
                 if not window.samples:
                     continue
                 if not state.manifest_saved:
-                    store.put_bytes(layout.manifest_key(cfg.run), json.dumps(manifest, indent=2, sort_keys=True).encode())
+                    manifest.save(store)
                     state.manifest_saved = True
                 rec = _plan_window(r, store, cfg, manifest, window, state.totals["batches"], done, pending, lock,
                                    rebuild, suspect)
@@ -216,7 +214,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         if not state.totals["batches"]:
             raise PlanError(f"{cfg.dataset}: no usable rows out of {state.report.rows}; nothing to plan. "
                             + "; ".join(state.report.examples[:5]))
-        store.put_bytes(layout.manifest_key(cfg.run), json.dumps(manifest, indent=2, sort_keys=True).encode())
+        manifest.save(store)
         ledger.save_plan(r, cfg.run, manifest, [], {**state.totals, "planning": 0, **_row_totals(state.report)})
         if rebuild is not None:
             settled = ledger.drop_failures_of_done(r, cfg.run)
@@ -292,7 +290,7 @@ def _check_reject_share(r, cfg: ProduceConfig, state: _State) -> None:
         + "\nFix the rows, map their columns (--columns), or raise --max-reject-share if this loss is intended.")
 
 
-def _plan_window(r, store, cfg: ProduceConfig, manifest: dict, window, first_batch: int, done: set[str],
+def _plan_window(r, store, cfg: ProduceConfig, manifest: Manifest, window, first_batch: int, done: set[str],
                  pending: set[str], lock: ProducerLock, rebuild: Rebuild | None = None,
                  suspect: frozenset[str] = frozenset()) -> dict:
     """Cut, write inputs, save the plan and enqueue one window's batches; the window's record."""

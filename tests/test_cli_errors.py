@@ -12,6 +12,7 @@ import pytest
 
 from hsx_cli.main import build_parser, main
 from hsx_tools.demo import sample_dataset
+from tests.manifests import example_manifest
 
 
 def hsx(*args, env=None, timeout=120):
@@ -121,7 +122,7 @@ def test_retry_failed_refuses_ids_not_in_the_plan_and_creates_nothing(r, capsys,
 
     specs = [BatchSpec(batch_id=f"b{i:07d}", index=i, shard="00000", samples=1, tokens=8, padded=8, padded_len=8,
                        sample_ids=[str(i)]) for i in range(3)]
-    ledger.save_plan(r, "rf", {"model": "tiny"}, specs, {"batches": 3, "samples": 3, "tokens": 24})
+    ledger.save_plan(r, "rf", example_manifest("rf"), specs, {"batches": 3, "samples": 3, "tokens": 24})
     ledger.record_failure(r, "rf", "b0000001", "boom", max_attempts=1)
     assert main(["retry-failed", "--run", "rf", "--batch", "b9999999", "--batch", "nonsense"]) == 2
     assert one_error_line(capsys, "retry-failed").endswith(

@@ -18,6 +18,7 @@ from hsx.run import heartbeat, ledger, queues
 from hsx.run.keys import RunKeys
 from hsx.run.ledger import BatchSpec
 from hsx.run.progress import RATE_WINDOW_SECONDS
+from tests.manifests import example_manifest
 
 RUN = "dash"
 # Six batches in two shards; batch i has 10 samples and 100 * (i + 1) tokens (2,100 in all).
@@ -33,7 +34,7 @@ H200 = {"host": "hostA", "device": "cuda:0", "gpu": 0, "name": "NVIDIA H200", "u
 
 
 def plan(r):
-    ledger.save_plan(r, RUN, {"model": "tiny"}, SPECS, TOTALS)
+    ledger.save_plan(r, RUN, example_manifest(RUN), SPECS, TOTALS)
 
 
 def upload(r, *bids):
@@ -228,7 +229,7 @@ def test_finished_run(client, r):
 
 def test_several_runs_and_default_choice(client, r):
     plan(r)
-    ledger.save_plan(r, "other", {"model": "tiny"}, SPECS[:2], {"batches": 2, "samples": 20, "tokens": 300})
+    ledger.save_plan(r, "other", example_manifest("other"), SPECS[:2], {"batches": 2, "samples": 20, "tokens": 300})
     ledger.mark_spooled(r, "other", "b0000")  # the most recent activity: shown by default
     res = client.get("/api/status")
     assert res.json["runs"] == [RUN, "other"] and res.json["overview"]["run"] == "other"

@@ -21,6 +21,7 @@ from dashboard.config import DashboardConfig
 from hsx.redisconn import LocalRedis, connect
 from hsx.run import ledger
 from hsx.run.ledger import BatchSpec
+from tests.manifests import example_manifest
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
 
 RUN = "out"
@@ -36,7 +37,7 @@ def test_a_redis_outage_is_one_line_on_the_page_and_two_in_the_log(tmp_path, cap
     redis_server = LocalRedis(tmp_path / "redis").start()
     server = None
     try:
-        ledger.save_plan(connect(redis_server.url), RUN, {"model": "tiny"}, SPECS, {"batches": 1})
+        ledger.save_plan(connect(redis_server.url), RUN, example_manifest(RUN), SPECS, {"batches": 1})
         app = create_app(DashboardConfig(redis_url=redis_server.url, refresh_seconds=1.0))
         client = app.test_client()
         assert client.get(f"/api/status?run={RUN}").status_code == 200

@@ -32,6 +32,7 @@ from dashboard.config import DashboardConfig
 from hsx.run import ledger
 from hsx.run.keys import RunKeys
 from hsx.run.ledger import BatchSpec
+from tests.manifests import example_manifest
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
 
 RUN = "xss"
@@ -59,7 +60,7 @@ SECURITY_HEADERS = ("Content-Security-Policy", "X-Frame-Options", "X-Content-Typ
 
 def _plant(r) -> str:
     """Every payload in place; returns the failed job's id."""
-    ledger.save_plan(r, RUN, {"model": "tiny"}, SPECS, {"batches": 2, "samples": 4, "tokens": 20})
+    ledger.save_plan(r, RUN, example_manifest(RUN), SPECS, {"batches": 2, "samples": 4, "tokens": 20})
     r.hset(RunKeys(RUN).dead, SPECS[0].batch_id, f'{{"attempts": 3, "last_error": "{PAYLOAD}", "ts": 1}}')
     r.sadd("hsx:runs", PAYLOAD)  # a run named with markup: the hsx page's run list
     Queue(EVIL_QUEUE, connection=r, serializer=JSONSerializer)  # no job needed: the name alone is listed

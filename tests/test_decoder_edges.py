@@ -24,10 +24,11 @@ from hsx_reader.objects import CorruptBatch, decode, fetch_object
 from hsx_reader.run import ReaderError
 from hsx_tools.demo import sample_dataset
 from producer.produce import produce
+from tests.manifests import example_manifest
 from tests.pipeline import produce_config
 
 N = 4
-MANIFEST = {"layer_ids": [0, 1], "hidden_size": 4, "dtype": "bfloat16"}
+MANIFEST = example_manifest(layer_ids=(0, 1), hidden_size=4, dtype="bfloat16")
 METADATA = {"format": batchfile.FORMAT, "run": "r", "batch_id": "b0000000", "sample_ids": json.dumps(["s0"]),
             "layer_ids": "[0, 1]", "hidden_size": "4", "dtype": "bfloat16"}
 
@@ -145,14 +146,14 @@ def test_the_same_dataset_under_another_name_is_the_same_run(r, redis_server, ti
     first = produce(cfg)
     again = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="rn", enqueue=False,
                                    dataset=renamed))
-    assert again.batches == first.batches and again.manifest["dataset_fingerprint"] == first.manifest["dataset_fingerprint"]
+    assert again.batches == first.batches and again.manifest.dataset_fingerprint == first.manifest.dataset_fingerprint
     # A run planned before (its fingerprint covered the file name) still resumes under that name ...
     import hashlib
 
     named = hashlib.sha256(sample_dataset().name.encode() + sample_dataset().read_bytes()).hexdigest()
-    manifest = {**ledger.get_manifest(r, "rn"), "dataset_fingerprint": named}
+    manifest = {**ledger.get_manifest(r, "rn").to_dict(), "dataset_fingerprint": named}
     r.set(RunKeys("rn").manifest, json.dumps(manifest, sort_keys=True))  # as the old producer left it
-    assert produce(cfg).manifest["dataset_fingerprint"] == named
+    assert produce(cfg).manifest.dataset_fingerprint == named
     # ... and other bytes are still another dataset.
     renamed.write_text(sample_dataset().read_text().replace("a", "b", 1))
     with pytest.raises(ManifestMismatch, match="dataset_fingerprint"):

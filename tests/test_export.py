@@ -86,7 +86,7 @@ def test_store_comes_from_the_runs_manifest_in_redis(dflash_run, r, redis_env, t
     monkeypatch.delenv("HSX_STORE", raising=False)
     assert main(["export", "--run", dflash_run.run, "--for", "specforge-dflash", "--out", str(tmp_path / "o")]) == 2
     assert "pass --store" in capsys.readouterr().err
-    r.set(RunKeys(dflash_run.run).manifest, json.dumps({"store": {"url": str(dflash_run.store)}}))
+    r.set(RunKeys(dflash_run.run).manifest, (dflash_run.store / dflash_run.run / "manifest.json").read_text())
     assert main(["export", "--run", dflash_run.run, "--for", "specforge-dflash", "--out", str(tmp_path / "o"),
                  "--limit", "3"]) == 0
     assert len(list((tmp_path / "o").rglob("*.ckpt"))) == 3

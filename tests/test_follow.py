@@ -54,7 +54,7 @@ def test_trainer_follows_a_running_extraction_and_resumes_from_its_cursor(r, red
     try:
         # ---- trainer 1: starts with nothing done, reads about half the run, then "crashes"
         follower = RunFollower(redis_server.url, RUN, poll_seconds=0.05, timeout_seconds=120)
-        assert follower.manifest["store"]["url"] == str(store)       # the store comes from the run's manifest
+        assert follower.manifest.store.url == str(store)       # the store comes from the run's manifest
         loader = DataLoader(follower, batch_size=4, collate_fn=collate_packed)
         first, cursor, started = [], None, None
         for batch in loader:

@@ -97,7 +97,7 @@ def test_compute_dtype_is_in_the_manifest_and_workers_obey_it(tiny_model, tmp_pa
     assert main(["produce", *common, "--compute-dtype", "float8"]) == 0
     from hsx.run import ledger
 
-    assert ledger.get_manifest(r, "fp8c")["compute_dtype"] == "float8"
+    assert ledger.get_manifest(r, "fp8c").compute_dtype == "float8"
     stored = json.loads(next((tmp_path / "store").rglob("manifest.json")).read_text())
     assert stored["compute_dtype"] == "float8"
     # A resume at another compute dtype would mix outputs: refused.

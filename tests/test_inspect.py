@@ -37,3 +37,23 @@ def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_whe
     precision = [line for line in text.splitlines() if line.startswith("  precision: ")]
     assert len(precision) == 2 and "FP8 compute ~1.3-1.5 % rel L2" in precision[0] and "compute_error.json" in precision[0]
     assert "FP8 storage ~2.6 % rel L2" in precision[1] and "store_error.json" in precision[1]
+
+
+def test_inspect_takes_produces_own_flag_declarations_and_refuses_alike(capsys):
+    from hsx_cli import inspect, produce
+    from hsx_cli.main import main
+
+    shared = {f.name for f in inspect.FLAGS} & {f.name for f in produce.FLAGS}
+    assert shared == {"--dataset", "--model", "--layers", "--token-budget", "--max-batch-rows", "--pad-multiple",
+                      "--dtype", "--store-dtype", "--codec", "--compute-dtype", "--template-kwargs", "--columns", "--max-length",
+                      "--overlong", "--max-reject-share", "--tokenise-workers", "--window-rows"}
+    by_name = {f.name: f for f in produce.FLAGS}
+    assert all(f is by_name[f.name] for f in inspect.FLAGS if f.name in shared)   # one declaration, not a copy
+    # Before, inspect declared --token-budget and --pad-multiple without produce's upper limits.
+    common = ["--dataset", str(sample_dataset()), "--model", "m"]
+    for flag, value in (("--token-budget", str(2**22 + 1)), ("--pad-multiple", "5000")):
+        answers = []
+        for argv in (["inspect", *common], ["produce", *common, "--run", "x", "--store", "/tmp/s"]):
+            assert main([*argv, flag, value]) == 2
+            answers.append(capsys.readouterr().err.strip().split(": error: ", 1)[1])
+        assert answers[0] == answers[1] and flag in answers[0], answers

@@ -16,6 +16,7 @@ import pytest
 from hsx.run import ledger
 from hsx.run.keys import RUNS, RunKeys
 from hsx_cli.main import main
+from tests.manifests import example_manifest
 from tests.test_dashboard_api import RUN, client, metrics, mid_run  # noqa: F401 (client is a fixture)
 
 K = RunKeys(RUN)
@@ -35,7 +36,10 @@ GARBAGE = {
     "host stats bytes a string": lambda r: r.hset(K.hosts, "hostA", json.dumps({"spool_bytes": "big", "ts": 1})),
     "done record not JSON": lambda r: r.hset(K.done_info, "b0000", "nope"),
     "manifest not JSON": lambda r: r.set(K.manifest, "{manifest"),
-    "manifest codec a number": lambda r: r.set(K.manifest, json.dumps({"codec": 5})),
+    "manifest codec a number": lambda r: r.set(K.manifest, json.dumps({**example_manifest(RUN).to_dict(), "codec": 5})),
+    "manifest without its fields": lambda r: r.set(K.manifest, json.dumps({"codec": "none"})),
+    "manifest of a newer hsx": lambda r: r.set(K.manifest, json.dumps({**example_manifest(RUN).to_dict(),
+                                                                      "format": "hsx-run/9"})),
     # Names that are not UTF-8: read with replacement characters (nothing to skip, nothing to name).
     "run name not UTF-8": lambda r: r.sadd(RUNS, b"\xff\xfe-run"),
     "worker id not UTF-8": lambda r: r.zadd(K.workers, {b"gpu-\xff": time.time()}),

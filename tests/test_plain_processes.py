@@ -281,16 +281,6 @@ def test_worker_whose_store_vanishes_stops_after_one_batch_without_failing_the_r
     assert len([m for m in caplog.messages if "cannot see the run's store" in m]) == 1
 
 
-def test_a_manifest_with_a_relative_store_still_reads_as_the_same_run(tmp_path, monkeypatch):
-    from hsx.manifest import ManifestMismatch, check_same_run
-
-    monkeypatch.chdir(tmp_path)
-    old = {"store_url": "relstore"}  # written before the producer resolved paths
-    check_same_run(old, {"store_url": str(tmp_path / "relstore")}, "r")
-    with pytest.raises(ManifestMismatch, match="hsx reset --run r --store STORE"):
-        check_same_run(old, {"store_url": str(tmp_path / "other")}, "r")
-
-
 def test_a_port_that_is_not_redis_is_one_line(capsys, monkeypatch):
     import socket
 

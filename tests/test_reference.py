@@ -31,7 +31,7 @@ def _messages(row):
 
 def _check_run(r, store, run, model_path, tolerance, samples=160):
     manifest = ledger.get_manifest(r, run)
-    layer_ids, store_final = manifest["layer_ids"], manifest["store_final"]
+    layer_ids, store_final = list(manifest.layer_ids), manifest.store_final
     ref = AutoModel.from_pretrained(model_path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(model_path)
     num_layers = ref.config.num_hidden_layers
@@ -81,7 +81,7 @@ def test_eagle3_bf16_with_final_state_and_last_layer(r, redis_server, tmp_path):
     model = build_tiny_model(tmp_path / "tiny8", num_layers=8, sample_path=sample_dataset())
     run_pipeline(redis_server.url, model, str(tmp_path / "store"), tmp_path / "spool", run="e3",
                  layers="eagle3", dtype="bfloat16", pad_multiple=32)
-    assert ledger.get_manifest(r, "e3")["layer_ids"] == [1, 3, 4]
+    assert ledger.get_manifest(r, "e3").layer_ids == (1, 3, 4)
     _check_run(r, open_store(str(tmp_path / "store")), "e3", model, dict(atol=3e-2, rtol=2e-2))
 
 

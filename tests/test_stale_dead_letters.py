@@ -9,13 +9,13 @@ store, where the batch's object is whole, and records it done.
 
 from __future__ import annotations
 
-import json
-
+from hsx.manifest import Manifest
 from hsx.run import ledger, queues
 from hsx.run.keys import RunKeys
 from hsx.run.progress import run_progress, summary_lines
-from hsx.store import layout, open_store
+from hsx.store import open_store
 from producer.produce import produce
+from tests.manifests import example_manifest
 from tests.pipeline import produce_config, run_pipeline, upload_config
 
 RUN = "sd"
@@ -29,7 +29,7 @@ def test_a_batch_rebuilt_done_is_no_dead_letter(r, redis_server, tiny_model, tmp
     run_pipeline(redis_server.url, tiny_model, str(store_dir), spool, run=RUN)
     total = len(ledger.all_specs(r, RUN))
     r.flushall()  # Redis lost everything
-    manifest = json.loads(open_store(str(store_dir)).get_bytes(layout.manifest_key(RUN)))
+    manifest = Manifest.load(open_store(str(store_dir)), RUN)
     ledger.save_plan(r, RUN, manifest, [], {"batches": total, "planning": 1})  # the producer is back, mid-plan
     queues.enqueue_upload(r, "testhost", RUN, STALE, str(spool / RUN / f"{STALE}.safetensors"), 10, "0" * 64)
     run_uploader(upload_config(redis_server.url, spool))
@@ -47,7 +47,7 @@ def test_a_batch_rebuilt_done_is_no_dead_letter(r, redis_server, tiny_model, tmp
 def test_done_clears_a_batch_failure_and_a_done_batch_records_none(r):
     spec = ledger.BatchSpec(batch_id="b1", index=1, shard="00000", samples=1, tokens=4, padded=4, padded_len=4,
                             sample_ids=["s1"])
-    ledger.save_plan(r, "dl", {}, [spec], {"batches": 1})
+    ledger.save_plan(r, "dl", example_manifest("dl"), [spec], {"batches": 1})
     assert ledger.record_failure(r, "dl", "b1", "boom", max_attempts=1) == 1 and ledger.dead_letters(r, "dl")
     ledger.mark_done(r, "dl", spec, "dl/batches/00000/b1.safetensors", 10, "0" * 64, by="test")
     assert ledger.dead_letters(r, "dl") == {} and ledger.failures(r, "dl") == {}

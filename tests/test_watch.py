@@ -10,6 +10,7 @@ from rich.console import Console
 from hsx.run import heartbeat, ledger
 from hsx.run.ledger import BatchSpec
 from hsx_tools.watch import watch
+from tests.manifests import example_manifest
 
 SPECS = [BatchSpec(batch_id=f"b{i}", index=i, shard="00000", samples=5, tokens=100, padded=128, padded_len=32,
                    sample_ids=[f"s{i}-{j}" for j in range(5)]) for i in range(4)]
@@ -21,7 +22,7 @@ def _console() -> tuple[Console, io.StringIO]:
 
 
 def _plan(r):
-    ledger.save_plan(r, "w", {"model": "tiny"}, SPECS, {"batches": 4, "samples": 20, "tokens": 400})
+    ledger.save_plan(r, "w", example_manifest("w"), SPECS, {"batches": 4, "samples": 20, "tokens": 400})
 
 
 def test_watch_mid_run_shows_bars_workers_hosts_and_dead_letters(r):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsx import spool
-from hsx.config import StoreSettings, UploadConfig
+from hsx.config import UploadConfig
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.errors import HsxError
 from hsx.manifest import RunLimits
@@ -94,8 +94,8 @@ class UploaderRuntime:
                 # The store refuses this host for good (403, no such bucket): not a store it cannot see
                 # (those jobs are put back for another uploader) but a refusal each upload meets again,
                 # counts against its batch and shows on the run with the store's words (issue 23 item 4).
-                store = StoreSettings.of_run(manifest).open()
-            ctx = RunContext(store, RunLimits.of(manifest))
+                store = manifest.store.open()
+            ctx = RunContext(store, manifest.limits)
             with self._lock:
                 self._runs.setdefault(run, ctx)
         return ctx
@@ -205,7 +205,7 @@ class UploaderRuntime:
         for run in ledger.list_runs(self.r):
             manifest = ledger.get_manifest(self.r, run)
             if manifest is not None:
-                limits = RunLimits.of(manifest)
+                limits = manifest.limits
                 if OUTAGES.settling(self.cfg.redis_url, limits.lease_seconds):
                     continue  # just back from a Redis outage: live owners refresh their leases first
                 leases.reap(self.r, run, limits.max_attempts)

@@ -68,17 +68,17 @@ _TENSOR_ORDER = ("hidden_states", "hidden_scales", "final_hidden_states", "final
 _ENCODABLE = ("hidden_states", "final_hidden_states")  # tensors a codec applies to
 
 
-def stored_bytes_per_token(hidden_size: int, n_layers: int, store_final: bool, store_dtype: str,
-                           codec: str = "none", codec_ratio: float | None = None) -> float:
-    """Bytes a token takes in a batch file: hidden states (+ FP8 scales) + ids + mask, headers left out.
+def hidden_bytes_per_token(hidden_size: int, rows: int, store_dtype: str) -> int:
+    """Bytes of a token's hidden states as a batch file holds them before any codec: ``rows`` (stored layers
+    plus the final state) x H values of ``store_dtype``, plus one float32 scale a row for FP8."""
+    return rows * (hidden_size * store_itemsize(store_dtype) + (4 if store_dtype == FP8 else 0))
 
-    ``codec_ratio`` (stored / raw hidden-state bytes) defaults to codec.ESTIMATED_RATIO; pass a measured one.
-    """
-    rows = n_layers + (1 if store_final else 0)
-    hidden = rows * hidden_size * store_itemsize(store_dtype)
-    ratio = codec_ratio if codec_ratio is not None else codecs.ESTIMATED_RATIO[codec]
-    scales = rows * 4 if store_dtype == FP8 else 0
-    return hidden * ratio + scales + 4 + 1
+
+def stored_bytes_per_token(hidden_size: int, rows: int, store_dtype: str, codec: str = "none") -> int:
+    """Bytes a token takes in a batch file, estimated: hidden states (hidden_bytes_per_token) x the codec's
+    measured ratio (codec.ESTIMATED_RATIO), + 5 of input id (int32) and loss mask (uint8); headers left out."""
+    ratios = codecs.ESTIMATED_RATIO_FP8 if store_dtype == FP8 else codecs.ESTIMATED_RATIO
+    return int(round(hidden_bytes_per_token(hidden_size, rows, store_dtype) * ratios[codec])) + 4 + 1
 
 
 # Part of the error a worker records when an input object's bytes differ from the digest in the plan;

@@ -21,8 +21,11 @@ from hsx.defaults import CODECS
 
 ZSTD_LEVEL = 1          # levels 1-3 measured within a few % of each other in ratio; 1 is the cheapest
 ZSTD_THREADS = 4        # zstd worker threads a compression (each writer thread compresses one batch)
-# Ratio (stored / raw bytes) assumed for estimates before a run has measured its own (see docs/benchmarks.md).
-ESTIMATED_RATIO = {"none": 1.0, "zstd": 0.85}
+# Ratio (stored / raw bytes of a token) assumed for estimates before a run has measured its own, by codec and
+# store dtype: measured on an H200 run of a Qwen3-8B shape (docs/benchmarks.md, issue 15): zstd 28,189 / 40,965
+# for bf16, 16,798 / 20,505 for FP8. Real weights may differ.
+ESTIMATED_RATIO = {"none": 1.0, "zstd": 0.69}
+ESTIMATED_RATIO_FP8 = {"none": 1.0, "zstd": 0.82}
 PROBE_BYTES = 1 << 20   # bytes of a plane compressed first to decide whether the plane is worth it
 RAW_ABOVE = 0.95        # a plane whose probe compresses to more than this share of its size is stored raw
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 
+from hsx.manifest import Manifest
 from hsx.run.keys import RunKeys
 from hsx.store.layout import compute_error_key
 
@@ -29,11 +30,6 @@ WHAT = "FP8 e4m3 GEMMs (weights per output row, activations per token) against t
 BF16_REFERENCE = "the checkpoint's {dtype} weights in {dtype} linears (what --compute-dtype bfloat16 computes)"
 DEQUANTISED_REFERENCE = ("{dtype} linears of the e4m3 weights dequantised (an FP8 checkpoint has no other weights): "
                          "the weights' own quantisation is not in this figure")
-
-
-def stored_layers(manifest: dict) -> list:
-    """The columns a record holds: the run's layer ids, then ``"final"`` when the final state is stored."""
-    return list(manifest["layer_ids"]) + (["final"] if manifest.get("store_final") else [])
 
 
 def claim(r, run: str, worker: str, ttl_seconds: int) -> bool:
@@ -49,11 +45,11 @@ def recorded(r, run: str) -> bool:
     return bool(r.exists(RunKeys(run).compute_error))
 
 
-def record(r, run: str, bid: str, manifest: dict, error, tokens: int, reference: str, worker: str,
+def record(r, run: str, bid: str, manifest: Manifest, error, tokens: int, reference: str, worker: str,
            pipe=None) -> dict:
     """Write the run's record unless one exists (first writer wins); the entry this writer offered."""
     rows = error.tolist() if hasattr(error, "tolist") else error
-    entry = {"compute_dtype_error": WHAT, "reference": reference, "layer_ids": stored_layers(manifest)[:len(rows[0])],
+    entry = {"compute_dtype_error": WHAT, "reference": reference, "layer_ids": manifest.stored_layer_names[:len(rows[0])],
              "rel_l2": rows[0], "cosine": rows[1], "batch_id": bid, "tokens": int(tokens), "worker": worker,
              "ts": time.time()}
     (pipe or r).set(RunKeys(run).compute_error, json.dumps(entry), nx=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+from hsx.manifest import Manifest
 from hsx.redisconn import text
 from hsx.run.keys import RunKeys
 from hsx.store.layout import store_error_key
@@ -20,12 +21,10 @@ from hsx.store.layout import store_error_key
 ERROR_SAMPLE_EVERY = 16   # batches a worker runs between two measured ones
 
 
-def record_store_error(r, run: str, bid: str, manifest: dict, error, tokens: int, pipe=None) -> None:
+def record_store_error(r, run: str, bid: str, manifest: Manifest, error, tokens: int, pipe=None) -> None:
     """``error``: [2, n] (rel_l2, cosine) per stored layer, a tensor or nested list."""
     rows = error.tolist() if hasattr(error, "tolist") else error
-    layers = list(manifest["layer_ids"])
-    if manifest.get("store_final"):
-        layers = layers + ["final"]
+    layers = manifest.stored_layer_names
     entry = {"layer_ids": layers[:len(rows[0])], "rel_l2": rows[0], "cosine": rows[1], "tokens": int(tokens)}
     (pipe or r).hset(RunKeys(run).store_error, bid, json.dumps(entry))
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 import redis
 
 from hsx.errors import HsxError
+from hsx.manifest import Manifest
 from hsx.redisconn import int_hash, json_hash, text
 from hsx.run import records
 from hsx.run.keys import RUNS, RunKeys
@@ -96,9 +97,11 @@ def list_runs(r: redis.Redis) -> list[str]:
     return sorted(text(x) for x in r.smembers(RUNS))
 
 
-def get_manifest(r: redis.Redis, run: str) -> dict | None:
-    raw = r.get(RunKeys(run).manifest)
-    return json.loads(raw) if raw else None
+def get_manifest(r: redis.Redis, run: str) -> Manifest | None:
+    """The run's manifest, None if Redis has none; ManifestError if it is not one this hsx reads."""
+    key = RunKeys(run).manifest
+    raw = r.get(key)
+    return Manifest.from_json(raw, f"Redis {key}") if raw else None
 
 
 class RunNotPlanned(HsxError, KeyError):
@@ -108,7 +111,7 @@ class RunNotPlanned(HsxError, KeyError):
         return str(self.args[0])
 
 
-def require_manifest(r: redis.Redis, run: str) -> dict:
+def require_manifest(r: redis.Redis, run: str) -> Manifest:
     """The run's manifest, or RunNotPlanned naming the run and what to do."""
     manifest = get_manifest(r, run)
     if manifest is None:
@@ -118,14 +121,14 @@ def require_manifest(r: redis.Redis, run: str) -> dict:
     return manifest
 
 
-def save_plan(r: redis.Redis, run: str, manifest: dict, specs: list[BatchSpec], totals: dict[str, int]) -> None:
+def save_plan(r: redis.Redis, run: str, manifest: Manifest, specs: list[BatchSpec], totals: dict[str, int]) -> None:
     """Record manifest, plan and totals. Idempotent: the same plan overwrites itself."""
     keys = RunKeys(run)
     pipe = r.pipeline(transaction=False)
     for start in range(0, len(specs), 1000):
         pipe.hset(keys.plan, mapping={s.batch_id: s.to_json() for s in specs[start:start + 1000]})
     pipe.hset(keys.totals, mapping={k: int(v) for k, v in totals.items()})
-    pipe.set(keys.manifest, json.dumps(manifest, sort_keys=True))
+    pipe.set(keys.manifest, manifest.to_json())
     pipe.sadd(RUNS, run)
     pipe.execute()
 

@@ -6,6 +6,7 @@ import time
 
 import redis
 
+from hsx.manifest import Manifest, ManifestError
 from hsx.run import computeerror, fp8error, heartbeat, ledger, queues, reconcile, records, refused, storerefusal
 from hsx.run.keys import RunKeys
 
@@ -92,6 +93,15 @@ def fidelity_lines(f: dict) -> list[str]:
     return lines
 
 
+def _manifest(raw: bytes, where: str, malformed: list[str]) -> Manifest | None:
+    """The run's manifest, or None with a line in ``malformed`` (a view never fails on one bad record)."""
+    try:
+        return Manifest.from_json(raw, records.name(where))
+    except ManifestError as exc:
+        malformed.append(str(exc))
+        return None
+
+
 def run_progress(r: redis.Redis, run: str, now: float | None = None, window: float = RATE_WINDOW_SECONDS) -> dict:
     """The run's progress. A record that is not what hsx writes is skipped (a failure record is kept as
     a placeholder) and named under ``"malformed"`` (hsx.run.records): one bad record never fails the read."""
@@ -108,7 +118,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     complete = not totals.get("planning", 0) and totals.get("batches", -1) == done.get("batches", 0)
     first = r.zrange(keys.done_log, 0, 0, withscores=True)
     raw_manifest = r.get(keys.manifest)
-    manifest = (records.decode(raw_manifest, keys.manifest, malformed, records.MANIFEST) if raw_manifest else None) or {}
+    manifest = _manifest(raw_manifest, keys.manifest, malformed) if raw_manifest else None
     workers = heartbeat.read_workers(r, run, malformed=malformed)
     extract_queue = len(queues.queue(r, queues.extract_queue_name(run)))
     dead = _not_done(r, keys, ledger.dead_letters(r, run, malformed))
@@ -126,9 +136,9 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "spooled_batches": spooled,
         "written_bytes": done.get(ledger.WRITTEN_BYTES, 0),
         "bytes_per_token": (done["bytes"] / done["tokens"]) if done.get("tokens") and done.get("bytes") else None,
-        "store_dtype": manifest.get("store_dtype") or manifest.get("dtype"),
-        "codec": manifest.get("codec") or "none",
-        "compute_dtype": manifest.get("compute_dtype") or "bfloat16",
+        "store_dtype": manifest.store_dtype if manifest else None,
+        "codec": manifest.codec if manifest else "none",
+        "compute_dtype": manifest.compute_dtype if manifest else "bfloat16",
         "fidelity": fp8,  # FP8 compute and storage error per stored layer (None: a bf16 run, or not measured yet)
         "rate": rate["per_s"],
         "extract_rate": _window(r, run, keys.spooled_log, now, window, span, malformed)["per_s"],

@@ -63,7 +63,7 @@ class HsxTransfer(HiddenStatesTransfer):
         if self._gain is None:
             from hsx_tools.export import final_norm_gain
 
-            self._gain = final_norm_gain(self.dataset().manifest["model"], hidden_size)
+            self._gain = final_norm_gain(self.dataset().manifest.model, hidden_size)
         return self._gain
 
     def get_cached(self, file_idx: int) -> dict[str, torch.Tensor] | None:

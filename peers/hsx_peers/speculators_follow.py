@@ -210,10 +210,10 @@ class FollowDataset(BaseDataset):
 
     def __init__(self, follower: RunFollower, hidden_states_dtype: torch.dtype, log: FollowLog):
         manifest = follower.manifest
-        if not manifest.get("store_final"):
+        if not manifest.store_final:
             raise ReaderError(f"run {follower.run!r} stores no final hidden state; speculators reads it as its last "
                               "slot: extract with a layer spec ending in +final (e.g. --layers eagle3 or dflash:5+final)")
-        self.follower, self.log, self.hidden_size = follower, log, int(manifest["hidden_size"])
+        self.follower, self.log, self.hidden_size = follower, log, manifest.hidden_size
         self._batch = None     # (batch id, spec, where, contents) of the last object read
         self._gain = None
         super().__init__(max_len=0, hidden_states_dtype=hidden_states_dtype)
@@ -233,7 +233,7 @@ class FollowDataset(BaseDataset):
             self.log.write(read=at.batch_id, at=time.time())
         _, spec, where, contents = self._batch
         if self._gain is None:
-            self._gain = final_norm_gain(self.follower.manifest["model"], self.hidden_size)
+            self._gain = final_norm_gain(self.follower.manifest.model, self.hidden_size)
         record = speculators_record(self.follower.sample(spec, where, contents, at.row), self.hidden_size, self._gain)
         stacked = record["hidden_states"]
         return {"hidden_states": stacked[:, :-1].flatten(1), "input_ids": record["token_ids"],
