@@ -39,6 +39,7 @@ from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model
 from producer.produce import produce
+from tests.manifests import example_manifest
 from tests.pipeline import produce_config, run_pipeline, worker_config
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -82,7 +83,7 @@ def test_float8_run_records_its_compute_error_from_its_own_first_batch(r, redis_
     # The figures are those of the run's own batch: recompute them from the tokens stored in it.
     spec, contents = stored_batch(store, run, record["batch_id"], r)
     assert record["tokens"] == spec.tokens == contents.input_ids.numel()
-    pad_id = ledger.get_manifest(r, run).get("pad_token_id", 0)
+    pad_id = ledger.get_manifest(r, run).pad_token_id
     batch = pad_batch(contents.input_ids, contents.cu_seqlens, spec.padded_len, pad_id, pin=False)
     reference = Extractor.load(str(tiny_model), LAYERS, True, "cpu", "bfloat16")
     fp8 = Extractor.load(str(tiny_model), LAYERS, True, "cpu", "bfloat16", compute_dtype="float8")
@@ -211,10 +212,11 @@ def test_dashboard_page_shows_compute_next_to_storage_per_layer(r, redis_server)
     specs = [BatchSpec(batch_id=f"b{i:04d}", index=i, shard="00000", samples=2, tokens=100, padded=128,
                        padded_len=64, sample_ids=[f"s{i}-{j}" for j in range(2)]) for i in range(2)]
     totals = {"batches": 2, "samples": 4, "tokens": 200}
-    manifest = {"model": "tiny", "layer_ids": [1, 3], "store_final": True, "compute_dtype": "float8",
-                "store_dtype": "float8_e4m3", "dtype": "bfloat16"}
+    fp8 = dict(model="tiny", layer_ids=(1, 3), store_final=True, compute_dtype="float8", store_dtype="float8_e4m3")
+    manifest = example_manifest("fp8page", **fp8)
     ledger.save_plan(r, "fp8page", manifest, specs, totals)
-    ledger.save_plan(r, "bf16page", {**manifest, "compute_dtype": "bfloat16", "store_dtype": "bfloat16"}, specs, totals)
+    ledger.save_plan(r, "bf16page", example_manifest("bf16page", **{**fp8, "compute_dtype": "bfloat16",
+                                                                    "store_dtype": "bfloat16"}), specs, totals)
     computeerror.record(r, "fp8page", "b0000", manifest, [[0.0127, 0.0146, 0.0201], [0.99992, 0.99989, 0.9998]],
                         100, "<img src=x> reference", "w0")
     for bid, rel, cos in (("b0000", 0.0263, 0.9997), ("b0001", 0.0265, 0.9996)):
@@ -250,7 +252,7 @@ def test_dashboard_page_shows_compute_next_to_storage_per_layer(r, redis_server)
 def test_records_hsx_did_not_write_are_named_and_skipped(r):
     spec = BatchSpec(batch_id="b0000", index=0, shard="00000", samples=1, tokens=10, padded=16, padded_len=16,
                      sample_ids=["s0"])
-    manifest = {"model": "tiny", "layer_ids": [1, 3], "store_final": False, "compute_dtype": "float8"}
+    manifest = example_manifest("bad", model="tiny", layer_ids=(1, 3), compute_dtype="float8")
     ledger.save_plan(r, "bad", manifest, [spec], {"batches": 1, "samples": 1, "tokens": 10})
     keys = RunKeys("bad")
     r.set(keys.compute_error, json.dumps({"layer_ids": [1, 3], "rel_l2": [0.1], "cosine": [1, 1]}))
