@@ -18,22 +18,22 @@ done        ``done`` member (+ ``done_info``, counters, ``done_seq``, ``done_log
 failed      a ``failures`` record {attempts, last_error, ts} (attempts < max) and queued again
 dead        a ``dead`` record: needs a person (``hsx retry-failed``, the dashboard)
 
-Transition                       Function          Who
--------------------------------  ----------------  ---------------------------------------------------
--> planned                       ``enqueue``       producer; reconciler (orphans); ``verify --repair``
-planned | failed | dead -> leased ``lease``        GPU worker (refused for a done batch: IllegalTransition)
-leased -> planned (uncounted)    ``hand_back``     a worker stopping, or one that lost the run's store
-leased -> (as it was)            ``release``       a worker letting go (the batch is done, or ``fail`` follows)
-leased -> spooled                ``spool``         GPU worker's writer (clears the failure record)
-spooled -> uploading -> spooled  ``uploading``     uploader (a context: the lease is held while inside)
-uploading | spooled -> spooled   ``requeue_upload`` uploader (store trouble, refused here); worker restart
-uploading -> done                ``finish``        uploader; ``produce`` rebuilding the ledger from the store
-leased | uploading -> failed     ``fail``          GPU worker, uploader, ``reap`` (counted; at the
-  | dead                                           run's max_attempts a dead letter; refused for a done batch)
-leased | uploading (expired) ->  ``reap``          every heartbeat: an extract lease -> ``fail``, an upload
-  failed | spooled                                 lease -> ``requeue_upload``
-dead -> planned                  ``retry``         ``hsx retry-failed``, the dashboard (refused unless dead)
-done -> planned                  ``reopen``        ``verify --repair``, ``produce`` (object missing or bad)
+Transition                          Function            Who
+----------------------------------  ------------------  ----------------------------------------------
+-> planned                          ``enqueue``         producer; reconciler (orphans); ``verify --repair``
+planned | failed | dead -> leased   ``lease``           GPU worker (a done batch: IllegalTransition)
+leased -> planned (uncounted)       ``hand_back``       a worker stopping, or one that lost the store
+leased -> (as it was)               ``release``         a worker letting go (done, or ``fail`` follows)
+leased -> spooled                   ``spool``           GPU worker's writer (clears the failure record)
+spooled -> uploading -> (exit)      ``uploading``       uploader (a context: the lease held inside it)
+uploading | spooled -> spooled      ``requeue_upload``  uploader (store trouble, refused here); restart
+uploading -> done                   ``finish``          uploader; the ledger rebuilt from the store
+leased | uploading -> failed | dead ``fail``            GPU worker, uploader, ``reap`` (a dead letter at
+                                                        the run's max_attempts; a done batch: nothing)
+expired lease -> failed | spooled   ``reap``            every heartbeat (extract -> ``fail``, upload ->
+                                                        ``requeue_upload``)
+dead -> planned                     ``retry``           ``hsx retry-failed``, the dashboard (else NotRetryable)
+done -> planned                     ``reopen``          ``verify --repair``, ``produce`` (object missing or bad)
 
 A job id's last part (``<seq>``) only makes it unique: the first job of a batch has 1, every later one
 a fresh number from ``next_seqs`` (one INCRBY), so a new job never overwrites one a dead process may
