@@ -2,7 +2,8 @@
 
 Every change of a batch's state, by either role, the reconciler or the CLI, goes through a
 function here; nothing else in hsx writes a batch's queue jobs, leases, failure or dead-letter
-records (tests/test_batchlife.py checks the callers). Each function writes its keys in one
+records (tests/test_batchlife.py checks the callers), bar two writes that change no state: a
+heartbeat pushing its leases' expiry forward, and ``ledger.drop_failures_of_done``. Each function writes its keys in one
 pipeline or one script, as the ledger primitives it builds on (``hsx.run.ledger``,
 ``hsx.run.leases``) do.
 
@@ -95,7 +96,7 @@ def next_seqs(r: redis.Redis, run: str, count: int = 1) -> range:
 
 
 def state_of(r: redis.Redis, run: str, bid: str) -> State | None:
-    """What Redis says of ``bid`` now (None: not in the plan). For status and tests: each transition
+    """What Redis says of ``bid`` now (None: not in the plan), for tests and diagnosis: each transition
     checks what it must inside its own write."""
     keys = RunKeys(run)
     pipe = r.pipeline(transaction=False)
