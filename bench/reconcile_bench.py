@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from hsx.redisconn import LocalRedis, connect
-from hsx.run import leases, ledger, queues, reconcile
+from hsx.run import batchlife, leases, ledger, reconcile
 from hsx.run.keys import RunKeys
 
 
@@ -33,10 +33,7 @@ def main() -> None:
         for spec in specs[: n // 2]:
             pipe.sadd(keys.done, spec.batch_id)
         pipe.execute()
-        pipe = r.pipeline()
-        for spec in specs[n // 2: 3 * n // 4]:
-            queues.enqueue_extract(r, run, spec.batch_id, pipeline=pipe)
-        pipe.execute()
+        batchlife.enqueue(r, run, [spec.batch_id for spec in specs[n // 2: 3 * n // 4]], first=True)
         for spec in specs[3 * n // 4: 3 * n // 4 + 64]:
             leases.take(r, keys.extract_leases, spec.batch_id, 60)
         expected = n - n // 2 - (3 * n // 4 - n // 2) - 64

@@ -14,7 +14,7 @@ from flask import Blueprint, abort, jsonify, request
 from dashboard import state
 from dashboard.overview import build_overview, pick_run
 from hsx.redisconn import redact
-from hsx.run import ledger, queues
+from hsx.run import batchlife, ledger
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
@@ -58,7 +58,7 @@ def retry():
         bids = [b for b in bids if b in known]
         if not bids:
             return jsonify({"run": run, "retried": []})
-    return jsonify({"run": run, "retried": sorted(queues.retry_dead_letters(st.redis, run, bids))})
+    return jsonify({"run": run, "retried": sorted(batchlife.retry(st.redis, run, bids))})
 
 
 @bp.errorhandler(400)

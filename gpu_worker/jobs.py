@@ -5,8 +5,9 @@ from __future__ import annotations
 from gpu_worker import runtime
 
 
-def extract_batch(run: str, batch_id: str, attempt: int = 1) -> str:
+def extract_batch(run: str, batch_id: str, attempt: int | None = None) -> str:
+    """``attempt``: carried by jobs an older hsx queued (a copy of the job id's suffix); never read."""
     rt = runtime.current()
     if run != rt.run:
         raise ValueError(f"job of run {run!r} reached a worker of run {rt.run!r}")
-    return rt.extract(batch_id, attempt)
+    return rt.extract(batch_id)

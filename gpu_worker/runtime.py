@@ -23,7 +23,7 @@ from hsx.devices import GpuProbe
 from hsx.digest import file_sha256
 from hsx.manifest import Manifest
 from hsx.redisconn import OUTAGES
-from hsx.run import computeerror, heartbeat, leases, ledger, queues, reconcile, rqclean
+from hsx.run import batchlife, computeerror, heartbeat, leases, ledger, queues, reconcile, rqclean
 from hsx.run.fp8error import ERROR_SAMPLE_EVERY
 from hsx.run.idle import IdleNote
 from hsx.run.keys import RunKeys
@@ -96,9 +96,7 @@ class WorkerRuntime:
         self._hb_thread.join(timeout=5)
         if not drained:
             for bid in sorted(self.writer.held()):
-                if self.r.zrem(self.leases_key, bid):
-                    queues.enqueue_extract(self.r, self.run, bid, attempt=leases.next_attempt(self.r, self.run),
-                                           at_front=True)
+                if batchlife.hand_back(self.r, self.run, bid):
                     log.warning("handed %s back to the queue (not written within the grace period)", bid)
         self.prefetcher.close()
         self.r.delete(RunKeys(self.run).heartbeat(self.worker_name))
@@ -142,8 +140,8 @@ class WorkerRuntime:
                     continue
                 if bid in pending:
                     continue
-                queues.enqueue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size,
-                                      file_sha256(path), tier=tier.name, attempt=leases.next_attempt(self.r, self.run))
+                batchlife.requeue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size,
+                                         file_sha256(path), tier.name)
                 requeued += 1
         if requeued:
             log.info("re-enqueued uploads of %d spool files left from before", requeued)
@@ -186,7 +184,7 @@ class WorkerRuntime:
         # before this process reaps leases, sweeps temp files or forgets rq workers.
         if OUTAGES.settling(self.cfg.redis_url, self.limits.lease_seconds):
             return
-        leases.reap(self.r, self.run, self.limits.max_attempts)
+        batchlife.reap(self.r, self.run, self.limits.max_attempts)
         if self.beats % HEARTBEATS_PER_SWEEP == 0:
             self.sweep_temp_files()
             rqclean.forget_dead_workers(self.r, self.run)
@@ -253,22 +251,16 @@ class WorkerRuntime:
         return self.tiers.full(self.writer.largest_raw)
 
     # ---- the job ---------------------------------------------------------
-    def extract(self, bid: str, attempt: int) -> str:
-        keys = RunKeys(self.run)
-        pipe = self.r.pipeline(transaction=False)  # one round trip: done?, spec, lease
-        pipe.sismember(keys.done, bid)
-        pipe.hget(keys.plan, bid)
-        leases.take(self.r, self.leases_key, bid, self.limits.lease_seconds, pipe=pipe)
-        done, raw_spec, _ = pipe.execute()
-        if done or raw_spec is None:
-            leases.drop(self.r, self.leases_key, bid)
-            if done:
-                return f"{bid} already done"
-            if not self.r.exists(keys.manifest):
+    def extract(self, bid: str) -> str:
+        try:
+            spec = batchlife.lease(self.r, self.run, bid, self.limits.lease_seconds)  # one script: done?, spec, lease
+        except batchlife.IllegalTransition:
+            return f"{bid} already done"
+        if spec is None:
+            if not self.r.exists(RunKeys(self.run).manifest):
                 self.run_vanished()
                 return f"{bid}: run {self.run} vanished from Redis; not extracted"
             raise KeyError(f"batch {bid} is not in the plan of run {self.run}")
-        spec = ledger.BatchSpec.from_json(raw_spec)
         self.current_batch = bid
         try:
             padded, contents = self.prefetcher.take(spec)
@@ -290,11 +282,11 @@ class WorkerRuntime:
             finite = torch.isfinite(hidden).all()
             if final is not None:
                 finite = finite & torch.isfinite(final).all()
-            item = self._to_host(spec, attempt, contents, stored, finite)
+            item = self._to_host(spec, contents, stored, finite)
             item.compute_reference = reference
             self.writer.submit(item, emitted_bytes=sum(t.numel() * t.element_size() for t in stored.values()))
         except BaseException:
-            leases.drop(self.r, self.leases_key, bid)
+            batchlife.release(self.r, self.run, bid)  # fail (the job's failure handler) counts it, if it runs
             raise
         finally:
             self.current_batch = None
@@ -313,10 +305,10 @@ class WorkerRuntime:
             raw = self.r.hmget(RunKeys(self.run).plan, bids)
             self.prefetcher.hint([ledger.BatchSpec.from_json(x) for x in raw if x])
 
-    def _to_host(self, spec, attempt, contents, stored: dict, finite) -> Finished:
+    def _to_host(self, spec, contents, stored: dict, finite) -> Finished:
         """Copy the stored tensors to one pinned buffer on the side stream; the writer waits on the event."""
         if not self.cuda:
-            return Finished(spec, attempt, contents, stored, finite, None, lambda: None)
+            return Finished(spec, contents, stored, finite, None, lambda: None)
         buf = self.pinned.get()
         stream = self.copy_stream
         stream.wait_stream(torch.cuda.current_stream(self.extractor.device))
@@ -336,17 +328,10 @@ class WorkerRuntime:
             host_finite.copy_(finite, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
-        return Finished(spec, attempt, contents, host, host_finite, event, lambda: self.pinned.put(buf))
+        return Finished(spec, contents, host, host_finite, event, lambda: self.pinned.put(buf))
 
     # ---- failures --------------------------------------------------------
-    def fail_batch(self, bid: str, attempt: int, error: str) -> None:
-        """Count a failure; re-enqueue with the next attempt, or leave a dead letter."""
-        leases.drop(self.r, self.leases_key, bid)
-        if ledger.is_done(self.r, self.run, bid):
-            return  # a duplicate delivery failed after another copy landed: nothing is missing
-        attempts = ledger.record_failure(self.r, self.run, bid, error, self.limits.max_attempts)
-        if attempts < self.limits.max_attempts:
-            queues.enqueue_extract(self.r, self.run, bid, attempt=leases.next_attempt(self.r, self.run))
-            log.warning("batch %s failed (attempt %d/%d), re-enqueued: %s", bid, attempts, self.limits.max_attempts, error)
-        else:
-            log.error("batch %s failed %d times; moved to dead letters: %s", bid, attempts, error)
+    def fail_batch(self, bid: str, error: str) -> None:
+        """Count a failure: extracted again, or a dead letter at the run's max_attempts (nothing if done)."""
+        batchlife.release(self.r, self.run, bid)
+        batchlife.fail(self.r, self.run, bid, error, self.limits.max_attempts)

@@ -22,8 +22,9 @@ from hsx.fp8compute import require_fp8_device
 from hsx.localdirs import ensure_dir
 from hsx.manifest import config_hash
 from hsx.redisconn import connect, redact
-from hsx.run import computeerror, leases, ledger, queues
+from hsx.run import batchlife, computeerror, ledger, queues
 from hsx.run.evictionpolicy import check_eviction_policy
+from hsx.run.ledger import RunVanished
 from hsx.store import layout
 from hsx.visibility import RunNotVisible, check_model_visible, open_run_store
 
@@ -33,10 +34,6 @@ PLAN_POLL_SECONDS = 5  # --wait-for-plan: seconds between looks for the run's ma
 
 class WorkerSetupError(HsxError, RuntimeError):
     """The worker cannot start; the message says why."""
-
-
-class RunVanished(HsxError):
-    """The run's plan disappeared from Redis while the worker ran; the message says what to do."""
 
 
 class ExtractWorker(SimpleWorker):
@@ -67,7 +64,7 @@ def _on_failure(job, exc_type, exc_value, tb):
     if parsed and rt is not None and exc_type is FileNotFoundError and _store_unseen(rt):
         # Inputs missing because the store itself is gone from this host (an unmounted share): no batch is at
         # fault. Hand it back uncounted and take no more jobs, rather than dead-letter the run batch by batch.
-        queues.enqueue_extract(rt.r, rt.run, parsed[1], attempt=leases.next_attempt(rt.r, rt.run), at_front=True)
+        batchlife.hand_back(rt.r, rt.run, parsed[1], leased=False)  # the job let go of its lease already
         ExtractWorker.store_lost = (f"this worker cannot see the run's store {rt.store.url()} from host {rt.cfg.host} "
                                     f"any more (reading inputs of {parsed[1]}: {exc_value}): mount it at that path "
                                     "or use S3, then restart the worker; the batch was handed back, no failure counted")
@@ -76,7 +73,7 @@ def _on_failure(job, exc_type, exc_value, tb):
             rt.on_vanished()  # the worker loop's stop
         return True
     if parsed and rt is not None:
-        rt.fail_batch(parsed[1], parsed[2], f"{exc_type.__name__}: {exc_value}")
+        rt.fail_batch(parsed[1], f"{exc_type.__name__}: {exc_value}")
     return True
 
 

@@ -28,9 +28,8 @@ import torch
 from hsx import spool
 from hsx.batch import batchfile
 from hsx.manifest import Manifest
-from hsx.run import computeerror, leases, ledger, queues
+from hsx.run import batchlife, computeerror, ledger
 from hsx.run.fp8error import record_store_error
-from hsx.run.keys import RunKeys
 from hsx.run.ledger import BatchSpec
 
 log = logging.getLogger(__name__)
@@ -45,7 +44,6 @@ RATE_WARN_SECONDS = 60.0   # at most one "disk cannot keep up" warning a minute
 @dataclass
 class Finished:
     spec: BatchSpec
-    attempt: int
     contents: batchfile.BatchContents
     tensors: dict[str, torch.Tensor]   # on the host (pinned views, or CPU tensors): hidden_states, hidden_scales,
                                        # final_hidden_states, final_scales as stored; fp8_error [2, n] if sampled;
@@ -74,7 +72,7 @@ class PinnedPool:
 
 class SpoolWriter:
     def __init__(self, r, run: str, manifest: Manifest, tiers: spool.SpoolTiers, host: str, worker_name: str,
-                 on_failure: Callable[[str, int, str], None], depth: int, fsync: bool = True):
+                 on_failure: Callable[[str, str], None], depth: int, fsync: bool = True):
         self.r, self.run, self.manifest = r, run, manifest
         self.tiers, self.host, self.worker_name = tiers, host, worker_name
         self.codec = manifest.codec
@@ -125,7 +123,7 @@ class SpoolWriter:
                 self._write(item)
             except Exception as exc:
                 log.error("batch %s failed at write: %s", item.spec.batch_id, exc)
-                self.on_failure(item.spec.batch_id, item.attempt, f"write: {type(exc).__name__}: {exc}")
+                self.on_failure(item.spec.batch_id, f"write: {type(exc).__name__}: {exc}")
             finally:
                 item.release()
                 with self._idle:
@@ -140,7 +138,7 @@ class SpoolWriter:
         error = stored.pop("fp8_error", None)
         compute_error = stored.pop("compute_error", None)
         if ledger.is_done(self.r, self.run, spec.batch_id):  # a duplicate delivery finished elsewhere first
-            leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id)
+            batchlife.release(self.r, self.run, spec.batch_id)
             if compute_error is not None:  # measured all the same: the run's record, if it has none yet
                 computeerror.record(self.r, self.run, spec.batch_id, self.manifest, compute_error, spec.tokens,
                                     item.compute_reference or "", self.worker_name)
@@ -160,13 +158,8 @@ class SpoolWriter:
         tier, path, size, sha, started = self._write_file(spec.batch_id, raw, tensors, metadata)
         self.rates.wrote(tier.name, size, time.monotonic() - started)
         self._warn_if_slow()
-        attempt = leases.next_attempt(self.r, self.run)  # a job id of its own: a second extraction of the batch
-        pipe = self.r.pipeline()                          # must not overwrite an upload job still running
-        queues.enqueue_upload(self.r, self.host, self.run, spec.batch_id, str(path), size, sha, pipeline=pipe,
-                              tier=tier.name, attempt=attempt)
-        ledger.mark_spooled(self.r, self.run, spec.batch_id, pipe=pipe, nbytes=size)
-        ledger.clear_failure(self.r, self.run, spec.batch_id, pipe=pipe)
-        leases.drop(self.r, RunKeys(self.run).extract_leases, spec.batch_id, pipe=pipe)
+        pipe = self.r.pipeline()
+        batchlife.spool(self.r, self.run, spec.batch_id, self.host, str(path), size, sha, tier.name, pipe)
         if error is not None:
             record_store_error(self.r, self.run, spec.batch_id, m, error, spec.tokens, pipe=pipe)
         if compute_error is not None:

@@ -28,11 +28,11 @@ def config(v) -> RetryConfig:
 
 def run(cfg: RetryConfig) -> int:
     from hsx.redisconn import connect
-    from hsx.run import ledger, queues
+    from hsx.run import batchlife, ledger
 
     r = connect(cfg.redis_url)
     ledger.require_manifest(r, cfg.run)  # an unknown run is a mistyped name (exit 2), not "0 re-enqueued"
-    taken = queues.retry_dead_letters(r, cfg.run, list(cfg.batches) or None)
+    taken = batchlife.retry(r, cfg.run, list(cfg.batches) or None)
     print(f"re-enqueued {len(taken)} dead-letter batches of run {cfg.run}")
     return 0
 

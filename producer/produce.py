@@ -34,7 +34,7 @@ from hsx.prep.planning import cut_batches, padding_fraction
 from hsx.prep.report import Sample, TokeniseReport
 from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
 from hsx.redisconn import connect, redact
-from hsx.run import heartbeat, ledger, queues
+from hsx.run import batchlife, heartbeat, ledger, queues
 from hsx.run.evictionpolicy import check_eviction_policy
 from hsx.run.index import write_index_if_complete
 from hsx.run.integrity import unmark_missing_done
@@ -321,8 +321,7 @@ def _enqueue(r, cfg: ProduceConfig, specs: list[ledger.BatchSpec], done: set[str
     todo = [spec for spec in specs if spec.batch_id not in done and spec.batch_id not in pending]
     if todo:
         pipe = lock.guarded_pipeline()
-        for spec in todo:
-            queues.enqueue_extract(r, cfg.run, spec.batch_id, pipeline=pipe)
+        batchlife.enqueue(r, cfg.run, [spec.batch_id for spec in todo], first=True, pipe=pipe)
         lock.execute(pipe)
         pending.update(spec.batch_id for spec in todo)
     return len(todo)

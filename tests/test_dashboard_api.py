@@ -54,8 +54,8 @@ def mid_run(r):
     upload(r, "b0000", "b0001", "b0004")
     r.zadd(RunKeys(RUN).spooled_log, {"b0000": time.time() - AGE})
     ledger.mark_spooled(r, RUN, "b0002")
-    queues.enqueue_upload(r, "hostA", RUN, "b0002", "/spool/dash/b0002.safetensors", BATCH_BYTES, "0" * 64)
-    queues.enqueue_extract(r, RUN, "b0005")
+    queues.enqueue_upload(r, "hostA", RUN, "b0002", "/spool/dash/b0002.safetensors", BATCH_BYTES, "0" * 64, seq=1)
+    queues.enqueue_extract(r, RUN, "b0005", seq=1)
     heartbeat.publish_heartbeat(r, RUN, "gpu-hostA-0", H200, ttl_seconds=30)
     heartbeat.publish_host(r, RUN, "hostA", {"spool_bytes": 2500, "spool_files": 1, "spool_budget_bytes": 10000})
     Worker([queues.queue(r, queues.upload_queue_name("hostA"))], connection=r, name="upload-hostA-1").register_birth()
@@ -92,7 +92,7 @@ def test_no_runs_yet(client):
 def test_fresh_run(client, r):
     plan(r)
     for spec in SPECS:
-        queues.enqueue_extract(r, RUN, spec.batch_id)
+        queues.enqueue_extract(r, RUN, spec.batch_id, seq=1)
     o = status(client)
     assert o["progress"] == {"samples": {"done": 0, "total": 60}, "tokens": {"done": 0, "total": 2100},
                              "batches_extracted": {"done": 0, "total": 6}, "batches_uploaded": {"done": 0, "total": 6}}

@@ -75,7 +75,7 @@ def _plant(r, markers: Path) -> dict[str, str]:
     """Pickled jobs in every place rq-dashboard looks, beside hsx's own JSON jobs; {job id: queue}."""
     ledger.save_plan(r, RUN, example_manifest(RUN), SPECS, {"batches": 3, "samples": 6, "tokens": 30})
     ext = queues.extract_queue_name(RUN)
-    legit = queues.enqueue_extract(r, RUN, SPECS[0].batch_id)
+    legit = queues.enqueue_extract(r, RUN, SPECS[0].batch_id, seq=1)
     jobs = {legit.id: ext}
     for name, status, place in (("evil-queued", "queued", "queue"), ("evil-failed", "failed", "failed"),
                                 ("evil-started", "started", "started")):
@@ -171,7 +171,7 @@ def test_every_rq_route_never_unpickles_never_500s_and_changes_nothing(r, redis_
 
 def test_workers_page_shows_the_job_a_worker_holds(r, redis_server):
     ledger.save_plan(r, RUN, example_manifest(RUN), SPECS, {"batches": 3, "samples": 6, "tokens": 30})
-    job = queues.enqueue_extract(r, RUN, SPECS[1].batch_id)
+    job = queues.enqueue_extract(r, RUN, SPECS[1].batch_id, seq=1)
     q = queues.queue(r, queues.extract_queue_name(RUN))
     worker = Worker([q], connection=r, name="gpu-hostA-0", serializer=JSONSerializer, job_class=queues.HsxJob)
     worker.register_birth()
@@ -263,7 +263,7 @@ def test_token_login_and_query_password_stay_out_of_logs_pages_and_banner(passwo
             time.sleep(0.05)
     r = redis_py.Redis.from_url(url)
     ledger.save_plan(r, RUN, example_manifest(RUN), SPECS, {"batches": 3, "samples": 6, "tokens": 30})
-    queues.enqueue_extract(r, RUN, SPECS[0].batch_id)
+    queues.enqueue_extract(r, RUN, SPECS[0].batch_id, seq=1)
 
     env = {**os.environ, "HSX_REDIS_URL": url, "HSX_DASHBOARD_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
     env.pop("HSX_DASHBOARD_USER", None)
@@ -325,7 +325,7 @@ def test_query_password_on_the_command_line_is_refused(tmp_path):
 def _dead_letter(r):
     ledger.save_plan(r, RUN, example_manifest(RUN), SPECS, {"batches": 3, "samples": 6, "tokens": 30})
     for spec in SPECS:
-        queues.enqueue_extract(r, RUN, spec.batch_id)
+        queues.enqueue_extract(r, RUN, spec.batch_id, seq=1)
     ledger.record_failure(r, RUN, SPECS[2].batch_id, "boom", max_attempts=1)
 
 

@@ -206,9 +206,9 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         queued = [queues.batch_of_job(j)[1] for j in queues.queue(r, queues.extract_queue_name(RUN)).get_job_ids()]
         dup_target = queued[-1] if queued else None
         if dup_target:
-            queues.enqueue_extract(r, RUN, dup_target, attempt=990)
-            queues.enqueue_extract(r, RUN, dup_target, attempt=991)
-        queues.enqueue_extract(r, RUN, sorted(ledger.done_ids(r, RUN))[0], attempt=992)
+            queues.enqueue_extract(r, RUN, dup_target, seq=990)
+            queues.enqueue_extract(r, RUN, dup_target, seq=991)
+        queues.enqueue_extract(r, RUN, sorted(ledger.done_ids(r, RUN))[0], seq=992)
         table.append(("Duplicate delivery", f"extra jobs for queued {dup_target} and a done batch", 0.0,
                       "one object, one ledger entry"))
 

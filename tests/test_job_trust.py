@@ -113,7 +113,7 @@ def test_upload_jobs_never_touch_files_outside_their_own_spool_file(r, redis_ser
                     "other": str(other_run), "symlink": str(link)}
     host = upload_config(redis_server.url, spool).host
     for n, path in enumerate(forged_paths.values()):
-        queues.enqueue_upload(r, host, RUN, first, path, 64, "0" * 64, attempt=900 + n)
+        queues.enqueue_upload(r, host, RUN, first, path, 64, "0" * 64, seq=900 + n)
     run_uploader(upload_config(redis_server.url, spool))
     assert outside.read_text() == "not hsx's to delete"
     assert linked.read_text() == "reached through a symlink"

@@ -70,7 +70,7 @@ def test_leased_dead_and_done_batches_are_left_alone(r, redis_server, tiny_model
     leases.take(r, keys.upload_leases, "b0000001", lease_seconds=60)
     ledger.record_failure(r, "la", "b0000002", "boom", max_attempts=1)
     ledger.mark_done(r, "la", specs["b0000003"], "k", 1, "0" * 64, by="test")
-    queues.enqueue_upload(r, "h9", "la", "b0000004", "/spool/x", 1, "0" * 64)
+    queues.enqueue_upload(r, "h9", "la", "b0000004", "/spool/x", 1, "0" * 64, seq=1)
     r.hset(keys.hosts, "h9", "{}")
     assert reconcile.orphans(r, "la") == set(specs) - {f"b000000{i}" for i in range(5)}
 
@@ -109,12 +109,12 @@ def test_each_spooling_of_a_batch_gets_its_own_upload_job(r, redis_server, tiny_
     from gpu_worker.worker import run_worker
 
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="dup", enqueue=False))
-    queues.enqueue_extract(r, "dup", "b0000000", attempt=1)
+    queues.enqueue_extract(r, "dup", "b0000000", seq=1)
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dup"))
     up = queues.queue(r, queues.upload_queue_name("testhost"))
     (first,) = up.get_job_ids()
     r.hset(f"rq:job:{first}", "status", "started")   # an uploader holds it
-    queues.enqueue_extract(r, "dup", "b0000000", attempt=2)  # the reconciler's (or a duplicate's) second extraction
+    queues.enqueue_extract(r, "dup", "b0000000", seq=2)  # the reconciler's (or a duplicate's) second extraction
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dup"))
     ids = up.get_job_ids()
     assert len(ids) == 2 and len(set(ids)) == 2 and first in ids

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from hsx.run import leases, ledger, queues
+from hsx.run import batchlife, leases, ledger, queues
 from hsx.run.keys import RunKeys
 from hsx.run.progress import run_progress
 from hsx.store import layout, open_store
@@ -81,7 +81,7 @@ def test_corrupt_inputs_are_refused_then_rewritten_by_produce(r, redis_server, t
     dead = ledger.dead_letters(r, "ci")
     assert list(dead) == ["b0000001"] and "differ from the SHA-256 the producer recorded" in dead["b0000001"]["last_error"]
     produce(cfg)  # re-run: the input object is rewritten (its bytes differ from the plan's)
-    assert queues.retry_dead_letters(r, "ci") == ["b0000001"]
+    assert batchlife.retry(r, "ci") == ["b0000001"]
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="ci"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     assert run_progress(r, "ci")["complete"] and verify_run(r, open_store(str(store_dir)), "ci").ok
@@ -120,7 +120,7 @@ def test_bad_batch_goes_to_dead_letters_then_retry_failed(r, redis_server, tiny_
     p = run_progress(r, "dl")
     assert p["done"]["batches"] == p["totals"]["batches"] - 1  # the rest of the run went on
     inputs.write_bytes(good)
-    assert queues.retry_dead_letters(r, "dl") == ["b0000003"]
+    assert batchlife.retry(r, "dl") == ["b0000003"]
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dl"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     assert run_progress(r, "dl")["complete"] and not ledger.dead_letters(r, "dl")
@@ -134,14 +134,14 @@ def test_duplicate_delivery_counts_once(r, redis_server, tiny_model, tmp_path):
     run_pipeline(redis_server.url, tiny_model, str(store_dir), tmp_path / "spool", run="dup")
     before = run_progress(r, "dup")["done"]
     # The same batch delivered again, to the worker and to the uploader.
-    dup_job = queues.enqueue_extract(r, "dup", "b0000000", attempt=77)
+    dup_job = queues.enqueue_extract(r, "dup", "b0000000", seq=77)
     spec = ledger.get_spec(r, "dup", "b0000000")
     key = layout.batch_key("dup", spec.shard, spec.batch_id)
     stored = (store_dir / key).read_bytes()
     spool_copy = tmp_path / "spool" / "dup" / "b0000000.safetensors"
     spool_copy.write_bytes(stored)
     info = json.loads(r.hget(RunKeys("dup").done_info, "b0000000"))
-    queues.enqueue_upload(r, "testhost", "dup", "b0000000", str(spool_copy), info["size"], info["sha256"], attempt=78)
+    queues.enqueue_upload(r, "testhost", "dup", "b0000000", str(spool_copy), info["size"], info["sha256"], seq=78)
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dup"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     assert run_progress(r, "dup")["done"] == before
@@ -163,10 +163,10 @@ def test_leases_use_redis_clock_not_the_hosts(r, redis_server, tiny_model, tmp_p
     leases.refresh(r, keys.extract_leases, ["b0000001", "b0000009"], lease_seconds=5)  # never resurrects b0000009
     expiry, now = r.zscore(keys.extract_leases, "b0000001"), leases.redis_now(r)
     assert now + 4 <= expiry <= now + 6 and r.zscore(keys.extract_leases, "b0000009") is None
-    assert leases.reap(r, "clk", max_attempts=3)["extract"] == []  # a skewed reaper does not take a live lease
+    assert batchlife.reap(r, "clk", max_attempts=3)["extract"] == []  # a skewed reaper does not take a live lease
     monkeypatch.setattr(time, "time", lambda: real() - 120)  # ...nor does a clock running behind hold a dead one
     leases.take(r, keys.extract_leases, "b0000002", lease_seconds=0)
-    assert leases.reap(r, "clk", max_attempts=3)["extract"] == ["b0000002"]
+    assert batchlife.reap(r, "clk", max_attempts=3)["extract"] == ["b0000002"]
 
 
 def test_expired_lease_is_reclaimed_once(r, redis_server, tiny_model, tmp_path):
@@ -175,8 +175,8 @@ def test_expired_lease_is_reclaimed_once(r, redis_server, tiny_model, tmp_path):
     leases.take(r, keys.extract_leases, "b0000002", lease_seconds=0.01)
     leases.take(r, keys.extract_leases, "b0000003", lease_seconds=60)
     time.sleep(0.05)
-    assert leases.reap(r, "lease", max_attempts=3)["extract"] == ["b0000002"]
-    assert leases.reap(r, "lease", max_attempts=3)["extract"] == []
+    assert batchlife.reap(r, "lease", max_attempts=3)["extract"] == ["b0000002"]
+    assert batchlife.reap(r, "lease", max_attempts=3)["extract"] == []
     assert queues.pending_extract(r, "lease") == {"b0000002", "b0000003"}
     assert ledger.failures(r, "lease")["b0000002"]["last_error"].startswith("worker lost")
 

@@ -67,7 +67,7 @@ def test_uploader_stops_on_a_vanished_run_and_keeps_the_file(r, redis_server, ti
     spool_file.parent.mkdir(parents=True)
     spool_file.write_bytes(b"x" * 10)
     r.flushall()
-    job = queues.enqueue_upload(r, "testhost", "uv", "b0000000", str(spool_file), 10, "0" * 64)
+    job = queues.enqueue_upload(r, "testhost", "uv", "b0000000", str(spool_file), 10, "0" * 64, seq=1)
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))  # burst: returns once the queue is empty
     assert "RunVanished" in Job.fetch(job.id, connection=r, serializer=job.serializer).latest_result().exc_string
     assert len(queues.queue(r, queues.upload_queue_name("testhost"))) == 0  # not retried forever
@@ -79,7 +79,7 @@ def test_uploader_sends_a_batch_missing_from_the_plan_to_dead_letters(r, redis_s
 
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="np", enqueue=False))
     queues.enqueue_upload(r, "testhost", "np", "b9999999", str(tmp_path / "spool" / "np" / "b9999999.safetensors"), 10,
-                          "0" * 64)
+                          "0" * 64, seq=1)
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     dead = ledger.dead_letters(r, "np")
     assert list(dead) == ["b9999999"] and "not in the plan" in dead["b9999999"]["last_error"]

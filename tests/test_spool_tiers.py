@@ -62,7 +62,7 @@ def test_upload_job_path_must_be_its_tiers_file(r, redis_server, tiny_model, tmp
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="conf", enqueue=False))
     outside = tmp_path / "elsewhere.safetensors"
     outside.write_bytes(b"keep me")
-    queues.enqueue_upload(r, "testhost", "conf", "b0000000", str(outside), 7, "0" * 64, tier="memory")
+    queues.enqueue_upload(r, "testhost", "conf", "b0000000", str(outside), 7, "0" * 64, tier="memory", seq=1)
     run_uploader(upload_config(redis_server.url, tmp_path / "disk", memory_spool_dir=tmp_path / "mem"))
     assert outside.read_bytes() == b"keep me" and not ledger.is_done(r, "conf", "b0000000")
 

@@ -31,7 +31,7 @@ def test_a_batch_rebuilt_done_is_no_dead_letter(r, redis_server, tiny_model, tmp
     r.flushall()  # Redis lost everything
     manifest = Manifest.load(open_store(str(store_dir)), RUN)
     ledger.save_plan(r, RUN, manifest, [], {"batches": total, "planning": 1})  # the producer is back, mid-plan
-    queues.enqueue_upload(r, "testhost", RUN, STALE, str(spool / RUN / f"{STALE}.safetensors"), 10, "0" * 64)
+    queues.enqueue_upload(r, "testhost", RUN, STALE, str(spool / RUN / f"{STALE}.safetensors"), 10, "0" * 64, seq=1)
     run_uploader(upload_config(redis_server.url, spool))
     assert list(ledger.dead_letters(r, RUN)) == [STALE]  # the upload that ran too early
 

@@ -7,7 +7,7 @@ import boto3
 import pytest
 
 from hsx.config import StoreSettings
-from hsx.run import ledger, queues
+from hsx.run import batchlife, ledger
 from hsx.run.progress import run_progress
 from hsx.store import layout, open_store
 from hsx_tools.verify import verify_run
@@ -46,7 +46,7 @@ def test_corrupt_inputs_on_s3_are_rewritten_by_their_bytes(r, redis_server, tiny
     produce(cfg)  # re-run: the input object is read back and hashed, and rewritten
     stored = s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
     assert hashlib.sha256(stored).hexdigest() == spec.input_sha256
-    assert queues.retry_dead_letters(r, "ci") == ["b0000001"]
+    assert batchlife.retry(r, "ci") == ["b0000001"]
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="ci"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     store = open_store(settings.url, s3_server, "us-east-1", "path")
@@ -99,7 +99,6 @@ def test_incomplete_multipart_uploads_are_reported_and_stale_ones_aborted(r, red
                                                                            s3_bucket, lying_store, tmp_path):
     import time
 
-    from hsx.run import leases
     from uploader.worker import run_uploader
 
     lying_store.lies_left = 0  # an honest store; the proxy gives each upload its true start time
@@ -116,22 +115,19 @@ def test_incomplete_multipart_uploads_are_reported_and_stale_ones_aborted(r, red
 
     killed = start("b0000000")   # an uploader killed mid-upload
     live = start("b0000001")     # another uploader's upload in progress: it holds its batch's lease
-    leases.take_upload(r, "mp", "b0000001", {"host": "otherhost"}, 600)
-    other_run = start("b0000002", run="notarun")  # not a run of this Redis: not ours to touch
-    time.sleep(5.5)              # the run's lease length (5 s) on the store's clock
-    young = start("b0000003")    # started just now (no lease seen: the listing may run ahead of a lease read)
-    store = open_store(settings.url, lying_store.url, "us-east-1", "path")
-
-    report = verify_run(r, store, "mp")
-    assert not report.ok and [u.split(" ")[0] for u in report.stale_uploads] == [killed.removeprefix("runs/")]
-    assert report.live_uploads == 2 and any("incomplete multipart uploads of killed uploaders" in line
-                                            for line in report.lines())
-
-    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))  # start-up aborts the stale one only
-    left = {u["Key"] for u in s3.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])}
-    assert left == {live, other_run, young}
-
-    leases.drop_upload(r, "mp", "b0000001")  # that uploader died too: its upload is stale now
+    with batchlife.uploading(r, "mp", "b0000001", {"host": "otherhost"}, 600):  # until that uploader dies too
+        other_run = start("b0000002", run="notarun")  # not a run of this Redis: not ours to touch
+        time.sleep(5.5)              # the run's lease length (5 s) on the store's clock
+        young = start("b0000003")    # started just now (no lease seen: the listing may run ahead of a lease read)
+        store = open_store(settings.url, lying_store.url, "us-east-1", "path")
+        report = verify_run(r, store, "mp")
+        assert not report.ok and [u.split(" ")[0] for u in report.stale_uploads] == [killed.removeprefix("runs/")]
+        assert report.live_uploads == 2 and any("incomplete multipart uploads of killed uploaders" in line
+                                                for line in report.lines())
+        run_uploader(upload_config(redis_server.url, tmp_path / "spool"))  # start-up aborts the stale one only
+        left = {u["Key"] for u in s3.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])}
+        assert left == {live, other_run, young}
+    # that uploader died too (its lease is gone): its upload is stale now
     repaired = verify_run(r, store, "mp", repair=True)
     assert live.removeprefix("runs/") in repaired.aborted_uploads and "aborted" in repaired.lines()[-1]
     left = {u["Key"] for u in s3.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])}

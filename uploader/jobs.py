@@ -15,7 +15,8 @@ from pathlib import Path
 
 from hsx.digest import file_sha256
 from hsx.retry import backoff_delay
-from hsx.run import index, leases, ledger, queues, storerefusal
+from hsx.run import batchlife, index, ledger, storerefusal
+from hsx.run.ledger import RunVanished
 from hsx.store import PermanentStoreError, layout
 from hsx.visibility import RunNotVisible
 from uploader import runtime
@@ -33,8 +34,9 @@ class NotPlanned(RuntimeError):
     """The batch is not in its run's plan: a permanent error (dead letter), never retried."""
 
 
-def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, attempt: int = 1, retry: int = 0,
-                 tier: str = "disk") -> str:
+def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, retry: int = 0, tier: str = "disk",
+                 attempt: int | None = None) -> str:
+    """``attempt``: carried by jobs an older hsx queued (a copy of the job id's suffix); never read."""
     rt = runtime.current()
     r = rt.r
     try:
@@ -46,67 +48,59 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, att
         # This uploader is set up unlike the host's workers (another --spool-dir, a store it cannot see). The job
         # goes back on the queue untouched, for an uploader that can do it: the batch stays queued, so it is
         # neither failed nor extracted again (issue 23 item 3); the cause is counted and shown by `hsx status`.
-        queues.enqueue_upload(r, rt.host, run, batch_id, path, size, sha256, attempt=leases.next_attempt(r, run),
-                              retry=retry, tier=tier)
+        batchlife.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry)
         rt.refuse(run, exc)
         return f"{batch_id}: refused here ({exc}); put back on upload@{rt.host}"
-    except runtime.RunVanished as exc:
+    except RunVanished as exc:
         # Redis lost the run: no retry loop. The spool file stays; after `hsx produce` rebuilds the
         # ledger from the store, a restarted worker of this host re-enqueues its upload (recover_spool).
         log.error("%s: upload of %s stopped, spool file %s kept. Re-run `hsx produce` for the run (it rebuilds "
                   "the ledger from the store), then restart this host's workers", exc, batch_id, local)
         raise
-    leases.take_upload(r, run, batch_id, {"host": rt.host, "path": path, "size": size, "sha256": sha256,
-                                          "tier": tier}, limits.lease_seconds)
-    rt.in_progress = (run, batch_id)
-    try:
-        return _upload(rt, run, batch_id, local, size, sha256)
-    except SpoolFileLost as exc:
-        # The bytes are gone: the batch must be computed again. This counts as one failed
-        # extraction of the batch, under the run's one attempt limit (see hsx.manifest.RunLimits).
-        rt.record_failure()
-        attempts = ledger.record_failure(r, run, batch_id, f"upload: {exc}", limits.max_attempts)
-        if attempts < limits.max_attempts:
-            queues.enqueue_extract(r, run, batch_id, attempt=leases.next_attempt(r, run))
-        log.error("%s; re-enqueued its extraction (failure %d/%d)", exc, attempts, limits.max_attempts)
-        raise
-    except PermanentStoreError as exc:
-        # The store refused for good (access denied, no bucket, metadata dropped): no retry can help
-        # without a person. Counted against the batch (dead letter at max_attempts, file kept) and shown
-        # on the run (status, dashboard, /metrics) with the store's message.
-        rt.record_failure()
-        storerefusal.record(r, run, batch_id, str(exc), rt.cfg.worker_name)
-        attempts = ledger.record_failure(r, run, batch_id, f"upload: store refused: {exc}", limits.max_attempts)
-        if attempts < limits.max_attempts:
+    job = {"host": rt.host, "path": path, "size": size, "sha256": sha256, "tier": tier}
+    with batchlife.uploading(r, run, batch_id, job, limits.lease_seconds):
+        rt.in_progress = (run, batch_id)
+        try:
+            return _upload(rt, run, batch_id, local, size, sha256)
+        except SpoolFileLost as exc:
+            # The bytes are gone: the batch must be computed again. This counts as one failed
+            # extraction of the batch, under the run's one attempt limit (see hsx.manifest.RunLimits).
+            rt.record_failure()
+            batchlife.fail(r, run, batch_id, f"upload: {exc}", limits.max_attempts)
+            raise
+        except PermanentStoreError as exc:
+            # The store refused for good (access denied, no bucket, metadata dropped): no retry can help
+            # without a person. Counted against the batch (dead letter at max_attempts, file kept) and shown
+            # on the run (status, dashboard, /metrics) with the store's message.
+            rt.record_failure()
+            storerefusal.record(r, run, batch_id, str(exc), rt.cfg.worker_name)
+            failure = batchlife.fail(r, run, batch_id, f"upload: store refused: {exc}", limits.max_attempts,
+                                     requeue=False)
+            if failure.state is batchlife.State.FAILED:
+                delay = backoff_delay(retry, RETRY_BASE_SECONDS, RETRY_CAP_SECONDS)
+                log.error("upload of %s refused by the store; next try in %.1fs", batch_id, delay)
+                time.sleep(delay)
+                batchlife.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry + 1)
+            elif failure.state is batchlife.State.DEAD:
+                log.error("upload of %s refused by the store %d times: spool file %s kept", batch_id,
+                          failure.attempts, local)
+            raise
+        except NotPlanned as exc:
+            rt.record_failure()
+            batchlife.fail(r, run, batch_id, f"upload: {exc}", 1)  # straight to dead letters, not retried
+            raise
+        except Exception as exc:
+            # Store trouble (outage, throttling, verify mismatch): the file stays. Back off while
+            # holding the lease (the heartbeat keeps it), then queue the next try and fail this job.
+            rt.record_failure()
             delay = backoff_delay(retry, RETRY_BASE_SECONDS, RETRY_CAP_SECONDS)
-            log.error("upload of %s refused by the store (failure %d/%d): %s; next try in %.1fs", batch_id, attempts,
-                      limits.max_attempts, exc, delay)
+            log.warning("upload of %s failed (try %d: %s: %s); next try in %.1fs", batch_id, retry + 1,
+                        type(exc).__name__, exc, delay)
             time.sleep(delay)
-            queues.enqueue_upload(r, rt.host, run, batch_id, path, size, sha256, attempt=leases.next_attempt(r, run),
-                                  retry=retry + 1, tier=tier)
-        else:
-            log.error("upload of %s refused by the store %d times: dead letter, spool file %s kept: %s", batch_id,
-                      attempts, local, exc)
-        raise
-    except NotPlanned as exc:
-        rt.record_failure()
-        ledger.record_failure(r, run, batch_id, f"upload: {exc}", 1)  # straight to dead letters
-        log.error("%s: dead letter, not retried", exc)
-        raise
-    except Exception as exc:
-        # Store trouble (outage, throttling, verify mismatch): the file stays. Back off while
-        # holding the lease (the heartbeat keeps it), then queue the next try and fail this job.
-        rt.record_failure()
-        delay = backoff_delay(retry, RETRY_BASE_SECONDS, RETRY_CAP_SECONDS)
-        log.warning("upload of %s failed (try %d: %s: %s); next try in %.1fs", batch_id, retry + 1,
-                    type(exc).__name__, exc, delay)
-        time.sleep(delay)
-        queues.enqueue_upload(r, rt.host, run, batch_id, path, size, sha256, attempt=leases.next_attempt(r, run),
-                              retry=retry + 1, tier=tier)
-        raise
-    finally:
-        rt.in_progress = None
-        leases.drop_upload(r, run, batch_id)
+            batchlife.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry + 1)
+            raise
+        finally:
+            rt.in_progress = None
 
 
 def _spool_mismatch(r, run: str, batch_id: str, path: str) -> bool:
@@ -141,7 +135,7 @@ def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, s
         if isinstance(exc, VerifyError) and file_sha256(local) != sha256:
             raise SpoolFileLost(f"spool file {local} is corrupt (sha256 differs from what the worker wrote)") from exc
         raise
-    ledger.mark_done(r, run, spec, key, info.size, sha256, by=rt.cfg.worker_name)
+    batchlife.finish(r, run, spec, key, info.size, sha256, by=rt.cfg.worker_name)
     storerefusal.clear(r, run)  # the store takes uploads again
     local.unlink(missing_ok=True)
     rt.record_upload(size, run)

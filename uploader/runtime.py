@@ -21,8 +21,9 @@ from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.errors import HsxError
 from hsx.manifest import RunLimits
 from hsx.redisconn import OUTAGES
-from hsx.run import leases, ledger, reconcile, refused, rqclean
+from hsx.run import batchlife, leases, ledger, reconcile, refused, rqclean
 from hsx.run.keys import RunKeys
+from hsx.run.ledger import RunVanished
 from hsx.run.progress import fmt_bytes
 from hsx.store import PermanentStoreError, layout
 from hsx.visibility import open_run_store
@@ -30,10 +31,6 @@ from hsx.visibility import open_run_store
 log = logging.getLogger(__name__)
 REFUSED_PAUSE_SECONDS = 30.0  # s an uploader waits after putting back a job it cannot do (not burst mode)
 _current: UploaderRuntime | None = None
-
-
-class RunVanished(HsxError):
-    """The job's run is not in Redis (restarted empty, flushed): nothing to record an upload in."""
 
 
 class UploadsRefused(HsxError):
@@ -208,7 +205,7 @@ class UploaderRuntime:
                 limits = manifest.limits
                 if OUTAGES.settling(self.cfg.redis_url, limits.lease_seconds):
                     continue  # just back from a Redis outage: live owners refresh their leases first
-                leases.reap(self.r, run, limits.max_attempts)
+                batchlife.reap(self.r, run, limits.max_attempts)
                 reconcile.maybe_reconcile(self.r, run, limits.lease_seconds / 2)
                 rqclean.forget_dead_workers(self.r, run)
 

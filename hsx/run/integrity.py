@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from hsx.batch import batchfile
-from hsx.run import leases, ledger, queues, reconcile
+from hsx.run import batchlife, ledger, reconcile
 from hsx.store import layout
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def unmark_missing_done(r, store, run: str) -> list[str]:
     repaired = []
     with ThreadPoolExecutor(CHECK_THREADS) as pool:
         for bid, problem in pool.map(one, sorted(set(infos) & set(specs))):
-            if problem and ledger.unmark_done(r, run, specs[bid]):
+            if problem and batchlife.reopen(r, run, specs[bid], requeue=False):  # `hsx produce` queues it
                 log.warning("%s was recorded done but %s; it will be extracted again", bid, problem)
                 repaired.append(bid)
     return repaired
@@ -79,10 +79,9 @@ def repair_batches(r, store, run: str, bids: list[str], specs: dict[str, ledger.
     repaired = []
     for bid in bids:
         spec = specs[bid]
-        ledger.unmark_done(r, run, spec)
+        batchlife.reopen(r, run, spec, requeue=False)
         store.delete(layout.batch_key(run, spec.shard, bid))
-        ledger.take_dead_letters(r, run, [bid])
-        queues.enqueue_extract(r, run, bid, attempt=leases.next_attempt(r, run), at_front=True)
+        batchlife.enqueue(r, run, [bid], at_front=True)
         log.warning("%s: object was bad; taken out of the ledger and re-enqueued for extraction", bid)
         repaired.append(bid)
     return repaired
@@ -92,6 +91,5 @@ def requeue_orphans(r, run: str) -> list[str]:
     """Re-enqueue at once the planned batches in no queue, lease, ledger or dead letter (what the reconciler
     does after its grace period)."""
     found = sorted(reconcile.orphans(r, run))
-    for bid in found:
-        queues.enqueue_extract(r, run, bid, attempt=leases.next_attempt(r, run), at_front=True)
+    batchlife.enqueue(r, run, found, at_front=True)
     return found

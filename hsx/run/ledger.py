@@ -2,7 +2,10 @@
 
 The ledger (``done``) is the truth: a batch is done when, and only when, its
 object was verified in the store and ``mark_done`` recorded it. Everything
-else here (counters, logs, heartbeats) is derived or advisory. Every function
+else here (counters, logs, heartbeats) is derived or advisory. The writes that
+change a batch's state (``mark_done``, ``unmark_done``, ``record_failure``,
+``mark_spooled``, ``clear_failure``, ``take_dead_letters``) are primitives of
+``hsx.run.batchlife``, the one caller of them in hsx. Every function
 takes the Redis client explicitly; multi-key updates are one script or one
 pipeline.
 """
@@ -104,19 +107,20 @@ def get_manifest(r: redis.Redis, run: str) -> Manifest | None:
     return Manifest.from_json(raw, f"Redis {key}") if raw else None
 
 
-class RunNotPlanned(HsxError, KeyError):
-    """The run has no manifest in this Redis."""
+class RunVanished(HsxError, KeyError):
+    """The run has no manifest in this Redis: never planned here, or gone (Redis restarted empty, flushed).
+    The one exception for it, raised by every role and tool; the message says which and what to do."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
 
 
 def require_manifest(r: redis.Redis, run: str) -> Manifest:
-    """The run's manifest, or RunNotPlanned naming the run and what to do."""
+    """The run's manifest, or RunVanished naming the run and what to do."""
     manifest = get_manifest(r, run)
     if manifest is None:
         known = list_runs(r)
-        raise RunNotPlanned(f"run {run!r} is not planned in this Redis (runs here: {', '.join(known) or 'none'}); "
+        raise RunVanished(f"run {run!r} is not planned in this Redis (runs here: {', '.join(known) or 'none'}); "
                             "run `hsx produce` first, or check --run / HSX_RUN and HSX_REDIS_URL")
     return manifest
 

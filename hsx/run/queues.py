@@ -1,6 +1,6 @@
 """rq queues and jobs: names, ids, and the only functions a job may name.
 
-Jobs carry small JSON kwargs (run, batch id, attempt, ...) under rq's JSON
+Jobs carry small JSON kwargs (run, batch id, ...) under rq's JSON
 serializer, never pickle. Whoever can write to Redis must not be able to run
 code in any hsx process (docs/architecture.md, rule 5), so:
 
@@ -104,16 +104,17 @@ def queue(r: redis.Redis, name: str) -> Queue:
     return Queue(name, connection=r, serializer=JSONSerializer, job_class=HsxJob)
 
 
-def extract_job_id(run: str, bid: str, attempt: int) -> str:
-    return f"x-{run}-{bid}-{attempt}"
+def extract_job_id(run: str, bid: str, seq: int) -> str:
+    """``seq`` only makes the id unique (hsx.run.batchlife.next_seqs)."""
+    return f"x-{run}-{bid}-{seq}"
 
 
-def upload_job_id(run: str, bid: str, attempt: int) -> str:
-    return f"u-{run}-{bid}-{attempt}"
+def upload_job_id(run: str, bid: str, seq: int) -> str:
+    return f"u-{run}-{bid}-{seq}"
 
 
 def batch_of_job(job_id: str) -> tuple[str, str, int] | None:
-    """(run, batch id, attempt) of an hsx job id, else None."""
+    """(run, batch id, suffix) of an hsx job id, else None."""
     kind, _, rest = job_id.partition("-")
     parts = rest.rsplit("-", 2)
     if kind not in ("x", "u") or len(parts) != 3 or not parts[0]:
@@ -124,28 +125,29 @@ def batch_of_job(job_id: str) -> tuple[str, str, int] | None:
         return None
 
 
-def enqueue_extract(r: redis.Redis, run: str, bid: str, attempt: int = 1, pipeline=None, at_front: bool = False) -> Job:
+# Only hsx.run.batchlife calls these two: an enqueue is a transition of the batch's state.
+def enqueue_extract(r: redis.Redis, run: str, bid: str, seq: int, pipeline=None, at_front: bool = False) -> Job:
     """``at_front`` for work taken back from a dead or stopping worker: it was next in line already."""
     return queue(r, extract_queue_name(run)).enqueue_call(
-        EXTRACT_FUNC, kwargs={"run": run, "batch_id": bid, "attempt": attempt},
-        job_id=extract_job_id(run, bid, attempt), timeout=DEFAULT_EXTRACT_JOB_TIMEOUT,
+        EXTRACT_FUNC, kwargs={"run": run, "batch_id": bid},
+        job_id=extract_job_id(run, bid, seq), timeout=DEFAULT_EXTRACT_JOB_TIMEOUT,
         result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=f"extract {run}/{bid}", pipeline=pipeline,
         at_front=at_front)
 
 
-def enqueue_upload(r: redis.Redis, host: str, run: str, bid: str, path: str, size: int, sha256: str,
-                   attempt: int = 1, retry: int = 0, pipeline=None, at_front: bool = False, tier: str = "disk") -> Job:
-    """``attempt`` makes the job id unique; ``retry`` counts store failures of this upload (for backoff);
+def enqueue_upload(r: redis.Redis, host: str, run: str, bid: str, path: str, size: int, sha256: str, seq: int,
+                   retry: int = 0, pipeline=None, at_front: bool = False, tier: str = "disk") -> Job:
+    """``seq`` makes the job id unique; ``retry`` counts store failures of this upload (for backoff);
     ``tier``: the spool tier holding the file (memory | disk; the uploader checks ``path`` is that tier's file)."""
     return queue(r, upload_queue_name(host)).enqueue_call(
         UPLOAD_FUNC, kwargs={"run": run, "batch_id": bid, "path": path, "size": size, "sha256": sha256,
-                             "attempt": attempt, "retry": retry, "tier": tier},
-        job_id=upload_job_id(run, bid, attempt), timeout=DEFAULT_UPLOAD_JOB_TIMEOUT,
+                             "retry": retry, "tier": tier},
+        job_id=upload_job_id(run, bid, seq), timeout=DEFAULT_UPLOAD_JOB_TIMEOUT,
         result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=f"upload {run}/{bid}", pipeline=pipeline,
         at_front=at_front)
 
 
-def _queued_batches(r: redis.Redis, queue_name: str, run: str) -> set[str]:
+def queued_batches(r: redis.Redis, queue_name: str, run: str) -> set[str]:
     found = set()
     for job_id in queue(r, queue_name).get_job_ids():
         parsed = batch_of_job(job_id)
@@ -156,43 +158,9 @@ def _queued_batches(r: redis.Redis, queue_name: str, run: str) -> set[str]:
 
 def pending_extract(r: redis.Redis, run: str) -> set[str]:
     """Batches of ``run`` waiting on the extract queue or leased by a live worker."""
-    return _queued_batches(r, extract_queue_name(run), run) | zset_members(r, RunKeys(run).extract_leases)
+    return queued_batches(r, extract_queue_name(run), run) | zset_members(r, RunKeys(run).extract_leases)
 
 
 def pending_upload(r: redis.Redis, host: str, run: str) -> set[str]:
     """Batches of ``run`` waiting on ``host``'s upload queue or leased by a live uploader."""
-    return _queued_batches(r, upload_queue_name(host), run) | zset_members(r, RunKeys(run).upload_leases)
-
-
-class NotRetryable(HsxError):
-    """A batch named for retry is not in the plan, or not a dead letter; nothing was changed."""
-
-
-def retry_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
-    """Move dead letters (all, or ``bids``) back onto the extract queue with fresh attempts.
-
-    Every id in ``bids`` must be a planned batch in the dead-letter record, else NotRetryable
-    says which and why, and nothing is changed.
-    """
-    from hsx.run import ledger
-
-    if bids is not None:
-        keys = RunKeys(run)
-        planned = r.hmget(keys.plan, bids) if bids else []
-        unknown = [bid for bid, raw in zip(bids, planned, strict=False) if raw is None]
-        if unknown:
-            raise NotRetryable(f"not in the plan of run {run!r}: {', '.join(unknown[:10])}"
-                               f"{' ...' if len(unknown) > 10 else ''}; nothing was retried")
-        dead = ledger.dead_letters(r, run)
-        alive = [bid for bid in bids if bid not in dead]
-        if alive:
-            why = ", ".join(f"{bid} ({'done' if ledger.is_done(r, run, bid) else 'not failed for good'})"
-                            for bid in alive[:10])
-            hint = (f" (a done batch whose object is bad is re-extracted by `hsx verify --run {run} --repair`)"
-                    if any(ledger.is_done(r, run, bid) for bid in alive) else "")
-            raise NotRetryable(f"not dead letters of run {run!r}: {why}; nothing was retried{hint}")
-    taken = ledger.take_dead_letters(r, run, bids)
-    for bid in taken:
-        if not ledger.is_done(r, run, bid):
-            enqueue_extract(r, run, bid, attempt=1000 + int(r.incr(RunKeys(run).job_seq)))
-    return taken
+    return queued_batches(r, upload_queue_name(host), run) | zset_members(r, RunKeys(run).upload_leases)

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from hsx.batch import batchfile
-from hsx.run import ledger
+from hsx.run import batchlife, ledger
 from hsx.store import layout
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def rebuild_done(r, store, run: str, specs: dict[str, ledger.BatchSpec] | list[l
             if problem:
                 log.warning("%s: not recorded done (%s); it will be extracted again", key, problem)
                 continue
-            if ledger.mark_done(r, run, spec, key, size, sha, by="rebuilt from the store"):
+            if batchlife.finish(r, run, spec, key, size, sha, by="rebuilt from the store"):
                 rebuilt.append(spec.batch_id)
             done.add(spec.batch_id)
     if rebuilt:

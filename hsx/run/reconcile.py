@@ -30,7 +30,7 @@ import logging
 import redis
 
 from hsx.redisconn import text
-from hsx.run import leases, queues
+from hsx.run import batchlife, leases, queues
 from hsx.run.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -109,13 +109,8 @@ def reconcile(r: redis.Redis, run: str, grace: float) -> list[str]:
     if keep:
         pipe.hset(keys.orphans, mapping=keep)
     pipe.execute()
-    if due:  # one pipeline; fresh job ids from one INCRBY
-        last = 1000 + int(r.incrby(keys.job_seq, len(due)))
-        pipe = r.pipeline()
-        for n, bid in enumerate(due):
-            queues.enqueue_extract(r, run, bid, attempt=last - len(due) + 1 + n, pipeline=pipe, at_front=True)
-        pipe.execute()
     if due:
+        batchlife.enqueue(r, run, due, at_front=True)  # one pipeline; fresh job ids from one INCRBY
         log.warning("reconciler: re-enqueued %d batches of run %s that were in no queue, lease or dead letter: %s",
                     len(due), run, due[:10])
     return due
