@@ -19,6 +19,7 @@ from hsx.run import batchlife, leases, ledger, queues
 from hsx.run.batchlife import State
 from hsx.run.keys import RunKeys
 from hsx.run.ledger import BatchSpec
+from tests.manifests import example_manifest
 from tests.pipeline import produce_config, upload_config, worker_config
 
 RUN = "life"
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _plan(r) -> dict[str, BatchSpec]:
     specs = [BatchSpec(b, i, "00000", samples=2, tokens=10, padded=12, padded_len=6, sample_ids=[f"s{i}a", f"s{i}b"])
              for i, b in enumerate((BID, OTHER))]
-    ledger.save_plan(r, RUN, {"run": RUN}, specs, {"batches": len(specs)})
+    ledger.save_plan(r, RUN, example_manifest(RUN), specs, {"batches": len(specs)})
     return {s.batch_id: s for s in specs}
 
 

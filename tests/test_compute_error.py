@@ -144,8 +144,8 @@ def test_one_measurement_a_run_however_many_workers_start(r, redis_server, tiny_
     try:
         with caplog.at_level("INFO", logger="gpu_worker.writer"):
             for rt, bid in zip(runtimes, bids, strict=True):
-                rt.extract(bid, 1)
-                rt.extract(planned[-1 - runtimes.index(rt)], 1)
+                rt.extract(bid)
+                rt.extract(planned[-1 - runtimes.index(rt)])
             for rt in runtimes:
                 assert rt.writer.drain(60)
     finally:
