@@ -52,7 +52,7 @@ WALLS = {
     "run": {"prep"},                      # run state may read the format and the store (rebuild, verify)
 }
 BASE = {"__init__", "config", "defaults", "devices", "digest", "errors", "fp8compute", "layers", "localdirs",
-        "manifest", "redisconn", "retry", "spool", "visibility"}
+        "manifest", "redisconn", "retry", "role", "spool", "visibility"}
 
 
 def hsx_modules_imported(path: Path) -> set[str]:

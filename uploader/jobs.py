@@ -35,7 +35,7 @@ class NotPlanned(RuntimeError):
 
 def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, attempt: int = 1, retry: int = 0,
                  tier: str = "disk") -> str:
-    rt = runtime.current()
+    rt = runtime.UploaderRuntime.current()
     r = rt.r
     try:
         local = rt.spool_file(run, batch_id, path, tier)  # before anything else: nothing read or deleted if refused
