@@ -6,6 +6,7 @@ role's, and stops cleanly on SIGTERM: exit 0, summary logged, heartbeat and rq r
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from tests.toyrole.runtime import ADD_FUNC, TallyRuntime
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
+IDLE = "INFO hsx.role: idle: tally tally-1 waits for jobs on tally:toy"
 # `hsx` with the one line a new role adds to hsx_cli/main.py: its command in COMMANDS.
 HSX_WITH_TALLY = ("import sys; from hsx_cli import main; from tests.toyrole.command import COMMAND; "
                   "main.COMMANDS += (COMMAND,); sys.exit(main.main())")
@@ -58,6 +60,7 @@ def test_a_toy_role_heartbeats_logs_and_stops_on_sigterm(r, redis_server, tmp_pa
                    describe=log_path.read_text)
         wait_until("a progress line after the jobs", lambda: "tally tally-1: 3 batches; last " in log_path.read_text(), 60,
                    check=alive)
+        wait_until("the idle line", lambda: log_path.read_text().endswith(IDLE + "\n"), 60, check=alive)
         failed = FailedJobRegistry("tally:toy", connection=r, serializer=JSONSerializer)
         wait_until("the forged job refused", lambda: "forged" in failed.get_job_ids(), 60, check=alive)
         assert r.exists(RunKeys("toy").heartbeat("tally-1"))
@@ -74,6 +77,9 @@ def test_a_toy_role_heartbeats_logs_and_stops_on_sigterm(r, redis_server, tmp_pa
     assert out.strip() == "tally tally-1: 3 numbers, sum 42"
     assert "ready: tally tally-1 taking jobs from tally:toy" in text
     assert "ForbiddenJob" in text and "this worker only runs ['tests.toyrole.jobs.add']" in text
-    assert text.rstrip().splitlines()[-1].endswith("tally tally-1: 3 batches; last 0s: 0.0 batches/min; tally:toy queue 0"), text
+    lines = text.rstrip().splitlines()
+    assert sum(line.endswith(IDLE) for line in lines) == 1, text                # said once, then silence
+    assert lines[-2].endswith(IDLE) and re.search(r"INFO hsx.role: tally tally-1: 3 batches; last \d+s: 0.0 batches/min; "
+                                                  r"tally:toy queue 0$", lines[-1]), text  # the summary on exit
     assert not r.exists(RunKeys("toy").heartbeat("tally-1"))          # gone, not dead: no 6-beat wait
     assert "tally-1" not in {w.name for w in Worker.all(connection=r)}  # rq's registration too

@@ -34,6 +34,9 @@ class TallyRuntime(Role):
     def totals(self) -> dict[str, int]:
         return {"batches": self.added, "sum": self.sum}
 
+    def idle_line(self) -> str | None:
+        return f"idle: tally {self.name} waits for jobs on tally:{self.run}" if self.queue_length(f"tally:{self.run}") == "0" else None
+
     def add(self, n: int) -> int:
         self.added, self.sum = self.added + 1, self.sum + n
         self.after_batch()
