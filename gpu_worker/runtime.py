@@ -1,14 +1,13 @@
 """What one GPU worker process holds across jobs: model, writer, prefetcher, leases.
 
 rq calls ``gpu_worker.jobs.extract_batch`` in this same process (no fork), so
-the model is loaded once; the job finds this object through ``current()``.
+the model is loaded once; the job finds this object through ``WorkerRuntime.current()``.
+Slot, heartbeat thread, progress log and rq set-up: hsx/role.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 
 import torch
@@ -18,36 +17,29 @@ from gpu_worker.prefetch import Prefetcher
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
 from hsx import spool
 from hsx.config import WorkerConfig
-from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES, DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
+from hsx.defaults import DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.devices import GpuProbe
 from hsx.digest import file_sha256
 from hsx.manifest import Manifest
 from hsx.redisconn import OUTAGES
+from hsx.role import Role
 from hsx.run import batchlife, computeerror, heartbeat, leases, ledger, queues, reconcile, rqclean
 from hsx.run.fp8error import ERROR_SAMPLE_EVERY
-from hsx.run.idle import IdleNote
+from hsx.run.idle import run_complete
 from hsx.run.keys import RunKeys
 from hsx.run.progress import fmt_bytes
 
 log = logging.getLogger(__name__)
 HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files (one heartbeat TTL)
-_current: WorkerRuntime | None = None
 
 
-def current() -> WorkerRuntime:
-    if _current is None:
-        raise RuntimeError("extract jobs run only inside `hsx worker` (no worker runtime in this process)")
-    return _current
+class WorkerRuntime(Role):
+    noun, command, jobs = "worker", "hsx worker", (queues.EXTRACT_FUNC,)
 
-
-def install(runtime: WorkerRuntime | None) -> None:
-    global _current
-    _current = runtime
-
-
-class WorkerRuntime:
     def __init__(self, cfg: WorkerConfig, r, store, manifest: Manifest, extractor: Extractor):
-        self.cfg, self.r, self.store, self.manifest, self.extractor = cfg, r, store, manifest, extractor
+        super().__init__(cfg, r)
+        self.batches_run = self.tokens_run = 0
+        self.store, self.manifest, self.extractor = store, manifest, extractor
         self.run, self.worker_name = cfg.run, cfg.worker_name
         self.limits = manifest.limits   # attempts and lease length: the run's, not this process's
         self.leases_key = RunKeys(cfg.run).extract_leases
@@ -64,18 +56,10 @@ class WorkerRuntime:
         self.copy_stream = torch.cuda.Stream(device=extractor.device) if self.cuda else None
         self.probe = GpuProbe(extractor.device.index if self.cuda else None, self._cuda_uuid() if self.cuda else None)
         self.current_batch: str | None = None
-        self.batches_run = 0
-        self.tokens_run = 0
         # A float8 run with no compute-error record yet: this worker claims the measurement at its first batch.
         self.measure_compute = (manifest.compute_dtype == "float8"
                                 and not computeerror.recorded(r, cfg.run))
-        self.started = time.time()
-        self._logged_at, self._logged_batches, self._logged_tokens = time.monotonic(), 0, 0
-        self.idle_note = IdleNote(f"worker {cfg.worker_name}")
-        self._stop = threading.Event()
         self.vanished = False                    # the run disappeared from Redis: the worker stops
-        self.on_vanished = None                  # set by the worker loop: how to stop it
-        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="hsx-heartbeat", daemon=True)
 
     def _cuda_uuid(self) -> str | None:
         try:
@@ -83,23 +67,35 @@ class WorkerRuntime:
         except (AttributeError, RuntimeError):  # older torch: fall back to CUDA_VISIBLE_DEVICES
             return None
 
-    # ---- lifecycle -------------------------------------------------------
+    # ---- lifecycle (hsx/role.py calls these) -----------------------------------
+    def queue_names(self) -> list[str]:
+        return [queues.extract_queue_name(self.run)]
+
+    def prepare(self) -> None:
+        self.recover_spool()
+
+    def say_ready(self) -> None:
+        log.info("ready: model %s loaded on %s, taking jobs from extract:%s as %s", self.manifest.model,
+                 self.extractor.device, self.run, self.worker_name)
+        why = self.cfg.memory_spool_why
+        log.info("spool: %s%s", self.tiers.describe(), f" (memory tier: {why})" if why else "")
+
     def start(self) -> None:
         self.writer.start()
-        self._hb_thread.start()
+        super().start()
         self.beat()
 
-    def close(self, drain_timeout: float | None = None) -> bool:
-        """Finish writing what was computed; past ``drain_timeout``, hand the rest back to the queue."""
-        drained = self.writer.drain(drain_timeout)
-        self._stop.set()
-        self._hb_thread.join(timeout=5)
+    def close(self) -> bool:
+        """Finish writing what was computed; past --grace-seconds, hand the rest back to the queue."""
+        drained = self.writer.drain(self.cfg.grace_seconds)
+        self.stop_heartbeat()
         if not drained:
             for bid in sorted(self.writer.held()):
                 if batchlife.hand_back(self.r, self.run, bid):
                     log.warning("handed %s back to the queue (not written within the grace period)", bid)
+            log.error("writer did not drain within %.0f s; unwritten batches were handed back", self.cfg.grace_seconds)
         self.prefetcher.close()
-        self.r.delete(RunKeys(self.run).heartbeat(self.worker_name))
+        super().close()
         return drained
 
     def sweep_temp_files(self, at_start: bool = False) -> int:
@@ -148,6 +144,9 @@ class WorkerRuntime:
         return requeued
 
     # ---- heartbeat and leases -------------------------------------------
+    def totals(self) -> dict[str, int]:
+        return {"batches": self.batches_run, "tokens": self.tokens_run}
+
     def stats(self) -> dict:
         usage = self.tiers.usage()
         elapsed = max(time.time() - self.started, 1e-9)
@@ -155,8 +154,7 @@ class WorkerRuntime:
         tiers = {name: {"bytes": u.bytes, "files": u.files, "temp_files": u.temp_files,
                         "budget_bytes": self.tiers.get(name).budget_bytes,
                         "write_bytes_per_s": w.rates.write_rate(name, len(w._threads))} for name, u in usage.items()}
-        return {"host": self.cfg.host, "device": str(self.extractor.device), "pid": os.getpid(),
-                "current_batch": self.current_batch, "batches": self.batches_run, "tokens": self.tokens_run,
+        return {**super().stats(), "device": str(self.extractor.device), "current_batch": self.current_batch,
                 "tokens_per_s": self.tokens_run / elapsed, "spooled": w.written,
                 "spool_bytes": sum(u.bytes for u in usage.values()), "spool_files": sum(u.files for u in usage.values()),
                 "spool_tiers": tiers, "emit_bytes_per_s": w.rates.emit_rate(),
@@ -171,8 +169,7 @@ class WorkerRuntime:
         held = self.writer.held() | ({current} if current else set())
         stats = self.stats()
         pipe = self.r.pipeline(transaction=False)
-        heartbeat.publish_heartbeat(self.r, self.run, self.worker_name, stats,
-                                    heartbeat.ttl_seconds(self.cfg.heartbeat_seconds), pipe=pipe)
+        self.publish_heartbeat(stats, pipe=pipe)
         leases.refresh(self.r, self.leases_key, held, self.limits.lease_seconds, pipe=pipe)
         heartbeat.publish_host(self.r, self.run, self.cfg.host, {
             "spool_bytes": stats["spool_bytes"], "spool_files": stats["spool_files"],
@@ -203,17 +200,7 @@ class WorkerRuntime:
                   "`hsx produce` for the run (it rebuilds the ledger from the store), then restart the workers; "
                   "spooled files are kept and uploaded after the restart", self.run)
         self._stop.set()
-        if self.on_vanished is not None:
-            self.on_vanished()
-
-    def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.cfg.heartbeat_seconds):
-            try:
-                self.beat()
-            except Exception as exc:  # Redis away: keep computing, beat again later
-                log.warning("heartbeat failed: %s", exc)
-            if time.monotonic() - self._logged_at >= self.cfg.log_every_seconds:
-                self.log_progress()
+        self.stop_serving()
 
     # ---- progress log ------------------------------------------------------
     def progress_line(self) -> str:
@@ -221,29 +208,22 @@ class WorkerRuntime:
         elapsed = max(time.time() - self.started, 1e-9)
         usage = self.tiers.usage()
         files, nbytes = sum(u.files for u in usage.values()), sum(u.bytes for u in usage.values())
-        try:
-            queued = str(queues.queue(self.r, queues.extract_queue_name(self.run)).count)
-        except Exception as exc:  # Redis away
-            queued = f"unknown ({type(exc).__name__})"
-        # Rates over the interval since the last line (a lifetime average hides a worker gone idle).
-        interval = max(time.monotonic() - self._logged_at, 1e-9)
-        tokens, batches = self.tokens_run - self._logged_tokens, self.batches_run - self._logged_batches
+        queued = self.queue_length(queues.extract_queue_name(self.run))
+        grown, interval = self.since_last_line()
+        tokens, batches = grown["tokens"], grown["batches"]
         return (f"worker {self.worker_name}: {self.batches_run} batches, {self.tokens_run} tokens in {elapsed:.0f}s; "
                 f"last {interval:.0f}s: {tokens / interval:.0f} tokens/s, {60 * batches / interval:.1f} batches/min; "
                 f"{self.writer.written} spooled ({fmt_bytes(self.writer.bytes_written)}); spool {files} files {fmt_bytes(nbytes)} of "
                 f"{fmt_bytes(sum(t.budget_bytes for t in self.tiers.tiers))} ({', '.join(t.name for t in self.tiers.tiers)}); "
                 f"extract:{self.run} queue {queued}")
 
-    def log_progress(self, final: bool = False) -> None:
-        """A progress line; while the run is complete and nothing happened since the last one, one idle line
-        instead (then silence until work comes). ``final``: the summary on exit, always written."""
-        idle = self.batches_run == self._logged_batches and not final
-        if idle and self.idle_note.quiet(self.r, self.run, f"extract:{self.run}"):
-            self._logged_at = time.monotonic()
-            return
-        line = self.progress_line()
-        self._logged_at, self._logged_batches, self._logged_tokens = time.monotonic(), self.batches_run, self.tokens_run
-        log.info("%s", line)
+    def idle_line(self) -> str | None:
+        """Idle because the run is complete: said once instead of a progress line every interval."""
+        try:
+            complete = run_complete(self.r, self.run)
+        except Exception:  # Redis away: the progress line says so
+            return None
+        return f"run {self.run} complete, idle: worker {self.worker_name} waits for jobs on extract:{self.run}" if complete else None
 
     def spool_full(self) -> bool:
         """Every spool tier at its budget (memory and disk), or its file system without room for a batch
@@ -292,8 +272,7 @@ class WorkerRuntime:
             self.current_batch = None
         self.batches_run += 1
         self.tokens_run += spec.tokens
-        if self.batches_run - self._logged_batches >= DEFAULT_LOG_EVERY_BATCHES:
-            self.log_progress()
+        self.after_batch()
         return f"{bid}: {spec.samples} samples, {spec.tokens} tokens"
 
     def _hint_next(self) -> None:

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from pathlib import Path
 
 from rq.exceptions import AbandonedJobError
-from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
-from gpu_worker import runtime as runtime_mod
 from gpu_worker.extractor import Extractor
-from gpu_worker.name_claim import claim_name
 from gpu_worker.runtime import WorkerRuntime
 from hsx.config import WorkerConfig
 from hsx.errors import HsxError
@@ -39,11 +35,10 @@ class WorkerSetupError(HsxError, RuntimeError):
 class ExtractWorker(SimpleWorker):
     """Takes a job only while the host spool is under its byte budget (backpressure, never failure)."""
 
-    hsx_runtime: WorkerRuntime | None = None
     store_lost: str | None = None   # why this worker stopped taking jobs: the run's store vanished from this host
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
-        rt = self.hsx_runtime
+        rt = WorkerRuntime.installed()
         waited = False
         while rt is not None and rt.spool_full() and not self._stop_requested:
             if not waited:
@@ -60,7 +55,7 @@ def _on_failure(job, exc_type, exc_value, tb):
     if exc_type is AbandonedJobError:
         return True  # rq's sweep of a dead worker's job: leases or the reconciler already re-enqueued the batch
     parsed = queues.batch_of_job(job.id)
-    rt = ExtractWorker.hsx_runtime
+    rt = WorkerRuntime.installed()
     if parsed and rt is not None and exc_type is FileNotFoundError and _store_unseen(rt):
         # Inputs missing because the store itself is gone from this host (an unmounted share): no batch is at
         # fault. Hand it back uncounted and take no more jobs, rather than dead-letter the run batch by batch.
@@ -69,8 +64,7 @@ def _on_failure(job, exc_type, exc_value, tb):
                                     f"any more (reading inputs of {parsed[1]}: {exc_value}): mount it at that path "
                                     "or use S3, then restart the worker; the batch was handed back, no failure counted")
         log.error("%s", ExtractWorker.store_lost)
-        if rt.on_vanished is not None:
-            rt.on_vanished()  # the worker loop's stop
+        rt.stop_serving()
         return True
     if parsed and rt is not None:
         rt.fail_batch(parsed[1], f"{exc_type.__name__}: {exc_value}")
@@ -149,26 +143,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
 
 def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRuntime:
     rt = rt or load_runtime(cfg)
-    worker = ExtractWorker([queues.queue(rt.r, queues.extract_queue_name(cfg.run))], connection=rt.r,
-                           name=cfg.worker_name, serializer=JSONSerializer, job_class=queues.HsxJob,
-                           exception_handlers=[_on_failure])
-    claim_name(rt.r, worker, cfg.run, cfg.host, cfg.heartbeat_seconds)  # before the sweep of our name's temp files
-    rt.recover_spool()
-    runtime_mod.install(rt)
-    ExtractWorker.hsx_runtime = rt
-    rt.on_vanished = lambda: _stop(worker, cfg.burst)
-    rt.start()
-    log.info("ready: model %s loaded on %s, taking jobs from extract:%s as %s", rt.manifest.model,
-             rt.extractor.device, cfg.run, cfg.worker_name)
-    log.info("spool: %s%s", rt.tiers.describe(), f" (memory tier: {cfg.memory_spool_why})" if cfg.memory_spool_why else "")
-    try:
-        worker.work(burst=cfg.burst, logging_level="WARNING")
-    finally:
-        if not rt.close(drain_timeout=cfg.grace_seconds):
-            log.error("writer did not drain within %.0f s; unwritten batches were handed back", cfg.grace_seconds)
-        runtime_mod.install(None)
-        ExtractWorker.hsx_runtime = None
-        rt.log_progress(final=True)  # the summary on exit
+    rt.serve(ExtractWorker, exception_handlers=(_on_failure,))
     if ExtractWorker.store_lost:
         why, ExtractWorker.store_lost = ExtractWorker.store_lost, None
         raise RunNotVisible(why)
@@ -178,9 +153,3 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
                           "store, nothing verified is recomputed), then restart the workers")
     return rt
 
-
-def _stop(worker: SimpleWorker, burst: bool) -> None:
-    """Stop the rq loop from the heartbeat thread: the same warm shutdown as `docker compose stop`."""
-    worker._stop_requested = True
-    if not burst:
-        os.kill(os.getpid(), signal.SIGTERM)  # rq's handler interrupts a blocking dequeue

@@ -150,7 +150,7 @@ def test_one_measurement_a_run_however_many_workers_start(r, redis_server, tiny_
                 assert rt.writer.drain(60)
     finally:
         for rt in runtimes:
-            rt.close(5)
+            rt.close()
     assert forwards == [3, 2]  # two batches each; the first worker's first batch twice (reference, FP8)
     assert not any(rt.extractor.fp8_pending for rt in runtimes)
     assert sum("float8 compute error measured on" in m for m in caplog.messages) == 1

@@ -4,7 +4,7 @@ Order of effects (never reordered): upload -> verify in the store -> record
 done in the ledger (the last write) -> delete the local file. A failure at
 any step leaves the spool file in place and the batch not done. The job finds
 its process's state (host, spool, each run's store and limits) in
-``uploader.runtime.current()``.
+``UploaderRuntime.current()``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class NotPlanned(RuntimeError):
 def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, retry: int = 0, tier: str = "disk",
                  attempt: int | None = None) -> str:
     """``attempt``: carried by jobs an older hsx queued (a copy of the job id's suffix); never read."""
-    rt = runtime.current()
+    rt = runtime.UploaderRuntime.current()
     r = rt.r
     try:
         local = rt.spool_file(run, batch_id, path, tier)  # before anything else: nothing read or deleted if refused

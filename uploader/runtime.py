@@ -1,27 +1,26 @@
 """What one uploader process holds across its rq jobs: config, Redis, each run's store and limits.
 
 rq calls ``uploader.jobs.upload_batch`` in this same process (SimpleWorker, no
-fork); the job finds this object through ``current()``, as the GPU worker's
-jobs find ``gpu_worker.runtime``. The heartbeat thread refreshes the lease of
-the upload in progress, reclaims work of dead processes, reconciles each run's
-queues with its plan (hsx/run/reconcile.py), and logs progress.
+fork); the job finds this object through ``UploaderRuntime.current()``. The
+heartbeat refreshes the lease of the upload in progress, reclaims work of dead
+processes and reconciles each run's queues with its plan (hsx/run/reconcile.py).
+Slot, heartbeat thread, progress log and rq set-up: hsx/role.py.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hsx import spool
 from hsx.config import UploadConfig
-from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.errors import HsxError
 from hsx.manifest import RunLimits
 from hsx.redisconn import OUTAGES
-from hsx.run import batchlife, leases, ledger, reconcile, refused, rqclean
+from hsx.role import Role
+from hsx.run import batchlife, leases, ledger, multipart, queues, reconcile, refused, rqclean
 from hsx.run.keys import RunKeys
 from hsx.run.ledger import RunVanished
 from hsx.run.progress import fmt_bytes
@@ -30,7 +29,6 @@ from hsx.visibility import open_run_store
 
 log = logging.getLogger(__name__)
 REFUSED_PAUSE_SECONDS = 30.0  # s an uploader waits after putting back a job it cannot do (not burst mode)
-_current: UploaderRuntime | None = None
 
 
 class UploadsRefused(HsxError):
@@ -41,26 +39,17 @@ class OutsideSpool(HsxError):
     """A job names a file outside this uploader's spool directory; it is neither read nor deleted."""
 
 
-def current() -> UploaderRuntime:
-    if _current is None:
-        raise RuntimeError("upload jobs run only inside `hsx upload` (no uploader runtime in this process)")
-    return _current
-
-
-def install(runtime: UploaderRuntime | None) -> None:
-    global _current
-    _current = runtime
-
-
 @dataclass(frozen=True)
 class RunContext:
     store: object          # hsx.store.Store of the run (from its manifest)
     limits: RunLimits
 
 
-class UploaderRuntime:
+class UploaderRuntime(Role):
+    noun, command, jobs = "uploader", "hsx upload", (queues.UPLOAD_FUNC,)
+
     def __init__(self, cfg: UploadConfig, r):
-        self.cfg, self.r = cfg, r
+        super().__init__(cfg, r)
         self.host = cfg.host
         self.spool_dir = Path(cfg.spool_dir).resolve()
         self.memory_spool_dir = Path(cfg.memory_spool_dir).resolve() if cfg.memory_spool_dir else None
@@ -70,11 +59,6 @@ class UploaderRuntime:
         self.uploaded = self.bytes = self.failures = 0
         self.refused = 0                                  # jobs put back: this uploader cannot do them (refuse())
         self.refusals: set[str] = set()                   # their causes, each logged once
-        self.on_refused = None                            # set by the worker loop in burst mode: how to stop it
-        self.started = time.monotonic()
-        self._logged_at, self._logged_batches, self._logged_bytes, self._said_idle = self.started, 0, 0, False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._heartbeat_loop, name="hsx-upload-heartbeat", daemon=True)
 
     # ---- per run -------------------------------------------------------------
     def run_context(self, run: str) -> RunContext:
@@ -127,8 +111,7 @@ class UploaderRuntime:
             self.bytes += size
         if run is not None:  # this host uploads again: a refusal recorded by a misconfigured uploader is over
             refused.clear(self.r, run, self.host)
-        if self.uploaded - self._logged_batches >= DEFAULT_LOG_EVERY_BATCHES:
-            self.log_progress()
+        self.after_batch()
 
     def refuse(self, run: str, exc: Exception) -> None:
         """A job this uploader cannot do (spool mismatch, unseen store): counted, logged once with the fix,
@@ -143,8 +126,7 @@ class UploaderRuntime:
                       exc, "stops (burst mode)" if self.cfg.burst else f"waits {REFUSED_PAUSE_SECONDS:.0f} s between tries")
         refused.record(self.r, run, self.host, cause, str(exc))
         if self.cfg.burst:
-            if self.on_refused is not None:
-                self.on_refused()
+            self.stop_serving()
         else:
             self._stop.wait(REFUSED_PAUSE_SECONDS)
 
@@ -152,48 +134,54 @@ class UploaderRuntime:
         with self._lock:
             self.failures += 1
 
+    # ---- progress log (hsx/role.py) ------------------------------------------
+    def totals(self) -> dict[str, int]:
+        return {"batches": self.uploaded, "bytes": self.bytes}
+
     def progress_line(self) -> str:
-        interval = max(time.monotonic() - self._logged_at, 1e-9)  # rates over the last interval, not a lifetime
+        grown, interval = self.since_last_line()
         usage = spool.usage(self.spool_dir)
-        queued = self.queued()
+        queued = self.queue_length(queues.upload_queue_name(self.host))
         return (f"uploader {self.cfg.worker_name}: {self.uploaded} batches, {fmt_bytes(self.bytes)} uploaded; "
-                f"last {interval:.0f}s: {60 * (self.uploaded - self._logged_batches) / interval:.1f} batches/min, "
-                f"{fmt_bytes((self.bytes - self._logged_bytes) / interval)}/s; {self.failures} failed tries"
+                f"last {interval:.0f}s: {60 * grown['batches'] / interval:.1f} batches/min, "
+                f"{fmt_bytes(grown['bytes'] / interval)}/s; {self.failures} failed tries"
                 + (f", {self.refused} refused ({', '.join(sorted(self.refusals))})" if self.refused else "")
                 + f"; spool {usage.files} files "
                 f"{fmt_bytes(usage.bytes)}; upload@{self.host} queue {queued}")
 
-    def queued(self) -> int:
-        from hsx.run import queues
+    def idle_line(self) -> str | None:
+        """Idle once nothing was uploaded since the last line and the queue is empty."""
+        if self.queue_length(queues.upload_queue_name(self.host)) != "0":
+            return None
+        return (f"idle: uploader {self.cfg.worker_name} has uploaded {self.uploaded} batches ({fmt_bytes(self.bytes)}); "
+                f"upload@{self.host} is empty, waiting for jobs")
 
-        return queues.queue(self.r, queues.upload_queue_name(self.host)).count
+    # ---- serving (hsx/role.py) -----------------------------------------------
+    def queue_names(self) -> list[str]:
+        return [queues.upload_queue_name(self.host)]
 
-    def log_progress(self, final: bool = False) -> None:
-        """A progress line; once idle (nothing uploaded since the last line, queue empty) one idle line, then
-        silence until work comes. ``final``: the summary on exit, always written."""
-        try:
-            idle = not final and self.uploaded == self._logged_batches and self.queued() == 0
-            line = None if idle else self.progress_line()
-        except Exception as exc:  # Redis away: the next beat tries again
-            idle, line = False, f"uploader {self.cfg.worker_name}: {self.uploaded} batches uploaded (queue unknown: {exc})"
-        if idle:
-            if not self._said_idle:
-                log.info("idle: uploader %s has uploaded %d batches (%s); upload@%s is empty, waiting for jobs",
-                         self.cfg.worker_name, self.uploaded, fmt_bytes(self.bytes), self.host)
-            self._said_idle, self._logged_at = True, time.monotonic()
-            return
-        self._said_idle = False
-        self._logged_at, self._logged_batches, self._logged_bytes = time.monotonic(), self.uploaded, self.bytes
-        log.info("%s", line)
+    def prepare(self) -> None:
+        self.abort_stale_multipart()
+
+    def say_ready(self) -> None:
+        log.info("ready: uploader %s taking jobs from upload@%s, spool %s", self.cfg.worker_name, self.host, self.spool_dir)
+
+    def abort_stale_multipart(self) -> None:
+        """Abort each run's multipart uploads that uploaders killed mid-upload left (hsx/run/multipart.py says which
+        are safe to abort: never a live one of another uploader). A store that cannot be reached is no reason
+        not to start: the next start or `hsx verify --repair` tries again."""
+        for run in ledger.list_runs(self.r):
+            try:
+                aborted = multipart.abort_stale(self.r, self.run_context(run).store, run,
+                                                self.run_context(run).limits.lease_seconds)
+            except Exception as exc:
+                log.warning("run %s: could not check for stale multipart uploads: %s", run, exc)
+                continue
+            if aborted:
+                log.warning("run %s: aborted %d incomplete multipart uploads left by killed uploaders: %s", run,
+                            len(aborted), ", ".join(u.key for u in aborted[:5]))
 
     # ---- heartbeat -----------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
     def beat(self) -> None:
         job = self.in_progress
         if job:
@@ -208,12 +196,3 @@ class UploaderRuntime:
                 batchlife.reap(self.r, run, limits.max_attempts)
                 reconcile.maybe_reconcile(self.r, run, limits.lease_seconds / 2)
                 rqclean.forget_dead_workers(self.r, run)
-
-    def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.cfg.heartbeat_seconds):
-            try:
-                self.beat()
-            except Exception as exc:  # Redis away: the job itself will notice; try again next beat
-                log.warning("uploader heartbeat failed: %s", exc)
-            if time.monotonic() - self._logged_at >= self.cfg.log_every_seconds:
-                self.log_progress()

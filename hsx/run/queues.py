@@ -9,7 +9,8 @@ code in any hsx process (docs/architecture.md, rule 5), so:
   no serializer is passed (``Job.fetch`` in rq-dashboard's job view, ``Worker.all``,
   ``requeue_job``, the group clean-up of every worker), and none of those can
   unpickle Redis data any more; bytes that are not JSON read as unreadable;
-- a job can only call a function in ALLOWED_FUNCS, as a plain function (no instance);
+- a job can only call a function in ALLOWED_FUNCS, as a plain function (no instance); a role's
+  worker (``job_class``) only the functions of that role;
 - ``HsxJob`` drops what rq would otherwise take from the job hash and act on:
   success/failure/stopped callbacks (imported and called by name), dependencies,
   webhooks (HTTP requests to any URL), rq-level retries and repeats. hsx sets
@@ -60,10 +61,12 @@ class ForbiddenJob(HsxError, RuntimeError):
 class HsxJob(Job):
     """An rq job as hsx workers see it: an allowed function, JSON kwargs, and nothing else from Redis."""
 
+    allowed = ALLOWED_FUNCS
+
     @property
     def func(self):
-        if self.func_name not in ALLOWED_FUNCS:
-            raise ForbiddenJob(f"job {self.id} names {self.func_name!r}; hsx workers only run {sorted(ALLOWED_FUNCS)}")
+        if self.func_name not in self.allowed:
+            raise ForbiddenJob(f"job {self.id} names {self.func_name!r}; this worker only runs {sorted(self.allowed)}")
         if self.instance is not None:
             raise ForbiddenJob(f"job {self.id} calls {self.func_name!r} on an instance; hsx jobs call plain functions")
         return super().func
@@ -90,6 +93,11 @@ class HsxJob(Job):
             self.repeats_left, self.repeat_intervals = None, None
         if dropped:
             log.warning("job %s carried %s from Redis; hsx never sets these, ignored", self.id, ", ".join(dropped))
+
+
+def job_class(funcs) -> type[HsxJob]:
+    """HsxJob for a role's worker: it runs only ``funcs`` ("module.function", the role's own jobs)."""
+    return type("HsxJob", (HsxJob,), {"allowed": frozenset(funcs)})
 
 
 def extract_queue_name(run: str) -> str:

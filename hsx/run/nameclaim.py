@@ -1,4 +1,4 @@
-"""A worker restarted under a fixed ``--name`` takes the name back from its dead predecessor.
+"""A role restarted under a fixed ``--name`` takes the name back from its dead predecessor (hsx/role.py).
 
 rq refuses to start a worker whose name is registered without a death mark
 ("There exists an active worker named ... already"), and a SIGKILLed worker
