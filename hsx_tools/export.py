@@ -15,7 +15,9 @@ every export with the peers' own code (scripts/peers.sh makes their venvs) and t
   (``specforge/algorithms/*/data.py``): all have ``input_ids`` [T] int64 and ``loss_mask`` [T] int64; eagle3
   ``aux_hidden_state`` [1, T, n*H] + ``hidden_state`` [1, T, H] (the final state, after the norm, as SpecForge
   stores it); dflash ``hidden_states`` [1, T, n*H]; dspark (DFlash + target supervision) ``hidden_states``
-  + ``target_last_hidden_states`` [1, T, H] (the final state). hsx layer ids = SpecForge's.
+  + ``target_last_hidden_states`` [1, T, H] (the final state). hsx layer ids = SpecForge's. Beside the files,
+  ``OUT/draft_config.json``: the draft model config SpecForge trains with (hsx_tools.draftconfig: the target's
+  sizes, the run's layer ids where SpecForge reads them), and the printed ``specforge train`` line that uses it.
 - speculators (``speculators-eagle3|dflash``; both read the same files): ``OUT/hs_{i}.safetensors`` with
   ``hidden_states`` [T, n+1, H] (run dtype) and ``token_ids`` [T] int64 (plus ``loss_mask`` [T] int64, which
   speculators ignores); the rows ``input_ids``, ``loss_mask``, ``seq_len`` in ``OUT/dataset.jsonl`` and, where

@@ -1,7 +1,9 @@
-"""SpecForge 0.2.0's own trainer (`specforge train`) trains EAGLE-3 and DFlash drafters of the tiny 8-layer
-model on hsx data, on the CPU, in SpecForge's venv (scripts/peers.sh): from `hsx export --for specforge-*`
-folders and from the runs read in place (`python -m hsx_peers.specforge train`, HsxFeatureStore), a bf16
-run in a local store and an FP8-stored one (e4m3 + per-token scales) on S3 (moto). What is replaced for the
+"""SpecForge 0.2.0's own trainer (`specforge train`) trains EAGLE-3, DFlash and DSpark drafters of the tiny
+8-layer model on hsx data, on the CPU, in SpecForge's venv (scripts/peers.sh): from `hsx export --for
+specforge-*` folders and from the runs read in place (`python -m hsx_peers.specforge train`, HsxFeatureStore),
+a bf16 run in a local store and an FP8-stored one (e4m3 + per-token scales) on S3 (moto). The draft model
+config is hsx's, unchanged: an export's `draft_config.json` through the exact line `hsx export` printed, and
+in place the one the command writes from the run's manifest (equal to the export's). What is replaced for the
 CPU, and why, is in tests/peers/train_specforge.py (EAGLE-3's triton loss kernel only). The in-place
 command's refusals (a missing run; a config that would launch SpecForge's own CLI processes) are checked too.
 
