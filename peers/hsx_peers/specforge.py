@@ -30,7 +30,8 @@ Any other ``data.hidden_states_path`` is left to SpecForge (an ``hsx export`` fo
 
 A run read in place whose config sets neither ``model.draft_model_config`` nor
 ``model.draft_checkpoint_path`` gets the draft config ``hsx export`` would write beside an export
-(hsx_tools.draftconfig: the target's sizes from the run's manifest, the run's layer ids where SpecForge
+(hsx_tools.draftconfig: the target's sizes from the model the run's manifest names, or from
+``model.target_model_path`` where this machine cannot read that one; the run's layer ids where SpecForge
 reads them) for ``eagle3``, ``dflash`` and ``dspark``, written to ``<output_dir>/draft_config.json`` and
 passed as ``model.draft_model_config=<path>`` (the line is printed).
 """
@@ -243,12 +244,22 @@ def draft_override(argv: list[str], source: RunSource) -> str | None:
             or strategy not in draftconfig.ARCHITECTURES):
         return None
     index = source.feature_store(run, strategy).dataset().index
-    model = index.manifest.get("model")
-    if not model:
-        raise ConfigError(f"run {run!r}: its manifest names no model; set model.draft_model_config")
-    path = draftconfig.write_draft_config(Path(cfg.output_dir) / draftconfig.FILE, model, strategy, index.layer_ids)
+    path = Path(cfg.output_dir) / draftconfig.FILE
+    # the target's sizes: from the model the run's manifest names, else (a path of the extraction host that this
+    # machine lacks) from the run config's own target
+    models = [m for m in dict.fromkeys([index.manifest.get("model"), cfg.model.target_model_path]) if m]
+    for i, model in enumerate(models):
+        try:
+            draftconfig.write_draft_config(path, model, strategy, index.layer_ids)
+            break
+        except ConfigError:   # the draft cannot read the run's layers: the same for any model
+            raise
+        except (OSError, ValueError) as exc:
+            if i == len(models) - 1:
+                raise ConfigError(f"cannot read the target config of {model!r} ({exc}); set "
+                                  "model.draft_model_config") from None
     line = draftconfig.config_line(path)
-    print(f"draft config from run {run}'s manifest ({model}, layers {index.layer_ids}): {line}", flush=True)
+    print(f"draft config for run {run} ({model}, layers {index.layer_ids}): {line}", flush=True)
     return line
 
 
