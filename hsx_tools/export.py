@@ -15,7 +15,9 @@ every export with the peers' own code (scripts/peers.sh makes their venvs) and t
   (``specforge/algorithms/*/data.py``): all have ``input_ids`` [T] int64 and ``loss_mask`` [T] int64; eagle3
   ``aux_hidden_state`` [1, T, n*H] + ``hidden_state`` [1, T, H] (the final state, after the norm, as SpecForge
   stores it); dflash ``hidden_states`` [1, T, n*H]; dspark (DFlash + target supervision) ``hidden_states``
-  + ``target_last_hidden_states`` [1, T, H] (the final state). hsx layer ids = SpecForge's.
+  + ``target_last_hidden_states`` [1, T, H] (the final state). hsx layer ids = SpecForge's. Beside the files,
+  ``OUT/draft_config.json``: the draft model config SpecForge trains with (hsx_tools.draftconfig: the target's
+  sizes, the run's layer ids where SpecForge reads them), and the printed ``specforge train`` line that uses it.
 - speculators (``speculators-eagle3|dflash``; both read the same files): ``OUT/hs_{i}.safetensors`` with
   ``hidden_states`` [T, n+1, H] (run dtype) and ``token_ids`` [T] int64 (plus ``loss_mask`` [T] int64, which
   speculators ignores); the rows ``input_ids``, ``loss_mask``, ``seq_len`` in ``OUT/dataset.jsonl`` and, where
@@ -315,10 +317,28 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
             "model": manifest.model, "store_final": index.store_final, **counts}
     if fp8 and trainer == "speculators":
         info["hidden_states_backend"] = "fp8"  # the default `file` backend would train on the unscaled values
+    if trainer == "specforge":
+        info["draft_config"] = specforge_draft_config(out, target, manifest.model, index.layer_ids)
     (out / "hsx_export.json").write_text(json.dumps(info, indent=2) + "\n")
     log.info("export %s -> %s (%s): %d written, %d already there; trainer layer ids %s",
              run, out, target, written, skipped, layer_ids)
     return counts
+
+
+def specforge_draft_config(out: Path, target: str, model: str | None, layer_ids: list[int]) -> str | None:
+    """Write ``OUT/draft_config.json`` (hsx_tools.draftconfig) for ``target``; its file name, or None (logged)
+    where the target's config cannot be read or the draft cannot read the run's layers."""
+    from hsx_tools.draftconfig import FILE, write_draft_config
+
+    try:
+        if not model:
+            raise ConfigError("the run's manifest names no model")
+        write_draft_config(out / FILE, model, target.removeprefix("specforge-"), layer_ids)
+    except (ConfigError, OSError, ValueError) as exc:
+        log.warning("no %s written for %s: %s; write SpecForge's draft config by hand (docs/training.md)",
+                    FILE, target, exc)
+        return None
+    return FILE
 
 
 def run_export(cfg: ExportConfig) -> int:
@@ -331,4 +351,11 @@ def run_export(cfg: ExportConfig) -> int:
         print(f"train: speculators train --verifier-name-or-path {info['model']} --speculator-type "
               f"{info['for'].split('-')[1]} --data-path {cfg.out / 'dataset'} --hidden-states-path {cfg.out}{backend} "
               f"--target-layer-ids {' '.join(map(str, info['layer_ids']))} --on-missing raise")
+    elif info.get("draft_config"):
+        from hsx_tools.draftconfig import config_line
+
+        out = cfg.out.resolve()
+        print(f"train: specforge train -c run.yaml model.target_model_path={info['model']} "
+              f"{config_line(out / info['draft_config'])} data.hidden_states_path={out} "
+              f"training.strategy={info['for'].removeprefix('specforge-')}")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -133,3 +134,37 @@ def test_speculators_table_is_torch_format_with_token_freq(eagle3_run, tmp_path)
             if kept:
                 want[t] = want.get(t, 0) + 1
     assert freq == want and sum(freq.values()) > 0
+
+
+def test_specforge_exports_write_the_draft_config_and_its_train_line(eagle3_run, dflash_run, tmp_path, capsys):
+    # SpecForge's own generated DFlash draft reads one layer and it generates none for DSpark; the file hsx
+    # writes reads the run's layers (tests/test_specforge_train.py trains with it, unchanged). Here: its fields.
+    from hsx.config import ConfigError
+    from hsx_tools.draftconfig import draft_config
+
+    for run, target, architecture in ((dflash_run, "specforge-dflash", "DFlashDraftModel"),
+                                      (eagle3_run, "specforge-dspark", "DSparkDraftModel"),
+                                      (eagle3_run, "specforge-eagle3", "LlamaForCausalLMEagle3")):
+        out = tmp_path / target
+        capsys.readouterr()
+        assert main(["export", "--run", run.run, "--for", target, "--out", str(out), "--store", str(run.store),
+                     "--limit", "2"]) == 0
+        draft = json.loads((out / "draft_config.json").read_text())
+        assert json.loads((out / "hsx_export.json").read_text())["draft_config"] == "draft_config.json"
+        assert draft["architectures"] == [architecture] and draft["hidden_size"] == 64 and draft["vocab_size"] == 512
+        assert draft["num_hidden_layers"] == 1 and draft["num_attention_heads"] == 4
+        assert draft["num_key_value_heads"] == 2
+        if target == "specforge-eagle3":
+            assert draft["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": run.layer_ids}
+            assert draft["draft_vocab_size"] == 512   # SpecForge's 32000, at most the target's vocabulary
+        else:
+            assert draft["dflash_config"]["target_layer_ids"] == run.layer_ids and draft["block_size"] == 16
+            assert draft["num_target_layers"] == json.loads((run.model / "config.json").read_text())["num_hidden_layers"]
+        if target == "specforge-dspark":   # 2 KV heads < 4 query heads: DSpark's default grouped attention
+            assert draft["dflash_config"]["attention_mode"] == "gqa"
+        assert (f"train: specforge train -c run.yaml model.target_model_path={run.model} "
+                f"model.draft_model_config={(out / 'draft_config.json').resolve()} "
+                f"data.hidden_states_path={out.resolve()} training.strategy={target.split('-')[1]}"
+                in capsys.readouterr().out)
+    with pytest.raises(ConfigError, match=r"EAGLE-3 draft reads exactly 3 layers, the run has 2 \(\[1, 3\]\)"):
+        draft_config(str(eagle3_run.model), "eagle3", [1, 3])

@@ -1,7 +1,9 @@
-"""SpecForge 0.2.0's own trainer (`specforge train`) trains EAGLE-3 and DFlash drafters of the tiny 8-layer
-model on hsx data, on the CPU, in SpecForge's venv (scripts/peers.sh): from `hsx export --for specforge-*`
-folders and from the runs read in place (`python -m hsx_peers.specforge train`, HsxFeatureStore), a bf16
-run in a local store and an FP8-stored one (e4m3 + per-token scales) on S3 (moto). What is replaced for the
+"""SpecForge 0.2.0's own trainer (`specforge train`) trains EAGLE-3, DFlash and DSpark drafters of the tiny
+8-layer model on hsx data, on the CPU, in SpecForge's venv (scripts/peers.sh): from `hsx export --for
+specforge-*` folders and from the runs read in place (`python -m hsx_peers.specforge train`, HsxFeatureStore),
+a bf16 run in a local store and an FP8-stored one (e4m3 + per-token scales) on S3 (moto). The draft model
+config is hsx's, unchanged: an export's `draft_config.json` through the exact line `hsx export` printed, and
+in place the one the command writes from the run's manifest (equal to the export's). What is replaced for the
 CPU, and why, is in tests/peers/train_specforge.py (EAGLE-3's triton loss kernel only). The in-place
 command's refusals (a missing run; a config that would launch SpecForge's own CLI processes) are checked too.
 
@@ -27,26 +29,31 @@ from tests.pipeline import run_pipeline
 
 SAMPLES = 8
 STEPS = 5
-ALGORITHMS = {  # strategy -> (config changes, draft-config changes on SpecForge's generated one)
-    "eagle3": ({"training": {"ttt_length": 2}}, {"draft_vocab_size": 64}),
-    "dflash": ({"training": {"num_anchors": 16}, "model": {"draft_block_size": 4}}, None),
+ALGORITHMS = {  # strategy -> config changes (the draft config is the one hsx writes, unchanged)
+    "eagle3": {"training": {"ttt_length": 2}},
+    "dflash": {"training": {"num_anchors": 16}, "model": {"draft_block_size": 4}},
+    "dspark": {"training": {"num_anchors": 16}},   # SpecForge refuses model.draft_block_size for dspark: 16
 }
 
 
-def _specforge_target(model, out):
+def _specforge_target(model):
     """The tiny model as SpecForge 0.2.0 reads a target: its TargetHead loads the LM head through a
-    ``*.index.json`` (real checkpoints are sharded; the tiny one is a single file), so one is written."""
-    out.mkdir()
-    for f in model.iterdir():
-        (out / f.name).symlink_to(f)
+    ``*.index.json`` (real checkpoints are sharded; the tiny one is a single file), so one is written beside
+    it (hsx reads the single file, as before); the run's manifest names this folder, as does the printed line."""
     with safe_open(str(model / "model.safetensors"), "pt") as f:
         weight_map = dict.fromkeys(f.keys(), "model.safetensors")
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return out
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return model
+
+
+def _train_line(out: str) -> list[str]:
+    """The overrides of the `train: specforge train -c run.yaml ...` line `hsx export` printed."""
+    line = next(x for x in out.splitlines() if x.startswith("train: specforge train -c run.yaml "))
+    return line.split()[5:]
 
 
 def _config(tmp_path, name, target, strategy, hidden_states_path):
-    config_changes, _ = ALGORITHMS[strategy]
+    config_changes = ALGORITHMS[strategy]
     config = {
         # the tiny target ties its embeddings: its LM head is the embedding table
         "model": {"target_model_path": str(target), "lm_head_key": "model.embed_tokens.weight"},
@@ -66,14 +73,14 @@ def _config(tmp_path, name, target, strategy, hidden_states_path):
 
 
 @pytest.mark.slow
-def test_specforge_trains_on_hsx_data(redis_server, s3_server, s3_bucket, tmp_path):
+def test_specforge_trains_on_hsx_data(redis_server, s3_server, s3_bucket, tmp_path, capsys):
     model = build_tiny_model(tmp_path / "tiny8", num_layers=8, sample_path=sample_dataset())
-    target = _specforge_target(model, tmp_path / "tiny8-specforge")
+    target = _specforge_target(model)
     dataset = tmp_path / "conversations.jsonl"
     dataset.write_text("".join(sample_dataset().read_text().splitlines(keepends=True)[:SAMPLES]))
     s3 = StoreSettings(url=f"s3://{s3_bucket}/runs", endpoint_url=s3_server, region="us-east-1")
     stores = {"bf16": ("bfloat16", str(tmp_path / "store"), "local"), "fp8": ("float8_e4m3", s3, "S3 (moto)")}
-    cases, runs = [], []
+    cases, runs, drafts = [], [], {}
     for dtype, (store_dtype, store, where) in stores.items():
         run = f"sf-{dtype}"
         run_pipeline(redis_server.url, model, store, tmp_path / f"spool-{run}", run=run, dataset=dataset,
@@ -82,27 +89,35 @@ def test_specforge_trains_on_hsx_data(redis_server, s3_server, s3_bucket, tmp_pa
         endpoint = s3_server if isinstance(store, StoreSettings) else None
         reader = RunDataset(StoreSettings(url=url, endpoint_url=endpoint), run)
         assert len(reader) == SAMPLES and reader.index.layer_ids == [1, 3, 4]
-        for strategy, (_, draft_changes) in ALGORITHMS.items():
+        for strategy in ALGORITHMS:
             out = tmp_path / "export" / f"{strategy}-{dtype}"
+            capsys.readouterr()
             assert main(["export", "--run", run, "--for", f"specforge-{strategy}", "--out", str(out), "--store", url,
                          *(["--s3-endpoint-url", endpoint] if endpoint else [])]) == 0
-            if strategy == "dflash":  # the draft reads the run's layers (SpecForge's default for 8 layers: [4])
-                draft_changes = {"dflash_config": {"target_layer_ids": reader.index.layer_ids}}
+            # the draft config hsx wrote beside the export, and the exact line that trains with it
+            overrides = _train_line(capsys.readouterr().out)
+            draft = out / "draft_config.json"
+            assert json.loads((out / "hsx_export.json").read_text())["draft_config"] == draft.name
+            assert overrides == [f"model.target_model_path={model}", f"model.draft_model_config={draft.resolve()}",
+                                 f"data.hidden_states_path={out.resolve()}", f"training.strategy={strategy}"]
+            drafts[strategy, dtype] = json.loads(draft.read_text())
             for mode, path, hsx_store in [
                 (f"export ({where} run)", str(out), None),
                 (f"in place, {where}", f"hsx://{run}", {"store": url, "fetch": "range", "endpoint_url": endpoint}),
             ]:
                 name = f"{strategy}-{dtype}-{'export' if hsx_store is None else 'inplace'}"
                 config = _config(tmp_path, name, target, strategy, path)
-                draft = {"path": str(tmp_path / f"draft-{name}.json"), "set": draft_changes} if draft_changes else None
                 cases.append((strategy, dtype, mode))
-                runs.append({"argv": ["train", "-c", str(config)], "draft": draft, "hsx_store": hsx_store})
+                # in place: no draft config given; the command writes the run's own to <output_dir>
+                runs.append({"argv": ["train", "-c", str(config), *(overrides if hsx_store is None else [])],
+                             "hsx_store": hsx_store})
     # refused in one line, exit 2, before any step: a run the store lacks, and a config that would make
     # specforge train launch processes of its own CLI (they would not read hsx://)
     local = {"store": str(tmp_path / "store"), "fetch": "range"}
     nosuch = _config(tmp_path, "nosuch", target, "dflash", "hsx://nosuchrun")
     two_ranks = tmp_path / "two-ranks.json"
-    two_ranks.write_text(json.dumps(json.loads(nosuch.read_text()) | {"deployment": {"trainer": {"nproc_per_node": 2}}}))
+    two_ranks.write_text(json.dumps(json.loads(_config(tmp_path, "two", target, "dflash", "hsx://sf-bf16").read_text())
+                                    | {"deployment": {"trainer": {"nproc_per_node": 2}}}))
     refusals = {"nosuchrun/manifest.json: no manifest": nosuch, "run one process per rank under torchrun": two_ranks}
     runs += [{"argv": ["train", "-c", str(path)], "hsx_store": local, "refused": True} for path in refusals.values()]
     got = run_peer("specforge", "train_specforge.py", json.dumps(runs), cwd=tmp_path)
@@ -120,6 +135,8 @@ def test_specforge_trains_on_hsx_data(redis_server, s3_server, s3_bucket, tmp_pa
         assert all(math.isfinite(x) for x in losses), (case, losses)
         assert losses[-1] < losses[0], (case, losses)
         if mode.startswith("in place"):  # the same samples, read in place: the same training, step for step
+            written = json.loads((tmp_path / f"ckpt-{strategy}-{dtype}-inplace" / "draft_config.json").read_text())
+            assert written == drafts[strategy, dtype], case   # the run's manifest gives the export's draft config
             export = next(v for (a, d, m), v in report.items() if (a, d) == (strategy, dtype) and m.startswith("export"))
             assert losses == pytest.approx(export, rel=1e-5), (case, losses, export)
 

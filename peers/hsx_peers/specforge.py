@@ -27,6 +27,13 @@ own CLI with two of its offline seams pointed at the run when ``data.hidden_stat
   no hidden state read) and installs the map with SpecForge's own ``_install_dataset_vocab_mapping``.
 
 Any other ``data.hidden_states_path`` is left to SpecForge (an ``hsx export`` folder trains as usual).
+
+A run read in place whose config sets neither ``model.draft_model_config`` nor
+``model.draft_checkpoint_path`` gets the draft config ``hsx export`` would write beside an export
+(hsx_tools.draftconfig: the target's sizes from the model the run's manifest names, or from
+``model.target_model_path`` where this machine cannot read that one; the run's layer ids where SpecForge
+reads them) for ``eagle3``, ``dflash`` and ``dspark``, written to ``<output_dir>/draft_config.json`` and
+passed as ``model.draft_model_config=<path>`` (the line is printed).
 """
 
 from __future__ import annotations
@@ -36,14 +43,17 @@ import hashlib
 import json
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import torch
 from specforge.runtime.contracts import SCHEMA_VERSION, FeatureHandle, SampleRef
 from specforge.runtime.data_plane.feature_store import FeatureStore
 
+from hsx.config import ConfigError
 from hsx_peers.samples import open_run, token_columns
 from hsx_reader import ReaderError
+from hsx_tools import draftconfig
 
 KEYS = {
     "eagle3": ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state"),
@@ -217,6 +227,42 @@ def _refuse_spawning(plan) -> int:
         "process)")
 
 
+def draft_override(argv: list[str], source: RunSource) -> str | None:
+    """``model.draft_model_config=<path>`` for a config of ``specforge train`` argv that reads a run in place and
+    names no draft config nor checkpoint: the run's draft config, written to ``<output_dir>/draft_config.json``;
+    None otherwise (SpecForge resolves the draft as usual)."""
+    from specforge.config import load_config
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("-c", "--config")
+    known, other = parser.parse_known_args(argv)
+    if not known.config:
+        return None
+    cfg = load_config(known.config, [a for a in other if "=" in a and not a.startswith("-")])
+    run, strategy = source.run_of(cfg.data.hidden_states_path), cfg.training.strategy
+    if (run is None or cfg.model.draft_model_config or cfg.model.draft_checkpoint_path
+            or strategy not in draftconfig.ARCHITECTURES):
+        return None
+    index = source.feature_store(run, strategy).dataset().index
+    path = Path(cfg.output_dir) / draftconfig.FILE
+    # the target's sizes: from the model the run's manifest names, else (a path of the extraction host that this
+    # machine lacks) from the run config's own target
+    models = [m for m in dict.fromkeys([index.manifest.model, cfg.model.target_model_path]) if m]
+    for i, model in enumerate(models):
+        try:
+            draftconfig.write_draft_config(path, model, strategy, index.layer_ids)
+            break
+        except ConfigError:   # the draft cannot read the run's layers: the same for any model
+            raise
+        except (OSError, ValueError) as exc:
+            if i == len(models) - 1:
+                raise ConfigError(f"cannot read the target config of {model!r} ({exc}); set "
+                                  "model.draft_model_config") from None
+    line = draftconfig.config_line(path)
+    print(f"draft config for run {run} ({model}, layers {index.layer_ids}): {line}", flush=True)
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
@@ -235,8 +281,9 @@ def main(argv: list[str] | None = None) -> int:
 
     launch_plan.run_commands = _refuse_spawning  # the CLI takes it from there when it would launch processes
     try:
-        return specforge_main(["train", *rest])
-    except (SpawnRefused, ReaderError) as exc:
+        draft = draft_override(rest, _SOURCE[0])
+        return specforge_main(["train", *rest, *([draft] if draft else [])])
+    except (SpawnRefused, ReaderError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,15 +1,14 @@
 """Run in the specforge venv: `specforge train` (specforge.cli.main: its config, launch plan, process group,
 model bundle, vocabulary map, offline data path, DDP wrapper, BF16Optimizer and training loop) for a few CPU
 steps. argv[1]: a JSON list of runs, trained one after the other in this process (one import for all), each
-{"argv": specforge train's argv, "hsx_store": null | {"store", "fetch", "endpoint_url"}, "draft": null | {...}}:
+{"argv": specforge train's argv, "hsx_store": null | {"store", "fetch", "endpoint_url"}}:
 
 - "hsx_store": run through `python -m hsx_peers.specforge train` instead (data.hidden_states_path: hsx://R
   read in place from that store through HsxFeatureStore, no export); with "refused": true, a run that
-  command must refuse: its exit status and "error: " lines are reported instead of losses;
-- "draft": {"path", "set"}: test setup, not a substitution: SpecForge's own draft config generated from the
-  target (specforge.training.model_loading.resolve_draft_config), with "set"'s fields changed, written to
-  "path" for model.draft_model_config (DFlash: the run's layer ids; EAGLE-3: a draft vocabulary that fits
-  the tiny target's 512 tokens).
+  command must refuse: its exit status and "error: " lines are reported instead of losses.
+
+The draft model config is the one hsx wrote (an export's draft_config.json, named in argv as `hsx export`
+printed it; in place, the one the command writes from the run's manifest): none is written here.
 
 What is replaced for the CPU, and why (nothing else):
 
@@ -62,10 +61,7 @@ specforge_loss.LogSoftmaxLoss.apply = staticmethod(_reference)
 # isort: split
 
 import specforge.training.assembly as assembly  # noqa: E402
-from specforge.application import resolve_run  # noqa: E402
 from specforge.cli import main as specforge_main  # noqa: E402
-from specforge.config import load_config  # noqa: E402
-from specforge.training.model_loading import resolve_draft_config  # noqa: E402
 
 import hsx_peers.specforge as hsx_specforge  # noqa: E402
 
@@ -81,18 +77,6 @@ def recording_logger(metrics, step):
 assembly._logger = recording_logger
 
 
-def write_draft_config(argv: list[str], path: str, changes: dict) -> None:
-    """SpecForge's generated draft config for this run's config, with ``changes``, at ``path``."""
-    config_path = argv[argv.index("-c") + 1]
-    overrides = [a for a in argv[argv.index("-c") + 2:] if "=" in a and not a.startswith("-")]
-    cfg = load_config(config_path, overrides)
-    draft = resolve_draft_config(cfg, provider=resolve_run(cfg).algorithm.providers.model.draft_config)
-    for key, value in changes.items():
-        setattr(draft, key, {**(getattr(draft, key, None) or {}), **value} if isinstance(value, dict) else value)
-    with open(path, "w") as f:
-        f.write(draft.to_json_string())
-
-
 DISTRIBUTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 report, seconds, refusals = [], [], []
 for spec in json.loads(sys.argv[1]):
@@ -100,9 +84,6 @@ for spec in json.loads(sys.argv[1]):
     for name in DISTRIBUTED_ENV:  # each run rendezvouses afresh (SpecForge picks a free port when unset)
         os.environ.pop(name, None)
     argv = list(spec["argv"])
-    if spec.get("draft"):
-        write_draft_config(argv, spec["draft"]["path"], spec["draft"]["set"])
-        argv.append(f"model.draft_model_config={spec['draft']['path']}")
     if spec.get("hsx_store"):
         store = spec["hsx_store"]
         flags = ["--hsx-store", store["store"], "--hsx-fetch", store.get("fetch", "object")]
