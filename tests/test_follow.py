@@ -197,7 +197,7 @@ def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkp
     # 1024-token run batches, one training step each
     report = produce(produce_config(redis_env, model, str(tmp_path / "store"), run="fspec", layers="eagle3",
                                     token_budget=1024))
-    layer_ids = ledger.get_manifest(r, "fspec")["layer_ids"]
+    layer_ids = list(ledger.get_manifest(r, "fspec").layer_ids)
     save, data, logs, keys = tmp_path / "ckpt", tmp_path / "spec-data", tmp_path / "logs", RunKeys("fspec")
     data.mkdir()
     logs.mkdir()
