@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 from gpu_worker.extractor import _decoder  # noqa: E402
 from hsx import fp8compute, fp8linear  # noqa: E402
+from hsx.defaults import DEFAULT_FP8_ACCUMULATION, FP8_ACCUMULATIONS  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.prep.planning import cut_batches  # noqa: E402
 
@@ -92,8 +93,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ckpt-dir", default="/dev/shm/hsx-fp8-checkpoint")
     ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--fp8-accumulation", choices=FP8_ACCUMULATIONS, default=DEFAULT_FP8_ACCUMULATION,
+                    help="how both FP8 bodies' GEMMs accumulate, as `hsx produce --fp8-accumulation`")
     ap.add_argument("--out", default="bench-out")
     args = ap.parse_args()
+    fast = args.fp8_accumulation == "fast"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
@@ -108,7 +112,7 @@ def main() -> int:
             config.layer_types = [types[i % len(types)] for i in range(args.layers)]
     layer_ids, _ = resolve_layers("dflash", config.num_hidden_layers)
     result = {"shape": args.shape, "layers_built": config.num_hidden_layers, "torch": torch.__version__,
-              "fast_accum": fp8linear.FAST_ACCUM, "quantiser": fp8linear.QUANTISER,
+              "fp8_accumulation": args.fp8_accumulation, "quantiser": fp8linear.QUANTISER,
               "share_inputs": fp8linear.SHARE_INPUTS}
     ckpt = Path(args.ckpt_dir)
     t0 = time.perf_counter()
@@ -122,7 +126,7 @@ def main() -> int:
         before = allocated()
         converted = shapes.build_model(config, device, torch.bfloat16)
         bodies["FP8 compute (from bf16 weights)"] = cut(converted, layer_ids)
-        n = fp8linear.convert_linears(bodies["FP8 compute (from bf16 weights)"].layers)
+        n = fp8linear.convert_linears(bodies["FP8 compute (from bf16 weights)"].layers, fast_accum=fast)
         if cuda:
             torch.cuda.empty_cache()
         result["fp8_compute_gib"] = (allocated() - before) / GIB
@@ -131,7 +135,7 @@ def main() -> int:
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         t = time.perf_counter()
-        loaded = fp8compute.load_fp8_checkpoint(str(ckpt), device)
+        loaded = fp8compute.load_fp8_checkpoint(str(ckpt), device, fast_accum=fast)
         sync()
         result["load"] = {"seconds": time.perf_counter() - t, "fp8_linears": loaded.config.hsx_fp8_linears,
                           "kept_gib": (allocated() - before) / GIB,

@@ -8,6 +8,8 @@ then extracts the dflash layers of held-out text three ways through the worker's
 ``compute_dtype=float8`` from an e4m3 block-scaled (128x128 ``weight_scale_inv``) copy of the checkpoint, as
 the published FP8 releases are stored. Per layer: relative L2 and mean cosine of each against the bf16
 reference, beside the FP8 storage error (one scale a token a layer) of the bf16 states and max|x|/rms.
+The FP8 GEMMs accumulate as ``--fp8-accumulation`` says (default fp32, as `hsx produce`); the other
+accumulation is a column of its own (what choosing it costs, on the same weights and text).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.activation_stats import texts  # noqa: E402
 from gpu_worker.extractor import Extractor, pad_batch  # noqa: E402
-from hsx import fp8linear  # noqa: E402
 from hsx.batch.dtypes import fp8_error, quantise_fp8  # noqa: E402
+from hsx.defaults import DEFAULT_FP8_ACCUMULATION, FP8_ACCUMULATIONS  # noqa: E402
 from hsx.fp8compute import write_fp8_checkpoint  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx_tools.demo import sample_dataset  # noqa: E402
@@ -43,8 +45,9 @@ def compare(ref: torch.Tensor, x: torch.Tensor, n_layers: int) -> list[tuple[flo
     return out
 
 
-def extract(path: Path, layer_ids, batches, compute: str) -> torch.Tensor:
-    ex = Extractor.load(str(path), layer_ids, False, "cuda:0", "bfloat16", compute_dtype=compute)
+def extract(path: Path, layer_ids, batches, compute: str, accumulation: str = "fp32") -> torch.Tensor:
+    ex = Extractor.load(str(path), layer_ids, False, "cuda:0", "bfloat16", compute_dtype=compute,
+                        fp8_accumulation=accumulation if compute == "float8" else "fp32")
     outs = [ex.run(b)[0].clone() for b in batches]
     del ex
     torch.cuda.empty_cache()
@@ -58,6 +61,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--fp8-accumulation", choices=FP8_ACCUMULATIONS, default=DEFAULT_FP8_ACCUMULATION,
+                    help="of the FP8 compute and checkpoint columns; the other accumulation is a column of its own")
     ap.add_argument("--out", default="bench-out")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM, Qwen3Config
@@ -100,21 +105,20 @@ def main() -> int:
         ids = torch.tensor(tok(text).input_ids[:1024])
         batches.append(pad_batch(ids, torch.tensor([0, len(ids)]), len(ids) + (-len(ids)) % 16, 0, pin=False))
     ref = extract(work / "bf16", layer_ids, batches, "bfloat16")
-    fp8_bf16ckpt = extract(work / "bf16", layer_ids, batches, "float8")
-    fp8linear.FAST_ACCUM = False   # the same GEMMs accumulated with fp32 promotion: what fast accumulation costs
-    fp8_no_fast = extract(work / "bf16", layer_ids, batches, "float8")
-    fp8linear.FAST_ACCUM = True
-    fp8_fp8ckpt = extract(work / "fp8", layer_ids, batches, "float8")
+    fp8_bf16ckpt = extract(work / "bf16", layer_ids, batches, "float8", args.fp8_accumulation)
+    other = "fast" if args.fp8_accumulation == "fp32" else "fp32"   # what the other accumulation costs
+    fp8_other = extract(work / "bf16", layer_ids, batches, "float8", other)
+    fp8_fp8ckpt = extract(work / "fp8", layer_ids, batches, "float8", args.fp8_accumulation)
     q, scales = quantise_fp8(ref, len(layer_ids))
     store = fp8_error(ref, q, scales)
     a, b = compare(ref, fp8_bf16ckpt, len(layer_ids)), compare(ref, fp8_fp8ckpt, len(layer_ids))
-    c = compare(ref, fp8_no_fast, len(layer_ids))
+    c = compare(ref, fp8_other, len(layer_ids))
     H = args.hidden
     rows = []
     for k, layer in enumerate(layer_ids):
         block = ref[:, k * H:(k + 1) * H].float()
         rows.append({"layer": layer, "compute_rel_l2": a[k][0], "compute_cosine": a[k][1],
-                     "compute_no_fast_accum_rel_l2": c[k][0], "compute_no_fast_accum_cosine": c[k][1],
+                     f"compute_{other}_accum_rel_l2": c[k][0], f"compute_{other}_accum_cosine": c[k][1],
                      "fp8_ckpt_rel_l2": b[k][0], "fp8_ckpt_cosine": b[k][1],
                      "store_rel_l2": float(store[0, k]), "store_cosine": float(store[1, k]),
                      "max_over_rms": float(block.abs().max() / block.pow(2).mean().sqrt())})
@@ -123,12 +127,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "fp8_fidelity.json").write_text(json.dumps(result, indent=1))
     print(f"trained {step} steps, loss {result['loss_last']}; {ref.shape[0]} held-out tokens")
-    print(f"{'layer':>5} {'max/rms':>8} {'FP8 compute relL2':>18} {'cos':>8} {'no fast acc':>12} "
+    print(f"{'layer':>5} {'max/rms':>8} {'FP8 compute relL2':>18} {'cos':>8} {other + ' accum':>12} "
           f"{'FP8 ckpt relL2':>15} {'cos':>8} "
           f"{'FP8 store relL2':>16} {'cos':>8}")
     for r in rows:
         print(f"{r['layer']:>5} {r['max_over_rms']:>8.0f} {r['compute_rel_l2']:>18.4f} {r['compute_cosine']:>8.5f} "
-              f"{r['compute_no_fast_accum_rel_l2']:>12.4f} "
+              f"{r[f'compute_{other}_accum_rel_l2']:>12.4f} "
               f"{r['fp8_ckpt_rel_l2']:>15.4f} {r['fp8_ckpt_cosine']:>8.5f} {r['store_rel_l2']:>16.4f} "
               f"{r['store_cosine']:>8.5f}")
     return 0

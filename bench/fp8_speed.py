@@ -32,7 +32,8 @@ from hsx import fp8linear  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.prep.planning import cut_batches  # noqa: E402
 
-# name: (quantiser, share inputs, fast accum, min features); "triton + shared + fast accum" is the default
+# name: (quantiser, share inputs, fast accum, min features); "triton + shared input" is the default (fp32
+# accumulation), "triton + shared + fast accum" is `hsx produce --fp8-accumulation fast`
 VARIANTS = {
     "fp8 as landed (compiled quantiser)": ("compile", False, False, 16),
     "+ fast accum": ("compile", False, True, 16),

@@ -76,11 +76,12 @@ def run_shape(args) -> dict:
         from hsx import fp8compute, fp8linear
 
         fp8compute.require_fp8_device(device)
-        converted = fp8linear.convert_linears(_decoder(model).layers)
+        converted = fp8linear.convert_linears(_decoder(model).layers, fast_accum=args.fp8_accumulation == "fast")
         print(f"[bench] float8 compute: {converted} linear layers as rowwise e4m3 GEMMs", flush=True)
         torch.cuda.empty_cache()
     build_s = time.perf_counter() - t
     result = {"shape": args.shape, "tag": args.tag, "compute_dtype": args.compute_dtype,
+              "fp8_accumulation": args.fp8_accumulation,
               "device": torch.cuda.get_device_name(0) if not cpu else "cpu",
               "torch": torch.__version__, "fla": shapes.fla_available(), "body_params": shapes.body_params(model),
               "build_s": build_s, "sections": []}
@@ -128,7 +129,9 @@ def run_shape(args) -> dict:
             t = time.perf_counter()
             report, specs = harness.plan(svc, run, dataset, budget, out_dtype, layers=args.layers,
                                          store_dtype=store_dtype, codec=codec,
-                                         compute_dtype=args.compute_dtype)
+                                         compute_dtype=args.compute_dtype,
+                                         fp8_accumulation=args.fp8_accumulation if args.compute_dtype == "float8"
+                                         else "fp32")
             print(f"[bench] {name}: {len(lengths)} samples, {report.batches} batches, "
                   f"padding {1 - report.tokens / report.padded_tokens:.2%}, planned in {time.perf_counter() - t:.1f}s", flush=True)
             batch_shapes = [(s.samples, s.padded_len, s.tokens) for s in specs]
@@ -166,7 +169,9 @@ def run_shape(args) -> dict:
                 section["ratio_full"] = pipe["tok_s"] / section["bare_full"]["tok_s"]
             print(f"[bench]   pipeline: {pipe['tok_s']:.0f} tok/s (x{section['ratio_kept']:.3f} of bare kept), "
                   f"busy {pipe['busy']:.1%}, e2e {pipe['e2e_tok_s']:.0f} tok/s, spool peak {pipe['spool_peak_gib']:.2f} GiB, "
-                  f"overhead {pipe['overhead_ms_per_batch']:.1f} ms/batch", flush=True)
+                  f"overhead {pipe['overhead_ms_per_batch']:.1f} ms/batch"
+                  + (f", compute-error pass {pipe['compute_error_pass_s']:.2f} s (once a run, in the warm-up)"
+                     if pipe["compute_error_pass_s"] else ""), flush=True)
             print(f"[bench]   {pipe['store_dtype']}/{pipe['codec']}: {pipe['bytes_per_token']:.0f} bytes/token, ratio "
                   f"{pipe['codec_ratio']:.3f}, codec {pipe['codec_wall_s_per_gb']:.2f} writer-s/GB, process CPU "
                   f"{pipe['process_cpu_s_per_gb_raw']:.2f} s/GB, tiers {pipe['tier_bytes']}, write GiB/s "
@@ -273,6 +278,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-full", action="store_true", help="skip the bare forward through the full body")
     ap.add_argument("--compute-dtype", default="bfloat16", choices=("bfloat16", "float8"),
                     help="the linear layers as rowwise e4m3 GEMMs (float8), as `hsx produce --compute-dtype`")
+    ap.add_argument("--fp8-accumulation", default="fp32", choices=("fp32", "fast"),
+                    help="how float8's GEMMs accumulate, as `hsx produce --fp8-accumulation`")
     ap.add_argument("--warm", type=int, default=2, help="batches left out of the timed window")
     ap.add_argument("--uploaders", type=int, default=4)
     ap.add_argument("--spool-budget-gib", type=float, default=24.0, help="the disk tier's budget")

@@ -13,7 +13,7 @@
 #                 in /dev/shm (as S3); bf16, FP8, bf16+zstd, FP8+zstd (SECTIONS_FMT to choose)
 #   ceiling       ../shared/bench/forward_ceiling.py (8B, mode A: the bare forward ceiling), beside the steps below
 #   8b-compute    issue 22: 8B mix32k at --compute-dtype bfloat16 then float8 (MEM_GIB: memory tier GiB, default auto
-#                 as the worker's default; 0 = off)
+#                 as the worker's default; 0 = off; ACCUM: float8's --fp8-accumulation, default fp32)
 #   27b-compute   issue 22: the 27B hybrid shape (hybrid27b, fla) the same way
 #   fp8-speed     issue 22: where FP8 compute's time goes, bare forward variants + profiles (bench/fp8_speed.py)
 #   fp8-checkpoint issue 22: an e4m3 block-scaled FP8 checkpoint (8B shape, written to /dev/shm) loaded as stored, its
@@ -65,19 +65,21 @@ for step in "${STEPS[@]}"; do
     ceiling)      SHAPE=qwen3-8b timeout "${T_CEIL:-150}" python "${CEILING:-../shared/bench/forward_ceiling.py}" 2>&1 | grep '"mode": "A"' ;;
     8b-compute)   for cd in bfloat16 float8; do  # issue 22: bf16 vs FP8 compute, 8B, mix 32k
                     timeout "${T_8B:-200}" $B --shape qwen3-8b --tag "$cd" --compute-dtype "$cd" --tokens "${TOKENS_8B:-400000}" \
-                      --sections mix32k --memory-spool-gib "${MEM_GIB:-auto}"; done ;;
+                      --fp8-accumulation "${ACCUM:-fp32}" --sections mix32k --memory-spool-gib "${MEM_GIB:-auto}"; done ;;
     27b-compute)  for cd in bfloat16 float8; do  # issue 22: the Qwen3.5/3.6-27B text shape, fla, bf16 vs FP8 compute
                     PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_27B:-240}" $B --shape hybrid27b --tag "$cd" \
                       --compute-dtype "$cd" --tokens "${TOKENS_27B:-200000}" --sections mix32k --no-full \
+                      --fp8-accumulation "${ACCUM:-fp32}" \
                       --memory-spool-gib "${MEM_GIB:-auto}"; done ;;
     fp8-speed)    timeout "${T_SPEED:-200}" python bench/fp8_speed.py --shape qwen3-8b --tokens 150000 --profile --out "$OUTDIR"
                   PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_SPEED27:-330}" python bench/fp8_speed.py --shape hybrid27b \
                     --tokens 100000 --profile --out "$OUTDIR" \
                     --variants "fp8 as landed (compiled quantiser),triton + shared input,triton + shared + fast accum" ;;
     fp8-checkpoint) timeout "${T_CKPT:-200}" python bench/fp8_checkpoint.py --shape qwen3-8b --tokens "${TOKENS_CKPT:-150000}" \
-                    --layers "${CKPT_LAYERS:-0}" --out "$OUTDIR" ;;
+                    --layers "${CKPT_LAYERS:-0}" --fp8-accumulation "${ACCUM:-fp32}" --out "$OUTDIR" ;;
     producer)     timeout "${T_PROD:-240}" python bench/producer_e2e.py --rows "${PROD_ROWS:-1000000}" --out "$OUTDIR" ;;
-    fidelity)     timeout "${T_FID:-240}" python bench/fp8_fidelity.py --minutes "${FID_MIN:-1.5}" --out "$OUTDIR" ;;
+    fidelity)     timeout "${T_FID:-240}" python bench/fp8_fidelity.py --minutes "${FID_MIN:-1.5}" \
+                    --fp8-accumulation "${ACCUM:-fp32}" --out "$OUTDIR" ;;
     *)            echo "unknown step $step" ;;
   esac
   echo "=== $step exit $?"

@@ -19,6 +19,7 @@ import torch
 
 from hsx.batch.dtypes import FP8, fp8_error, quantise_fp8
 from hsx.batch.dtypes import VALUE_DTYPES as DTYPES
+from hsx.defaults import DEFAULT_FP8_ACCUMULATION
 from hsx.manifest import text_config
 
 log = logging.getLogger(__name__)
@@ -71,17 +72,19 @@ class Extractor:
         self.num_layers = text_config(model.config).num_hidden_layers
         self.layer_ids, self.store_final = sorted(layer_ids), store_final
         self.fp8_pending = False  # float8 run whose linears are kept until the compute error is measured
+        self.fp8_fast_accum = False  # float8 GEMMs accumulate the tensor cores' fast way (else promoted to fp32)
         self._setup(model)
 
     @classmethod
     def load(cls, model_path: str, layer_ids: list[int], store_final: bool, device: str, out_dtype: str = "bfloat16",
              model_dtype: str | None = None, attn_implementation: str = "sdpa",
              store_dtype: str | None = None, compute_dtype: str = "bfloat16",
-             measure_compute: bool = False) -> Extractor:
+             fp8_accumulation: str = DEFAULT_FP8_ACCUMULATION, measure_compute: bool = False) -> Extractor:
         """Load the model body (no lm_head) once; compute in fp32 on the CPU, bf16 on a GPU unless told.
 
         ``compute_dtype`` float8: the decoder layers' linears as rowwise e4m3 GEMMs (hsx/fp8compute.py); refused
         (ComputeDtypeError) on a device without FP8 tensor cores. An FP8 checkpoint is loaded as it is stored.
+        ``fp8_accumulation``: fp32 (partial sums promoted to fp32) or fast, the run's (manifest) choice.
         ``measure_compute``: a bf16 checkpoint's linears are converted at the first batch instead of here,
         so that ``run_measured`` can run that batch through them first (hsx/run/computeerror.py).
         """
@@ -89,16 +92,20 @@ class Extractor:
 
         from hsx import fp8compute
 
+        fast = fp8compute.check_fp8_accumulation(fp8_accumulation, compute_dtype) == "fast"
         if fp8compute.check_compute_dtype(compute_dtype) == "float8":
             fp8compute.require_fp8_device(device)
             if fp8compute.fp8_block_config(AutoConfig.from_pretrained(model_path)) is not None:
-                model = fp8compute.load_fp8_checkpoint(model_path, device, attn_implementation)
-                return cls(model, layer_ids, store_final, out_dtype, store_dtype)
+                model = fp8compute.load_fp8_checkpoint(model_path, device, attn_implementation, fast_accum=fast)
+                extractor = cls(model, layer_ids, store_final, out_dtype, store_dtype)
+                extractor.fp8_fast_accum = fast
+                return extractor
         cpu = torch.device(device).type == "cpu"
         compute = DTYPES[model_dtype] if model_dtype else (torch.float32 if cpu else torch.bfloat16)
         model = AutoModel.from_pretrained(model_path, dtype=compute, attn_implementation=attn_implementation)
         model = model.to(device)
         extractor = cls(model, layer_ids, store_final, out_dtype, store_dtype)
+        extractor.fp8_fast_accum = fast
         if compute_dtype == "float8":
             extractor.fp8_pending = True
             if not measure_compute:
@@ -110,9 +117,10 @@ class Extractor:
         from hsx import fp8linear
 
         if self.fp8_pending:
-            converted = fp8linear.convert_linears(self.decoder.layers)
+            converted = fp8linear.convert_linears(self.decoder.layers, fast_accum=self.fp8_fast_accum)
             self.fp8_pending = False
-            log.info("float8 compute: %d linear layers as rowwise e4m3 GEMMs", converted)
+            log.info("float8 compute: %d linear layers as rowwise e4m3 GEMMs (%s accumulation)", converted,
+                     "fast" if self.fp8_fast_accum else "fp32")
 
     def _setup(self, model) -> None:
         decoder = _decoder(model)

@@ -103,6 +103,7 @@ class ProduceConfig:
     store_dtype: str | None = None   # what batch files hold: None = dtype, or float8_e4m3 (hsx/batch/dtypes.py)
     codec: str = "none"              # lossless codec of the hidden states: none | zstd (hsx/batch/codec.py)
     compute_dtype: str = "bfloat16"  # the target's linear layers: bfloat16 | float8 (hsx/fp8compute.py)
+    fp8_accumulation: str = D.DEFAULT_FP8_ACCUMULATION  # float8 GEMMs: fp32 | fast (hsx/fp8linear.py)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hsx.defaults import COMPUTE_DTYPES
+from hsx.defaults import COMPUTE_DTYPES, DEFAULT_FP8_ACCUMULATION, FP8_ACCUMULATIONS
 from hsx.errors import HsxError
 from hsx.fp8linear import FP8, FP8_MAX, MIN_SCALE, Fp8Linear
 
@@ -36,6 +36,16 @@ class ComputeDtypeError(HsxError, ValueError):
 def check_compute_dtype(name: str) -> str:
     if name not in COMPUTE_DTYPES:
         raise ComputeDtypeError(f"compute dtype {name!r}: use one of {', '.join(COMPUTE_DTYPES)}")
+    return name
+
+
+def check_fp8_accumulation(name: str, compute_dtype: str) -> str:
+    """``name`` if it is one; "fast" only with float8 compute (bf16 GEMMs have no such choice)."""
+    if name not in FP8_ACCUMULATIONS:
+        raise ComputeDtypeError(f"FP8 accumulation {name!r}: use one of {', '.join(FP8_ACCUMULATIONS)}")
+    if name != DEFAULT_FP8_ACCUMULATION and compute_dtype != "float8":
+        raise ComputeDtypeError(f"--fp8-accumulation {name} applies to --compute-dtype float8 only; this run computes "
+                                f"in {compute_dtype}")
     return name
 
 
@@ -104,12 +114,13 @@ def _checkpoint_tensors(model_path: Path):
                 yield key, fh
 
 
-def load_fp8_checkpoint(model_path: str, device, attn_implementation: str = "sdpa") -> nn.Module:
+def load_fp8_checkpoint(model_path: str, device, attn_implementation: str = "sdpa",
+                        fast_accum: bool = False) -> nn.Module:
     """The body (AutoModel) of an e4m3 block-scaled checkpoint with Fp8Linear layers, never a bf16 copy of them.
 
     The body is built on the meta device; each quantised linear becomes an Fp8Linear from its e4m3 values
-    and block scales (converted layer by layer on ``device``), every other tensor is read as stored (bf16),
-    and rotary tables are rebuilt on ``device``.
+    and block scales (converted layer by layer on ``device``; its GEMMs accumulate fast or in fp32 as
+    ``fast_accum`` says), every other tensor is read as stored (bf16), and rotary tables are rebuilt on ``device``.
     """
     from transformers import AutoConfig, AutoModel
 
@@ -154,7 +165,8 @@ def load_fp8_checkpoint(model_path: str, device, attn_implementation: str = "sdp
             q, row_scale = rows_from_blocks(tensor.to(device), scales[name].to(device), block)
             bias = pending.get(f"{owner_name}.bias")
             parent_name, child = owner_name.rsplit(".", 1)
-            setattr(modules[parent_name], child, Fp8Linear(q, row_scale, bias.to(device) if bias is not None else None))
+            setattr(modules[parent_name], child, Fp8Linear(q, row_scale, bias.to(device) if bias is not None else None,
+                                                           fast_accum=fast_accum))
             converted += 1
             continue
         if attr == "bias" and pending.get(f"{owner_name}.weight") is not None \

@@ -7,7 +7,9 @@ is 2x the bf16 one, everything around it decides the speed-up, so:
 - the activation is quantised in one pass (a Triton kernel on a GPU: amax of the row, scale, cast), and
   once per tensor: linears that read the same activation (q/k/v, gate/up, a Gated DeltaNet's in_proj_*)
   share its quantised form (:func:`quantised_input`, keyed by the activation's identity);
-- the GEMM accumulates with Hopper's fast FP8 accumulation (``FAST_ACCUM``).
+- the GEMM accumulates in fp32 by default (``fast_accum=False``: the tensor cores' partial sums are promoted
+  to fp32 at intervals); ``--fp8-accumulation fast`` keeps them in the tensor cores' reduced-precision
+  accumulator: ~3 % faster, ~35 % more error on trained weights (docs/benchmarks.md).
 
 Measured on an H200 (docs/benchmarks.md): the quantiser compiled by ``torch.compile`` took 13 % of the FP8
 forward, the Triton one 3 %; one GEMM over the siblings' concatenated weights was slower than separate ones.
@@ -27,7 +29,6 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 MIN_SCALE = 1e-12
 MIN_FEATURES = 16      # _scaled_mm needs both GEMM dimensions a multiple of 16
-FAST_ACCUM = True      # Hopper's fast FP8 accumulation (no periodic promotion to fp32): +2-4 %, error in docs/benchmarks.md
 QUANTISER = "triton"   # "triton" (one pass) | "compile" (torch.compile'd reference) | "eager"
 SHARE_INPUTS = True    # linears reading one activation quantise it once
 
@@ -138,19 +139,19 @@ class Fp8Linear(nn.Module):
     """``y = x @ W.T + b`` as one rowwise-scaled e4m3 GEMM; W held in e4m3 with a float32 scale per row."""
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                 out_dtype: torch.dtype = torch.bfloat16):
+                 out_dtype: torch.dtype = torch.bfloat16, fast_accum: bool = False):
         super().__init__()
         self.out_features, self.in_features = qweight.shape
         self.register_buffer("weight", qweight)
         self.register_buffer("weight_scale", scale.float().reshape(-1, 1))
         self.bias = nn.Parameter(bias.to(out_dtype), requires_grad=False) if bias is not None else None
         self.out_dtype = out_dtype
-        self.fast_accum = FAST_ACCUM
+        self.fast_accum = fast_accum   # True: the tensor cores' fast accumulation, no promotion to fp32
 
     @classmethod
-    def of(cls, linear: nn.Linear) -> Fp8Linear:
+    def of(cls, linear: nn.Linear, fast_accum: bool = False) -> Fp8Linear:
         q, scale = quantise_rows(linear.weight.data)
-        return cls(q, scale, linear.bias.data if linear.bias is not None else None, linear.weight.dtype)
+        return cls(q, scale, linear.bias.data if linear.bias is not None else None, linear.weight.dtype, fast_accum)
 
     def dequantised(self) -> torch.Tensor:
         return self.weight.float() * self.weight_scale
@@ -161,7 +162,8 @@ class Fp8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise"
+        accumulation = "fast" if self.fast_accum else "fp32"
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise, {accumulation} accumulation"
 
 
 def _convertible(linear: nn.Linear, min_features: int) -> bool:
@@ -169,11 +171,12 @@ def _convertible(linear: nn.Linear, min_features: int) -> bool:
     return min(o, i) >= min_features and o % 16 == 0 and i % 16 == 0
 
 
-def convert_linears(layers: nn.Module, min_features: int = MIN_FEATURES) -> int:
-    """Replace every convertible ``nn.Linear`` under ``layers`` by an Fp8Linear, in place; how many."""
+def convert_linears(layers: nn.Module, fast_accum: bool = False, min_features: int = MIN_FEATURES) -> int:
+    """Replace every convertible ``nn.Linear`` under ``layers`` by an Fp8Linear (accumulating fast or in fp32),
+    in place; how many."""
     swaps = [(parent, name, child) for parent in layers.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear and _convertible(child, min_features)]
     for parent, name, child in swaps:
-        setattr(parent, name, Fp8Linear.of(child))
+        setattr(parent, name, Fp8Linear.of(child, fast_accum))
         del child
     return len(swaps)

@@ -25,7 +25,7 @@ FP8 = D.STORE_DTYPES[-1]   # "float8_e4m3": one byte a value plus a float32 scal
 IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "store_dtype", "codec", "hidden_size", "num_layers",
                    "max_length", "overlong", "token_budget", "pad_multiple", "max_batch_rows", "batches_per_shard",
                    "dataset_fingerprint", "chat_template_hash", "store_url", "template_kwargs", "columns",
-                   "window_rows", "compute_dtype")
+                   "window_rows", "compute_dtype", "fp8_accumulation")
 log = logging.getLogger(__name__)
 _warned: set[tuple[str, str]] = set()   # (run, field) whose relative path was reported: once a process
 
@@ -62,7 +62,7 @@ REQUIRED = {"run": _STR, "model": _STR, "model_config_hash": _STR, "model_type":
             "max_length": _INT, "overlong": _STR, "token_budget": _INT, "pad_multiple": _INT, "max_batch_rows": _INT,
             "batches_per_shard": _INT, "dataset": _STR, "dataset_fingerprint": _STR, "chat_template_hash": _STR,
             "pad_token_id": _INT, "store_url": _STR, "store": _DICT, "hsx_version": _STR, "created": _STR}
-OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "limits": _DICT, "template_kwargs": _DICT,
+OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "fp8_accumulation": _STR, "limits": _DICT, "template_kwargs": _DICT,
             "columns": _DICT, "window_rows": _INT, "format": _STR}
 
 
@@ -87,6 +87,7 @@ class Manifest:
     store_dtype: str            # what batch files hold: dtype or float8_e4m3 (older manifests: dtype)
     codec: str                  # lossless codec of the hidden states: none or zstd
     compute_dtype: str          # the target's linear layers: bfloat16 or float8
+    fp8_accumulation: str       # how float8 GEMMs accumulate: fp32 or fast (older float8 manifests: fast, as they ran)
     max_length: int             # tokens a sample
     overlong: str               # drop | truncate
     token_budget: int           # padded tokens a batch
@@ -179,6 +180,7 @@ class Manifest:
             layer_preset=data["layer_preset"], layer_ids=tuple(data["layer_ids"]), store_final=data["store_final"],
             dtype=data["dtype"], store_dtype=data.get("store_dtype") or data["dtype"],
             codec=data.get("codec") or "none", compute_dtype=data.get("compute_dtype") or "bfloat16",
+            fp8_accumulation=data.get("fp8_accumulation") or _older_fp8_accumulation(data),
             max_length=data["max_length"], overlong=data["overlong"], token_budget=data["token_budget"],
             pad_multiple=data["pad_multiple"], max_batch_rows=data["max_batch_rows"],
             batches_per_shard=data["batches_per_shard"], window_rows=data.get("window_rows"),
@@ -242,6 +244,11 @@ def new_manifest(**fields_) -> Manifest:
     """The manifest of a run planned now, by this hsx."""
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     return Manifest(**{"hsx_version": __version__, "created": now, **fields_})
+
+
+def _older_fp8_accumulation(data: dict) -> str:
+    """What a manifest written before the field existed ran with: its float8 GEMMs accumulated fast."""
+    return "fast" if data.get("compute_dtype") == "float8" else D.DEFAULT_FP8_ACCUMULATION
 
 
 def _absolute(run: str, name: str, path: str) -> str:

@@ -67,6 +67,7 @@ class InspectConfig:
     store_dtype: str | None         # what batch files hold (None: dtype), e.g. float8_e4m3
     codec: str                      # none | zstd
     compute_dtype: str              # bfloat16 | float8: the target's linear layers
+    fp8_accumulation: str           # fp32 | fast: how float8 GEMMs accumulate
     samples: int                    # random samples printed with their loss mask
     seed: int
     sample_chars: int               # characters of a printed sample (plain output)
@@ -161,13 +162,18 @@ def render_sample(segments: list[tuple[str, bool]], console=None) -> str | None:
     return None
 
 
-def precision_lines(store_dtype: str, compute_dtype: str) -> list[str]:
+# rel L2 a stored layer of FP8 compute against bf16 compute, by accumulation (docs/benchmarks.md, bench/fp8_fidelity.py)
+COMPUTE_ERROR = {"fp32": "~1.1 %", "fast": "~1.5 %"}
+
+
+def precision_lines(store_dtype: str, compute_dtype: str, accumulation: str = "fp32") -> list[str]:
     """What FP8 storage and FP8 compute cost in fidelity, before the run: the figures of docs/benchmarks.md
     (bench/fp8_fidelity.py, a small Qwen3 trained on the GPU) and where the run's own measurement appears."""
     lines = []
     if compute_dtype == "float8":
-        lines.append("  precision: FP8 compute ~1.3-1.5 % rel L2 a stored layer against bf16 compute (cosine 0.9999); "
-                     "the run measures its own on its first batch: hsx status, the dashboard, <run>/compute_error.json")
+        lines.append(f"  precision: FP8 compute {COMPUTE_ERROR[accumulation]} rel L2 a stored layer against bf16 compute "
+                     f"({accumulation} accumulation, cosine 0.9999); the run measures its own on its first batch: "
+                     "hsx status, the dashboard, <run>/compute_error.json")
     if store_dtype == "float8_e4m3":
         lines.append("  precision: FP8 storage ~2.6 % rel L2 a stored layer against the bf16 values (cosine 0.9997); "
                      "the run measures its own on every 16th batch: hsx status, the dashboard, <run>/store_error.json")
@@ -183,8 +189,11 @@ def run_inspect(cfg: InspectConfig) -> int:
 
     from transformers import AutoTokenizer
 
+    from hsx.fp8compute import check_compute_dtype, check_fp8_accumulation
+
     check_row_settings(cfg.overlong, cfg.max_reject_share)
     check_budget(cfg.max_length, cfg.token_budget, cfg.pad_multiple)
+    check_fp8_accumulation(cfg.fp8_accumulation, check_compute_dtype(cfg.compute_dtype))
     cfg = replace(cfg, dataset=resolve_dataset(cfg.dataset), model=resolve_model(cfg.model))
     config = load_model_config(cfg.model)
     text_cfg = text_config(config)
@@ -245,7 +254,7 @@ def run_inspect(cfg: InspectConfig) -> int:
           + (f" + {cfg.codec}" if cfg.codec != "none" else "") + " = "
           f"{fmt_bytes(est.bytes_per_token)} a token -> {fmt_bytes(est.stored_bytes)}, "
           f"${est.storage_usd_month:,.2f} a month at ${cfg.storage_usd_per_tb_month:g}/TB-month")
-    for line in precision_lines(stored_dtype, cfg.compute_dtype):
+    for line in precision_lines(stored_dtype, cfg.compute_dtype, cfg.fp8_accumulation):
         print(line)
     can = feeds(layer_ids, store_final)
     cannot = [t for t in TARGETS if t not in can]

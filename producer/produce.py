@@ -25,7 +25,7 @@ from hsx.batch.dtypes import check_store_dtype
 from hsx.config import ProduceConfig
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.errors import HsxError
-from hsx.fp8compute import check_compute_dtype
+from hsx.fp8compute import check_compute_dtype, check_fp8_accumulation
 from hsx.layers import resolve_layers
 from hsx.manifest import Manifest, RunLimits, check_same_run, config_hash, load_model_config, new_manifest, text_config
 from hsx.prep.dataset import fingerprints
@@ -147,6 +147,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         layer_ids=tuple(layer_ids), store_final=store_final, dtype=cfg.dtype, max_length=cfg.max_length,
         store_dtype=store_dtype, codec=check_codec(cfg.codec),
         compute_dtype=check_compute_dtype(cfg.compute_dtype),
+        fp8_accumulation=check_fp8_accumulation(cfg.fp8_accumulation, cfg.compute_dtype),
         overlong=cfg.overlong, token_budget=cfg.token_budget, pad_multiple=cfg.pad_multiple,
         max_batch_rows=cfg.max_batch_rows, batches_per_shard=cfg.batches_per_shard, window_rows=cfg.window_rows,
         dataset=str(cfg.dataset), dataset_fingerprint=content_fingerprint,

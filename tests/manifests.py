@@ -11,7 +11,7 @@ def example_manifest(run: str = "r", store: str = "/tmp/hsx-test-store", **chang
     fields = dict(
         run=run, model="/models/tiny", model_config_hash="0" * 64, model_type="qwen3", num_layers=4, hidden_size=64,
         layer_preset="dflash:3", layer_ids=(1, 2, 3), store_final=False, dtype="bfloat16", store_dtype="bfloat16",
-        codec="none", compute_dtype="bfloat16", max_length=512, overlong="drop", token_budget=1024, pad_multiple=8,
+        codec="none", compute_dtype="bfloat16", fp8_accumulation="fp32", max_length=512, overlong="drop", token_budget=1024, pad_multiple=8,
         max_batch_rows=64, batches_per_shard=1000, window_rows=20000, dataset="/data/rows.jsonl",
         dataset_fingerprint="f" * 64, chat_template_hash="c" * 64, template_kwargs={}, columns={}, pad_token_id=0,
         store_url=store, store=StoreSettings(url=store), limits=RunLimits())

@@ -79,6 +79,7 @@ def test_float8_run_records_its_compute_error_from_its_own_first_batch(r, redis_
     record = json.loads(r.get(RunKeys(run).compute_error))
     assert record["layer_ids"] == [*LAYERS, "final"]
     assert "weights in float32 linears" in record["reference"]  # a CPU worker's bf16 compute is float32
+    assert record["accumulation"] == "fp32"   # the default: FP8 GEMMs' partial sums promoted to fp32
 
     # The figures are those of the run's own batch: recompute them from the tokens stored in it.
     spec, contents = stored_batch(store, run, record["batch_id"], r)
@@ -111,7 +112,7 @@ def test_float8_run_records_its_compute_error_from_its_own_first_batch(r, redis_
         row = next(line for line in out.splitlines() if line.strip().startswith(f"{layer} "))
         assert f"{record['rel_l2'][column]:.4f} / {record['cosine'][column]:.5f}" in row
         assert f"{store_error['rel_l2_mean'][column]:.4f} / {store_error['cosine_mean'][column]:.5f}" in row
-    assert f"compute: batch {record['batch_id']}" in out
+    assert f"compute: batch {record['batch_id']}" in out and "fp32 accumulation" in out
     assert main(["status", "--run", run, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["fidelity"]["compute"] == record
@@ -130,7 +131,7 @@ def test_one_measurement_a_run_however_many_workers_start(r, redis_server, tiny_
     other converts and runs its batch once; the record is written once (SET NX) and never replaced."""
     run = "cerr2"
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run=run, layers="1,3",
-                           dtype="bfloat16", compute_dtype="float8"))
+                           dtype="bfloat16", compute_dtype="float8", fp8_accumulation="fast"))
     planned = sorted(ledger.all_specs(r, run))
     assert len(planned) >= 4
     bids = planned[:2]
@@ -153,9 +154,13 @@ def test_one_measurement_a_run_however_many_workers_start(r, redis_server, tiny_
             rt.close()
     assert forwards == [3, 2]  # two batches each; the first worker's first batch twice (reference, FP8)
     assert not any(rt.extractor.fp8_pending for rt in runtimes)
+    # Both workers' GEMMs accumulate as the run says (--fp8-accumulation fast), the measured one included.
+    for rt in runtimes:
+        fp8 = [m for m in rt.extractor.decoder.layers.modules() if isinstance(m, Fp8Linear)]
+        assert fp8 and all(m.fast_accum for m in fp8) and "fast accumulation" in repr(fp8[0])
     assert sum("float8 compute error measured on" in m for m in caplog.messages) == 1
     record = json.loads(r.get(RunKeys(run).compute_error))
-    assert (record["batch_id"], record["worker"]) == (bids[0], "w0")
+    assert (record["batch_id"], record["worker"]) == (bids[0], "w0") and record["accumulation"] == "fast"
     # A later writer (a worker after a crash of the claimant, a duplicate delivery) never replaces it.
     computeerror.record(r, run, bids[1], ledger.get_manifest(r, run), [[0.5, 0.5], [0.1, 0.1]], 7, "other", "w9")
     assert json.loads(r.get(RunKeys(run).compute_error)) == record

@@ -97,9 +97,18 @@ def test_compute_dtype_is_in_the_manifest_and_workers_obey_it(tiny_model, tmp_pa
     assert main(["produce", *common, "--compute-dtype", "float8"]) == 0
     from hsx.run import ledger
 
-    assert ledger.get_manifest(r, "fp8c").compute_dtype == "float8"
+    assert (ledger.get_manifest(r, "fp8c").compute_dtype, ledger.get_manifest(r, "fp8c").fp8_accumulation) \
+        == ("float8", "fp32")   # GEMMs accumulate in fp32 unless asked (--fp8-accumulation fast)
     stored = json.loads(next((tmp_path / "store").rglob("manifest.json")).read_text())
-    assert stored["compute_dtype"] == "float8"
+    assert (stored["compute_dtype"], stored["fp8_accumulation"]) == ("float8", "fp32")
+    # Fast accumulation is a float8 choice: asked of a bf16 run, refused in one line before anything is planned.
+    capsys.readouterr()
+    assert main(["produce", *common[:-4], "--run", "bf16fast", "--fp8-accumulation", "fast"]) == 2
+    assert "--fp8-accumulation fast applies to --compute-dtype float8 only" in capsys.readouterr().err
+    assert ledger.get_manifest(r, "bf16fast") is None
+    # ...and so is a resume at the other accumulation.
+    assert main(["produce", *common, "--compute-dtype", "float8", "--fp8-accumulation", "fast"]) == 2
+    assert "fp8_accumulation: run has 'fp32', this call has 'fast'" in capsys.readouterr().err
     # A resume at another compute dtype would mix outputs: refused.
     capsys.readouterr()
     assert main(["produce", *common]) == 2
@@ -116,7 +125,8 @@ def test_fp8_linear_forward_matches_bf16_within_e4m3_error():
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 128, bias=True).to(torch.bfloat16)
     x = torch.randn(3, 7, 256, dtype=torch.bfloat16)
-    y_ref = lin(x).float()
+    with torch.no_grad():
+        y_ref = lin(x).float()
     y = Fp8Linear.of(lin)(x)
     assert y.shape == (3, 7, 128) and y.dtype == torch.bfloat16
     assert float((y.float() - y_ref).norm() / y_ref.norm()) < 0.06

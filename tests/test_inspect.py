@@ -35,8 +35,18 @@ def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_whe
     assert "x float8_e4m3 + zstd = 172 B a token" in text
     # FP8 storage and compute: what each costs against bf16, side by side, and where the run's own figures go.
     precision = [line for line in text.splitlines() if line.startswith("  precision: ")]
-    assert len(precision) == 2 and "FP8 compute ~1.3-1.5 % rel L2" in precision[0] and "compute_error.json" in precision[0]
+    assert len(precision) == 2 and "FP8 compute ~1.1 % rel L2" in precision[0] and "compute_error.json" in precision[0]
+    assert "(fp32 accumulation" in precision[0]                  # the default
     assert "FP8 storage ~2.6 % rel L2" in precision[1] and "store_error.json" in precision[1]
+
+
+def test_precision_lines_follow_the_accumulation_asked_for():
+    from hsx_tools.inspect import precision_lines
+
+    fast = precision_lines("bfloat16", "float8", "fast")
+    assert "FP8 compute ~1.5 % rel L2" in fast[0] and "(fast accumulation" in fast[0]
+    assert not any("FP8 storage" in line for line in fast)
+    assert precision_lines("bfloat16", "bfloat16") == []          # a bf16 run costs nothing against bf16
 
 
 def test_inspect_takes_produces_own_flag_declarations_and_refuses_alike(capsys):
@@ -45,7 +55,8 @@ def test_inspect_takes_produces_own_flag_declarations_and_refuses_alike(capsys):
 
     shared = {f.name for f in inspect.FLAGS} & {f.name for f in produce.FLAGS}
     assert shared == {"--dataset", "--model", "--layers", "--token-budget", "--max-batch-rows", "--pad-multiple",
-                      "--dtype", "--store-dtype", "--codec", "--compute-dtype", "--template-kwargs", "--columns", "--max-length",
+                      "--dtype", "--store-dtype", "--codec", "--compute-dtype", "--fp8-accumulation", "--template-kwargs",
+                      "--columns", "--max-length",
                       "--overlong", "--max-reject-share", "--tokenise-workers", "--window-rows"}
     by_name = {f.name: f for f in produce.FLAGS}
     assert all(f is by_name[f.name] for f in inspect.FLAGS if f.name in shared)   # one declaration, not a copy

@@ -32,7 +32,7 @@ OLD = {
 }
 # The keys `hsx produce` has written since issue 22 (the JSON stays as it was: same keys).
 KEYS_WRITTEN = {"batches_per_shard", "chat_template_hash", "codec", "columns", "compute_dtype", "created", "dataset",
-                "dataset_fingerprint", "dtype", "format", "hidden_size", "hsx_version", "layer_ids", "layer_preset",
+                "dataset_fingerprint", "dtype", "format", "fp8_accumulation", "hidden_size", "hsx_version", "layer_ids", "layer_preset",
                 "limits", "max_batch_rows", "max_length", "model", "model_config_hash", "model_type", "num_layers",
                 "overlong", "pad_multiple", "pad_token_id", "run", "store", "store_dtype", "store_final", "store_url",
                 "template_kwargs", "token_budget", "window_rows"}
@@ -42,7 +42,7 @@ def test_an_old_manifest_reads_with_the_values_it_meant_and_its_relative_paths_w
     monkeypatch.chdir(tmp_path)
     with caplog.at_level(logging.WARNING, logger="hsx.manifest"):
         m = Manifest.from_json(json.dumps(OLD), "old manifest")
-    assert (m.store_dtype, m.codec, m.compute_dtype) == ("float32", "none", "bfloat16")   # what those runs did
+    assert (m.store_dtype, m.codec, m.compute_dtype, m.fp8_accumulation) == ("float32", "none", "bfloat16", "fp32")
     assert (m.limits.max_attempts, m.limits.lease_seconds) == (D.DEFAULT_MAX_ATTEMPTS, D.DEFAULT_LEASE_SECONDS)
     assert m.window_rows is None
     assert dict(m.template_kwargs) == {} and dict(m.columns) == {} and m.layer_ids == (1, 2, 3)
@@ -62,6 +62,21 @@ def test_an_old_manifest_reads_with_the_values_it_meant_and_its_relative_paths_w
     check_same_run(m, new)
     with pytest.raises(ManifestMismatch, match="hsx reset --run old --store STORE"):
         check_same_run(m, dataclasses.replace(new, store_url=str(tmp_path / "other")))
+
+
+def test_fp8_accumulation_of_an_older_manifest_is_what_its_run_did():
+    """Before --fp8-accumulation, float8 runs accumulated the fast way: read so, a resume with the new default
+    is refused by name (their stored layers would mix two accumulations), and `fast` resumes them."""
+    older = {k: v for k, v in example_manifest("o8", compute_dtype="float8").to_dict().items() if k != "fp8_accumulation"}
+    m = Manifest.from_dict(older)
+    assert (m.compute_dtype, m.fp8_accumulation) == ("float8", "fast")
+    now = example_manifest("o8", compute_dtype="float8")
+    assert now.fp8_accumulation == "fp32"
+    with pytest.raises(ManifestMismatch, match="fp8_accumulation: run has 'fast', this call has 'fp32'"):
+        check_same_run(m, now)
+    check_same_run(m, dataclasses.replace(now, fp8_accumulation="fast"))
+    with pytest.raises(ManifestError, match="fp8_accumulation is 3"):
+        Manifest.from_dict({**now.to_dict(), "fp8_accumulation": 3})
 
 
 def test_written_json_has_the_keys_hsx_always_wrote_and_reads_back_equal():

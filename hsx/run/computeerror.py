@@ -13,8 +13,9 @@ dropped), and beside the manifest as ``<run>/compute_error.json`` when the run c
 checkpoint has no bf16 weights: its reference is bf16 linears of the checkpoint's e4m3 weights dequantised
 (the checkpoint's own quantisation is not in that figure; ``reference`` says which).
 
-Record (JSON): ``{"compute_dtype_error", "reference", "layer_ids", "rel_l2", "cosine", "batch_id",
-"tokens", "worker", "ts"}``, ``rel_l2``/``cosine`` one float a stored layer, in ``layer_ids`` order.
+Record (JSON): ``{"compute_dtype_error", "reference", "accumulation", "layer_ids", "rel_l2", "cosine",
+"batch_id", "tokens", "worker", "ts"}`` (``accumulation``: the run's --fp8-accumulation, fp32 or fast),
+``rel_l2``/``cosine`` one float a stored layer, in ``layer_ids`` order.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def record(r, run: str, bid: str, manifest: Manifest, error, tokens: int, refere
            pipe=None) -> dict:
     """Write the run's record unless one exists (first writer wins); the entry this writer offered."""
     rows = error.tolist() if hasattr(error, "tolist") else error
-    entry = {"compute_dtype_error": WHAT, "reference": reference, "layer_ids": manifest.stored_layer_names[:len(rows[0])],
+    entry = {"compute_dtype_error": WHAT, "reference": reference, "accumulation": manifest.fp8_accumulation,
+             "layer_ids": manifest.stored_layer_names[:len(rows[0])],
              "rel_l2": rows[0], "cosine": rows[1], "batch_id": bid, "tokens": int(tokens), "worker": worker,
              "ts": time.time()}
     (pipe or r).set(RunKeys(run).compute_error, json.dumps(entry), nx=True)

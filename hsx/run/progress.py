@@ -85,8 +85,9 @@ def fidelity_lines(f: dict) -> list[str]:
                      f"{cell(store, layer, 'rel_l2_mean', 'cosine_mean'):<22}"
                      f"{cell(store, layer, 'rel_l2_max', 'cosine_min')}")
     if compute is not None:
-        lines.append(f"    compute: batch {compute.get('batch_id')} ({compute.get('tokens')} tokens, once per run), "
-                     f"against {str(compute.get('reference'))[:200]}")
+        accumulation = f", {str(compute['accumulation'])[:8]} accumulation" if compute.get("accumulation") else ""
+        lines.append(f"    compute: batch {compute.get('batch_id')} ({compute.get('tokens')} tokens, once per run"
+                     f"{accumulation}), against {str(compute.get('reference'))[:200]}")
     if store is not None:
         lines.append(f"    storage: {store['batches_measured']} batches ({store['tokens_measured']} tokens), one in "
                      f"{fp8error.ERROR_SAMPLE_EVERY} a worker runs")
