@@ -127,12 +127,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "fp8_fidelity.json").write_text(json.dumps(result, indent=1))
     print(f"trained {step} steps, loss {result['loss_last']}; {ref.shape[0]} held-out tokens")
-    print(f"{'layer':>5} {'max/rms':>8} {'FP8 compute relL2':>18} {'cos':>8} {other + ' accum':>12} "
+    print(f"{'layer':>5} {'max/rms':>8} {'FP8 compute relL2':>18} {'cos':>8} {other + ' accum':>12} {'cos':>8} "
           f"{'FP8 ckpt relL2':>15} {'cos':>8} "
           f"{'FP8 store relL2':>16} {'cos':>8}")
     for r in rows:
         print(f"{r['layer']:>5} {r['max_over_rms']:>8.0f} {r['compute_rel_l2']:>18.4f} {r['compute_cosine']:>8.5f} "
-              f"{r[f'compute_{other}_accum_rel_l2']:>12.4f} "
+              f"{r[f'compute_{other}_accum_rel_l2']:>12.4f} {r[f'compute_{other}_accum_cosine']:>8.5f} "
               f"{r['fp8_ckpt_rel_l2']:>15.4f} {r['fp8_ckpt_cosine']:>8.5f} {r['store_rel_l2']:>16.4f} "
               f"{r['store_cosine']:>8.5f}")
     return 0
