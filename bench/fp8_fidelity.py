@@ -45,9 +45,9 @@ def compare(ref: torch.Tensor, x: torch.Tensor, n_layers: int) -> list[tuple[flo
     return out
 
 
-def extract(path: Path, layer_ids, batches, compute: str, accumulation: str = "fp32") -> torch.Tensor:
+def extract(path: Path, layer_ids, batches, compute: str, accumulation: str = DEFAULT_FP8_ACCUMULATION) -> torch.Tensor:
     ex = Extractor.load(str(path), layer_ids, False, "cuda:0", "bfloat16", compute_dtype=compute,
-                        fp8_accumulation=accumulation if compute == "float8" else "fp32")
+                        fp8_accumulation=accumulation)
     outs = [ex.run(b)[0].clone() for b in batches]
     del ex
     torch.cuda.empty_cache()
@@ -104,7 +104,7 @@ def main() -> int:
     for text in held_out:
         ids = torch.tensor(tok(text).input_ids[:1024])
         batches.append(pad_batch(ids, torch.tensor([0, len(ids)]), len(ids) + (-len(ids)) % 16, 0, pin=False))
-    ref = extract(work / "bf16", layer_ids, batches, "bfloat16")
+    ref = extract(work / "bf16", layer_ids, batches, "bfloat16")   # default accumulation: bf16 has no other
     fp8_bf16ckpt = extract(work / "bf16", layer_ids, batches, "float8", args.fp8_accumulation)
     other = "fast" if args.fp8_accumulation == "fp32" else "fp32"   # what the other accumulation costs
     fp8_other = extract(work / "bf16", layer_ids, batches, "float8", other)

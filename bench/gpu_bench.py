@@ -33,6 +33,7 @@ import harness  # noqa: E402
 import shapes  # noqa: E402
 import torch  # noqa: E402
 
+from hsx.defaults import DEFAULT_FP8_ACCUMULATION, FP8_ACCUMULATIONS  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.prep.planning import cut_batches, padding_fraction  # noqa: E402
 
@@ -131,7 +132,7 @@ def run_shape(args) -> dict:
                                          store_dtype=store_dtype, codec=codec,
                                          compute_dtype=args.compute_dtype,
                                          fp8_accumulation=args.fp8_accumulation if args.compute_dtype == "float8"
-                                         else "fp32")
+                                         else DEFAULT_FP8_ACCUMULATION)  # produce refuses fast with bf16 compute
             print(f"[bench] {name}: {len(lengths)} samples, {report.batches} batches, "
                   f"padding {1 - report.tokens / report.padded_tokens:.2%}, planned in {time.perf_counter() - t:.1f}s", flush=True)
             batch_shapes = [(s.samples, s.padded_len, s.tokens) for s in specs]
@@ -278,7 +279,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-full", action="store_true", help="skip the bare forward through the full body")
     ap.add_argument("--compute-dtype", default="bfloat16", choices=("bfloat16", "float8"),
                     help="the linear layers as rowwise e4m3 GEMMs (float8), as `hsx produce --compute-dtype`")
-    ap.add_argument("--fp8-accumulation", default="fp32", choices=("fp32", "fast"),
+    ap.add_argument("--fp8-accumulation", default=DEFAULT_FP8_ACCUMULATION, choices=FP8_ACCUMULATIONS,
                     help="how float8's GEMMs accumulate, as `hsx produce --fp8-accumulation`")
     ap.add_argument("--warm", type=int, default=2, help="batches left out of the timed window")
     ap.add_argument("--uploaders", type=int, default=4)

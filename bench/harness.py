@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 from gpu_worker.extractor import Extractor  # noqa: E402
 from hsx import spool  # noqa: E402
 from hsx.config import ProduceConfig, StoreSettings, WorkerConfig  # noqa: E402
+from hsx.defaults import DEFAULT_FP8_ACCUMULATION  # noqa: E402
 from hsx.run import ledger  # noqa: E402
 from hsx.run.keys import RunKeys  # noqa: E402
 
@@ -310,7 +311,7 @@ class Services:
 
 def plan(svc: Services, run: str, dataset: Path, token_budget: int, dtype: str, layers: str = "dflash",
          store_dtype: str | None = None, codec: str = "none", compute_dtype: str = "bfloat16",
-         fp8_accumulation: str = "fp32"):
+         fp8_accumulation: str = DEFAULT_FP8_ACCUMULATION):
     """Plan + enqueue a run through the real producer; return the batch specs in queue order."""
     from producer.produce import produce
 
