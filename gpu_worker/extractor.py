@@ -61,7 +61,7 @@ class Extractor:
     """Holds the model; ``run`` maps a PaddedBatch to packed hidden states on the device."""
 
     def __init__(self, model, layer_ids: list[int], store_final: bool, out_dtype: str = "bfloat16",
-                 store_dtype: str | None = None):
+                 store_dtype: str | None = None, fp8_fast_accum: bool = False):
         """Wrap a built model (``load`` reads one from disk; benchmarks build real shapes from a config).
 
         ``store_dtype``: what batch files hold (default ``out_dtype``); FP8 is quantised here, on the device.
@@ -72,7 +72,7 @@ class Extractor:
         self.num_layers = text_config(model.config).num_hidden_layers
         self.layer_ids, self.store_final = sorted(layer_ids), store_final
         self.fp8_pending = False  # float8 run whose linears are kept until the compute error is measured
-        self.fp8_fast_accum = False  # float8 GEMMs accumulate the tensor cores' fast way (else promoted to fp32)
+        self.fp8_fast_accum = fp8_fast_accum  # float8 GEMMs converted here accumulate fast (else promoted to fp32)
         self._setup(model)
 
     @classmethod
@@ -97,15 +97,12 @@ class Extractor:
             fp8compute.require_fp8_device(device)
             if fp8compute.fp8_block_config(AutoConfig.from_pretrained(model_path)) is not None:
                 model = fp8compute.load_fp8_checkpoint(model_path, device, attn_implementation, fast_accum=fast)
-                extractor = cls(model, layer_ids, store_final, out_dtype, store_dtype)
-                extractor.fp8_fast_accum = fast
-                return extractor
+                return cls(model, layer_ids, store_final, out_dtype, store_dtype, fast)
         cpu = torch.device(device).type == "cpu"
         compute = DTYPES[model_dtype] if model_dtype else (torch.float32 if cpu else torch.bfloat16)
         model = AutoModel.from_pretrained(model_path, dtype=compute, attn_implementation=attn_implementation)
         model = model.to(device)
-        extractor = cls(model, layer_ids, store_final, out_dtype, store_dtype)
-        extractor.fp8_fast_accum = fast
+        extractor = cls(model, layer_ids, store_final, out_dtype, store_dtype, fast)
         if compute_dtype == "float8":
             extractor.fp8_pending = True
             if not measure_compute:

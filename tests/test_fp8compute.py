@@ -55,6 +55,7 @@ def test_fp8_checkpoint_loads_as_fp8_linears_without_a_bf16_copy(fp8_pair):
     layers = _decoder(model).layers
     linears = [m for m in layers.modules() if isinstance(m, Fp8Linear)]
     assert len(linears) == 21 and not any(type(m) is torch.nn.Linear for m in layers.modules())
+    assert not any(m.fast_accum for m in linears)   # fp32 accumulation unless the run asks for fast
     assert all(m.weight.dtype == torch.float8_e4m3fn for m in linears)  # held as stored, never widened
     # Block scales -> row scales keeps the weights within e4m3's own error of the bf16 originals.
     w_ref = ref.layers[1].mlp.down_proj.weight.detach().float()
@@ -82,6 +83,18 @@ def test_block_to_row_rescale_costs_one_e4m3_rounding_and_nothing_where_a_row_sh
     assert rel < 0.025  # one more e4m3 rounding (~1.5 %): a float format keeps its relative precision scaled down
     same = fp8compute.rows_from_blocks(q, torch.ones_like(s))[0]
     assert torch.equal(same.view(torch.uint8), q.view(torch.uint8))
+
+
+def test_an_fp8_checkpoint_loaded_by_the_worker_accumulates_as_the_run_says(fp8_pair, monkeypatch):
+    """The worker's loader hands the run's --fp8-accumulation to the FP8-checkpoint loader (past the FP8
+    tensor-core check, which a CPU fails)."""
+    _, fp8, _ = fp8_pair
+    monkeypatch.setattr(fp8compute, "require_fp8_device", lambda device: None)
+    for accumulation in ("fast", "fp32"):
+        ex = Extractor.load(str(fp8), [0, 2], False, "cpu", "bfloat16", compute_dtype="float8",
+                            fp8_accumulation=accumulation)
+        linears = [m for m in ex.decoder.layers.modules() if isinstance(m, Fp8Linear)]
+        assert linears and all(m.fast_accum == (accumulation == "fast") for m in linears), accumulation
 
 
 def test_worker_on_cpu_refuses_float8_compute_in_one_line(tiny_model):

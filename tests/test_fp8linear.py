@@ -67,3 +67,22 @@ def test_a_layer_quantises_each_activation_once_with_the_same_numbers(kind, tiny
         shared = model(input_ids=ids).last_hidden_state
     assert len(calls) == 4 * len(layers)  # attention (or Gated DeltaNet) input, its output, MLP input, down_proj's
     assert torch.equal(shared, separate)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_the_accumulation_asked_for_reaches_the_gemm(monkeypatch, fast):
+    """--fp8-accumulation ends as ``use_fast_accum`` of every ``torch._scaled_mm`` call (the CPU ignores it, an
+    H200 does not: docs/benchmarks.md), for linears converted from bf16 ones."""
+    seen = []
+    real = torch._scaled_mm
+
+    def spy(*args, **kw):
+        seen.append(kw["use_fast_accum"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
+    layers = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)).to(torch.bfloat16)
+    assert fp8linear.convert_linears(layers, fast_accum=fast) == 2
+    with torch.inference_mode():
+        layers(torch.randn(3, 64, dtype=torch.bfloat16))
+    assert seen == [fast, fast]
