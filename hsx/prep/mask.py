@@ -135,10 +135,20 @@ def _marked_copy(messages: list[dict[str, Any]], base: str, reasoning_key: str):
             copy[reasoning_key] = mark(reasoning.split("<think>")[-1], index)
         copy["content"] = mark(content, index) if content.strip() else content
         if msg.get("tool_calls"):
-            copy["tool_calls"] = [{**call, "function": {**call["function"], "name": mark(call["function"]["name"], index)}}
-                                  for call in msg["tool_calls"]]
+            copy["tool_calls"] = [_marked_call(call, mark, index) for call in msg["tool_calls"]]
         marked.append(copy)
     return marked, values, owner
+
+
+def _marked_call(call: dict[str, Any], mark: Callable[[str, int], str], index: int) -> dict[str, Any]:
+    """The call with its first non-blank string argument value marked, else its name: a template may branch
+    on the name (builtin tools rendered another way, e.g. ``<|python_tag|>name.call(...)``), hardly on a value."""
+    function, arguments = call["function"], call["function"].get("arguments")
+    if isinstance(arguments, dict):
+        for key, value in arguments.items():
+            if isinstance(value, str) and value.strip():
+                return {**call, "function": {**function, "arguments": {**arguments, key: mark(value, index)}}}
+    return {**call, "function": {**function, "name": mark(function["name"], index)}}
 
 
 def _renderings(value: str):
@@ -251,12 +261,28 @@ def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Re
         if start < 0:
             raise RowRejected("turn_not_located", f"turn {index} (assistant): no role header {shape.headers[-1]!r} before it")
         lo, hi = starts[last], starts[last] + len(pieces[last])
-        at = real.find(shape.end, lo, hi)
-        if at >= 0:
-            end = at + len(shape.end)
-        elif last == len(order):
-            end = hi                  # the final turn without an end marker: up to the end of the text
+        if index == len(messages) - 1:
+            at = real.find(shape.end, lo, hi)
+            end = at + len(shape.end) if at >= 0 else hi   # the final turn: its end marker, else the text's end
         else:
-            raise RowRejected("turn_not_located", f"turn {index} (assistant): no end-of-turn {shape.end!r} after it")
+            end = lo + _rendered_end(render, marked, tools, index, f"{base}{order[last - 1]}Q", pieces[last])
         spans.append((start, end))
     return spans
+
+
+def _rendered_end(render: Render, marked: list[dict[str, Any]], tools, index: int, last_marker: str,
+                  piece: str) -> int:
+    """Length of the part of ``piece`` (the text after turn ``index``'s last marker, up to the next marker)
+    that still belongs to the turn: what the template renders after that marker when the conversation
+    ends with the turn, as far as it agrees with ``piece``. The template itself says where the turn ends,
+    whatever its end token (<|eot_id|>, <|eom_id|> after a call, <|call|>, ...)."""
+    cut = render(marked[:index + 1], tools, False)
+    at = cut.rfind(last_marker)
+    if at < 0:
+        raise RowRejected("turn_not_located", f"turn {index} (assistant): the template does not render it when "
+                                              "the conversation ends with it; cannot tell where it ends")
+    length = len(_common_prefix(cut[at + len(last_marker):], piece))
+    if not piece[:length].strip():
+        raise RowRejected("turn_not_located", f"turn {index} (assistant): the template renders nothing after it "
+                                              "that it also renders when the turn is last; cannot tell where it ends")
+    return length
