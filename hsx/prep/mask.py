@@ -48,6 +48,8 @@ class TemplateShape:
                                # whose generation prompt opens the reasoning block of the last turns only;
                                # the longest found before a turn is its header
     end: str                   # text that closes it, e.g. "<|im_end|>\n" (ChatML) or "<|eot_id|>" (Llama 3)
+    calls_end_alike: bool = False  # a tool-call turn followed by a tool result also ends at the first ``end``
+                                   # (probed); else each turn's end is found by rendering the cut conversation
 
 
 def _common_prefix(a: str, b: str) -> str:
@@ -98,7 +100,29 @@ def probe_shape(render: Render) -> TemplateShape:
     end = _common_prefix(tail, between)     # e.g. "<|im_end|>\n": what every assistant turn ends with
     if not end.strip():
         raise TemplateError("the chat template renders nothing after an assistant turn; cannot tell where it ends")
-    return TemplateShape(headers=headers, end=end)
+    return TemplateShape(headers=headers, end=end, calls_end_alike=_calls_end_alike(render, end))
+
+
+def _calls_end_alike(render: Render, end: str) -> bool:
+    """Whether a tool-call turn, followed by its result, ends at the first ``end`` after its call as the
+    template itself says (the conversation rendered cut after the call turn). False when it ends otherwise
+    (e.g. <|eom_id|> or <|call|>) or the template will not render the probe."""
+    value, result = "HsXprobeV1Q", "HsXprobeT1Q"
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "id": "call_1", "function": {"name": "lookup", "arguments": {"query": value}}}]}
+    convo = [{"role": "user", "content": "HsXprobeU1Q"}, call,
+             {"role": "tool", "tool_call_id": "call_1", "name": "lookup", "content": result},
+             {"role": "assistant", "content": "HsXprobeA3Q"}]
+    try:
+        whole, cut = render(convo, None, False), render(convo[:2], None, False)
+    except Exception:
+        return False
+    if value not in cut or result not in whole:
+        return False
+    after = whole[whole.index(value) + len(value):whole.index(result)]
+    length = len(_common_prefix(cut[cut.index(value) + len(value):], after))
+    at = after.find(end)
+    return at >= 0 and at + len(end) == length
 
 
 def _marker_base(real: str) -> str:
@@ -264,6 +288,8 @@ def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Re
         if index == len(messages) - 1:
             at = real.find(shape.end, lo, hi)
             end = at + len(shape.end) if at >= 0 else hi   # the final turn: its end marker, else the text's end
+        elif shape.calls_end_alike and (at := real.find(shape.end, lo, hi)) >= 0:
+            end = at + len(shape.end)
         else:
             end = lo + _rendered_end(render, marked, tools, index, f"{base}{order[last - 1]}Q", pieces[last])
         spans.append((start, end))
