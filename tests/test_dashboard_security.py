@@ -26,12 +26,11 @@ from base64 import b64encode
 from pathlib import Path
 
 import pytest
+from markupsafe import escape
 from rq import Queue, Worker
 from rq.job import Job
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
-
-from markupsafe import escape
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
