@@ -60,6 +60,12 @@ class S3Settings:
     attempts: int = DEFAULT_UPLOAD_RETRIES                  # tries of each call
 
 
+def _meta_sha256(info: dict) -> str | None:
+    """The object's ``sha256`` user metadata, its key in any case: HTTP header names are case-insensitive and some
+    servers (rclone serve s3) answer ``x-amz-meta-Sha256``, which boto3 hands back as ``Sha256``."""
+    return next((v for k, v in info.get("Metadata", {}).items() if k.lower() == "sha256"), None)
+
+
 def _md5_b64(data: bytes) -> str:
     return base64.b64encode(hashlib.md5(data).digest()).decode()
 
@@ -153,15 +159,15 @@ class S3Store(Store):
 
     def _verify(self, key: str, size: int, sha256: str, etag: str) -> ObjectInfo:
         info = self._call(f"head {self.url(key)}", lambda: self.client.head_object(Bucket=self.s.bucket, Key=self._k(key)))
-        if not info.get("Metadata", {}).get("sha256"):
+        if not _meta_sha256(info):
             raise PermanentStoreError(f"{self.url(key)}: the store kept no sha256 metadata (x-amz-meta-sha256) on the "
                                       "object hsx wrote with it, so it can never be verified; this store drops user "
                                       "metadata and cannot hold an hsx run")
         problems = []
         if info["ContentLength"] != size:
             problems.append(f"size {info['ContentLength']} != {size}")
-        if info.get("Metadata", {}).get("sha256") != sha256:
-            problems.append(f"sha256 metadata {info.get('Metadata', {}).get('sha256')!r} != {sha256!r}")
+        if _meta_sha256(info) != sha256:
+            problems.append(f"sha256 metadata {_meta_sha256(info)!r} != {sha256!r}")
         if self.s.verify_etag and info.get("ETag") != etag:
             problems.append(f"ETag {info.get('ETag')} != {etag}")
         if problems:
@@ -173,7 +179,7 @@ class S3Store(Store):
             info = self._call(f"head {self.url(key)}", lambda: self.client.head_object(Bucket=self.s.bucket, Key=self._k(key)))
         except _Missing:
             return None
-        return ObjectInfo(key, info["ContentLength"], info.get("Metadata", {}).get("sha256"))
+        return ObjectInfo(key, info["ContentLength"], _meta_sha256(info))
 
     def get_bytes(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         kwargs = {"Bucket": self.s.bucket, "Key": self._k(key)}
