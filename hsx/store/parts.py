@@ -50,34 +50,37 @@ class BufferPool:
 
 @dataclass
 class Part:
-    number: int        # 1-based part number
-    body: bytearray    # exactly the part's bytes; give it back to the pool once sent
-    md5: bytes         # MD5 digest of body
+    number: int          # 1-based part number
+    body: bytearray      # exactly the part's bytes; give it back to the pool once sent
+    md5: bytes | None    # MD5 digest of body (None: not asked for)
 
 
 class ShortFile(Exception):
     """The file ended before (or went on after) the size the upload job gave."""
 
 
-def read_parts(fh: BinaryIO, size: int, part_size: int, pool: BufferPool, file_digest) -> Iterator[Part]:
+def read_parts(fh: BinaryIO, size: int, part_size: int, pool: BufferPool, file_digests: tuple,
+               part_md5: bool = True) -> Iterator[Part]:
     """The ``size`` bytes of ``fh`` as parts of ``part_size`` (the last one shorter), each byte read once and fed
-    to ``file_digest`` (e.g. hashlib.sha256()) and its part's MD5. ShortFile if ``fh`` holds another size."""
+    to every one of ``file_digests`` (hashlib objects over the whole file: its SHA-256, a whole-object MD5) and,
+    with ``part_md5``, to its part's MD5. ShortFile if ``fh`` holds another size."""
     number, offset = 0, 0
     while offset < size:
         length = min(part_size, size - offset)
         body = pool.take(length)
-        view, filled, md5 = memoryview(body), 0, hashlib.md5()
+        view, filled = memoryview(body), 0
+        digests = (*file_digests, hashlib.md5()) if part_md5 else file_digests
         while filled < length:
             got = fh.readinto(view[filled:filled + HASH_BLOCK])
             if not got:
                 pool.give(body)
                 raise ShortFile(f"the file ended at {offset + filled} bytes, expected {size}")
             block = view[filled:filled + got]
-            file_digest.update(block)
-            md5.update(block)
+            for digest in digests:
+                digest.update(block)
             filled += got
         number += 1
         offset += length
-        yield Part(number, body, md5.digest())
+        yield Part(number, body, digests[-1].digest() if part_md5 else None)
     if fh.read(1):
         raise ShortFile(f"the file is longer than the {size} bytes expected")

@@ -72,7 +72,7 @@ def _read_single(path: Path, size: int, sha256: str) -> Part:
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
         try:
-            parts = list(read_parts(fh, size, max(size, 1), BufferPool(keep=0), digest))
+            parts = list(read_parts(fh, size, max(size, 1), BufferPool(keep=0), (digest,)))
         except ShortFile as exc:
             raise VerifyError(f"{path}: local file is not the {size} bytes expected: {exc}") from None
     if digest.hexdigest() != sha256:
@@ -151,7 +151,7 @@ class S3Store(Store):
             digest, part_md5s, futures = hashlib.sha256(), [], []
             with ThreadPoolExecutor(PART_CONCURRENCY) as pool, open(path, "rb", buffering=0) as fh:
                 try:
-                    for part in read_parts(fh, size, self.s.multipart_chunk, self._buffers, digest):
+                    for part in read_parts(fh, size, self.s.multipart_chunk, self._buffers, (digest,)):
                         part_md5s.append(part.md5)
                         if len(futures) >= PART_CONCURRENCY:  # bound memory: wait for the oldest part
                             futures[-PART_CONCURRENCY].result()
