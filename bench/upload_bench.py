@@ -398,6 +398,7 @@ def run_step(args, n: int, r, redis_url: str, server: RcloneS3, spool_dir: Path,
         time.sleep(args.seconds)
         last = Sample.take(r, run, feeder.fed, run_dir, uploaders.pids, server.proc.pid)
         uploaders.mark()
+        cores = {"server_cores_allowed": _cores_of(server.proc.pid), "uploader_cores_allowed": _cores_of(uploaders.pids[0])}
     finally:
         feeder.stop_event.set()
         feeder.join()
@@ -412,11 +413,19 @@ def run_step(args, n: int, r, redis_url: str, server: RcloneS3, spool_dir: Path,
     done = r.scard(RunKeys(run).done)
     checks = {"run": run, "fed_batches": feeder.fed, "done_batches_total": done,
               "objects_deleted": janitor.deleted, "object_bytes_deleted": janitor.deleted_bytes,
-              "uploader_failures": uploaders.failures()}
+              "uploader_failures": uploaders.failures(), **cores}
     for path in run_dir.iterdir():  # what the uploaders left: links, never the source
         path.unlink()
     _abort_incomplete(server)
     return result, checks
+
+
+def _cores_of(pid: int) -> str:
+    """The cores a process may run on, as the kernel says (/proc/PID/status Cpus_allowed_list)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    return "?"
 
 
 def _abort_incomplete(server: RcloneS3) -> None:
