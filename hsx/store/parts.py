@@ -11,7 +11,8 @@ The uploader's CPU per GiB is its cost (issue 28): an 8-GPU host spools ~4 GiB/s
 - Both hashes take each HASH_BLOCK while it is in the CPU cache, not after the whole part left it.
 - Buffers are reused (``BufferPool``): a fresh 64 MiB ``bytes`` per part costs ~0.5 s per GiB in page faults
   (measured on the 2-core box: as much as the SHA-256). The pool keeps at most ``keep`` full-size buffers
-  (PART_CONCURRENCY + 1 for one upload), so an uploader process holds (PART_CONCURRENCY + 1) x part size.
+  (PART_CONCURRENCY + 1 for one upload; one pool a process, ``s3.PART_BUFFERS``, whatever the number of runs'
+  stores), so an uploader process holds (PART_CONCURRENCY + 1) x part size once it has uploaded a large file.
   A file's last, shorter part gets a buffer of its own length (not kept).
 """
 

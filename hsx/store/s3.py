@@ -46,6 +46,8 @@ class _Missing(Exception):
     """A 404: an answer, not a fault; never retried."""
 PART_CONCURRENCY = 4  # parts of one object in flight at once (memory: x chunk bytes)
 READ_BACK_CHUNK = 8 * 2**20  # bytes hashed at a time by read_back
+# Part buffers of this process, reused across uploads and stores (one upload in flight holds PART_CONCURRENCY + 1).
+PART_BUFFERS = BufferPool(keep=PART_CONCURRENCY + 1)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class S3Store(Store):
                           request_checksum_calculation="when_required",
                           retries={"max_attempts": 5, "mode": "adaptive"},
                           max_pool_connections=2 * PART_CONCURRENCY + 2))
-        self._buffers = BufferPool(keep=PART_CONCURRENCY + 1)  # part buffers, reused across uploads
+        self._buffers = PART_BUFFERS
 
     def _k(self, key: str) -> str:
         return f"{self.s.prefix.strip('/')}/{key}" if self.s.prefix.strip("/") else key
