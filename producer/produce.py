@@ -33,6 +33,7 @@ from hsx.prep.inputs import check_budget, check_row_settings, resolve_dataset, r
 from hsx.prep.planning import cut_batches, padding_fraction
 from hsx.prep.report import Sample, TokeniseReport
 from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
+from hsx.progressline import Progress
 from hsx.redisconn import connect, redact
 from hsx.run import batchlife, heartbeat, ledger, queues
 from hsx.run.evictionpolicy import check_eviction_policy
@@ -190,8 +191,9 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         workers = cfg.tokenise_workers or default_workers(cfg.dataset)
         log.info("tokenising %s with %s's chat template on %d processes, %d rows a window",
                  cfg.dataset, cfg.model, workers, cfg.window_rows)
+        progress = Progress(f"tokenise {cfg.dataset.name} for run {cfg.run}", None, "rows")  # bar or log line
         with WindowTokeniser(cfg.dataset, settings, workers, cfg.window_rows, first_window=len(records),
-                             seen=seen, on_event=event) as tokenised:
+                             seen=seen, on_event=event, on_rows=progress.advance) as tokenised, progress:
             for window in tokenised:
                 state.report.merge(window.report)
                 _check_reject_share(r, cfg, state)
