@@ -36,11 +36,12 @@ def _duration(seconds: float) -> str:
 
 class Progress:
     def __init__(self, what: str, total: int | None = None, unit: str = "items", stream=None,
-                 every_s: float = DEFAULT_EVERY_S, logger: logging.Logger | None = None, clock=time.monotonic):
+                 every_s: float | None = None, logger: logging.Logger | None = None, clock=time.monotonic):
         self.what, self.total, self.unit = what, total, unit
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.every_s, self.log, self.clock = every_s, logger or log, clock
+        self.every_s = DEFAULT_EVERY_S if every_s is None else every_s    # read now: settable for a whole process
+        self.log, self.clock = logger or log, clock
         self.done = 0
         self.started = self.last = clock()
         self.closed = False
