@@ -9,7 +9,7 @@ from hsx.config import ConfigError
 from hsx.devices import GpuProbe
 from hsx_cli.main import build_parser
 
-COMMANDS = ["produce", "inspect", "worker", "upload", "status", "retry-failed", "reset", "dashboard", "verify", "export",
+COMMANDS = ["produce", "inspect", "worker", "upload", "status", "retry-failed", "reset", "dashboard", "verify", "show", "export",
             "demo", "demo-assets"]
 
 
