@@ -14,6 +14,10 @@ a neighbour in that order, and the trie's size is the sum of each row's length m
 the row before it. O(total tokens) memory, one sort.
 
     python -m hsx_tools.prefixshare --model MODEL FILE [FILE ...]   # per file and over all files together
+    python -m hsx_tools.prefixshare --model MODEL --per-turn OUT.jsonl FILE ...   # + a one-row-per-turn expansion
+
+``--per-turn`` also writes the files' chat rows expanded one row per assistant turn (row k: the conversation up
+to and including its k-th assistant turn, as datasets built for per-turn training are) and measures that.
 """
 
 from __future__ import annotations
@@ -78,10 +82,38 @@ def tokenise_file(dataset: Path, model: str, max_length: int = 32768, template_k
     return out
 
 
+def expand_per_turn(files: list[Path], out: Path) -> int:
+    """Write ``out``: each `messages` / `conversations` row of ``files`` once per assistant turn, cut after that
+    turn (ids ``<id>-t<k>``); other rows are left out. Returns the rows written."""
+    import json
+
+    from hsx.prep.dataset import Row, iter_rows
+
+    written = 0
+    with open(out, "w") as fh:
+        for f in files:
+            for item in iter_rows(f):
+                if not isinstance(item, Row):
+                    continue
+                data = item.data
+                key, role_key, assistant = (("messages", "role", "assistant") if data.get("messages") is not None
+                                            else ("conversations", "from", "gpt"))
+                turns = data.get(key)
+                if not isinstance(turns, list):
+                    continue
+                ends = [i for i, t in enumerate(turns) if isinstance(t, dict) and t.get(role_key) == assistant]
+                for k, end in enumerate(ends):
+                    row = dict(data, **{key: turns[:end + 1]}, id=f"{data.get('id', item.index)}-t{k}")
+                    fh.write(json.dumps(row) + "\n")
+                    written += 1
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hsx_tools.prefixshare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="model folder or hub id (its tokenizer and chat template)")
     ap.add_argument("--max-length", type=int, default=32768)
+    ap.add_argument("--per-turn", type=Path, help="also write the files' rows one per assistant turn here, and measure it")
     ap.add_argument("files", nargs="+", type=Path)
     args = ap.parse_args(argv)
     missing = [str(f) for f in args.files if not f.exists()]
@@ -95,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         print(prefix_share(seqs).line(f.name))
     if len(args.files) > 1:
         print(prefix_share(every).line("all files together"))
+    if args.per_turn:
+        rows = expand_per_turn(args.files, args.per_turn)
+        print(prefix_share(tokenise_file(args.per_turn, args.model, args.max_length)).line(
+            f"{args.per_turn.name} (one row per assistant turn, {rows:,} rows)"))
     return 0
 
 

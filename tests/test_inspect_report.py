@@ -63,3 +63,18 @@ def test_prefix_share_counts_each_rows_longest_shared_prefix_and_the_trie():
     assert (share.tokens, share.shared_tokens, share.trie_tokens) == (13, 8, 8)
     assert prefix_share([np.array([5, 6]), np.array([5, 6])]).shared == 1.0       # duplicates share everything
     assert prefix_share([np.array([70000, 1]), np.array([70000, 2]), np.array([1])]).shared_tokens == 2  # ids > 2^16
+
+
+def test_per_turn_expansion_cuts_each_conversation_after_each_assistant_turn(tmp_path):
+    from hsx_tools.prefixshare import expand_per_turn
+
+    turns = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+             {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "x", "messages": turns}) + "\n"
+                   + json.dumps({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "r"}]}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert expand_per_turn([src], out) == 3
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["x-t0", "x-t1", "1-t0"]
+    assert rows[0]["messages"] == turns[:3] and rows[1]["messages"] == turns and len(rows[2]["conversations"]) == 2
