@@ -56,13 +56,13 @@ import torch
 from hsx.batch.dtypes import FP8, quantise_fp8
 from hsx.config import ConfigError, StoreSettings
 from hsx.layers import TARGETS, refusal
-from hsx.progressline import Progress
+from hsx.run.progressline import Progress
 from hsx_reader.run import ReaderError, RunIndex, SampleRef
 from hsx_reader.source import Source, sample_of
 
 log = logging.getLogger(__name__)
 SPECFORGE_GROUP = 2000  # samples a SpecForge rows_* folder
-PROGRESS_SECONDS = 10.0   # seconds between progress lines in a log (a bar on a terminal: hsx/progressline.py)
+PROGRESS_SECONDS = 10.0   # seconds between progress lines in a log (a bar on a terminal: hsx/run/progressline.py)
 
 
 @dataclass(frozen=True)

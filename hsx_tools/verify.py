@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from hsx.manifest import RunLimits
-from hsx.progressline import Progress
 from hsx.run import ledger, multipart
 from hsx.run.integrity import check_batch, repair_batches, requeue_orphans
+from hsx.run.progressline import Progress
 from hsx.run.rebuild import rebuild_done
 from hsx.store import layout
 
@@ -84,7 +84,7 @@ class VerifyReport:
 
 def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, rebuild: bool = False,
                progress_every_s: float | None = None) -> VerifyReport:
-    """``progress_every_s``: seconds between progress lines in a log (None: 10; on a terminal a bar: hsx/progressline.py)."""
+    """``progress_every_s``: seconds between progress lines in a log (None: 10; on a terminal a bar: hsx/run/progressline.py)."""
     specs = ledger.all_specs(r, run)
     rebuilt = rebuild_done(r, store, run, specs, full=True) if rebuild else []
     infos = ledger.done_info(r, run)

@@ -33,12 +33,12 @@ from hsx.prep.inputs import check_budget, check_row_settings, resolve_dataset, r
 from hsx.prep.planning import cut_batches, padding_fraction
 from hsx.prep.report import Sample, TokeniseReport
 from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
-from hsx.progressline import Progress
 from hsx.redisconn import connect, redact
 from hsx.run import batchlife, heartbeat, ledger, queues
 from hsx.run.evictionpolicy import check_eviction_policy
 from hsx.run.index import write_index_if_complete
 from hsx.run.integrity import unmark_missing_done
+from hsx.run.progressline import Progress
 from hsx.run.rebuild import Rebuild
 from hsx.store import layout
 from producer import windows

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hsx.progressline import Progress
+from hsx.run.progressline import Progress
 from hsx_tools.demo import sample_dataset
 from tests.pipeline import run_pipeline
 
@@ -30,7 +30,7 @@ def small_run(redis_server, tiny_model, tmp_path_factory):
     progress_log = logging.getLogger("hsx.progress")
     progress_log.addHandler(handler)
     level, progress_log.level = progress_log.level, logging.INFO
-    import hsx.progressline as pl
+    import hsx.run.progressline as pl
 
     saved, pl.DEFAULT_EVERY_S = pl.DEFAULT_EVERY_S, 0.0      # a line for every step of produce's tokenising
     try:
@@ -118,7 +118,7 @@ def test_progress_draws_a_bar_on_a_terminal_and_logs_lines_elsewhere(caplog):
 
 def test_verify_export_and_produce_report_progress_through_the_helper(small_run, redis_server, caplog, tmp_path,
                                                                      monkeypatch):
-    import hsx.progressline as pl
+    import hsx.run.progressline as pl
     from hsx.config import StoreSettings
     from hsx.redisconn import connect
     from hsx.run import ledger
