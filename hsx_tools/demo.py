@@ -113,7 +113,7 @@ def private_redis(workdir: Path) -> LocalRedis:
 
 def next_steps(store: Path, workdir: Path, model: Path, redis_url: str | None) -> list[str]:
     """What to do with the demo's run: read a sample, look at the run, train on it."""
-    look = (f"HSX_REDIS_URL={redact(redis_url)} hsx status --run {RUN}   # or: hsx dashboard" if redis_url else
+    look = (f"hsx status --run {RUN}   # or hsx dashboard: the run stays in your Redis ({redact(redis_url)})" if redis_url else
             f"hsx demo --workdir {workdir} --look   # the demo's Redis again, its status, and the dashboard")
     return [
         "next:",

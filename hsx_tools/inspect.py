@@ -45,6 +45,7 @@ from hsx_tools.prefixshare import prefix_share
 from hsx_tools.rates import Rate, cpu_rate, gpu_rate
 
 DEFAULT_STORAGE_USD_PER_TB_MONTH = 23.0
+PREFIX_SHARE_TOKENS = 20_000_000  # tokens of rows kept for the shared-prefix share (~160 MB with the sort's copy)
 HISTOGRAM_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -193,13 +194,15 @@ def run_inspect(cfg: InspectConfig) -> int:
     settings = TokeniseSettings(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns)
     window_rows = cfg.window_rows
     rng = random.Random(cfg.seed)
-    report, lengths, picked, kept_seen, every_ids = TokeniseReport(), [], [], 0, []
+    report, lengths, picked, kept_seen, every_ids, kept_tokens = TokeniseReport(), [], [], 0, [], 0
     with WindowTokeniser(cfg.dataset, settings, cfg.tokenise_workers or default_workers(cfg.dataset), window_rows) as windows:
         for window in windows:
             report.merge(window.report)
             for sample in window.samples:          # reservoir: N samples uniformly over the kept rows
                 lengths.append(len(sample.input_ids))
-                every_ids.append(sample.input_ids)
+                if kept_tokens < PREFIX_SHARE_TOKENS:   # the shared-prefix share is measured over these rows
+                    every_ids.append(sample.input_ids)
+                    kept_tokens += len(sample.input_ids)
                 kept_seen += 1
                 if len(picked) < cfg.samples:
                     picked.append(sample)
@@ -224,7 +227,8 @@ def run_inspect(cfg: InspectConfig) -> int:
     print("token lengths (kept samples):")
     print("\n".join(histogram_lines(lengths_np)))
     if every_ids:
-        print(prefix_share(every_ids).line(f"shared prefixes ({cfg.dataset.name}, ids after the template)"))
+        over = f", first {len(every_ids):,} kept rows" if len(every_ids) < len(lengths) else ""
+        print(prefix_share(every_ids).line(f"shared prefixes ({cfg.dataset.name}{over}, ids after the template)"))
     console = None
     if tty:
         from rich.console import Console
