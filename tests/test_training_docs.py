@@ -32,7 +32,8 @@ def runnable_blocks(page: Path) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def demo_folder(tiny_model, tmp_path_factory):
-    """A user's folder after `hsx demo`: hsx-out/demo, a checkout named hsx beside it, the run's Redis up."""
+    """A user's folder after `hsx demo`: hsx-out/demo and a checkout named hsx beside it; no Redis in the
+    environment (the demo's private one has stopped)."""
     root = tmp_path_factory.mktemp("docs")
     folder = root / "user"
     folder.mkdir()
@@ -42,7 +43,9 @@ def demo_folder(tiny_model, tmp_path_factory):
     with LocalRedis(root / "redis") as redis:
         run_pipeline(redis.url, tiny_model, str(folder / "hsx-out"), root / "spool", run="demo", dataset=data)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-        env.update(HSX_REDIS_URL=redis.url, PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+        env.pop("HSX_REDIS_URL", None)
+        env.pop("REDIS_URL", None)       # as after `hsx demo`: its Redis is gone, the store is enough
+        env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
         yield folder, env
 
 
