@@ -34,8 +34,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, DEFAULT_UPLOAD_RETRIES
 from hsx.retry import retry_call
 from hsx.store.base import ObjectInfo, PermanentStoreError, Store, StoreError, VerifyError, check_read_back
-from hsx.store.quirks import (EndpointProfile, EndpointQuirks, PROBE_PREFIX, checks_line, composite_etag, md5_etag,
-                              multipart_check, probe)
+from hsx.store.quirks import PROBE_PREFIX, EndpointProfile, EndpointQuirks, checks_line, composite_etag, md5_etag, multipart_check, probe
 
 log = logging.getLogger(__name__)
 RETRYABLE = (BotoCoreError, ClientError, ConnectionError, TimeoutError)
