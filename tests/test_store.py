@@ -18,6 +18,7 @@ def _s3(endpoint, bucket, **kw):
 # What each server does (issue 28): moto models AWS; rclone serve s3 answers the whole object's MD5 as a
 # multipart ETag and the metadata key as "Sha256".
 MULTIPART_ETAG = {"moto": "composite", "rclone": "md5"}
+CONDITIONAL_WRITES = {"moto": "honoured", "rclone": "ignored"}  # If-None-Match: * on a PUT over an object
 
 
 @pytest.mark.parametrize("multipart_etag", ["auto", "readback"])
@@ -28,6 +29,8 @@ def test_multipart_upload_is_verified(s3_endpoint, s3_endpoint_bucket, tmp_path,
     line = store.checks_line()
     assert (f"multipart ETag {MULTIPART_ETAG[server]} (probed)" if multipart_etag == "auto"
             else "multipart every multipart object read back") in line, line
+    if multipart_etag == "auto":
+        assert f"conditional writes {CONDITIONAL_WRITES[server]} (hsx relies on none)" in line, line
     data = os.urandom(12 * 2**20 + 123)  # three parts
     path = tmp_path / "f.bin"
     path.write_bytes(data)
