@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from upload_bench import BUCKET, RcloneS3, make_source  # noqa: E402
 
+from hsx.store.quirks import EndpointQuirks  # noqa: E402
 from hsx.store.s3 import S3Settings, S3Store  # noqa: E402
 
 GiB = 2**30
@@ -60,7 +61,7 @@ def main(argv=None) -> dict:
     try:
         os.environ.update(server.env())
         store = S3Store(S3Settings(bucket=BUCKET, prefix="cpu", endpoint_url=server.url, region="us-east-1",
-                                   addressing_style="path", verify_etag=False))
+                                   quirks=EndpointQuirks(addressing_style="path")))
         size = args.mib * 2**20
         source = work / "batch.safetensors"
         sha256 = make_source(source, size)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from dataclasses import dataclass
 
 from hsx.config import ConfigError, StoreSettings
 from hsx_cli.command import Command
@@ -22,7 +22,7 @@ FLAGS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ResetConfig:
     redis_url: str
     run: str
@@ -38,8 +38,7 @@ def config(v) -> ResetConfig:
     store = None
     if v["store"]:
         store = store_settings(v)
-        store = StoreSettings(resolve_store_url(store.url), store.endpoint_url, store.region, store.addressing_style,
-                              store.verify_etag)
+        store = dataclasses.replace(store, url=resolve_store_url(store.url))
     return ResetConfig(redis_url(v), v["run"], store, v["yes"], v["even_if_live"])
 
 
