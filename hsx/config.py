@@ -138,6 +138,7 @@ class WorkerConfig:
     grace_seconds: float = 120.0   # on SIGTERM: time to finish writing before handing batches back
     min_batch_seconds: float = 0.0  # stretch each batch to this wall time (fault-injection tests only)
     wait_for_plan: bool = False     # wait for `hsx produce` instead of exiting when the run is not planned
+    exit_when_complete: bool = False  # exit 0 once the run is complete (batch schedulers: SLURM array tasks)
     log_every_seconds: float = D.DEFAULT_LOG_EVERY_SECONDS  # progress line at least this often (and every N batches)
     memory_spool_dir: Path | None = None  # the memory tier (tmpfs); None: disk tier only
     memory_spool_budget_bytes: int = 0

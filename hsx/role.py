@@ -59,6 +59,7 @@ class Role:
         self._logged_at, self._logged, self._said_idle = time.monotonic(), {}, False  # _logged: totals at the last line
         self._stop = threading.Event()
         self.refusal: EvictingRedis | None = None   # why the role stopped taking jobs by itself, raised by serve()
+        self._finishing = False  # finished() said yes once: serving is being stopped
         self._thread = threading.Thread(target=self._heartbeat_loop, name=f"hsx-{self.noun}-heartbeat", daemon=True)
         self._rq_worker: SimpleWorker | None = None
 
@@ -106,6 +107,11 @@ class Role:
                 f"{60 * grown['batches'] / seconds:.1f} batches/min; "
                 + "; ".join(f"{name} queue {self.queue_length(name)}" for name in self.queue_names()))
 
+    def finished(self) -> bool:
+        """Whether this role has nothing more to do and asked to exit then (e.g. --exit-when-complete); checked
+        at every heartbeat, a True stops serving as SIGTERM would."""
+        return False
+
     def idle_line(self) -> str | None:
         """Called while no batch finished since the last line: a line saying why this role is idle (logged
         once, then silence until work comes), or None for the progress line as usual."""
@@ -144,6 +150,13 @@ class Role:
                 log.warning("%s heartbeat failed: %s", self.noun, exc)
             if time.monotonic() - self._logged_at >= self.cfg.log_every_seconds:
                 self.log_progress()
+            if not self._finishing:
+                try:
+                    self._finishing = self.finished()
+                except Exception:  # Redis away: not finished as far as this beat knows
+                    pass
+                if self._finishing:  # beats go on (leases of a job in hand) until serve() returns
+                    self.stop_serving()
 
     def check_redis_policy(self) -> None:
         """EvictingRedis when Redis now runs with a policy that may evict the run's keys (set while running:
