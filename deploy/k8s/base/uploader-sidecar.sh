@@ -3,8 +3,8 @@
 # restartPolicy: Always), so Kubernetes stops it only after the worker has exited, and the worker's last batch is
 # in the spool by then. On SIGTERM: the uploaders stop, then `hsx upload --burst` drains this pod's spool, so a
 # pod that is scaled down or evicted leaves nothing behind (within terminationGracePeriodSeconds).
-# HSX_UPLOADERS: uploader processes (default 2); HSX_HOST: the pod's name (one upload queue, upload@HOST, a pod).
-n=${HSX_UPLOADERS:-2}
+# HSX_UPLOADERS: uploader processes (default 4: docs/deploy.md); HSX_HOST: the pod's name (one upload queue, upload@HOST, a pod).
+n=${HSX_UPLOADERS:-4}
 pids=""
 i=0
 while [ "$i" -lt "$n" ]; do
