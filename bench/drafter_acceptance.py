@@ -11,7 +11,7 @@ Here, on a CPU, at a tiny size (SpecForge from scripts/peers.sh's venv; FP8 comp
 its two runs are left out on a CPU):
 
     .venv/bin/python bench/drafter_acceptance.py --device cpu --minutes 0.1 --hidden 64 --layers 6 --seq 64 \
-        --batch 8 --train-rows 64 --held-out 4 --steps 5 --block-size 4 --max-new-tokens 16 \
+        --batch 8 --train-rows 64 --held-out 4 --steps 5 --block-size 4 --max-new-tokens 16 --dflash-layers 3 \
         --peer-python .peers/specforge/bin/python --out /tmp/hsx-acceptance
 
 1. The target: bench/fp8_fidelity.py's (a small Qwen3 trained on generated text for ``--minutes`` on the device,
@@ -208,8 +208,8 @@ def main() -> int:
     summary = {"config": vars(args), "target_steps": target_steps, "target_loss_last": losses[-1] if losses else None,
                "seconds": time.monotonic() - t0, "cases": results}
     (out / "drafter_acceptance.json").write_text(json.dumps(summary, indent=1))
-    print(f"\n| run | compute | store | tau | distribution | target fwd/token | speedup | teacher-forced prefix "
-          f"| identical |\n|---|---|---|---|---|---|---|---|---|")
+    print("\n| run | compute | store | tau | distribution | target fwd/token | speedup | teacher-forced prefix "
+          "| identical |\n|---|---|---|---|---|---|---|---|---|")
     for case, value in results.items():
         d, tf = value["report"]["decode"], value["report"].get("teacher_forced") or {}
         compute, store_dtype = CASES.get(case, ("-", "-"))

@@ -33,6 +33,14 @@ WHEELS=(
   "flash-linear-attention==0.6.0"   # needs transformers>=5.6.2,<6 (GPU image: 5.17)
   "fla-core==0.6.0"                 # needs einops, torch>=2.7, triton>=3.3 (on the image)
   "zstandard==0.25.0"               # lossless codec of hidden states (cp312 manylinux wheel)
+  # bench/drafter_acceptance.py: SpecForge's trainer and DFlash decoding (scripts/peers.sh's versions); the rest of
+  # specforge's declared deps (sglang, wandb, datasets, ...) are off its offline DFlash path
+  "specforge==0.2.0"
+  "pydantic==2.14.4"
+  "pydantic-core==2.50.5"           # cp312 manylinux wheel, the one pydantic 2.14.4 pins
+  "annotated-types==0.8.0"
+  "typing-inspection==0.4.5"
+  "psutil==7.2.2"                   # abi3 manylinux wheel
 )
 PY_VERSION="3.12"
 

@@ -98,7 +98,7 @@ def test_acceptance_length_catches_wrong_data(redis_server, redis_env, sharp_tar
     store = tmp_path / "store"
     for run, dataset in (("good", train), ("zeros", train), ("held-out", held_out)):
         run_pipeline(redis_server.url, sharp_target, str(store), tmp_path / f"spool-{run}", run=run, dataset=dataset,
-                     layers="dflash:3", dtype="float32")
+                     layers="dflash:3", dtype="bfloat16")
     assert _zero_hidden_states(store, "zeros") >= 1
     extracted = time.monotonic()
     got = run_peer("specforge", "train_specforge.py", json.dumps([
@@ -157,3 +157,20 @@ def test_evaluate_refuses_in_one_line(tiny_model, tmp_path, capsys, monkeypatch,
     rc = main(["evaluate", *(a.format(**fill) for a in args)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and says.format(**fill) in err[0], err
+
+
+def test_status_shows_an_evaluation_and_skips_a_malformed_one(r):
+    from hsx.run import evaluation
+    from hsx.run.keys import RunKeys
+    from hsx.run.progress import run_progress, summary_lines
+
+    report = {"drafter": {"checkpoint": "/ckpt/r-step60", "global_step": 60}, "device": "cpu", "ts": 1.0,
+              "decode": {"tau": 2.5, "target_forwards_per_token": 0.4, "speedup": 1.3, "identical_prompts": 8,
+                         "prompts": 8}, "teacher_forced": {"accepted_prefix_mean": 1.75}}
+    evaluation.record(r, "r", report)
+    lines = "\n".join(summary_lines(run_progress(r, "r")))
+    assert "drafter  /ckpt/r-step60 (step 60): tau 2.50, 0.400 target forwards/token, speedup 1.30x" in lines, lines
+    assert "teacher-forced accepted prefix 1.75 tokens a block" in lines, lines
+    r.set(RunKeys("r").evaluation, json.dumps({"tau": "<script>"}))
+    progress = run_progress(r, "r")
+    assert progress["evaluation"] is None and any("evaluation" in m for m in progress["malformed"]), progress["malformed"]

@@ -144,7 +144,7 @@ def decode(target, draft, prompts, max_new_tokens: int, stop_token_ids: list[int
         per_prompt.append({"prompt_tokens": len(prompt), "generated": len(spec_new), "target_forwards": counter.forwards,
                            "tau": statistics.fmean(counter.accepted) if counter.accepted else None,
                            "identical": plain_new == spec_new,
-                           "first_difference": next((k for k, (a, b) in enumerate(zip(plain_new, spec_new)) if a != b),
+                           "first_difference": next((k for k, (a, b) in enumerate(zip(plain_new, spec_new, strict=False)) if a != b),
                                                     None if len(plain_new) == len(spec_new)
                                                     else min(len(plain_new), len(spec_new))),
                            "tokens": spec_new, "target_only_tokens": plain_new})
