@@ -3,9 +3,9 @@
 A random target has nothing for a drafter to learn; this one has. Each row is pre-tokenised (``input_ids`` +
 ``loss_mask``, a format `hsx produce` reads): a prompt of filler tokens, one of ``KEYS`` key tokens and a
 separator; the answer is the key's own fixed sequence of ``ANSWER_LENGTH`` tokens and the end-of-turn token.
-The answer's tokens come from one small alphabet shared by every key, so a token alone says little about the
-next one (each alphabet token follows many others): the next tokens depend on the key, far back in the context,
-which reaches a drafter only through the target's hidden states. A drafter trained on hidden states that carry
+The answer's tokens come from one small alphabet shared by every key, and over the keys each token is followed by
+every token once, so a token alone says nothing of the next one: the next tokens depend on the key, far back in
+the context, which reaches a drafter only through the target's hidden states. A drafter trained on hidden states that carry
 nothing (all zeros) cannot learn the answers, one trained on the real ones can.
 
 Deterministic for a seed; built on the CPU in seconds (``build_sharp_target``), cached by its folder.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 KEYS = 16
 ANSWER_LENGTH = 16
-ALPHABET = 16
+ALPHABET = 17         # prime: every step 1..KEYS walks a cycle without repeating a token
 FILLER = 32
 FIRST_ID = 64          # alphabet, keys, filler and the separator are ids FIRST_ID... of the tiny tokenizer (512)
 
@@ -30,7 +30,13 @@ def _layout(seed: int) -> dict:
     keys = list(range(FIRST_ID + ALPHABET, FIRST_ID + ALPHABET + KEYS))
     filler = list(range(keys[-1] + 1, keys[-1] + 1 + FILLER))
     separator = filler[-1] + 1
-    answers = {key: [rng.choice(alphabet) for _ in range(ANSWER_LENGTH)] for key in keys}
+    # key k steps through the alphabet by k + 1 (under a random relabelling): over the keys, every token is
+    # followed by every token once, so the token alone says nothing of the next one (1 / ALPHABET at best)
+    relabel = rng.sample(alphabet, ALPHABET)
+    answers = {}
+    for k, key in enumerate(keys):
+        start = rng.randrange(ALPHABET)
+        answers[key] = [relabel[(start + i * (k + 1)) % ALPHABET] for i in range(ANSWER_LENGTH)]
     return {"keys": keys, "filler": filler, "separator": separator, "answers": answers}
 
 
@@ -51,7 +57,7 @@ def write_rows(path: Path, count: int, eos_id: int, seed: int) -> Path:
     return path
 
 
-def build_sharp_target(out_dir: Path, num_layers: int = 6, hidden_size: int = 64, steps: int = 250, seed: int = 0) -> Path:
+def build_sharp_target(out_dir: Path, num_layers: int = 6, hidden_size: int = 64, steps: int = 300, seed: int = 0) -> Path:
     """Train the tiny Qwen3 on ``rows`` (loss on the answers) for ``steps`` AdamW steps; save it to ``out_dir``.
     ``out_dir/sharp_target.json`` records the settings and the last loss; a folder holding it is reused."""
     import torch
@@ -62,6 +68,7 @@ def build_sharp_target(out_dir: Path, num_layers: int = 6, hidden_size: int = 64
     out_dir = Path(out_dir)
     record = out_dir / "sharp_target.json"
     settings = {"num_layers": num_layers, "hidden_size": hidden_size, "steps": steps, "seed": seed, "keys": KEYS,
+                "answers": "latin",
                 "answer_length": ANSWER_LENGTH, "alphabet": ALPHABET}
     if record.exists() and json.loads(record.read_text()).get("settings") == settings:
         return out_dir

@@ -27,7 +27,7 @@ from hsx_tools.sharptarget import build_sharp_target, write_rows
 from tests.peerenv import peer_python, run_peer
 from tests.pipeline import run_pipeline
 
-STEPS = 60            # SpecForge optimizer steps a drafter (batch = the whole 64-sample run, one epoch a step)
+STEPS = 200           # SpecForge optimizer steps a drafter (batch = the whole 64-sample run, one epoch a step)
 SEED = 0
 MARGIN = 1.0          # trained tau >= untrained tau + MARGIN (measured: see the module's table in docs/training.md)
 ZERO_SLACK = 0.05     # zero-state drafter tau <= untrained tau + ZERO_SLACK
