@@ -195,8 +195,10 @@ def main() -> int:
         for case in cases:
             ckpt, train_seconds = train_drafter(args.peer_python, work, model, store, case, args)
             draft_config = ckpt / "draft_config.json"
-            if baseline is None:
-                baseline = evaluate(args.peer_python, model, draft_config, draft_config, held_out, store,
+            if baseline is None:   # the untrained drafter: the same config, at the trained block size
+                untrained = work / "untrained_draft_config.json"
+                untrained.write_text(json.dumps(json.loads(draft_config.read_text()) | {"block_size": args.block_size}))
+                baseline = evaluate(args.peer_python, model, untrained, untrained, held_out, store,
                                     f"{case}-held-out", args)
                 results["untrained"] = {"report": baseline}
                 print(f"untrained: tau {baseline['decode']['tau']:.3f}", flush=True)

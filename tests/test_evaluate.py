@@ -110,26 +110,29 @@ def test_acceptance_length_catches_wrong_data(redis_server, redis_env, sharp_tar
         for run in ("good", "zeros")]), cwd=tmp_path)
     trained = time.monotonic()
     losses = dict(zip(("good", "zeros"), got["losses"], strict=True))
-    draft_config = tmp_path / "ckpt-good" / "draft_config.json"
+    untrained = tmp_path / "untrained.json"   # the draft config the trainer used, at the block size it trained
+    untrained.write_text(json.dumps(json.loads((tmp_path / "ckpt-good" / "draft_config.json").read_text())
+                                    | {"block_size": 4}))
     reports = {
-        "untrained": _evaluate(capsys, sharp_target, draft_config, held_out, store),
+        "untrained": _evaluate(capsys, sharp_target, untrained, held_out, store),
         "trained": _evaluate(capsys, sharp_target, tmp_path / "ckpt-good" / f"good-step{STEPS}", held_out, store),
         "zeros": _evaluate(capsys, sharp_target, tmp_path / "ckpt-zeros" / f"zeros-step{STEPS}", held_out, store),
     }
     evaluated = time.monotonic()
     tau = {name: r["decode"]["tau"] for name, r in reports.items()}
     forced = {name: r["teacher_forced"]["accepted_prefix_mean"] for name, r in reports.items()}
-    print(f"\nhsx evaluate (CPU, sharp 6-layer target, DFlash block 4, {STEPS} steps, seed {SEED}, 8 held-out prompts, "
-          f"20 new tokens):")
-    print(f"{'drafter':<10}{'tau':>7}{'fwd/token':>11}{'speedup':>9}{'forced':>8}{'identical':>11}  loss first -> last")
-    for name, r in reports.items():
-        d = r["decode"]
-        loss = losses.get({"trained": "good"}.get(name, name))
-        print(f"{name:<10}{d['tau']:>7.3f}{d['target_forwards_per_token']:>11.3f}{d['speedup']:>8.2f}x"
-              f"{forced[name]:>8.3f}{d['identical_prompts']:>6}/{d['prompts']}"
-              + (f"  {loss[0]:.4f} -> {loss[-1]:.4f}" if loss else ""))
-    print(f"seconds: extract {extracted - started:.0f}, train {trained - extracted:.0f}, "
-          f"evaluate {evaluated - trained:.0f} (a prompt: {reports['trained']['decode']['seconds_per_prompt']:.2f})")
+    with capsys.disabled():   # the table, past the capture the CLI calls use
+        print(f"\nhsx evaluate (CPU, sharp 6-layer target, DFlash block 4, {STEPS} steps, seed {SEED}, 8 held-out prompts, "
+              f"20 new tokens):")
+        print(f"{'drafter':<10}{'tau':>7}{'fwd/token':>11}{'speedup':>9}{'forced':>8}{'identical':>11}  loss first -> last")
+        for name, r in reports.items():
+            d = r["decode"]
+            loss = losses.get({"trained": "good"}.get(name, name))
+            print(f"{name:<10}{d['tau']:>7.3f}{d['target_forwards_per_token']:>11.3f}{d['speedup']:>8.2f}x"
+                  f"{forced[name]:>8.3f}{d['identical_prompts']:>6}/{d['prompts']}"
+                  + (f"  {loss[0]:.4f} -> {loss[-1]:.4f}" if loss else ""))
+        print(f"seconds: extract {extracted - started:.0f}, train {trained - extracted:.0f}, "
+              f"evaluate {evaluated - trained:.0f} (a prompt: {reports['trained']['decode']['seconds_per_prompt']:.2f})")
     for name, r in reports.items():   # lossless: speculative greedy == target-only greedy, every prompt
         d = r["decode"]
         assert d["identical_prompts"] == d["prompts"] == 8, (name, [p["first_difference"] for p in d["per_prompt"]])
