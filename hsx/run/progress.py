@@ -7,7 +7,7 @@ import time
 import redis
 
 from hsx.manifest import Manifest, ManifestError
-from hsx.run import computeerror, fp8error, heartbeat, ledger, queues, reconcile, records, refused, storerefusal
+from hsx.run import computeerror, evaluation, fp8error, heartbeat, ledger, queues, reconcile, records, refused, storerefusal
 from hsx.run.keys import RunKeys
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
@@ -140,6 +140,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "store_dtype": manifest.store_dtype if manifest else None,
         "codec": manifest.codec if manifest else "none",
         "compute_dtype": manifest.compute_dtype if manifest else "bfloat16",
+        "evaluation": evaluation.read(r, run, malformed),  # the last `hsx evaluate` of a drafter of this run, or None
         "fidelity": fp8,  # FP8 compute and storage error per stored layer (None: a bf16 run, or not measured yet)
         "rate": rate["per_s"],
         "extract_rate": _window(r, run, keys.spooled_log, now, window, span, malformed)["per_s"],
@@ -255,6 +256,8 @@ def summary_lines(p: dict) -> list[str]:
         lines.extend(fidelity_lines(p["fidelity"]))
     if p.get("compute_dtype") == "float8" and not (p.get("fidelity") or {}).get("compute"):
         lines.append("  FP8 compute error not measured yet (the first worker to take a batch measures it, once)")
+    if p.get("evaluation"):
+        lines.extend(evaluation.lines(p["evaluation"]))
     if p["failures"]:
         lines.append(f"  retrying {len(p['failures'])} batches after failures")
     if p.get("malformed"):

@@ -61,6 +61,11 @@ def compute_error_key(run: str) -> str:
     return f"{run}/compute_error.json"
 
 
+def evaluation_key(run: str) -> str:
+    """The last `hsx evaluate` of a drafter trained on the run (hsx/run/evaluation.py)."""
+    return f"{run}/evaluation.json"
+
+
 def _names(run: str, shard: str, bid: str) -> tuple[str, str, str]:
     return segment(run, "run"), segment(shard, "shard"), segment(bid, "batch id")
 

@@ -5,6 +5,8 @@
 - ``hsx_peers.specforge``: a SpecForge ``FeatureStore`` and the ``SampleRef`` list of a run, and
   ``python -m hsx_peers.specforge train -c run.yaml --hsx-store ...``: SpecForge's own ``specforge train``
   with ``data.hidden_states_path: hsx://R`` read in place through them.
+- ``hsx_peers.evaluate``: a SpecForge DFlash drafter measured against its target by SpecForge's own
+  ``spec_generate`` (greedy) and teacher-forced on a run's stored states; what ``hsx evaluate`` runs.
 
 Imports only hsx, hsx_reader and hsx_tools of this repository, and the peer's package.
 """
