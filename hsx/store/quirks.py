@@ -15,14 +15,15 @@ Settings (flags with HSX_* fallbacks, recorded in the run's manifest; safe defau
   the ETag checks above. ``crc32``: ``x-amz-checksum-crc32`` per request (PutObject, each UploadPart; multipart
   uploads created with ChecksumAlgorithm CRC32) and, after completion, HeadObject with ChecksumMode ENABLED
   must answer the CRC32 hsx computed (the composite ``crc32(crc32(part)..)-N`` for multipart): no MD5 at all,
-  about a third of the uploader's CPU (docs/benchmarks.md). ``auto`` (default) uses crc32 only where the probe
-  saw the server refuse a deliberately wrong ``x-amz-checksum-crc32`` and store the right one (AWS, MinIO);
+  ~45 % less uploader CPU (docs/benchmarks.md). ``auto`` (default) uses crc32 only where the probe saw the
+  server refuse a deliberately wrong ``x-amz-checksum-crc32`` and store the right one (AWS; MinIO documents it);
   elsewhere (rclone and moto store whatever value they are sent, unchecked) it keeps md5. The file's SHA-256
   (recomputed from the bytes sent, kept as metadata) is checked in every mode.
 - ``verify_etag``: off for stores whose ETag is no MD5 at all (SSE-KMS); multipart objects are then
   read back, single-part ones rest on the server's ``Content-MD5`` check.
 
-What the probe learns is an ``EndpointProfile``, said in one start line (``S3Store.checks_line``).
+What the probe learns (the multipart ETag style and whether the server checks CRC32, each probed only when its
+setting is ``auto``) is an ``EndpointProfile``, said in one start line (``S3Store.checks_line``).
 Conditional writes (``If-None-Match: *``) are probed and reported only: hsx relies on none (every
 key is deterministic and a batch's upload is leased, docs/reliability.md), so a server that
 ignores them (rclone) changes nothing.

@@ -157,8 +157,9 @@ class S3Store(Store):
 
     # ---- the endpoint's quirks (hsx/store/quirks.py) ---------------------------------------------
     def profile(self) -> EndpointProfile:
-        """What this endpoint does (its multipart ETag style): from --s3-multipart-etag, else probed once a
-        process per (endpoint, bucket, settings). A probe that fails raises StoreError (tried again next time)."""
+        """What this endpoint does (its multipart ETag style, whether it checks x-amz-checksum-crc32): from
+        --s3-multipart-etag / --s3-integrity, else probed once a process per (endpoint, bucket, settings). A probe
+        that fails raises StoreError (tried again next time)."""
         q = self.s.quirks
         given = EndpointProfile({"readback": "opaque"}.get(q.multipart_etag, q.multipart_etag), None)
         if q.multipart_etag != "auto" and q.integrity != "auto":
