@@ -6,7 +6,13 @@ path so each change's share can be told: it uploads one spool-sized file (--mib,
 pass the path may make over the bytes (MD5, SHA-256, CRC32, a copy into fresh memory), measured on the same
 machine now. Optional py-spy profile of the uploads: --profile FILE (py-spy on PATH or beside python).
 
+--integrity (hsx's --s3-integrity) picks the check: auto probes the server (rclone and moto check no CRC32, so
+auto is md5 there); crc32 forces x-amz-checksum-crc32 and no MD5. rclone keeps no checksum for a multipart
+object, so crc32 is measured against --server moto (moto_server in its own process: its CPU is not counted;
+it stores the CRC32 it is sent and answers the composite of what it stored).
+
   .venv/bin/python bench/upload_cpu.py --mib 512 --repeat 3
+  .venv/bin/python bench/upload_cpu.py --mib 256 --repeat 3 --server moto --integrity crc32
 """
 
 from __future__ import annotations
@@ -27,12 +33,40 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from upload_bench import BUCKET, RcloneS3, make_source  # noqa: E402
+from upload_bench import BUCKET, RcloneS3, free_port, make_source  # noqa: E402
 
 from hsx.store.quirks import EndpointQuirks  # noqa: E402
 from hsx.store.s3 import S3Settings, S3Store  # noqa: E402
 
 GiB = 2**30
+
+
+class MotoServer:
+    """moto_server (beside python) on a free loopback port, in its own process; stopped by PID."""
+
+    def __init__(self, log_path: Path):
+        import socket
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1",
+                                          "-p", str(self.port)], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+
+    def env(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
 
 
 def pass_costs(block_mib: int = 64, rounds: int = 4) -> dict[str, float]:
@@ -55,17 +89,29 @@ def main(argv=None) -> dict:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--tmp", default="/dev/shm")
     p.add_argument("--profile", default="", help="write py-spy collapsed stacks of the uploads here")
+    p.add_argument("--server", choices=("rclone", "moto"), default="rclone")
+    p.add_argument("--integrity", choices=("auto", "md5", "crc32"), default="auto", help="hsx's --s3-integrity")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="hsx-upload-cpu-", dir=args.tmp))
-    server = RcloneS3(work / "server", work / "rclone.log")
+    if args.server == "rclone":
+        server = RcloneS3(work / "server", work / "rclone.log")
+    else:
+        import boto3
+
+        server = MotoServer(work / "moto.log")
     try:
         os.environ.update(server.env())
+        if args.server == "moto":
+            boto3.client("s3", endpoint_url=server.url).create_bucket(Bucket=BUCKET)
         store = S3Store(S3Settings(bucket=BUCKET, prefix="cpu", endpoint_url=server.url, region="us-east-1",
-                                   quirks=EndpointQuirks(addressing_style="path")))
+                                   quirks=EndpointQuirks(addressing_style="path", integrity=args.integrity)))
+        checks = store.checks_line()
         size = args.mib * 2**20
         source = work / "batch.safetensors"
         sha256 = make_source(source, size)
         store.put_file("warm", source, size, sha256)
+        if args.server == "moto":
+            store.delete("warm")  # moto holds objects in memory
         spy = None
         if args.profile:
             binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -78,6 +124,8 @@ def main(argv=None) -> dict:
             store.put_file(f"b{i}", source, size, sha256)
             cpu, wall = cpu + time.process_time() - started_cpu, wall + time.monotonic() - started
             (work / "server" / BUCKET / "cpu" / f"b{i}").unlink(missing_ok=True)  # not counted: the server's bytes
+            if args.server == "moto":
+                store.delete(f"b{i}")
         if spy:
             spy.send_signal(2)
             spy.wait(timeout=60)
@@ -85,7 +133,8 @@ def main(argv=None) -> dict:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     gib = args.repeat * size / GiB
-    report = {"file_mib": args.mib, "repeat": args.repeat, "client_cpu_s_per_gib": round(cpu / gib, 3),
+    report = {"file_mib": args.mib, "repeat": args.repeat, "server": args.server, "checks": checks,
+              "client_cpu_s_per_gib": round(cpu / gib, 3),
               "wall_gib_s": round(gib / wall, 3), "pass_costs_s_per_gib": pass_costs(), "load": os.getloadavg()}
     print(json.dumps(report))
     return report

@@ -42,12 +42,13 @@ class StoreSettings:
     verify_etag: bool = True
     checksums: str = "when_required"
     multipart_etag: str = "auto"
+    integrity: str = "auto"
 
     @classmethod
     def resolve(cls, url: str | None, endpoint_url: str | None = None, region: str | None = None,
                 addressing_style: str | None = None, verify_etag: bool | None = None,
                 recorded: dict | None = None, checksums: str | None = None,
-                multipart_etag: str | None = None) -> StoreSettings:
+                multipart_etag: str | None = None, integrity: str | None = None) -> StoreSettings:
         """Given settings (flags or environment, already resolved), then what the run recorded, then defaults."""
         recorded = recorded or {}
         url = url or recorded.get("url")
@@ -60,7 +61,8 @@ class StoreSettings:
                        region=region or recorded.get("region"), addressing_style=style,
                        verify_etag=bool(recorded.get("verify_etag", True) if verify_etag is None else verify_etag),
                        checksums=checksums or recorded.get("checksums") or "when_required",
-                       multipart_etag=multipart_etag or recorded.get("multipart_etag") or "auto")
+                       multipart_etag=multipart_etag or recorded.get("multipart_etag") or "auto",
+                       integrity=integrity or recorded.get("integrity") or "auto")
         settings.quirks()  # a recorded value hsx does not know is a ConfigError naming its flag
         return settings
 
@@ -69,7 +71,8 @@ class StoreSettings:
         from hsx.store.quirks import EndpointQuirks, QuirkError
 
         try:
-            return EndpointQuirks(self.addressing_style, self.checksums, self.multipart_etag, self.verify_etag)
+            return EndpointQuirks(self.addressing_style, self.checksums, self.multipart_etag, self.verify_etag,
+                                  self.integrity)
         except QuirkError as exc:
             raise ConfigError(str(exc)) from None
 

@@ -40,6 +40,10 @@ STORE_FLAGS = (
     Flag("--s3-multipart-etag", "how the endpoint forms a multipart object's ETag, which decides hsx's check of it: "
          "auto (probed once at start), composite (AWS), md5 (whole-object MD5, e.g. rclone) or readback (read every "
          "multipart object back)", choices=("auto", "composite", "md5", "readback")),
+    Flag("--s3-integrity", "the checksum the server verifies on each upload: auto (crc32 where a start probe sees "
+         "the server refuse a wrong x-amz-checksum-crc32, else md5), md5 (Content-MD5 and ETag checks) or crc32 "
+         "(x-amz-checksum-crc32 and the stored ChecksumCRC32 checked; no MD5: less uploader CPU)",
+         choices=("auto", "md5", "crc32")),
 )
 
 SPOOL_FLAGS = (
@@ -74,7 +78,8 @@ def store_settings(values, recorded: dict | None = None) -> StoreSettings:
     """``--store`` and the ``--s3-*`` flags (``recorded``: the run's own settings, under the flags)."""
     return StoreSettings.resolve(values.get("store"), values["s3_endpoint_url"], values["s3_region"],
                                  values["s3_addressing_style"], values["s3_verify_etag"], recorded=recorded,
-                                 checksums=values["s3_checksums"], multipart_etag=values["s3_multipart_etag"])
+                                 checksums=values["s3_checksums"], multipart_etag=values["s3_multipart_etag"],
+                                 integrity=values["s3_integrity"])
 
 
 def worker_name(role: str, host_name: str, extra: str = "") -> str:

@@ -13,14 +13,20 @@ the next ``corrupt_left`` request bodies of PUTs (objects and parts), ``"truncat
 Content-MD5 from every request (moto then checks no checksum at all). ``reject_checksums`` answers
 400 to any request carrying boto3's default checksums (``x-amz-checksum-*``,
 ``x-amz-sdk-checksum-algorithm``, an ``aws-chunked`` body), as some S3-compatible servers do.
+``check_crc32`` does what AWS and MinIO do and moto 5.2.5 and rclone 1.75 do not: a PUT (object or part)
+whose ``x-amz-checksum-crc32`` differs from the CRC32 of the body that reaches the server (after any
+corruption above) is answered 400 BadDigest, not forwarded; moto behind it then stands for a server that
+verifies CRC32 (moto stores the value it is sent, and answers a multipart object's composite of what it stored).
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import re
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -40,6 +46,7 @@ class LyingStoreProxy:
         self.corrupt_match = ""                     # only PUTs whose path holds this are corrupted
         self.strip_md5 = False
         self.reject_checksums = False
+        self.check_crc32 = False
         self.rejected = 0                           # requests answered 400 for carrying default checksums
         self._lock = threading.Lock()
         proxy = self
@@ -105,6 +112,13 @@ class LyingStoreProxy:
                 if self._refused_checksums():
                     return
                 body = proxy._mangle(self.path, self._body())
+                sent = self.headers.get("x-amz-checksum-crc32")
+                if proxy.check_crc32 and sent is not None and sent != base64.b64encode(
+                        zlib.crc32(body).to_bytes(4, "big")).decode():
+                    self._answer(400, [("Content-Type", "application/xml")], (
+                        b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>BadDigest</Code><Message>The CRC32 you '
+                        b"specified did not match the calculated checksum.</Message></Error>"))
+                    return
                 status, headers, data = self._forward("PUT", body)
                 path = self.path.split("?")[0]
                 lie = False

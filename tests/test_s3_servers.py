@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 
 import boto3
 import pytest
@@ -33,7 +34,10 @@ from producer.produce import produce
 from tests.lyingstore import LyingStoreProxy
 from tests.pipeline import produce_config, upload_config, worker_config
 
-SERVERS = {"moto": "s3_server", "rclone": "rclone_server", "moto, no Content-MD5": "s3_server"}
+SERVERS = {"moto": "s3_server", "rclone": "rclone_server", "moto, no Content-MD5": "s3_server",
+           "moto + AWS's CRC32 check (integrity auto -> crc32)": "s3_server"}
+# moto 5.2.5 and rclone 1.75 store any x-amz-checksum-crc32 unchecked (so hsx keeps MD5 there); AWS and MinIO
+# refuse a wrong one. The proxy does that check (tests/lyingstore.py check_crc32) to stand for such a server.
 SIZES = {"single-part": 100_000, "multipart": 6 * 2**20 + 321}  # bytes; multipart: two parts of <= 5 MiB
 TABLE: dict[tuple[str, str, str], str] = {}
 
@@ -58,12 +62,14 @@ def _store(endpoint: str, bucket: str, **quirks) -> S3Store:
 
 
 def _caught_by(error: str) -> str:
-    for words, check in (("BadDigest", "the server: Content-MD5 (BadDigest)"),
+    for words, check in (("The CRC32 you specified", "the server: x-amz-checksum-crc32 (BadDigest)"),
+                         ("BadDigest", "the server: Content-MD5 (BadDigest)"),
                          ("XAmzContentSHA256Mismatch", "the server: SigV4 payload SHA-256"),
                          ("EntityTooSmall", "the server: a part below 5 MiB (EntityTooSmall)")):
         if words in error:
             return check
-    found = [check for words, check in (("read back", "read-back SHA-256"), ("size ", "size"), ("ETag", "ETag"))
+    found = [check for words, check in (("read back", "read-back SHA-256"), ("size ", "size"), ("ETag", "ETag"),
+                                           ("ChecksumCRC32", "ChecksumCRC32"))
              if words in error]
     return f"hsx: {' + '.join(found)} (HEAD)" if found else f"other: {error[:80]}"
 
@@ -84,8 +90,10 @@ def test_corruption_in_transit_is_caught_before_the_spool_file_is_deleted(server
     upstream = request.getfixturevalue(SERVERS[server])
     proxy = proxy_to(upstream)
     proxy.strip_md5 = server.endswith("no Content-MD5")
+    proxy.check_crc32 = "CRC32" in server
     store = _store(proxy.url, _new_bucket(upstream))
-    store.profile()  # the probe's upload passes unharmed; only the batch's bodies are corrupted
+    # the probe's upload passes unharmed; only the batch's bodies are corrupted
+    assert f"integrity {'crc32' if proxy.check_crc32 else 'md5'} (probed: " in store.checks_line()
     data = os.urandom(SIZES[kind])
     spool_file = tmp_path / "b0000000.safetensors"
     spool_file.write_bytes(data)
@@ -115,6 +123,45 @@ def test_zz_corruption_table(artifacts):
 
 
 @pytest.mark.parametrize("kind", list(SIZES))
+def test_crc32_integrity_computes_no_md5(s3_server, proxy_to, tmp_path, kind, monkeypatch):
+    """On a server that checks CRC32 (auto chooses it), an upload hashes no byte with MD5: the cheaper mode."""
+    proxy = proxy_to(s3_server)
+    proxy.check_crc32 = True
+    store = _store(proxy.url, _new_bucket(s3_server))
+    store.profile()  # the probe may use MD5 (its multipart ETag style); the uploads may not
+
+    md5, called = hashlib.md5, []
+
+    def md5_outside_hsx(*args, **kwargs):  # moto (same process) hashes with MD5 for its own ETags
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("hsx."):
+            called.append(sys._getframe(1).f_code.co_name)
+        return md5(*args, **kwargs)
+
+    monkeypatch.setattr(hashlib, "md5", md5_outside_hsx)
+    data = os.urandom(SIZES[kind] * 2)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    assert store.put_file("k", path, len(data), sha).size == len(data)
+    monkeypatch.undo()
+    assert called == [], f"MD5 computed in crc32 integrity mode by {called}"
+    head = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").head_object(
+        Bucket=store.s.bucket, Key="p/k", ChecksumMode="ENABLED")
+    assert head["ChecksumCRC32"] and "ContentMD5" not in head and store.get_bytes("k", 7, 11) == data[7:11]
+
+
+def test_crc32_forced_on_a_server_that_keeps_no_multipart_checksum_fails_verification(rclone_server, tmp_path):
+    """--s3-integrity crc32 on rclone (which stores no checksum for a multipart object): refused, never passed."""
+    store = _store(rclone_server, _new_bucket(rclone_server), integrity="crc32")
+    assert "integrity crc32 (set by --s3-integrity crc32: the server's check of it is assumed" in store.checks_line()
+    data = os.urandom(SIZES["multipart"])
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    with pytest.raises(StoreError, match="ChecksumCRC32 None != "):
+        store.put_file("k", path, len(data), hashlib.sha256(data).hexdigest())
+
+
+@pytest.mark.parametrize("kind", list(SIZES))
 def test_a_server_that_rejects_default_checksums(s3_server, proxy_to, tmp_path, kind):
     proxy = proxy_to(s3_server)
     proxy.reject_checksums = True
@@ -124,6 +171,10 @@ def test_a_server_that_rejects_default_checksums(s3_server, proxy_to, tmp_path, 
     path.write_bytes(data)
     sha = hashlib.sha256(data).hexdigest()
     store = _store(proxy.url, bucket)  # the default: checksums when_required
+    # the integrity probe's CRC32 headers are refused, the right one too: hsx keeps MD5 and sends no checksum header
+    assert "integrity md5 (probed: a wrong x-amz-checksum-crc32 was refused (InvalidArgument), but so was the right one" \
+        in store.checks_line()
+    proxy.rejected = 0
     assert store.put_file("k", path, len(data), sha).size == len(data) and store.get_bytes("k", 5, 9) == data[5:9]
     assert proxy.rejected == 0
     forced = _store(proxy.url, bucket, checksums="when_supported", multipart_etag="composite")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import zlib
 
 import pytest
 
@@ -108,7 +109,11 @@ def test_read_parts_reads_each_byte_once_and_feeds_every_digest():
     assert all(md5 == hashlib.md5(body).digest() for _, body, md5 in parts)
     assert sha.digest() == hashlib.sha256(data).digest() and whole_md5.digest() == hashlib.md5(data).digest()
     # without part MD5s (a whole-object MD5 check): no part digest
-    assert all(p.md5 is None for p in read_parts(io.BytesIO(data), len(data), MiB, pool, (), part_md5=False))
+    assert all(p.md5 is None and p.crc32 is None
+               for p in read_parts(io.BytesIO(data), len(data), MiB, pool, (), part_md5=False))
+    crcs = [(p.md5, p.crc32, zlib.crc32(p.body))  # crc32 integrity mode: the part's CRC32 and no MD5
+            for p in read_parts(io.BytesIO(data), len(data), MiB, pool, (), part_md5=False, part_crc32=True)]
+    assert len(crcs) == len(parts) and all(md5 is None and crc == want for md5, crc, want in crcs)
 
 
 def test_the_pool_reuses_buffers_of_its_size_and_keeps_at_most_keep():

@@ -4,7 +4,8 @@ The uploader's CPU per GiB is its cost (issue 28): an 8-GPU host spools ~4 GiB/s
 
     file --readinto HASH_BLOCK--> part buffer (bytearray from the pool, handed to botocore as the body)
                                      |-> the file's SHA-256 (checked against the worker's before completing)
-                                     '-> the part's MD5 (its Content-MD5, and the multipart ETag composite)
+                                     |-> the part's MD5 (its Content-MD5, and the multipart ETag composite)
+                                     '-> or, in crc32 integrity mode (quirks.py), the part's CRC32 instead of any MD5
 
 - One read of each byte, straight into the buffer the request sends (a bytearray: botocore and urllib3 pass
   it to ``sendall`` without a copy; ``bytes`` would be wrapped in a BytesIO and copied 16 KiB at a time).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -54,6 +56,7 @@ class Part:
     number: int          # 1-based part number
     body: bytearray      # exactly the part's bytes; give it back to the pool once sent
     md5: bytes | None    # MD5 digest of body (None: not asked for)
+    crc32: int | None = None  # zlib.crc32 of body (None: not asked for)
 
 
 class ShortFile(Exception):
@@ -61,15 +64,16 @@ class ShortFile(Exception):
 
 
 def read_parts(fh: BinaryIO, size: int, part_size: int, pool: BufferPool, file_digests: tuple,
-               part_md5: bool = True) -> Iterator[Part]:
+               part_md5: bool = True, part_crc32: bool = False) -> Iterator[Part]:
     """The ``size`` bytes of ``fh`` as parts of ``part_size`` (the last one shorter), each byte read once and fed
     to every one of ``file_digests`` (hashlib objects over the whole file: its SHA-256, a whole-object MD5) and,
-    with ``part_md5``, to its part's MD5. ShortFile if ``fh`` holds another size."""
+    with ``part_md5``, to its part's MD5, with ``part_crc32`` to its part's CRC32 (zlib.crc32 releases the GIL on
+    each block, as hashlib does). ShortFile if ``fh`` holds another size."""
     number, offset = 0, 0
     while offset < size:
         length = min(part_size, size - offset)
         body = pool.take(length)
-        view, filled = memoryview(body), 0
+        view, filled, crc = memoryview(body), 0, 0
         digests = (*file_digests, hashlib.md5()) if part_md5 else file_digests
         while filled < length:
             got = fh.readinto(view[filled:filled + HASH_BLOCK])
@@ -79,9 +83,11 @@ def read_parts(fh: BinaryIO, size: int, part_size: int, pool: BufferPool, file_d
             block = view[filled:filled + got]
             for digest in digests:
                 digest.update(block)
+            if part_crc32:
+                crc = zlib.crc32(block, crc)
             filled += got
         number += 1
         offset += length
-        yield Part(number, body, digests[-1].digest() if part_md5 else None)
+        yield Part(number, body, digests[-1].digest() if part_md5 else None, crc if part_crc32 else None)
     if fh.read(1):
         raise ShortFile(f"the file is longer than the {size} bytes expected")

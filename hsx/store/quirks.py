@@ -11,10 +11,19 @@ Settings (flags with HSX_* fallbacks, recorded in the run's manifest; safe defau
   process with a small two-part probe upload; ``composite`` (AWS, moto: ``md5(md5(part)..)-N``),
   ``md5`` (rclone: the MD5 of the whole object) or ``readback`` (every multipart object is read
   back and its SHA-256 checked) skip the probe.
+- ``integrity``: the checksum the server verifies on every upload request. ``md5``: Content-MD5 per request and
+  the ETag checks above. ``crc32``: ``x-amz-checksum-crc32`` per request (PutObject, each UploadPart; multipart
+  uploads created with ChecksumAlgorithm CRC32) and, after completion, HeadObject with ChecksumMode ENABLED
+  must answer the CRC32 hsx computed (the composite ``crc32(crc32(part)..)-N`` for multipart): no MD5 at all,
+  ~45 % less uploader CPU (docs/benchmarks.md). ``auto`` (default) uses crc32 only where the probe saw the
+  server refuse a deliberately wrong ``x-amz-checksum-crc32`` and store the right one (AWS; MinIO documents it);
+  elsewhere (rclone and moto store whatever value they are sent, unchecked) it keeps md5. The file's SHA-256
+  (recomputed from the bytes sent, kept as metadata) is checked in every mode.
 - ``verify_etag``: off for stores whose ETag is no MD5 at all (SSE-KMS); multipart objects are then
   read back, single-part ones rest on the server's ``Content-MD5`` check.
 
-What the probe learns is an ``EndpointProfile``, said in one start line (``S3Store.checks_line``).
+What the probe learns (the multipart ETag style and whether the server checks CRC32, each probed only when its
+setting is ``auto``) is an ``EndpointProfile``, said in one start line (``S3Store.checks_line``).
 Conditional writes (``If-None-Match: *``) are probed and reported only: hsx relies on none (every
 key is deterministic and a batch's upload is leased, docs/reliability.md), so a server that
 ignores them (rclone) changes nothing.
@@ -25,6 +34,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import uuid
+import zlib
 from dataclasses import dataclass
 
 from botocore.config import Config
@@ -33,6 +43,7 @@ from botocore.exceptions import ClientError
 CHECKSUM_MODES = ("when_required", "when_supported")
 ADDRESSING_STYLES = ("auto", "path", "virtual")
 MULTIPART_ETAG_MODES = ("auto", "composite", "md5", "readback")
+INTEGRITY_MODES = ("auto", "md5", "crc32")
 PROBE_PART = 5 * 2**20     # bytes of the probe's first part: S3's least size of a part that is not the last
 PROBE_PREFIX = ".hsx-probe/"  # under the store's prefix; no run name starts with '.'
 # 400s that are faults in transit, never a server refusing a checksum header (kept retryable).
@@ -49,11 +60,13 @@ class EndpointQuirks:
     checksums: str = "when_required"
     multipart_etag: str = "auto"
     verify_etag: bool = True
+    integrity: str = "auto"
 
     def __post_init__(self):
         for value, allowed, flag in ((self.addressing_style, ADDRESSING_STYLES, "--s3-addressing-style"),
                                      (self.checksums, CHECKSUM_MODES, "--s3-checksums"),
-                                     (self.multipart_etag, MULTIPART_ETAG_MODES, "--s3-multipart-etag")):
+                                     (self.multipart_etag, MULTIPART_ETAG_MODES, "--s3-multipart-etag"),
+                                     (self.integrity, INTEGRITY_MODES, "--s3-integrity")):
             if value not in allowed:
                 raise QuirkError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
 
@@ -79,6 +92,8 @@ class EndpointProfile:
 
     multipart_etag: str            # composite | md5 | opaque
     conditional_writes: bool | None  # If-None-Match: * refused a second write (None: not probed)
+    crc32: bool | None = None      # the server checks and stores x-amz-checksum-crc32 (None: not probed)
+    crc32_why: str = ""            # what the probe saw, for the start line
 
 
 def composite_etag(part_md5s: list[bytes]) -> str:
@@ -89,10 +104,82 @@ def md5_etag(md5_hex: str) -> str:
     return f'"{md5_hex}"'
 
 
-def probe(client, bucket: str, key_prefix: str) -> EndpointProfile:
-    """Upload a two-part object (PROBE_PART + 4 bytes) and a create-only write under ``key_prefix``
-    + PROBE_PREFIX, read what the server says, delete both. Raises ClientError/BotoCoreError."""
+def crc32_b64(crc: int) -> str:
+    """A CRC32 as S3 writes it (x-amz-checksum-crc32, ChecksumCRC32): base64 of its 4 big-endian bytes."""
+    return base64.b64encode(crc.to_bytes(4, "big")).decode()
+
+
+def composite_crc32(part_crcs: list[int]) -> str:
+    """A multipart object's composite ChecksumCRC32: the CRC32 of the parts' CRC32s, then ``-N``."""
+    return f"{crc32_b64(zlib.crc32(b''.join(c.to_bytes(4, 'big') for c in part_crcs)))}-{len(part_crcs)}"
+
+
+def crc32_matches(stored: str | None, expected: str) -> bool:
+    """The server's ChecksumCRC32 is the one expected; a multipart object's may come without its ``-N``
+    (moto 5.2.5 answers HEAD so): the CRC32 of the parts' CRC32s is the check, N a count checked when given."""
+    if stored is None:
+        return False
+    crc, _, count = expected.partition("-")
+    return stored == expected or (bool(count) and stored == crc)
+
+
+def crc32_args(crc: int) -> dict:
+    """A request's checksum arguments in crc32 mode (the algorithm header too: moto stores the value only then)."""
+    return {"ChecksumAlgorithm": "CRC32", "ChecksumCRC32": crc32_b64(crc)}
+
+
+def _status(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+
+
+def probe_crc32(client, bucket: str, key: str) -> tuple[bool, str]:
+    """Does the server check and store x-amz-checksum-crc32? A small PUT with a WRONG one must be refused, the
+    same PUT with the right one kept and answered on HEAD (ChecksumMode ENABLED), and a two-part upload's
+    composite answered too. (True | False, what was seen). Raises BotoCoreError (no answer at all)."""
+    body = b"hsx checksum probe\n"
+    try:
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=body, **crc32_args(zlib.crc32(b"not " + body)))
+            return False, "a wrong x-amz-checksum-crc32 was accepted: the server does not check it"
+        except ClientError as exc:
+            refused = _status(exc)
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=body, **crc32_args(zlib.crc32(body)))
+            stored = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED").get("ChecksumCRC32")
+        except ClientError as exc:
+            return False, f"a wrong x-amz-checksum-crc32 was refused ({refused}), but so was the right one ({_status(exc)})"
+        if stored != crc32_b64(zlib.crc32(body)):
+            return False, f"the server refused a wrong CRC32 ({refused}) but did not store the right one (HEAD: {stored})"
+        parts = [bytes(PROBE_PART), b"hsx\n"]
+        try:
+            upload = client.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32")["UploadId"]
+            try:
+                done = [{"PartNumber": n, "ChecksumCRC32": crc32_b64(zlib.crc32(p)), "ETag": client.upload_part(
+                    Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=p, **crc32_args(zlib.crc32(p)))["ETag"]}
+                    for n, p in enumerate(parts, 1)]
+                client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
+                                                 MultipartUpload={"Parts": done})
+            except BaseException:
+                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
+                raise
+            stored = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED").get("ChecksumCRC32")
+        except ClientError as exc:
+            return False, f"single-part CRC32 checked, but a multipart upload with CRC32 was refused ({_status(exc)})"
+        if not crc32_matches(stored, composite_crc32([zlib.crc32(p) for p in parts])):
+            return False, f"single-part CRC32 checked, but a multipart object's composite CRC32 was not stored (HEAD: {stored})"
+        return True, f"a wrong x-amz-checksum-crc32 was refused ({refused}), the right one stored"
+    finally:
+        client.delete_object(Bucket=bucket, Key=key)
+
+
+def probe(client, bucket: str, key_prefix: str, etag: bool = True, crc32: bool = True) -> EndpointProfile:
+    """With ``etag``: upload a two-part object (PROBE_PART + 4 bytes) and a create-only write under
+    ``key_prefix`` + PROBE_PREFIX, read what the server says, delete both. With ``crc32``: ``probe_crc32``.
+    Raises ClientError/BotoCoreError."""
     key = f"{key_prefix}{PROBE_PREFIX}{uuid.uuid4().hex}"
+    checked, why = probe_crc32(client, bucket, key + "-crc32") if crc32 else (None, "")
+    if not etag:
+        return EndpointProfile("unknown", None, checked, why)
     parts = [bytes(PROBE_PART), b"hsx\n"]
     upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
     try:
@@ -121,7 +208,14 @@ def probe(client, bucket: str, key_prefix: str) -> EndpointProfile:
             conditional = True
     finally:
         client.delete_object(Bucket=bucket, Key=key)
-    return EndpointProfile(style, conditional)
+    return EndpointProfile(style, conditional, checked, why)
+
+
+def integrity(quirks: EndpointQuirks, profile: EndpointProfile) -> str:
+    """The checksum hsx sends and checks on this endpoint: crc32 where set or where the probe saw it checked, else md5."""
+    if quirks.integrity == "auto":
+        return "crc32" if profile.crc32 else "md5"
+    return quirks.integrity
 
 
 def multipart_check(quirks: EndpointQuirks, profile: EndpointProfile) -> str:
@@ -140,10 +234,19 @@ CHECK_WORDS = {
 
 def checks_line(quirks: EndpointQuirks, profile: EndpointProfile, probed: bool) -> str:
     """One line: the endpoint's quirks and the check hsx makes of each upload kind there."""
-    single = ("ETag = MD5 + Content-MD5" if quirks.verify_etag
-              else "Content-MD5 only (--s3-verify-etag no)")
     conditional = {True: "honoured", False: "ignored", None: "not probed"}[profile.conditional_writes]
-    return (f"multipart ETag {profile.multipart_etag} ({'probed' if probed else 'set by --s3-multipart-etag'}); "
-            f"checks: single-part {single}, size and sha256 metadata; multipart "
-            f"{CHECK_WORDS[multipart_check(quirks, profile)]}; checksums {quirks.checksums}, addressing "
-            f"{quirks.addressing_style}; conditional writes {conditional} (hsx relies on none)")
+    etag = f"multipart ETag {profile.multipart_etag} ({'probed' if probed else 'set by --s3-multipart-etag'})"
+    if integrity(quirks, profile) == "crc32":
+        why = (f"probed: {profile.crc32_why}" if quirks.integrity == "auto"
+               else "set by --s3-integrity crc32: the server's check of it is assumed, not probed")
+        checks = (f"integrity crc32 ({why}); checks: x-amz-checksum-crc32 on every request, HEAD ChecksumCRC32 = "
+                  "the CRC32 of the bytes read (multipart: the composite crc32(crc32(part)..)-N), size and sha256 "
+                  "metadata; no MD5")
+    else:
+        why = (f"probed: {profile.crc32_why}" if quirks.integrity == "auto" else "set by --s3-integrity md5")
+        single = ("ETag = MD5 + Content-MD5" if quirks.verify_etag
+                  else "Content-MD5 only (--s3-verify-etag no)")
+        checks = (f"integrity md5 ({why}); checks: single-part {single}, size and sha256 metadata; multipart "
+                  f"{CHECK_WORDS[multipart_check(quirks, profile)]}")
+    return (f"{etag}; {checks}; checksums {quirks.checksums}, addressing {quirks.addressing_style}; "
+            f"conditional writes {conditional} (hsx relies on none)")

@@ -12,6 +12,10 @@ Verification of an upload, before anyone may record it done (and the spool file 
   MD5 of the whole object (rclone), or a read-back of the object's SHA-256;
 - the object's ``sha256`` metadata (read case-insensitively: rclone answers ``Sha256``) equals the
   file's SHA-256, which the uploader recomputed from the bytes it sent.
+In crc32 integrity mode (quirks.integrity: set, or probed where the server refuses a wrong CRC32) every request
+carries ``x-amz-checksum-crc32`` instead of Content-MD5, and the HEAD's ChecksumCRC32 (ChecksumMode ENABLED) must
+equal the CRC32 of the bytes read (the composite ``crc32(crc32(part)..)-N`` for multipart) in place of the ETag
+checks: no MD5 is computed. Size and the sha256 metadata are checked as in md5 mode.
 Stores whose ETag is not an MD5 (e.g. SSE-KMS) turn the ETag check off (``verify_etag=False``):
 single-part objects then rest on Content-MD5, multipart ones are read back.
 """
@@ -19,6 +23,7 @@ single-part objects then rest on Content-MD5, multipart ones are read back.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -35,7 +40,21 @@ from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, D
 from hsx.retry import retry_call
 from hsx.store.base import ObjectInfo, PermanentStoreError, Store, StoreError, VerifyError, check_read_back
 from hsx.store.parts import BufferPool, Part, ShortFile, read_parts
-from hsx.store.quirks import PROBE_PREFIX, EndpointProfile, EndpointQuirks, checks_line, composite_etag, md5_etag, multipart_check, probe
+from hsx.store.quirks import (
+    PROBE_PREFIX,
+    EndpointProfile,
+    EndpointQuirks,
+    checks_line,
+    composite_crc32,
+    composite_etag,
+    crc32_args,
+    crc32_b64,
+    crc32_matches,
+    integrity,
+    md5_etag,
+    multipart_check,
+    probe,
+)
 
 log = logging.getLogger(__name__)
 RETRYABLE = (BotoCoreError, ClientError, ConnectionError, TimeoutError)
@@ -65,18 +84,20 @@ class S3Settings:
     attempts: int = DEFAULT_UPLOAD_RETRIES                  # tries of each call
 
 
-def _read_single(path: Path, size: int, sha256: str) -> Part:
-    """The whole file as one part (a single PUT), read once; VerifyError unless it is ``size`` bytes of ``sha256``."""
+def _read_single(path: Path, size: int, sha256: str, crc32: bool = False) -> Part:
+    """The whole file as one part (a single PUT), read once, with its MD5 (or, ``crc32``, its CRC32 only);
+    VerifyError unless it is ``size`` bytes of ``sha256``."""
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
         try:
-            parts = list(read_parts(fh, size, max(size, 1), BufferPool(keep=0), (digest,)))
+            parts = list(read_parts(fh, size, max(size, 1), BufferPool(keep=0), (digest,), part_md5=not crc32,
+                                    part_crc32=crc32))
         except ShortFile as exc:
             raise VerifyError(f"{path}: local file is not the {size} bytes expected: {exc}") from None
     if digest.hexdigest() != sha256:
         raise VerifyError(f"{path}: local file is {size} bytes sha256 {digest.hexdigest()[:12]}, "
                           f"expected {size} bytes sha256 {sha256[:12]}")
-    return parts[0] if parts else Part(1, bytearray(), hashlib.md5(b"").digest())
+    return parts[0] if parts else Part(1, bytearray(), None if crc32 else hashlib.md5(b"").digest(), 0 if crc32 else None)
 
 
 def _md5_b64(data: bytes) -> str:
@@ -136,16 +157,21 @@ class S3Store(Store):
 
     # ---- the endpoint's quirks (hsx/store/quirks.py) ---------------------------------------------
     def profile(self) -> EndpointProfile:
-        """What this endpoint does (its multipart ETag style): from --s3-multipart-etag, else probed once a
-        process per (endpoint, bucket, settings). A probe that fails raises StoreError (tried again next time)."""
+        """What this endpoint does (its multipart ETag style, whether it checks x-amz-checksum-crc32): from
+        --s3-multipart-etag / --s3-integrity, else probed once a process per (endpoint, bucket, settings). A probe
+        that fails raises StoreError (tried again next time)."""
         q = self.s.quirks
-        if q.multipart_etag != "auto":
-            return EndpointProfile({"readback": "opaque"}.get(q.multipart_etag, q.multipart_etag), None)
+        given = EndpointProfile({"readback": "opaque"}.get(q.multipart_etag, q.multipart_etag), None)
+        if q.multipart_etag != "auto" and q.integrity != "auto":
+            return given
         cache_key = (self.s.endpoint_url, self.s.region, self.s.bucket, q)
         with _PROFILES_LOCK:
             known = _PROFILES.get(cache_key)
         if known is None:
-            known = self._call(f"probe {self.url(PROBE_PREFIX)}", lambda: probe(self.client, self.s.bucket, self._k("")))
+            known = self._call(f"probe {self.url(PROBE_PREFIX)}", lambda: probe(
+                self.client, self.s.bucket, self._k(""), etag=q.multipart_etag == "auto", crc32=q.integrity == "auto"))
+            if q.multipart_etag != "auto":
+                known = dataclasses.replace(known, multipart_etag=given.multipart_etag)
             with _PROFILES_LOCK:
                 _PROFILES[cache_key] = known
         return known
@@ -155,8 +181,14 @@ class S3Store(Store):
         return (f"store {self.url()} at {self.s.endpoint_url or 'AWS'}: "
                 f"{checks_line(self.s.quirks, self.profile(), self.s.quirks.multipart_etag == 'auto')}")
 
+    def _crc32_mode(self) -> bool:
+        """Whether uploads carry x-amz-checksum-crc32 instead of any MD5 (quirks.integrity)."""
+        return integrity(self.s.quirks, self.profile()) == "crc32"
+
     # ---- writes ----------------------------------------------------------------------------------
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
+        """A small object (a manifest, a record) in memory: Content-MD5 and its ETag in every integrity mode (a
+        single PUT's ETag is its MD5 on every server; no probe is needed to write one)."""
         sha = hashlib.sha256(data).hexdigest()
         self._call(f"put {self.url(key)}", lambda: self.client.put_object(
             Bucket=self.s.bucket, Key=self._k(key), Body=data, ContentMD5=_md5_b64(data), Metadata={"sha256": sha}))
@@ -166,7 +198,13 @@ class S3Store(Store):
         """Upload the file, each byte read once (hsx/store/parts.py), and verify it; the file's SHA-256 is
         recomputed from the bytes sent and must equal ``sha256`` (the worker's) before the upload completes."""
         if size < self.s.multipart_threshold:
-            part = _read_single(Path(path), size, sha256)
+            crc32 = self._crc32_mode()
+            part = _read_single(Path(path), size, sha256, crc32)
+            if crc32:
+                self._call(f"put {self.url(key)}", lambda: self.client.put_object(
+                    Bucket=self.s.bucket, Key=self._k(key), Body=part.body, Metadata={"sha256": sha256},
+                    **crc32_args(part.crc32)))
+                return self._verify(key, size, sha256, None, crc32_b64(part.crc32))
             self._call(f"put {self.url(key)}", lambda: self.client.put_object(
                 Bucket=self.s.bucket, Key=self._k(key), Body=part.body, ContentMD5=base64.b64encode(part.md5).decode(),
                 Metadata={"sha256": sha256}))
@@ -177,21 +215,25 @@ class S3Store(Store):
         # The check that is real on this endpoint (quirks.multipart_check): "composite" hashes each part
         # (its Content-MD5 too), "md5" the whole file once (parts go without Content-MD5: one MD5 pass, not
         # two; a part corrupted on the way still changes the server's whole-object MD5), "readback" sends
-        # Content-MD5 on each part and reads the object back after completion.
-        check = multipart_check(self.s.quirks, self.profile())
+        # Content-MD5 on each part and reads the object back after completion. "crc32" (quirks.integrity) sends
+        # each part's CRC32 and checks the server's composite of them: no MD5 at all.
+        check = "crc32" if self._crc32_mode() else multipart_check(self.s.quirks, self.profile())
         k = self._k(key)
+        algorithm = {"ChecksumAlgorithm": "CRC32"} if check == "crc32" else {}
         upload_id = self._call(f"start multipart {self.url(key)}", lambda: self.client.create_multipart_upload(
-            Bucket=self.s.bucket, Key=k, Metadata={"sha256": sha256}))["UploadId"]
+            Bucket=self.s.bucket, Key=k, Metadata={"sha256": sha256}, **algorithm))["UploadId"]
         try:
-            digest, part_md5s, futures = hashlib.sha256(), [], []
+            digest, part_md5s, part_crcs, futures = hashlib.sha256(), [], [], []
             whole_md5 = hashlib.md5() if check == "md5" else None  # the whole object's MD5 replaces the parts'
             hashes = (digest,) if whole_md5 is None else (digest, whole_md5)
             with ThreadPoolExecutor(PART_CONCURRENCY) as pool, open(path, "rb", buffering=0) as fh:
                 try:
                     for part in read_parts(fh, size, self.s.multipart_chunk, self._buffers, hashes,
-                                           part_md5=whole_md5 is None):
+                                           part_md5=check in ("composite", "readback"), part_crc32=check == "crc32"):
                         if part.md5 is not None:
                             part_md5s.append(part.md5)
+                        if part.crc32 is not None:
+                            part_crcs.append(part.crc32)
                         if len(futures) >= PART_CONCURRENCY:  # bound memory: wait for the oldest part
                             futures[-PART_CONCURRENCY].result()
                         futures.append(pool.submit(self._upload_part, k, upload_id, part))
@@ -208,6 +250,8 @@ class S3Store(Store):
             except Exception as exc:  # the store's lifecycle rule reaps it otherwise
                 log.warning("could not abort multipart upload of %s: %s", self.url(key), exc)
             raise
+        if check == "crc32":
+            return self._verify(key, size, sha256, None, composite_crc32(part_crcs))
         etag = {"composite": lambda: composite_etag(part_md5s), "md5": lambda: md5_etag(whole_md5.hexdigest()),
                 "readback": lambda: None}[check]()
         info = self._verify(key, size, sha256, etag)
@@ -216,19 +260,25 @@ class S3Store(Store):
         return info
 
     def _upload_part(self, k: str, upload_id: str, part: Part) -> dict:
-        """Send one part, with its Content-MD5 when it has one (its buffer goes back to the pool once the part is
-        in, or has failed for good)."""
+        """Send one part, with its Content-MD5 (or x-amz-checksum-crc32) when it has one (its buffer goes back to the
+        pool once the part is in, or has failed for good)."""
         extra = {"ContentMD5": base64.b64encode(part.md5).decode()} if part.md5 is not None else {}
+        if part.crc32 is not None:
+            extra = crc32_args(part.crc32)
         try:
             r = self._call(f"upload part {part.number} of s3://{self.s.bucket}/{k}", lambda: self.client.upload_part(
                 Bucket=self.s.bucket, Key=k, UploadId=upload_id, PartNumber=part.number, Body=part.body, **extra))
         finally:
             self._buffers.give(part.body)
-        return {"ETag": r["ETag"], "PartNumber": part.number}
+        done = {"ETag": r["ETag"], "PartNumber": part.number}
+        return done if part.crc32 is None else {**done, "ChecksumCRC32": crc32_b64(part.crc32)}
 
-    def _verify(self, key: str, size: int, sha256: str, etag: str | None) -> ObjectInfo:
-        """HEAD the object: size, ``sha256`` metadata and (``etag`` given, ETag checks on) the ETag."""
-        info = self._call(f"head {self.url(key)}", lambda: self.client.head_object(Bucket=self.s.bucket, Key=self._k(key)))
+    def _verify(self, key: str, size: int, sha256: str, etag: str | None, crc32: str | None = None) -> ObjectInfo:
+        """HEAD the object: size, ``sha256`` metadata, (``etag`` given, ETag checks on) the ETag and (``crc32``
+        given) the ChecksumCRC32 the server stored."""
+        extra = {"ChecksumMode": "ENABLED"} if crc32 is not None else {}
+        info = self._call(f"head {self.url(key)}", lambda: self.client.head_object(
+            Bucket=self.s.bucket, Key=self._k(key), **extra))
         stored_sha = _sha256_metadata(info)
         if not stored_sha:
             raise PermanentStoreError(f"{self.url(key)}: the store kept no sha256 metadata (x-amz-meta-sha256) on the "
@@ -241,6 +291,8 @@ class S3Store(Store):
             problems.append(f"sha256 metadata {stored_sha!r} != {sha256!r}")
         if etag is not None and self.s.quirks.verify_etag and info.get("ETag") != etag:
             problems.append(f"ETag {info.get('ETag')} != {etag}")
+        if crc32 is not None and not crc32_matches(info.get("ChecksumCRC32"), crc32):
+            problems.append(f"ChecksumCRC32 {info.get('ChecksumCRC32')} != {crc32}")
         if problems:
             raise VerifyError(f"{self.url(key)} failed verification: {'; '.join(problems)}")
         return ObjectInfo(key, size, sha256)
