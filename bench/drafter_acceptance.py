@@ -52,7 +52,7 @@ CASES = {  # name -> (compute dtype, store dtype)
     "bf16": ("bfloat16", None),
     "fp8-store": ("bfloat16", "float8_e4m3"),
     "fp8-compute": ("float8", None),
-    "fp8-compute+store": ("float8", "float8_e4m3"),
+    "fp8-compute-store": ("float8", "float8_e4m3"),
 }
 
 

@@ -217,6 +217,12 @@ class WorkerRuntime(Role):
                 f"{fmt_bytes(sum(t.budget_bytes for t in self.tiers.tiers))} ({', '.join(t.name for t in self.tiers.tiers)}); "
                 f"extract:{self.run} queue {queued}")
 
+    def finished(self) -> bool:
+        if self.cfg.exit_when_complete and run_complete(self.r, self.run):
+            log.info("run %s complete: worker %s exits (--exit-when-complete)", self.run, self.worker_name)
+            return True
+        return False
+
     def idle_line(self) -> str | None:
         """Idle because the run is complete: said once instead of a progress line every interval."""
         try:

@@ -20,6 +20,7 @@ from hsx.manifest import config_hash
 from hsx.redisconn import connect, redact
 from hsx.run import batchlife, computeerror, ledger, queues
 from hsx.run.evictionpolicy import check_eviction_policy
+from hsx.run.idle import run_complete
 from hsx.run.ledger import RunVanished
 from hsx.store import layout
 from hsx.visibility import RunNotVisible, check_model_visible, open_run_store
@@ -30,6 +31,10 @@ PLAN_POLL_SECONDS = 5  # --wait-for-plan: seconds between looks for the run's ma
 
 class WorkerSetupError(HsxError, RuntimeError):
     """The worker cannot start; the message says why."""
+
+
+class RunAlreadyComplete(Exception):
+    """--exit-when-complete and the run is complete at start: nothing to load, nothing to do."""
 
 
 class ExtractWorker(SimpleWorker):
@@ -121,6 +126,8 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
             manifest = ledger.get_manifest(r, cfg.run)
     if manifest is None:
         manifest = ledger.require_manifest(r, cfg.run)
+    if cfg.exit_when_complete and run_complete(r, cfg.run):
+        raise RunAlreadyComplete(cfg.run)
     lease = manifest.limits.lease_seconds
     if cfg.heartbeat_seconds * 2 > lease:
         raise WorkerSetupError(f"--heartbeat-seconds {cfg.heartbeat_seconds:g} must be at most half of run "
@@ -142,8 +149,13 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     return WorkerRuntime(cfg, r, store, manifest, extractor)
 
 
-def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRuntime:
-    rt = rt or load_runtime(cfg)
+def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRuntime | None:
+    """Serve until stopped; None when --exit-when-complete found the run complete before the model loaded."""
+    try:
+        rt = rt or load_runtime(cfg)
+    except RunAlreadyComplete:
+        log.info("run %s is complete: nothing to do (--exit-when-complete)", cfg.run)
+        return None
     rt.serve(ExtractWorker, exception_handlers=(_on_failure,))
     if ExtractWorker.store_lost:
         why, ExtractWorker.store_lost = ExtractWorker.store_lost, None

@@ -37,13 +37,17 @@ class StoreSettings:
     url: str
     endpoint_url: str | None = None
     region: str | None = None
+    # An S3-compatible endpoint's quirks (hsx/store/quirks.py says what each means and its choices).
     addressing_style: str = "auto"
     verify_etag: bool = True
+    checksums: str = "when_required"
+    multipart_etag: str = "auto"
 
     @classmethod
     def resolve(cls, url: str | None, endpoint_url: str | None = None, region: str | None = None,
                 addressing_style: str | None = None, verify_etag: bool | None = None,
-                recorded: dict | None = None) -> StoreSettings:
+                recorded: dict | None = None, checksums: str | None = None,
+                multipart_etag: str | None = None) -> StoreSettings:
         """Given settings (flags or environment, already resolved), then what the run recorded, then defaults."""
         recorded = recorded or {}
         url = url or recorded.get("url")
@@ -52,9 +56,22 @@ class StoreSettings:
         style = addressing_style or recorded.get("addressing_style") or "auto"
         if style not in ("auto", "path", "virtual"):
             raise ConfigError(f"S3 addressing style must be auto, path or virtual, got {style!r}")
-        return cls(url=url, endpoint_url=endpoint_url or recorded.get("endpoint_url"),
-                   region=region or recorded.get("region"), addressing_style=style,
-                   verify_etag=bool(recorded.get("verify_etag", True) if verify_etag is None else verify_etag))
+        settings = cls(url=url, endpoint_url=endpoint_url or recorded.get("endpoint_url"),
+                       region=region or recorded.get("region"), addressing_style=style,
+                       verify_etag=bool(recorded.get("verify_etag", True) if verify_etag is None else verify_etag),
+                       checksums=checksums or recorded.get("checksums") or "when_required",
+                       multipart_etag=multipart_etag or recorded.get("multipart_etag") or "auto")
+        settings.quirks()  # a recorded value hsx does not know is a ConfigError naming its flag
+        return settings
+
+    def quirks(self):
+        """The endpoint's quirks as hsx.store.quirks.EndpointQuirks; ConfigError naming the flag if one is wrong."""
+        from hsx.store.quirks import EndpointQuirks, QuirkError
+
+        try:
+            return EndpointQuirks(self.addressing_style, self.checksums, self.multipart_etag, self.verify_etag)
+        except QuirkError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def is_local(self) -> bool:
@@ -70,7 +87,7 @@ class StoreSettings:
     def open(self):
         from hsx.store import open_store
 
-        return open_store(self.url, self.endpoint_url, self.region, self.addressing_style, self.verify_etag)
+        return open_store(self.url, self.endpoint_url, self.region, self.quirks())
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,6 +138,7 @@ class WorkerConfig:
     grace_seconds: float = 120.0   # on SIGTERM: time to finish writing before handing batches back
     min_batch_seconds: float = 0.0  # stretch each batch to this wall time (fault-injection tests only)
     wait_for_plan: bool = False     # wait for `hsx produce` instead of exiting when the run is not planned
+    exit_when_complete: bool = False  # exit 0 once the run is complete (batch schedulers: SLURM array tasks)
     log_every_seconds: float = D.DEFAULT_LOG_EVERY_SECONDS  # progress line at least this often (and every N batches)
     memory_spool_dir: Path | None = None  # the memory tier (tmpfs); None: disk tier only
     memory_spool_budget_bytes: int = 0

@@ -32,7 +32,14 @@ STORE_FLAGS = (
     Flag("--s3-endpoint-url", "any S3-compatible endpoint, e.g. http://minio:9000", aliases=("AWS_ENDPOINT_URL",)),
     Flag("--s3-region", "S3 region", aliases=("AWS_REGION",)),
     Flag("--s3-addressing-style", "S3 addressing", choices=("auto", "path", "virtual")),
-    Flag("--s3-verify-etag", "compare S3 ETags with the local MD5 on upload", type=parse_bool, metavar="yes|no"),
+    Flag("--s3-verify-etag", "compare S3 ETags with the local MD5 on upload (no: the ETag is no MD5, e.g. SSE-KMS; "
+         "multipart objects are then read back)", type=parse_bool, metavar="yes|no"),
+    Flag("--s3-checksums", "boto3's request checksums and response validation: when_required (hsx's Content-MD5 "
+         "only) or when_supported (boto3's default CRC32 / aws-chunked bodies, which some S3-compatible servers "
+         "reject)", choices=("when_required", "when_supported")),
+    Flag("--s3-multipart-etag", "how the endpoint forms a multipart object's ETag, which decides hsx's check of it: "
+         "auto (probed once at start), composite (AWS), md5 (whole-object MD5, e.g. rclone) or readback (read every "
+         "multipart object back)", choices=("auto", "composite", "md5", "readback")),
 )
 
 SPOOL_FLAGS = (
@@ -66,7 +73,8 @@ def redis_url(values) -> str:
 def store_settings(values, recorded: dict | None = None) -> StoreSettings:
     """``--store`` and the ``--s3-*`` flags (``recorded``: the run's own settings, under the flags)."""
     return StoreSettings.resolve(values.get("store"), values["s3_endpoint_url"], values["s3_region"],
-                                 values["s3_addressing_style"], values["s3_verify_etag"], recorded=recorded)
+                                 values["s3_addressing_style"], values["s3_verify_etag"], recorded=recorded,
+                                 checksums=values["s3_checksums"], multipart_etag=values["s3_multipart_etag"])
 
 
 def worker_name(role: str, host_name: str, extra: str = "") -> str:

@@ -37,6 +37,9 @@ FLAGS = (
          f"{D.MEMORY_SPOOL_AUTO_MIN_BYTES * 2 // 2**30} GiB free; 0: no memory tier", type=gib_or_auto, default="auto"),
     Flag("--model", "local path of the run's model if it differs from the manifest's", env="HSX_WORKER_MODEL"),
     Flag("--wait-for-plan", "if the run is not planned yet, wait for `hsx produce` instead of exiting", type=bool),
+    Flag("--exit-when-complete", "exit 0 once every batch of the run is done (checked at start, before the model "
+         "loads, and at every heartbeat) instead of waiting for more jobs: for batch schedulers (SLURM array tasks)",
+         type=bool),
     Flag("--grace-seconds", "on SIGTERM, seconds to finish writing computed batches before handing the rest back",
          type=float, default=D.DEFAULT_GRACE_SECONDS, min=0),
     Flag("--test-min-batch-seconds", "fault-injection tests only: stretch each batch to this wall time",
@@ -63,6 +66,7 @@ def config(v) -> WorkerConfig:
         burst=v["burst"], worker_name=v["name"] or worker_name("gpu", host(v), device.replace(":", "")),
         heartbeat_seconds=v["heartbeat_seconds"], grace_seconds=v["grace_seconds"],
         min_batch_seconds=v["test_min_batch_seconds"], wait_for_plan=v["wait_for_plan"],
+        exit_when_complete=v["exit_when_complete"],
         log_every_seconds=v["log_every_seconds"], memory_spool_dir=memory_dir,
         memory_spool_budget_bytes=memory_budget, memory_spool_why=why)
 
@@ -71,6 +75,9 @@ def run(cfg: WorkerConfig) -> int:
     from gpu_worker.worker import run_worker
 
     rt = run_worker(cfg)
+    if rt is None:
+        print(f"worker {cfg.worker_name}: run {cfg.run} is complete, nothing to do (--exit-when-complete)")
+        return 0
     print(f"worker {cfg.worker_name}: {rt.batches_run} batches, {rt.tokens_run} tokens, {rt.writer.written} spooled")
     return 0
 

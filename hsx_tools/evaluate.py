@@ -164,12 +164,15 @@ def run_peer(cfg: EvaluateConfig, request: dict, quiet: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="hsx-evaluate-") as work:
         path = Path(work) / "request.json"
         path.write_text(json.dumps(request))
-        argv = [peer_python(cfg.peer_python), "-m", "hsx_peers.evaluate", "--target", str(cfg.model),
+        python = peer_python(cfg.peer_python)
+        argv = [python, "-m", "hsx_peers.evaluate", "--target", str(cfg.model),
                 "--drafter", str(cfg.drafter), "--request", str(path), "--device", cfg.device, "--dtype", cfg.dtype]
         if cfg.draft_config:
             argv += ["--draft-config", str(cfg.draft_config)]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
         paths = [str(p) for p in (ROOT, ROOT / "peers") if (p / ("hsx" if p == ROOT else "hsx_peers")).is_dir()]
+        if os.path.realpath(python) == os.path.realpath(sys.executable) and os.environ.get("PYTHONPATH"):
+            paths.append(os.environ["PYTHONPATH"])  # this very interpreter (SpecForge beside hsx): keep its path
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(paths)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")

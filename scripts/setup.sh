@@ -17,6 +17,7 @@ if [ "$want_test" = 1 ]; then
   command -v docker-compose >/dev/null || apt_pkgs+=(docker-compose)
   command -v chromium >/dev/null || apt_pkgs+=(chromium)
   command -v chromedriver >/dev/null || apt_pkgs+=(chromium-driver)
+  command -v slurmctld >/dev/null || apt_pkgs+=(slurm-wlm)   # tests/test_slurm.py: a one-node cluster, auth/none
 fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"

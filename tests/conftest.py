@@ -90,14 +90,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _test_credentials() -> None:
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing-key-id")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """moto's S3 server on loopback: a real S3 protocol endpoint, driven through boto3."""
     from moto.server import ThreadedMotoServer
 
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing-key-id")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    _test_credentials()
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -105,15 +109,42 @@ def s3_server():
     server.stop()
 
 
-@pytest.fixture
-def s3_bucket(s3_server):
+def _new_bucket(endpoint: str) -> str:
     import uuid
 
     import boto3
 
     name = f"hsx-test-{uuid.uuid4().hex[:10]}"
-    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=name)
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    return _new_bucket(s3_server)
+
+
+@pytest.fixture(scope="session")
+def rclone_server(tmp_path_factory):
+    """`rclone serve s3` (a real Go S3 server, tests/rclone.py) over a tmp folder: started once a session."""
+    from tests.rclone import RcloneS3
+
+    _test_credentials()
+    where = tmp_path_factory.mktemp("rclone")
+    server = RcloneS3(where / "root", where / "rclone.log").start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(params=["moto", "rclone"])
+def s3_endpoint(request):
+    """The endpoint URL of each S3 server the store suite runs against (parametrised: moto, rclone)."""
+    return request.getfixturevalue("s3_server" if request.param == "moto" else "rclone_server")
+
+
+@pytest.fixture
+def s3_endpoint_bucket(s3_endpoint):
+    return _new_bucket(s3_endpoint)
 
 
 @pytest.fixture(scope="session")

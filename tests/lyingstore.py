@@ -6,6 +6,13 @@ is answered 200 with the size, ETag and ``x-amz-meta-sha256`` of the lost PUT, a
 metadata and data paths disagree would. A GET answers what the store holds (404). A later PUT of the
 same key passes through for good. A listing of multipart uploads gets each upload's true start time
 (moto answers a fixed 2010 date). Everything else is forwarded unchanged (path-style addressing).
+
+The same proxy corrupts in transit (issue 28): ``corrupt = "flip"`` flips one byte in the middle of
+the next ``corrupt_left`` request bodies of PUTs (objects and parts), ``"truncate"`` cuts their last
+1,000 bytes (sent with a matching Content-Length: a whole, shorter request). ``strip_md5`` drops
+Content-MD5 from every request (moto then checks no checksum at all). ``reject_checksums`` answers
+400 to any request carrying boto3's default checksums (``x-amz-checksum-*``,
+``x-amz-sdk-checksum-algorithm``, an ``aws-chunked`` body), as some S3-compatible servers do.
 """
 
 from __future__ import annotations
@@ -27,6 +34,13 @@ class LyingStoreProxy:
         self.lost: dict[str, dict[str, str]] = {}   # path -> the headers HEAD answers for the lost object
         self.lied_heads = 0
         self.initiated: dict[str, float] = {}       # multipart upload id -> when it was created (epoch s)
+        self.corrupt: str | None = None             # None | "flip" | "truncate": what happens to PUT bodies
+        self.corrupt_left = 0                       # PUT bodies still to corrupt
+        self.corrupted = 0                          # PUT bodies corrupted so far
+        self.corrupt_match = ""                     # only PUTs whose path holds this are corrupted
+        self.strip_md5 = False
+        self.reject_checksums = False
+        self.rejected = 0                           # requests answered 400 for carrying default checksums
         self._lock = threading.Lock()
         proxy = self
 
@@ -49,7 +63,8 @@ class LyingStoreProxy:
             def _forward(self, method: str, body: bytes | None) -> tuple[int, list[tuple[str, str]], bytes]:
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP and k.lower() != "expect"
-                           and (body is not None or not k.lower().startswith(("content-", "x-amz-meta-")))}
+                           and (body is not None or not k.lower().startswith(("content-", "x-amz-meta-")))
+                           and not (proxy.strip_md5 and k.lower() == "content-md5")}
                 if body is not None:
                     headers["Content-Length"] = str(len(body))
                 conn.request(method, self.path, body=body, headers=headers)
@@ -69,8 +84,27 @@ class LyingStoreProxy:
                 if not head:
                     self.wfile.write(data)
 
+            def _carries_checksums(self) -> bool:
+                names = {k.lower() for k in self.headers.keys()}
+                return (any(n.startswith("x-amz-checksum-") or n == "x-amz-sdk-checksum-algorithm" for n in names)
+                        or "aws-chunked" in self.headers.get("Content-Encoding", "")
+                        or self.headers.get("x-amz-content-sha256", "").startswith("STREAMING-"))
+
+            def _refused_checksums(self) -> bool:
+                if not (proxy.reject_checksums and self._carries_checksums()):
+                    return False
+                self._body()
+                with proxy._lock:
+                    proxy.rejected += 1
+                body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidArgument</Code><Message>'
+                        b"x-amz-checksum-* and aws-chunked payloads are not supported</Message></Error>")
+                self._answer(400, [("Content-Type", "application/xml")], body)
+                return True
+
             def do_PUT(self):
-                body = self._body()
+                if self._refused_checksums():
+                    return
+                body = proxy._mangle(self.path, self._body())
                 status, headers, data = self._forward("PUT", body)
                 path = self.path.split("?")[0]
                 lie = False
@@ -101,6 +135,8 @@ class LyingStoreProxy:
                 self._answer(status, headers, data, head=True)
 
             def do_GET(self):
+                if self._refused_checksums():
+                    return
                 status, headers, data = self._forward("GET", None)
                 if "uploads" in self.path.partition("?")[2].split("&") and status == 200:
                     data = proxy._true_initiated(data)
@@ -110,6 +146,8 @@ class LyingStoreProxy:
                 self._answer(*self._forward("DELETE", None))
 
             def do_POST(self):
+                if self._refused_checksums():
+                    return
                 status, headers, data = self._forward("POST", self._body())
                 created = re.search(rb"<UploadId>([^<]+)</UploadId>", data)
                 if "uploads" in self.path.partition("?")[2].split("&") and status == 200 and created:
@@ -121,6 +159,17 @@ class LyingStoreProxy:
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def _mangle(self, path: str, body: bytes) -> bytes:
+        with self._lock:
+            if not (self.corrupt and self.corrupt_left > 0 and len(body) > 2000 and self.corrupt_match in path):
+                return body
+            self.corrupt_left -= 1
+            self.corrupted += 1
+        if self.corrupt == "truncate":
+            return body[:-1000]
+        middle = len(body) // 2
+        return body[:middle] + bytes([body[middle] ^ 0x01]) + body[middle + 1:]
 
     def _true_initiated(self, listing: bytes) -> bytes:
         """moto answers every upload's Initiated as 2010-11-10: put the time the proxy saw it created."""

@@ -106,6 +106,8 @@ def test_a_newer_format_is_refused_and_unknown_keys_are_kept():
     ({"limits": {"max_attempts": "3"}}, "limits {'max_attempts': '3'} are not all integers"),
     ({"format": "something-else"}, "format 'something-else' is not an hsx run manifest"),
     ({"store": {"url": "s3://b/p", "addressing_style": "sideways"}}, "store: S3 addressing style"),
+    ({"store": {"url": "s3://b/p", "checksums": "always"}}, "store: --s3-checksums must be one of"),
+    ({"store": {"url": "s3://b/p", "multipart_etag": "sha1"}}, "store: --s3-multipart-etag must be one of"),
 ])
 def test_a_bad_field_is_one_line_naming_it(change, named):
     with pytest.raises(ManifestError, match=f"^where: {re.escape(named)}"):

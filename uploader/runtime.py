@@ -24,7 +24,7 @@ from hsx.run import batchlife, leases, ledger, multipart, queues, reconcile, ref
 from hsx.run.keys import RunKeys
 from hsx.run.ledger import RunVanished
 from hsx.run.progress import fmt_bytes
-from hsx.store import PermanentStoreError, layout
+from hsx.store import PermanentStoreError, StoreError, layout
 from hsx.visibility import open_run_store
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,23 @@ class UploaderRuntime(Role):
                 store = manifest.store.open()
             ctx = RunContext(store, manifest.limits)
             with self._lock:
-                self._runs.setdefault(run, ctx)
+                known = self._runs.setdefault(run, ctx)
+            if known is ctx:
+                self.say_checks(run, store)
         return ctx
+
+    @staticmethod
+    def say_checks(run: str, store) -> None:
+        """The start line of a run's store: its endpoint's quirks and the check made of each upload kind
+        (hsx/store/quirks.py); a probe that fails now is tried again at the first multipart upload."""
+        try:
+            line = store.checks_line()
+        except StoreError as exc:
+            log.warning("run %s: could not probe the store's endpoint (tried again at the first multipart upload): %s",
+                        run, exc)
+            return
+        if line:
+            log.info("run %s: %s", run, line)
 
     def spool_file(self, run: str, batch_id: str, path: str, tier: str = "disk") -> Path:
         """The spool file of (run, batch) in ``tier``, if ``path`` names exactly it; else OutsideSpool.

@@ -68,6 +68,11 @@ class Store(ABC):
             raise VerifyError(f"{self.url(key)}: read back after upload: the object is missing") from None
         check_read_back(self.url(key), len(data), hashlib.sha256(data).hexdigest(), size, sha256)
 
+    def checks_line(self) -> str | None:
+        """One line for a role's start: how this store's uploads are checked, where that depends on the
+        endpoint (S3); None where it does not."""
+        return None
+
     @abstractmethod
     def list_keys(self, prefix: str) -> list[str]:
         """Keys under ``prefix`` (recursive), sorted."""

