@@ -142,20 +142,23 @@ def test_speculators_fp8_export_keeps_the_stored_codes(runs, tmp_path, codec):
     in_place, truth = RunDataset(str(store), run), RunDataset(str(base_store), base_run)
     H = in_place.index.hidden_size
     gain = final_norm_gain(in_place.manifest.model, H)
-    sums = {"export": None, "in place": None}
+    sums, differ = {"export": None, "in place": None}, []
     for position in range(len(in_place)):
         sample = in_place[position]
         want = speculators_record(truth.get(sample["sample_id"]), H, gain)["hidden_states"].float()
         here = speculators_record(sample, H, gain)["hidden_states"]
         got = load_file(str(speculators_path(out, position)))
-        exported = got["hidden_states"].float() * got["hidden_states_scales"]     # hs_connectors.fp8_utils
+        codes, scales = got["hidden_states"], got["hidden_states_scales"]
         n = here.shape[1] - 1
-        assert torch.equal(exported[:, :n].to(here.dtype), here[:, :n]), position     # the stored values
-        for name, values in (("export", exported), ("in place", here.float())):
+        if not torch.equal((codes.float() * scales)[:, :n].to(here.dtype), here[:, :n]):    # the stored values?
+            differ.append(position)
+        trained = codes.to(here.dtype) * scales.to(here.dtype)    # as hs_connectors.fp8_utils dequantises
+        for name, values in (("export", trained.float()), ("in place", here.float())):
             err = ((values - want) ** 2).sum(dim=(0, 2)), (want ** 2).sum(dim=(0, 2))
             sums[name] = err if sums[name] is None else (sums[name][0] + err[0], sums[name][1] + err[1])
-    per_slot = {name: [round(100 * float((e / w).sqrt()), 2) for e, w in zip(*sums[name], strict=True)]
+    per_slot = {name: [round(100 * float((e / w).sqrt()), 3) for e, w in zip(*sums[name], strict=True)]
                 for name in sums}
     print(f"\nFP8 ({codec}) rel L2 % per speculators slot vs the bf16 run, {len(in_place)} samples: {per_slot}")
-    assert per_slot["export"][:-1] == per_slot["in place"][:-1]
-    assert per_slot["export"][-1] <= 1.6 * per_slot["in place"][-1] + 0.5
+    assert not differ, f"{len(differ)} of {len(in_place)} samples' layers differ from the run read in place"
+    for exported, read in zip(per_slot["export"], per_slot["in place"], strict=True):
+        assert abs(exported - read) < 0.05 * read, per_slot      # the scale's rounding to bf16 only
