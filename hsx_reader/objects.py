@@ -163,6 +163,7 @@ def fetch_token_columns(store: Store, header: Header) -> dict[str, torch.Tensor]
     got = batchfile.token_digest([memoryview(columns[name].reshape(-1).view(torch.uint8).numpy())
                                   for name in batchfile.TOKEN_COLUMNS])
     if got != header.metadata[batchfile.TOKEN_DIGEST]:
+        run = header.metadata.get("run", "R")
         raise CorruptBatch(f"{store.url(header.key)}: token columns' SHA-256 differs from the one its header "
-                           "recorded (changed at rest; `hsx verify --run R --repair` re-extracts it)")
+                           f"recorded (changed at rest; `hsx verify --run {run} --repair` re-extracts it)")
     return columns

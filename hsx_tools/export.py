@@ -11,8 +11,9 @@ released specforge 0.2.0 and speculators 0.9.0 + hs-connectors 0.9.0 by tests/te
 every export with the peers' own code (scripts/peers.sh makes their venvs) and trains a few steps on it.
 
 - SpecForge (``specforge-eagle3|dflash|dspark``): ``OUT/rows_{g}-{g+2000}/data_{i}.ckpt``,
-  g = (i // 2000) * 2000, every number zero-padded to 9 digits (SpecForge lists its files sorted as text, so
-  the export trains in the run's order only when text order is number order), one ``torch.save``d dict each, the keys its offline readers ask for
+  g = (i // 2000) * 2000, every number zero-padded to 9 digits (SpecForge lists its files sorted as text,
+  so the export trains in the run's order only when text order is number order), one ``torch.save``d dict
+  each, the keys its offline readers ask for
   (``specforge/algorithms/*/data.py``): all have ``input_ids`` [T] int64 and ``loss_mask`` [T] int64; eagle3
   ``aux_hidden_state`` [1, T, n*H] + ``hidden_state`` [1, T, H] (the final state, after the norm, as SpecForge
   stores it); dflash ``hidden_states`` [1, T, n*H]; dspark (DFlash + target supervision) ``hidden_states``
