@@ -172,3 +172,47 @@ def test_a_follower_at_a_dead_letter_says_so_and_skips_or_stops_as_asked(r, redi
     assert any(dead in m and "skip" in m for m in caplog.messages), caplog.messages
     with pytest.raises(ReaderError, match="on_dead_letter"):
         RunFollower(redis_server.url, RUN, on_dead_letter="ignore")
+
+
+RESUME_SAMPLER = """
+import json, sys
+from hsx_peers.speculators_follow import FollowLog, FollowSampler
+from hsx_reader import ReaderError, RunFollower
+url, run, state_dir, start = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sampler = FollowSampler(RunFollower(url, run, timeout_seconds=5), 256, state_dir, FollowLog(None))
+try:
+    steps = [[list(at) for at in step] for step in sampler._generate_batches(0)[start:]]   # as speculators resumes
+except ReaderError as exc:
+    print(json.dumps({"refused": str(exc)}))
+else:
+    print(json.dumps({"steps": steps}))
+"""
+
+
+@pytest.mark.slow
+def test_speculators_follow_sampler_refuses_a_resume_after_a_rollback(r, redis_server, extracted, tmp_path):
+    """speculators' follow sampler notes the run batch of each position it hands out (hsx_follow_seq.txt): a
+    resume after Redis lost its last writes (same generation, the tail recorded again in another order) is
+    refused in one line instead of training other samples at the resumed step."""
+    import json
+    import subprocess
+
+    from tests.peerenv import peer_env, peer_python
+
+    _, dumped = extracted
+    sequence = _plant(r, dumped)
+    python, state = peer_python("speculators"), tmp_path / "ckpt"
+
+    def sampler(start):
+        out = subprocess.run([str(python), "-c", RESUME_SAMPLER, redis_server.url, RUN, str(state), str(start)],
+                             env=peer_env(tmp_path), capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    steps = sampler(0)["steps"]
+    assert (state / "hsx_follow_seq.txt").read_text().split() == sequence
+    start = next(i for i, step in enumerate(steps) if step[0][0] == sequence[22])     # a step of position 22
+    assert sampler(start)["steps"] == steps[start:]                                    # same ledger: resumes
+    _roll_back(r, sequence, keep=12)
+    refused = sampler(start)["refused"]
+    assert "\n" not in refused and "rolled back" in refused and str(state) in refused, refused
