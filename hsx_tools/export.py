@@ -53,7 +53,6 @@ import logging
 import os
 import re
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,13 +62,14 @@ from hsx.batch import batchfile
 from hsx.batch.dtypes import FP8, quantise_fp8
 from hsx.config import ConfigError, StoreSettings
 from hsx.layers import TARGETS, refusal
+from hsx.run.progressline import Progress
 from hsx_reader.run import ReaderError, RunIndex, SampleRef
 from hsx_reader.source import Source, sample_of
 
 log = logging.getLogger(__name__)
 SPECFORGE_GROUP = 2000  # samples a SpecForge rows_* folder
 SPECFORGE_DIGITS = 9    # zero-padded width of the numbers in SpecForge file names (text order = number order)
-PROGRESS_SECONDS = 10.0
+PROGRESS_SECONDS = 10.0   # seconds between progress lines in a log (a bar on a terminal: hsx/run/progressline.py)
 
 
 @dataclass(frozen=True)
@@ -326,10 +326,11 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
     for ref in refs:
         groups.setdefault(ref.key, []).append(ref)
     written = skipped = 0
-    last_log = time.monotonic()
+    progress = Progress(f"export {run}", len(refs), "samples", every_s=PROGRESS_SECONDS)
     for key, group in groups.items():
         todo = [ref for ref in group if not path_of(out, ref.position).exists()]
         skipped += len(group) - len(todo)
+        progress.advance(len(group) - len(todo))
         if not todo:
             continue
         contents = source.batch(key)
@@ -345,9 +346,8 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
                 record = speculators_record(sample, index.hidden_size, gain, rows)
             _write(path_of(out, ref.position), record, trainer)
             written += 1
-        if time.monotonic() - last_log > PROGRESS_SECONDS:
-            log.info("export %s: %d/%d samples (%d already there)", run, written + skipped, len(refs), skipped)
-            last_log = time.monotonic()
+            progress.advance()
+    progress.close()
     counts = {"written": written, "skipped": skipped, "samples": len(refs)}
     if trainer == "speculators":
         counts["table_rows"] = write_speculators_table(out)
