@@ -60,6 +60,7 @@ from hsx.redisconn import connect, text
 from hsx.run import ledger
 from hsx.run.keys import RunKeys
 from hsx.store import Store, layout
+from hsx_reader.cursor import Cursor
 from hsx_reader.objects import BatchContents, check_digest, decode, fetch_object
 from hsx_reader.run import Expectations, ReaderError, SampleRef
 from hsx_reader.source import sample_of
@@ -70,49 +71,6 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.2      # how often the ledger is asked for new batches when none is waiting
 NOTICE_SECONDS = 60.0   # how often a waiting follower says what it waits for (log line)
 ON_DEAD_LETTER = ("wait", "skip", "stop")   # what a follower does when only dead letters are left
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """A place in the followed stream: batch ``position`` of the ledger's sequence, ``row`` samples of it read."""
-
-    position: int = 0
-    row: int = 0
-    generation: str = ""     # the done_seq the position was counted in ("": not known, not checked)
-    last: str = ""           # batch id of the last sample read: at ``anchor`` ("": not known, not checked)
-
-    @property
-    def anchor(self) -> int:
-        """The position of the batch ``last`` names: this one when rows of it were read, else the one before."""
-        return self.position if self.row else self.position - 1
-
-    def __str__(self) -> str:
-        return (f"{self.position}:{self.row}" + (f"@{self.generation}" if self.generation else "")
-                + (f"/{self.last}" if self.last else ""))
-
-    @classmethod
-    def parse(cls, value: str | Cursor | None) -> Cursor:
-        if value is None:
-            return cls()
-        if isinstance(value, Cursor):
-            return value
-        rest, _, last = str(value).partition("/")
-        place, _, generation = rest.partition("@")
-        try:
-            position, row = (int(x) for x in place.split(":"))
-        except ValueError:
-            raise ReaderError(f"cursor {value!r} is not POSITION:ROW[@GENERATION[/BATCH]] (the 'cursor' of a "
-                              "sample)") from None
-        if position < 0 or row < 0:
-            raise ReaderError(f"cursor {value!r} has a negative part")
-        if last and (position, row) == (0, 0):
-            raise ReaderError(f"cursor {value!r} names a batch read before position 0")
-        if last:
-            try:
-                layout.segment(last, "the cursor's batch id")
-            except ValueError as exc:
-                raise ReaderError(f"cursor {value!r}: {exc}") from None
-        return cls(position, row, generation, last)
 
 
 @dataclass(frozen=True)
