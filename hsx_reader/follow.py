@@ -18,12 +18,28 @@ at positions r, r + world_size, ... of the sequence (one cursor per rank).
 One reader per rank: use ``num_workers`` 0 or 1 in a DataLoader.
 
 A position means something only in the sequence it was counted in. A ledger
-rebuilt from the store after a Redis loss records its batches again in another
-order, under a new ``done_seq_generation`` (``hsx.ledger.sequence_generation``);
-a cursor carries the generation it was counted in, and a follower given a
-cursor of another generation refuses it (ReaderError, one line) instead of
-resuming at a place that names other batches. A cursor without a generation
-(``POSITION:ROW``, written before generations) is taken as it is.
+rebuilt from the store after a Redis loss (or a run reset and produced again)
+records its batches again in another order, under a new ``done_seq_generation``
+(``hsx.ledger.sequence_generation``); a Redis rolled back a few seconds (an AOF
+``everysec`` power loss, an async replica promoted, a restore) keeps the
+generation but loses the tail of the sequence, which is then recorded again in
+another order. So a cursor names the generation it was counted in and the batch
+its last sample came from (``POSITION:ROW@GENERATION/BATCH``), and the follower
+checks both: on resume, and, as it goes, every time it looks at the ledger (the
+generation, and that the batch it read last is still at its place). A change
+is refused (ReaderError, one line) instead of going on at a place that names
+other batches. A cursor without them (``POSITION:ROW``, written before) is
+taken as it is.
+
+Waiting: while the run is not complete and no next batch is recorded, the
+follower says every ``notice_seconds`` what it waits for (log line: batches
+not done, dead letters among them). When only dead letters are left (every
+other planned batch done, planning over), ``on_dead_letter`` decides: ``wait``
+(default: until ``hsx retry-failed`` brings them back), ``skip`` (end the
+iteration without them, saying which), or ``stop`` (ReaderError naming them).
+
+A follower given a Redis URL connects the way hsx's roles do
+(``hsx.redisconn.connect(..., ride_out=True)``): a Redis restart is waited out.
 
 The iteration ends when the run is COMPLETE (every planned batch done, the
 producer done planning) and every done batch was read.
@@ -32,6 +48,7 @@ producer done planning) and every done batch was read.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -39,44 +56,40 @@ import redis
 from torch.utils.data import IterableDataset, get_worker_info
 
 from hsx.config import StoreSettings
-from hsx.redisconn import text
+from hsx.redisconn import connect, text
 from hsx.run import ledger
 from hsx.run.keys import RunKeys
 from hsx.store import Store, layout
+from hsx_reader.cursor import Cursor
 from hsx_reader.objects import BatchContents, check_digest, decode, fetch_object
 from hsx_reader.run import Expectations, ReaderError, SampleRef
 from hsx_reader.source import sample_of
 from hsx_reader.stream import _rank_world
 
+log = logging.getLogger(__name__)
+
 POLL_SECONDS = 0.2      # how often the ledger is asked for new batches when none is waiting
-SEQUENCE_READ = 256     # batch ids read from done_seq per request
+NOTICE_SECONDS = 60.0   # how often a waiting follower says what it waits for (log line)
+ON_DEAD_LETTER = ("wait", "skip", "stop")   # what a follower does when only dead letters are left
 
 
 @dataclass(frozen=True)
-class Cursor:
-    """A place in the followed stream: batch ``position`` of the ledger's sequence, ``row`` samples of it read."""
+class Pending:
+    """What a waiting follower waits for: planned batches, how many are done, dead letters not done."""
 
-    position: int = 0
-    row: int = 0
-    generation: str = ""     # the done_seq the position was counted in ("": not known, not checked)
+    batches: int | None     # planned (None: no plan yet)
+    done: int
+    planning: bool          # the producer is still planning
+    dead: list[str]         # dead letters (not done), sorted
 
-    def __str__(self) -> str:
-        return f"{self.position}:{self.row}" + (f"@{self.generation}" if self.generation else "")
+    @property
+    def complete(self) -> bool:
+        return not self.planning and self.batches is not None and self.done == self.batches
 
-    @classmethod
-    def parse(cls, value: str | Cursor | None) -> Cursor:
-        if value is None:
-            return cls()
-        if isinstance(value, Cursor):
-            return value
-        place, _, generation = str(value).partition("@")
-        try:
-            position, row = (int(x) for x in place.split(":"))
-        except ValueError:
-            raise ReaderError(f"cursor {value!r} is not POSITION:ROW[@GENERATION] (the 'cursor' of a sample)") from None
-        if position < 0 or row < 0:
-            raise ReaderError(f"cursor {value!r} has a negative part")
-        return cls(position, row, generation)
+    @property
+    def only_dead_left(self) -> bool:
+        return (bool(self.dead) and not self.planning and self.batches is not None
+                and self.done + len(self.dead) == self.batches)
 
 
 @dataclass
@@ -92,12 +105,17 @@ class RunFollower(IterableDataset):
     def __init__(self, redis_client: redis.Redis | str, run: str, store: Store | StoreSettings | str | None = None,
                  expect: Expectations | None = None, cursor: str | Cursor | None = None,
                  poll_seconds: float = POLL_SECONDS, timeout_seconds: float | None = None, verify: bool = True,
-                 rank: int | None = None, world_size: int | None = None):
-        """``redis_client``: a client or URL of the Redis holding the run's ledger. ``store``: defaults to the
-        one the run's manifest recorded. ``timeout_seconds``: raise ReaderError if no batch is recorded done
-        for that long (None: wait as long as the run is not complete)."""
+                 rank: int | None = None, world_size: int | None = None, on_dead_letter: str = "wait",
+                 notice_seconds: float = NOTICE_SECONDS):
+        """``redis_client``: a client or URL of the Redis holding the run's ledger (a URL is connected to as the
+        roles connect: Redis restarts are waited out). ``store``: defaults to the one the run's manifest
+        recorded. ``timeout_seconds``: raise ReaderError if no batch is recorded done for that long (None: wait
+        as long as the run is not complete). ``on_dead_letter``: wait, skip or stop when only dead letters are
+        left (module docstring); ``notice_seconds``: how often a waiting follower logs what it waits for."""
+        if on_dead_letter not in ON_DEAD_LETTER:
+            raise ReaderError(f"on_dead_letter {on_dead_letter!r}: expected one of {', '.join(ON_DEAD_LETTER)}")
         self.redis_url = redis_client if isinstance(redis_client, str) else None
-        self._r = None if isinstance(redis_client, str) else redis_client
+        self._r = connect(redis_client, ride_out=True) if isinstance(redis_client, str) else redis_client
         self.run = layout.check_run_name(run)
         self.manifest = ledger.require_manifest(self.r, run)
         (expect or Expectations()).check(self.manifest, run)
@@ -106,16 +124,17 @@ class RunFollower(IterableDataset):
         self.settings = StoreSettings(url=store) if isinstance(store, str) else store
         self._store = store if isinstance(store, Store) else None
         self.cursor = Cursor.parse(cursor)
-        if self.cursor.generation:
-            self.generation()   # a cursor of a lost ledger is refused here, not at the first batch
+        if self.cursor.generation or self.cursor.last:
+            self.check_cursor()   # a cursor of a lost or rolled-back ledger is refused here, not at the first batch
         self.poll_seconds, self.timeout_seconds, self.verify = poll_seconds, timeout_seconds, verify
+        self.on_dead_letter, self.notice_seconds = on_dead_letter, notice_seconds
         self.rank, self.world_size = rank, world_size
         self.stats = FollowStats()
 
     @property
     def r(self) -> redis.Redis:
-        if self._r is None:
-            self._r = redis.Redis.from_url(self.redis_url)
+        if self._r is None:   # unpickled in a DataLoader worker: no wait for Redis here, outages ridden out
+            self._r = connect(self.redis_url, ride_out=True, wait_seconds=0)
         return self._r
 
     @property
@@ -132,11 +151,22 @@ class RunFollower(IterableDataset):
             state["_store"] = None
         return state
 
+    def pending(self) -> Pending:
+        """Planned batches, done batches and dead letters not done, now."""
+        keys = RunKeys(self.run)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hmget(keys.totals, "batches", "planning")
+        pipe.scard(keys.done)
+        pipe.hkeys(keys.dead)
+        (total, planning), done, dead = pipe.execute()
+        dead = sorted(text(b) for b in dead)
+        if dead:
+            dead = [b for b, is_done in zip(dead, self.r.smismember(keys.done, dead), strict=True) if not is_done]
+        return Pending(None if total is None else int(total), int(done), bool(planning and int(planning)), dead)
+
     def complete(self) -> bool:
         """True when every planned batch is recorded done and the producer has nothing left to plan."""
-        keys = RunKeys(self.run)
-        total, planning = self.r.hmget(keys.totals, "batches", "planning")
-        return not (planning and int(planning)) and total is not None and self.r.scard(keys.done) == int(total)
+        return self.pending().complete
 
     def generation(self) -> str:
         """The id of the ledger's done sequence now; refuses (ReaderError) when ``self.cursor`` was counted in
@@ -145,8 +175,32 @@ class RunFollower(IterableDataset):
         if self.cursor.generation and self.cursor.generation != generation:
             raise ReaderError(f"run {self.run!r}: cursor {self.cursor} was counted in done sequence "
                               f"{self.cursor.generation}, but the ledger's is now {generation} (rebuilt after a "
-                              "Redis loss?): its position names other batches; start again from 0:0")
+                              "Redis loss, or the run reset?): its position names other batches; start again from 0:0")
         return generation
+
+    def check_cursor(self) -> str:
+        """``generation()``, and the batch the cursor names must still be at its place (else Redis lost writes)."""
+        generation = self.generation()
+        if self.cursor.last:
+            window = ledger.sequence_window(self.r, self.run, self.cursor.anchor + 1)
+            self._check_window(window, self.cursor.anchor + 1, generation, self.cursor.last, what=f"cursor {self.cursor}")
+        return generation
+
+    def _check_window(self, window: ledger.SequenceWindow, position: int, generation: str, previous: str,
+                      what: str = "this follower") -> None:
+        """Refuse a done sequence that changed under the follower: another generation (rebuilt or reset), or
+        ``previous`` (the batch read at ``position - 1``) no longer there (rolled back)."""
+        if generation and window.generation != generation:
+            raise ReaderError(f"run {self.run!r}: the ledger's done sequence changed under {what} at position "
+                              f"{position} (generation {generation} -> {window.generation}: rebuilt after a Redis "
+                              "loss, or the run reset): its positions now name other batches; start again from 0:0")
+        if previous and window.before != previous:
+            now = f"holds {window.before}" if window.before else f"has only {window.length} entries"
+            raise ReaderError(f"run {self.run!r}: position {position - 1} of the done sequence held batch {previous} "
+                              f"when {what} read it, and now {now}: Redis lost its latest writes (rolled back: an AOF "
+                              "everysec power loss, an async replica promoted, a restore), so the positions from "
+                              "there on name other batches (samples would be skipped and repeated); start again "
+                              "from 0:0")
 
     def __iter__(self):
         info = get_worker_info()
@@ -154,35 +208,66 @@ class RunFollower(IterableDataset):
             raise ReaderError("RunFollower reads the ledger's order: use one DataLoader worker per rank (num_workers 0 or 1)")
         rank, world_size = _rank_world(self.rank, self.world_size)
         position, row = self.cursor.position, self.cursor.row
-        generation = self.generation()
+        generation = self.check_cursor()
+        previous = self.cursor.last if row == 0 else ""   # the batch at position - 1, when known
         ledger.sequence_done(self.r, self.run)
         while True:
-            bid = self.next_batch_id(position)
+            bid = self.next_batch_id(position, generation, previous)
             if bid is None:
                 return
             if position % world_size == rank:
                 yield from self._samples(position, bid, row, generation)
+            previous = bid
             position, row = position + 1, 0
 
-    def next_batch_id(self, position: int) -> str | None:
+    def next_batch_id(self, position: int, generation: str = "", previous: str = "") -> str | None:
         """The batch at ``position`` of the ledger's sequence, waiting for it; None once the run is complete
-        and the sequence has no such position."""
-        keys, waited = RunKeys(self.run), 0.0
+        and the sequence has no such position (or only dead letters are left and ``on_dead_letter`` is skip).
+        Every look at the ledger checks that its sequence is still ``generation`` and still has ``previous``
+        at ``position - 1`` (each: "" = not checked); ReaderError if not."""
+        keys, waited, noticed = RunKeys(self.run), 0.0, 0.0
         while True:
-            ids = self.r.lrange(keys.done_seq, position, position)
-            if ids:
-                return text(ids[0])
-            if self.complete():
+            window = ledger.sequence_window(self.r, self.run, position)
+            self._check_window(window, position, generation, previous)
+            if window.at is not None:
+                return window.at
+            pending = self.pending()
+            if pending.complete or (pending.only_dead_left and self.on_dead_letter == "skip"):
                 ledger.sequence_done(self.r, self.run)   # batches recorded by an hsx without done_seq
                 if self.r.llen(keys.done_seq) <= position:
+                    if not pending.complete:
+                        log.warning("run %r: ending without %d dead letter(s) (%s), as on_dead_letter='skip' asks; "
+                                    "`hsx retry-failed --run %s` re-extracts them", self.run, len(pending.dead),
+                                    _some(pending.dead), self.run)
                     return None
                 continue
+            if pending.only_dead_left and self.on_dead_letter == "stop":
+                raise ReaderError(f"run {self.run!r}: only dead letters are left ({len(pending.dead)}: "
+                                  f"{_some(pending.dead)}), and on_dead_letter='stop'; `hsx retry-failed --run "
+                                  f"{self.run}` re-extracts them, then follow again from the last cursor")
             if self.timeout_seconds is not None and waited >= self.timeout_seconds:
                 raise ReaderError(f"run {self.run!r}: no batch recorded done for {waited:.0f} s "
                                   f"(at position {position}); is the pipeline running? (`hsx status --run {self.run}`)")
+            if waited - noticed >= self.notice_seconds:
+                log.warning(self._waiting_line(position, waited, pending))
+                noticed = waited
             time.sleep(self.poll_seconds)
             waited += self.poll_seconds
             self.stats.waited_seconds += self.poll_seconds
+
+    def _waiting_line(self, position: int, waited: float, pending: Pending) -> str:
+        """What a waiting follower waits for, in one line."""
+        if pending.batches is None or pending.planning:
+            what = "the producer is still planning"
+        else:
+            what = f"{pending.batches - pending.done} of {pending.batches} planned batches not done yet"
+        line = f"run {self.run!r}: waited {waited:.0f} s at position {position} for the next batch: {what}"
+        if pending.dead:
+            line += (f"; {len(pending.dead)} dead letter(s) ({_some(pending.dead)}) come back only with `hsx "
+                     f"retry-failed --run {self.run}`")
+            if pending.only_dead_left:
+                line += " (nothing else is left: on_dead_letter='skip' ends without them, 'stop' raises)"
+        return line
 
     def _done_info(self, bid: str) -> dict:
         """The ledger's record of ``bid`` ({key, size, sha256}), waiting while a repair has taken it out."""
@@ -231,7 +316,12 @@ class RunFollower(IterableDataset):
         n = len(spec.sample_ids)
         for row in range(first_row, n):
             sample = self.sample(spec, where, contents, row)
-            after = Cursor(position + 1, 0, generation) if row + 1 == n else Cursor(position, row + 1, generation)
+            after = Cursor(position + 1, 0, generation, bid) if row + 1 == n else Cursor(position, row + 1, generation, bid)
             sample["cursor"] = str(after)
             self.stats.samples += 1
             yield sample
+
+
+def _some(bids: list[str], shown: int = 5) -> str:
+    """Batch ids for a one-line message: the first ``shown``, then how many more."""
+    return ", ".join(bids[:shown]) + (f" and {len(bids) - shown} more" if len(bids) > shown else "")

@@ -148,3 +148,22 @@ def _rows(store: Store, header: Header, name: str, lo: int, hi: int) -> torch.Te
                            "(object truncated?)")
     buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     return buf.view(spec.dtype).reshape((hi - lo,) + spec.shape[1:])
+
+
+def fetch_token_columns(store: Store, header: Header) -> dict[str, torch.Tensor] | None:
+    """``cu_seqlens``, ``input_ids`` and ``loss_mask`` of the whole batch, each by one range request, checked
+    against the token digest its header carries (CorruptBatch if they differ). None when the object has no
+    such digest (written before it was recorded): read the whole object then, digest-checked."""
+    if batchfile.TOKEN_DIGEST not in header.metadata:
+        return None
+    n = header.tensors["cu_seqlens"].shape[0]
+    cu = fetch_rows(store, header, ["cu_seqlens"], 0, n)["cu_seqlens"]
+    tokens = int(cu[-1]) if n else 0
+    columns = {"cu_seqlens": cu, **fetch_rows(store, header, ["input_ids", "loss_mask"], 0, tokens)}
+    got = batchfile.token_digest([memoryview(columns[name].reshape(-1).view(torch.uint8).numpy())
+                                  for name in batchfile.TOKEN_COLUMNS])
+    if got != header.metadata[batchfile.TOKEN_DIGEST]:
+        run = header.metadata.get("run", "R")
+        raise CorruptBatch(f"{store.url(header.key)}: token columns' SHA-256 differs from the one its header "
+                           f"recorded (changed at rest; `hsx verify --run {run} --repair` re-extracts it)")
+    return columns

@@ -11,7 +11,9 @@ released specforge 0.2.0 and speculators 0.9.0 + hs-connectors 0.9.0 by tests/te
 every export with the peers' own code (scripts/peers.sh makes their venvs) and trains a few steps on it.
 
 - SpecForge (``specforge-eagle3|dflash|dspark``): ``OUT/rows_{g}-{g+2000}/data_{i}.ckpt``,
-  g = (i // 2000) * 2000, one ``torch.save``d dict each, the keys its offline readers ask for
+  g = (i // 2000) * 2000, every number zero-padded to 9 digits (SpecForge lists its files sorted as text,
+  so the export trains in the run's order only when text order is number order), one ``torch.save``d dict
+  each, the keys its offline readers ask for
   (``specforge/algorithms/*/data.py``): all have ``input_ids`` [T] int64 and ``loss_mask`` [T] int64; eagle3
   ``aux_hidden_state`` [1, T, n*H] + ``hidden_state`` [1, T, H] (the final state, after the norm, as SpecForge
   stores it); dflash ``hidden_states`` [1, T, n*H]; dspark (DFlash + target supervision) ``hidden_states``
@@ -35,9 +37,11 @@ every export with the peers' own code (scripts/peers.sh makes their venvs) and t
 
 Store dtypes: a run stored as FP8 (``--store-dtype float8_e4m3``) is exported to speculators in the layout
 hs-connectors' ``fp8`` backend reads (``--hidden-states-backend fp8``; ``hs_connectors.fp8_utils``):
-``hidden_states`` float8_e4m3fn [T, n+1, H] with ``hidden_states_scales`` float32 [T, 1, 1], one scale per
-token over all its slots (hsx keeps one per token per layer, so the values are re-quantised: their error adds
-to the recorded one). SpecForge has no FP8 layout: its export dequantises to the run's dtype and says so (log
+``hidden_states`` float8_e4m3fn [T, n+1, H] with ``hidden_states_scales`` float32 [T, n+1, 1]: its reader
+multiplies codes by scales by broadcasting, so hsx's own per-token per-layer scales fit, and the run's layers
+are exported as stored (codes and scales unchanged, no second rounding). Only the last slot, ``final / g``,
+is quantised again (on its own, one scale per token), since dividing by the gain changes its codes; where
+the gain is all ones its stored codes are kept too. SpecForge has no FP8 layout: its export dequantises to the run's dtype and says so (log
 line and ``hsx_export.json``). Compressed runs (``--codec zstd``) are decompressed on read; exports are never
 compressed.
 """
@@ -47,12 +51,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from hsx.batch import batchfile
 from hsx.batch.dtypes import FP8, quantise_fp8
 from hsx.config import ConfigError, StoreSettings
 from hsx.layers import TARGETS, refusal
@@ -62,6 +68,7 @@ from hsx_reader.source import Source, sample_of
 
 log = logging.getLogger(__name__)
 SPECFORGE_GROUP = 2000  # samples a SpecForge rows_* folder
+SPECFORGE_DIGITS = 9    # zero-padded width of the numbers in SpecForge file names (text order = number order)
 PROGRESS_SECONDS = 10.0   # seconds between progress lines in a log (a bar on a terminal: hsx/run/progressline.py)
 
 
@@ -144,8 +151,16 @@ def target_of(name: str, store_final: bool) -> str:
 
 
 def specforge_path(out: Path, position: int) -> Path:
-    g = (position // SPECFORGE_GROUP) * SPECFORGE_GROUP
-    return out / f"rows_{g}-{g + SPECFORGE_GROUP}" / f"data_{position}.ckpt"
+    """SpecForge sorts the paths of its feature files as text (``offline_reader``: ``os.walk`` + ``sort``):
+    zero-padded numbers make that the run's order."""
+    g, w = (position // SPECFORGE_GROUP) * SPECFORGE_GROUP, SPECFORGE_DIGITS
+    return out / f"rows_{g:0{w}d}-{g + SPECFORGE_GROUP:0{w}d}" / f"data_{position:0{w}d}.ckpt"
+
+
+def _unpadded_specforge_files(out: Path) -> list[Path]:
+    """Folders of an export written before names were zero-padded (its files would train in another order)."""
+    padded = re.compile(rf"rows_\d{{{SPECFORGE_DIGITS}}}-\d{{{SPECFORGE_DIGITS}}}")
+    return sorted(p for p in out.glob("rows_*") if not padded.fullmatch(p.name))
 
 
 def speculators_path(out: Path, position: int) -> Path:
@@ -165,17 +180,34 @@ def specforge_record(sample: dict, target: str) -> dict:
     return record
 
 
-def speculators_record(sample: dict, hidden_size: int, gain: torch.Tensor, fp8: bool = False) -> dict:
+def speculators_record(sample: dict, hidden_size: int, gain: torch.Tensor, stored: dict | None = None) -> dict:
+    """speculators' record of ``sample``; ``stored`` (an FP8 run: ``stored_fp8`` of its rows) makes it
+    hs-connectors' fp8 layout from the stored codes and scales."""
     hs = sample["hidden_states"]
     aux = hs.reshape(hs.shape[0], -1, hidden_size)
     last = (sample["final_hidden_states"].float() / gain).to(hs.dtype)
-    stacked = torch.cat([aux, last[:, None]], dim=1).contiguous()
-    record = {"hidden_states": stacked, "token_ids": sample["input_ids"].to(torch.int64),
-              "loss_mask": sample["loss_mask"].to(torch.int64)}
-    if fp8:  # hs-connectors' fp8 layout: one scale per token over all slots, [T, 1, 1] (broadcasts on [T, n+1, H])
-        q, scales = quantise_fp8(stacked.reshape(stacked.shape[0], -1), 1)
-        record["hidden_states"], record["hidden_states_scales"] = q.reshape(stacked.shape), scales[:, :, None]
+    record = {"token_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
+    if stored is None:
+        record["hidden_states"] = torch.cat([aux, last[:, None]], dim=1).contiguous()
+        return record
+    # hs-connectors' fp8 layout: codes [T, n+1, H] times scales [T, n+1, 1] (its reader broadcasts them)
+    T = hs.shape[0]
+    codes, scales = stored["hidden_states"].reshape(T, -1, hidden_size), stored["hidden_scales"][:, :, None]
+    if bool((gain == 1).all()):
+        last_codes, last_scales = stored["final_hidden_states"], stored["final_scales"]
+    else:   # final / g has other codes: this slot alone is quantised again
+        last_codes, last_scales = quantise_fp8(last, 1)
+    record["hidden_states"] = torch.cat([codes, last_codes[:, None]], dim=1).contiguous()
+    record["hidden_states_scales"] = torch.cat([scales, last_scales[:, :, None]], dim=1).float().contiguous()
     return record
+
+
+def stored_fp8(buf: torch.Tensor, where: str) -> dict[str, torch.Tensor]:
+    """The FP8 codes and scales of a batch object as stored (codec undone), by name."""
+    header = batchfile.parse_header(memoryview(buf.numpy())[:min(len(buf), batchfile.MAX_HEADER + 8)], where,
+                                    outputs=True)
+    return {name: batchfile.decode_tensor(buf, header, name)
+            for name in ("hidden_states", "hidden_scales", "final_hidden_states", "final_scales")}
 
 
 def _write(path: Path, record: dict, trainer: str) -> None:
@@ -285,6 +317,10 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
         log.warning("run %s is stored as FP8; SpecForge has no FP8 layout, so the export dequantises to %s",
                     run, manifest.dtype)
     path_of = specforge_path if trainer == "specforge" else speculators_path
+    old_names = _unpadded_specforge_files(out) if trainer == "specforge" and out.is_dir() else []
+    if old_names:
+        raise ConfigError(f"{out} holds an export with unpadded file names (e.g. {old_names[0].relative_to(out)}), "
+                          "which SpecForge trains in another order than the run's: export into a new folder")
     out.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[SampleRef]] = {}
     for ref in refs:
@@ -298,10 +334,16 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
         if not todo:
             continue
         contents = source.batch(key)
+        codes = stored_fp8(source.object_bytes(key), source.store.url(key)) if fp8 and trainer == "speculators" \
+            else None
         for ref in todo:
             sample = sample_of(contents, ref, source.store.url(key))
-            record = specforge_record(sample, target) if trainer == "specforge" else \
-                speculators_record(sample, index.hidden_size, gain, fp8=fp8)
+            if trainer == "specforge":
+                record = specforge_record(sample, target)
+            else:
+                lo, hi = int(contents.cu_seqlens[ref.row]), int(contents.cu_seqlens[ref.row + 1])
+                rows = None if codes is None else {name: t[lo:hi] for name, t in codes.items()}
+                record = speculators_record(sample, index.hidden_size, gain, rows)
             _write(path_of(out, ref.position), record, trainer)
             written += 1
             progress.advance()

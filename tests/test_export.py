@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ def test_specforge_dflash_with_limit_shard_and_resume(dflash_run, tmp_path, caps
     assert "155 written, 5 already there, 160 in all" in capsys.readouterr().out
     ids = _ids_by_position(dflash_run)
     files = sorted(out.rglob("*.ckpt"))
-    assert len(files) == 160 and {f.parent.name for f in files} == {"rows_0-2000"}
+    assert len(files) == 160 and {f.parent.name for f in files} == {"rows_000000000-000002000"}
     for position, sample_id in enumerate(ids):
         record = torch.load(specforge_path(out, position), weights_only=False, mmap=True)
         assert set(record) == {"input_ids", "loss_mask", "hidden_states"}
@@ -36,7 +37,34 @@ def test_specforge_dflash_with_limit_shard_and_resume(dflash_run, tmp_path, caps
         assert record["hidden_states"].shape == (1, len(record["input_ids"]), 3 * 64)
         assert_sample_matches(dflash_run, sample_id, record["input_ids"], record["loss_mask"], record["hidden_states"][0])
     assert json.loads((out / "hsx_export.json").read_text())["layer_ids"] == dflash_run.layer_ids
-    assert specforge_path(out, 4123).as_posix().endswith("rows_4000-6000/data_4123.ckpt")
+    assert specforge_path(out, 4123).as_posix().endswith("rows_000004000-000006000/data_000004123.ckpt")
+
+
+def _specforge_listing(folder) -> list[str]:
+    """The feature files in the order SpecForge 0.2.0 trains them: every .ckpt under the folder, sorted as text
+    (specforge/runtime/data_plane/offline_reader.py: os.walk, then files.sort())."""
+    files = [os.path.join(root, n) for root, _, names in os.walk(folder) for n in names if n.endswith(".ckpt")]
+    files.sort()
+    return files
+
+
+def test_specforge_export_trains_in_the_runs_order(dflash_run, tmp_path):
+    """160 samples, 27 batches: SpecForge's text-sorted listing of the export is the run's index order."""
+    out = tmp_path / "sf"
+    assert main(["export", "--run", dflash_run.run, "--for", "specforge-dflash", "--out", str(out),
+                 "--store", str(dflash_run.store)]) == 0
+    in_place = [s["input_ids"].tolist() for s in RunDataset(str(dflash_run.store), dflash_run.run)]
+    listed = [torch.load(f, weights_only=True)["input_ids"].tolist() for f in _specforge_listing(out)]
+    assert len(listed) == len(in_place) == 160
+    assert listed == in_place, next(i for i, (a, b) in enumerate(zip(listed, in_place, strict=True)) if a != b)
+    # past one rows_ folder too: the listing of the paths of 30000 positions is number order
+    paths = [specforge_path(out, i).as_posix() for i in range(0, 30000, 7)]
+    assert sorted(paths) == paths
+    # an export of the older unpadded naming is refused in one line (files would train in another order)
+    old = tmp_path / "old"
+    (old / "rows_0-2000").mkdir(parents=True)
+    assert main(["export", "--run", dflash_run.run, "--for", "specforge-dflash", "--out", str(old),
+                 "--store", str(dflash_run.store), "--limit", "2"]) == 2
 
 
 def test_specforge_eagle3_keys(eagle3_run, tmp_path):

@@ -112,9 +112,9 @@ def test_both_exports(runs, tmp_path, store_dtype, codec):
             else:
                 got = load_file(str(speculators_path(tmp_path / fmt / "got", position)))
                 want = load_file(str(speculators_path(tmp_path / fmt / "base", position)))
-                if fp8:  # hs-connectors' fp8 layout: fp8 [T, n+1, H] + one float32 scale a token, [T, 1, 1]
+                if fp8:  # hs-connectors' fp8 layout: fp8 [T, n+1, H] + float32 scales [T, n+1, 1] (broadcast)
                     assert got["hidden_states"].dtype == torch.float8_e4m3fn
-                    assert got["hidden_states_scales"].shape == (got["hidden_states"].shape[0], 1, 1)
+                    assert got["hidden_states_scales"].shape == got["hidden_states"].shape[:2] + (1,)
                     got["hidden_states"] = got["hidden_states"].float() * got["hidden_states_scales"]
                     assert info["dtype"] == "float8_e4m3"
                 pairs = [(got["hidden_states"], want["hidden_states"])]
@@ -125,3 +125,40 @@ def test_both_exports(runs, tmp_path, store_dtype, codec):
                     assert _rel_l2(g, w) < 0.1
                 else:
                     assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_speculators_fp8_export_keeps_the_stored_codes(runs, tmp_path, codec):
+    """Every sample (160, 27 batches) of an FP8 run exported for speculators, read as hs-connectors' fp8 backend
+    reads it (codes times broadcast scales), against the same run read in place (the hsx backend's record):
+    the run's layers are the same values (no second rounding); each slot's error against the bf16 run is
+    printed per layer (docs/training.md)."""
+    from hsx_tools.export import final_norm_gain, speculators_record
+
+    base_store, base_run = runs[("bfloat16", "none")]
+    store, run = runs[("float8_e4m3", codec)]
+    out = tmp_path / "spec"
+    assert main(["export", "--run", run, "--for", "speculators-eagle3", "--out", str(out), "--store", str(store)]) == 0
+    in_place, truth = RunDataset(str(store), run), RunDataset(str(base_store), base_run)
+    H = in_place.index.hidden_size
+    gain = final_norm_gain(in_place.manifest.model, H)
+    sums, differ = {"export": None, "in place": None}, []
+    for position in range(len(in_place)):
+        sample = in_place[position]
+        want = speculators_record(truth.get(sample["sample_id"]), H, gain)["hidden_states"].float()
+        here = speculators_record(sample, H, gain)["hidden_states"]
+        got = load_file(str(speculators_path(out, position)))
+        codes, scales = got["hidden_states"], got["hidden_states_scales"]
+        n = here.shape[1] - 1
+        if not torch.equal((codes.float() * scales)[:, :n].to(here.dtype), here[:, :n]):    # the stored values?
+            differ.append(position)
+        trained = codes.to(here.dtype) * scales.to(here.dtype)    # as hs_connectors.fp8_utils dequantises
+        for name, values in (("export", trained.float()), ("in place", here.float())):
+            err = ((values - want) ** 2).sum(dim=(0, 2)), (want ** 2).sum(dim=(0, 2))
+            sums[name] = err if sums[name] is None else (sums[name][0] + err[0], sums[name][1] + err[1])
+    per_slot = {name: [round(100 * float((e / w).sqrt()), 3) for e, w in zip(*sums[name], strict=True)]
+                for name in sums}
+    print(f"\nFP8 ({codec}) rel L2 % per speculators slot vs the bf16 run, {len(in_place)} samples: {per_slot}")
+    assert not differ, f"{len(differ)} of {len(in_place)} samples' layers differ from the run read in place"
+    for exported, read in zip(per_slot["export"], per_slot["in place"], strict=True):
+        assert abs(exported - read) < 0.05 * read, per_slot      # the scale's rounding to bf16 only

@@ -129,10 +129,26 @@ def validate(tensors: dict[str, torch.Tensor], sample_ids: list[str], check_fini
             raise BatchFileError(f"{name} holds NaN/Inf (first at token {bad}, sample {sample_ids[sample]!r})")
 
 
+# The token columns are read by byte range (a peer's token table, a vocabulary count): the header carries
+# their own SHA-256 (over the bytes of these tensors, in this order) so such a read is checked too.
+TOKEN_COLUMNS = ("cu_seqlens", "input_ids", "loss_mask")
+TOKEN_DIGEST = "token_sha256"
+
+
+def token_digest(parts: list[bytes | memoryview]) -> str:
+    """SHA-256 (hex) of the token columns' bytes, in TOKEN_COLUMNS order."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    return digest.hexdigest()
+
+
 def encode_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str],
                   codec: str = "none") -> tuple[bytes, list[torch.Tensor]]:
     """Return (8-byte length + JSON header, tensors in data order); ``codec`` compresses the hidden states here."""
     metadata = dict(metadata)
+    if all(name in tensors for name in TOKEN_COLUMNS):
+        metadata[TOKEN_DIGEST] = token_digest([_tensor_bytes(tensors[name].contiguous()) for name in TOKEN_COLUMNS])
     header: dict[str, object] = {}
     encoding: dict[str, dict] = {}
     ordered, offset = [], 0

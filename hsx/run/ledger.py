@@ -294,6 +294,31 @@ def sequence_generation(r: redis.Redis, run: str) -> str:
     return text(r.get(key))
 
 
+@dataclass(frozen=True)
+class SequenceWindow:
+    """What a follower at ``position`` of ``done_seq`` checks, read in one round trip."""
+
+    generation: str          # the sequence's generation now (made here if the key was lost)
+    before: str | None       # batch id at position - 1 (None: position 0, or the list is shorter than that)
+    at: str | None           # batch id at position (None: not recorded yet)
+    length: int              # entries in done_seq now
+
+
+def sequence_window(r: redis.Redis, run: str, position: int) -> SequenceWindow:
+    """The generation, the batches at ``position - 1`` and ``position``, and the length of ``done_seq``, read
+    atomically (MULTI), so a follower sees a rebuilt, reset or rolled-back sequence whenever it looks."""
+    keys = RunKeys(run)
+    pipe = r.pipeline(transaction=True)
+    pipe.set(keys.done_seq_generation, uuid.uuid4().hex[:12], nx=True)
+    pipe.get(keys.done_seq_generation)
+    pipe.lindex(keys.done_seq, max(position - 1, 0))
+    pipe.lindex(keys.done_seq, position)
+    pipe.llen(keys.done_seq)
+    _, generation, before, at, length = pipe.execute()
+    return SequenceWindow(text(generation), text(before) if before is not None and position > 0 else None,
+                          text(at) if at is not None else None, int(length))
+
+
 def done_sequence(r: redis.Redis, run: str, start: int, count: int = 1000) -> list[str]:
     """Batch ids at positions ``start .. start + count - 1`` of ``done_seq`` (fewer at its end)."""
     return [text(x) for x in r.lrange(RunKeys(run).done_seq, start, start + count - 1)]

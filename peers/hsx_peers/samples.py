@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from hsx.config import StoreSettings
 from hsx_reader import RunDataset
-from hsx_reader.objects import fetch_header, fetch_rows
+from hsx_reader.objects import fetch_header, fetch_token_columns
 
 DEFAULT_CACHE_BYTES = 8 * 2**30   # per process; on disk with cache_dir
 
@@ -27,15 +27,20 @@ def open_run(store: str, run: str, fetch: str = "object", cache_dir: str | None 
 
 def token_columns(ds: RunDataset) -> dict[str, list]:
     """``input_ids``, ``loss_mask`` and ``seq_len`` of every sample in index order, read by range (the hidden
-    states are not read): what a peer keeps in its own small dataset beside the hidden states."""
+    states are not read), each batch's columns checked against the token digest in its header: what a peer keeps
+    in its own small dataset beside the hidden states. An object written before that digest existed is read
+    whole and checked against the index's SHA-256 instead."""
     columns: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
-    store, header, rows = ds.source.store, None, None
+    store, key, rows, tokens = ds.source.store, None, None, None
     for ref in ds.index.samples:
-        if header is None or header.key != ref.key:
+        if key != ref.key:
+            key = ref.key
             header = fetch_header(store, ref.key)
-            rows = fetch_rows(store, header, ["cu_seqlens"], 0, header.tensors["cu_seqlens"].shape[0])["cu_seqlens"]
-            n = int(rows[-1])
-            tokens = fetch_rows(store, header, ["input_ids", "loss_mask"], 0, n)
+            checked = fetch_token_columns(store, header)
+            if checked is None:
+                whole = ds.source.batch(ref.key)   # object bytes checked against the index's digest
+                checked = {"cu_seqlens": whole.cu_seqlens, "input_ids": whole.input_ids, "loss_mask": whole.loss_mask}
+            rows, tokens = checked["cu_seqlens"], checked
         lo, hi = int(rows[ref.row]), int(rows[ref.row + 1])
         columns["input_ids"].append(tokens["input_ids"][lo:hi].tolist())
         columns["loss_mask"].append(tokens["loss_mask"][lo:hi].tolist())

@@ -103,6 +103,9 @@ class HsxBackend(HiddenStatesBackend):
                                  "until the run is COMPLETE")
         parser.add_argument("--hsx-follow-log", type=str, default=None,
                             help="with --hsx-mode follow: append a JSON line per step and per object read to this file")
+        parser.add_argument("--hsx-on-dead-letter", type=str, default="wait", choices=["wait", "skip", "stop"],
+                            help="with --hsx-mode follow, when only dead letters are left: wait (for hsx "
+                                 "retry-failed), skip them (end the epoch) or stop")
 
     @staticmethod
     def add_launch_args(parser: argparse.ArgumentParser) -> None:
@@ -119,7 +122,8 @@ class HsxBackend(HiddenStatesBackend):
                 raise ValueError("--hsx-mode follow needs HSX_REDIS_URL (or REDIS_URL) in the environment, "
                                  "e.g. redis://127.0.0.1:6379/0")
             redis_url = with_redis_password(redis_url, os.environ.get("HSX_REDIS_PASSWORD"))
-            return FollowTransfer(redis_url, args.hsx_run, store, args.save_path, args.hsx_follow_log)
+            return FollowTransfer(redis_url, args.hsx_run, store, args.save_path, args.hsx_follow_log,
+                                  getattr(args, "hsx_on_dead_letter", "wait"))
         if not args.hsx_store or not args.hsx_run:
             raise ValueError("--hidden-states-backend hsx needs --hsx-store and --hsx-run")
         return HsxTransfer(args.hsx_store, args.hsx_run, args.hsx_fetch, args.hsx_cache_dir, args.hsx_s3_endpoint_url)

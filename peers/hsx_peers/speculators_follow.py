@@ -23,7 +23,14 @@ into the checkpoint folder (``run.yaml``).
   walks the sequence to step k (Redis reads; a run batch over ``--total-seq-len`` tokens also costs a range
   read of its ``cu_seqlens``) and goes on from there, none repeated, none skipped. ``<save-path>/hsx_follow.json``
   records the run, the sequence's generation and the step size; a resume against a ledger rebuilt since (a
-  Redis loss: another order) or another step size is refused in one line.
+  Redis loss: another order) or another step size is refused in one line. ``<save-path>/hsx_follow_seq.txt``
+  lists the run batch at each position the sampler handed out (a line each): a resume checks the positions
+  it walks against it, so a ledger rolled back a few seconds (same generation, its tail recorded again in
+  another order) is refused too. While it follows, every look at the ledger checks the generation and that
+  the batch before is still in its place (``RunFollower.next_batch_id``), so a rebuild, reset or rollback under
+  a running trainer is refused, never trained through.
+- ``--hsx-on-dead-letter wait|skip|stop``: what the sampler does when only dead letters are left (it logs what
+  it waits for, every minute, in any case): wait for ``hsx retry-failed``, end the epoch without them, or stop.
 - The epoch ends when the run is COMPLETE and every done batch was trained on. Its length (for speculators'
   LR schedule and progress bar) is counted from the plan once the producer has planned every batch: exact when
   every run batch fits one step (extract with ``--token-budget`` <= ``--total-seq-len``), else
@@ -58,6 +65,7 @@ from hsx_reader import Cursor, ReaderError, RunFollower
 from hsx_reader.objects import fetch_header, fetch_rows
 
 STATE_FILE = "hsx_follow.json"     # beside speculators' checkpoints: what a resumed sampler must match
+SEQUENCE_FILE = "hsx_follow_seq.txt"   # beside them: the run batch at each position handed out, a line each
 PLAN_POLL_SECONDS = 1.0            # how often the plan is looked at while the producer is still planning
 
 
@@ -72,11 +80,13 @@ class FollowTransfer(HiddenStatesTransfer):
     """The ``hsx`` backend in follow mode (``--hsx-mode follow``): settings only; the follow loader reads the run, not speculators'
     ``ArrowDataset``, so nothing is asked of it by index."""
 
-    def __init__(self, redis_url: str, run: str, store: StoreSettings | None, save_path: str, log_path: str | None):
+    def __init__(self, redis_url: str, run: str, store: StoreSettings | None, save_path: str, log_path: str | None,
+                 on_dead_letter: str = "wait"):
         self.redis_url, self.run, self.store, self.save_path, self.log_path = redis_url, run, store, save_path, log_path
+        self.on_dead_letter = on_dead_letter
 
     def follower(self) -> RunFollower:
-        return RunFollower(self.redis_url, self.run, store=self.store)
+        return RunFollower(self.redis_url, self.run, store=self.store, on_dead_letter=self.on_dead_letter)
 
     def get_cached(self, file_idx: int) -> dict[str, torch.Tensor] | None:
         raise ReaderError("the hsx backend in follow mode (--hsx-mode follow) reads through its own loader, not by index")
@@ -179,23 +189,55 @@ class FollowSampler:
         tmp.write_text(json.dumps(state))
         os.replace(tmp, path)
 
+    def _handed_out(self, start: int) -> list[str]:
+        """The run batches at the positions handed out before (a resume), from SEQUENCE_FILE; [] from scratch."""
+        path = self.state_dir / SEQUENCE_FILE
+        if start == 0 or not path.exists():
+            return []
+        return path.read_text().split()
+
+    def _record(self, position: int, bid: str) -> None:
+        """Note the run batch at ``position`` in SEQUENCE_FILE (which then holds positions 0..position)."""
+        path = self.state_dir / SEQUENCE_FILE
+        if position == 0:
+            path.write_text(bid + "\n")
+        else:
+            with open(path, "a") as fh:
+                fh.write(bid + "\n")
+
     def steps(self, start: int):
         follower = self.follower
         generation = follower.generation()
         self._check_state(start, generation)
+        handed_out = self._handed_out(start)
         ledger.sequence_done(follower.r, follower.run)
-        step, position = 0, 0
+        step, position, previous, recording, walked = 0, 0, "", start == 0, []
         while True:
             waited = follower.stats.waited_seconds
-            bid = follower.next_batch_id(position)
+            bid = follower.next_batch_id(position, generation, previous)
             if bid is None:
                 return
             waited = follower.stats.waited_seconds - waited    # > 0: the trainer waited for this batch to be done
             spec = follower.spec(bid)
-            for rows in self._rows_per_step(spec):
+            cut = self._rows_per_step(spec)
+            if not recording and step + len(cut) > start:     # this position's steps reach the resumed ones
+                recording = True
+                (self.state_dir / SEQUENCE_FILE).write_text("".join(b + "\n" for b in walked))   # checked below
+            if step < start and position < len(handed_out) and handed_out[position] != bid:
+                raise ReaderError(f"resuming at step {start} in {self.state_dir}: position {position} of run "
+                                  f"{follower.run!r}'s done sequence held batch {handed_out[position]} when it was "
+                                  f"trained on, and now holds {bid}: Redis lost its latest writes (rolled back), so "
+                                  f"step {start} names other samples; train again from scratch (a new --save-path)")
+            if recording:
+                self._record(position, bid)
+            else:
+                walked.append(bid)
+            previous = bid
+            for rows in cut:
                 if step >= start:
                     last = rows[-1] + 1
-                    after = Cursor(position + 1, 0, generation) if last == spec.samples else Cursor(position, last, generation)
+                    after = (Cursor(position + 1, 0, generation, bid) if last == spec.samples
+                             else Cursor(position, last, generation, bid))
                     self.log.write(step=step, epoch=self.epoch, batch_id=bid, position=position, waited=round(waited, 3),
                                    sample_ids=[spec.sample_ids[i] for i in rows], cursor=str(after), at=time.time())
                     yield [SampleAt(bid, row) for row in rows]
