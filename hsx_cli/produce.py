@@ -10,7 +10,7 @@ from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, RUN, STORE_FLAGS, redis_url, store_settings
 from hsx_cli.flags import Flag
 
-MAX_TOKEN_BUDGET = 2**22  # tokens a batch; beyond this no GPU's memory holds one batch's hidden states
+MAX_TOKEN_BUDGET = D.MAX_TOKEN_BUDGET
 
 # How rows become samples, and how many may be rejected: shared with `hsx inspect`.
 ROW_FLAGS = (
