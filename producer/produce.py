@@ -33,6 +33,7 @@ from hsx.prep.dataset import fingerprints
 from hsx.prep.inputs import check_budget, check_row_settings, resolve_dataset, resolve_model, resolve_store_url
 from hsx.prep.planning import cut_batches, padding_fraction
 from hsx.prep.report import Sample, TokeniseReport
+from hsx.prep.weights import weights_fingerprint
 from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
 from hsx.redisconn import connect, redact
 from hsx.run import batchlife, heartbeat, ledger, queues
@@ -42,7 +43,6 @@ from hsx.run.integrity import unmark_missing_done
 from hsx.run.keys import RunKeys
 from hsx.run.rebuild import Rebuild
 from hsx.store import layout
-from hsx.prep.weights import weights_fingerprint
 from producer import windows
 from producer.runlock import ProducerLock
 
