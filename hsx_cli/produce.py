@@ -96,7 +96,8 @@ FLAGS = (
     Flag("--lease-seconds", "run limit, kept in the manifest for every role: work of a process that stopped "
          "heartbeating is re-enqueued this long after its last beat", type=int, default=D.DEFAULT_LEASE_SECONDS,
          min=2, max=86400),
-    Flag("--no-enqueue", "plan only; enqueue nothing", type=bool),
+    Flag("--no-enqueue", "plan only: a new run stays off every queue (no reconciler enqueues it) until this command "
+         "runs without the flag", type=bool),
 )
 
 
