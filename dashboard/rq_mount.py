@@ -13,6 +13,8 @@ holds; ``hsx.run.queues`` makes rq's default serializer JSON in this process). H
 - a job hash hsx did not write (bytes that are not JSON) shows as "not JSON" in
   the job lists and on the Workers page (rq-dashboard's two serialize functions
   are wrapped), and the one-job views answer 422 naming it, instead of a 500;
+- a queue or registry entry that is not a valid rq job id (rq refuses to build a Job from it) shows as
+  "not a valid rq job id" in the job lists (its Queue's ``fetch_job`` is wrapped), instead of a 500;
 - rq-dashboard never sees the Redis URL: it uses the app's client (instance 0
   only), and the URL it displays is the redacted one;
 - every string its JSON endpoints return (queue, worker and job names, a worker's
@@ -66,6 +68,7 @@ SELF_ESCAPED = {
 }
 UNREADABLE_ERRORS = (DeserializationError, UnicodeDecodeError, json.JSONDecodeError, RecursionError)
 NOT_JSON = "(job data is not JSON: hsx did not write it and does not decode it)"
+INVALID_ID = "(not a valid rq job id: hsx did not write it)"
 
 
 def _tolerant(serialize, placeholder):
@@ -73,6 +76,8 @@ def _tolerant(serialize, placeholder):
 
     @wraps(serialize)
     def wrapper(job):
+        if isinstance(job, InvalidJobId):
+            return placeholder(job)
         try:
             return serialize(job)
         except UNREADABLE_ERRORS as exc:
@@ -84,7 +89,32 @@ def _tolerant(serialize, placeholder):
     return wrapper
 
 
+class InvalidJobId:
+    """What a job list holds for an id rq will not build a Job from (e.g. ``bad id!`` planted in a registry)."""
+
+    def __init__(self, job_id: str):
+        self.id = job_id
+
+
+def _tolerant_queue(queue_class):
+    """rq's Queue whose ``fetch_job`` gives an InvalidJobId for an id rq refuses, instead of raising."""
+
+    class TolerantQueue(queue_class):
+        def fetch_job(self, job_id):
+            try:
+                return super().fetch_job(job_id)
+            except ValueError as exc:       # rq.job.validate_job_id
+                log.warning("rq-dashboard: %r in queue %s is not a valid rq job id (%s)", job_id, self.name, exc)
+                return InvalidJobId(job_id.decode(errors="replace") if isinstance(job_id, bytes) else str(job_id))
+
+    TolerantQueue.hsx_tolerant = True
+    return TolerantQueue
+
+
 def _unreadable_job(job) -> dict:
+    if isinstance(job, InvalidJobId):
+        return {"id": job.id, "created_at": None, "started_at": None, "ended_at": None, "exc_info": None,
+                "description": INVALID_ID}
     return {"id": job.id, "created_at": None, "started_at": None, "ended_at": None, "exc_info": None,
             "description": NOT_JSON}
 
@@ -159,6 +189,8 @@ def mount(app: Flask, redis_url: str, r: redis.Redis, poll_ms: int) -> None:
     if not getattr(rq_web.serialize_job, "hsx_tolerant", False):  # module globals, looked up at call time
         rq_web.serialize_job = _tolerant(rq_web.serialize_job, _unreadable_job)
         rq_web.serialize_current_job = _tolerant(rq_web.serialize_current_job, _unreadable_current_job)
+    if not getattr(rq_web.Queue, "hsx_tolerant", False):
+        rq_web.Queue = _tolerant_queue(rq_web.Queue)
     app.config["RQ_DASHBOARD_REDIS_URL"] = (redact(redis_url),)   # shown on its pages; never used to connect
     app.config["RQ_DASHBOARD_POLL_INTERVAL"] = poll_ms
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True              # hides its delete and empty buttons

@@ -11,7 +11,9 @@ keeps across jobs, the rq job functions (plain functions; each finds its process
               -> close(): heartbeat stops, heartbeat key deleted -> slot emptied -> summary line
 
 Heartbeat thread: ``beat()`` every ``heartbeat_seconds`` (a failing beat is logged and tried again
-next time: Redis may be away), and a progress line at least every ``log_every_seconds``.
+next time: Redis may be away), and a progress line at least every ``log_every_seconds``. Each beat also
+reads Redis' maxmemory-policy (hsx/run/evictionpolicy.py): set to an evicting one while the role runs,
+the role says so and stops taking jobs (the job in hand finishes), and ``serve()`` raises the refusal.
 
 Progress log: ``progress_line()`` over the counters of ``totals()`` ("batches" is required): a line
 every DEFAULT_LOG_EVERY_BATCHES batches (``after_batch()``) or interval, rates over the interval since
@@ -37,6 +39,7 @@ from rq.worker import SimpleWorker
 
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.run import heartbeat, queues
+from hsx.run.evictionpolicy import EvictingRedis, check_eviction_policy
 from hsx.run.keys import RunKeys
 from hsx.run.nameclaim import claim_name
 
@@ -55,6 +58,7 @@ class Role:
         self.started = time.time()
         self._logged_at, self._logged, self._said_idle = time.monotonic(), {}, False  # _logged: totals at the last line
         self._stop = threading.Event()
+        self.refusal: EvictingRedis | None = None   # why the role stopped taking jobs by itself, raised by serve()
         self._thread = threading.Thread(target=self._heartbeat_loop, name=f"hsx-{self.noun}-heartbeat", daemon=True)
         self._rq_worker: SimpleWorker | None = None
 
@@ -129,11 +133,22 @@ class Role:
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):
             try:
+                self.check_redis_policy()
                 self.beat()
+            except EvictingRedis as exc:
+                if self.refusal is None:
+                    self.refusal = exc
+                    log.error("%s; %s %s stops taking jobs (the job in hand finishes)", exc, self.noun, self.name)
+                    self.stop_serving()
             except Exception as exc:  # Redis away: keep working, beat again later
                 log.warning("%s heartbeat failed: %s", self.noun, exc)
             if time.monotonic() - self._logged_at >= self.cfg.log_every_seconds:
                 self.log_progress()
+
+    def check_redis_policy(self) -> None:
+        """EvictingRedis when Redis now runs with a policy that may evict the run's keys (set while running:
+        checked every beat, before memory pressure evicts anything)."""
+        check_eviction_policy(self.r, "Redis")
 
     # ---- progress log -----------------------------------------------------------------
     def since_last_line(self) -> tuple[dict[str, int], float]:
@@ -186,6 +201,8 @@ class Role:
             type(self).install(None)
             self._rq_worker = None
             self.log_progress(final=True)
+        if self.refusal is not None:
+            raise self.refusal
 
     def stop_serving(self) -> None:
         """Stop taking jobs, from any thread: the warm shutdown of SIGTERM (`docker compose stop`)."""

@@ -12,6 +12,8 @@ DEMO_FLAGS = (
     Flag("--store", "local output directory", default="hsx-out"),
     Flag("--workdir", "scratch for Redis data, spool and the tiny model", default=".hsx"),
     Flag("--samples", "use only the first N shipped conversations", type=int, min=1),
+    Flag("--look", "after a demo: start its Redis again from WORKDIR/redis (data kept), print `hsx status` and serve "
+         "the dashboard until Ctrl-C", type=bool),
 )
 ASSET_FLAGS = (Flag("--out", "folder to write tiny-qwen3/ and sample_conversations.jsonl into", required=True),)
 
@@ -21,11 +23,15 @@ class DemoConfig:
     store: Path
     workdir: Path
     samples: int | None
+    look: bool = False
 
 
 def run_demo(cfg: DemoConfig) -> int:
+    from hsx_tools.demo import look
     from hsx_tools.demo import run_demo as demo
 
+    if cfg.look:
+        return look(cfg.workdir)
     return demo(cfg.store, cfg.workdir, samples=cfg.samples)
 
 
@@ -48,8 +54,9 @@ DEMO = Command(
     "demo", "the embedded default: the whole pipeline on this machine, tiny model, no network",
     "Starts a private redis-server if none is reachable at HSX_REDIS_URL, builds a tiny random Qwen3 model and a "
     "real tokenizer locally, plans the shipped sample conversations, and runs a worker (CPU) and two uploaders "
-    "as processes into a local-directory store.",
-    DEMO_FLAGS, lambda v: DemoConfig(Path(v["store"]), Path(v["workdir"]), v["samples"]), run_demo)
+    "as processes into a local-directory store, then prints the next commands. --look, after it: the demo's Redis "
+    "again (its data kept in WORKDIR/redis), `hsx status` and the dashboard.",
+    DEMO_FLAGS, lambda v: DemoConfig(Path(v["store"]), Path(v["workdir"]), v["samples"], v["look"]), run_demo)
 
 ASSETS = Command(
     "demo-assets", "write the embedded default's tiny model and sample conversations to a folder",

@@ -37,7 +37,8 @@ class Flag:
     1/true/yes or 0/false/no. ``env``: the variable, by default ``HSX_`` + the flag's name in upper
     case with ``_`` for ``-`` (``--spool-dir`` -> ``HSX_SPOOL_DIR``); ``aliases`` are read after it.
     ``min``/``max`` bound the value inclusively, ``above`` exclusively. ``repeat``: the flag may be
-    given several times; its variable is comma-separated.
+    given several times; its variable is comma-separated. A name without a leading ``-`` is a positional
+    argument (str, int or float; may be left out on the line when its variable or default gives it).
     """
 
     name: str
@@ -75,6 +76,10 @@ class Flag:
         return f"{self.help} [{tail}]".replace("%", "%%")
 
     def add_to(self, parser) -> None:
+        if not self.name.startswith("-"):   # a positional argument (e.g. `hsx show RUN [SAMPLE]`), optional on
+            parser.add_argument(self.name, nargs="?", default=None, help=self.help_text(),  # the line: the
+                                type=_argparse_type(self), metavar=self.metavar or self.dest.upper())  # variable
+            return                                                                       # may give it
         names = [self.short, self.name] if self.short else [self.name]
         kw: dict = {"dest": self.dest, "default": None, "help": self.help_text()}
         if self.type is bool:

@@ -16,13 +16,13 @@ import sys
 
 from hsx import __version__
 from hsx.errors import HsxError
-from hsx_cli import dashboard, demo, export, inspect, produce, reset, retry_failed, status, upload, verify, worker
+from hsx_cli import dashboard, demo, export, inspect, produce, reset, retry_failed, show, status, upload, verify, worker
 from hsx_cli.command import Command
 from hsx_cli.flags import Flag, resolve
 
 COMMANDS: tuple[Command, ...] = (
     produce.COMMAND, inspect.COMMAND, worker.COMMAND, upload.COMMAND, status.COMMAND, retry_failed.COMMAND, reset.COMMAND,
-    dashboard.COMMAND, verify.COMMAND, export.COMMAND, demo.DEMO, demo.ASSETS,
+    dashboard.COMMAND, verify.COMMAND, show.COMMAND, export.COMMAND, demo.DEMO, demo.ASSETS,
 )
 VERBOSE = Flag("--verbose", "debug logging, and the traceback of an unexpected error", type=bool, short="-v",
                env="HSX_DEBUG")

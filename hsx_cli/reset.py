@@ -16,6 +16,8 @@ FLAGS = (
          "must be the run's own store when Redis still records it)"),
     *STORE_FLAGS,
     Flag("--yes", "do not ask", type=bool),
+    Flag("--even-if-live", "reset although the run's workers beat or batches are leased: they may write keys back "
+         "into the run planned next and upload the old plan's spool files as its batches", type=bool),
     REDIS_URL,
 )
 
@@ -26,6 +28,7 @@ class ResetConfig:
     run: str
     store: StoreSettings | None
     yes: bool
+    even_if_live: bool = False
 
 
 def config(v) -> ResetConfig:
@@ -37,7 +40,7 @@ def config(v) -> ResetConfig:
         store = store_settings(v)
         store = StoreSettings(resolve_store_url(store.url), store.endpoint_url, store.region, store.addressing_style,
                               store.verify_etag)
-    return ResetConfig(redis_url(v), v["run"], store, v["yes"])
+    return ResetConfig(redis_url(v), v["run"], store, v["yes"], v["even_if_live"])
 
 
 def run(cfg: ResetConfig) -> int:
@@ -51,7 +54,7 @@ def run(cfg: ResetConfig) -> int:
     if cfg.store is not None and recorded and recorded != cfg.store.url:
         raise ConfigError(f"--store {cfg.store.url} is not run {cfg.run}'s store ({recorded}); nothing was changed")
     store = cfg.store.open() if cfg.store is not None else None
-    plan = plan_reset(r, cfg.run, store)
+    plan = plan_reset(r, cfg.run, store, allow_live=cfg.even_if_live)
     if not plan.redis_keys and not plan.jobs and not plan.objects:
         print(f"run {cfg.run}: nothing to reset (no Redis keys, no queued jobs"
               + (", no objects in the store)" if store is not None else ")"))
@@ -76,5 +79,6 @@ COMMAND = Command(
     "reset", "start a run over: delete its Redis keys and queued jobs (and its store objects with --store)",
     "Remove everything Redis holds for the run (manifest, plan, ledger, counters, leases, heartbeats) and its jobs "
     "on the extract and upload queues; with --store also every object under <store>/<run>/. Asks first (or --yes). "
-    "Refused while a producer works on the run. Then `hsx produce` plans the run anew, with any settings.",
+    "Refused while a producer works on the run, and while its workers beat or batches are leased (--even-if-live "
+    "overrides that, at a risk it names). Then `hsx produce` plans the run anew, with any settings.",
     FLAGS, config, run)

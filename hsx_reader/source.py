@@ -43,8 +43,8 @@ class Source:
     @property
     def cache(self) -> ByteCache:
         if self._cache is None or self._pid != os.getpid():  # a fresh cache per process
-            cache_dir = Path(self.cache_dir) / f"p{os.getpid()}" if self.cache_dir else None
-            self._cache, self._pid = ByteCache(self.cache_bytes, cache_dir), os.getpid()
+            # On disk: this process's own folder under cache_dir, removed with the cache or at exit.
+            self._cache, self._pid = ByteCache(self.cache_bytes, process_root=self.cache_dir), os.getpid()
         return self._cache
 
     def __getstate__(self):

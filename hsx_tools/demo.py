@@ -2,7 +2,14 @@
 
 private redis-server (if none reachable) -> tiny Qwen3 + tokenizer built here
 -> `hsx produce` on the shipped sample -> one CPU `hsx worker` + two
-`hsx upload` -> a local-directory store. Prints where the output is.
+`hsx upload` -> a local-directory store. Prints where the output is and the next
+commands: read a sample (`hsx show`), look at the run (`hsx demo --look`, or
+`hsx status` / `hsx dashboard` where the demo used a Redis of yours), train.
+
+The private redis-server stops with the demo, but its data stays in WORKDIR/redis
+(AOF) and its port in WORKDIR/redis/port: `hsx demo --look` starts it again on that
+port with the run's ledger, prints `hsx status` and serves the dashboard until
+stopped (Ctrl-C), then stops the Redis it started.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from hsx.redisconn import LocalRedis, reachable
+from hsx.redisconn import LocalRedis, reachable, redact
 from hsx_tools.processes import stop_all
 
 RUN = "demo"
@@ -40,7 +47,7 @@ def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:
     local = None
     url = env.get("HSX_REDIS_URL") or env.get("REDIS_URL")
     if not url or not reachable(url):
-        local = LocalRedis(workdir / "redis").start()
+        local = private_redis(workdir)
         url = local.url
         print(f"started a private redis-server at {url} (data in {workdir / 'redis'})")
     env["HSX_REDIS_URL"] = url
@@ -83,4 +90,61 @@ def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:
     print(f"done: {d['batches']}/{p['totals']['batches']} batches, {d['samples']} samples, {d['tokens']} tokens, "
           f"{fmt_bytes(d['bytes'])} verified in {time.monotonic() - started:.1f}s; "
           f"{len(p['dead_letters'])} failed batches")
+    print("\n".join(next_steps(store, workdir, model, None if local else url)))
     return 0 if p["complete"] else 1
+
+
+def private_redis(workdir: Path) -> LocalRedis:
+    """The demo's own redis-server, data in WORKDIR/redis, on the port it had before where that is free."""
+    from hsx.redisconn import free_port
+
+    data = workdir / "redis"
+    port_file = data / "port"
+    port = int(port_file.read_text()) if port_file.exists() else None
+    try:
+        local = LocalRedis(data, port=port or free_port()).start()
+    except RuntimeError:
+        if port is None:
+            raise
+        local = LocalRedis(data).start()                  # the old port is taken: any free one, same data
+    port_file.write_text(str(local.port))
+    return local
+
+
+def next_steps(store: Path, workdir: Path, model: Path, redis_url: str | None) -> list[str]:
+    """What to do with the demo's run: read a sample, look at the run, train on it."""
+    look = (f"hsx status --run {RUN}   # or hsx dashboard: the run stays in your Redis ({redact(redis_url)})" if redis_url else
+            f"hsx demo --workdir {workdir} --look   # the demo's Redis again, its status, and the dashboard")
+    return [
+        "next:",
+        f"  read a sample:   hsx show {RUN} '#0' --store {store}          # no Redis needed",
+        f"  look at the run: {look}",
+        f"  train (CPU):     hsx export --run {RUN} --for specforge-dflash --out {workdir / 'export'} --store {store}",
+        "                   then the printed `specforge train` line, or read it in place: docs/training.md",
+        f"                   (the target is {model})",
+    ]
+
+
+def look(workdir: Path, serve=None) -> int:
+    """Start the demo's private Redis again from WORKDIR/redis, print `hsx status`, serve the dashboard until
+    stopped (``serve(env)``: what runs while the Redis is up; default `hsx dashboard` in the foreground)."""
+    workdir = workdir.resolve()
+    if not (workdir / "redis" / "port").exists():
+        from hsx.config import ConfigError
+
+        raise ConfigError(f"no demo Redis in {workdir / 'redis'}: run `hsx demo --workdir {workdir}` first "
+                          "(a demo that used your own Redis left its run there: hsx status --run demo)")
+    local = private_redis(workdir)
+    env = dict(os.environ, HSX_REDIS_URL=local.url)
+    try:
+        print(f"the demo's Redis is up again at {local.url} (data in {workdir / 'redis'}); in another shell:\n"
+              f"  HSX_REDIS_URL={local.url} hsx status --run {RUN}", flush=True)
+        subprocess.run(_hsx("status", "--run", RUN), env=env, check=False)
+        if serve is not None:
+            return serve(env)
+        try:
+            return subprocess.run(_hsx("dashboard"), env=env, check=False).returncode
+        except KeyboardInterrupt:
+            return 0
+    finally:
+        local.stop()

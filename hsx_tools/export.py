@@ -48,7 +48,6 @@ import json
 import logging
 import os
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,12 +56,13 @@ import torch
 from hsx.batch.dtypes import FP8, quantise_fp8
 from hsx.config import ConfigError, StoreSettings
 from hsx.layers import TARGETS, refusal
+from hsx.run.progressline import Progress
 from hsx_reader.run import ReaderError, RunIndex, SampleRef
 from hsx_reader.source import Source, sample_of
 
 log = logging.getLogger(__name__)
 SPECFORGE_GROUP = 2000  # samples a SpecForge rows_* folder
-PROGRESS_SECONDS = 10.0
+PROGRESS_SECONDS = 10.0   # seconds between progress lines in a log (a bar on a terminal: hsx/run/progressline.py)
 
 
 @dataclass(frozen=True)
@@ -290,10 +290,11 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
     for ref in refs:
         groups.setdefault(ref.key, []).append(ref)
     written = skipped = 0
-    last_log = time.monotonic()
+    progress = Progress(f"export {run}", len(refs), "samples", every_s=PROGRESS_SECONDS)
     for key, group in groups.items():
         todo = [ref for ref in group if not path_of(out, ref.position).exists()]
         skipped += len(group) - len(todo)
+        progress.advance(len(group) - len(todo))
         if not todo:
             continue
         contents = source.batch(key)
@@ -303,9 +304,8 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
                 speculators_record(sample, index.hidden_size, gain, fp8=fp8)
             _write(path_of(out, ref.position), record, trainer)
             written += 1
-        if time.monotonic() - last_log > PROGRESS_SECONDS:
-            log.info("export %s: %d/%d samples (%d already there)", run, written + skipped, len(refs), skipped)
-            last_log = time.monotonic()
+            progress.advance()
+    progress.close()
     counts = {"written": written, "skipped": skipped, "samples": len(refs)}
     if trainer == "speculators":
         counts["table_rows"] = write_speculators_table(out)

@@ -13,14 +13,13 @@ Estimates (units in the names):
   in docs/benchmarks.md when --codec zstd, plus 5 bytes a token of input ids +
   mask (the batch file's payload; headers are small): hsx.batch.batchfile.
   stored_bytes_per_token, as a run's Manifest.bytes_per_token.
-- GPU-hours = computed (padded) tokens / tokens_per_s / 3600. The default rate
-  is one H200 at an effective 0.45 of its 989 TFLOP/s over the decoder layers
-  the forward runs (up to the last stored one): tokens_per_s =
-  0.45 x 989e12 / (2 x their projection parameters). Against the measured bare
-  forwards (docs/benchmarks.md) it gives 33.9k tokens/s for a Qwen3-8B shape
-  with dflash layers (measured 31.7k) and 7.4k for a Qwen3-32B shape (62 layers)
-  (measured 7.8-8.0k): within about 10 %. Pass --gpu-tokens-per-s for your
-  hardware.
+- GPU-hours = computed (padded) tokens / tokens_per_s / 3600, at --gpu-tokens-per-s or the default rate of
+  hsx_tools/rates.py: one H200's FLOPs over the decoder layers the forward runs (up to the last stored one),
+  bounded by the pipeline's measured cost a batch (no tiny model reads a billion tokens/s); a CPU run's hours
+  at this machine's cores beside it.
+- instruction rows: which --columns mapping or built-in preset reads them, and the non-empty columns left
+  out (hsx_tools/columnuse.py).
+- shared-prefix share: the tokens lying in a prefix another row shares (hsx_tools/prefixshare.py).
 - storage cost / month = stored bytes (decimal TB) x --storage-usd-per-tb-month
   (default 23: S3 Standard's list price; set your own).
 """
@@ -41,10 +40,12 @@ from hsx.prep.planning import cut_batches, padding_fraction
 from hsx.prep.report import TokeniseReport
 from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
 from hsx.run.progress import fmt_bytes
+from hsx_tools.columnuse import column_lines, column_use
+from hsx_tools.prefixshare import prefix_share
+from hsx_tools.rates import Rate, cpu_rate, gpu_rate
 
-H200_BF16_FLOPS = 989e12          # dense bf16 FLOP/s of one H200 (SXM)
-DEFAULT_MFU = 0.45                # effective share of it, over projection FLOPs only (calibrated, see above)
 DEFAULT_STORAGE_USD_PER_TB_MONTH = 23.0
+PREFIX_SHARE_TOKENS = 20_000_000  # tokens of rows kept for the shared-prefix share (~160 MB with the sort's copy)
 HISTOGRAM_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -90,17 +91,7 @@ class Estimate:
     rate_source: str
     gpu_hours: float
     storage_usd_month: float
-
-
-def body_params(text_cfg, layers_run: int) -> int:
-    """Parameters of the decoder layers a forward runs (attention + MLP projections; norms and embeddings left out)."""
-    h = text_cfg.hidden_size
-    heads = getattr(text_cfg, "num_attention_heads", None) or max(h // 128, 1)
-    kv = getattr(text_cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(text_cfg, "head_dim", None) or h // heads
-    inter = getattr(text_cfg, "intermediate_size", None) or 4 * h
-    per_layer = h * heads * head_dim * 2 + h * kv * head_dim * 2 + 3 * h * inter
-    return per_layer * layers_run
+    cpu: Rate                 # the same plan on this machine's CPU
 
 
 def estimate(lengths: np.ndarray, text_cfg, layer_ids: list[int], store_final: bool, dtype: str, token_budget: int,
@@ -119,11 +110,12 @@ def estimate(lengths: np.ndarray, text_cfg, layer_ids: list[int], store_final: b
     if tokens_per_s:
         source = "given"
     else:
-        tokens_per_s = DEFAULT_MFU * H200_BF16_FLOPS / (2 * body_params(text_cfg, layers_run))
-        source = f"default: one H200 at {DEFAULT_MFU} of peak over {layers_run} layers"
+        rate = gpu_rate(text_cfg, layers_run, token_budget)
+        tokens_per_s, source = rate.tokens_per_s, rate.source
     stored = tokens * per_token
     return Estimate(len(batches), padding_fraction(batches), tokens, padded, per_token, stored, tokens_per_s,
-                    source, padded / tokens_per_s / 3600, stored / 1e12 * storage_usd_per_tb_month)
+                    source, padded / tokens_per_s / 3600, stored / 1e12 * storage_usd_per_tb_month,
+                    cpu_rate(text_cfg, layers_run, token_budget))
 
 
 def histogram_lines(lengths: np.ndarray, width: int = 40) -> list[str]:
@@ -202,12 +194,15 @@ def run_inspect(cfg: InspectConfig) -> int:
     settings = TokeniseSettings(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns)
     window_rows = cfg.window_rows
     rng = random.Random(cfg.seed)
-    report, lengths, picked, kept_seen = TokeniseReport(), [], [], 0
+    report, lengths, picked, kept_seen, every_ids, kept_tokens = TokeniseReport(), [], [], 0, [], 0
     with WindowTokeniser(cfg.dataset, settings, cfg.tokenise_workers or default_workers(cfg.dataset), window_rows) as windows:
         for window in windows:
             report.merge(window.report)
             for sample in window.samples:          # reservoir: N samples uniformly over the kept rows
                 lengths.append(len(sample.input_ids))
+                if kept_tokens < PREFIX_SHARE_TOKENS:   # the shared-prefix share is measured over these rows
+                    every_ids.append(sample.input_ids)
+                    kept_tokens += len(sample.input_ids)
                 kept_seen += 1
                 if len(picked) < cfg.samples:
                     picked.append(sample)
@@ -223,12 +218,17 @@ def run_inspect(cfg: InspectConfig) -> int:
           f"{report.dropped_overlong} over {cfg.max_length} tokens dropped, {report.rejected_rows} rejected "
           f"({report.reject_share():.2%}; produce fails above {cfg.max_reject_share:.2%})")
     print("  by format: " + ", ".join(f"{k} {v}" for k, v in sorted(report.formats.items())))
+    for line in column_lines(*column_use(cfg.dataset, cfg.columns)):
+        print(line)
     for code, n in report.rejected.most_common():
         print(f"  rejected {n} x {code}")
     for example in report.examples[:10]:
         print(f"    {example}")
     print("token lengths (kept samples):")
     print("\n".join(histogram_lines(lengths_np)))
+    if every_ids:
+        over = f", first {len(every_ids):,} kept rows" if len(every_ids) < len(lengths) else ""
+        print(prefix_share(every_ids).line(f"shared prefixes ({cfg.dataset.name}{over}, ids after the template)"))
     console = None
     if tty:
         from rich.console import Console
@@ -263,4 +263,6 @@ def run_inspect(cfg: InspectConfig) -> int:
     print(f"  GPU: {est.gpu_hours:,.2f} GPU-hours at {est.tokens_per_s:,.0f} tokens/s ({est.rate_source})"
           + (f", ${est.gpu_hours * cfg.gpu_usd_per_hour:,.2f} at ${cfg.gpu_usd_per_hour:g}/GPU-hour"
              if cfg.gpu_usd_per_hour else ""))
+    print(f"  CPU: {est.padded_tokens / est.cpu.tokens_per_s / 3600:,.2f} hours at ~{est.cpu.tokens_per_s:,.0f} tokens/s "
+          f"({est.cpu.source}; an estimate)")
     return 0

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from hsx.manifest import RunLimits
 from hsx.run import ledger, multipart
 from hsx.run.integrity import check_batch, repair_batches, requeue_orphans
+from hsx.run.progressline import Progress
 from hsx.run.rebuild import rebuild_done
 from hsx.store import layout
 
@@ -82,7 +83,9 @@ class VerifyReport:
         return out
 
 
-def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, rebuild: bool = False) -> VerifyReport:
+def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, rebuild: bool = False,
+               progress_every_s: float | None = None) -> VerifyReport:
+    """``progress_every_s``: seconds between progress lines in a log (None: 10; on a terminal a bar: hsx/run/progressline.py)."""
     specs = ledger.all_specs(r, run)
     rebuilt = rebuild_done(r, store, run, specs, full=True) if rebuild else []
     infos = ledger.done_info(r, run)
@@ -95,16 +98,16 @@ def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, re
         return bid, check_batch(store, run, specs[bid], infos.get(bid), quick, incarnation)
 
     seen: Counter = Counter()
-    with ThreadPoolExecutor(VERIFY_THREADS) as pool:
-        for n, (bid, (problem, sample_ids)) in enumerate(pool.map(one, sorted(specs)), 1):
+    progress = Progress(f"verify {run}" + (" (sizes)" if quick else ""), len(specs), "batches", every_s=progress_every_s)
+    with ThreadPoolExecutor(VERIFY_THREADS) as pool, progress:
+        for bid, (problem, sample_ids) in pool.map(one, sorted(specs)):
             if problem:
                 report.problems[bid] = problem
             else:
                 report.checked += 1
                 report.bytes += infos[bid]["size"]
             seen.update(sample_ids)
-            if n % 1000 == 0:
-                log.info("verified %d/%d batches", n, len(specs))
+            progress.advance()
     planned_ids = [s for spec in specs.values() for s in spec.sample_ids]
     report.samples = sum(1 for s in set(planned_ids) if seen[s] >= 1)
     report.duplicate_samples = sorted(s for s, c in seen.items() if c > 1)

@@ -41,6 +41,7 @@ from hsx.run.evictionpolicy import check_eviction_policy
 from hsx.run.index import write_index_if_complete
 from hsx.run.integrity import unmark_missing_done
 from hsx.run.keys import RunKeys
+from hsx.run.progressline import Progress
 from hsx.run.rebuild import Rebuild
 from hsx.store import layout
 from producer import windows
@@ -205,8 +206,9 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         workers = cfg.tokenise_workers or default_workers(cfg.dataset)
         log.info("tokenising %s with %s's chat template on %d processes, %d rows a window",
                  cfg.dataset, cfg.model, workers, cfg.window_rows)
+        progress = Progress(f"tokenise {cfg.dataset.name} for run {cfg.run}", None, "rows")  # bar or log line
         with WindowTokeniser(cfg.dataset, settings, workers, cfg.window_rows, first_window=len(records),
-                             seen=seen, on_event=event) as tokenised:
+                             seen=seen, on_event=event, on_rows=progress.advance) as tokenised, progress:
             for window in tokenised:
                 state.report.merge(window.report)
                 _check_reject_share(r, cfg, state)

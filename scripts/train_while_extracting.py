@@ -108,6 +108,17 @@ def follow(trainer: subprocess.Popen, workdir: Path, r, stop_at_checkpoint: bool
         time.sleep(0.2)
 
 
+def step_losses(trainer_log: Path) -> list[float]:
+    """The losses of the trainer's steps in this call: the CPU shim's last line ({"losses": [[...]]}); [] where the
+    trainer ran without it (with CUDA: speculators' own log lines carry them)."""
+    lines = trainer_log.read_text().splitlines() if trainer_log.exists() else []
+    try:
+        report = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        return []
+    return [x for run in report.get("losses", []) for x in run] if isinstance(report, dict) else []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, required=True)
@@ -142,6 +153,10 @@ def main() -> int:
         rc = follow(trainer, workdir, r, args.stop_at_checkpoint)
         if rc == 0 and trainer.returncode == 0:
             print(f"trainer: run {RUN} is COMPLETE and trained on; drafter in {workdir / 'ckpt'}")
+            losses = step_losses(workdir / "logs" / "trainer.log")
+            if losses:
+                print(f"loss over this call's {len(losses)} steps: {losses[0]:.4f} -> {losses[-1]:.4f} (every step: "
+                      + " ".join(f"{x:.4f}" for x in losses) + ")")
         return rc
     finally:
         stop_all(procs)

@@ -26,6 +26,7 @@ from base64 import b64encode
 from pathlib import Path
 
 import pytest
+from markupsafe import escape
 from rq import Queue, Worker
 from rq.job import Job
 from rq.registry import FailedJobRegistry, StartedJobRegistry
@@ -378,3 +379,26 @@ def test_allowed_hosts_from_the_environment(monkeypatch):
     monkeypatch.setenv("HSX_DASHBOARD_ALLOWED_HOSTS", "http://gpu-box-1:8787")
     with pytest.raises(ValueError, match="without scheme or port"):
         command.config(resolve(command.FLAGS, args))
+
+
+def test_job_lists_answer_with_invalid_job_ids_in_a_queue_or_registry(r, redis_server):
+    """A job id rq refuses to build a Job from (anyone who can write to Redis can plant one) made every list
+    holding it answer 500; it is listed as unreadable and the valid jobs beside it still show."""
+    ledger.save_plan(r, RUN, example_manifest(RUN), SPECS, {"batches": 3, "samples": 6, "tokens": 30})
+    ext = queues.extract_queue_name(RUN)
+    legit = queues.enqueue_extract(r, RUN, SPECS[0].batch_id, seq=1)
+    bad_ids = ["bad id!", "../etc", "<img src=x>"]
+    for bad in bad_ids:
+        r.zadd(FailedJobRegistry(ext, connection=r).key, {bad: time.time() + 3600})
+        r.rpush(f"rq:queue:{ext}", bad)
+    app = create_app(DashboardConfig(redis_url=redis_server.url, token=TOKEN), r=r)
+    auth = {"Authorization": f"Bearer {TOKEN}", "Host": "127.0.0.1:8787", "Origin": "http://127.0.0.1:8787"}
+    client = app.test_client()
+    for registry, want in (("queued", {legit.id, *bad_ids}), ("failed", set(bad_ids))):
+        res = client.get(f"/rq/0/data/jobs/{ext}/{registry}/20/asc/1.json", headers=auth)
+        assert res.status_code == 200, (registry, res.data[:300])
+        listed = {j["id"]: j for j in res.json["jobs"]}
+        assert set(listed) == {str(escape(i)) for i in want}, registry       # HTML-escaped like every string
+        for bad in bad_ids:
+            assert "not a valid rq job id" in listed[str(escape(bad))]["description"]
+    assert client.get("/rq/0/view/jobs", headers=auth).status_code == 200

@@ -9,7 +9,7 @@ def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_whe
     rows = [json.loads(line) for line in sample_dataset().read_text().splitlines() if line.strip()]
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows[:40])
-                    + "{broken\n" + json.dumps({"conversations": [{"from": "human", "value": "hi"},
+                    + "{broken\n" + "[" * 100_000 + "]" * 100_000 + "\n" + json.dumps({"conversations": [{"from": "human", "value": "hi"},
                                                                   {"from": "gpt", "value": "hello there"}]}) + "\n")
     out = subprocess.run([sys.executable, "-m", "hsx_cli.main", "inspect", "--dataset", str(data), "--model",
                           str(tiny_model), "--layers", "dflash:3", "--samples", "2", "--tokenise-workers", "1",
@@ -19,10 +19,11 @@ def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_whe
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "\x1b[" not in text                                   # piped: no terminal colours
-    assert "rows: 42 read, 41 kept" in text and "1 rejected" in text
+    assert "rows: 43 read, 41 kept" in text and "2 rejected" in text
     formats = dict(part.rsplit(" ", 1) for part in text.split("by format: ", 1)[1].split("\n", 1)[0].split(", "))
-    assert formats["unreadable"] == "1" and sum(map(int, formats.values())) == 42 and "sharegpt" in formats
+    assert formats["unreadable"] == "2" and sum(map(int, formats.values())) == 43 and "sharegpt" in formats
     assert "row 41: " in text                                    # the broken line, quoted 1-based
+    assert "row 42: line 42 of d.jsonl is nested too deeply" in text   # 100k "[": was a RecursionError
     assert "token lengths (kept samples):" in text and "#" in text
     samples = [line for line in text.splitlines() if line.startswith("--- sample ")]
     assert len(samples) == 2 and "in the loss mask: [[...]]" in samples[0]

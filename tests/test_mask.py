@@ -46,6 +46,13 @@ def _text_call(name, args):
     return "<|call|>" + name + "\n" + json.dumps(args, ensure_ascii=False) + "<|/call|>"
 
 
+def _channel_call(name, args):
+    return " to=functions." + name + "<|channel|>commentary json<|message|>" + json.dumps(args, ensure_ascii=False) + "<|call|>"
+
+
+CHANNEL_SPECIAL = ("<|start|>", "<|message|>", "<|channel|>", "<|end|>", "<|call|>", "<|return|>")
+IPYTHON_SPECIAL = LLAMA_SPECIAL + ("<|eom_id|>", "<|python_tag|>")
+
 # family -> (template, extra special tokens, bos, rendered call, rendered reasoning or None when never rendered)
 FAMILIES = {
     "chatml_thinking_tools": (CHAT_TEMPLATE, (), None, _chatml_call, lambda r: "<think>\n" + r.strip("\n") + "\n</think>"),
@@ -56,6 +63,8 @@ FAMILIES = {
                          lambda r: r.strip() + "\n</think>"),
     "text_arguments": ((TEMPLATES / "text_arguments.jinja").read_text(), (), "<|endoftext|>", _text_call,
                        lambda r: f"<|think|>{r}<|/think|>"),
+    "channels": ((TEMPLATES / "channels.jinja").read_text(), CHANNEL_SPECIAL, None, _channel_call,
+                 lambda r: f"<|channel|>analysis<|message|>{r}<|end|>"),
 }
 
 
@@ -221,3 +230,40 @@ def test_shipped_sample_sets_lose_no_row_under_thinking_tools_templates(template
                             for k, m in enumerate(conv.messages) if m["role"] == "assistant")
     if template != CHAT_TEMPLATE:
         assert unstable >= 84     # rows the former prefix-render mask rejected (issue 11)
+
+
+@pytest.mark.parametrize("name, template, special, kwargs", [
+    ("llama_ipython", "llama_ipython.jinja", IPYTHON_SPECIAL, {"builtin_tools": ["search", "read_file"]}),
+    ("channels", "channels.jinja", CHANNEL_SPECIAL, {}),
+])
+def test_turns_closed_by_their_own_end_token(name, template, special, kwargs, tmp_path):
+    """A tool-call turn closed by another token than a plain answer (<|eom_id|> in ipython mode, <|call|>):
+    the template's own rendering says where each turn ends. No token of a tool result is in the mask, every
+    call is, and builtin calls (<|python_tag|>name.call(...)) are stored, not refused. On main the ipython
+    rows trained on their tool results (2194 tokens over 27 rows) and the 21 rows with builtin calls were
+    refused; the channels rows left every call's arguments out (3843 tokens)."""
+    tok = build_tokenizer(tmp_path, chat_template=(TEMPLATES / template).read_text(), special_tokens=special,
+                          bos_token="<|begin_of_text|>" if name == "llama_ipython" else None,
+                          sample_path=sample_dataset())
+    chat = ChatTokeniser(tok, template_kwargs=kwargs)
+    tool_tokens = builtin_rows = 0
+    for index, row in enumerate(agentic_rows(48, seed=11)):
+        got = chat.encode_row(row, index)
+        conv = read_conversation(row)
+        conv.messages[:] = chat._prepare(conv.messages, chat.string_arguments)
+        want = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=True, return_dict=True,
+                                       return_assistant_tokens_mask=True, **kwargs)
+        assert got.input_ids.tolist() == list(want["input_ids"]), row["id"]
+        assert got.loss_mask.tolist() == list(want["assistant_masks"]), row["id"]
+        real = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=False, **kwargs)
+        offsets = np.asarray(tok(real, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"])
+        for msg in conv.messages:
+            if msg["role"] == "tool":
+                at = real.index(msg["content"])
+                hit = (offsets[:, 0] < at + len(msg["content"])) & (offsets[:, 1] > at)
+                assert not got.loss_mask[hit].any(), (row["id"], msg["content"])
+                tool_tokens += int(hit.sum())
+        builtin_rows += "<|python_tag|>" in real
+    assert tool_tokens > 1000
+    if name == "llama_ipython":
+        assert builtin_rows >= 20

@@ -305,3 +305,28 @@ def test_a_port_that_is_not_redis_is_one_line(capsys, monkeypatch):
         assert line.startswith(f"hsx status: error: {url} answered, but not as Redis (") and "check the host name" in line
     finally:
         listener.close()
+
+
+def test_reset_is_refused_while_the_runs_workers_or_uploaders_live(capsys, r, redis_env):
+    """A reset under live roles let the worker blame "a Redis restart" and live uploaders write keys back."""
+    from hsx.run import heartbeat, leases, ledger
+    from hsx.run.keys import RunKeys
+    from hsx.run.ledger import BatchSpec
+    from tests.manifests import example_manifest
+
+    run = "liverun"
+    specs = [BatchSpec(batch_id=f"b{i:07d}", index=i, shard="00000", samples=1, tokens=10, padded=16, padded_len=16,
+                       sample_ids=[str(i)]) for i in range(2)]
+    ledger.save_plan(r, run, example_manifest(run), specs, {"batches": 2, "samples": 2, "tokens": 20})
+    keys = RunKeys(run)
+    heartbeat.publish_heartbeat(r, run, "gpu0@hostA", {"host": "hostA", "pid": 1, "batches": 0}, ttl_seconds=60)
+    assert main(["reset", "--run", run, "--yes"]) == 2
+    line = one_error_line(capsys, "reset")
+    assert "run liverun is live: worker gpu0@hostA" in line and "--even-if-live" in line, line
+    assert r.exists(keys.manifest)
+    r.delete(keys.heartbeat("gpu0@hostA"))                              # the worker gone, an upload still leased
+    r.zadd(keys.upload_leases, {specs[1].batch_id: leases.redis_now(r) + 60})
+    assert main(["reset", "--run", run, "--yes"]) == 2
+    assert "1 batches uploading (b0000001)" in one_error_line(capsys, "reset") and r.exists(keys.manifest)
+    assert main(["reset", "--run", run, "--yes", "--even-if-live"]) == 0
+    assert not r.keys(f"hsx:{run}:*")

@@ -102,3 +102,19 @@ def test_parquet_input(r, redis_server, tiny_model, tmp_path):
     report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="pq",
                                     dataset=tmp_path / "d.parquet"))
     assert report.tokenise.kept == 5
+
+
+def test_a_deeply_nested_row_is_rejected_and_the_good_rows_planned(r, redis_server, tiny_model, tmp_path):
+    """100k nested '[' made json.loads raise RecursionError, which took produce down with no row planned."""
+    deep = 100_000
+    data = _write(tmp_path / "deep.jsonl", [GOOD, "[" * deep + "]" * deep, {"id": "x", **GOOD},
+                                            '{"messages": ' + "[" * deep + "]" * deep + "}", {"id": "y", **GOOD}])
+    report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="deep", dataset=data,
+                                    max_reject_share=1.0))
+    assert report.tokenise.rows == 5 and report.tokenise.kept == 3
+    text = "\n".join(report.lines())
+    for row in (2, 4):
+        line = [x for x in text.splitlines() if x.strip().startswith(f"row {row}:")]
+        assert len(line) == 1 and "nested too deeply" in line[0], text
+    planned = {s for spec in ledger.all_specs(r, "deep").values() for s in spec.sample_ids}
+    assert planned == {"0", "x", "y"}

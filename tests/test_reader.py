@@ -158,3 +158,49 @@ def test_collate_packed_and_padded(dflash_run):
         assert (padded["input_ids"][b, n:] == 7).all() and padded["attention_mask"][b].sum() == n
         assert (padded["loss_mask"][b, n:] == 0).all() and (padded["hidden_states"][b, n:] == 0).all()
         assert torch.equal(padded["hidden_states"][b, :n], s["hidden_states"])
+
+
+CACHE_SCRIPT = """
+import sys
+from torch.utils.data import DataLoader
+from hsx_reader import RunDataset
+ds = RunDataset(sys.argv[1], sys.argv[2], cache_bytes=1 << 30, cache_dir=sys.argv[3])
+for i in range(len(ds)):
+    ds[i]
+seen = set()
+for _ in DataLoader(ds, batch_size=None, num_workers=2):
+    seen |= {p.name for p in __import__("pathlib").Path(sys.argv[3]).iterdir()}
+print(sorted(seen))
+"""
+
+
+def test_disk_cache_folders_are_removed_at_exit_and_stale_ones_swept(dflash_run, tmp_path):
+    """Each process's p<pid> folder was left behind for good (up to the cache size each)."""
+    import subprocess
+    import sys
+
+    from hsx_reader.cache import OWNER_FILE
+    cache_dir = tmp_path / "cache"
+    stale, stale_bare = cache_dir / "p999999999", cache_dir / "p999999998"    # no such pids
+    for folder in (stale, stale_bare):
+        folder.mkdir(parents=True)
+        (folder / "0123abcd").write_bytes(b"x" * 1000)
+    (stale / OWNER_FILE).touch()                        # its process died without unlocking: no lock held
+    out = subprocess.run([sys.executable, "-c", CACHE_SCRIPT, str(dflash_run.store), dflash_run.run, str(cache_dir)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    seen = eval(out.stdout.strip().splitlines()[-1])
+    assert len(seen) == 3 and all(name.startswith("p") for name in seen)  # the main process's and 2 workers' folders
+    assert stale.name not in seen and stale_bare.name not in seen         # swept when the first cache opened
+    assert list(cache_dir.iterdir()) == []                                # and every folder gone at exit
+    # A folder whose owner lives is kept.
+    live = ByteCache(100, process_root=cache_dir)
+    live.get("k", lambda k: torch.zeros(10, dtype=torch.uint8))
+    other = cache_dir / "p1"                                           # pid 1 lives, folder being created
+    other.mkdir()
+    from hsx_reader.cache import remove_stale
+    assert remove_stale(cache_dir) == [] and live.disk_dir.exists() and other.exists()
+    del live
+    import gc
+    gc.collect()
+    assert sorted(p.name for p in cache_dir.iterdir()) == ["p1"]

@@ -59,3 +59,34 @@ def test_noeviction_passes_and_a_forbidden_config_warns_once(r, redis_server, ca
         assert len(warnings) == 1 and "noeviction" in warnings[0].getMessage()
     finally:
         r.execute_command("ACL", "DELUSER", "noconfig")
+
+
+def test_a_role_stops_when_the_policy_turns_evicting_while_it_runs(tmp_path):
+    """Checked only at start, a policy set mid-run let Redis evict 104 keys unnoticed. Each beat reads it:
+    the role says so in one line and stops taking jobs (exit 2)."""
+    from tests.test_role_skeleton import HSX_WITH_TALLY, ROOT
+    from tests.waiting import wait_until
+
+    server = LocalRedis(tmp_path / "redis").start()
+    try:
+        r = connect(server.url)
+        proc = subprocess.Popen([sys.executable, "-c", HSX_WITH_TALLY, "tally", "--run", "toy", "--host", "h1",
+                                 "--name", "tally-1", "--heartbeat-seconds", "0.3"], cwd=ROOT,
+                                env={**os.environ, "HSX_REDIS_URL": server.url}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until("the tally's heartbeat", lambda: r.exists("hsx:toy:hb:tally-1"), 60,
+                       check=lambda: proc.poll() is None)
+            r.config_set("maxmemory-policy", "allkeys-lru")
+            wait_until("the tally to stop", lambda: proc.poll() is not None, 60)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 2, err
+        said = [line for line in err.splitlines() if "maxmemory-policy allkeys-lru" in line]
+        assert said and "noeviction" in said[-1] and "stops taking jobs" in err, err
+        assert err.strip().splitlines()[-1].startswith("hsx tally: "), err     # the CLI's one-line refusal
+    finally:
+        server.stop()

@@ -81,7 +81,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
             rt.record_failure()
             storerefusal.record(r, run, batch_id, str(exc), rt.cfg.worker_name)
             failure = batchlife.fail(r, run, batch_id, f"upload: store refused: {exc}", limits.max_attempts,
-                                     requeue=False)
+                                     requeue=False, kept_upload=job)
             if failure.state is batchlife.State.FAILED:
                 delay = backoff_delay(retry, RETRY_BASE_SECONDS, RETRY_CAP_SECONDS)
                 log.error("upload of %s refused by the store; next try in %.1fs", batch_id, delay)

@@ -46,6 +46,14 @@ class ColumnMapping:
         """Columns that must be present for a preset to apply: the first user and assistant column."""
         return self.user[:1] + self.assistant[:1]
 
+    def describe(self) -> str:
+        """The roles it reads, as --columns would spell them: ``system=system_prompt,user=question,...``."""
+        return ",".join(f"{role}={'+'.join(getattr(self, role))}" for role in ROLES if getattr(self, role))
+
+    def instruction_columns(self) -> tuple[str, ...]:
+        """Every column an instruction row is read from (roles, plus the id and tools columns)."""
+        return tuple(c for role in ROLES for c in getattr(self, role)) + (self.id, self.tools)
+
     def to_dict(self) -> dict[str, Any]:
         """Only what differs from the default (recorded in the run manifest)."""
         default = ColumnMapping()
@@ -103,3 +111,9 @@ INSTRUCTION_PRESETS = (
     ColumnMapping(system=("system",), user=("instruction", "input"), assistant=("output",)),
     ColumnMapping(user=("problem",), assistant=("solution",)),
 )
+
+
+def preset_for(data: dict[str, Any]) -> ColumnMapping | None:
+    """The INSTRUCTION_PRESETS entry a row without a mapping is read through: the first whose required columns
+    are present (None: no preset fits)."""
+    return next((p for p in INSTRUCTION_PRESETS if all(data.get(c) is not None for c in p.required())), None)

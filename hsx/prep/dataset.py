@@ -56,6 +56,9 @@ def _iter_jsonl(path: Path) -> Iterator[Row | RowError]:
             except ValueError as exc:  # not UTF-8
                 yield RowError(index, f"line {index + 1} of {path.name} is not valid JSON: {exc}", "bad_json")
                 continue
+            except RecursionError:     # e.g. 100k nested '[': the decoder recurses once a level
+                yield RowError(index, f"line {index + 1} of {path.name} is nested too deeply to read as JSON", "bad_json")
+                continue
             if not isinstance(data, dict):
                 yield RowError(index, f"expected a JSON object, got {type(data).__name__}", "not_an_object")
                 continue

@@ -48,6 +48,8 @@ class TemplateShape:
                                # whose generation prompt opens the reasoning block of the last turns only;
                                # the longest found before a turn is its header
     end: str                   # text that closes it, e.g. "<|im_end|>\n" (ChatML) or "<|eot_id|>" (Llama 3)
+    calls_end_alike: bool = False  # a tool-call turn followed by a tool result also ends at the first ``end``
+                                   # (probed); else each turn's end is found by rendering the cut conversation
 
 
 def _common_prefix(a: str, b: str) -> str:
@@ -98,7 +100,29 @@ def probe_shape(render: Render) -> TemplateShape:
     end = _common_prefix(tail, between)     # e.g. "<|im_end|>\n": what every assistant turn ends with
     if not end.strip():
         raise TemplateError("the chat template renders nothing after an assistant turn; cannot tell where it ends")
-    return TemplateShape(headers=headers, end=end)
+    return TemplateShape(headers=headers, end=end, calls_end_alike=_calls_end_alike(render, end))
+
+
+def _calls_end_alike(render: Render, end: str) -> bool:
+    """Whether a tool-call turn, followed by its result, ends at the first ``end`` after its call as the
+    template itself says (the conversation rendered cut after the call turn). False when it ends otherwise
+    (e.g. <|eom_id|> or <|call|>) or the template will not render the probe."""
+    value, result = "HsXprobeV1Q", "HsXprobeT1Q"
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "id": "call_1", "function": {"name": "lookup", "arguments": {"query": value}}}]}
+    convo = [{"role": "user", "content": "HsXprobeU1Q"}, call,
+             {"role": "tool", "tool_call_id": "call_1", "name": "lookup", "content": result},
+             {"role": "assistant", "content": "HsXprobeA3Q"}]
+    try:
+        whole, cut = render(convo, None, False), render(convo[:2], None, False)
+    except Exception:
+        return False
+    if value not in cut or result not in whole:
+        return False
+    after = whole[whole.index(value) + len(value):whole.index(result)]
+    length = len(_common_prefix(cut[cut.index(value) + len(value):], after))
+    at = after.find(end)
+    return at >= 0 and at + len(end) == length
 
 
 def _marker_base(real: str) -> str:
@@ -135,10 +159,20 @@ def _marked_copy(messages: list[dict[str, Any]], base: str, reasoning_key: str):
             copy[reasoning_key] = mark(reasoning.split("<think>")[-1], index)
         copy["content"] = mark(content, index) if content.strip() else content
         if msg.get("tool_calls"):
-            copy["tool_calls"] = [{**call, "function": {**call["function"], "name": mark(call["function"]["name"], index)}}
-                                  for call in msg["tool_calls"]]
+            copy["tool_calls"] = [_marked_call(call, mark, index) for call in msg["tool_calls"]]
         marked.append(copy)
     return marked, values, owner
+
+
+def _marked_call(call: dict[str, Any], mark: Callable[[str, int], str], index: int) -> dict[str, Any]:
+    """The call with its first non-blank string argument value marked, else its name: a template may branch
+    on the name (builtin tools rendered another way, e.g. ``<|python_tag|>name.call(...)``), hardly on a value."""
+    function, arguments = call["function"], call["function"].get("arguments")
+    if isinstance(arguments, dict):
+        for key, value in arguments.items():
+            if isinstance(value, str) and value.strip():
+                return {**call, "function": {**function, "arguments": {**arguments, key: mark(value, index)}}}
+    return {**call, "function": {**function, "name": mark(function["name"], index)}}
 
 
 def _renderings(value: str):
@@ -251,12 +285,30 @@ def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Re
         if start < 0:
             raise RowRejected("turn_not_located", f"turn {index} (assistant): no role header {shape.headers[-1]!r} before it")
         lo, hi = starts[last], starts[last] + len(pieces[last])
-        at = real.find(shape.end, lo, hi)
-        if at >= 0:
+        if index == len(messages) - 1:
+            at = real.find(shape.end, lo, hi)
+            end = at + len(shape.end) if at >= 0 else hi   # the final turn: its end marker, else the text's end
+        elif shape.calls_end_alike and (at := real.find(shape.end, lo, hi)) >= 0:
             end = at + len(shape.end)
-        elif last == len(order):
-            end = hi                  # the final turn without an end marker: up to the end of the text
         else:
-            raise RowRejected("turn_not_located", f"turn {index} (assistant): no end-of-turn {shape.end!r} after it")
+            end = lo + _rendered_end(render, marked, tools, index, f"{base}{order[last - 1]}Q", pieces[last])
         spans.append((start, end))
     return spans
+
+
+def _rendered_end(render: Render, marked: list[dict[str, Any]], tools, index: int, last_marker: str,
+                  piece: str) -> int:
+    """Length of the part of ``piece`` (the text after turn ``index``'s last marker, up to the next marker)
+    that still belongs to the turn: what the template renders after that marker when the conversation
+    ends with the turn, as far as it agrees with ``piece``. The template itself says where the turn ends,
+    whatever its end token (<|eot_id|>, <|eom_id|> after a call, <|call|>, ...)."""
+    cut = render(marked[:index + 1], tools, False)
+    at = cut.rfind(last_marker)
+    if at < 0:
+        raise RowRejected("turn_not_located", f"turn {index} (assistant): the template does not render it when "
+                                              "the conversation ends with it; cannot tell where it ends")
+    length = len(_common_prefix(cut[at + len(last_marker):], piece))
+    if not piece[:length].strip():
+        raise RowRejected("turn_not_located", f"turn {index} (assistant): the template renders nothing after it "
+                                              "that it also renders when the turn is last; cannot tell where it ends")
+    return length

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from hsx.prep.columns import INSTRUCTION_PRESETS, ColumnMapping
+from hsx.prep.columns import ColumnMapping, preset_for
 
 OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                 "tool": "tool", "function": "tool"}
@@ -248,7 +248,7 @@ def read_conversation(data: dict[str, Any], mapping: ColumnMapping | None = None
         system = data.get(mapping.system[0]) if mapping.system else data.get("system")
         messages, fmt = _sharegpt_messages(raw, system), "sharegpt"
     else:
-        preset = next((p for p in INSTRUCTION_PRESETS if all(data.get(c) is not None for c in p.required())), None)
+        preset = preset_for(data)
         if preset is None:
             raise RowRejected("no_conversation", "no 'messages', 'conversations' or 'input_ids' field, nor instruction "
                                                  f"columns (columns: {sorted(data)[:12]}); map them with --columns")

@@ -179,12 +179,14 @@ class WindowTokeniser:
     """Iterate over tokenised windows; tokenising runs ahead in a thread (+ processes).
 
     ``seen``: sample ids already planned (a resumed run), for the duplicate check.
-    ``on_event(name, window)`` is called with "tokenised" as each window completes.
+    ``on_event(name, window)`` is called with "tokenised" as each window completes, ``on_rows(n)`` as each chunk
+    of n rows is tokenised (progress within a window).
     Use as a context manager: leaving it stops the thread and the processes.
     """
 
     def __init__(self, dataset, settings: TokeniseSettings, workers: int, window_rows: int, first_window: int = 0,
-                 seen: set[str] | None = None, on_event: Callable[[str, int], None] | None = None):
+                 seen: set[str] | None = None, on_event: Callable[[str, int], None] | None = None,
+                 on_rows: Callable[[int], None] | None = None):
         if window_rows < 1:
             raise ValueError(f"window rows must be >= 1, got {window_rows}")
         if workers < 1:
@@ -193,6 +195,7 @@ class WindowTokeniser:
         self.settings, self.workers, self.window_rows = settings, workers, window_rows
         self.first_window, self.seen = first_window, seen if seen is not None else set()
         self.on_event = on_event or (lambda name, window: None)
+        self.on_rows = on_rows or (lambda rows: None)   # rows tokenised since the last call (the tokenise thread)
         self._out: queue.Queue = queue.Queue(maxsize=FINISHED_WINDOWS)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tokenise", daemon=True)
@@ -265,6 +268,7 @@ class WindowTokeniser:
                 builder = builder or _WindowBuilder(number, self.settings, self.seen)
                 for result in results:
                     builder.add(result)
+                self.on_rows(len(results))
             if builder is not None:
                 self.on_event("tokenised", builder.window.number)
                 if not self._put(builder.window):

@@ -33,7 +33,8 @@ leased | uploading -> failed | dead ``fail``            GPU worker, uploader, ``
                                                         the run's max_attempts; a done batch: nothing)
 expired lease -> failed | spooled   ``reap``            every heartbeat (extract -> ``fail``, upload ->
                                                         ``requeue_upload``)
-dead -> planned                     ``retry``           ``hsx retry-failed``, the dashboard (else NotRetryable)
+dead -> planned | spooled          ``retry``           ``hsx retry-failed``, the dashboard (else NotRetryable);
+                                                        spooled: a kept spool file (``kept_uploads``) uploaded again
 done -> planned                     ``reopen``          ``verify --repair``, ``produce`` (object missing or bad)
 
 A job id's last part (``<seq>``) only makes it unique: the first job of a batch has 1, every later one
@@ -233,14 +234,18 @@ def reopen(r: redis.Redis, run: str, spec: ledger.BatchSpec, requeue: bool = Tru
 
 # ---- failed and dead -------------------------------------------------------------------------------
 def fail(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int, requeue: bool = True,
-         at_front: bool = False) -> Failure:
+         at_front: bool = False, kept_upload: dict | None = None) -> Failure:
     """leased | uploading -> failed | dead: count a failure (one script); below the run's ``max_attempts``
     the batch is extracted again (``requeue``; False: the caller queues its own next try), at it a dead
-    letter. A done batch counts nothing (a late failure of a duplicate copy is no failure of the batch)."""
+    letter. A done batch counts nothing (a late failure of a duplicate copy is no failure of the batch).
+    ``kept_upload``: the upload job of a spool file kept (host, path, size, sha256, tier): a dead letter
+    then remembers it, and ``retry`` uploads that file again instead of extracting the batch anew."""
     attempts = ledger.record_failure(r, run, bid, error, max_attempts)
     if attempts == 0:
         return Failure(State.DONE, 0)
     if attempts >= max_attempts:
+        if kept_upload is not None:
+            r.hset(RunKeys(run).kept_uploads, bid, json.dumps(kept_upload))
         log.error("batch %s of run %s failed %d times; moved to dead letters: %s", bid, run, attempts, error)
         return Failure(State.DEAD, attempts)
     if requeue:
@@ -302,5 +307,17 @@ def retry(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
                     if any(ledger.is_done(r, run, bid) for bid in alive) else "")
             raise NotRetryable(f"not dead letters of run {run!r}: {why}; nothing was retried{hint}")
     taken = ledger.take_dead_letters(r, run, bids)
-    enqueue(r, run, [bid for bid in taken if not ledger.is_done(r, run, bid)])
+    keys, extract = RunKeys(run), []
+    for bid in taken:
+        if ledger.is_done(r, run, bid):
+            continue
+        kept = r.hget(keys.kept_uploads, bid)
+        r.hdel(keys.kept_uploads, bid)
+        if kept is None:
+            extract.append(bid)
+            continue
+        # Its spool file was kept: upload it again (a file gone by then fails as lost, and is extracted again).
+        job = json.loads(kept)
+        requeue_upload(r, job["host"], run, bid, job["path"], job["size"], job["sha256"], job.get("tier", "disk"))
+    enqueue(r, run, extract)
     return taken

@@ -94,6 +94,10 @@ class RunKeys:
         return self._k("upload_jobs")
 
     @property
+    def kept_uploads(self) -> str:  # HASH batch_id -> JSON upload job kwargs + host: a dead letter whose spool file
+        return self._k("kept_uploads")  # was kept (the store refused it); retry uploads it again; no TTL
+
+    @property
     def windows(self) -> str:  # HASH window number -> JSON record of a planned + enqueued window (producer resume); no TTL
         return self._k("windows")
 

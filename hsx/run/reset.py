@@ -2,7 +2,9 @@
 
 `hsx produce` refuses a run whose manifest differs from the one recorded (DESIGN: a run
 refuses to resume against a different manifest); a run planned with wrong settings is
-reset here, then planned again. Nothing is deleted while a producer holds the run's lock.
+reset here, then planned again. Nothing is deleted while a producer holds the run's lock, nor (unless
+the user overrides it, knowing what it risks) while the run's workers beat or batches are leased: a live
+worker or uploader would write its keys back into the run planned next.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import redis
 
 from hsx.errors import HsxError
 from hsx.redisconn import text
-from hsx.run import queues
+from hsx.run import heartbeat, leases, queues
 from hsx.run.keys import RUNS, RunKeys
 from hsx.store import layout
 
@@ -40,11 +42,33 @@ class ResetPlan:
         return line
 
 
-def plan_reset(r: redis.Redis, run: str, store=None) -> ResetPlan:
+LIVE_RISK = ("they may write keys back into the run planned next (a heartbeat, a lease, a batch marked done) "
+             "and upload the old plan's spool files")
+
+
+def live_roles(r: redis.Redis, run: str) -> list[str]:
+    """What of the run still lives: workers whose heartbeat has not expired, batches an extractor or an
+    uploader holds a lease on (lease expiry against Redis' clock)."""
+    keys = RunKeys(run)
+    out = [f"worker {w['worker']}" for w in heartbeat.read_workers(r, run) if w["alive"]]
+    now = leases.redis_now(r)
+    for what, key in (("extracting", keys.extract_leases), ("uploading", keys.upload_leases)):
+        held = [text(b) for b in r.zrangebyscore(key, now, "+inf")]
+        if held:
+            out.append(f"{len(held)} batches {what} ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''})")
+    return out
+
+
+def plan_reset(r: redis.Redis, run: str, store=None, allow_live: bool = False) -> ResetPlan:
+    """``allow_live``: reset even while the run's roles live (LIVE_RISK); else refused naming them."""
     layout.check_run_name(run)
     keys = RunKeys(run)
     if r.exists(keys.producer_lock):
         raise ResetRefused(f"run {run}: a producer is working on it (lock {keys.producer_lock}); stop it first")
+    live = [] if allow_live else live_roles(r, run)
+    if live:
+        raise ResetRefused(f"run {run} is live: {'; '.join(live)}; stop its workers and uploaders first "
+                           f"(or --even-if-live: {LIVE_RISK}); nothing was changed")
     redis_keys = sorted(text(k) for k in r.scan_iter(match=f"hsx:{run}:*", count=1000))
     jobs: dict[str, list[str]] = {}
     names = [text(n).removeprefix("rq:queue:") for n in r.smembers("rq:queues")]

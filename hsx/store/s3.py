@@ -32,6 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, DEFAULT_UPLOAD_RETRIES
 from hsx.retry import retry_call
 from hsx.store.base import ObjectInfo, PermanentStoreError, Store, StoreError, VerifyError, check_read_back
+from hsx.store.parts import BufferPool, Part, ShortFile, read_parts
 
 log = logging.getLogger(__name__)
 RETRYABLE = (BotoCoreError, ClientError, ConnectionError, TimeoutError)
@@ -45,6 +46,8 @@ class _Missing(Exception):
     """A 404: an answer, not a fault; never retried."""
 PART_CONCURRENCY = 4  # parts of one object in flight at once (memory: x chunk bytes)
 READ_BACK_CHUNK = 8 * 2**20  # bytes hashed at a time by read_back
+# Part buffers of this process, reused across uploads and stores (one upload in flight holds PART_CONCURRENCY + 1).
+PART_BUFFERS = BufferPool(keep=PART_CONCURRENCY + 1)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,26 @@ class S3Settings:
     attempts: int = DEFAULT_UPLOAD_RETRIES                  # tries of each call
 
 
+def _meta_sha256(info: dict) -> str | None:
+    """The object's ``sha256`` user metadata, its key in any case: HTTP header names are case-insensitive and some
+    servers (rclone serve s3) answer ``x-amz-meta-Sha256``, which boto3 hands back as ``Sha256``."""
+    return next((v for k, v in info.get("Metadata", {}).items() if k.lower() == "sha256"), None)
+
+
+def _read_single(path: Path, size: int, sha256: str) -> Part:
+    """The whole file as one part (a single PUT), read once; VerifyError unless it is ``size`` bytes of ``sha256``."""
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        try:
+            parts = list(read_parts(fh, size, max(size, 1), BufferPool(keep=0), (digest,)))
+        except ShortFile as exc:
+            raise VerifyError(f"{path}: local file is not the {size} bytes expected: {exc}") from None
+    if digest.hexdigest() != sha256:
+        raise VerifyError(f"{path}: local file is {size} bytes sha256 {digest.hexdigest()[:12]}, "
+                          f"expected {size} bytes sha256 {sha256[:12]}")
+    return parts[0] if parts else Part(1, bytearray(), hashlib.md5(b"").digest())
+
+
 def _md5_b64(data: bytes) -> str:
     return base64.b64encode(hashlib.md5(data).digest()).decode()
 
@@ -69,9 +92,16 @@ class S3Store(Store):
         self.s = settings
         self.client = boto3.session.Session().client(
             "s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
-            config=Config(s3={"addressing_style": settings.addressing_style},
+            # payload_signing_enabled False: SigV4 signs UNSIGNED-PAYLOAD instead of a SHA-256 of every body
+            # (botocore already does so over https when Content-MD5 is sent; over http it hashed every byte again,
+            # ~0.6 s a GiB). The body stays covered: its Content-MD5 is a signed header and the server checks it.
+            # request_checksum_calculation "when_required": no CRC32 of every body on top of Content-MD5 (botocore
+            # >= 1.36 adds one by default, ~0.2 s a GiB; some S3-compatible servers refuse it).
+            config=Config(s3={"addressing_style": settings.addressing_style, "payload_signing_enabled": False},
+                          request_checksum_calculation="when_required",
                           retries={"max_attempts": 5, "mode": "adaptive"},
                           max_pool_connections=2 * PART_CONCURRENCY + 2))
+        self._buffers = PART_BUFFERS
 
     def _k(self, key: str) -> str:
         return f"{self.s.prefix.strip('/')}/{key}" if self.s.prefix.strip("/") else key
@@ -105,14 +135,14 @@ class S3Store(Store):
         return self._verify(key, len(data), sha, f'"{hashlib.md5(data).hexdigest()}"')
 
     def put_file(self, key: str, path: Path, size: int, sha256: str) -> ObjectInfo:
+        """Upload the file, each byte read once (hsx/store/parts.py), and verify it; the file's SHA-256 is
+        recomputed from the bytes sent and must equal ``sha256`` (the worker's) before the upload completes."""
         if size < self.s.multipart_threshold:
-            data = Path(path).read_bytes()
-            got = hashlib.sha256(data).hexdigest()
-            if len(data) != size or got != sha256:
-                raise VerifyError(f"{path}: local file is {len(data)} bytes sha256 {got[:12]}, expected {size} bytes sha256 {sha256[:12]}")
+            part = _read_single(Path(path), size, sha256)
             self._call(f"put {self.url(key)}", lambda: self.client.put_object(
-                Bucket=self.s.bucket, Key=self._k(key), Body=data, ContentMD5=_md5_b64(data), Metadata={"sha256": sha256}))
-            return self._verify(key, size, sha256, f'"{hashlib.md5(data).hexdigest()}"')
+                Bucket=self.s.bucket, Key=self._k(key), Body=part.body, ContentMD5=base64.b64encode(part.md5).decode(),
+                Metadata={"sha256": sha256}))
+            return self._verify(key, size, sha256, f'"{part.md5.hex()}"')
         return self._put_multipart(key, Path(path), size, sha256)
 
     def _put_multipart(self, key: str, path: Path, size: int, sha256: str) -> ObjectInfo:
@@ -121,17 +151,15 @@ class S3Store(Store):
             Bucket=self.s.bucket, Key=k, Metadata={"sha256": sha256}))["UploadId"]
         try:
             digest, part_md5s, futures = hashlib.sha256(), [], []
-            with ThreadPoolExecutor(PART_CONCURRENCY) as pool, open(path, "rb") as fh:
-                number = 0
-                while chunk := fh.read(self.s.multipart_chunk):
-                    number += 1
-                    digest.update(chunk)
-                    md5 = hashlib.md5(chunk)
-                    part_md5s.append(md5.digest())
-                    if len(futures) >= PART_CONCURRENCY:  # bound memory: wait for the oldest part
-                        futures[-PART_CONCURRENCY].result()
-                    futures.append(pool.submit(self._upload_part, k, upload_id, number, chunk,
-                                               base64.b64encode(md5.digest()).decode()))
+            with ThreadPoolExecutor(PART_CONCURRENCY) as pool, open(path, "rb", buffering=0) as fh:
+                try:
+                    for part in read_parts(fh, size, self.s.multipart_chunk, self._buffers, (digest,)):
+                        part_md5s.append(part.md5)
+                        if len(futures) >= PART_CONCURRENCY:  # bound memory: wait for the oldest part
+                            futures[-PART_CONCURRENCY].result()
+                        futures.append(pool.submit(self._upload_part, k, upload_id, part))
+                except ShortFile as exc:
+                    raise VerifyError(f"{path}: local file changed or is corrupt: {exc}") from None
                 parts = [f.result() for f in futures]
             if digest.hexdigest() != sha256:
                 raise VerifyError(f"{path}: local file changed or is corrupt (sha256 {digest.hexdigest()[:12]}, expected {sha256[:12]})")
@@ -146,22 +174,27 @@ class S3Store(Store):
         etag = f'"{hashlib.md5(b"".join(part_md5s)).hexdigest()}-{len(part_md5s)}"'
         return self._verify(key, size, sha256, etag)
 
-    def _upload_part(self, k: str, upload_id: str, number: int, chunk: bytes, md5_b64: str) -> dict:
-        r = self._call(f"upload part {number} of s3://{self.s.bucket}/{k}", lambda: self.client.upload_part(
-            Bucket=self.s.bucket, Key=k, UploadId=upload_id, PartNumber=number, Body=chunk, ContentMD5=md5_b64))
-        return {"ETag": r["ETag"], "PartNumber": number}
+    def _upload_part(self, k: str, upload_id: str, part: Part) -> dict:
+        """Send one part (its buffer goes back to the pool once the part is in, or has failed for good)."""
+        try:
+            r = self._call(f"upload part {part.number} of s3://{self.s.bucket}/{k}", lambda: self.client.upload_part(
+                Bucket=self.s.bucket, Key=k, UploadId=upload_id, PartNumber=part.number, Body=part.body,
+                ContentMD5=base64.b64encode(part.md5).decode()))
+        finally:
+            self._buffers.give(part.body)
+        return {"ETag": r["ETag"], "PartNumber": part.number}
 
     def _verify(self, key: str, size: int, sha256: str, etag: str) -> ObjectInfo:
         info = self._call(f"head {self.url(key)}", lambda: self.client.head_object(Bucket=self.s.bucket, Key=self._k(key)))
-        if not info.get("Metadata", {}).get("sha256"):
+        if not _meta_sha256(info):
             raise PermanentStoreError(f"{self.url(key)}: the store kept no sha256 metadata (x-amz-meta-sha256) on the "
                                       "object hsx wrote with it, so it can never be verified; this store drops user "
                                       "metadata and cannot hold an hsx run")
         problems = []
         if info["ContentLength"] != size:
             problems.append(f"size {info['ContentLength']} != {size}")
-        if info.get("Metadata", {}).get("sha256") != sha256:
-            problems.append(f"sha256 metadata {info.get('Metadata', {}).get('sha256')!r} != {sha256!r}")
+        if _meta_sha256(info) != sha256:
+            problems.append(f"sha256 metadata {_meta_sha256(info)!r} != {sha256!r}")
         if self.s.verify_etag and info.get("ETag") != etag:
             problems.append(f"ETag {info.get('ETag')} != {etag}")
         if problems:
@@ -173,7 +206,7 @@ class S3Store(Store):
             info = self._call(f"head {self.url(key)}", lambda: self.client.head_object(Bucket=self.s.bucket, Key=self._k(key)))
         except _Missing:
             return None
-        return ObjectInfo(key, info["ContentLength"], info.get("Metadata", {}).get("sha256"))
+        return ObjectInfo(key, info["ContentLength"], _meta_sha256(info))
 
     def get_bytes(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         kwargs = {"Bucket": self.s.bucket, "Key": self._k(key)}
