@@ -66,7 +66,8 @@ def write_run(root: Path, batches: int, token_budget: int, seed: int = 0, store_
     store = str(root)   # a synthetic run: what a reader checks is real, the rest says where it came from
     new_manifest(run=RUN, model="synthetic", model_config_hash="0" * 64, model_type="synthetic", num_layers=36,
                  hidden_size=H, layer_preset=",".join(map(str, LAYERS)), layer_ids=tuple(LAYERS), store_final=False,
-                 dtype="bfloat16", store_dtype=store_dtype, codec=codec, compute_dtype="bfloat16", fp8_accumulation="fp32", max_length=4096,
+                 dtype="bfloat16", store_dtype=store_dtype, codec=codec, compute_dtype="bfloat16", fp8_accumulation="fp32",
+                 max_length=min(4096, token_budget),
                  overlong="drop", token_budget=token_budget, pad_multiple=8, max_batch_rows=512, batches_per_shard=100,
                  window_rows=None, dataset="synthetic", dataset_fingerprint="0" * 64, chat_template_hash="0" * 64,
                  template_kwargs={}, columns={}, pad_token_id=0, store_url=store, store=StoreSettings(url=store),

@@ -16,6 +16,7 @@ from gpu_worker.extractor import Extractor
 from gpu_worker.prefetch import Prefetcher
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
 from hsx import spool
+from hsx.batch import batchfile
 from hsx.config import WorkerConfig
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.devices import GpuProbe
@@ -23,7 +24,7 @@ from hsx.digest import file_sha256
 from hsx.manifest import Manifest
 from hsx.redisconn import OUTAGES
 from hsx.role import Role
-from hsx.run import batchlife, computeerror, heartbeat, leases, ledger, queues, reconcile, rqclean
+from hsx.run import batchlife, computeerror, heartbeat, leases, ledger, provenance, queues, reconcile, rqclean
 from hsx.run.fp8error import ERROR_SAMPLE_EVERY
 from hsx.run.idle import run_complete
 from hsx.run.keys import RunKeys
@@ -124,10 +125,16 @@ class WorkerRuntime(Role):
 
         The spool may be shared with other live workers of this host: a temp file whose writer
         still heartbeats is a write in progress and stays (until a later sweep finds it dead).
+
+        Only a file that proves it is of this plan is re-enqueued (hsx/run/provenance.py): one of another
+        incarnation of the run (it was reset since) or with other samples is removed, its batch is extracted
+        again; one whose batch is not planned (yet: a plan being written again) or whose header cannot be read
+        is left alone, not enqueued (a re-extraction overwrites it).
         """
         self.sweep_temp_files(at_start=True)
         pending = queues.pending_upload(self.r, self.cfg.host, self.run)
-        requeued = 0
+        incarnation = ledger.require_manifest(self.r, self.run).incarnation  # now: the run may have been reset
+        requeued, foreign = 0, []
         for tier in self.tiers.tiers:
             for path in spool.complete_files(tier.dir, self.run):
                 bid = path.name.removesuffix(".safetensors")
@@ -136,11 +143,28 @@ class WorkerRuntime(Role):
                     continue
                 if bid in pending:
                     continue
+                spec = ledger.get_spec(self.r, self.run, bid)
+                if spec is None:
+                    log.warning("spool file %s: batch %s is not in run %s's plan; left, not uploaded", path, bid,
+                                self.run)
+                    continue
+                try:
+                    why = provenance.file_mismatch(path, self.run, spec, incarnation)
+                except batchfile.BatchFileError as exc:  # left for a re-extraction to overwrite
+                    log.warning("spool file %s not uploaded: %s", path, exc)
+                    continue
+                if why:
+                    path.unlink(missing_ok=True)
+                    foreign.append(f"{bid} ({why})")
+                    continue
                 batchlife.requeue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size,
                                          file_sha256(path), tier.name)
                 requeued += 1
         if requeued:
             log.info("re-enqueued uploads of %d spool files left from before", requeued)
+        if foreign:
+            log.warning("removed %d spool files of run %s that are not of this plan (they are extracted again): %s",
+                        len(foreign), self.run, "; ".join(foreign[:3]))
         return requeued
 
     # ---- heartbeat and leases -------------------------------------------

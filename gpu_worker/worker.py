@@ -17,6 +17,7 @@ from hsx.errors import HsxError
 from hsx.fp8compute import require_fp8_device
 from hsx.localdirs import ensure_dir
 from hsx.manifest import config_hash
+from hsx.prep.weights import weights_fingerprint
 from hsx.redisconn import connect, redact
 from hsx.run import batchlife, computeerror, ledger, queues
 from hsx.run.evictionpolicy import check_eviction_policy
@@ -141,6 +142,11 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     check_directories(cfg, model_path)
     if config_hash(model_path) != manifest.model_config_hash:
         raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
+    if manifest.model_weights:  # a run planned by an older hsx has none to check against
+        weights = weights_fingerprint(model_path)
+        if weights and weights != manifest.model_weights:
+            raise WorkerSetupError(f"model {model_path} is another checkpoint than run {cfg.run!r}'s: its weights are "
+                                   f"{weights}, the run's ({manifest.model}) {manifest.model_weights}")
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, list(manifest.layer_ids))
     extractor = Extractor.load(model_path, list(manifest.layer_ids), manifest.store_final, cfg.device, manifest.dtype,
                                store_dtype=manifest.store_dtype, compute_dtype=manifest.compute_dtype,

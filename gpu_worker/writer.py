@@ -28,7 +28,7 @@ import torch
 from hsx import spool
 from hsx.batch import batchfile
 from hsx.manifest import Manifest
-from hsx.run import batchlife, computeerror, ledger
+from hsx.run import batchlife, computeerror, ledger, provenance
 from hsx.run.fp8error import record_store_error
 from hsx.run.ledger import BatchSpec
 
@@ -152,7 +152,8 @@ class SpoolWriter:
         metadata = {"format": batchfile.FORMAT, "run": self.run, "batch_id": spec.batch_id,
                     "sample_ids": json.dumps(spec.sample_ids), "layer_ids": json.dumps(list(m.layer_ids)),
                     "dtype": m.dtype, "store_dtype": m.store_dtype, "codec": m.codec, "model": m.model,
-                    "hidden_size": str(m.hidden_size), "store_final": str(m.store_final).lower()}
+                    "hidden_size": str(m.hidden_size), "store_final": str(m.store_final).lower(),
+                    provenance.INCARNATION: m.incarnation}   # proves the file is of this plan (hsx/run/provenance.py)
         raw = sum(t.numel() * t.element_size() for t in tensors.values())
         self.largest_raw = max(self.largest_raw, raw)
         tier, path, size, sha, started = self._write_file(spec.batch_id, raw, tensors, metadata)

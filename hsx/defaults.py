@@ -2,6 +2,7 @@
 
 DEFAULT_TOKEN_BUDGET = 32768            # tokens a batch, padded size (rows x longest row)
 DEFAULT_MAX_LENGTH = 4096               # tokens a sample
+MAX_TOKEN_BUDGET = 2**22                # tokens a batch; beyond this no GPU's memory holds one batch's hidden states
 DEFAULT_MAX_BATCH_ROWS = 512            # samples a batch, cap whatever the budget allows
 DEFAULT_PAD_MULTIPLE = 8                # tokens: padded row length rounded up to this
 DEFAULT_BATCHES_PER_SHARD = 1000        # batches under one <shard>/ folder of the store

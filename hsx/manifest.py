@@ -63,7 +63,7 @@ REQUIRED = {"run": _STR, "model": _STR, "model_config_hash": _STR, "model_type":
             "batches_per_shard": _INT, "dataset": _STR, "dataset_fingerprint": _STR, "chat_template_hash": _STR,
             "pad_token_id": _INT, "store_url": _STR, "store": _DICT, "hsx_version": _STR, "created": _STR}
 OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "fp8_accumulation": _STR, "limits": _DICT, "template_kwargs": _DICT,
-            "columns": _DICT, "window_rows": _INT, "format": _STR}
+            "columns": _DICT, "window_rows": _INT, "format": _STR, "incarnation": _STR, "model_weights": _STR}
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,17 @@ class Manifest:
     limits: RunLimits
     hsx_version: str            # of the producer that planned the run
     created: str                # ISO 8601, UTC
+    # A random id minted when the run is first planned (and again after `hsx reset`): every batch file of the
+    # run carries it, so a file of an earlier incarnation of the same run name is never taken as this one's.
+    # "" in manifests older hsx wrote: their files are checked by run, batch id and sample ids only.
+    incarnation: str = ""
+    # weights_fingerprint() of the model's weight files; "" in manifests older hsx wrote (the first `hsx produce`
+    # of this hsx records it: docs/reliability.md).
+    model_weights: str = ""
     extra: Mapping = field(default_factory=lambda: MappingProxyType({}))  # keys of a newer hsx, kept as read
+
+    def __post_init__(self):
+        check_values(self)
 
     # ---- derived facts -------------------------------------------------------------------------------
     @property
@@ -163,6 +173,15 @@ class Manifest:
             if name in data and not (name in OPTIONAL and value is None) and (
                     not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
                 raise ManifestError(f"{where}: {name} is {value!r:.60}, not {' or '.join(t.__name__ for t in types)}")
+        too_long = [k for k, v in data.items() if k in REQUIRED or k in OPTIONAL
+                    if isinstance(v, str) and len(v) > MAX_TEXT]
+        if too_long:
+            raise ManifestError(f"{where}: {too_long[0]} is {len(data[too_long[0]])} characters long, at most {MAX_TEXT}")
+        empty = [k for k in ("model", "dataset", "store_url") if not data[k]]   # before they are resolved as paths
+        if empty:
+            raise ManifestError(f"{where}: {empty[0]} is '', not a path")
+        if len(data["layer_ids"]) > MAX_LAYERS:
+            raise ManifestError(f"{where}: layer_ids holds {len(data['layer_ids'])} ids, at most {MAX_LAYERS}")
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in data["layer_ids"]):
             raise ManifestError(f"{where}: layer_ids {data['layer_ids']!r:.60} are not all integers")
         limits = {**RunLimits().to_dict(), **(data.get("limits") or {})}
@@ -174,25 +193,29 @@ class Manifest:
         except ConfigError as exc:
             raise ManifestError(f"{where}: store: {exc}") from None
         known = {*REQUIRED, *OPTIONAL}
-        return cls(
-            run=run, model=_absolute(run, "model", data["model"]), model_config_hash=data["model_config_hash"],
-            model_type=data["model_type"], num_layers=data["num_layers"], hidden_size=data["hidden_size"],
-            layer_preset=data["layer_preset"], layer_ids=tuple(data["layer_ids"]), store_final=data["store_final"],
-            dtype=data["dtype"], store_dtype=data.get("store_dtype") or data["dtype"],
-            codec=data.get("codec") or "none", compute_dtype=data.get("compute_dtype") or "bfloat16",
-            fp8_accumulation=data.get("fp8_accumulation") or _older_fp8_accumulation(data),
-            max_length=data["max_length"], overlong=data["overlong"], token_budget=data["token_budget"],
-            pad_multiple=data["pad_multiple"], max_batch_rows=data["max_batch_rows"],
-            batches_per_shard=data["batches_per_shard"], window_rows=data.get("window_rows"),
-            dataset=_absolute(run, "dataset", data["dataset"]), dataset_fingerprint=data["dataset_fingerprint"],
-            chat_template_hash=data["chat_template_hash"],
-            template_kwargs=MappingProxyType(dict(data.get("template_kwargs") or {})),
-            columns=MappingProxyType(dict(data.get("columns") or {})), pad_token_id=data["pad_token_id"],
-            store_url=_absolute(run, "store_url", data["store_url"]),
-            store=replace(store, url=_absolute(run, "store", store.url)),
-            limits=RunLimits(limits["max_attempts"], limits["lease_seconds"]),
-            hsx_version=data["hsx_version"], created=data["created"],
-            extra=MappingProxyType({k: v for k, v in data.items() if k not in known}))
+        try:
+            return cls(
+                run=run, model=_absolute(run, "model", data["model"]), model_config_hash=data["model_config_hash"],
+                model_type=data["model_type"], num_layers=data["num_layers"], hidden_size=data["hidden_size"],
+                layer_preset=data["layer_preset"], layer_ids=tuple(data["layer_ids"]), store_final=data["store_final"],
+                dtype=data["dtype"], store_dtype=data.get("store_dtype") or data["dtype"],
+                codec=data.get("codec") or "none", compute_dtype=data.get("compute_dtype") or "bfloat16",
+                fp8_accumulation=data.get("fp8_accumulation") or _older_fp8_accumulation(data),
+                max_length=data["max_length"], overlong=data["overlong"], token_budget=data["token_budget"],
+                pad_multiple=data["pad_multiple"], max_batch_rows=data["max_batch_rows"],
+                batches_per_shard=data["batches_per_shard"], window_rows=data.get("window_rows"),
+                dataset=_absolute(run, "dataset", data["dataset"]), dataset_fingerprint=data["dataset_fingerprint"],
+                chat_template_hash=data["chat_template_hash"],
+                template_kwargs=MappingProxyType(dict(data.get("template_kwargs") or {})),
+                columns=MappingProxyType(dict(data.get("columns") or {})), pad_token_id=data["pad_token_id"],
+                store_url=_absolute(run, "store_url", data["store_url"]),
+                store=replace(store, url=_absolute(run, "store", store.url)),
+                limits=RunLimits(limits["max_attempts"], limits["lease_seconds"]),
+                hsx_version=data["hsx_version"], created=data["created"],
+                incarnation=data.get("incarnation") or "", model_weights=data.get("model_weights") or "",
+                extra=MappingProxyType({k: v for k, v in data.items() if k not in known}))
+        except ManifestError as exc:
+            raise ManifestError(f"{where}: {exc}") from None
 
     @classmethod
     def from_json(cls, raw: bytes | str, where: str = "manifest") -> Manifest:
@@ -207,7 +230,8 @@ class Manifest:
         out = {**self.extra, "format": FORMAT}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "extra" or (f.name == "window_rows" and value is None):
+            if f.name == "extra" or (f.name == "window_rows" and value is None) or (
+                    f.name in ("incarnation", "model_weights") and not value):   # as older hsx wrote it
                 continue
             if isinstance(value, (StoreSettings, RunLimits)):
                 value = value.to_dict()
@@ -238,6 +262,83 @@ class Manifest:
         from hsx.store import layout
 
         store.put_bytes(layout.manifest_key(self.run), self.to_json(indent=2).encode())
+
+
+# Bounds of a manifest's values (check_values): far above any real model or run, low enough that a value past
+# them is a hand edit or a forgery, never a setting.
+MAX_TEXT = 4096            # characters of a path, URL, name or digest (Linux PATH_MAX)
+MAX_LAYERS = 4096          # decoder layers of a model (and so layer ids)
+MAX_HIDDEN_SIZE = 2**20    # H
+MAX_LEASE_SECONDS = 86400  # as `hsx produce --lease-seconds`: a longer lease would keep a dead worker's batch for days
+MAX_ATTEMPTS = 100         # as `hsx produce --max-attempts`
+_HEX = frozenset("0123456789abcdef")
+
+
+def _bad(name: str, value, want: str) -> ManifestError:
+    return ManifestError(f"{name} is {value!r:.60}, {want}")
+
+
+def check_values(m: Manifest) -> None:
+    """ManifestError naming the first field whose value no hsx run can have (types are checked by from_dict).
+
+    Called on every Manifest built (read from Redis or the store, or planned): a hand edit or a write by
+    anyone who can reach Redis is refused here, before a worker spools batches with it (issue 29 item 9).
+    """
+    from hsx.store import layout
+
+    try:
+        layout.check_run_name(m.run)
+    except HsxError:
+        raise _bad("run", m.run, "not a run name (1-64 letters, digits, '_' or '-')") from None
+    for name in ("model", "model_type", "layer_preset", "dataset", "dataset_fingerprint", "chat_template_hash",
+                 "store_url", "hsx_version", "created"):
+        value = getattr(m, name)
+        if not value or len(value) > MAX_TEXT:
+            raise _bad(name, value, f"not 1 to {MAX_TEXT} characters")
+    if len(m.model_config_hash) != 64 or not set(m.model_config_hash) <= _HEX:
+        raise _bad("model_config_hash", m.model_config_hash, "not a SHA-256 (64 hex digits)")
+    if not 1 <= m.num_layers <= MAX_LAYERS:
+        raise _bad("num_layers", m.num_layers, f"not 1 to {MAX_LAYERS}")
+    if not 1 <= m.hidden_size <= MAX_HIDDEN_SIZE:
+        raise _bad("hidden_size", m.hidden_size, f"not 1 to {MAX_HIDDEN_SIZE}")
+    ids = list(m.layer_ids)
+    if not ids:
+        raise _bad("layer_ids", ids, "empty: a run stores at least one layer")
+    if len(ids) > m.num_layers:
+        raise ManifestError(f"layer_ids holds {len(ids)} ids, more than the model's {m.num_layers} layers")
+    out_of_range = [i for i in ids if not 0 <= i < m.num_layers]
+    if out_of_range:
+        raise ManifestError(f"layer_ids {out_of_range[:5]} are out of range for num_layers {m.num_layers} "
+                            f"(valid: 0..{m.num_layers - 1})")
+    if ids != sorted(set(ids)):
+        raise _bad("layer_ids", ids, "not distinct and rising (low to high, each layer once)")
+    choices = {"dtype": tuple(D.STORE_DTYPES[:-1]), "store_dtype": (m.dtype, FP8), "codec": D.CODECS,
+               "compute_dtype": D.COMPUTE_DTYPES, "fp8_accumulation": D.FP8_ACCUMULATIONS,
+               "overlong": ("drop", "truncate")}
+    for name, allowed in choices.items():
+        if getattr(m, name) not in allowed:
+            raise _bad(name, getattr(m, name), f"not one of {', '.join(dict.fromkeys(allowed))}")
+    from hsx.defaults import MAX_TOKEN_BUDGET
+
+    bounds = {"max_length": (1, MAX_TOKEN_BUDGET), "token_budget": (max(m.max_length, 1), MAX_TOKEN_BUDGET),
+              "pad_multiple": (1, 4096), "max_batch_rows": (1, MAX_TOKEN_BUDGET), "batches_per_shard": (1, 10**6),
+              "window_rows": (1, 2**40), "pad_token_id": (0, 2**31 - 1)}
+    for name, (low, high) in bounds.items():
+        value = getattr(m, name)
+        if value is not None and not low <= value <= high:
+            raise _bad(name, value, f"not {low} to {high}")
+    if not 1 <= m.limits.max_attempts <= MAX_ATTEMPTS:
+        raise _bad("limits.max_attempts", m.limits.max_attempts, f"not 1 to {MAX_ATTEMPTS}")
+    if not 2 <= m.limits.lease_seconds <= MAX_LEASE_SECONDS:
+        raise _bad("limits.lease_seconds", m.limits.lease_seconds, f"not 2 to {MAX_LEASE_SECONDS}")
+    if m.incarnation and (len(m.incarnation) != 32 or not set(m.incarnation) <= _HEX):
+        raise _bad("incarnation", m.incarnation, "not 32 hex digits")
+    if len(m.model_weights) > 128:
+        raise _bad("model_weights", m.model_weights, "over 128 characters")
+    for name in ("template_kwargs", "columns"):
+        size = len(json.dumps(dict(getattr(m, name)), default=str))
+        if size > 64 * 1024:
+            raise ManifestError(f"{name} is {size} bytes of JSON, at most 65536")
 
 
 def new_manifest(**fields_) -> Manifest:
@@ -271,6 +372,10 @@ def check_same_run(existing: Manifest, wanted: Manifest) -> None:
     old, new = existing.to_dict(), wanted.to_dict()
     diffs = [f"{k}: run has {old.get(k)!r}, this call has {new.get(k)!r}"
              for k in IDENTITY_FIELDS if old.get(k) != new.get(k)]
+    # A manifest an older hsx wrote has no weights fingerprint: it resumes, and records this call's.
+    if existing.model_weights and wanted.model_weights and existing.model_weights != wanted.model_weights:
+        diffs.insert(0, f"model_weights: run has {existing.model_weights} (model {existing.model}), this call has "
+                        f"{wanted.model_weights} (model {wanted.model}): another checkpoint")
     if diffs:
         run = wanted.run
         raise ManifestMismatch(f"run {run!r} already exists with a different manifest; refusing to mix outputs. "

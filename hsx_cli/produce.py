@@ -10,7 +10,7 @@ from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, RUN, STORE_FLAGS, redis_url, store_settings
 from hsx_cli.flags import Flag
 
-MAX_TOKEN_BUDGET = 2**22  # tokens a batch; beyond this no GPU's memory holds one batch's hidden states
+MAX_TOKEN_BUDGET = D.MAX_TOKEN_BUDGET
 
 # How rows become samples, and how many may be rejected: shared with `hsx inspect`.
 ROW_FLAGS = (
@@ -96,7 +96,8 @@ FLAGS = (
     Flag("--lease-seconds", "run limit, kept in the manifest for every role: work of a process that stopped "
          "heartbeating is re-enqueued this long after its last beat", type=int, default=D.DEFAULT_LEASE_SECONDS,
          min=2, max=86400),
-    Flag("--no-enqueue", "plan only; enqueue nothing", type=bool),
+    Flag("--no-enqueue", "plan only: a new run stays off every queue (no reconciler enqueues it) until this command "
+         "runs without the flag", type=bool),
 )
 
 

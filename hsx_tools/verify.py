@@ -1,7 +1,8 @@
 """`hsx verify`: the store against the plan.
 
 Every planned batch must be done and present with the ledger's size and
-SHA-256; its sample ids must be the plan's; hidden states finite; every
+SHA-256; its header must prove it is of this plan (run, batch id, sample ids, the
+run's incarnation: hsx/run/provenance.py); hidden states finite; every
 sample id exactly once across the run; no stray objects; no temp files left
 by killed writers in a local store, no multipart upload of a killed uploader in S3
 (hsx/run/multipart.py). ``--quick`` checks sizes only (no object
@@ -90,8 +91,11 @@ def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, re
     infos = ledger.done_info(r, run)
     report = VerifyReport(run, planned=len(specs), rebuilt=rebuilt)
 
+    manifest = ledger.get_manifest(r, run)
+    incarnation = manifest.incarnation if manifest is not None else None
+
     def one(bid):
-        return bid, check_batch(store, run, specs[bid], infos.get(bid), quick)
+        return bid, check_batch(store, run, specs[bid], infos.get(bid), quick, incarnation)
 
     seen: Counter = Counter()
     progress = Progress(f"verify {run}" + (" (sizes)" if quick else ""), len(specs), "batches", every_s=progress_every_s)
@@ -115,7 +119,6 @@ def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, re
     temp_files = getattr(store, "temp_files", None)  # a local store: hidden .<name>.tmp-<pid> files
     if temp_files is not None:
         report.temp_files = [str(p) for p, _ in temp_files(run)]
-    manifest = ledger.get_manifest(r, run)
     lease_seconds = (manifest.limits if manifest is not None else RunLimits()).lease_seconds
     for upload in multipart.incomplete_uploads(r, store, run, lease_seconds):
         if upload.stale:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -32,12 +33,14 @@ from hsx.prep.dataset import fingerprints
 from hsx.prep.inputs import check_budget, check_row_settings, resolve_dataset, resolve_model, resolve_store_url
 from hsx.prep.planning import cut_batches, padding_fraction
 from hsx.prep.report import Sample, TokeniseReport
+from hsx.prep.weights import weights_fingerprint
 from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
 from hsx.redisconn import connect, redact
 from hsx.run import batchlife, heartbeat, ledger, queues
 from hsx.run.evictionpolicy import check_eviction_policy
 from hsx.run.index import write_index_if_complete
 from hsx.run.integrity import unmark_missing_done
+from hsx.run.keys import RunKeys
 from hsx.run.progressline import Progress
 from hsx.run.rebuild import Rebuild
 from hsx.store import layout
@@ -72,6 +75,7 @@ class ProduceReport:
     windows: int = 0
     resumed_windows: int = 0
     rebuilt: int = 0
+    planned_only: bool = False
 
     def lines(self) -> list[str]:
         t = self.tokenise
@@ -86,6 +90,9 @@ class ProduceReport:
                + (f", {self.repaired} recorded done but missing from the store (re-enqueued)" if self.repaired else "")
                + (f", {self.rebuilt} recorded done from verified objects in the store (ledger rebuilt)"
                   if self.rebuilt else "")]
+        if self.planned_only:
+            out.append(f"planned only: no process enqueues run {self.run} until you start it with this `hsx produce` "
+                       "command without --no-enqueue")
         for kind, count in t.rejected.most_common():
             out.append(f"  rejected {count} x {kind}")
         out.extend(f"  {example}" for example in t.examples)
@@ -157,15 +164,23 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         columns=MappingProxyType(cfg.columns.to_dict() if cfg.columns is not None else {}),
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         store_url=cfg.store.url, store=cfg.store, limits=RunLimits(cfg.max_attempts, cfg.lease_seconds),
+        model_weights=weights_fingerprint(cfg.model), incarnation=uuid.uuid4().hex,
     )
     existing = ledger.get_manifest(r, cfg.run) or Manifest.load(store, cfg.run)
     if existing is not None:
         if existing.dataset_fingerprint == named_fingerprint:  # a run planned when the name counted
             manifest = replace(manifest, dataset_fingerprint=named_fingerprint)
         check_same_run(existing, manifest)
-        manifest = replace(manifest, created=existing.created)
+        if not existing.model_weights and manifest.model_weights:
+            log.warning("run %s was planned by an hsx that did not fingerprint the weights: recording %s's (%s) from "
+                        "now on; batches done before were not checked against it", cfg.run, cfg.model,
+                        manifest.model_weights)
+        # The same run resumed: its incarnation stays (a run planned by an older hsx keeps none).
+        manifest = replace(manifest, created=existing.created, incarnation=existing.incarnation,
+                           model_weights=manifest.model_weights or existing.model_weights)
 
     with ProducerLock(r, cfg.run, cfg.lock_wait_seconds) as lock:
+        planned_only = _mark_planned_only(r, cfg, new_run=existing is None)
         repaired = unmark_missing_done(r, store, cfg.run) if existing is not None else []
         done = ledger.done_ids(r, cfg.run)
         # A re-run: the store is the second copy of the truth (DESIGN rule 2). Objects not in the ledger
@@ -229,7 +244,22 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     t = state.totals
     return ProduceReport(cfg.run, manifest, state.report, t["batches"], t["samples"], t["tokens"], t["padded_tokens"],
                          len(done), state.first_pending, state.enqueued, len(repaired), windows=len(records) + state.new_windows,
-                         resumed_windows=len(records), rebuilt=len(rebuild.rebuilt) if rebuild is not None else 0)
+                         resumed_windows=len(records), rebuilt=len(rebuild.rebuilt) if rebuild is not None else 0,
+                         planned_only=planned_only)
+
+
+def _mark_planned_only(r, cfg: ProduceConfig, new_run: bool) -> bool:
+    """``--no-enqueue`` on a new (or still plan-only) run marks it planned only, before any of its plan is in
+    Redis: no reconciler of any role enqueues it (hsx/run/reconcile.py) until a `hsx produce` without the flag
+    starts it, which removes the mark. A run already started stays started. True if the run is planned only."""
+    key = RunKeys(cfg.run).planned_only
+    if cfg.enqueue:
+        r.delete(key)
+        return False
+    if new_run or r.exists(key):
+        r.set(key, "1")
+        return True
+    return False
 
 
 TOTAL_FIELDS = ("batches", "samples", "tokens", "padded_tokens")

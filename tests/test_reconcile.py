@@ -45,6 +45,7 @@ def test_reconciler_puts_back_batches_no_queue_holds(r, redis_server, tiny_model
 def test_producer_killed_before_enqueueing_is_reconciled(r, redis_server, tiny_model, tmp_path):
     # (c) the plan was saved, nothing enqueued (the producer died): status says so, the reconciler enqueues all
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="pk", enqueue=False))
+    r.delete(RunKeys("pk").planned_only)  # what a producer killed between a window's plan and its enqueue leaves
     total = ledger.run_totals(r, "pk")["batches"]
     p = run_progress(r, "pk")
     assert p["stalled"].startswith(f"{total} of {total} batches left are in no queue") and p["eta_seconds"] is None

@@ -243,18 +243,32 @@ def test_restart_cleans_dead_writers_temp_files_only(r, redis_server, tiny_model
     dead.write_bytes(b"partial")
     live.write_bytes(b"partial")
     heartbeat.publish_heartbeat(r, "rs", "gpu-live-2", {"host": "testhost"}, ttl_seconds=30)
-    # A complete file left from before the restart, not done: its upload is enqueued again.
+    # A complete file left from before the restart, not done, of this plan: its upload is enqueued again.
+    # One of another incarnation of the run (reset since) is removed (issue 29 item 1).
     from hsx.batch import batchfile
 
-    spec = ledger.get_spec(r, "rs", "b0000000")
+    manifest = ledger.get_manifest(r, "rs")
+
+    def batch_file(path, bid, incarnation):
+        spec = ledger.get_spec(r, "rs", bid)
+        n = len(spec.sample_ids)
+        batchfile.write_atomic(path, {"hidden_states": torch.zeros(n, manifest.width, dtype=torch.float32),
+                                      "input_ids": torch.zeros(n, dtype=torch.int32),
+                                      "loss_mask": torch.zeros(n, dtype=torch.uint8),
+                                      "cu_seqlens": torch.arange(n + 1)},
+                               {"format": batchfile.FORMAT, "run": "rs", "batch_id": bid, "incarnation": incarnation,
+                                "sample_ids": json.dumps(spec.sample_ids), "dtype": manifest.dtype,
+                                "layer_ids": json.dumps(list(manifest.layer_ids)), "hidden_size": str(manifest.hidden_size)})
+        return spec
+
     complete = spool_run / "b0000000.safetensors"
-    batchfile.write_atomic(complete, {"input_ids": torch.zeros(3, dtype=torch.int32),
-                                      "loss_mask": torch.zeros(3, dtype=torch.uint8),
-                                      "cu_seqlens": torch.tensor([0, 3])}, {"format": batchfile.FORMAT, "sample_ids": '["x"]'})
+    spec = batch_file(complete, "b0000000", manifest.incarnation)
+    foreign = spool_run / "b0000001.safetensors"
+    batch_file(foreign, "b0000001", "f" * 32)
     rt = load_runtime(worker_config(redis_server.url, tmp_path / "spool", run="rs"))
     try:
         assert rt.recover_spool() == 1
     finally:
         rt.prefetcher.close()
-    assert not dead.exists() and live.exists() and complete.exists()
+    assert not dead.exists() and live.exists() and complete.exists() and not foreign.exists()
     assert queues.pending_upload(r, "testhost", "rs") == {spec.batch_id}

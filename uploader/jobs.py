@@ -13,9 +13,10 @@ import logging
 import time
 from pathlib import Path
 
+from hsx.batch.batchfile import BatchFileError
 from hsx.digest import file_sha256
 from hsx.retry import backoff_delay
-from hsx.run import batchlife, index, ledger, storerefusal
+from hsx.run import batchlife, index, ledger, provenance, storerefusal
 from hsx.run.ledger import RunVanished
 from hsx.store import PermanentStoreError, layout
 from hsx.visibility import RunNotVisible
@@ -28,6 +29,11 @@ RETRY_CAP_SECONDS = 60.0      # ... doubling from 1 s, capped at 60 s
 
 class SpoolFileLost(RuntimeError):
     """The spool file is gone or corrupt: the batch must be extracted again."""
+
+
+class ForeignSpoolFile(SpoolFileLost):
+    """The spool file is not of this plan (another incarnation of the run, other samples): never uploaded; the
+    batch is extracted again (hsx/run/provenance.py)."""
 
 
 class NotPlanned(RuntimeError):
@@ -123,6 +129,14 @@ def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, s
         raise SpoolFileLost(f"spool file {local} of {batch_id} is missing")
     if local.stat().st_size != size:
         raise SpoolFileLost(f"spool file {local} is {local.stat().st_size} bytes, expected {size}")
+    # The manifest read now, not cached: a run reset and planned again under a live uploader has a new incarnation.
+    manifest = ledger.require_manifest(r, run)
+    try:
+        foreign = provenance.file_mismatch(local, run, spec, manifest.incarnation)
+    except BatchFileError as exc:
+        raise SpoolFileLost(f"spool file {local} is corrupt: {exc}") from None
+    if foreign:
+        raise ForeignSpoolFile(f"spool file {local} is not of this plan: {foreign}; not uploaded")
     store = rt.run_context(run).store
     key = layout.batch_key(run, spec.shard, batch_id)
     try:

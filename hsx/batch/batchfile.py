@@ -34,7 +34,8 @@ layers (concatenated low to high along the last dim). Sample b is rows
 ``cu_seqlens[b]:cu_seqlens[b+1]``. ``__metadata__`` holds strings only:
 format, run, batch_id, sample_ids (JSON list), layer_ids (JSON list), dtype
 (what readers get back), store_dtype, codec, encoding (JSON, codec only),
-model, hidden_size.
+model, hidden_size, store_final, incarnation (the run's, hsx/run/provenance.py: with run, batch_id and
+sample_ids it proves the file is of this plan).
 
 The same layout (without hidden states) carries a batch's *inputs* from the
 producer to the workers. This module is the one encoder and the one decoder

@@ -14,15 +14,17 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from hsx.batch import batchfile
-from hsx.run import batchlife, ledger, reconcile
+from hsx.run import batchlife, ledger, provenance, reconcile
 from hsx.store import layout
 
 log = logging.getLogger(__name__)
 CHECK_THREADS = 8   # store requests in flight
 
 
-def check_batch(store, run: str, spec: ledger.BatchSpec, info: dict | None, quick: bool) -> tuple[str | None, list[str]]:
-    """(problem or None, sample ids found) for one planned batch."""
+def check_batch(store, run: str, spec: ledger.BatchSpec, info: dict | None, quick: bool,
+                incarnation: str | None = None) -> tuple[str | None, list[str]]:
+    """(problem or None, sample ids found) for one planned batch; ``incarnation`` (the run's, when given): the
+    object's header must prove it is of this plan (hsx/run/provenance.py)."""
     if info is None:
         return "not done (not in the ledger)", []
     key = layout.batch_key(run, spec.shard, spec.batch_id)
@@ -47,6 +49,9 @@ def check_batch(store, run: str, spec: ledger.BatchSpec, info: dict | None, quic
         return str(exc), []
     if contents.sample_ids != spec.sample_ids:
         return f"object {key} holds other samples than the plan", contents.sample_ids
+    foreign = None if incarnation is None else provenance.mismatch(contents.metadata, run, spec, incarnation)
+    if foreign:
+        return f"object {key} is not of this plan: {foreign}", contents.sample_ids
     for name in ("hidden_states", "final_hidden_states"):
         t = getattr(contents, name)
         if t is not None and not bool(torch.isfinite(t).all()):

@@ -106,6 +106,15 @@ class RunKeys:
         return self._k("producer_lock")
 
     @property
+    def planned_only(self) -> str:  # STRING "1": planned by `hsx produce --no-enqueue`, not started; no TTL
+        # (the `hsx produce` that enqueues removes it). No reconciler enqueues such a run.
+        return self._k("planned_only")
+
+    @property
+    def resetting(self) -> str:  # STRING "1": `hsx reset` is removing the run; no TTL (removed with the run)
+        return self._k("resetting")
+
+    @property
     def job_seq(self) -> str:  # STRING counter: unique suffix of re-enqueued job ids; no TTL
         return self._k("job_seq")
 

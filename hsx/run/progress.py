@@ -124,7 +124,8 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     extract_queue = len(queues.queue(r, queues.extract_queue_name(run)))
     dead = _not_done(r, keys, ledger.dead_letters(r, run, malformed))
     failures = _not_done(r, keys, ledger.failures(r, run, malformed))
-    stalled = None if complete else stall_reason(r, run, now, totals, done, extract_queue, workers, dead)
+    planned_only = bool(r.exists(keys.planned_only))
+    stalled = None if complete or planned_only else stall_reason(r, run, now, totals, done, extract_queue, workers, dead)
     hosts = heartbeat.read_hosts(r, run, malformed)
     upload_refused = {} if complete else refused.read(r, run)
     if upload_refused:  # the cause a person must fix, before any generic "nothing moved"
@@ -154,6 +155,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "extract_queue": extract_queue,
         "workers": workers,
         "stalled": stalled,
+        "planned_only": planned_only,  # `hsx produce --no-enqueue`: nothing is enqueued until the user starts it
         "upload_refused": upload_refused,
         "hosts": hosts,
         "index_written": bool(r.get(keys.index_written)),
@@ -245,6 +247,9 @@ def summary_lines(p: dict) -> list[str]:
     ]
     alive = [w for w in p["workers"] if w.get("alive")]
     lines.append(f"  workers  {len(alive)} alive, {len(p['workers']) - len(alive)} stale")
+    if p.get("planned_only"):
+        lines.append(f"  PLANNED ONLY (hsx produce --no-enqueue): no process enqueues its batches; start it with the "
+                     f"same `hsx produce ... --run {p['run']}` command without --no-enqueue")
     if p.get("stalled"):
         lines.append(f"  STALLED  {p['stalled']}")
     for host, rec in sorted(p.get("upload_refused", {}).items()):

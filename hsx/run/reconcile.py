@@ -14,6 +14,12 @@ job before taking the lease (issue 23 item 7: an uploader importing torch for
 3.4 s at a 5 s lease re-extracted a batch). A worker that died there is still
 caught, one lease later.
 
+A run no one may enqueue is left alone, whoever reconciles (issue 29 item 5): one planned only
+(``hsx produce --no-enqueue``, until the user starts it), one being reset, one whose producer is
+writing the plan (it holds the producer lock), one with no manifest. The pass's write is one
+transaction that WATCHes those keys, so a reset or a plan-only mark that lands during the pass
+aborts it rather than enqueueing a run being removed.
+
 Workers and uploaders call ``maybe_reconcile`` from their heartbeats; a Redis
 lock (SET NX PX ``interval``) lets one process per run make one pass per
 ``interval``. Worst case from orphaning to re-enqueue: ``2 * interval +
@@ -88,11 +94,33 @@ def orphans(r: redis.Redis, run: str) -> set[str]:
     return left
 
 
+def _hands_off(keys: RunKeys) -> tuple[str, ...]:
+    """Keys whose presence (or, for the manifest, absence) means no reconciler may enqueue the run."""
+    return keys.producer_lock, keys.planned_only, keys.resetting, keys.manifest
+
+
+def off_limits(r, run: str) -> str | None:
+    """Why no reconciler may enqueue ``run`` now, or None: planned only, being reset, being planned, gone."""
+    keys = RunKeys(run)
+    # One EXISTS each: ``r`` may be a pipeline in WATCH mode, where commands run at once.
+    lock, planned_only, resetting, manifest = (r.exists(k) for k in (keys.producer_lock, keys.planned_only,
+                                                                     keys.resetting, keys.manifest))
+    if resetting:
+        return "being reset"
+    if planned_only:
+        return "planned only (hsx produce --no-enqueue)"
+    if lock:
+        return "a producer is planning / enqueueing it"
+    if not manifest:
+        return "not planned"
+    return None
+
+
 def reconcile(r: redis.Redis, run: str, grace: float) -> list[str]:
     """One pass: re-enqueue orphans first seen at least ``grace`` s ago; remember the new ones."""
     keys = RunKeys(run)
-    if r.exists(keys.producer_lock):
-        return []  # the producer is enqueueing this run right now
+    if off_limits(r, run):
+        return []
     total = int(r.hget(keys.totals, "batches") or 0)
     if total and r.scard(keys.done) >= total:
         r.delete(keys.orphans)
@@ -103,14 +131,22 @@ def reconcile(r: redis.Redis, run: str, grace: float) -> list[str]:
     waiting = handed_out(r, run, {b for b in found if b in seen and seen[b] <= now - grace})
     due = sorted(b for b in found if b in seen
                  and seen[b] <= now - grace * (HANDED_OUT_GRACES if b in waiting else 1))
-    pipe = r.pipeline()
-    pipe.delete(keys.orphans)
     keep = {b: seen.get(b, now) for b in found if b not in due}
-    if keep:
-        pipe.hset(keys.orphans, mapping=keep)
-    pipe.execute()
+    with r.pipeline() as pipe:
+        pipe.watch(*_hands_off(keys))
+        if off_limits(pipe, run):  # marked while this pass read: nothing written
+            return []
+        pipe.multi()
+        pipe.delete(keys.orphans)
+        if keep:
+            pipe.hset(keys.orphans, mapping=keep)
+        if due:
+            batchlife.enqueue(r, run, due, at_front=True, pipe=pipe)  # fresh job ids from one INCRBY
+        try:
+            pipe.execute()
+        except redis.WatchError:
+            return []  # reset, planned only or being planned since the read: the next pass looks again
     if due:
-        batchlife.enqueue(r, run, due, at_front=True)  # one pipeline; fresh job ids from one INCRBY
         log.warning("reconciler: re-enqueued %d batches of run %s that were in no queue, lease or dead letter: %s",
                     len(due), run, due[:10])
     return due

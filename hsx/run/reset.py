@@ -83,14 +83,15 @@ def plan_reset(r: redis.Redis, run: str, store=None, allow_live: bool = False) -
 
 
 def apply_reset(r: redis.Redis, plan: ResetPlan, store=None) -> None:
-    """Jobs first (no worker takes one of a run being reset), then the ledger, then the objects."""
+    """Jobs first (no worker takes one of a run being reset), then the ledger, then the objects. The run is
+    marked being reset first: no reconciler enqueues it again while its jobs are gone and its plan is not."""
+    r.set(RunKeys(plan.run).resetting, "1")
     for name, ids in plan.jobs.items():
         q = queues.queue(r, name)
         for job_id in ids:
             q.remove(job_id)
             r.delete(f"rq:job:{job_id}")
-    if plan.redis_keys:
-        r.delete(*plan.redis_keys)
+    r.delete(*plan.redis_keys, RunKeys(plan.run).resetting)
     r.srem(RUNS, plan.run)
     for key in plan.objects:
         store.delete(key)
