@@ -17,7 +17,7 @@ from dashboard.config import DEFAULT_RECENT_ERRORS, DashboardConfig
 from dashboard.plan_cache import PlanCache, PlanSummary
 from dashboard.series import throughput_series
 from hsx.redisconn import text
-from hsx.run import ledger, queues, records
+from hsx.run import ledger, planstate, queues, records
 from hsx.run.keys import RunKeys
 from hsx.run.progress import RATE_WINDOW_SECONDS, host_row, run_progress
 
@@ -117,6 +117,8 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
                  "extract_batches_per_s": p["extract_rate"]["batches"]},
         "eta_seconds": p["eta_seconds"],
         "stalled": p["stalled"],           # why a run with work left is not moving (None if it is)
+        # the plan is not whole: {windows, batches, rows, producer, resume, line} (hsx.run.planstate), None once it is
+        "planning": {**p["planning"], "line": planstate.plan_line(p["planning"]).strip()} if p["planning"] else None,
         "store_refusal": p["store_refusal"],  # {error, batch, ts, by}: the store refuses uploads for good (None if not)
         "upload_refused": p["upload_refused"],  # {host: {cause, message, jobs, ts}}: uploaders that put jobs back
         "extract_queue": p["extract_queue"],

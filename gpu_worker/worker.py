@@ -13,6 +13,7 @@ from rq.worker import SimpleWorker
 from gpu_worker.extractor import Extractor
 from gpu_worker.runtime import WorkerRuntime
 from hsx.config import WorkerConfig
+from hsx import retry
 from hsx.errors import HsxError
 from hsx.fp8compute import require_fp8_device
 from hsx.localdirs import ensure_dir
@@ -45,7 +46,7 @@ class ExtractWorker(SimpleWorker):
                 log.warning("spool full (%s): waiting for uploads before taking a job", rt.tiers.describe())
                 waited = True
             self.heartbeat()
-            time.sleep(1.0)
+            retry.pause(1.0)
         if waited:
             log.warning("spool has room again: taking jobs")
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import spool
+from hsx import retry, spool
 from hsx.config import UploadConfig
 from hsx.errors import HsxError
 from hsx.manifest import RunLimits
@@ -128,7 +128,7 @@ class UploaderRuntime(Role):
         if self.cfg.burst:
             self.stop_serving()
         else:
-            self._stop.wait(REFUSED_PAUSE_SECONDS)
+            retry.pause(REFUSED_PAUSE_SECONDS)  # a SIGTERM ends it at once
 
     def record_failure(self) -> None:
         with self._lock:

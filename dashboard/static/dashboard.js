@@ -53,7 +53,7 @@
     $("rate-samples").textContent = `${fmtNum(r.samples_per_s)} samples/s`;
     $("rate-tokens").textContent = `${fmtNum(r.tokens_per_s, 0)} tokens/s (last ${fmtDuration(r.window_seconds)})`;
     $("rate-extract").textContent = `${fmtNum(r.extract_tokens_per_s, 0)} tokens/s`;
-    $("eta").textContent = o.complete ? "done" : fmtDuration(o.eta_seconds);
+    $("eta").textContent = o.complete ? "done" : o.planning ? "unknown until the plan is whole" : fmtDuration(o.eta_seconds);
     $("uploaded-bytes").textContent = fmtBytes(o.uploaded_bytes);
     $("bytes-per-token").textContent = o.bytes_per_token == null ? "-" : `${fmtNum(o.bytes_per_token, 0)} B/token`;
     $("storage").textContent = `${o.store_dtype || "-"}, codec ${o.codec || "none"}` +
@@ -63,7 +63,8 @@
     $("failure-count").textContent = `${o.dead_letters.length} dead, ${o.retrying} retrying`;
     const badge = $("run-state");
     const stale = o.workers.some((w) => w.state === "stale");
-    badge.textContent = o.complete ? "complete" + (o.index_written ? ", index written" : "") : (stale ? "running, stale worker" : "running");
+    badge.textContent = o.complete ? "complete" + (o.index_written ? ", index written" : "") :
+      (stale ? "running, stale worker" : "running") + (o.planning ? ", plan unfinished" : "");
     badge.className = "badge " + (o.complete ? "complete" : stale ? "stalled" : "running");
   }
 
@@ -175,6 +176,7 @@
   // Why the run needs a person: the stall reason, a store that refuses uploads, uploaders that put jobs back.
   function renderProblems(o) {
     const lines = [];
+    if (o.planning) lines.push(o.planning.line);
     if (o.stalled) lines.push(`STALLED: ${o.stalled}`);
     if (o.store_refusal) lines.push(`the store refuses uploads (batch ${o.store_refusal.batch}): ${o.store_refusal.error}`);
     for (const [host, rec] of Object.entries(o.upload_refused || {})) {
