@@ -23,6 +23,7 @@ from hsx.run import batchlife, computeerror, ledger, queues
 from hsx.run.evictionpolicy import check_eviction_policy
 from hsx.run.ledger import RunVanished
 from hsx.store import layout
+from hsx.store.startcheck import check_store
 from hsx.visibility import RunNotVisible, check_model_visible, open_run_store
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     if manifest.compute_dtype == "float8":
         require_fp8_device(cfg.device)  # before the model is read: a CPU or pre-Ada GPU is refused at once
     model_path = cfg.model_override or manifest.model
+    check_store(manifest.store, "worker", run=cfg.run)  # an S3 store answers within 10 s, or one line says why not
     check_model_visible(model_path, "worker", cfg.host)
     store = open_run_store(manifest, "worker", cfg.host)  # before the model loads: a wrong mount is seen at once
     check_directories(cfg, model_path)
