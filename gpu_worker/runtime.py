@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -126,7 +127,8 @@ class WorkerRuntime(Role):
         still heartbeats is a write in progress and stays (until a later sweep finds it dead).
         """
         self.sweep_temp_files(at_start=True)
-        pending = queues.pending_upload(self.r, self.cfg.host, self.run)
+        adopted = self.adopt_legacy_spool()
+        pending = queues.pending_upload(self.r, self.cfg.host, self.run) - adopted  # adopted: queued at old paths
         requeued = 0
         for tier in self.tiers.tiers:
             for path in spool.complete_files(tier.dir, self.run):
@@ -142,6 +144,18 @@ class WorkerRuntime(Role):
         if requeued:
             log.info("re-enqueued uploads of %d spool files left from before", requeued)
         return requeued
+
+    def adopt_legacy_spool(self) -> set[str]:
+        """Batch files an older hsx left in the old shared default /dev/shm/hsx/<run>/ (hsx.spool.LEGACY_MEMORY_DIR),
+        moved into this worker's first tier when its memory folder is the default one; their batch ids."""
+        if self.cfg.memory_spool_dir is None or \
+                Path(self.cfg.memory_spool_dir) != spool.default_memory_dir(self.cfg.redis_url):
+            return set()  # a folder given by flag: the person chose it (compose gives /dev/shm/hsx itself)
+        moved = spool.adopt_legacy(self.run, self.tiers.tiers[0].dir, spool.LEGACY_MEMORY_DIR)
+        if moved:
+            log.warning("moved %d spool files of run %s from the old shared memory folder %s to %s; their uploads "
+                        "are queued again", len(moved), self.run, spool.LEGACY_MEMORY_DIR, self.tiers.tiers[0].dir)
+        return {p.name.removesuffix(".safetensors") for p in moved}
 
     # ---- heartbeat and leases -------------------------------------------
     def totals(self) -> dict[str, int]:
@@ -242,6 +256,7 @@ class WorkerRuntime(Role):
                 return f"{bid}: run {self.run} vanished from Redis; not extracted"
             raise KeyError(f"batch {bid} is not in the plan of run {self.run}")
         self.current_batch = bid
+        heartbeat.publish_current(self.r, self.run, self.worker_name, bid)  # now, not at the next beat
         try:
             padded, contents = self.prefetcher.take(spec)
             self._hint_next()

@@ -12,8 +12,8 @@ from rq.worker import SimpleWorker
 
 from gpu_worker.extractor import Extractor
 from gpu_worker.runtime import WorkerRuntime
-from hsx.config import WorkerConfig
 from hsx import retry
+from hsx.config import WorkerConfig
 from hsx.errors import HsxError
 from hsx.fp8compute import require_fp8_device
 from hsx.localdirs import ensure_dir

@@ -53,6 +53,9 @@ class UploaderRuntime(Role):
         self.host = cfg.host
         self.spool_dir = Path(cfg.spool_dir).resolve()
         self.memory_spool_dir = Path(cfg.memory_spool_dir).resolve() if cfg.memory_spool_dir else None
+        # the default memory folder (hsx.spool.default_memory_dir): jobs naming the old shared one are taken too
+        self.memory_default = (self.memory_spool_dir is not None
+                               and self.memory_spool_dir == spool.default_memory_dir(cfg.redis_url).resolve())
         self._runs: dict[str, RunContext] = {}
         self._lock = threading.Lock()
         self.in_progress: tuple[str, str] | None = None   # (run, batch id) being uploaded; its lease is refreshed
@@ -95,6 +98,11 @@ class UploaderRuntime(Role):
                                "serve (set --memory-spool-dir to the workers' memory tier); refused, nothing read or deleted")
         expected = layout.spool_path(roots[tier], run, batch_id)
         resolved = Path(path).resolve()
+        if tier == spool.MEMORY and self.memory_default and resolved == layout.spool_path(
+                spool.LEGACY_MEMORY_DIR, run, batch_id) and not Path(path).is_symlink():
+            # A job an older hsx queued for the old shared default: the file is this user's, moved here first.
+            spool.adopt_legacy(run, self.memory_spool_dir, spool.LEGACY_MEMORY_DIR)
+            resolved = expected
         if resolved != expected:
             raise OutsideSpool(f"upload job of {run}/{batch_id} names {path}, not its spool file {expected} "
                                f"(--spool-dir / HSX_SPOOL_DIR must be the spool of the workers of host {self.host}); "

@@ -98,7 +98,9 @@
       el("td", {class: "num"}, w.mem_total_bytes == null ? "-" : `${fmtBytes(w.mem_used_bytes)} / ${fmtBytes(w.mem_total_bytes)}`),
       el("td", {class: "num"}, w.temp_c == null ? "-" : `${w.temp_c} °C`),
       el("td", {class: "num"}, w.power_w == null ? "-" : `${fmtNum(w.power_w, 0)} W`),
-      el("td", {}, w.current_batch ?? "-"), el("td", {class: "num"}, `${fmtNum(w.heartbeat_age_seconds, 0)} s ago`),
+      el("td", {}, w.current_batch ?? (w.last_batch ? `last ${w.last_batch}` +
+        ((w.reclaimed || []).length ? ` (reclaimed: ${w.reclaimed.join(", ")})` : "") : "-")),
+      el("td", {class: "num"}, `${fmtNum(w.heartbeat_age_seconds, 0)} s ago`),
       el("td", {class: "num"}, fmtInt(w.batches)), el("td", {class: "num"}, fmtNum(w.tokens_per_s, 0)))),
       "no GPU worker has reported yet", 12);
   }
@@ -137,7 +139,7 @@
     }), "none", 4);
     $("retry-all").hidden = !o.dead_letters.length;
     fill($("errors").tBodies[0], o.recent_errors.map((e) => el("tr", {},
-      el("td", {}, e.ts ? new Date(e.ts * 1000).toLocaleTimeString() : "-"), el("td", {}, e.batch_id + (e.dead ? " (dead)" : "")),
+      el("td", {}, e.ts ? new Date(e.ts * 1000).toLocaleTimeString() : "-"), el("td", {}, e.batch_id + (e.dead ? " (dead)" : e.resolved ? " (done since)" : "")),
       el("td", {class: "num"}, e.attempts), el("td", {class: "err"}, e.last_error))), "none", 4);
   }
 

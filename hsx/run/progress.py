@@ -249,6 +249,10 @@ def summary_lines(p: dict) -> list[str]:
     ]
     alive = [w for w in p["workers"] if w.get("alive")]
     lines.append(f"  workers  {len(alive)} alive, {len(p['workers']) - len(alive)} stale")
+    for w in p["workers"]:
+        if not w.get("alive") and w.get("host"):  # a worker that stopped beating: who it was (until swept)
+            lines.append(f"    stale {w['worker']} on host {w['host']}: {w.get('batches', 0)} batches, last batch "
+                         f"{w.get('last_batch') or '-'}")
     if p.get("stalled"):
         lines.append(f"  STALLED  {p['stalled']}")
     for host, rec in sorted(p.get("upload_refused", {}).items()):
