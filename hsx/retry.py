@@ -9,18 +9,45 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-STOP = threading.Event()  # set: this process was asked to stop; cleared when a role starts serving
+PAUSE_POLL_SECONDS = 0.1  # s: how soon a pause sees a stop request
+
+
+class StopRequest:
+    """A flag set from a signal handler: a plain attribute, no lock (``threading.Event.set`` takes one, and a
+    handler that interrupts its own thread inside that lock would wait on itself for ever)."""
+
+    def __init__(self):
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+STOP = StopRequest()  # set: this process was asked to stop; cleared when a role starts serving
 
 
 def pause(seconds: float) -> bool:
-    """Wait ``seconds``, or less when a stop is asked; True if it was (the caller stops waiting for good)."""
-    return STOP.wait(max(seconds, 0.0))
+    """Wait ``seconds``, or less when a stop is asked (seen within PAUSE_POLL_SECONDS); True if it was (the
+    caller stops waiting for good)."""
+    deadline = time.monotonic() + max(seconds, 0.0)
+    while not STOP.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, PAUSE_POLL_SECONDS))
+    return True
 
 
 def backoff_delay(k: int, base_seconds: float = 0.5, cap_seconds: float = 30.0) -> float:

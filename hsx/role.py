@@ -44,6 +44,17 @@ from hsx.run.keys import RunKeys
 from hsx.run.nameclaim import claim_name
 
 log = logging.getLogger(__name__)
+PUBSUB_POLL_SECONDS = 1.0  # s: rq's command listener thread wakes this often; a stopping role waits at most this
+
+
+def _subscribe_polling_briefly(worker: SimpleWorker) -> None:
+    """rq's ``subscribe`` (its command channel, read by a pubsub thread) with a short poll. rq polls every 60 s,
+    and redis-py's ``stop()`` joins that thread, so rq's teardown waited up to 60 s after the last job (issue 31
+    item 5: a SIGTERMed uploader took 16-27 s to exit, sometimes 60)."""
+    worker.pubsub = worker.connection.pubsub()
+    worker.pubsub.subscribe(**{worker.pubsub_channel_name: worker.handle_payload})
+    worker.pubsub_thread = worker.pubsub.run_in_thread(sleep_time=PUBSUB_POLL_SECONDS, daemon=True,
+                                                       exception_handler=worker._pubsub_exception_handler)
 
 
 class Role:
@@ -185,6 +196,7 @@ class Role:
             warm_shutdown()
 
         worker.handle_warm_shutdown_request = on_stop_request
+        worker.subscribe = lambda: _subscribe_polling_briefly(worker)
         self.prepare()
         self._rq_worker = worker
         type(self).install(self)

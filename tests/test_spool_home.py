@@ -67,3 +67,27 @@ def test_an_uploader_takes_a_job_an_older_hsx_queued_for_the_old_default(tmp_pat
     rt = UploaderRuntime(cfg, r)
     local = rt.spool_file("run1", "b0000001", str(legacy / "run1" / "b0000001.safetensors"), "memory")
     assert local == default / "run1" / "b0000001.safetensors" and local.read_bytes() == b"batch 1"
+
+
+def test_a_worker_with_the_default_folder_adopts_its_runs_old_files_and_one_given_a_folder_does_not(tmp_path,
+                                                                                                    monkeypatch):
+    from types import SimpleNamespace
+
+    from gpu_worker.runtime import WorkerRuntime
+
+    legacy = tmp_path / "shm-hsx"
+    monkeypatch.setattr(spool, "LEGACY_MEMORY_DIR", legacy)
+    (legacy / "run1").mkdir(parents=True)
+    (legacy / "run1" / "b0000001.safetensors").write_bytes(b"batch 1")
+    url = "redis://127.0.0.1:6379/0"
+    default = spool.default_memory_dir(url, shm=tmp_path)
+    monkeypatch.setattr(spool, "default_memory_dir", lambda redis_url: default)
+
+    def worker(memory_dir):  # what adopt_legacy_spool reads of a WorkerRuntime (its model is not needed)
+        tiers = spool.SpoolTiers.of(tmp_path / "disk", 2**30, memory_dir, 2**30)
+        return SimpleNamespace(cfg=SimpleNamespace(memory_spool_dir=memory_dir, redis_url=url), tiers=tiers, run="run1")
+
+    assert WorkerRuntime.adopt_legacy_spool(worker(tmp_path / "chosen")) == set()
+    assert (legacy / "run1" / "b0000001.safetensors").exists()
+    assert WorkerRuntime.adopt_legacy_spool(worker(default)) == {"b0000001"}
+    assert spool.complete_files(default, "run1") == [default / "run1" / "b0000001.safetensors"]
