@@ -17,7 +17,7 @@ from dashboard.config import DEFAULT_RECENT_ERRORS, DashboardConfig
 from dashboard.plan_cache import PlanCache, PlanSummary
 from dashboard.series import throughput_series
 from hsx.redisconn import text
-from hsx.run import ledger, queues, records
+from hsx.run import errorlog, ledger, planstate, queues, records
 from hsx.run.keys import RunKeys
 from hsx.run.progress import RATE_WINDOW_SECONDS, host_row, run_progress
 
@@ -41,12 +41,23 @@ def pick_run(r: redis.Redis, requested: str | None) -> tuple[str | None, list[st
     return (max(runs, key=lambda run: (last_activity(run), run)) if runs else None), runs
 
 
-def _worker_row(w: dict, now: float, stale_after: float, complete: bool) -> dict:
+def _reclaimed(errors: list[dict]) -> dict[str, list[str]]:
+    """worker name -> batches reclaimed from it after it stopped beating (the reaper's error, hsx.run.batchlife)."""
+    out: dict[str, list[str]] = {}
+    for e in errors:
+        if e["error"].startswith("worker lost: ") and " stopped beating" in e["error"]:
+            name = e["error"].removeprefix("worker lost: ").split(" ", 1)[0]
+            out.setdefault(name, []).append(e["batch"]) if e["batch"] not in out.get(name, []) else None
+    return out
+
+
+def _worker_row(w: dict, now: float, stale_after: float, complete: bool, reclaimed: dict[str, list[str]]) -> dict:
     age = now - w.get("ts", w["last_seen"])
     stale = not w["alive"] or age > stale_after
     state = ("stopped" if complete else "stale") if stale else ("busy" if w.get("current_batch") else "idle")
     row = {"worker": w["worker"], "host": w.get("host"), "device": w.get("device"), "state": state, "stale": stale,
            "heartbeat_age_seconds": round(age, 1), "current_batch": w.get("current_batch") if not stale else None,
+           "last_batch": w.get("last_batch"), "reclaimed": reclaimed.get(w["worker"], []),
            "batches": w.get("batches", 0), "tokens": w.get("tokens", 0), "tokens_per_s": w.get("tokens_per_s", 0.0),
            "gpu_note": w.get("note")}
     row.update({f: w.get(f) for f in GPU_FIELDS})
@@ -81,7 +92,17 @@ def _host_row(r: redis.Redis, run: str, host: str, stats: dict, plan: PlanSummar
 
 def _failure_rows(records: dict[str, dict], dead: bool) -> list[dict]:
     return [{"batch_id": bid, "attempts": rec.get("attempts"), "last_error": rec.get("last_error", ""),
-             "ts": rec.get("ts"), "dead": dead} for bid, rec in records.items()]
+             "ts": rec.get("ts"), "dead": dead, "resolved": False} for bid, rec in records.items()]
+
+
+def _resolved_rows(r: redis.Redis, run: str, errors: list[dict]) -> list[dict]:
+    """Failures of batches done since (the error log, hsx.run.errorlog): a worker lost mid-batch stays in sight."""
+    if not errors:
+        return []
+    bids = list(dict.fromkeys(e["batch"] for e in errors))
+    done = {b for b, is_done in zip(bids, r.smismember(RunKeys(run).done, bids), strict=True) if is_done}
+    return [{"batch_id": e["batch"], "attempts": e.get("attempts"), "last_error": e["error"], "ts": e["ts"],
+             "dead": False, "resolved": True} for e in errors if e["batch"] in done]
 
 
 def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: PlanCache, now: float | None = None,
@@ -91,7 +112,10 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
     plan = plans.get(r, run)
     totals, done = p["totals"], p["done"]
     dead = sorted(_failure_rows(p["dead_letters"], True), key=lambda f: f["batch_id"])
-    recent = sorted(dead + _failure_rows(p["failures"], False), key=lambda f: -(f["ts"] or 0))
+    errors = errorlog.read(r, run, p["malformed"])
+    recent = sorted(dead + _failure_rows(p["failures"], False) + _resolved_rows(r, run, errors),
+                    key=lambda f: -(f["ts"] or 0))
+    reclaimed = _reclaimed(errors)
     return {
         "run": run,
         "generated_at": now,
@@ -117,6 +141,8 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
                  "extract_batches_per_s": p["extract_rate"]["batches"]},
         "eta_seconds": p["eta_seconds"],
         "stalled": p["stalled"],           # why a run with work left is not moving (None if it is)
+        # the plan is not whole: {windows, batches, rows, producer, resume, line} (hsx.run.planstate), None once it is
+        "planning": {**p["planning"], "line": planstate.plan_line(p["planning"]).strip()} if p["planning"] else None,
         "store_refusal": p["store_refusal"],  # {error, batch, ts, by}: the store refuses uploads for good (None if not)
         "upload_refused": p["upload_refused"],  # {host: {cause, message, jobs, ts}}: uploaders that put jobs back
         "extract_queue": p["extract_queue"],
@@ -124,7 +150,8 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
                                     config.series_bucket_seconds),
         "shards": [{"shard": s, "done": p["shards"].get(s, {}).get("done", 0), "total": n}
                    for s, n in sorted(plan.shard_batches.items())],
-        "workers": sorted((_worker_row(w, now, config.stale_after_seconds, p["complete"]) for w in p["workers"]),
+        "workers": sorted((_worker_row(w, now, config.stale_after_seconds, p["complete"], reclaimed)
+                           for w in p["workers"]),
                           key=lambda w: (w["host"] or "", w["gpu"] if w["gpu"] is not None else -1, w["worker"])),
         "hosts": [_host_row(r, run, h, s, plan, now, p["rate_span_seconds"]) for h, s in sorted(p["hosts"].items())],
         "dead_letters": dead,

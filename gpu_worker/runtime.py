@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -132,7 +133,8 @@ class WorkerRuntime(Role):
         is left alone, not enqueued (a re-extraction overwrites it).
         """
         self.sweep_temp_files(at_start=True)
-        pending = queues.pending_upload(self.r, self.cfg.host, self.run)
+        adopted = self.adopt_legacy_spool()
+        pending = queues.pending_upload(self.r, self.cfg.host, self.run) - adopted  # adopted: queued at old paths
         incarnation = ledger.require_manifest(self.r, self.run).incarnation  # now: the run may have been reset
         requeued, foreign = 0, []
         for tier in self.tiers.tiers:
@@ -166,6 +168,18 @@ class WorkerRuntime(Role):
             log.warning("removed %d spool files of run %s that are not of this plan (they are extracted again): %s",
                         len(foreign), self.run, "; ".join(foreign[:3]))
         return requeued
+
+    def adopt_legacy_spool(self) -> set[str]:
+        """Batch files an older hsx left in the old shared default /dev/shm/hsx/<run>/ (hsx.spool.LEGACY_MEMORY_DIR),
+        moved into this worker's first tier when its memory folder is the default one; their batch ids."""
+        if self.cfg.memory_spool_dir is None or \
+                Path(self.cfg.memory_spool_dir) != spool.default_memory_dir(self.cfg.redis_url):
+            return set()  # a folder given by flag: the person chose it (compose gives /dev/shm/hsx itself)
+        moved = spool.adopt_legacy(self.run, self.tiers.tiers[0].dir, spool.LEGACY_MEMORY_DIR)
+        if moved:
+            log.warning("moved %d spool files of run %s from the old shared memory folder %s to %s; their uploads "
+                        "are queued again", len(moved), self.run, spool.LEGACY_MEMORY_DIR, self.tiers.tiers[0].dir)
+        return {p.name.removesuffix(".safetensors") for p in moved}
 
     # ---- heartbeat and leases -------------------------------------------
     def totals(self) -> dict[str, int]:
@@ -272,6 +286,7 @@ class WorkerRuntime(Role):
                 return f"{bid}: run {self.run} vanished from Redis; not extracted"
             raise KeyError(f"batch {bid} is not in the plan of run {self.run}")
         self.current_batch = bid
+        heartbeat.publish_current(self.r, self.run, self.worker_name, bid)  # now, not at the next beat
         try:
             padded, contents = self.prefetcher.take(spec)
             self._hint_next()

@@ -12,6 +12,7 @@ from rq.worker import SimpleWorker
 
 from gpu_worker.extractor import Extractor
 from gpu_worker.runtime import WorkerRuntime
+from hsx import retry
 from hsx.config import WorkerConfig
 from hsx.errors import HsxError
 from hsx.fp8compute import require_fp8_device
@@ -24,6 +25,7 @@ from hsx.run.evictionpolicy import check_eviction_policy
 from hsx.run.idle import run_complete
 from hsx.run.ledger import RunVanished
 from hsx.store import layout
+from hsx.store.startcheck import check_store
 from hsx.visibility import RunNotVisible, check_model_visible, open_run_store
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ class ExtractWorker(SimpleWorker):
                 log.warning("spool full (%s): waiting for uploads before taking a job", rt.tiers.describe())
                 waited = True
             self.heartbeat()
-            time.sleep(1.0)
+            retry.pause(1.0)
         if waited:
             log.warning("spool has room again: taking jobs")
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
@@ -137,6 +139,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     if manifest.compute_dtype == "float8":
         require_fp8_device(cfg.device)  # before the model is read: a CPU or pre-Ada GPU is refused at once
     model_path = cfg.model_override or manifest.model
+    check_store(manifest.store, "worker", run=cfg.run)  # an S3 store answers within 10 s, or one line says why not
     check_model_visible(model_path, "worker", cfg.host)
     store = open_run_store(manifest, "worker", cfg.host)  # before the model loads: a wrong mount is seen at once
     check_directories(cfg, model_path)

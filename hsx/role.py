@@ -21,6 +21,8 @@ the last line; while nothing was done, ``idle_line()`` (if any) is said once ins
 
 Signals: rq's work loop owns SIGTERM and SIGINT (the first: warm shutdown, the job in hand finishes;
 the second: cold). ``stop_serving()`` is the same stop from any thread (the heartbeat's, a job's).
+A stop request also sets hsx.retry.STOP: every back-off and pause of the job in hand ends at once
+(``hsx.retry.pause``), so the warm shutdown waits for work, never for a timer.
 
 The config a role passes in (one frozen object per role, hsx/config.py) has at least ``worker_name``,
 ``host``, ``burst``, ``heartbeat_seconds`` and ``log_every_seconds``.
@@ -37,6 +39,7 @@ import time
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
+from hsx import retry
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.run import heartbeat, queues
 from hsx.run.evictionpolicy import EvictingRedis, check_eviction_policy
@@ -44,6 +47,17 @@ from hsx.run.keys import RunKeys
 from hsx.run.nameclaim import claim_name
 
 log = logging.getLogger(__name__)
+PUBSUB_POLL_SECONDS = 1.0  # s: rq's command listener thread wakes this often; a stopping role waits at most this
+
+
+def _subscribe_polling_briefly(worker: SimpleWorker) -> None:
+    """rq's ``subscribe`` (its command channel, read by a pubsub thread) with a short poll. rq polls every 60 s,
+    and redis-py's ``stop()`` joins that thread, so rq's teardown waited up to 60 s after the last job (issue 31
+    item 5: a SIGTERMed uploader took 16-27 s to exit, sometimes 60)."""
+    worker.pubsub = worker.connection.pubsub()
+    worker.pubsub.subscribe(**{worker.pubsub_channel_name: worker.handle_payload})
+    worker.pubsub_thread = worker.pubsub.run_in_thread(sleep_time=PUBSUB_POLL_SECONDS, daemon=True,
+                                                       exception_handler=worker._pubsub_exception_handler)
 
 
 class Role:
@@ -202,6 +216,15 @@ class Role:
                               job_class=queues.job_class(self.jobs), exception_handlers=list(exception_handlers))
         if self.run is not None:  # before prepare(): a role may sweep what its name's predecessor left
             claim_name(self.r, worker, self.run, self.cfg.host, self.cfg.heartbeat_seconds)
+        retry.STOP.clear()
+        warm_shutdown = worker.handle_warm_shutdown_request
+
+        def on_stop_request():  # rq's first SIGTERM / SIGINT: the job in hand finishes, its waits end now
+            retry.STOP.set()
+            warm_shutdown()
+
+        worker.handle_warm_shutdown_request = on_stop_request
+        worker.subscribe = lambda: _subscribe_polling_briefly(worker)
         self.prepare()
         self._rq_worker = worker
         type(self).install(self)
@@ -222,6 +245,7 @@ class Role:
         worker = self._rq_worker
         if worker is None:
             return
+        retry.STOP.set()
         worker._stop_requested = True
         if not self.cfg.burst:
             os.kill(os.getpid(), signal.SIGTERM)  # rq's handler interrupts a blocking dequeue

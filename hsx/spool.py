@@ -11,6 +11,12 @@ space ``statvfs`` reports, less a margin (``free_room``), checked before each wr
 disk is backpressure like a full budget: the worker takes no job, and a write that still
 meets ENOSPC waits and is tried again; it never counts against the batch (issue 23 item 1).
 
+The memory tier's default folder is ``/dev/shm/hsx-<uid>-<Redis tag>`` (``default_memory_dir``): one a user and
+Redis server, so two users, or a test run beside a real run, on one host never share it (issue 31 item 13;
+before, every install wrote ``/dev/shm/hsx``). Files an older hsx left in ``/dev/shm/hsx/<run>/`` are this
+user's to upload: a worker of the run moves them into its memory folder at start (``adopt_legacy``), and an
+uploader takes an old job naming one there the same way.
+
 Inside a tier: ``<tier dir>/<run>/<batch>.safetensors`` and, while being written,
 ``<batch>.safetensors.tmp-<writer's worker name>``. Usage counts both: a temp file
 takes the same bytes (issue 13 item 7: leaked temp files escaped the budget).
@@ -19,7 +25,9 @@ takes the same bytes (issue 13 item 7: leaked temp files escaped the budget).
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +38,48 @@ TMP_MARK = ".tmp-"  # <batch>.safetensors.tmp-<writer's worker name>: a write in
 MEMORY, DISK = "memory", "disk"
 FREE_MARGIN_BYTES = 256 * 2**20  # bytes a spool leaves free on its file system (at most 1/20 of the file system)
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a write that meets these waits for room: backpressure, not failure
+
+
+LEGACY_MEMORY_DIR = Path("/dev/shm/hsx")  # the memory tier's default before issue 31: shared by every install
+_LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "")
+
+
+def redis_tag(redis_url: str) -> str:
+    """8 hex digits naming the Redis server and database of ``redis_url`` (host, port, db, or socket path;
+    never the password): the same for every spelling of a loopback address."""
+    import redis
+
+    kw = redis.connection.parse_url(redis_url)
+    host = str(kw.get("host") or "").lower()
+    where = (f"unix:{kw['path']}" if kw.get("path") else
+             f"{'localhost' if host in _LOOPBACK else host}:{kw.get('port') or 6379}") + f"/{kw.get('db') or 0}"
+    return hashlib.sha256(where.encode()).hexdigest()[:8]
+
+
+def default_memory_dir(redis_url: str, shm: Path = Path(D.MEMORY_SPOOL_SHM)) -> Path:
+    """The memory tier's folder when none is given: one a user and Redis server (``hsx-<uid>-<redis_tag>``)."""
+    return Path(shm) / f"hsx-{os.getuid()}-{redis_tag(redis_url)}"
+
+
+def adopt_legacy(run: str, into: Path, legacy: Path = LEGACY_MEMORY_DIR) -> list[Path]:
+    """Move this user's complete batch files of ``run`` from the old shared default ``legacy/<run>/`` into
+    ``into/<run>/`` (a rename on the same tmpfs); their new paths. Temp files (a write an older worker never
+    finished) and other users' files stay."""
+    src = Path(legacy) / run
+    if not src.is_dir() or Path(into).resolve() == Path(legacy).resolve():
+        return []
+    moved = []
+    for path in complete_files(legacy, run):
+        try:
+            if path.is_symlink() or path.stat().st_uid != os.getuid():
+                continue
+            dest = layout.spool_path(Path(into), run, path.name.removesuffix(".safetensors"))
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(path, dest)
+        except FileNotFoundError:  # uploaded or moved by another process meanwhile
+            continue
+        moved.append(dest)
+    return moved
 
 
 def is_disk_full(exc: BaseException) -> bool:

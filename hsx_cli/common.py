@@ -6,6 +6,7 @@ import os
 import re
 import secrets
 import socket
+from pathlib import Path
 
 from hsx import defaults as D
 from hsx.config import ConfigError, StoreSettings, with_redis_password
@@ -49,7 +50,8 @@ STORE_FLAGS = (
 SPOOL_FLAGS = (
     Flag("--spool-dir", "local spool directory of this host (the spool's disk tier)", default=D.DEFAULT_SPOOL_DIR),
     Flag("--memory-spool-dir", "the spool's memory tier, a tmpfs folder shared by the roles of this host (workers "
-         "write there first while their memory tier budget is above 0)", default=D.DEFAULT_MEMORY_SPOOL_DIR),
+         "write there first while their memory tier budget is above 0); default /dev/shm/hsx-<uid>-<tag of the Redis "
+         "server>, one a user and Redis, so no two installs share it"),
     Flag("--host", "host name of the upload queue upload@HOST; all roles of a host share it (default: this "
          "machine's name)"),
     Flag("--name", "rq worker name, unique per process (default: role-host-pid-random)", validate=_worker_name_ok),
@@ -72,6 +74,13 @@ def redis_url(values) -> str:
         raise ConfigError(f"Redis URL {where!r} needs a scheme: redis://, rediss:// (TLS) or unix://, "
                           f"e.g. redis://{where or '127.0.0.1:6379'}")
     return with_redis_password(url, os.environ.get("HSX_REDIS_PASSWORD"))
+
+
+def memory_spool_dir(values) -> Path:
+    """--memory-spool-dir, else this user's folder for this Redis (hsx.spool.default_memory_dir)."""
+    from hsx.spool import default_memory_dir
+
+    return Path(values["memory_spool_dir"]) if values["memory_spool_dir"] else default_memory_dir(redis_url(values))
 
 
 def store_settings(values, recorded: dict | None = None) -> StoreSettings:

@@ -43,9 +43,7 @@ def run(cfg: StatusConfig) -> int:
         print("no runs in this Redis")
         return 1
     if cfg.run and not r.exists(RunKeys(cfg.run).manifest):  # present is enough: run_progress reads it warily
-        print(f"run {cfg.run!r} is not in this Redis (never planned, or Redis lost it: re-run `hsx produce` for it, "
-              "which rebuilds the ledger from the store)")
-        return 1
+        ledger.require_manifest(r, cfg.run)  # RunVanished: a run this Redis does not hold is exit 2, as everywhere
     if cfg.watch:
         import sys
 
@@ -66,5 +64,5 @@ COMMAND = Command(
     "status", "progress of a run from the ledger",
     "Batches, samples and tokens done against the plan, rate and ETA, workers and their heartbeats, hosts and "
     "their spool and upload queue, dead letters. One run with --run, else every run this Redis knows. "
-    "Exits 1 when Redis holds no run.",
+    "Exits 1 when Redis holds no run, 2 when it does not hold the --run named.",
     FLAGS, config, run)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from hsx.config import UploadConfig
 from hsx_cli.command import Command
-from hsx_cli.common import REDIS_URL, SPOOL_FLAGS, host, redis_url, worker_name
+from hsx_cli.common import REDIS_URL, SPOOL_FLAGS, host, memory_spool_dir, redis_url, worker_name
 from hsx_cli.flags import Flag
 
 FLAGS = (
@@ -21,7 +21,7 @@ FLAGS = (
 def config(v) -> UploadConfig:
     return UploadConfig(redis_url=redis_url(v), spool_dir=Path(v["spool_dir"]), host=host(v), burst=v["burst"],
                         worker_name=v["name"] or worker_name("upload", host(v)), heartbeat_seconds=v["heartbeat_seconds"],
-                        log_every_seconds=v["log_every_seconds"], memory_spool_dir=Path(v["memory_spool_dir"]),
+                        log_every_seconds=v["log_every_seconds"], memory_spool_dir=memory_spool_dir(v),
                         verify_readback=v["verify_readback"])
 
 

@@ -8,7 +8,7 @@ from hsx import defaults as D
 from hsx import spool
 from hsx.config import ConfigError, WorkerConfig
 from hsx_cli.command import Command
-from hsx_cli.common import REDIS_URL, RUN, SPOOL_FLAGS, host, redis_url, worker_name
+from hsx_cli.common import REDIS_URL, RUN, SPOOL_FLAGS, host, memory_spool_dir, redis_url, worker_name
 from hsx_cli.flags import Flag
 
 
@@ -54,7 +54,7 @@ def config(v) -> WorkerConfig:
     device = v["device"] or (f"cuda:{v['gpu']}" if v["gpu"] is not None else None)
     if device is None:
         raise ConfigError("say which device: --gpu N or --device cpu (or HSX_GPU / HSX_DEVICE)")
-    memory_dir = Path(v["memory_spool_dir"])
+    memory_dir = memory_spool_dir(v)
     if v["memory_spool_budget_gb"] == "auto":
         memory_budget, why = spool.auto_memory_budget(memory_dir)
     else:

@@ -87,17 +87,22 @@ def run_store(cfg: ExportConfig) -> StoreSettings:
     """The given store, else the one the run recorded in Redis."""
     if cfg.store is not None:
         return cfg.store
-    manifest = None
+    manifest = r = None
     if cfg.redis_url:
         from hsx.redisconn import RedisUnreachable, connect
         from hsx.run import ledger
 
         try:
-            manifest = ledger.get_manifest(connect(cfg.redis_url, retries=1, wait_seconds=2), cfg.run)
+            r = connect(cfg.redis_url, retries=1, wait_seconds=2)
+            manifest = ledger.get_manifest(r, cfg.run)
         except RedisUnreachable as exc:
             log.warning("%s; pass --store", exc)
+    if manifest is None and r is not None:
+        raise ConfigError(f"no store for run {cfg.run!r}: this Redis does not hold it (runs here: "
+                          f"{', '.join(ledger.list_runs(r)) or 'none'}); check --run / HSX_RUN and HSX_REDIS_URL, "
+                          "or pass --store")
     if manifest is None:
-        raise ConfigError(f"no store for run {cfg.run!r}: pass --store (Redis does not know this run)")
+        raise ConfigError(f"no store for run {cfg.run!r}: pass --store (no Redis to ask)")
     return manifest.store
 
 

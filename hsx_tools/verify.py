@@ -24,6 +24,7 @@ from hsx.run.integrity import check_batch, repair_batches, requeue_orphans
 from hsx.run.progressline import Progress
 from hsx.run.rebuild import rebuild_done
 from hsx.store import layout
+from hsx.store.startcheck import check_store
 
 log = logging.getLogger(__name__)
 VERIFY_THREADS = 8   # store reads in flight
@@ -150,7 +151,9 @@ def run_verify(cfg: VerifyConfig) -> int:
     from hsx.redisconn import connect
 
     r = connect(cfg.redis_url)
-    store = ledger.require_manifest(r, cfg.run).store.open()
+    settings = ledger.require_manifest(r, cfg.run).store
+    check_store(settings, "verify", write=cfg.repair, run=cfg.run)  # --repair deletes objects: it must write too
+    store = settings.open()
     report = verify_run(r, store, cfg.run, quick=cfg.quick, repair=cfg.repair, rebuild=cfg.rebuild_ledger)
     print("\n".join(report.lines()))
     return 0 if report.ok else 1

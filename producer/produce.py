@@ -44,6 +44,7 @@ from hsx.run.keys import RunKeys
 from hsx.run.progressline import Progress
 from hsx.run.rebuild import Rebuild
 from hsx.store import layout
+from hsx.store.startcheck import check_store
 from producer import windows
 from producer.runlock import ProducerLock
 
@@ -140,6 +141,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     cfg.store.check_writable()
     r = connect(cfg.redis_url)
     check_eviction_policy(r, f"Redis at {redact(cfg.redis_url)}")
+    check_store(cfg.store, "produce", run=cfg.run)  # an S3 store answers within 10 s, or one line says which setting
     event = on_event or (lambda name, window: None)
     text_cfg, tokenizer, cfg_hash = model_identity(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)

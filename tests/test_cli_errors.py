@@ -167,3 +167,20 @@ def test_hub_retry_lines_are_logged_once():
             "logging.getLogger('huggingface_hub.utils._http').warning('Retrying in 1s [Retry 1/5].')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stderr.count("Retrying in 1s [Retry 1/5].") == 1, out.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["status", "--run", "nosuch"],
+    ["status", "--run", "nosuch", "--json"],
+    ["verify", "--run", "nosuch"],
+    ["retry-failed", "--run", "nosuch"],
+    ["export", "--run", "nosuch", "--for", "specforge-eagle3", "--out", "{tmp}"],
+])
+def test_an_unknown_run_is_exit_2_with_one_line_naming_it_in_every_command(argv, r, capsys, redis_env, tmp_path):
+    """One rule (README, "Exit codes"): a --run this Redis does not hold is a setting hsx cannot use."""
+    from hsx.run import ledger
+
+    ledger.save_plan(r, "known", example_manifest("known"), [], {"batches": 0, "samples": 0, "tokens": 0})
+    assert main([a.replace("{tmp}", str(tmp_path / "out")) for a in argv]) == 2
+    line = one_error_line(capsys, argv[0])
+    assert "'nosuch'" in line and "known" in line, line

@@ -11,7 +11,6 @@ import uuid
 
 import pytest
 
-from hsx import defaults as D
 from hsx import spool
 from hsx.run import ledger, queues
 from hsx.run.progress import run_progress
@@ -87,12 +86,13 @@ def test_worker_flag_defaults_to_auto_and_an_explicit_value_wins(tmpfs, monkeypa
 def test_default_flags_put_batches_through_the_memory_tier(r, redis_server, tiny_model, tmp_path, monkeypatch,
                                                            caplog):
     """Worker and uploader with no spool flag but --spool-dir: every batch file goes through the default
-    memory tier (/dev/shm/hsx) and the uploader empties it."""
-    budget, why = spool.auto_memory_budget(D.DEFAULT_MEMORY_SPOOL_DIR)
+    memory tier (/dev/shm/hsx-<uid>-<Redis tag>) and the uploader empties it."""
+    default_dir = spool.default_memory_dir(redis_server.url)
+    budget, why = spool.auto_memory_budget(default_dir)
     if not budget:
         pytest.skip(why)
     run, disk = f"auto-{uuid.uuid4().hex[:8]}", tmp_path / "disk"
-    mem_run = os.path.join(D.DEFAULT_MEMORY_SPOOL_DIR, run)
+    mem_run = os.path.join(default_dir, run)
     monkeypatch.setenv("HSX_REDIS_URL", redis_server.url)
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run=run))
     caplog.set_level(logging.INFO)
@@ -102,15 +102,15 @@ def test_default_flags_put_batches_through_the_memory_tier(r, redis_server, tiny
         batches = ledger.run_totals(r, run)["batches"]
         q = queues.queue(r, queues.upload_queue_name("testhost"))
         assert [q.fetch_job(j).kwargs["tier"] for j in q.get_job_ids()] == ["memory"] * batches
-        assert len(spool.complete_files(D.DEFAULT_MEMORY_SPOOL_DIR, run)) == batches
+        assert len(spool.complete_files(default_dir, run)) == batches
         assert not spool.complete_files(disk, run)
         line = next(rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("spool: "))
-        assert f"memory {D.DEFAULT_MEMORY_SPOOL_DIR}" in line and "(memory tier: auto: 0.5 of the" in line
+        assert f"memory {default_dir}" in line and "(memory tier: auto: 0.5 of the" in line
         assert upload_cmd.config(resolve(upload_cmd.FLAGS, build_parser().parse_args(
             ["upload", "--spool-dir", str(disk)]))).memory_spool_dir == worker_cmd.config(resolve(
                 worker_cmd.FLAGS, build_parser().parse_args(["worker", "--device", "cpu"]))).memory_spool_dir
         assert main(["upload", "--spool-dir", str(disk), "--host", "testhost", "--burst"]) == 0
         assert run_progress(r, run)["complete"]
-        assert not spool.complete_files(D.DEFAULT_MEMORY_SPOOL_DIR, run)
+        assert not spool.complete_files(default_dir, run)
     finally:
         shutil.rmtree(mem_run, ignore_errors=True)

@@ -110,6 +110,7 @@ def test_relative_paths_are_absolute_in_the_manifest_and_a_run_can_be_reset(tmp_
     out = capsys.readouterr().out
     assert out.startswith("reset run rel: ") and f"objects under {a / 'relstore'}/rel/: removed" in out, out
     assert not r.keys("hsx:rel:*") and not list((a / "relstore").rglob("*.safetensors"))
+    assert not (a / "relstore" / "rel").exists()  # no empty inputs/00000 left behind (issue 31 item 8)
     assert main([*argv, "--max-length", "1024", "--token-budget", "2048"]) == 0
 
 

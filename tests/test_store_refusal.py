@@ -49,7 +49,14 @@ def test_permanent_store_errors_dead_letter_and_show(r, redis_server, tiny_model
         run_worker(worker_config(redis_server.url, tmp_path / "spool"))
         batches = ledger.run_totals(r, "t1")["batches"]
         proxy.set_mode(mode)
-        _uploader_within(redis_server.url, tmp_path / "spool", 120)
+        out = _uploader_within(redis_server.url, tmp_path / "spool", 120)
+        if mode == "forbidden":
+            # An uploader that starts against a store refusing its credentials stops at its start check (issue 31
+            # item 3): one line naming the credentials, exit 2, nothing counted against any batch, spool kept.
+            assert out.returncode == 2 and "refused the credentials (bucket check: 403" in out.stderr
+            assert not ledger.dead_letters(r, "t1") and not ledger.failures(r, "t1")
+            assert len(spool.complete_files(tmp_path / "spool", "t1")) == batches
+            return
     finally:
         proxy.stop()
     dead = ledger.dead_letters(r, "t1")

@@ -10,12 +10,11 @@ its process's state (host, spool, each run's store and limits) in
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 from hsx.batch.batchfile import BatchFileError
 from hsx.digest import file_sha256
-from hsx.retry import backoff_delay
+from hsx.retry import backoff_delay, pause
 from hsx.run import batchlife, index, ledger, provenance, storerefusal
 from hsx.run.ledger import RunVanished
 from hsx.store import PermanentStoreError, layout
@@ -85,7 +84,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
             if failure.state is batchlife.State.FAILED:
                 delay = backoff_delay(retry, RETRY_BASE_SECONDS, RETRY_CAP_SECONDS)
                 log.error("upload of %s refused by the store; next try in %.1fs", batch_id, delay)
-                time.sleep(delay)
+                pause(delay)  # a stop request ends it: the next try is queued, the process exits
                 batchlife.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry + 1)
             elif failure.state is batchlife.State.DEAD:
                 log.error("upload of %s refused by the store %d times: spool file %s kept", batch_id,
@@ -102,7 +101,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
             delay = backoff_delay(retry, RETRY_BASE_SECONDS, RETRY_CAP_SECONDS)
             log.warning("upload of %s failed (try %d: %s: %s); next try in %.1fs", batch_id, retry + 1,
                         type(exc).__name__, exc, delay)
-            time.sleep(delay)
+            pause(delay)  # a stop request ends it: the next try is queued, the process exits
             batchlife.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry + 1)
             raise
         finally:

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import spool
+from hsx import retry, spool
 from hsx.config import UploadConfig
 from hsx.errors import HsxError
 from hsx.manifest import RunLimits
@@ -53,6 +53,9 @@ class UploaderRuntime(Role):
         self.host = cfg.host
         self.spool_dir = Path(cfg.spool_dir).resolve()
         self.memory_spool_dir = Path(cfg.memory_spool_dir).resolve() if cfg.memory_spool_dir else None
+        # the default memory folder (hsx.spool.default_memory_dir): jobs naming the old shared one are taken too
+        self.memory_default = (self.memory_spool_dir is not None
+                               and self.memory_spool_dir == spool.default_memory_dir(cfg.redis_url).resolve())
         self._runs: dict[str, RunContext] = {}
         self._lock = threading.Lock()
         self.in_progress: tuple[str, str] | None = None   # (run, batch id) being uploaded; its lease is refreshed
@@ -110,6 +113,11 @@ class UploaderRuntime(Role):
                                "serve (set --memory-spool-dir to the workers' memory tier); refused, nothing read or deleted")
         expected = layout.spool_path(roots[tier], run, batch_id)
         resolved = Path(path).resolve()
+        if tier == spool.MEMORY and self.memory_default and resolved == layout.spool_path(
+                spool.LEGACY_MEMORY_DIR, run, batch_id) and not Path(path).is_symlink():
+            # A job an older hsx queued for the old shared default: the file is this user's, moved here first.
+            spool.adopt_legacy(run, self.memory_spool_dir, spool.LEGACY_MEMORY_DIR)
+            resolved = expected
         if resolved != expected:
             raise OutsideSpool(f"upload job of {run}/{batch_id} names {path}, not its spool file {expected} "
                                f"(--spool-dir / HSX_SPOOL_DIR must be the spool of the workers of host {self.host}); "
@@ -143,7 +151,7 @@ class UploaderRuntime(Role):
         if self.cfg.burst:
             self.stop_serving()
         else:
-            self._stop.wait(REFUSED_PAUSE_SECONDS)
+            retry.pause(REFUSED_PAUSE_SECONDS)  # a SIGTERM ends it at once
 
     def record_failure(self) -> None:
         with self._lock:

@@ -7,7 +7,10 @@ import logging
 from hsx.config import UploadConfig
 from hsx.localdirs import ensure_dir
 from hsx.redisconn import connect, redact
+from hsx.run import ledger
 from hsx.run.evictionpolicy import check_eviction_policy
+from hsx.run.idle import run_complete
+from hsx.store.startcheck import check_store
 
 # Imported now, not inside the first job: it pulls in torch, seconds between rq's hand-over
 # and the job's lease that the reconciler would count as a lost batch (issue 23 item 7).
@@ -17,12 +20,25 @@ from uploader.runtime import UploaderRuntime, UploadsRefused
 log = logging.getLogger(__name__)
 
 
+def check_run_stores(r) -> None:
+    """The start check of each S3 store an unfinished run of this Redis uploads to (once a store): one that is
+    unreachable, refuses these credentials or a write is StoreUnusable (exit 2) within seconds, naming the setting."""
+    checked = set()
+    for run in ledger.list_runs(r):
+        manifest = ledger.get_manifest(r, run)
+        if manifest is None or run_complete(r, run) or manifest.store in checked:
+            continue
+        check_store(manifest.store, "uploader", run=run)
+        checked.add(manifest.store)
+
+
 def run_uploader(cfg: UploadConfig) -> UploaderRuntime:
     """Serve upload@<host> until stopped (or, with ``burst``, until the queue is empty); returns the runtime."""
     # Uploaded files are removed from the spool: a spool this process cannot write would only fill up.
     ensure_dir(cfg.spool_dir, "spool", "--spool-dir / HSX_SPOOL_DIR")
     r = connect(cfg.redis_url, ride_out=True)
     check_eviction_policy(r, f"Redis at {redact(cfg.redis_url)}")
+    check_run_stores(r)
     rt = UploaderRuntime(cfg, r)
     rt.serve()
     if rt.refused and cfg.burst:

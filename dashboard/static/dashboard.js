@@ -53,7 +53,7 @@
     $("rate-samples").textContent = `${fmtNum(r.samples_per_s)} samples/s`;
     $("rate-tokens").textContent = `${fmtNum(r.tokens_per_s, 0)} tokens/s (last ${fmtDuration(r.window_seconds)})`;
     $("rate-extract").textContent = `${fmtNum(r.extract_tokens_per_s, 0)} tokens/s`;
-    $("eta").textContent = o.complete ? "done" : fmtDuration(o.eta_seconds);
+    $("eta").textContent = o.complete ? "done" : o.planning ? "unknown until the plan is whole" : fmtDuration(o.eta_seconds);
     $("uploaded-bytes").textContent = fmtBytes(o.uploaded_bytes);
     $("bytes-per-token").textContent = o.bytes_per_token == null ? "-" : `${fmtNum(o.bytes_per_token, 0)} B/token`;
     $("storage").textContent = `${o.store_dtype || "-"}, codec ${o.codec || "none"}` +
@@ -63,7 +63,8 @@
     $("failure-count").textContent = `${o.dead_letters.length} dead, ${o.retrying} retrying`;
     const badge = $("run-state");
     const stale = o.workers.some((w) => w.state === "stale");
-    badge.textContent = o.complete ? "complete" + (o.index_written ? ", index written" : "") : (stale ? "running, stale worker" : "running");
+    badge.textContent = o.complete ? "complete" + (o.index_written ? ", index written" : "") :
+      (stale ? "running, stale worker" : "running") + (o.planning ? ", plan unfinished" : "");
     badge.className = "badge " + (o.complete ? "complete" : stale ? "stalled" : "running");
   }
 
@@ -97,7 +98,9 @@
       el("td", {class: "num"}, w.mem_total_bytes == null ? "-" : `${fmtBytes(w.mem_used_bytes)} / ${fmtBytes(w.mem_total_bytes)}`),
       el("td", {class: "num"}, w.temp_c == null ? "-" : `${w.temp_c} °C`),
       el("td", {class: "num"}, w.power_w == null ? "-" : `${fmtNum(w.power_w, 0)} W`),
-      el("td", {}, w.current_batch ?? "-"), el("td", {class: "num"}, `${fmtNum(w.heartbeat_age_seconds, 0)} s ago`),
+      el("td", {}, w.current_batch ?? (w.last_batch ? `last ${w.last_batch}` +
+        ((w.reclaimed || []).length ? ` (reclaimed: ${w.reclaimed.join(", ")})` : "") : "-")),
+      el("td", {class: "num"}, `${fmtNum(w.heartbeat_age_seconds, 0)} s ago`),
       el("td", {class: "num"}, fmtInt(w.batches)), el("td", {class: "num"}, fmtNum(w.tokens_per_s, 0)))),
       "no GPU worker has reported yet", 12);
   }
@@ -136,7 +139,7 @@
     }), "none", 4);
     $("retry-all").hidden = !o.dead_letters.length;
     fill($("errors").tBodies[0], o.recent_errors.map((e) => el("tr", {},
-      el("td", {}, e.ts ? new Date(e.ts * 1000).toLocaleTimeString() : "-"), el("td", {}, e.batch_id + (e.dead ? " (dead)" : "")),
+      el("td", {}, e.ts ? new Date(e.ts * 1000).toLocaleTimeString() : "-"), el("td", {}, e.batch_id + (e.dead ? " (dead)" : e.resolved ? " (done since)" : "")),
       el("td", {class: "num"}, e.attempts), el("td", {class: "err"}, e.last_error))), "none", 4);
   }
 
@@ -175,6 +178,7 @@
   // Why the run needs a person: the stall reason, a store that refuses uploads, uploaders that put jobs back.
   function renderProblems(o) {
     const lines = [];
+    if (o.planning) lines.push(o.planning.line);
     if (o.stalled) lines.push(`STALLED: ${o.stalled}`);
     if (o.store_refusal) lines.push(`the store refuses uploads (batch ${o.store_refusal.batch}): ${o.store_refusal.error}`);
     for (const [host, rec] of Object.entries(o.upload_refused || {})) {

@@ -55,7 +55,7 @@ import redis
 
 from hsx.errors import HsxError
 from hsx.redisconn import text
-from hsx.run import leases, ledger, queues
+from hsx.run import heartbeat, leases, ledger, queues
 from hsx.run.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -266,7 +266,10 @@ def reap(r: redis.Redis, run: str, max_attempts: int, now: float | None = None) 
         bid = text(raw)
         if not r.zrem(keys.extract_leases, bid):
             continue  # another reaper took it, or it was refreshed and dropped meanwhile
-        if fail(r, run, bid, "worker lost: lease expired without heartbeat", max_attempts, at_front=True).attempts:
+        holder = heartbeat.last_holder(r, run, bid)
+        why = f"worker lost: {holder} stopped beating while it held the batch" if holder else "worker lost"
+        if fail(r, run, bid, f"{why} (lease expired without heartbeat); reclaimed", max_attempts,
+                at_front=True).attempts:
             reclaimed["extract"].append(bid)
     for raw in r.zrangebyscore(keys.upload_leases, "-inf", now):
         bid = text(raw)

@@ -82,6 +82,18 @@ class RunKeys:
         return self._k(f"hb:{worker_name}")
 
     @property
+    def worker_last(self) -> str:  # HASH worker_name -> JSON of its last heartbeat; no TTL, swept with `workers`
+        return self._k("worker_last")
+
+    @property
+    def worker_batch(self) -> str:  # HASH worker_name -> batch id it leased last; no TTL, swept with `workers`
+        return self._k("worker_batch")
+
+    @property
+    def error_log(self) -> str:  # LIST JSON {batch, error, attempts, ts}, newest first, ERROR_LOG_LENGTH long; no TTL
+        return self._k("error_log")
+
+    @property
     def extract_leases(self) -> str:  # ZSET batch_id scored by lease expiry (s, Redis TIME): extracting, not yet spooled
         return self._k("extract_leases")
 

@@ -22,7 +22,7 @@ import redis
 from hsx.errors import HsxError
 from hsx.manifest import Manifest
 from hsx.redisconn import int_hash, json_hash, text
-from hsx.run import records
+from hsx.run import errorlog, records
 from hsx.run.keys import RUNS, RunKeys
 
 # KEYS: done, done_info, counters, shard_done, done_log, failures, dead, done_seq, done_seq_pos
@@ -178,8 +178,11 @@ def mark_spooled(r: redis.Redis, run: str, bid: str, pipe=None, nbytes: int = 0)
 def record_failure(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int) -> int:
     """Count a failure of ``bid``: its attempt count (a dead letter at ``max_attempts``), or 0 if it is done."""
     keys = RunKeys(run)
-    return int(r.eval(_RECORD_FAILURE, 3, keys.failures, keys.dead, keys.done, bid, error[-2000:], time.time(),
-                      max_attempts))
+    attempts = int(r.eval(_RECORD_FAILURE, 3, keys.failures, keys.dead, keys.done, bid, error[-2000:], time.time(),
+                          max_attempts))
+    if attempts:
+        errorlog.append(r, run, bid, error, attempts)  # kept after the batch is done (issue 31 item 2)
+    return attempts
 
 
 def drop_failures_of_done(r: redis.Redis, run: str) -> list[str]:

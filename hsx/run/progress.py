@@ -7,7 +7,7 @@ import time
 import redis
 
 from hsx.manifest import Manifest, ManifestError
-from hsx.run import computeerror, evaluation, fp8error, heartbeat, ledger, queues, reconcile, records, refused, storerefusal
+from hsx.run import computeerror, evaluation, fp8error, heartbeat, ledger, planstate, queues, reconcile, records, refused, storerefusal
 from hsx.run.keys import RunKeys
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
@@ -131,6 +131,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     if upload_refused:  # the cause a person must fix, before any generic "nothing moved"
         stalled = "; ".join(f"uploads refused: {v.get('cause')} on host {h}" for h, v in sorted(upload_refused.items()))
     fp8 = fidelity(r, run, malformed)
+    planning = planstate.plan_state(r, run, totals, manifest)  # None once the plan is whole
     return {
         "run": run,
         "totals": totals,
@@ -146,7 +147,8 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "rate": rate["per_s"],
         "extract_rate": _window(r, run, keys.spooled_log, now, window, span, malformed)["per_s"],
         "rate_span_seconds": span,
-        "eta_seconds": 0.0 if complete else (None if stalled else eta),
+        "eta_seconds": 0.0 if complete else (None if stalled or planning else eta),  # unknown until the plan is whole
+        "planning": planning,  # {windows, batches, rows, producer, resume}: the plan is not whole yet (hsx.run.planstate)
         "complete": complete,
         "started": first[0][1] if first else None,
         "shards": {k: {"done": v} for k, v in records.int_hash(r, keys.shard_done, malformed).items()},
@@ -231,8 +233,11 @@ def summary_lines(p: dict) -> list[str]:
     def pct(a, b):
         return f"{100 * a / b:.1f}%" if b else "-"
 
+    planning = p.get("planning")
     lines = [
-        f"run {p['run']}: {'COMPLETE' if p['complete'] else 'in progress'}",
+        f"run {p['run']}: {'COMPLETE' if p['complete'] else 'in progress'}"
+        + (", plan unfinished (totals are what is planned so far)" if planning else ""),
+        *([planstate.plan_line(planning)] if planning else []),
         f"  batches  {d['batches']}/{t.get('batches', 0)} done ({pct(d['batches'], t.get('batches', 0))}), "
         f"{p['spooled_batches']} extracted, {p['extract_queue']} queued",
         f"  samples  {d['samples']}/{t.get('samples', 0)} ({pct(d['samples'], t.get('samples', 0))})",
@@ -243,13 +248,17 @@ def summary_lines(p: dict) -> list[str]:
         + (f", computed in {p['compute_dtype']})" if p.get("compute_dtype", "bfloat16") != "bfloat16" else ")"),
         f"  rate     {p['rate']['samples']:.1f} samples/s, {p['rate']['tokens']:.0f} tokens/s "
         f"(last {fmt_duration(p['rate_span_seconds'])})",
-        f"  ETA      {fmt_duration(p['eta_seconds'])}",
+        f"  ETA      {fmt_duration(p['eta_seconds'])}" + (" (until the plan is whole)" if planning else ""),
     ]
     alive = [w for w in p["workers"] if w.get("alive")]
     lines.append(f"  workers  {len(alive)} alive, {len(p['workers']) - len(alive)} stale")
     if p.get("planned_only"):
         lines.append(f"  PLANNED ONLY (hsx produce --no-enqueue): no process enqueues its batches; start it with the "
                      f"same `hsx produce ... --run {p['run']}` command without --no-enqueue")
+    for w in p["workers"]:
+        if not w.get("alive") and w.get("host"):  # a worker that stopped beating: who it was (until swept)
+            lines.append(f"    stale {w['worker']} on host {w['host']}: {w.get('batches', 0)} batches, last batch "
+                         f"{w.get('last_batch') or '-'}")
     if p.get("stalled"):
         lines.append(f"  STALLED  {p['stalled']}")
     for host, rec in sorted(p.get("upload_refused", {}).items()):

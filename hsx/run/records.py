@@ -26,6 +26,7 @@ SPEC = {"samples": (int,), "tokens": (int,), "shard": (str,)}
 SPEC_REQUIRED = ("samples", "tokens", "shard")
 HOST = {"spool_bytes": NUMBER, "spool_files": (int,), "spool_budget_bytes": (*NUMBER, type(None)), "ts": NUMBER}
 DONE_INFO = {"size": (int,)}
+ERROR_LOG = {"batch": (str,), "error": (str,), "attempts": (int,), "ts": NUMBER}
 _OPT_NUMBER = (*NUMBER, type(None))
 _OPT_STR = (str, type(None))
 HEARTBEAT = {"ts": NUMBER, "batches": (int,), "tokens": (int,), "tokens_per_s": NUMBER, "host": _OPT_STR,

@@ -95,3 +95,5 @@ def apply_reset(r: redis.Redis, plan: ResetPlan, store=None) -> None:
     r.srem(RUNS, plan.run)
     for key in plan.objects:
         store.delete(key)
+    if store is not None:
+        store.remove_empty_folders(f"{plan.run}/")  # a local store: no empty <run>/inputs/00000 left behind

@@ -16,7 +16,7 @@ from rq.registry import StartedJobRegistry
 from rq.worker import Worker
 from rq.worker_registration import unregister
 
-from hsx.run import queues
+from hsx.run import heartbeat, queues
 from hsx.run.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 def forget_dead_workers(r: redis.Redis, run: str) -> list[str]:
     """Unregister the rq workers of ``run``'s extract queue with no hsx heartbeat; their names."""
+    heartbeat.sweep(r, run)  # workers not seen for a day: their last heartbeat and batch go too
     q = queues.queue(r, queues.extract_queue_name(run))
     gone = []
     for worker in Worker.all(connection=r, queue=q):

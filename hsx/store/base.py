@@ -81,6 +81,11 @@ class Store(ABC):
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
 
+    def remove_empty_folders(self, prefix: str) -> None:
+        """After every object under ``prefix`` was deleted (`hsx reset --store`): what is left of its folders.
+        An object store has no folders: nothing to do."""
+        return None
+
 
 def check_read_back(where: str, got_size: int, got_sha256: str, size: int, sha256: str) -> None:
     if (got_size, got_sha256) != (size, sha256):

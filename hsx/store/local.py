@@ -111,3 +111,17 @@ class LocalStore(Store):
 
     def delete(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
+
+    def remove_empty_folders(self, prefix: str) -> None:
+        """Temp files of killed writers under ``prefix`` (no object: list_keys hides them), then every folder
+        left empty, ``prefix``'s own included, deepest first. A folder that still holds a file is kept."""
+        base = self.path(prefix)
+        if not base.is_dir():
+            return
+        for tmp, _ in self.temp_files(prefix):
+            tmp.unlink(missing_ok=True)
+        for folder in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            if not any(folder.iterdir()):
+                folder.rmdir()
+        if not any(base.iterdir()):
+            base.rmdir()
