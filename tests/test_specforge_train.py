@@ -1,7 +1,7 @@
 """SpecForge 0.2.0's own trainer (`specforge train`) trains EAGLE-3, DFlash and DSpark drafters of the tiny
 8-layer model on hsx data, on the CPU, in SpecForge's venv (scripts/peers.sh): from `hsx export --for
 specforge-*` folders and from the runs read in place (`python -m hsx_peers.specforge train`, HsxFeatureStore),
-a bf16 run in a local store and an FP8-stored one (e4m3 + per-token scales) on S3 (moto). The draft model
+a bf16 run in a local store and an FP8-stored one (e4m3 + per-token scales) on S3 (`rclone serve s3`). The draft model
 config is hsx's, unchanged: an export's `draft_config.json` through the exact line `hsx export` printed, and
 in place the one the command writes from the run's manifest (equal to the export's). What is replaced for the
 CPU, and why, is in tests/peers/train_specforge.py (EAGLE-3's triton loss kernel only). The in-place
@@ -24,6 +24,7 @@ from hsx_cli.main import main
 from hsx_reader import RunDataset
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model
+from tests.conftest import _new_bucket
 from tests.peerenv import run_peer
 from tests.pipeline import run_pipeline
 
@@ -73,20 +74,22 @@ def _config(tmp_path, name, target, strategy, hidden_states_path):
 
 
 @pytest.mark.slow
-def test_specforge_trains_on_hsx_data(redis_server, s3_server, s3_bucket, tmp_path, capsys):
+def test_specforge_trains_on_hsx_data(redis_server, rclone_server, tmp_path, capsys):
+    """SpecForge's own trainer on hsx runs, exported and in place; the S3 run on `rclone serve s3`, a real S3 server
+    (issue 28: a trainer in place on the server hsx's checks must hold on)."""
     model = build_tiny_model(tmp_path / "tiny8", num_layers=8, sample_path=sample_dataset())
     target = _specforge_target(model)
     dataset = tmp_path / "conversations.jsonl"
     dataset.write_text("".join(sample_dataset().read_text().splitlines(keepends=True)[:SAMPLES]))
-    s3 = StoreSettings(url=f"s3://{s3_bucket}/runs", endpoint_url=s3_server, region="us-east-1")
-    stores = {"bf16": ("bfloat16", str(tmp_path / "store"), "local"), "fp8": ("float8_e4m3", s3, "S3 (moto)")}
+    s3 = StoreSettings(url=f"s3://{_new_bucket(rclone_server)}/runs", endpoint_url=rclone_server, region="us-east-1")
+    stores = {"bf16": ("bfloat16", str(tmp_path / "store"), "local"), "fp8": ("float8_e4m3", s3, "S3 (rclone)")}
     cases, runs, drafts = [], [], {}
     for dtype, (store_dtype, store, where) in stores.items():
         run = f"sf-{dtype}"
         run_pipeline(redis_server.url, model, store, tmp_path / f"spool-{run}", run=run, dataset=dataset,
                      layers="eagle3", dtype="bfloat16", store_dtype=store_dtype)
         url = store.url if isinstance(store, StoreSettings) else store
-        endpoint = s3_server if isinstance(store, StoreSettings) else None
+        endpoint = rclone_server if isinstance(store, StoreSettings) else None
         reader = RunDataset(StoreSettings(url=url, endpoint_url=endpoint), run)
         assert len(reader) == SAMPLES and reader.index.layer_ids == [1, 3, 4]
         for strategy in ALGORITHMS:
