@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 
+from hsx.run import records
 from hsx.run.keys import RunKeys
 
 FIELDS = ("drafter", "global_step", "tau", "target_forwards_per_token", "speedup", "identical_prompts", "prompts",
           "teacher_forced_accepted_prefix", "device", "ts")
+SHAPE = {f: (str, type(None)) if f in ("drafter", "device") else (*records.NUMBER, type(None)) for f in FIELDS}
 
 
 def summary(report: dict) -> dict:
@@ -37,19 +39,7 @@ def read(r, run: str, malformed: list[str] | None = None) -> dict | None:
     """The run's summary, or None (none made, or a record hsx did not write: named in ``malformed``)."""
     key = RunKeys(run).evaluation
     raw = r.get(key)
-    if raw is None:
-        return None
-    try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        value = None
-    if not isinstance(value, dict) or any(f not in value for f in FIELDS) or not all(
-            value[f] is None or (isinstance(value[f], int | float) and not isinstance(value[f], bool))
-            for f in FIELDS if f not in ("drafter", "device")):
-        if malformed is not None:
-            malformed.append(f"{key}: not an evaluation summary")
-        return None
-    return value
+    return None if raw is None else records.decode(raw, key, [] if malformed is None else malformed, SHAPE, FIELDS)
 
 
 def lines(e: dict) -> list[str]:
