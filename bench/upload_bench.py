@@ -5,9 +5,12 @@ Real ``hsx upload`` processes drain ``upload@<host>`` from a private redis-serve
 through hsx's whole upload path (put_file, multipart, Content-MD5, verify, ledger, spool delete).
 A feeder stands in for the GPU workers: it spools batch files of a run's real size at a set rate
 (GiB/s; 0 = as fast as the spool cap lets it) and queues their upload jobs as a worker does
-(batchlife.lease + batchlife.spool). Each spool file is a hard link to one source file of random
-bytes in the same tmpfs, so the feeder costs no CPU and the spool no memory beyond one file; the
-uploader reads, hashes, sends and unlinks it as any spool file. The spool is capped (--spool-cap-gib,
+(batchlife.lease + batchlife.spool). Each spool file is a real batch header of its batch (run, batch id,
+sample ids, the run's incarnation: the uploader checks them before an upload, hsx/run/provenance.py) followed
+by the bytes of one source file of random bytes; the feeder writes and hashes it in the bench process (its
+CPU is not counted as the uploaders'). The uploader reads, hashes, sends and unlinks it as any spool file.
+(The H200 figures of 2026-12-04 in docs/benchmarks.md were taken before the header check existed, with each
+spool file a hard link to the source; the check reads at most 64 KiB of header per upload.) The spool is capped (--spool-cap-gib,
 logical bytes) as the worker's backpressure caps it. A janitor deletes objects from the server's
 folder once their batch is done: the bytes leave the machine, as to S3.
 
@@ -53,11 +56,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from hsx.batch import batchfile  # noqa: E402
 from hsx.config import StoreSettings  # noqa: E402
 from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, DEFAULT_TOKEN_BUDGET  # noqa: E402
 from hsx.manifest import RunLimits, new_manifest  # noqa: E402
 from hsx.redisconn import LocalRedis, connect, free_port  # noqa: E402
-from hsx.run import batchlife, ledger  # noqa: E402
+from hsx.run import batchlife, ledger, provenance  # noqa: E402
 from hsx.run.keys import RunKeys  # noqa: E402
 from hsx.run.ledger import BatchSpec  # noqa: E402
 from hsx.store import layout  # noqa: E402
@@ -100,7 +104,7 @@ def machine_busy() -> tuple[int, int]:
 
 
 def spool_bytes(run_dir: Path) -> int:
-    """Logical bytes of the run's spool files (each hard link counted whole: what a worker would hold)."""
+    """Logical bytes of the run's spool files (what a worker would hold)."""
     total = 0
     for entry in os.scandir(run_dir) if run_dir.is_dir() else ():
         try:
@@ -297,16 +301,52 @@ class Loop(threading.Thread):
         raise NotImplementedError
 
 
-class Feeder(Loop):
-    """Spools batch files (hard links to ``source``) at ``rate`` bytes/s while the spool holds < ``cap`` bytes,
-    and queues their upload jobs as a worker does; ``fed`` counts the batches queued."""
+def batch_file_head(run: str, spec: BatchSpec, incarnation: str, size: int) -> tuple[bytes, int]:
+    """A real batch header for ``spec`` (run, batch id, sample ids, incarnation: what the uploader's provenance check
+    reads, hsx/run/provenance.py) describing about ``size`` bytes of tensors; (header bytes, data bytes after it).
+    The hidden states are shaped, not allocated (a meta tensor)."""
+    import torch
 
-    def __init__(self, r, run: str, specs: list[BatchSpec], source: Path, sha256: str, size: int, run_dir: Path,
+    tokens = max(1, min(DEFAULT_TOKEN_BUDGET, size // 8192))
+    width = max(1, (size - 4096 - 5 * tokens - 16) // (2 * tokens))
+    tensors = {"hidden_states": torch.empty((tokens, width), dtype=torch.bfloat16, device="meta"),
+               "input_ids": torch.zeros(tokens, dtype=torch.int32), "loss_mask": torch.ones(tokens, dtype=torch.uint8),
+               "cu_seqlens": torch.tensor([0] + [tokens] * len(spec.sample_ids), dtype=torch.int64)}
+    metadata = {"format": batchfile.FORMAT, "run": run, "batch_id": spec.batch_id,
+                "sample_ids": json.dumps(spec.sample_ids), provenance.INCARNATION: incarnation}
+    head, ordered = batchfile.encode_header(tensors, metadata)
+    return head, sum(t.numel() * t.element_size() for t in ordered)
+
+
+class Feeder(Loop):
+    """Spools batch files at ``rate`` bytes/s while the spool holds < ``cap`` bytes, and queues their upload jobs as
+    a worker does; ``fed`` counts the batches queued. Each file is a real batch header of its batch (the uploader
+    checks it belongs to the plan) and ``source``'s bytes as its tensors; the feeder hashes what it writes (its CPU
+    is the bench process's, not the uploaders')."""
+
+    def __init__(self, r, run: str, specs: list[BatchSpec], incarnation: str, source: Path, size: int, run_dir: Path,
                  rate: float, cap: int):
         super().__init__(daemon=True, name="bench-feeder")
-        self.r, self.run_name, self.specs, self.source, self.sha256, self.size = r, run, specs, source, sha256, size
-        self.run_dir, self.rate, self.cap = run_dir, rate, cap
+        self.r, self.run_name, self.specs, self.source, self.size = r, run, specs, source, size
+        self.incarnation, self.run_dir, self.rate, self.cap = incarnation, run_dir, rate, cap
         self.fed, self.stop_event = 0, threading.Event()
+        head, data = batch_file_head(run, specs[0], incarnation, size)
+        self.file_bytes = len(head) + data  # every batch's (fixed-width ids: the same header length)
+
+    def write(self, spec: BatchSpec, path: Path) -> tuple[int, str]:
+        """Write ``spec``'s batch file at ``path``; its size and SHA-256."""
+        import hashlib
+
+        head, left = batch_file_head(self.run_name, spec, self.incarnation, self.size)
+        digest = hashlib.sha256(head)
+        with open(self.source, "rb") as src, open(path, "wb") as out:
+            out.write(head)
+            while left:
+                chunk = src.read(min(left, 8 * 2**20))
+                out.write(chunk)
+                digest.update(chunk)
+                left -= len(chunk)
+        return path.stat().st_size, digest.hexdigest()
 
     def loop(self) -> None:
         start = time.monotonic()
@@ -319,10 +359,10 @@ class Feeder(Loop):
             if self.stop_event.is_set():
                 return
             path = layout.spool_path(self.run_dir.parent, self.run_name, spec.batch_id)
-            os.link(self.source, path)
+            size, sha256 = self.write(spec, path)
             batchlife.lease(self.r, self.run_name, spec.batch_id, 600)
             pipe = self.r.pipeline()
-            batchlife.spool(self.r, self.run_name, spec.batch_id, self.run_name, str(path), self.size, self.sha256, "disk", pipe)
+            batchlife.spool(self.r, self.run_name, spec.batch_id, self.run_name, str(path), size, sha256, "disk", pipe)
             pipe.execute()
             self.fed += 1
 
@@ -352,8 +392,9 @@ class Janitor(Loop):
             self.sweep()
 
 
-def plant_run(r, run: str, server: RcloneS3, batches: int) -> list[BatchSpec]:
-    """A run in Redis and its manifest in the store, as `hsx produce` leaves them; the plan's batches."""
+def plant_run(r, run: str, server: RcloneS3, batches: int) -> tuple[list[BatchSpec], str]:
+    """A run in Redis and its manifest in the store, as `hsx produce` leaves them; the plan's batches and the
+    run's incarnation."""
     store_url = f"s3://{BUCKET}/bench"
     # rclone's multipart ETag is the whole object's MD5, not the composite (issue 28 item 1). Without the store's
     # quirk settings (hsx/store/quirks.py, branch i28s) the ETag check must be off for it; with them the default
@@ -367,13 +408,14 @@ def plant_run(r, run: str, server: RcloneS3, batches: int) -> list[BatchSpec]:
         store_dtype="bfloat16", codec="none", compute_dtype="bfloat16", fp8_accumulation="fp32", max_length=4096,
         overlong="drop", token_budget=DEFAULT_TOKEN_BUDGET, pad_multiple=8, max_batch_rows=64, batches_per_shard=1000,
         window_rows=20000, dataset="/data/bench.jsonl", dataset_fingerprint="f" * 64, chat_template_hash="c" * 64,
-        template_kwargs={}, columns={}, pad_token_id=0, store_url=store_url, store=settings, limits=RunLimits())
+        template_kwargs={}, columns={}, pad_token_id=0, store_url=store_url, store=settings, limits=RunLimits(),
+        incarnation=secrets.token_hex(16))
     specs = [BatchSpec(f"b{i:07d}", i, f"{i // 1000:05d}", samples=1, tokens=DEFAULT_TOKEN_BUDGET,
-                       padded=DEFAULT_TOKEN_BUDGET, padded_len=DEFAULT_TOKEN_BUDGET, sample_ids=[f"s{i}"])
+                       padded=DEFAULT_TOKEN_BUDGET, padded_len=DEFAULT_TOKEN_BUDGET, sample_ids=[f"s{i:07d}"])
              for i in range(batches)]
     ledger.save_plan(r, run, manifest, specs, {"batches": len(specs)})
     manifest.save(settings.open())
-    return specs
+    return specs, manifest.incarnation
 
 
 def run_step(args, n: int, r, redis_url: str, server: RcloneS3, spool_dir: Path, source: Path, sha256: str,
@@ -384,11 +426,11 @@ def run_step(args, n: int, r, redis_url: str, server: RcloneS3, spool_dir: Path,
     duration = args.warmup + args.seconds
     rate = args.rate * GiB
     most = int((rate or 20 * GiB) * duration / size) + 4 * n + 8
-    specs = plant_run(r, run, server, most)
+    specs, incarnation = plant_run(r, run, server, most)
     (log_dir / run).mkdir(parents=True)
     uploaders = UploaderProcs(n, redis_url, spool_dir, server.env(), log_dir / run, uploader_cpus, host=run)
     janitor = Janitor(r, run, server.data_dir / BUCKET / "bench")
-    feeder = Feeder(r, run, specs, source, sha256, size, run_dir, rate, int(args.spool_cap_gib * GiB))
+    feeder = Feeder(r, run, specs, incarnation, source, size, run_dir, rate, int(args.spool_cap_gib * GiB))
     try:
         uploaders.wait_ready()
         janitor.start()
@@ -409,7 +451,7 @@ def run_step(args, n: int, r, redis_url: str, server: RcloneS3, spool_dir: Path,
     for thread in (feeder, janitor):
         if thread.error is not None:
             raise RuntimeError(f"upload_bench: {thread.name} failed: {thread.error!r}") from thread.error
-    result = StepResult.between(n, size, first, last)
+    result = StepResult.between(n, feeder.file_bytes, first, last)
     done = r.scard(RunKeys(run).done)
     checks = {"run": run, "fed_batches": feeder.fed, "done_batches_total": done,
               "objects_deleted": janitor.deleted, "object_bytes_deleted": janitor.deleted_bytes,
