@@ -44,8 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.fp8_fidelity import train_target  # noqa: E402
-from hsx.config import ProduceConfig, StoreSettings, UploadConfig, WorkerConfig  # noqa: E402
 from hsx.redisconn import LocalRedis  # noqa: E402
+from hsx.runspec.config import ProduceConfig, StoreSettings, UploadConfig, WorkerConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {  # name -> (compute dtype, store dtype)

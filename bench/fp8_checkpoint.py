@@ -3,9 +3,9 @@
     python bench/fp8_checkpoint.py --shape qwen3-8b --tokens 150000 --out DIR [--layers N] [--ckpt-dir DIR]
 
 Builds the shape with random weights (bf16) and writes its e4m3 128x128 block-scaled checkpoint, laid out as
-the published FP8 releases (hsx.fp8compute.fp8_tensors, quantised on the device one weight at a time, and
+the published FP8 releases (gpu_worker.fp8compute.fp8_tensors, quantised on the device one weight at a time, and
 fp8_config), to ``--ckpt-dir`` (a tmpfs: no slow disk in the figures), then loads it back as the worker does
-(hsx.fp8compute.load_fp8_checkpoint: e4m3 values and block scales straight to Fp8Linear layers, never a bf16
+(gpu_worker.fp8compute.load_fp8_checkpoint: e4m3 values and block scales straight to Fp8Linear layers, never a bf16
 copy). Three bodies, each cut to the layers the dflash pipeline runs:
 
 - bf16: the random weights;
@@ -34,8 +34,8 @@ import harness  # noqa: E402
 import shapes  # noqa: E402
 import torch  # noqa: E402
 
+from gpu_worker import fp8compute, fp8linear  # noqa: E402
 from gpu_worker.extractor import _decoder  # noqa: E402
-from hsx import fp8compute, fp8linear  # noqa: E402
 from hsx.defaults import DEFAULT_FP8_ACCUMULATION, FP8_ACCUMULATIONS  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.prep.planning import cut_batches  # noqa: E402

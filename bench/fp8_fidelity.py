@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.activation_stats import texts  # noqa: E402
 from gpu_worker.extractor import Extractor, pad_batch  # noqa: E402
+from gpu_worker.fp8compute import write_fp8_checkpoint  # noqa: E402
 from hsx.batch.dtypes import fp8_error, quantise_fp8  # noqa: E402
 from hsx.defaults import DEFAULT_FP8_ACCUMULATION, FP8_ACCUMULATIONS  # noqa: E402
-from hsx.fp8compute import write_fp8_checkpoint  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx_tools.demo import sample_dataset  # noqa: E402
 from hsx_tools.tinymodel import build_tokenizer  # noqa: E402

@@ -5,7 +5,7 @@
 Plans mix-32k batches (lognormal lengths, as gpu_bench.py's mix32k), builds the shape with random weights,
 keeps the layers the dflash pipeline runs, warms every batch shape once at bf16 (fla compiles per shape),
 then times one pass over all batches per variant (CUDA events; computed = padded tokens/s). Variants switch
-hsx/fp8linear.py's knobs: quantiser (compile / triton), shared input quantisation, fast accumulation, and the
+gpu_worker/fp8linear.py's knobs: quantiser (compile / triton), shared input quantisation, fast accumulation, and the
 narrowest linear converted. (Fused sibling GEMMs, q/k/v and gate/up as one GEMM, were measured slower with
 commit d0c6b81's version of this script and removed.) ``--profile``: torch.profiler's kernel table of one batch
 at bf16 and at the first and last FP8 variant. Also: the GEMM's accumulation error with and without fast
@@ -27,8 +27,8 @@ import harness  # noqa: E402
 import shapes  # noqa: E402
 import torch  # noqa: E402
 
+from gpu_worker import fp8linear  # noqa: E402
 from gpu_worker.extractor import _decoder  # noqa: E402
-from hsx import fp8linear  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.prep.planning import cut_batches  # noqa: E402
 

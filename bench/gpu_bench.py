@@ -73,8 +73,8 @@ def run_shape(args) -> dict:
     t = time.perf_counter()
     model = shapes.build_model(config, device, dtype)
     if args.compute_dtype == "float8":  # as the worker does (gpu_worker/extractor.py): the decoder's linears
+        from gpu_worker import fp8compute, fp8linear
         from gpu_worker.extractor import _decoder
-        from hsx import fp8compute, fp8linear
 
         fp8compute.require_fp8_device(device)
         converted = fp8linear.convert_linears(_decoder(model).layers, fast_accum=args.fp8_accumulation == "fast")
@@ -93,7 +93,7 @@ def run_shape(args) -> dict:
           f"built in {build_s:.1f}s, fla={'yes' if result['fla'] else 'no'}", flush=True)
     work = Path(args.workdir) / f"{args.shape}-{args.tag}"
     if args.memory_spool_gib == "auto":  # the worker's default (hsx_cli/worker.py)
-        from hsx import spool
+        from hsx.runspec import spool
 
         budget, why = spool.auto_memory_budget(Path(args.memory_spool_dir))
         args.memory_spool_gib = budget / harness.GiB

@@ -33,11 +33,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpu_worker.extractor import Extractor  # noqa: E402
-from hsx import spool  # noqa: E402
-from hsx.config import ProduceConfig, StoreSettings, WorkerConfig  # noqa: E402
 from hsx.defaults import DEFAULT_FP8_ACCUMULATION  # noqa: E402
-from hsx.run import ledger  # noqa: E402
-from hsx.run.keys import RunKeys  # noqa: E402
+from hsx.life import ledger  # noqa: E402
+from hsx.life.keys import RunKeys  # noqa: E402
+from hsx.runspec import spool  # noqa: E402
+from hsx.runspec.config import ProduceConfig, StoreSettings, WorkerConfig  # noqa: E402
 
 GiB = 2**30
 

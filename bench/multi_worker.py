@@ -36,9 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from hsx.life import heartbeat, ledger, queues  # noqa: E402
+from hsx.life.keys import RunKeys  # noqa: E402
 from hsx.redisconn import LocalRedis, connect, int_hash  # noqa: E402
-from hsx.run import heartbeat, ledger, queues  # noqa: E402
-from hsx.run.keys import RunKeys  # noqa: E402
 from hsx.store import open_store  # noqa: E402
 from hsx_tools.verify import verify_run  # noqa: E402
 

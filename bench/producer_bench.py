@@ -213,8 +213,8 @@ def time_tokenise(model: Path, rows: Path, workers: int, block: int, hold: bool 
 
 
 def time_first_enqueue(model: Path, rows: Path, workers: int, window_rows: int, scratch: Path) -> dict:
-    from hsx.config import ProduceConfig, StoreSettings
     from hsx.redisconn import LocalRedis
+    from hsx.runspec.config import ProduceConfig, StoreSettings
     from producer.produce import produce
 
     shutil.rmtree(scratch, ignore_errors=True)   # a fresh run each time: no manifest, plan or inputs left over

@@ -63,8 +63,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=180)
     ap.add_argument("--out", default=str(ROOT / "bench-out"))
     args = ap.parse_args()
+    from hsx.life import queues
     from hsx.redisconn import LocalRedis, connect
-    from hsx.run import queues
 
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)

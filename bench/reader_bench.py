@@ -26,8 +26,8 @@ from torch.utils.data import DataLoader
 
 from hsx.batch import batchfile
 from hsx.batch.dtypes import FP8, quantise_fp8
-from hsx.config import StoreSettings
-from hsx.manifest import RunLimits, new_manifest
+from hsx.runspec.config import StoreSettings
+from hsx.runspec.manifest import RunLimits, new_manifest
 from hsx.store import LocalStore, layout
 from hsx_reader import RunStream, collate_packed
 
@@ -127,7 +127,7 @@ def main() -> None:
 def s3_rows(root: Path, args) -> list:
     from moto.server import ThreadedMotoServer
 
-    from hsx.config import StoreSettings
+    from hsx.runspec.config import StoreSettings
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")

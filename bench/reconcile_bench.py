@@ -13,9 +13,9 @@ import argparse
 import tempfile
 import time
 
+from hsx.life import batchlife, leases, ledger, reconcile
+from hsx.life.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect
-from hsx.run import batchlife, leases, ledger, reconcile
-from hsx.run.keys import RunKeys
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ through hsx's whole upload path (put_file, multipart, Content-MD5, verify, ledge
 A feeder stands in for the GPU workers: it spools batch files of a run's real size at a set rate
 (GiB/s; 0 = as fast as the spool cap lets it) and queues their upload jobs as a worker does
 (batchlife.lease + batchlife.spool). Each spool file is a real batch header of its batch (run, batch id,
-sample ids, the run's incarnation: the uploader checks them before an upload, hsx/run/provenance.py) followed
+sample ids, the run's incarnation: the uploader checks them before an upload, hsx/life/provenance.py) followed
 by the bytes of one source file of random bytes; the feeder writes and hashes it in the bench process (its
 CPU is not counted as the uploaders'). The uploader reads, hashes, sends and unlinks it as any spool file.
 (The H200 figures of 2026-12-04 in docs/benchmarks.md were taken before the header check existed, with each
@@ -57,13 +57,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hsx.batch import batchfile  # noqa: E402
-from hsx.config import StoreSettings  # noqa: E402
 from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, DEFAULT_TOKEN_BUDGET  # noqa: E402
-from hsx.manifest import RunLimits, new_manifest  # noqa: E402
+from hsx.life import batchlife, ledger, provenance  # noqa: E402
+from hsx.life.keys import RunKeys  # noqa: E402
+from hsx.life.ledger import BatchSpec  # noqa: E402
 from hsx.redisconn import LocalRedis, connect, free_port  # noqa: E402
-from hsx.run import batchlife, ledger, provenance  # noqa: E402
-from hsx.run.keys import RunKeys  # noqa: E402
-from hsx.run.ledger import BatchSpec  # noqa: E402
+from hsx.runspec.config import StoreSettings  # noqa: E402
+from hsx.runspec.manifest import RunLimits, new_manifest  # noqa: E402
 from hsx.store import layout  # noqa: E402
 from hsx.store import s3 as s3store  # noqa: E402
 
@@ -303,7 +303,7 @@ class Loop(threading.Thread):
 
 def batch_file_head(run: str, spec: BatchSpec, incarnation: str, size: int) -> tuple[bytes, int]:
     """A real batch header for ``spec`` (run, batch id, sample ids, incarnation: what the uploader's provenance check
-    reads, hsx/run/provenance.py) describing about ``size`` bytes of tensors; (header bytes, data bytes after it).
+    reads, hsx/life/provenance.py) describing about ``size`` bytes of tensors; (header bytes, data bytes after it).
     The hidden states are shaped, not allocated (a meta tensor)."""
     import torch
 

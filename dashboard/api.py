@@ -13,8 +13,8 @@ from flask import Blueprint, abort, jsonify, request
 
 from dashboard import state
 from dashboard.overview import build_overview, pick_run
+from hsx.life import batchlife, ledger
 from hsx.redisconn import redact
-from hsx.run import batchlife, ledger
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 

@@ -18,8 +18,8 @@ from dashboard import api, auth, headers, metrics, outage, pages, rq_mount
 from dashboard.config import DashboardConfig
 from dashboard.plan_cache import PlanCache
 from dashboard.state import EXTENSION, AppState
+from hsx.life import queues
 from hsx.redisconn import connect, redact
-from hsx.run import queues
 
 log = logging.getLogger(__name__)
 RQ_PREFIX = rq_mount.PREFIX

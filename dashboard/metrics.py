@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dashboard import state
 from dashboard.overview import build_overview
-from hsx.run import ledger
+from hsx.life import ledger
 
 bp = Blueprint("metrics", __name__)
 

@@ -1,6 +1,6 @@
 """One run's overview: the numbers the page, /api/status and /metrics all show.
 
-Built from ``hsx.run.progress.run_progress`` (ledger, counters, heartbeats, hosts)
+Built from ``hsx.monitor.progress.run_progress`` (ledger, counters, heartbeats, hosts)
 plus the plan (per-shard totals, tokens a batch) and rq (upload queue depth,
 uploaders, uploads finished a host). Plain JSON-ready dicts; nothing here
 writes to Redis.
@@ -16,10 +16,11 @@ from rq.registry import FinishedJobRegistry
 from dashboard.config import DEFAULT_RECENT_ERRORS, DashboardConfig
 from dashboard.plan_cache import PlanCache, PlanSummary
 from dashboard.series import throughput_series
+from hsx.life import errorlog, ledger, queues, records
+from hsx.life.keys import RunKeys
+from hsx.monitor import planstate
+from hsx.monitor.progress import RATE_WINDOW_SECONDS, host_row, run_progress
 from hsx.redisconn import text
-from hsx.run import errorlog, ledger, planstate, queues, records
-from hsx.run.keys import RunKeys
-from hsx.run.progress import RATE_WINDOW_SECONDS, host_row, run_progress
 
 # Worker states: "busy" (fresh heartbeat, a batch in hand), "idle" (fresh heartbeat, no batch),
 # "stale" (heartbeat expired or older than stale_after_seconds while the run is unfinished),
@@ -42,7 +43,7 @@ def pick_run(r: redis.Redis, requested: str | None) -> tuple[str | None, list[st
 
 
 def _reclaimed(errors: list[dict]) -> dict[str, list[str]]:
-    """worker name -> batches reclaimed from it after it stopped beating (the reaper's error, hsx.run.batchlife)."""
+    """worker name -> batches reclaimed from it after it stopped beating (the reaper's error, hsx.life.batchlife)."""
     out: dict[str, list[str]] = {}
     for e in errors:
         if e["error"].startswith("worker lost: ") and " stopped beating" in e["error"]:
@@ -96,7 +97,7 @@ def _failure_rows(records: dict[str, dict], dead: bool) -> list[dict]:
 
 
 def _resolved_rows(r: redis.Redis, run: str, errors: list[dict]) -> list[dict]:
-    """Failures of batches done since (the error log, hsx.run.errorlog): a worker lost mid-batch stays in sight."""
+    """Failures of batches done since (the error log, hsx.life.errorlog): a worker lost mid-batch stays in sight."""
     if not errors:
         return []
     bids = list(dict.fromkeys(e["batch"] for e in errors))
@@ -141,7 +142,7 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
                  "extract_batches_per_s": p["extract_rate"]["batches"]},
         "eta_seconds": p["eta_seconds"],
         "stalled": p["stalled"],           # why a run with work left is not moving (None if it is)
-        # the plan is not whole: {windows, batches, rows, producer, resume, line} (hsx.run.planstate), None once it is
+        # the plan is not whole: {windows, batches, rows, producer, resume, line} (hsx.monitor.planstate), None once it is
         "planning": {**p["planning"], "line": planstate.plan_line(p["planning"]).strip()} if p["planning"] else None,
         "store_refusal": p["store_refusal"],  # {error, batch, ts, by}: the store refuses uploads for good (None if not)
         "upload_refused": p["upload_refused"],  # {host: {cause, message, jobs, ts}}: uploaders that put jobs back
@@ -157,5 +158,5 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
         "dead_letters": dead,
         "retrying": len(p["failures"]),
         "recent_errors": recent[:DEFAULT_RECENT_ERRORS],
-        "malformed": list(dict.fromkeys([*p["malformed"], *plan.malformed])),  # records skipped (hsx.run.records), "<key> <field>: why"
+        "malformed": list(dict.fromkeys([*p["malformed"], *plan.malformed])),  # records skipped (hsx.life.records), "<key> <field>: why"
     }

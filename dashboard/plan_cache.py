@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import redis
 
-from hsx.run import records
-from hsx.run.keys import RunKeys
+from hsx.life import records
+from hsx.life.keys import RunKeys
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class PlanSummary:
     samples: dict[str, int]       # batch id -> samples
     shard_batches: dict[str, int]  # shard -> planned batches
     shard_tokens: dict[str, int]   # shard -> planned tokens
-    malformed: tuple[str, ...] = ()  # plan entries skipped (hsx.run.records): "<key> <batch>: why"
+    malformed: tuple[str, ...] = ()  # plan entries skipped (hsx.life.records): "<key> <batch>: why"
 
     @classmethod
     def read(cls, r: redis.Redis, run: str) -> PlanSummary:

@@ -13,8 +13,8 @@ import math
 
 import redis
 
+from hsx.life.keys import RunKeys
 from hsx.redisconn import text
-from hsx.run.keys import RunKeys
 
 MIN_SPAN_SECONDS = 120  # a young run still gets a chart two minutes wide
 

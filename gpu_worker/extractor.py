@@ -20,7 +20,7 @@ import torch
 from hsx.batch.dtypes import FP8, fp8_error, quantise_fp8
 from hsx.batch.dtypes import VALUE_DTYPES as DTYPES
 from hsx.defaults import DEFAULT_FP8_ACCUMULATION
-from hsx.manifest import text_config
+from hsx.runspec.manifest import text_config
 
 log = logging.getLogger(__name__)
 
@@ -82,15 +82,15 @@ class Extractor:
              fp8_accumulation: str = DEFAULT_FP8_ACCUMULATION, measure_compute: bool = False) -> Extractor:
         """Load the model body (no lm_head) once; compute in fp32 on the CPU, bf16 on a GPU unless told.
 
-        ``compute_dtype`` float8: the decoder layers' linears as rowwise e4m3 GEMMs (hsx/fp8compute.py); refused
+        ``compute_dtype`` float8: the decoder layers' linears as rowwise e4m3 GEMMs (gpu_worker/fp8compute.py); refused
         (ComputeDtypeError) on a device without FP8 tensor cores. An FP8 checkpoint is loaded as it is stored.
         ``fp8_accumulation``: fp32 (partial sums promoted to fp32) or fast, the run's (manifest) choice.
         ``measure_compute``: a bf16 checkpoint's linears are converted at the first batch instead of here,
-        so that ``run_measured`` can run that batch through them first (hsx/run/computeerror.py).
+        so that ``run_measured`` can run that batch through them first (hsx/life/computeerror.py).
         """
         from transformers import AutoConfig, AutoModel
 
-        from hsx import fp8compute
+        from gpu_worker import fp8compute
 
         fast = fp8compute.check_fp8_accumulation(fp8_accumulation, compute_dtype) == "fast"
         if fp8compute.check_compute_dtype(compute_dtype) == "float8":
@@ -111,7 +111,7 @@ class Extractor:
 
     def convert_to_fp8(self) -> None:
         """The (kept) decoder layers' linears become rowwise e4m3 GEMMs, once."""
-        from hsx import fp8linear
+        from gpu_worker import fp8linear
 
         if self.fp8_pending:
             converted = fp8linear.convert_linears(self.decoder.layers, fast_accum=self.fp8_fast_accum)
@@ -180,7 +180,7 @@ class Extractor:
         reference linears (a bf16 checkpoint's own, before they are converted; an FP8 checkpoint's dequantised),
         then as FP8 GEMMs. Returns (hidden, final, error [2, n stored columns] on the device, reference)."""
         from gpu_worker.fp8reference import compare, reference_linears
-        from hsx.run import computeerror
+        from hsx.life import computeerror
 
         dtype = str(next(p.dtype for p in self.model.parameters() if p.is_floating_point())).removeprefix("torch.")
         if self.fp8_pending:

@@ -1,8 +1,8 @@
 """The reference linears of an FP8-compute model (what its decoder's linears compute without FP8 GEMMs),
 and the comparison of FP8 outputs with the reference's.
 
-Used once per run, for the one batch the compute error is measured on (hsx/run/computeerror.py):
-``reference_linears(layers)`` swaps every :class:`~hsx.fp8linear.Fp8Linear` under ``layers`` for a
+Used once per run, for the one batch the compute error is measured on (hsx/life/computeerror.py):
+``reference_linears(layers)`` swaps every :class:`~gpu_worker.fp8linear.Fp8Linear` under ``layers`` for a
 :class:`DequantisedLinear` of the same weights and puts them back on exit. A model loaded from a bf16
 checkpoint is measured before its linears are converted (gpu_worker/extractor.py), so it never needs this;
 an FP8 checkpoint has no other weights than its e4m3 ones.
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from hsx.fp8linear import Fp8Linear
+from gpu_worker.fp8linear import Fp8Linear
 
 
 class DequantisedLinear(nn.Module):

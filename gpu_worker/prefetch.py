@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from gpu_worker.extractor import PaddedBatch, pad_batch
 from hsx.batch import batchfile
-from hsx.run.ledger import BatchSpec
+from hsx.life.ledger import BatchSpec
 from hsx.store import layout
 
 log = logging.getLogger(__name__)

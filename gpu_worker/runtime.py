@@ -2,7 +2,7 @@
 
 rq calls ``gpu_worker.jobs.extract_batch`` in this same process (no fork), so
 the model is loaded once; the job finds this object through ``WorkerRuntime.current()``.
-Slot, heartbeat thread, progress log and rq set-up: hsx/role.py.
+Slot, heartbeat thread, progress log and rq set-up: hsx/fleet/role.py.
 """
 
 from __future__ import annotations
@@ -13,23 +13,24 @@ from pathlib import Path
 
 import torch
 
+from gpu_worker.devices import GpuProbe
 from gpu_worker.extractor import Extractor
 from gpu_worker.prefetch import Prefetcher
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
-from hsx import spool
 from hsx.batch import batchfile
-from hsx.config import WorkerConfig
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
-from hsx.devices import GpuProbe
 from hsx.digest import file_sha256
-from hsx.manifest import Manifest
+from hsx.fleet import rqclean
+from hsx.fleet.role import Role
+from hsx.life import batchlife, computeerror, heartbeat, leases, ledger, provenance, queues, reconcile
+from hsx.life.fp8error import ERROR_SAMPLE_EVERY
+from hsx.life.idle import run_complete
+from hsx.life.keys import RunKeys
+from hsx.monitor.progress import fmt_bytes
 from hsx.redisconn import OUTAGES
-from hsx.role import Role
-from hsx.run import batchlife, computeerror, heartbeat, leases, ledger, provenance, queues, reconcile, rqclean
-from hsx.run.fp8error import ERROR_SAMPLE_EVERY
-from hsx.run.idle import run_complete
-from hsx.run.keys import RunKeys
-from hsx.run.progress import fmt_bytes
+from hsx.runspec import spool
+from hsx.runspec.config import WorkerConfig
+from hsx.runspec.manifest import Manifest
 
 log = logging.getLogger(__name__)
 HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files (one heartbeat TTL)
@@ -69,7 +70,7 @@ class WorkerRuntime(Role):
         except (AttributeError, RuntimeError):  # older torch: fall back to CUDA_VISIBLE_DEVICES
             return None
 
-    # ---- lifecycle (hsx/role.py calls these) -----------------------------------
+    # ---- lifecycle (hsx/fleet/role.py calls these) -----------------------------------
     def queue_names(self) -> list[str]:
         return [queues.extract_queue_name(self.run)]
 
@@ -127,7 +128,7 @@ class WorkerRuntime(Role):
         The spool may be shared with other live workers of this host: a temp file whose writer
         still heartbeats is a write in progress and stays (until a later sweep finds it dead).
 
-        Only a file that proves it is of this plan is re-enqueued (hsx/run/provenance.py): one of another
+        Only a file that proves it is of this plan is re-enqueued (hsx/life/provenance.py): one of another
         incarnation of the run (it was reset since) or with other samples is removed, its batch is extracted
         again; one whose batch is not planned (yet: a plan being written again) or whose header cannot be read
         is left alone, not enqueued (a re-extraction overwrites it).
@@ -170,7 +171,7 @@ class WorkerRuntime(Role):
         return requeued
 
     def adopt_legacy_spool(self) -> set[str]:
-        """Batch files an older hsx left in the old shared default /dev/shm/hsx/<run>/ (hsx.spool.LEGACY_MEMORY_DIR),
+        """Batch files an older hsx left in the old shared default /dev/shm/hsx/<run>/ (hsx.runspec.spool.LEGACY_MEMORY_DIR),
         moved into this worker's first tier when its memory folder is the default one; their batch ids."""
         if self.cfg.memory_spool_dir is None or \
                 Path(self.cfg.memory_spool_dir) != spool.default_memory_dir(self.cfg.redis_url):

@@ -11,22 +11,22 @@ from rq.exceptions import AbandonedJobError
 from rq.worker import SimpleWorker
 
 from gpu_worker.extractor import Extractor
+from gpu_worker.fp8compute import require_fp8_device
 from gpu_worker.runtime import WorkerRuntime
 from hsx import retry
-from hsx.config import WorkerConfig
 from hsx.errors import HsxError
-from hsx.fp8compute import require_fp8_device
+from hsx.fleet.evictionpolicy import check_eviction_policy
+from hsx.life import batchlife, computeerror, ledger, queues
+from hsx.life.idle import run_complete
+from hsx.life.ledger import RunVanished
 from hsx.localdirs import ensure_dir
-from hsx.manifest import config_hash
 from hsx.prep.weights import weights_fingerprint
 from hsx.redisconn import connect, redact
-from hsx.run import batchlife, computeerror, ledger, queues
-from hsx.run.evictionpolicy import check_eviction_policy
-from hsx.run.idle import run_complete
-from hsx.run.ledger import RunVanished
+from hsx.runspec.config import WorkerConfig
+from hsx.runspec.manifest import config_hash
+from hsx.runspec.visibility import RunNotVisible, check_model_visible, open_run_store
 from hsx.store import layout
 from hsx.store.startcheck import check_store
-from hsx.visibility import RunNotVisible, check_model_visible, open_run_store
 
 log = logging.getLogger(__name__)
 PLAN_POLL_SECONDS = 5  # --wait-for-plan: seconds between looks for the run's manifest

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hsx import spool
 from hsx.batch import batchfile
-from hsx.manifest import Manifest
-from hsx.run import batchlife, computeerror, ledger, provenance
-from hsx.run.fp8error import record_store_error
-from hsx.run.ledger import BatchSpec
+from hsx.life import batchlife, computeerror, ledger, provenance
+from hsx.life.fp8error import record_store_error
+from hsx.life.ledger import BatchSpec
+from hsx.runspec import spool
+from hsx.runspec.manifest import Manifest
 
 log = logging.getLogger(__name__)
 # Writer threads: one file is written and hashed while the other is fsynced, so
@@ -51,7 +51,7 @@ class Finished:
     finite: torch.Tensor               # 0-dim bool on the host
     ready: object | None               # torch.cuda.Event to wait on, or None
     release: Callable[[], None]        # give the pinned buffer back
-    compute_reference: str | None = None  # what compute_error compares against (hsx/run/computeerror.py)
+    compute_reference: str | None = None  # what compute_error compares against (hsx/life/computeerror.py)
 
 
 class PinnedPool:
@@ -153,7 +153,7 @@ class SpoolWriter:
                     "sample_ids": json.dumps(spec.sample_ids), "layer_ids": json.dumps(list(m.layer_ids)),
                     "dtype": m.dtype, "store_dtype": m.store_dtype, "codec": m.codec, "model": m.model,
                     "hidden_size": str(m.hidden_size), "store_final": str(m.store_final).lower(),
-                    provenance.INCARNATION: m.incarnation}   # proves the file is of this plan (hsx/run/provenance.py)
+                    provenance.INCARNATION: m.incarnation}   # proves the file is of this plan (hsx/life/provenance.py)
         raw = sum(t.numel() * t.element_size() for t in tensors.values())
         self.largest_raw = max(self.largest_raw, raw)
         tier, path, size, sha, started = self._write_file(spec.batch_id, raw, tensors, metadata)

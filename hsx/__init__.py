@@ -2,7 +2,7 @@
 
 The shared kernel. Roles (producer, gpu_worker, uploader, dashboard) import
 only this package and meet in Redis and in files; a long-running role builds
-on hsx.role.Role.
+on hsx.fleet.role.Role.
 """
 
 __version__ = "0.1.0"

@@ -11,3 +11,7 @@ from __future__ import annotations
 
 class HsxError(Exception):
     """An expected failure; the message says what was wrong and what to do."""
+
+
+class ConfigError(HsxError, ValueError):
+    """A setting is missing or wrong; the message names it."""

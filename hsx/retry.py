@@ -1,6 +1,6 @@
 """Exponential backoff with full jitter, for calls to Redis and the store; every wait ends when a stop is asked.
 
-``STOP`` is this process's stop request: a role sets it on its first SIGTERM / SIGINT (hsx/role.py), and
+``STOP`` is this process's stop request: a role sets it on its first SIGTERM / SIGINT (hsx/fleet/role.py), and
 every back-off and pause of a role waits on it (``pause``), so a stopping process never sits out a
 back-off (issue 31 item 5: an uploader took 16-27 s to exit during a 30 s pause).
 """

@@ -9,8 +9,8 @@ import socket
 from pathlib import Path
 
 from hsx import defaults as D
-from hsx.config import ConfigError, StoreSettings, with_redis_password
 from hsx.redisconn import redact
+from hsx.runspec.config import ConfigError, StoreSettings, with_redis_password
 from hsx_cli.flags import Flag, parse_bool
 
 
@@ -77,8 +77,8 @@ def redis_url(values) -> str:
 
 
 def memory_spool_dir(values) -> Path:
-    """--memory-spool-dir, else this user's folder for this Redis (hsx.spool.default_memory_dir)."""
-    from hsx.spool import default_memory_dir
+    """--memory-spool-dir, else this user's folder for this Redis (hsx.runspec.spool.default_memory_dir)."""
+    from hsx.runspec.spool import default_memory_dir
 
     return Path(values["memory_spool_dir"]) if values["memory_spool_dir"] else default_memory_dir(redis_url(values))
 

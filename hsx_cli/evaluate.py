@@ -35,7 +35,7 @@ FLAGS = (
 
 
 def config(v):
-    from hsx.config import ConfigError
+    from hsx.runspec.config import ConfigError
     from hsx_tools.evaluate import EvaluateConfig
 
     device = v["device"]

@@ -24,7 +24,7 @@ FLAGS = (
 
 
 def config(v):
-    from hsx.config import ConfigError
+    from hsx.runspec.config import ConfigError
     from hsx_tools.export import ExportConfig
 
     if bool(v["for"]) == bool(v["format"]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hsx import defaults as D
-from hsx.config import ConfigError, ProduceConfig
+from hsx.runspec.config import ConfigError, ProduceConfig
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, RUN, STORE_FLAGS, redis_url, store_settings
 from hsx_cli.flags import Flag

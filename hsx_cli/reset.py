@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from hsx.config import ConfigError, StoreSettings
+from hsx.runspec.config import ConfigError, StoreSettings
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, STORE_FLAGS, redis_url
 from hsx_cli.flags import Flag
@@ -43,9 +43,9 @@ def config(v) -> ResetConfig:
 
 
 def run(cfg: ResetConfig) -> int:
+    from hsx.life import ledger
+    from hsx.life.reset import apply_reset, plan_reset
     from hsx.redisconn import connect
-    from hsx.run import ledger
-    from hsx.run.reset import apply_reset, plan_reset
 
     r = connect(cfg.redis_url)
     manifest = ledger.get_manifest(r, cfg.run)

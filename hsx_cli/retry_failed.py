@@ -27,8 +27,8 @@ def config(v) -> RetryConfig:
 
 
 def run(cfg: RetryConfig) -> int:
+    from hsx.life import batchlife, ledger
     from hsx.redisconn import connect
-    from hsx.run import batchlife, ledger
 
     r = connect(cfg.redis_url)
     ledger.require_manifest(r, cfg.run)  # an unknown run is a mistyped name (exit 2), not "0 re-enqueued"

@@ -32,10 +32,10 @@ def config(v) -> StatusConfig:
 
 
 def run(cfg: StatusConfig) -> int:
+    from hsx.life import ledger
+    from hsx.life.keys import RunKeys
+    from hsx.monitor.progress import run_progress, summary_lines
     from hsx.redisconn import connect
-    from hsx.run import ledger
-    from hsx.run.keys import RunKeys
-    from hsx.run.progress import run_progress, summary_lines
 
     r = connect(cfg.redis_url)
     runs = [cfg.run] if cfg.run else ledger.list_runs(r)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hsx import defaults as D
-from hsx import spool
-from hsx.config import ConfigError, WorkerConfig
+from hsx.runspec import spool
+from hsx.runspec.config import ConfigError, WorkerConfig
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, RUN, SPOOL_FLAGS, host, memory_spool_dir, redis_url, worker_name
 from hsx_cli.flags import Flag

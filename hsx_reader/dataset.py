@@ -14,8 +14,8 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
-from hsx.config import StoreSettings
-from hsx.manifest import Manifest
+from hsx.runspec.config import StoreSettings
+from hsx.runspec.manifest import Manifest
 from hsx.store import Store
 from hsx_reader.cache import DEFAULT_CACHE_BYTES
 from hsx_reader.objects import Header, check_against_run, fetch_header, fetch_rows, ranged

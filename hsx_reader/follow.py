@@ -2,7 +2,7 @@
 
 The ledger, not the store listing, says which batches exist: the follower
 reads the run's ``done_seq`` (a Redis LIST the uploader appends a batch id to
-when it first records the batch done, see ``hsx.run.ledger.mark_done``), fetches
+when it first records the batch done, see ``hsx.life.ledger.mark_done``), fetches
 each batch object whole, checks it against the size and SHA-256 the ledger
 recorded (``done_info``), and yields its samples in row order. The order is
 the ledger's, the same for every reader and every restart; a batch repaired
@@ -55,10 +55,10 @@ from dataclasses import dataclass, field
 import redis
 from torch.utils.data import IterableDataset, get_worker_info
 
-from hsx.config import StoreSettings
+from hsx.life import ledger
+from hsx.life.keys import RunKeys
 from hsx.redisconn import connect, text
-from hsx.run import ledger
-from hsx.run.keys import RunKeys
+from hsx.runspec.config import StoreSettings
 from hsx.store import Store, layout
 from hsx_reader.cursor import Cursor
 from hsx_reader.objects import BatchContents, check_digest, decode, fetch_object

@@ -20,7 +20,7 @@ import torch
 from hsx.batch import batchfile
 from hsx.batch.batchfile import MAX_HEADER, BatchContents, BatchFileError, Header, TensorSpec  # noqa: F401 (re-exported)
 from hsx.batch.dtypes import FP8, dtype_name
-from hsx.manifest import Manifest
+from hsx.runspec.manifest import Manifest
 from hsx.store import LocalStore, Store
 from hsx_reader.run import ReaderError
 

@@ -15,7 +15,7 @@ import torch
 from hsx.batch.dtypes import VALUE_DTYPES as TORCH_DTYPES
 from hsx.batch.dtypes import dtype_name
 from hsx.errors import HsxError
-from hsx.manifest import Manifest, ManifestError
+from hsx.runspec.manifest import Manifest, ManifestError
 from hsx.store import Store, layout
 
 

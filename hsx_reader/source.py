@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from hsx.batch.batchfile import BatchContents
-from hsx.config import StoreSettings
+from hsx.runspec.config import StoreSettings
 from hsx.store import Store
 from hsx_reader.cache import ByteCache
 from hsx_reader.objects import CorruptBatch, check_digest, decode, fetch_object

@@ -10,7 +10,7 @@ drafter continues where the run taught it to.
 
 With ``--run``, the run's last ``--held-out`` samples also give the teacher-forced figure (no generation,
 the stored hidden states), and the report is kept with the run: ``<run>/evaluation.json`` in its store and a
-summary in Redis for `hsx status` (hsx/run/evaluation.py).
+summary in Redis for `hsx status` (hsx/monitor/evaluation.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx.config import ConfigError, StoreSettings
+from hsx.runspec.config import ConfigError, StoreSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,7 +214,7 @@ def evaluate(cfg: EvaluateConfig, quiet: bool = False) -> dict:
 
 def keep_with_run(cfg: EvaluateConfig, report: dict) -> str:
     """Write ``<run>/evaluation.json`` into the run's store, and the summary to Redis when there is one."""
-    from hsx.run import evaluation
+    from hsx.monitor import evaluation
     from hsx.store import open_store
     from hsx.store.layout import evaluation_key
 

@@ -60,16 +60,16 @@ import torch
 
 from hsx.batch import batchfile
 from hsx.batch.dtypes import FP8, quantise_fp8
-from hsx.config import ConfigError, StoreSettings
 from hsx.layers import TARGETS, refusal
-from hsx.run.progressline import Progress
+from hsx.monitor.progressline import Progress
+from hsx.runspec.config import ConfigError, StoreSettings
 from hsx_reader.run import ReaderError, RunIndex, SampleRef
 from hsx_reader.source import Source, sample_of
 
 log = logging.getLogger(__name__)
 SPECFORGE_GROUP = 2000  # samples a SpecForge rows_* folder
 SPECFORGE_DIGITS = 9    # zero-padded width of the numbers in SpecForge file names (text order = number order)
-PROGRESS_SECONDS = 10.0   # seconds between progress lines in a log (a bar on a terminal: hsx/run/progressline.py)
+PROGRESS_SECONDS = 10.0   # seconds between progress lines in a log (a bar on a terminal: hsx/monitor/progressline.py)
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,8 @@ def run_store(cfg: ExportConfig) -> StoreSettings:
         return cfg.store
     manifest = r = None
     if cfg.redis_url:
+        from hsx.life import ledger
         from hsx.redisconn import RedisUnreachable, connect
-        from hsx.run import ledger
 
         try:
             r = connect(cfg.redis_url, retries=1, wait_seconds=2)

@@ -34,12 +34,12 @@ from pathlib import Path
 import numpy as np
 
 from hsx.layers import TARGETS, feeds, resolve_layers
-from hsx.manifest import load_model_config, text_config
+from hsx.monitor.progress import fmt_bytes
 from hsx.prep.inputs import SettingsError, check_budget, check_row_settings, resolve_dataset, resolve_model
 from hsx.prep.planning import cut_batches, padding_fraction
 from hsx.prep.report import TokeniseReport
 from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
-from hsx.run.progress import fmt_bytes
+from hsx.runspec.manifest import load_model_config, text_config
 from hsx_tools.columnuse import column_lines, column_use
 from hsx_tools.prefixshare import prefix_share
 from hsx_tools.rates import Rate, cpu_rate, gpu_rate
@@ -181,7 +181,7 @@ def run_inspect(cfg: InspectConfig) -> int:
 
     from transformers import AutoTokenizer
 
-    from hsx.fp8compute import check_compute_dtype, check_fp8_accumulation
+    from hsx.runspec.compute import check_compute_dtype, check_fp8_accumulation
 
     check_row_settings(cfg.overlong, cfg.max_reject_share)
     check_budget(cfg.max_length, cfg.token_budget, cfg.pad_multiple)

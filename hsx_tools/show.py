@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hsx.config import ConfigError, StoreSettings
-from hsx.run.progress import fmt_bytes
+from hsx.monitor.progress import fmt_bytes
+from hsx.runspec.config import ConfigError, StoreSettings
 
 SAMPLE_IDS_LISTED = 10
 

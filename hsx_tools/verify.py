@@ -2,10 +2,10 @@
 
 Every planned batch must be done and present with the ledger's size and
 SHA-256; its header must prove it is of this plan (run, batch id, sample ids, the
-run's incarnation: hsx/run/provenance.py); hidden states finite; every
+run's incarnation: hsx/life/provenance.py); hidden states finite; every
 sample id exactly once across the run; no stray objects; no temp files left
 by killed writers in a local store, no multipart upload of a killed uploader in S3
-(hsx/run/multipart.py). ``--quick`` checks sizes only (no object
+(hsx/fleet/multipart.py). ``--quick`` checks sizes only (no object
 is read). ``--repair`` re-extracts every batch found bad (and removes stale
 temp files); ``--rebuild-ledger`` first records done the planned batches
 whose objects check out in full but the ledger lacks (after a Redis loss).
@@ -18,11 +18,12 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from hsx.manifest import RunLimits
-from hsx.run import ledger, multipart
-from hsx.run.integrity import check_batch, repair_batches, requeue_orphans
-from hsx.run.progressline import Progress
-from hsx.run.rebuild import rebuild_done
+from hsx.fleet import multipart
+from hsx.life import ledger
+from hsx.life.integrity import check_batch, repair_batches, requeue_orphans
+from hsx.life.rebuild import rebuild_done
+from hsx.monitor.progressline import Progress
+from hsx.runspec.manifest import RunLimits
 from hsx.store import layout
 from hsx.store.startcheck import check_store
 
@@ -86,7 +87,7 @@ class VerifyReport:
 
 def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, rebuild: bool = False,
                progress_every_s: float | None = None) -> VerifyReport:
-    """``progress_every_s``: seconds between progress lines in a log (None: 10; on a terminal a bar: hsx/run/progressline.py)."""
+    """``progress_every_s``: seconds between progress lines in a log (None: 10; on a terminal a bar: hsx/monitor/progressline.py)."""
     specs = ledger.all_specs(r, run)
     rebuilt = rebuild_done(r, store, run, specs, full=True) if rebuild else []
     infos = ledger.done_info(r, run)

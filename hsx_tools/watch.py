@@ -1,6 +1,6 @@
 """`hsx status --watch`: the dashboard's overview in the terminal, live (rich; ``watch_plain`` off a terminal).
 
-Redraws every ``interval`` seconds from ``hsx.run.progress.run_progress``: progress
+Redraws every ``interval`` seconds from ``hsx.monitor.progress.run_progress``: progress
 bars (samples, tokens, batches extracted, batches uploaded and verified), rate
 and ETA, one row a GPU worker, one row a host (spool against budget, upload
 queue, uploaders), and the dead letters. Ends when the run is complete, after
@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 from rich.table import Table
 from rich.text import Text
 
-from hsx.run.progress import fmt_bytes, fmt_duration, host_row, run_progress, summary_lines
+from hsx.monitor.progress import fmt_bytes, fmt_duration, host_row, run_progress, summary_lines
 
 BARS = (("samples", "samples"), ("tokens", "tokens"), ("extracted", "batches extracted"),
         ("uploaded", "batches uploaded + verified"))

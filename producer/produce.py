@@ -23,12 +23,16 @@ import torch
 from hsx.batch import batchfile
 from hsx.batch.codec import check_codec
 from hsx.batch.dtypes import check_store_dtype
-from hsx.config import ProduceConfig
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.errors import HsxError
-from hsx.fp8compute import check_compute_dtype, check_fp8_accumulation
+from hsx.fleet.evictionpolicy import check_eviction_policy
 from hsx.layers import resolve_layers
-from hsx.manifest import Manifest, RunLimits, check_same_run, config_hash, load_model_config, new_manifest, text_config
+from hsx.life import batchlife, heartbeat, ledger, queues
+from hsx.life.index import write_index_if_complete
+from hsx.life.integrity import unmark_missing_done
+from hsx.life.keys import RunKeys
+from hsx.life.rebuild import Rebuild
+from hsx.monitor.progressline import Progress
 from hsx.prep.dataset import fingerprints
 from hsx.prep.inputs import check_budget, check_row_settings, resolve_dataset, resolve_model, resolve_store_url
 from hsx.prep.planning import cut_batches, padding_fraction
@@ -36,13 +40,9 @@ from hsx.prep.report import Sample, TokeniseReport
 from hsx.prep.weights import weights_fingerprint
 from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
 from hsx.redisconn import connect, redact
-from hsx.run import batchlife, heartbeat, ledger, queues
-from hsx.run.evictionpolicy import check_eviction_policy
-from hsx.run.index import write_index_if_complete
-from hsx.run.integrity import unmark_missing_done
-from hsx.run.keys import RunKeys
-from hsx.run.progressline import Progress
-from hsx.run.rebuild import Rebuild
+from hsx.runspec.compute import check_compute_dtype, check_fp8_accumulation
+from hsx.runspec.config import ProduceConfig
+from hsx.runspec.manifest import Manifest, RunLimits, check_same_run, config_hash, load_model_config, new_manifest, text_config
 from hsx.store import layout
 from hsx.store.startcheck import check_store
 from producer import windows
@@ -252,7 +252,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
 
 def _mark_planned_only(r, cfg: ProduceConfig, new_run: bool) -> bool:
     """``--no-enqueue`` on a new (or still plan-only) run marks it planned only, before any of its plan is in
-    Redis: no reconciler of any role enqueues it (hsx/run/reconcile.py) until a `hsx produce` without the flag
+    Redis: no reconciler of any role enqueues it (hsx/life/reconcile.py) until a `hsx produce` without the flag
     starts it, which removes the mark. A run already started stays started. True if the run is planned only."""
     key = RunKeys(cfg.run).planned_only
     if cfg.enqueue:

@@ -14,9 +14,9 @@ import json
 import redis
 from rq.job import Job
 
+from hsx.life import ledger, queues
+from hsx.life.keys import RunKeys
 from hsx.redisconn import text
-from hsx.run import ledger, queues
-from hsx.run.keys import RunKeys
 
 
 def load(r: redis.Redis, run: str) -> list[dict]:

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
+from hsx.life.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect
-from hsx.run.keys import RunKeys
 from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all
 from hsx_tools.tinymodel import build_tiny_model

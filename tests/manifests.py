@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hsx.config import StoreSettings
-from hsx.manifest import Manifest, RunLimits, new_manifest
+from hsx.runspec.config import StoreSettings
+from hsx.runspec.manifest import Manifest, RunLimits, new_manifest
 
 
 def example_manifest(run: str = "r", store: str = "/tmp/hsx-test-store", **changes) -> Manifest:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hsx.config import ProduceConfig, StoreSettings, UploadConfig, WorkerConfig
+from hsx.runspec.config import ProduceConfig, StoreSettings, UploadConfig, WorkerConfig
 from hsx_tools.demo import sample_dataset
 
 

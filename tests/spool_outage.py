@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import spool
+from hsx.life import heartbeat, ledger
+from hsx.life.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect
-from hsx.run import heartbeat, ledger
-from hsx.run.keys import RunKeys
+from hsx.runspec import spool
 from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all
 from tests.faultproxy import FaultProxy
@@ -105,7 +105,7 @@ def _wait(what, predicate, timeout, step=0.2):
 
 def run_outage(work: Path, model: Path, s3_endpoint: str, bucket: str, outage_seconds: float,
                fs_bytes: int = 1 << 20, samples: int = 160, min_batch_seconds: float = 0.2) -> OutageReport:
-    from hsx.config import StoreSettings
+    from hsx.runspec.config import StoreSettings
     from producer.produce import produce
     from tests.pipeline import produce_config
 

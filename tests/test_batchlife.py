@@ -1,4 +1,4 @@
-"""Issue 21 item 3: one owner of a batch's life (hsx/run/batchlife.py).
+"""Issue 21 item 3: one owner of a batch's life (hsx/life/batchlife.py).
 
 A batch walked through every transition on the conftest's private redis-server, with its keys checked
 after each; illegal transitions refused with nothing written; jobs an older hsx queued (with the
@@ -15,10 +15,10 @@ import pytest
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from hsx.run import batchlife, leases, ledger, queues
-from hsx.run.batchlife import State
-from hsx.run.keys import RunKeys
-from hsx.run.ledger import BatchSpec
+from hsx.life import batchlife, leases, ledger, queues
+from hsx.life.batchlife import State
+from hsx.life.keys import RunKeys
+from hsx.life.ledger import BatchSpec
 from tests.manifests import example_manifest
 from tests.pipeline import produce_config, upload_config, worker_config
 
@@ -171,14 +171,14 @@ def test_only_batchlife_writes_a_transition():
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if PRIMITIVES.search(line) and not line.lstrip().startswith(("#", "def "))
              and "``" not in line]
-    found = [f for f in found if not f.startswith("hsx/run/keys.py")]  # the key template itself
-    assert found == [], "a transition written outside hsx/run/batchlife.py:\n" + "\n".join(found)
+    found = [f for f in found if not f.startswith("hsx/life/keys.py")]  # the key template itself
+    assert found == [], "a transition written outside hsx/life/batchlife.py:\n" + "\n".join(found)
 
 
 def test_one_exception_for_a_vanished_run():
     classes = [f"{path.relative_to(ROOT)}: {m.group(0)}" for folder in PRODUCT for path in sorted((ROOT / folder).rglob("*.py"))
                for m in re.finditer(r"class (RunVanished|RunNotPlanned)\b", path.read_text())]
-    assert classes == ["hsx/run/ledger.py: class RunVanished"]
+    assert classes == ["hsx/life/ledger.py: class RunVanished"]
     from gpu_worker import worker
     from uploader import jobs, runtime
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_import_hsx_from_the_parent_of_a_checkout_named_hsx(tmp_path):
     (tmp_path / "hsx").symlink_to(ROOT, target_is_directory=True)   # the checkout as the README lays it out
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    code = ("import hsx, hsx.config, hsx_reader; from hsx import __version__; "
+    code = ("import hsx, hsx.runspec.config, hsx_reader; from hsx import __version__; "
             "print(__version__, hsx.__file__)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)

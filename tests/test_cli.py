@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from hsx.config import ConfigError
-from hsx.devices import GpuProbe
+from gpu_worker.devices import GpuProbe
+from hsx.runspec.config import ConfigError
 from hsx_cli.main import build_parser
 
 COMMANDS = ["produce", "inspect", "worker", "upload", "status", "retry-failed", "reset", "dashboard", "verify", "show", "export",
@@ -102,7 +102,7 @@ def test_demo_runs_end_to_end(tmp_path, redis_env):
 
 
 def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
-    from hsx.devices import nvml_handle
+    from gpu_worker.devices import nvml_handle
 
     class FakeNvml:  # stands in for the driver, which this machine does not have
         def nvmlDeviceGetHandleByIndex(self, i):

@@ -117,8 +117,8 @@ def test_numeric_flags_are_ranged(argv, message, capsys, monkeypatch):
 
 
 def test_retry_failed_refuses_ids_not_in_the_plan_and_creates_nothing(r, capsys, redis_env):
-    from hsx.run import ledger, queues
-    from hsx.run.ledger import BatchSpec
+    from hsx.life import ledger, queues
+    from hsx.life.ledger import BatchSpec
 
     specs = [BatchSpec(batch_id=f"b{i:07d}", index=i, shard="00000", samples=1, tokens=8, padded=8, padded_len=8,
                        sample_ids=[str(i)]) for i in range(3)]
@@ -178,7 +178,7 @@ def test_hub_retry_lines_are_logged_once():
 ])
 def test_an_unknown_run_is_exit_2_with_one_line_naming_it_in_every_command(argv, r, capsys, redis_env, tmp_path):
     """One rule (README, "Exit codes"): a --run this Redis does not hold is a setting hsx cannot use."""
-    from hsx.run import ledger
+    from hsx.life import ledger
 
     ledger.save_plan(r, "known", example_manifest("known"), [], {"batches": 0, "samples": 0, "tokens": 0})
     assert main([a.replace("{tmp}", str(tmp_path / "out")) for a in argv]) == 2

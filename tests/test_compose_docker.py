@@ -34,10 +34,10 @@ from urllib.parse import quote
 import pytest
 import redis as redis_lib
 
+from hsx.life import ledger, queues
+from hsx.life.keys import RunKeys
+from hsx.monitor.progress import run_progress
 from hsx.redisconn import free_port
-from hsx.run import ledger, queues
-from hsx.run.keys import RunKeys
-from hsx.run.progress import run_progress
 from hsx_tools.demo import sample_dataset
 from tests.test_compose import BASE, CPU_OVERRIDE, MOUNTED_FILES, ROOT, read_env_file
 from tests.test_wheel import build_context
@@ -226,7 +226,7 @@ def rq_workers_on(r, container_id: str) -> list[str]:
 
 
 def stats(r, worker: str) -> dict:
-    """The worker's last heartbeat (hsx.run.heartbeat: current_batch, batches, ts, ...); {} before its first."""
+    """The worker's last heartbeat (hsx.life.heartbeat: current_batch, batches, ts, ...); {} before its first."""
     raw = r.get(RunKeys(RUN).heartbeat(worker))
     return json.loads(raw) if raw else {}
 

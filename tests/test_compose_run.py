@@ -27,10 +27,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from hsx.life import ledger, queues
+from hsx.life.keys import RunKeys
+from hsx.monitor.progress import run_progress
 from hsx.redisconn import free_port
-from hsx.run import ledger, queues
-from hsx.run.keys import RunKeys
-from hsx.run.progress import run_progress
 from hsx_tools.demo import sample_dataset
 from tests.test_compose import BASE, CPU_OVERRIDE, HSX_BIN, active_services, compose_config, mounts, role, write_project
 from tests.waiting import wait_until

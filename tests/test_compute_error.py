@@ -24,16 +24,16 @@ from werkzeug.serving import make_server
 import gpu_worker.worker
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
+from gpu_worker import fp8compute
 from gpu_worker.extractor import Extractor, _decoder, pad_batch
+from gpu_worker.fp8linear import Fp8Linear
 from gpu_worker.worker import load_runtime
-from hsx import fp8compute
 from hsx.batch import batchfile
-from hsx.fp8linear import Fp8Linear
-from hsx.run import computeerror, ledger
-from hsx.run.fp8error import record_store_error
-from hsx.run.keys import RunKeys
-from hsx.run.ledger import BatchSpec
-from hsx.run.progress import fidelity_lines, run_progress, summary_lines
+from hsx.life import computeerror, ledger
+from hsx.life.fp8error import record_store_error
+from hsx.life.keys import RunKeys
+from hsx.life.ledger import BatchSpec
+from hsx.monitor.progress import fidelity_lines, run_progress, summary_lines
 from hsx.store import layout
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset

@@ -14,10 +14,10 @@ from rq.registry import FinishedJobRegistry
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
-from hsx.run import heartbeat, ledger, queues
-from hsx.run.keys import RunKeys
-from hsx.run.ledger import BatchSpec
-from hsx.run.progress import RATE_WINDOW_SECONDS
+from hsx.life import heartbeat, ledger, queues
+from hsx.life.keys import RunKeys
+from hsx.life.ledger import BatchSpec
+from hsx.monitor.progress import RATE_WINDOW_SECONDS
 from tests.manifests import example_manifest
 
 RUN = "dash"

@@ -34,9 +34,9 @@ from rq.serializers import JSONSerializer
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
+from hsx.life import ledger, queues
+from hsx.life.ledger import BatchSpec
 from hsx.redisconn import free_port, redact
-from hsx.run import ledger, queues
-from hsx.run.ledger import BatchSpec
 from tests.manifests import example_manifest
 from tests.waiting import scaled
 

@@ -29,9 +29,9 @@ from werkzeug.serving import make_server
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
-from hsx.run import ledger
-from hsx.run.keys import RunKeys
-from hsx.run.ledger import BatchSpec
+from hsx.life import ledger
+from hsx.life.keys import RunKeys
+from hsx.life.ledger import BatchSpec
 from tests.manifests import example_manifest
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
 

@@ -16,9 +16,9 @@ import torch
 
 from hsx.batch import batchfile
 from hsx.batch.batchfile import BatchFileError
-from hsx.manifest import ManifestMismatch
-from hsx.run import ledger
-from hsx.run.keys import RunKeys
+from hsx.life import ledger
+from hsx.life.keys import RunKeys
+from hsx.runspec.manifest import ManifestMismatch
 from hsx.store import LocalStore
 from hsx_reader.objects import CorruptBatch, decode, fetch_object
 from hsx_reader.run import ReaderError

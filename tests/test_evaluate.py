@@ -167,9 +167,9 @@ def test_evaluate_refuses_in_one_line(tiny_model, tmp_path, capsys, monkeypatch,
 
 
 def test_status_shows_an_evaluation_and_skips_a_malformed_one(r):
-    from hsx.run import evaluation
-    from hsx.run.keys import RunKeys
-    from hsx.run.progress import run_progress, summary_lines
+    from hsx.life.keys import RunKeys
+    from hsx.monitor import evaluation
+    from hsx.monitor.progress import run_progress, summary_lines
 
     report = {"drafter": {"checkpoint": "/ckpt/r-step60", "global_step": 60}, "device": "cpu", "ts": 1.0,
               "decode": {"tau": 2.5, "target_forwards_per_token": 0.4, "speedup": 1.3, "identical_prompts": 8,

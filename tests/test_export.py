@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hsx.run.keys import RunKeys
+from hsx.life.keys import RunKeys
 from hsx_cli.main import main
 from hsx_reader import RunDataset
 from hsx_tools.export import specforge_path, speculators_path
@@ -167,7 +167,7 @@ def test_speculators_table_is_torch_format_with_token_freq(eagle3_run, tmp_path)
 def test_specforge_exports_write_the_draft_config_and_its_train_line(eagle3_run, dflash_run, tmp_path, capsys):
     # SpecForge's own generated DFlash draft reads one layer and it generates none for DSpark; the file hsx
     # writes reads the run's layers (tests/test_specforge_train.py trains with it, unchanged). Here: its fields.
-    from hsx.config import ConfigError
+    from hsx.runspec.config import ConfigError
     from hsx_tools.draftconfig import draft_config
 
     for run, target, architecture in ((dflash_run, "specforge-dflash", "DFlashDraftModel"),

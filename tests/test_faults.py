@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from hsx.batch import batchfile
+from hsx.life import heartbeat, ledger, queues
+from hsx.life.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect, int_hash, zset_members
-from hsx.run import heartbeat, ledger, queues
-from hsx.run.keys import RunKeys
 from hsx_tools.demo import sample_dataset
 from tests.faultproxy import FaultProxy
 from tests.waiting import wait_until
@@ -144,7 +144,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         #    mid-upload; when the endpoint returns everything drains.
         proxy.set_mode("down")
         t_down = time.monotonic()
-        # The writer places a file only where it fits whole (hsx.spool.SpoolTiers.choose), so a full spool
+        # The writer places a file only where it fits whole (hsx.runspec.spool.SpoolTiers.choose), so a full spool
         # sits just under its budget: wait until it holds over half of it and the spooled count stops moving.
         seen = {"n": -1, "since": time.monotonic()}
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from hsx.life import ledger
+from hsx.life.keys import RunKeys
 from hsx.redisconn import text
-from hsx.run import ledger
-from hsx.run.keys import RunKeys
 from hsx_reader import Cursor, ReaderError, RunDataset, RunFollower, collate_packed
 from hsx_tools.processes import stop_all
 from producer.produce import produce

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from hsx.life import ledger
+from hsx.life.keys import RunKeys
+from hsx.life.reset import apply_reset, plan_reset
 from hsx.redisconn import LocalRedis, connect, text
-from hsx.run import ledger
-from hsx.run.keys import RunKeys
-from hsx.run.reset import apply_reset, plan_reset
 from hsx_reader import Cursor, ReaderError, RunFollower
 from producer.produce import produce
 from tests.pipeline import produce_config, run_pipeline

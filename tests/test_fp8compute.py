@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from gpu_worker import fp8compute, fp8linear
 from gpu_worker.extractor import Extractor, _decoder
-from hsx import fp8compute, fp8linear
-from hsx.fp8compute import ComputeDtypeError
-from hsx.fp8linear import Fp8Linear
+from gpu_worker.fp8compute import ComputeDtypeError
+from gpu_worker.fp8linear import Fp8Linear
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model
@@ -108,7 +108,7 @@ def test_compute_dtype_is_in_the_manifest_and_workers_obey_it(tiny_model, tmp_pa
     common = ["--dataset", str(sample_dataset()), "--model", str(tiny_model), "--layers", "dflash:3",
               "--store", str(tmp_path / "store"), "--run", "fp8c", "--dtype", "float32"]
     assert main(["produce", *common, "--compute-dtype", "float8"]) == 0
-    from hsx.run import ledger
+    from hsx.life import ledger
 
     assert (ledger.get_manifest(r, "fp8c").compute_dtype, ledger.get_manifest(r, "fp8c").fp8_accumulation) \
         == ("float8", "fp32")   # GEMMs accumulate in fp32 unless asked (--fp8-accumulation fast)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModel
 
+from gpu_worker import fp8linear
 from gpu_worker.extractor import _decoder
-from hsx import fp8linear
-from hsx.fp8linear import Fp8Linear
+from gpu_worker.fp8linear import Fp8Linear
 
 
 def _linear(n_in: int, n_out: int, seed: int) -> Fp8Linear:

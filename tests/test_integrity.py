@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from hsx.batch import batchfile
-from hsx.run import ledger
+from hsx.life import ledger
 from hsx.store import layout, open_store
 from hsx_tools.demo import sample_dataset
 from hsx_tools.verify import verify_run

@@ -17,7 +17,7 @@ from rq.callbacks import Callback
 from rq.serializers import JSONSerializer
 from rq.webhook import Webhook
 
-from hsx.run import ledger, queues
+from hsx.life import ledger, queues
 from hsx.store import layout
 from tests.pipeline import produce_config, upload_config, worker_config
 

@@ -24,8 +24,8 @@ import yaml
 
 from hsx import defaults as D
 from hsx.batch import batchfile
-from hsx.run import heartbeat, ledger, queues
-from hsx.run.keys import RunKeys
+from hsx.life import heartbeat, ledger, queues
+from hsx.life.keys import RunKeys
 from hsx_tools.demo import sample_dataset
 from tests.waiting import wait_until
 

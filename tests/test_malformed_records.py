@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from hsx.run import ledger
-from hsx.run.keys import RUNS, RunKeys
+from hsx.life import ledger
+from hsx.life.keys import RUNS, RunKeys
 from hsx_cli.main import main
 from tests.manifests import example_manifest
 from tests.test_dashboard_api import RUN, client, metrics, mid_run  # noqa: F401 (client is a fixture)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from hsx import defaults as D
-from hsx.manifest import FORMAT, Manifest, ManifestError, ManifestMismatch, check_same_run
-from hsx.run import ledger
-from hsx.run.progress import run_progress
+from hsx.life import ledger
+from hsx.monitor.progress import run_progress
+from hsx.runspec.manifest import FORMAT, Manifest, ManifestError, ManifestMismatch, check_same_run
 from tests.manifests import example_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ KEYS_WRITTEN = {"batches_per_shard", "chat_template_hash", "codec", "columns", "
 
 def test_an_old_manifest_reads_with_the_values_it_meant_and_its_relative_paths_warn(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="hsx.manifest"):
+    with caplog.at_level(logging.WARNING, logger="hsx.runspec.manifest"):
         m = Manifest.from_json(json.dumps(OLD), "old manifest")
     assert (m.store_dtype, m.codec, m.compute_dtype, m.fp8_accumulation) == ("float32", "none", "bfloat16", "fp32")
     assert (m.limits.max_attempts, m.limits.lease_seconds) == (D.DEFAULT_MAX_ATTEMPTS, D.DEFAULT_LEASE_SECONDS)

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from hsx.manifest import Manifest, ManifestError
-from hsx.run.keys import RunKeys
+from hsx.life.keys import RunKeys
+from hsx.runspec.manifest import Manifest, ManifestError
 from hsx_cli.main import main
 from tests.manifests import example_manifest
 

@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from hsx import spool
-from hsx.run import ledger, queues
-from hsx.run.progress import run_progress
+from hsx.life import ledger, queues
+from hsx.monitor.progress import run_progress
+from hsx.runspec import spool
 from hsx_cli import upload as upload_cmd
 from hsx_cli import worker as worker_cmd
 from hsx_cli.flags import resolve

@@ -1,7 +1,7 @@
 import json
 
-from hsx.run import ledger
-from hsx.run.progress import run_progress
+from hsx.life import ledger
+from hsx.monitor.progress import run_progress
 from tests.pipeline import run_pipeline
 
 

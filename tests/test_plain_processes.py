@@ -151,8 +151,8 @@ def test_near_miss_flags_are_suggested(flag, capsys):
 def test_uploader_with_another_spool_counts_refuses_and_status_names_the_cause(tmp_path, r, redis_server, tiny_model,
                                                                                 caplog):
     from gpu_worker.worker import run_worker
-    from hsx.run import ledger, queues
-    from hsx.run.progress import run_progress, summary_lines
+    from hsx.life import ledger, queues
+    from hsx.monitor.progress import run_progress, summary_lines
     from producer.produce import produce
     from tests.pipeline import produce_config, upload_config, worker_config
     from uploader.runtime import UploadsRefused
@@ -185,7 +185,7 @@ def test_uploader_with_another_spool_counts_refuses_and_status_names_the_cause(t
 
 def test_worker_that_cannot_see_the_run_store_says_so_in_one_line(tmp_path, r, redis_server, tiny_model):
     from gpu_worker.worker import run_worker
-    from hsx.visibility import RunNotVisible
+    from hsx.runspec.visibility import RunNotVisible
     from producer.produce import produce
     from tests.pipeline import produce_config, worker_config
 
@@ -203,7 +203,7 @@ def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_pa
     """A real redis-server (AOF) stopped mid-batch for 20 s and restarted: the roles neither exit nor lose the
     batch; each process logs one line when Redis is lost and one when it is back."""
     from gpu_worker.worker import run_worker
-    from hsx.run import ledger
+    from hsx.life import ledger
     from producer.produce import produce
     from tests.pipeline import produce_config, upload_config, worker_config
     from uploader.worker import run_uploader
@@ -247,8 +247,9 @@ def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_pa
 def test_rq_registry_forgets_extract_workers_with_no_hsx_heartbeat(r):
     from rq.worker import Worker
 
-    from hsx.run import queues, rqclean
-    from hsx.run.keys import RunKeys
+    from hsx.fleet import rqclean
+    from hsx.life import queues
+    from hsx.life.keys import RunKeys
 
     q = queues.queue(r, queues.extract_queue_name("reg"))
     killed = Worker([q], connection=r, name="gpu-h3-killed")
@@ -264,8 +265,8 @@ def test_rq_registry_forgets_extract_workers_with_no_hsx_heartbeat(r):
 def test_worker_whose_store_vanishes_stops_after_one_batch_without_failing_the_run(tmp_path, r, redis_server,
                                                                                    tiny_model, caplog):
     from gpu_worker.worker import load_runtime, run_worker
-    from hsx.run import ledger, queues
-    from hsx.visibility import RunNotVisible
+    from hsx.life import ledger, queues
+    from hsx.runspec.visibility import RunNotVisible
     from producer.produce import produce
     from tests.pipeline import produce_config, worker_config
 
@@ -310,9 +311,9 @@ def test_a_port_that_is_not_redis_is_one_line(capsys, monkeypatch):
 
 def test_reset_is_refused_while_the_runs_workers_or_uploaders_live(capsys, r, redis_env):
     """A reset under live roles let the worker blame "a Redis restart" and live uploaders write keys back."""
-    from hsx.run import heartbeat, leases, ledger
-    from hsx.run.keys import RunKeys
-    from hsx.run.ledger import BatchSpec
+    from hsx.life import heartbeat, leases, ledger
+    from hsx.life.keys import RunKeys
+    from hsx.life.ledger import BatchSpec
     from tests.manifests import example_manifest
 
     run = "liverun"

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from hsx.run import ledger, queues, reconcile, reset
-from hsx.run.keys import RunKeys
-from hsx.run.progress import run_progress, summary_lines
+from hsx.life import ledger, queues, reconcile, reset
+from hsx.life.keys import RunKeys
+from hsx.monitor.progress import run_progress, summary_lines
 from producer.produce import produce
 from tests.pipeline import produce_config, upload_config
 from uploader.runtime import UploaderRuntime

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from hsx.run import ledger, queues
-from hsx.run.keys import RunKeys
+from hsx.life import ledger, queues
+from hsx.life.keys import RunKeys
 from hsx_tools.demo import sample_dataset
 from producer.produce import produce
 from producer.runlock import LockLost, ProducerBusy, ProducerLock

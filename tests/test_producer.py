@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from hsx.manifest import ManifestMismatch
-from hsx.run import ledger, queues
+from hsx.life import ledger, queues
+from hsx.runspec.manifest import ManifestMismatch
 from hsx.store import open_store
 from producer.produce import PlanError, produce
 from tests.pipeline import produce_config

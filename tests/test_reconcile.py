@@ -1,8 +1,8 @@
 """The queue is a cache of the ledger: whatever empties it, the reconciler puts every planned batch back."""
 
-from hsx.run import leases, ledger, queues, reconcile
-from hsx.run.keys import RunKeys
-from hsx.run.progress import run_progress, summary_lines
+from hsx.life import leases, ledger, queues, reconcile
+from hsx.life.keys import RunKeys
+from hsx.monitor.progress import run_progress, summary_lines
 from hsx.store import open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce

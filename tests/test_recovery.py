@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from hsx.run import batchlife, leases, ledger, queues
-from hsx.run.keys import RunKeys
-from hsx.run.progress import run_progress
+from hsx.life import batchlife, leases, ledger, queues
+from hsx.life.keys import RunKeys
+from hsx.monitor.progress import run_progress
 from hsx.store import layout, open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce
@@ -233,7 +233,7 @@ def test_disk_full_fails_cleanly_and_retries(r, redis_server, tiny_model, tmp_pa
 
 def test_restart_cleans_dead_writers_temp_files_only(r, redis_server, tiny_model, tmp_path):
     from gpu_worker.worker import load_runtime
-    from hsx.run import heartbeat
+    from hsx.life import heartbeat
 
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="rs", enqueue=False))
     spool_run = tmp_path / "spool" / "rs"

@@ -8,9 +8,9 @@ import time
 
 from rq.job import Job
 
-from hsx.run import ledger, queues
-from hsx.run.keys import RunKeys
-from hsx.run.progress import run_progress
+from hsx.life import ledger, queues
+from hsx.life.keys import RunKeys
+from hsx.monitor.progress import run_progress
 from hsx.store import layout, open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from hsx.fleet import evictionpolicy
 from hsx.redisconn import LocalRedis, connect
-from hsx.run import evictionpolicy
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_noeviction_passes_and_a_forbidden_config_warns_once(r, redis_server, ca
     try:
         limited = connect(redis_server.url.replace("redis://", "redis://noconfig:pw@"))
         monkeypatch.setattr(evictionpolicy, "_warned", False)
-        with caplog.at_level(logging.WARNING, logger="hsx.run.evictionpolicy"):
+        with caplog.at_level(logging.WARNING, logger="hsx.fleet.evictionpolicy"):
             assert evictionpolicy.check_eviction_policy(limited) is None
             assert evictionpolicy.check_eviction_policy(limited) is None
         warnings = [rec for rec in caplog.records if "maxmemory-policy" in rec.getMessage()]

@@ -7,9 +7,9 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from hsx.batch import batchfile
-from hsx.config import StoreSettings
+from hsx.life import ledger
 from hsx.prep.rows import read_conversation
-from hsx.run import ledger
+from hsx.runspec.config import StoreSettings
 from hsx.store import open_store
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model

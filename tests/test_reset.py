@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hsx.run import ledger
-from hsx.run.reset import apply_reset, plan_reset
+from hsx.life import ledger
+from hsx.life.reset import apply_reset, plan_reset
 from hsx.store.local import LocalStore
 from tests.manifests import example_manifest
 

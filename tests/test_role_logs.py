@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import re
 
-from hsx.run.keys import RunKeys
-from hsx.run.progress import fmt_bytes
+from hsx.life.keys import RunKeys
+from hsx.monitor.progress import fmt_bytes
 from producer.produce import produce
 from tests.pipeline import produce_config, upload_config, worker_config
 

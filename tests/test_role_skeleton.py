@@ -1,5 +1,5 @@
 """A new role is one folder plus one entry in hsx_cli's COMMANDS: tests/toyrole (`hsx tally`) is such a role,
-built on hsx/role.py only. Run as a real `hsx` process against the private redis-server, it heartbeats (and
+built on hsx/fleet/role.py only. Run as a real `hsx` process against the private redis-server, it heartbeats (and
 shows in the run's worker list, as `hsx status` reads it), logs progress, runs its own jobs and no other
 role's, and stops cleanly on SIGTERM: exit 0, summary logged, heartbeat and rq registration gone."""
 
@@ -17,13 +17,13 @@ from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
-from hsx.run import heartbeat, queues
-from hsx.run.keys import RunKeys
+from hsx.life import heartbeat, queues
+from hsx.life.keys import RunKeys
 from tests.toyrole.runtime import ADD_FUNC, TallyRuntime
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-IDLE = "INFO hsx.role: idle: tally tally-1 waits for jobs on tally:toy"
+IDLE = "INFO hsx.fleet.role: idle: tally tally-1 waits for jobs on tally:toy"
 # `hsx` with the one line a new role adds to hsx_cli/main.py: its command in COMMANDS.
 HSX_WITH_TALLY = ("import sys; from hsx_cli import main; from tests.toyrole.command import COMMAND; "
                   "main.COMMANDS += (COMMAND,); sys.exit(main.main())")
@@ -79,7 +79,7 @@ def test_a_toy_role_heartbeats_logs_and_stops_on_sigterm(r, redis_server, tmp_pa
     assert "ForbiddenJob" in text and "this worker only runs ['tests.toyrole.jobs.add']" in text
     lines = text.rstrip().splitlines()
     assert sum(line.endswith(IDLE) for line in lines) == 1, text                # said once, then silence
-    assert lines[-2].endswith(IDLE) and re.search(r"INFO hsx.role: tally tally-1: 3 batches; last \d+s: 0.0 batches/min; "
+    assert lines[-2].endswith(IDLE) and re.search(r"INFO hsx.fleet.role: tally tally-1: 3 batches; last \d+s: 0.0 batches/min; "
                                                   r"tally:toy queue 0$", lines[-1]), text  # the summary on exit
     assert not r.exists(RunKeys("toy").heartbeat("tally-1"))          # gone, not dead: no 6-beat wait
     assert "tally-1" not in {w.name for w in Worker.all(connection=r)}  # rq's registration too

@@ -5,7 +5,7 @@ Before: the spool recovery re-enqueued every complete ``R/<batch>.safetensors`` 
 and SHA-256 against the job, so (1) with another checkpoint of the same config the store held the old model's
 hidden states and `hsx verify` said OK; (2) with another token budget batches held other sample sets, the run said
 COMPLETE and a full verify found ids missing. A batch file now proves it belongs (run, batch id, sample ids, the
-run's incarnation; hsx/run/provenance.py): checked at recovery, before upload and by `hsx verify`.
+run's incarnation; hsx/life/provenance.py): checked at recovery, before upload and by `hsx verify`.
 
 Both cases run through the real roles, in the order that let the old files through: the new worker recovers its
 spool, an uploader runs, then the worker extracts, then the uploader again.
@@ -21,8 +21,8 @@ import torch
 
 from gpu_worker.worker import load_runtime, run_worker
 from hsx.batch import batchfile
-from hsx.run import ledger
-from hsx.run.keys import RunKeys
+from hsx.life import ledger
+from hsx.life.keys import RunKeys
 from hsx.store import layout, open_store
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset

@@ -21,10 +21,10 @@ import boto3
 import pytest
 import torch
 
-from hsx import spool
-from hsx.config import StoreSettings
-from hsx.run import ledger
-from hsx.run.progress import run_progress
+from hsx.life import ledger
+from hsx.monitor.progress import run_progress
+from hsx.runspec import spool
+from hsx.runspec.config import StoreSettings
 from hsx.store import PermanentStoreError, StoreError, layout
 from hsx.store.quirks import EndpointQuirks
 from hsx.store.s3 import S3Settings, S3Store

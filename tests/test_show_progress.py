@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hsx.run.progressline import Progress
+from hsx.monitor.progressline import Progress
 from hsx_tools.demo import sample_dataset
 from tests.pipeline import run_pipeline
 
@@ -30,7 +30,7 @@ def small_run(redis_server, tiny_model, tmp_path_factory):
     progress_log = logging.getLogger("hsx.progress")
     progress_log.addHandler(handler)
     level, progress_log.level = progress_log.level, logging.INFO
-    import hsx.run.progressline as pl
+    import hsx.monitor.progressline as pl
 
     saved, pl.DEFAULT_EVERY_S = pl.DEFAULT_EVERY_S, 0.0      # a line for every step of produce's tokenising
     try:
@@ -118,10 +118,10 @@ def test_progress_draws_a_bar_on_a_terminal_and_logs_lines_elsewhere(caplog):
 
 def test_verify_export_and_produce_report_progress_through_the_helper(small_run, redis_server, caplog, tmp_path,
                                                                      monkeypatch):
-    import hsx.run.progressline as pl
-    from hsx.config import StoreSettings
+    import hsx.monitor.progressline as pl
+    from hsx.life import ledger
     from hsx.redisconn import connect
-    from hsx.run import ledger
+    from hsx.runspec.config import StoreSettings
     from hsx_tools.export import export_run
     from hsx_tools.verify import verify_run
 

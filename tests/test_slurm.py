@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from hsx.batch import batchfile
-from hsx.run import heartbeat, ledger
-from hsx.run.keys import RunKeys
+from hsx.life import heartbeat, ledger
+from hsx.life.keys import RunKeys
 from hsx_tools.demo import sample_dataset
 from tests.slurmcluster import SlurmCluster, available
 from tests.waiting import wait_until

@@ -19,7 +19,7 @@ import math
 import pytest
 from safetensors import safe_open
 
-from hsx.config import StoreSettings
+from hsx.runspec.config import StoreSettings
 from hsx_cli.main import main
 from hsx_reader import RunDataset
 from hsx_tools.demo import sample_dataset

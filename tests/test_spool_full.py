@@ -11,7 +11,7 @@ import errno
 
 import pytest
 
-from hsx import spool
+from hsx.runspec import spool
 from tests.spool_outage import CannotMount, mount_tmpfs, run_outage, umount
 
 

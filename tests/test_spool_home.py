@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hsx import spool
-from hsx.config import UploadConfig
+from hsx.runspec import spool
+from hsx.runspec.config import UploadConfig
 from hsx_cli import upload as upload_cmd
 from hsx_cli import worker as worker_cmd
 from hsx_cli.flags import resolve

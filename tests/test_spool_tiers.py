@@ -7,10 +7,10 @@ import time
 
 import torch
 
-from hsx import spool
 from hsx.batch import batchfile
-from hsx.run import heartbeat, ledger, queues
-from hsx.run.progress import run_progress
+from hsx.life import heartbeat, ledger, queues
+from hsx.monitor.progress import run_progress
+from hsx.runspec import spool
 from hsx.store import open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce

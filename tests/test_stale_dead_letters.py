@@ -9,10 +9,10 @@ store, where the batch's object is whole, and records it done.
 
 from __future__ import annotations
 
-from hsx.manifest import Manifest
-from hsx.run import ledger, queues
-from hsx.run.keys import RunKeys
-from hsx.run.progress import run_progress, summary_lines
+from hsx.life import ledger, queues
+from hsx.life.keys import RunKeys
+from hsx.monitor.progress import run_progress, summary_lines
+from hsx.runspec.manifest import Manifest
 from hsx.store import open_store
 from producer.produce import produce
 from tests.manifests import example_manifest

@@ -10,10 +10,10 @@ import pytest
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
-from hsx.run import ledger
-from hsx.run.keys import RunKeys
-from hsx.run.ledger import BatchSpec
-from hsx.run.progress import run_progress, summary_lines
+from hsx.life import ledger
+from hsx.life.keys import RunKeys
+from hsx.life.ledger import BatchSpec
+from hsx.monitor.progress import run_progress, summary_lines
 from hsx_cli.main import main
 from tests.manifests import example_manifest
 
@@ -74,7 +74,7 @@ def test_status_and_dashboard_name_the_producer_that_is_still_planning(r, redis_
 
 
 def test_a_dead_worker_keeps_who_it_was_and_what_was_reclaimed_from_it(r, redis_env, client, capsys):
-    from hsx.run import batchlife, heartbeat
+    from hsx.life import batchlife, heartbeat
 
     keys = RunKeys(RUN)
     ledger.save_plan(r, RUN, example_manifest(RUN), SPECS, {"batches": 4, "samples": 40, "tokens": 400})

@@ -8,8 +8,9 @@ import subprocess
 import sys
 import time
 
-from hsx.run import batchlife, ledger, refused
-from hsx.run.ledger import BatchSpec
+from hsx.fleet import refused
+from hsx.life import batchlife, ledger
+from hsx.life.ledger import BatchSpec
 from tests.manifests import example_manifest
 from tests.waiting import wait_until
 from uploader.runtime import REFUSED_PAUSE_SECONDS

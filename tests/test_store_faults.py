@@ -6,9 +6,9 @@ import hashlib
 import boto3
 import pytest
 
-from hsx.config import StoreSettings
-from hsx.run import batchlife, ledger
-from hsx.run.progress import run_progress
+from hsx.life import batchlife, ledger
+from hsx.monitor.progress import run_progress
+from hsx.runspec.config import StoreSettings
 from hsx.store import layout, open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce

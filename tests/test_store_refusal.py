@@ -15,10 +15,10 @@ import pytest
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
-from hsx import spool
-from hsx.config import StoreSettings
-from hsx.run import ledger
-from hsx.run.progress import run_progress, summary_lines
+from hsx.life import ledger
+from hsx.monitor.progress import run_progress, summary_lines
+from hsx.runspec import spool
+from hsx.runspec.config import StoreSettings
 from producer.produce import produce
 from tests.faultproxy import FaultProxy
 from tests.pipeline import produce_config, worker_config
@@ -72,7 +72,7 @@ def test_permanent_store_errors_dead_letter_and_show(r, redis_server, tiny_model
     assert 'hsx_store_refusing{run="t1"} 1.0' in client.get("/metrics").get_data(as_text=True)
     # Retried once the store takes uploads again: the kept spool files are uploaded, nothing is extracted again
     # (on main every one went back on the extract queue: 18 of 59 batches re-extracted in the report).
-    from hsx.run import queues
+    from hsx.life import queues
     from hsx_cli.main import main
 
     assert main(["retry-failed", "--run", "t1", "--redis-url", redis_server.url]) == 0

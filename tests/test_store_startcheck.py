@@ -8,8 +8,8 @@ import time
 import boto3
 import pytest
 
-from hsx.config import StoreSettings
-from hsx.run import ledger
+from hsx.life import ledger
+from hsx.runspec.config import StoreSettings
 from hsx.store.startcheck import START_CHECK_SECONDS, WRITE_CHECK_KEY, StoreUnusable, check_store
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset

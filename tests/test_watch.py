@@ -7,8 +7,8 @@ import re
 
 from rich.console import Console
 
-from hsx.run import heartbeat, ledger
-from hsx.run.ledger import BatchSpec
+from hsx.life import heartbeat, ledger
+from hsx.life.ledger import BatchSpec
 from hsx_tools.watch import watch
 from tests.manifests import example_manifest
 

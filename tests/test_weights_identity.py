@@ -10,11 +10,11 @@ import shutil
 import pytest
 
 from gpu_worker.worker import WorkerSetupError, load_runtime
-from hsx.manifest import Manifest, ManifestMismatch
+from hsx.life import ledger
+from hsx.life.keys import RunKeys
 from hsx.prep import weights
 from hsx.prep.weights import weights_fingerprint
-from hsx.run import ledger
-from hsx.run.keys import RunKeys
+from hsx.runspec.manifest import Manifest, ManifestMismatch
 from hsx.store import layout
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model

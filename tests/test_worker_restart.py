@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from hsx.run import heartbeat, ledger
-from hsx.run.progress import run_progress
+from hsx.life import heartbeat, ledger
+from hsx.monitor.progress import run_progress
 from producer.produce import produce
 from tests.pipeline import produce_config
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hsx.config import StoreSettings
+from hsx.runspec.config import StoreSettings
 from hsx.store import LocalStore, Store
 from hsx_reader import RunDataset
 from tests.peerenv import peer_env, peer_python, run_peer

@@ -14,11 +14,12 @@ from pathlib import Path
 
 from hsx.batch.batchfile import BatchFileError
 from hsx.digest import file_sha256
+from hsx.fleet import storerefusal
+from hsx.life import batchlife, index, ledger, provenance
+from hsx.life.ledger import RunVanished
 from hsx.retry import backoff_delay, pause
-from hsx.run import batchlife, index, ledger, provenance, storerefusal
-from hsx.run.ledger import RunVanished
+from hsx.runspec.visibility import RunNotVisible
 from hsx.store import PermanentStoreError, layout
-from hsx.visibility import RunNotVisible
 from uploader import runtime
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class SpoolFileLost(RuntimeError):
 
 class ForeignSpoolFile(SpoolFileLost):
     """The spool file is not of this plan (another incarnation of the run, other samples): never uploaded; the
-    batch is extracted again (hsx/run/provenance.py)."""
+    batch is extracted again (hsx/life/provenance.py)."""
 
 
 class NotPlanned(RuntimeError):
@@ -69,7 +70,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
             return _upload(rt, run, batch_id, local, size, sha256)
         except SpoolFileLost as exc:
             # The bytes are gone: the batch must be computed again. This counts as one failed
-            # extraction of the batch, under the run's one attempt limit (see hsx.manifest.RunLimits).
+            # extraction of the batch, under the run's one attempt limit (see hsx.runspec.manifest.RunLimits).
             rt.record_failure()
             batchlife.fail(r, run, batch_id, f"upload: {exc}", limits.max_attempts)
             raise

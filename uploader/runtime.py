@@ -3,8 +3,8 @@
 rq calls ``uploader.jobs.upload_batch`` in this same process (SimpleWorker, no
 fork); the job finds this object through ``UploaderRuntime.current()``. The
 heartbeat refreshes the lease of the upload in progress, reclaims work of dead
-processes and reconciles each run's queues with its plan (hsx/run/reconcile.py).
-Slot, heartbeat thread, progress log and rq set-up: hsx/role.py.
+processes and reconciles each run's queues with its plan (hsx/life/reconcile.py).
+Slot, heartbeat thread, progress log and rq set-up: hsx/fleet/role.py.
 """
 
 from __future__ import annotations
@@ -14,18 +14,20 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import retry, spool
-from hsx.config import UploadConfig
+from hsx import retry
 from hsx.errors import HsxError
-from hsx.manifest import RunLimits
+from hsx.fleet import multipart, refused, rqclean
+from hsx.fleet.role import Role
+from hsx.life import batchlife, leases, ledger, queues, reconcile
+from hsx.life.keys import RunKeys
+from hsx.life.ledger import RunVanished
+from hsx.monitor.progress import fmt_bytes
 from hsx.redisconn import OUTAGES
-from hsx.role import Role
-from hsx.run import batchlife, leases, ledger, multipart, queues, reconcile, refused, rqclean
-from hsx.run.keys import RunKeys
-from hsx.run.ledger import RunVanished
-from hsx.run.progress import fmt_bytes
+from hsx.runspec import spool
+from hsx.runspec.config import UploadConfig
+from hsx.runspec.manifest import RunLimits
+from hsx.runspec.visibility import open_run_store
 from hsx.store import PermanentStoreError, StoreError, layout
-from hsx.visibility import open_run_store
 
 log = logging.getLogger(__name__)
 REFUSED_PAUSE_SECONDS = 30.0  # s an uploader waits after putting back a job it cannot do (not burst mode)
@@ -53,7 +55,7 @@ class UploaderRuntime(Role):
         self.host = cfg.host
         self.spool_dir = Path(cfg.spool_dir).resolve()
         self.memory_spool_dir = Path(cfg.memory_spool_dir).resolve() if cfg.memory_spool_dir else None
-        # the default memory folder (hsx.spool.default_memory_dir): jobs naming the old shared one are taken too
+        # the default memory folder (hsx.runspec.spool.default_memory_dir): jobs naming the old shared one are taken too
         self.memory_default = (self.memory_spool_dir is not None
                                and self.memory_spool_dir == spool.default_memory_dir(cfg.redis_url).resolve())
         self._runs: dict[str, RunContext] = {}
@@ -157,7 +159,7 @@ class UploaderRuntime(Role):
         with self._lock:
             self.failures += 1
 
-    # ---- progress log (hsx/role.py) ------------------------------------------
+    # ---- progress log (hsx/fleet/role.py) ------------------------------------------
     def totals(self) -> dict[str, int]:
         return {"batches": self.uploaded, "bytes": self.bytes}
 
@@ -179,7 +181,7 @@ class UploaderRuntime(Role):
         return (f"idle: uploader {self.cfg.worker_name} has uploaded {self.uploaded} batches ({fmt_bytes(self.bytes)}); "
                 f"upload@{self.host} is empty, waiting for jobs")
 
-    # ---- serving (hsx/role.py) -----------------------------------------------
+    # ---- serving (hsx/fleet/role.py) -----------------------------------------------
     def queue_names(self) -> list[str]:
         return [queues.upload_queue_name(self.host)]
 
@@ -190,7 +192,7 @@ class UploaderRuntime(Role):
         log.info("ready: uploader %s taking jobs from upload@%s, spool %s", self.cfg.worker_name, self.host, self.spool_dir)
 
     def abort_stale_multipart(self) -> None:
-        """Abort each run's multipart uploads that uploaders killed mid-upload left (hsx/run/multipart.py says which
+        """Abort each run's multipart uploads that uploaders killed mid-upload left (hsx/fleet/multipart.py says which
         are safe to abort: never a live one of another uploader). A store that cannot be reached is no reason
         not to start: the next start or `hsx verify --repair` tries again."""
         for run in ledger.list_runs(self.r):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from hsx.config import UploadConfig
+from hsx.fleet.evictionpolicy import check_eviction_policy
+from hsx.life import ledger
+from hsx.life.idle import run_complete
 from hsx.localdirs import ensure_dir
 from hsx.redisconn import connect, redact
-from hsx.run import ledger
-from hsx.run.evictionpolicy import check_eviction_policy
-from hsx.run.idle import run_complete
+from hsx.runspec.config import UploadConfig
 from hsx.store.startcheck import check_store
 
 # Imported now, not inside the first job: it pulls in torch, seconds between rq's hand-over

@@ -34,7 +34,7 @@ layers (concatenated low to high along the last dim). Sample b is rows
 ``cu_seqlens[b]:cu_seqlens[b+1]``. ``__metadata__`` holds strings only:
 format, run, batch_id, sample_ids (JSON list), layer_ids (JSON list), dtype
 (what readers get back), store_dtype, codec, encoding (JSON, codec only),
-model, hidden_size, store_final, incarnation (the run's, hsx/run/provenance.py: with run, batch_id and
+model, hidden_size, store_final, incarnation (the run's, hsx/life/provenance.py: with run, batch_id and
 sample_ids it proves the file is of this plan).
 
 The same layout (without hidden states) carries a batch's *inputs* from the

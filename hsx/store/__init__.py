@@ -8,8 +8,9 @@ from hsx.errors import HsxError
 from hsx.store.base import ObjectInfo, PermanentStoreError, Store, StoreError, VerifyError
 from hsx.store.local import LocalStore
 from hsx.store.quirks import EndpointQuirks
+from hsx.store.settings import StoreSettings
 
-__all__ = ["ObjectInfo", "Store", "StoreError", "PermanentStoreError", "VerifyError", "LocalStore", "open_store", "StoreURLError"]
+__all__ = ["ObjectInfo", "Store", "StoreError", "PermanentStoreError", "VerifyError", "LocalStore", "open_store", "StoreURLError", "StoreSettings"]
 
 
 class StoreURLError(HsxError, ValueError):

@@ -52,17 +52,17 @@ def index_key(run: str) -> str:
 
 
 def store_error_key(run: str) -> str:
-    """The run-level record of a lossy store dtype's measured error (hsx/run/fp8error.py)."""
+    """The run-level record of a lossy store dtype's measured error (hsx/life/fp8error.py)."""
     return f"{run}/store_error.json"
 
 
 def compute_error_key(run: str) -> str:
-    """The run-level record of FP8 compute's measured error (hsx/run/computeerror.py)."""
+    """The run-level record of FP8 compute's measured error (hsx/life/computeerror.py)."""
     return f"{run}/compute_error.json"
 
 
 def evaluation_key(run: str) -> str:
-    """The last `hsx evaluate` of a drafter trained on the run (hsx/run/evaluation.py)."""
+    """The last `hsx evaluate` of a drafter trained on the run (hsx/monitor/evaluation.py)."""
     return f"{run}/evaluation.json"
 
 

@@ -11,15 +11,15 @@ with a message naming no setting). In order, each answer naming the setting to c
    (idempotent; outside every run's folder, so no run ever lists it).
 
 The whole check takes at most ``seconds`` (default 10). A local store is checked elsewhere
-(hsx/localdirs.py, hsx/visibility.py): nothing to do here.
+(hsx/localdirs.py, hsx/runspec/visibility.py): nothing to do here.
 """
 
 from __future__ import annotations
 
 import time
 
-from hsx.config import StoreSettings
 from hsx.errors import HsxError
+from hsx.store.settings import StoreSettings
 
 START_CHECK_SECONDS = 10.0  # s: the longest the store's start check may take (as Redis's)
 WRITE_CHECK_KEY = ".hsx-write-check"  # under the store's prefix; same bytes every time

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 
-from hsx.config import StoreSettings, with_redis_password
 from hsx.errors import HsxError
+from hsx.runspec.config import StoreSettings, with_redis_password
 from hsx_peers.samples import open_run, token_columns
 from hsx_peers.speculators_follow import FollowTransfer, install
 from hsx_reader import ReaderError

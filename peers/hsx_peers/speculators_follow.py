@@ -57,9 +57,9 @@ from speculators.train.data import BaseDataset, CollateFn
 from speculators.train.distributed import get_dp_size
 from torch.utils.data import DataLoader
 
-from hsx.config import StoreSettings
-from hsx.run import ledger
-from hsx.run.keys import RunKeys
+from hsx.life import ledger
+from hsx.life.keys import RunKeys
+from hsx.runspec.config import StoreSettings
 from hsx.store import layout
 from hsx_reader import Cursor, ReaderError, RunFollower
 from hsx_reader.objects import fetch_header, fetch_rows

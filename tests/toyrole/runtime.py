@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hsx.role import Role
+from hsx.fleet.role import Role
 
 ADD_FUNC = "tests.toyrole.jobs.add"
 

@@ -1,0 +1,33 @@
+"""The run's flag for a store that refuses for good (issue 23 item 4).
+
+An uploader that meets a permanent store error (403 AccessDenied, NoSuchBucket,
+an object whose sha256 metadata the store dropped) records the store's message
+here; `hsx status`, the dashboard's /api/status (``store_refusal``) and /metrics
+(``hsx_store_refusing``) show it until an upload of the run is verified again.
+The batch itself counts the failure against its attempts (dead letter at the
+run's ``max_attempts``), so nothing is retried forever unseen.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from hsx.life.keys import RunKeys
+
+
+def record(r, run: str, bid: str, error: str, by: str) -> None:
+    r.set(RunKeys(run).store_refusal, json.dumps({"error": error[-1000:], "batch": bid, "ts": time.time(), "by": by}))
+
+
+def clear(r, run: str) -> None:
+    r.delete(RunKeys(run).store_refusal)
+
+
+def read(r, run: str) -> dict | None:
+    raw = r.get(RunKeys(run).store_refusal)
+    try:
+        value = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -1,0 +1,1 @@
+"""A batch's and a run's life in Redis."""

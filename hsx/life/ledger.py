@@ -1,0 +1,327 @@
+"""The completion ledger and run bookkeeping in Redis.
+
+The ledger (``done``) is the truth: a batch is done when, and only when, its
+object was verified in the store and ``mark_done`` recorded it. Everything
+else here (counters, logs, heartbeats) is derived or advisory. The writes that
+change a batch's state (``mark_done``, ``unmark_done``, ``record_failure``,
+``mark_spooled``, ``clear_failure``, ``take_dead_letters``) are primitives of
+``hsx.life.batchlife``, the one caller of them in hsx. Every function
+takes the Redis client explicitly; multi-key updates are one script or one
+pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+import redis
+
+from hsx.errors import HsxError
+from hsx.life import errorlog, records
+from hsx.life.keys import RUNS, RunKeys
+from hsx.redisconn import int_hash, json_hash, text
+from hsx.runspec.manifest import Manifest
+
+# KEYS: done, done_info, counters, shard_done, done_log, failures, dead, done_seq, done_seq_pos
+# ARGV: batch_id, info_json, samples, tokens, bytes, shard, now
+# Returns 1 if this call recorded the batch, 0 if it was already done. Either way the batch is no
+# longer a failure or a dead letter: a batch done is done (a dead letter left from before a Redis loss,
+# or by an upload that ran while the plan was being saved again, must not outlive it). A batch recorded
+# for the first time is appended to done_seq (the order a run follower reads batches in); one recorded
+# again after a repair keeps its place.
+_MARK_DONE = """
+redis.call('HDEL', KEYS[6], ARGV[1])
+redis.call('HDEL', KEYS[7], ARGV[1])
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+if redis.call('HSETNX', KEYS[9], ARGV[1], redis.call('LLEN', KEYS[8])) == 1 then
+  redis.call('RPUSH', KEYS[8], ARGV[1])
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[3], 'batches', 1)
+redis.call('HINCRBY', KEYS[3], 'samples', ARGV[3])
+redis.call('HINCRBY', KEYS[3], 'tokens', ARGV[4])
+redis.call('HINCRBY', KEYS[3], 'bytes', ARGV[5])
+redis.call('HINCRBY', KEYS[4], ARGV[6], 1)
+redis.call('ZADD', KEYS[5], ARGV[7], ARGV[1])
+return 1
+"""
+
+# KEYS: failures, dead, done ; ARGV: batch_id, error, now, max_attempts
+# Returns the attempt count; moves the record to dead letters at max_attempts. A batch already done
+# records nothing and returns 0 (a late failure of a duplicate copy is no failure of the batch).
+_RECORD_FAILURE = """
+if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local attempts = 1
+if raw then
+  local ok, old = pcall(cjson.decode, raw)
+  if ok and type(old) == 'table' and tonumber(old['attempts']) then attempts = tonumber(old['attempts']) + 1 end
+end
+local rec = cjson.encode({attempts=attempts, last_error=ARGV[2], ts=tonumber(ARGV[3])})
+if attempts >= tonumber(ARGV[4]) then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HSET', KEYS[2], ARGV[1], rec)
+else
+  redis.call('HSET', KEYS[1], ARGV[1], rec)
+end
+return attempts
+"""
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """One planned batch. ``padded`` = rows x padded row length (what the GPU computes)."""
+
+    batch_id: str
+    index: int
+    shard: str
+    samples: int
+    tokens: int
+    padded: int
+    padded_len: int          # tokens a row is padded to (the longest row, rounded up to the pad multiple)
+    sample_ids: list[str]
+    input_sha256: str = ""  # SHA-256 of the batch's input object as the producer wrote it ("" = not recorded)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> BatchSpec:
+        fields = json.loads(raw)
+        if "max_len" in fields:  # plans recorded before the field was named for what it holds
+            fields["padded_len"] = fields.pop("max_len")
+        return cls(**fields)
+
+
+def list_runs(r: redis.Redis) -> list[str]:
+    return sorted(text(x) for x in r.smembers(RUNS))
+
+
+def get_manifest(r: redis.Redis, run: str) -> Manifest | None:
+    """The run's manifest, None if Redis has none; ManifestError if it is not one this hsx reads."""
+    key = RunKeys(run).manifest
+    raw = r.get(key)
+    return Manifest.from_json(raw, f"Redis {key}") if raw else None
+
+
+class RunVanished(HsxError, KeyError):
+    """The run has no manifest in this Redis: never planned here, or gone (Redis restarted empty, flushed).
+    The one exception for it, raised by every role and tool; the message says which and what to do."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def require_manifest(r: redis.Redis, run: str) -> Manifest:
+    """The run's manifest, or RunVanished naming the run and what to do."""
+    manifest = get_manifest(r, run)
+    if manifest is None:
+        known = list_runs(r)
+        raise RunVanished(f"run {run!r} is not planned in this Redis (runs here: {', '.join(known) or 'none'}); "
+                            "run `hsx produce` first, or check --run / HSX_RUN and HSX_REDIS_URL")
+    return manifest
+
+
+def save_plan(r: redis.Redis, run: str, manifest: Manifest, specs: list[BatchSpec], totals: dict[str, int]) -> None:
+    """Record manifest, plan and totals. Idempotent: the same plan overwrites itself."""
+    keys = RunKeys(run)
+    pipe = r.pipeline(transaction=False)
+    for start in range(0, len(specs), 1000):
+        pipe.hset(keys.plan, mapping={s.batch_id: s.to_json() for s in specs[start:start + 1000]})
+    pipe.hset(keys.totals, mapping={k: int(v) for k, v in totals.items()})
+    pipe.set(keys.manifest, manifest.to_json())
+    pipe.sadd(RUNS, run)
+    pipe.execute()
+
+
+def get_spec(r: redis.Redis, run: str, bid: str) -> BatchSpec | None:
+    raw = r.hget(RunKeys(run).plan, bid)
+    return BatchSpec.from_json(raw) if raw else None
+
+
+def all_specs(r: redis.Redis, run: str) -> dict[str, BatchSpec]:
+    return {text(k): BatchSpec.from_json(v) for k, v in r.hscan_iter(RunKeys(run).plan, count=1000)}
+
+
+def done_ids(r: redis.Redis, run: str) -> set[str]:
+    return {text(x) for x in r.smembers(RunKeys(run).done)}
+
+
+def is_done(r: redis.Redis, run: str, bid: str) -> bool:
+    return bool(r.sismember(RunKeys(run).done, bid))
+
+
+def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sha256: str, by: str) -> bool:
+    """Record a verified batch. Call only after the store verified the object. True if newly recorded."""
+    keys = RunKeys(run)
+    now = time.time()
+    info = json.dumps({"key": key, "size": size, "sha256": sha256, "by": by, "ts": now}, separators=(",", ":"))
+    recorded = r.eval(_MARK_DONE, 9, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
+                      keys.failures, keys.dead, keys.done_seq, keys.done_seq_pos,
+                      spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now)
+    return bool(recorded)
+
+
+WRITTEN_BYTES = "written_bytes"  # field of the counters HASH: bytes of batch files written to spools (rewrites too)
+
+
+def mark_spooled(r: redis.Redis, run: str, bid: str, pipe=None, nbytes: int = 0) -> None:
+    """Note when a batch reached a spool (first time only): feeds the extraction-rate chart; count its bytes."""
+    (pipe or r).zadd(RunKeys(run).spooled_log, {bid: time.time()}, nx=True)
+    if nbytes:
+        (pipe or r).hincrby(RunKeys(run).counters, WRITTEN_BYTES, nbytes)
+
+
+def record_failure(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int) -> int:
+    """Count a failure of ``bid``: its attempt count (a dead letter at ``max_attempts``), or 0 if it is done."""
+    keys = RunKeys(run)
+    attempts = int(r.eval(_RECORD_FAILURE, 3, keys.failures, keys.dead, keys.done, bid, error[-2000:], time.time(),
+                          max_attempts))
+    if attempts:
+        errorlog.append(r, run, bid, error, attempts)  # kept after the batch is done (issue 31 item 2)
+    return attempts
+
+
+def drop_failures_of_done(r: redis.Redis, run: str) -> list[str]:
+    """Remove the failure and dead-letter records of batches that are done (left by an older hsx, or from
+    before a Redis loss whose ledger was rebuilt from the store); return their ids."""
+    keys = RunKeys(run)
+    bids = sorted({text(b) for key in (keys.failures, keys.dead) for b in r.hkeys(key)})
+    if not bids:
+        return []
+    settled = [b for b, done in zip(bids, r.smismember(keys.done, bids), strict=True) if done]
+    _drop_failure_records(r, keys, settled)
+    return settled
+
+
+def _drop_failure_records(r: redis.Redis, keys: RunKeys, bids: list[str]) -> None:
+    """Remove the failure and dead-letter records of ``bids`` (one round trip)."""
+    if bids:
+        pipe = r.pipeline()
+        pipe.hdel(keys.failures, *bids)
+        pipe.hdel(keys.dead, *bids)
+        pipe.execute()
+
+
+def clear_failure(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
+    (pipe or r).hdel(RunKeys(run).failures, bid)
+
+
+def dead_letters(r: redis.Redis, run: str, malformed: list[str] | None = None) -> dict[str, dict]:
+    """Dead letters by batch id; a malformed record is a placeholder named in ``malformed`` (hsx.life.records)."""
+    return records.failure_hash(r, RunKeys(run).dead, [] if malformed is None else malformed)
+
+
+def failures(r: redis.Redis, run: str, malformed: list[str] | None = None) -> dict[str, dict]:
+    """Batches being retried after a failure, by batch id (malformed records as in dead_letters)."""
+    return records.failure_hash(r, RunKeys(run).failures, [] if malformed is None else malformed)
+
+
+def take_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
+    """Remove dead letters (all, or ``bids``) and return the batch ids taken."""
+    keys = RunKeys(run)
+    taken = list(dead_letters(r, run)) if bids is None else bids
+    _drop_failure_records(r, keys, taken)
+    return taken
+
+
+def run_totals(r: redis.Redis, run: str) -> dict[str, int]:
+    return int_hash(r, RunKeys(run).totals)
+
+
+# KEYS: done, done_info, counters, shard_done, done_log, index marker ; ARGV: batch_id, samples, tokens, shard
+# Undo a mark_done whose object turned out missing or corrupt. Returns 1 if it was done. The index
+# marker goes too: the index is written again (with the new object's digest) once the run completes.
+_UNMARK_DONE = """
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('DEL', KEYS[6])
+local size = 0
+if raw then
+  local ok, info = pcall(cjson.decode, raw)
+  if ok and type(info) == 'table' and tonumber(info['size']) then size = tonumber(info['size']) end
+end
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HINCRBY', KEYS[3], 'batches', -1)
+redis.call('HINCRBY', KEYS[3], 'samples', -tonumber(ARGV[2]))
+redis.call('HINCRBY', KEYS[3], 'tokens', -tonumber(ARGV[3]))
+redis.call('HINCRBY', KEYS[3], 'bytes', -size)
+redis.call('HINCRBY', KEYS[4], ARGV[4], -1)
+redis.call('ZREM', KEYS[5], ARGV[1])
+return 1
+"""
+
+
+def unmark_done(r: redis.Redis, run: str, spec: BatchSpec) -> bool:
+    """Take a batch out of the ledger (its object is missing or corrupt), counters included."""
+    keys = RunKeys(run)
+    return bool(r.eval(_UNMARK_DONE, 6, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
+                       keys.index_written, spec.batch_id, spec.samples, spec.tokens, spec.shard))
+
+
+def done_info(r: redis.Redis, run: str) -> dict[str, dict]:
+    return json_hash(r, RunKeys(run).done_info)
+
+
+# KEYS: done, done_seq, done_seq_pos ; ARGV: the batch ids of done, sorted
+# Appends, in the given order, the done batches done_seq lacks (recorded by an hsx older than done_seq, or
+# by a rebuilt ledger). Idempotent; returns how many were appended.
+_SEQUENCE_DONE = """
+local added = 0
+for _, bid in ipairs(ARGV) do
+  if redis.call('SISMEMBER', KEYS[1], bid) == 1 and redis.call('HSETNX', KEYS[3], bid, redis.call('LLEN', KEYS[2])) == 1 then
+    redis.call('RPUSH', KEYS[2], bid)
+    added = added + 1
+  end
+end
+return added
+"""
+
+
+def sequence_done(r: redis.Redis, run: str) -> int:
+    """Give every done batch a place in ``done_seq`` (the ones without one, in batch-id order)."""
+    keys = RunKeys(run)
+    missing = sorted(done_ids(r, run) - {text(x) for x in r.hkeys(keys.done_seq_pos)})
+    return int(r.eval(_SEQUENCE_DONE, 3, keys.done, keys.done_seq, keys.done_seq_pos, *missing)) if missing else 0
+
+
+def sequence_generation(r: redis.Redis, run: str) -> str:
+    """The id of this ``done_seq``: made once (the first caller sets it), lost with the list in a Redis loss, so
+    a ledger rebuilt from the store (whose sequence is in another order) has another. A follower's cursor
+    carries it: a position is only meaningful in the sequence it was counted in."""
+    key = RunKeys(run).done_seq_generation
+    r.set(key, uuid.uuid4().hex[:12], nx=True)
+    return text(r.get(key))
+
+
+@dataclass(frozen=True)
+class SequenceWindow:
+    """What a follower at ``position`` of ``done_seq`` checks, read in one round trip."""
+
+    generation: str          # the sequence's generation now (made here if the key was lost)
+    before: str | None       # batch id at position - 1 (None: position 0, or the list is shorter than that)
+    at: str | None           # batch id at position (None: not recorded yet)
+    length: int              # entries in done_seq now
+
+
+def sequence_window(r: redis.Redis, run: str, position: int) -> SequenceWindow:
+    """The generation, the batches at ``position - 1`` and ``position``, and the length of ``done_seq``, read
+    atomically (MULTI), so a follower sees a rebuilt, reset or rolled-back sequence whenever it looks."""
+    keys = RunKeys(run)
+    pipe = r.pipeline(transaction=True)
+    pipe.set(keys.done_seq_generation, uuid.uuid4().hex[:12], nx=True)
+    pipe.get(keys.done_seq_generation)
+    pipe.lindex(keys.done_seq, max(position - 1, 0))
+    pipe.lindex(keys.done_seq, position)
+    pipe.llen(keys.done_seq)
+    _, generation, before, at, length = pipe.execute()
+    return SequenceWindow(text(generation), text(before) if before is not None and position > 0 else None,
+                          text(at) if at is not None else None, int(length))
+
+
+def done_sequence(r: redis.Redis, run: str, start: int, count: int = 1000) -> list[str]:
+    """Batch ids at positions ``start .. start + count - 1`` of ``done_seq`` (fewer at its end)."""
+    return [text(x) for x in r.lrange(RunKeys(run).done_seq, start, start + count - 1)]

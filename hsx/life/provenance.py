@@ -1,0 +1,50 @@
+"""Whether a batch file belongs to this plan: the proof every batch file carries in its header.
+
+A spool file is named ``<run>/<batch>.safetensors``, so after `hsx reset` and a new `hsx produce` of the same
+run name the old incarnation's files look like the new run's (issue 29 item 1: another checkpoint's hidden
+states, or other sample sets under the same batch ids, uploaded as this run's batches). A file belongs when its
+header names this run, this batch id, exactly the plan's sample ids in order, and the run's incarnation (a random
+id in the manifest, minted when the run is first planned and again after a reset: hsx.runspec.manifest.Manifest).
+Checked before an upload (uploader), when a worker recovers its spool, and by `hsx verify`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hsx.batch import batchfile
+from hsx.life.ledger import BatchSpec
+
+INCARNATION = "incarnation"   # the header metadata key
+
+
+def mismatch(metadata: dict, run: str, spec: BatchSpec, incarnation: str) -> str | None:
+    """What in a batch file's header metadata is not of this plan (one line), or None if it belongs."""
+    if metadata.get("run") != run:
+        return f"it was written for run {metadata.get('run')!r:.80}, not {run!r}"
+    if metadata.get("batch_id") != spec.batch_id:
+        return f"it holds batch {metadata.get('batch_id')!r:.40}, not {spec.batch_id}"
+    written = metadata.get(INCARNATION, "")
+    if written != incarnation:
+        return (f"it was written by incarnation {written or 'none'!s:.40} of run {run}, this run is incarnation "
+                f"{incarnation or 'none'} (the run was reset and planned again since)")
+    try:
+        sample_ids = json.loads(metadata.get("sample_ids", "null"))
+    except ValueError:
+        sample_ids = None
+    if sample_ids != spec.sample_ids:
+        count = len(sample_ids) if isinstance(sample_ids, list) else "no"
+        return f"it holds {count} other sample ids than the plan's {len(spec.sample_ids)} for {spec.batch_id}"
+    return None
+
+
+def file_mismatch(path: Path, run: str, spec: BatchSpec, incarnation: str) -> str | None:
+    """``mismatch`` of a local batch file, read from its header; BatchFileError if the header cannot be read."""
+    with open(path, "rb") as fh:
+        def get_range(start: int, length: int) -> bytes:
+            fh.seek(start)
+            return fh.read(length)
+
+        header = batchfile.read_header(get_range, str(path))
+    return mismatch(header.metadata, run, spec, incarnation)

@@ -1,0 +1,1 @@
+"""What status, the dashboard and /metrics show."""
