@@ -18,7 +18,7 @@ from dashboard import api, auth, headers, metrics, outage, pages, rq_mount
 from dashboard.config import DashboardConfig
 from dashboard.plan_cache import PlanCache
 from dashboard.state import EXTENSION, AppState
-from hsx.life import queues
+from hsx import life
 from hsx.redisconn import connect, redact
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 def create_app(config: DashboardConfig, r: redis.Redis | None = None) -> Flask:
     """The app for ``config``; ``r`` overrides the Redis client built from ``config.redis_url``."""
-    queues.rq_without_pickle()  # done on import already; stated here because this app mounts rq-dashboard
+    life.rq_without_pickle()  # done on import already; stated here because this app mounts rq-dashboard
     app = Flask(__name__)
     app.json.sort_keys = False
     client = r or connect(config.redis_url, retries=3)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hsx import defaults as D
-from hsx.runspec.config import ConfigError
+from hsx.errors import ConfigError
 
 DEFAULT_REFRESH_SECONDS = 3.0        # seconds between page/API refreshes in the browser
 DEFAULT_STALE_AFTER_SECONDS = D.DEFAULT_HEARTBEAT_TTL_SECONDS  # seconds without heartbeat -> worker flagged stale

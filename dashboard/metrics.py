@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dashboard import state
 from dashboard.overview import build_overview
-from hsx.life import ledger
+from hsx import life
 
 bp = Blueprint("metrics", __name__)
 
@@ -118,7 +118,7 @@ class OverviewCollector:
 @bp.get("/metrics")
 def metrics():
     st = state.current()
-    overviews = [build_overview(st.redis, run, st.config, st.plans) for run in ledger.list_runs(st.redis)]
+    overviews = [build_overview(st.redis, run, st.config, st.plans) for run in life.list_runs(st.redis)]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(OverviewCollector(overviews))
     return Response(generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -16,10 +16,9 @@ from rq.registry import FinishedJobRegistry
 from dashboard.config import DEFAULT_RECENT_ERRORS, DashboardConfig
 from dashboard.plan_cache import PlanCache, PlanSummary
 from dashboard.series import throughput_series
-from hsx.life import errorlog, ledger, queues, records
-from hsx.life.keys import RunKeys
-from hsx.monitor import planstate
-from hsx.monitor.progress import RATE_WINDOW_SECONDS, host_row, run_progress
+from hsx import life, monitor
+from hsx.life import RunKeys, records
+from hsx.monitor import RATE_WINDOW_SECONDS, host_row, run_progress
 from hsx.redisconn import text
 
 # Worker states: "busy" (fresh heartbeat, a batch in hand), "idle" (fresh heartbeat, no batch),
@@ -30,7 +29,7 @@ GPU_FIELDS = ("gpu", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "t
 
 def pick_run(r: redis.Redis, requested: str | None) -> tuple[str | None, list[str]]:
     """(the run to show, all runs). Default: the run with the latest extract/upload activity."""
-    runs = ledger.list_runs(r)
+    runs = life.list_runs(r)
     if requested:
         return (requested if requested in runs else None), runs
 
@@ -68,12 +67,12 @@ def _worker_row(w: dict, now: float, stale_after: float, complete: bool, reclaim
 
 def _host_upload_rate(r: redis.Redis, run: str, host: str, plan: PlanSummary, now: float, window: float) -> dict:
     """Uploads finished by ``host``'s uploaders in the last ``window`` s (the run's rate span), from rq's
-    finished-job registry (a ZSET scored by finish time + the job's result TTL, queues.RESULT_TTL)."""
-    registry = FinishedJobRegistry(queues.upload_queue_name(host), connection=r)
-    since = now - window + queues.RESULT_TTL
+    finished-job registry (a ZSET scored by finish time + the job's result TTL, life.RESULT_TTL)."""
+    registry = FinishedJobRegistry(life.upload_queue_name(host), connection=r)
+    since = now - window + life.RESULT_TTL
     bids = set()
     for raw in r.zrangebyscore(registry.key, since, "+inf"):
-        parsed = queues.batch_of_job(text(raw))
+        parsed = life.batch_of_job(text(raw))
         if parsed and parsed[0] == run:
             bids.add(parsed[1])
     key = RunKeys(run).done_info
@@ -113,7 +112,7 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
     plan = plans.get(r, run)
     totals, done = p["totals"], p["done"]
     dead = sorted(_failure_rows(p["dead_letters"], True), key=lambda f: f["batch_id"])
-    errors = errorlog.read(r, run, p["malformed"])
+    errors = life.recent_failures(r, run, p["malformed"])
     recent = sorted(dead + _failure_rows(p["failures"], False) + _resolved_rows(r, run, errors),
                     key=lambda f: -(f["ts"] or 0))
     reclaimed = _reclaimed(errors)
@@ -143,7 +142,7 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
         "eta_seconds": p["eta_seconds"],
         "stalled": p["stalled"],           # why a run with work left is not moving (None if it is)
         # the plan is not whole: {windows, batches, rows, producer, resume, line} (hsx.monitor.planstate), None once it is
-        "planning": {**p["planning"], "line": planstate.plan_line(p["planning"]).strip()} if p["planning"] else None,
+        "planning": {**p["planning"], "line": monitor.plan_line(p["planning"]).strip()} if p["planning"] else None,
         "store_refusal": p["store_refusal"],  # {error, batch, ts, by}: the store refuses uploads for good (None if not)
         "upload_refused": p["upload_refused"],  # {host: {cause, message, jobs, ts}}: uploaders that put jobs back
         "extract_queue": p["extract_queue"],

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
-from hsx.life import records
-from hsx.life.keys import RunKeys
+from hsx.life import RunKeys, records
 
 
 @dataclass(frozen=True)

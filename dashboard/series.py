@@ -13,7 +13,7 @@ import math
 
 import redis
 
-from hsx.life.keys import RunKeys
+from hsx.life import RunKeys
 from hsx.redisconn import text
 
 MIN_SPAN_SECONDS = 120  # a young run still gets a chart two minutes wide

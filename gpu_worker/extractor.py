@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from hsx.batch.dtypes import FP8, fp8_error, quantise_fp8
-from hsx.batch.dtypes import VALUE_DTYPES as DTYPES
+from hsx.batch import FP8, fp8_error, quantise_fp8
+from hsx.batch import VALUE_DTYPES as DTYPES
 from hsx.defaults import DEFAULT_FP8_ACCUMULATION
-from hsx.runspec.manifest import text_config
+from hsx.runspec import text_config
 
 log = logging.getLogger(__name__)
 
@@ -180,17 +180,17 @@ class Extractor:
         reference linears (a bf16 checkpoint's own, before they are converted; an FP8 checkpoint's dequantised),
         then as FP8 GEMMs. Returns (hidden, final, error [2, n stored columns] on the device, reference)."""
         from gpu_worker.fp8reference import compare, reference_linears
-        from hsx.life import computeerror
+        from hsx import life
 
         dtype = str(next(p.dtype for p in self.model.parameters() if p.is_floating_point())).removeprefix("torch.")
         if self.fp8_pending:
-            reference = computeerror.BF16_REFERENCE.format(dtype=dtype)
+            reference = life.BF16_REFERENCE.format(dtype=dtype)
             try:
                 ref_hidden, ref_final = self.run(batch, convert=False)
             finally:
                 self.convert_to_fp8()
         else:
-            reference = computeerror.DEQUANTISED_REFERENCE.format(dtype=dtype)
+            reference = life.DEQUANTISED_REFERENCE.format(dtype=dtype)
             with reference_linears(self.decoder.layers):
                 ref_hidden, ref_final = self.run(batch)
         hidden, final = self.run(batch)

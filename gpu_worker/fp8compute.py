@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from gpu_worker.fp8linear import FP8, FP8_MAX, MIN_SCALE, Fp8Linear
-from hsx.runspec.compute import ComputeDtypeError, check_compute_dtype, check_fp8_accumulation  # noqa: F401 (re-exported)
+from hsx.runspec import ComputeDtypeError, check_compute_dtype, check_fp8_accumulation  # noqa: F401 (re-exported)
 
 FP8_CAPABILITY = (8, 9)  # Ada / Hopper and later: FP8 tensor cores
 

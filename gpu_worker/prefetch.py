@@ -9,8 +9,8 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from gpu_worker.extractor import PaddedBatch, pad_batch
-from hsx.batch import batchfile
-from hsx.life.ledger import BatchSpec
+from hsx.batch import INPUT_DIGEST_MISMATCH, BatchContents, BatchFileError, read_batch_bytes
+from hsx.life import BatchSpec
 from hsx.store import layout
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class Prefetcher:
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _load(self, spec: BatchSpec) -> tuple[PaddedBatch, batchfile.BatchContents]:
+    def _load(self, spec: BatchSpec) -> tuple[PaddedBatch, BatchContents]:
         key = layout.input_key(self.run, spec.shard, spec.batch_id)
         try:
             data = self.store.get_bytes(key)
@@ -42,11 +42,11 @@ class Prefetcher:
         # The digest first: bytes that differ from the plan's are named as such (the producer rewrites
         # them on a re-run) whatever the decoder would make of them.
         if spec.input_sha256 and hashlib.sha256(data).hexdigest() != spec.input_sha256:
-            raise batchfile.BatchFileError(f"{key}: inputs of {spec.batch_id} {batchfile.INPUT_DIGEST_MISMATCH} "
+            raise BatchFileError(f"{key}: inputs of {spec.batch_id} {INPUT_DIGEST_MISMATCH} "
                                            "(changed or corrupt at rest); re-run hsx produce to rewrite them")
-        contents = batchfile.read_bytes(data, where=key)  # names truncation / malformed files
+        contents = read_batch_bytes(data, where=key)  # names truncation / malformed files
         if contents.sample_ids != spec.sample_ids:
-            raise batchfile.BatchFileError(f"{key}: sample ids differ from the plan of {spec.batch_id}")
+            raise BatchFileError(f"{key}: sample ids differ from the plan of {spec.batch_id}")
         return pad_batch(contents.input_ids, contents.cu_seqlens, spec.padded_len, self.pad_id, self.pin), contents
 
     def _future(self, spec: BatchSpec) -> Future:
@@ -68,7 +68,7 @@ class Prefetcher:
         for spec in specs[: self.depth]:
             self._future(spec)
 
-    def take(self, spec: BatchSpec) -> tuple[PaddedBatch, batchfile.BatchContents]:
+    def take(self, spec: BatchSpec) -> tuple[PaddedBatch, BatchContents]:
         """The batch's inputs. A fetch started ahead that failed (e.g. in a store outage while the worker
         waited for spool room) is tried once more now, so it does not count against the batch."""
         with self._lock:

@@ -17,27 +17,22 @@ from gpu_worker.devices import GpuProbe
 from gpu_worker.extractor import Extractor
 from gpu_worker.prefetch import Prefetcher
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
-from hsx.batch import batchfile
+from hsx import fleet, life, runspec
+from hsx.batch import BatchFileError
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.digest import file_sha256
-from hsx.fleet import rqclean
-from hsx.fleet.role import Role
-from hsx.life import batchlife, computeerror, heartbeat, leases, ledger, provenance, queues, reconcile
-from hsx.life.fp8error import ERROR_SAMPLE_EVERY
-from hsx.life.idle import run_complete
-from hsx.life.keys import RunKeys
-from hsx.monitor.progress import fmt_bytes
+from hsx.fleet import Role
+from hsx.life import ERROR_SAMPLE_EVERY, RunKeys, run_complete
+from hsx.monitor import fmt_bytes
 from hsx.redisconn import OUTAGES
-from hsx.runspec import spool
-from hsx.runspec.config import WorkerConfig
-from hsx.runspec.manifest import Manifest
+from hsx.runspec import Manifest, WorkerConfig
 
 log = logging.getLogger(__name__)
 HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files (one heartbeat TTL)
 
 
 class WorkerRuntime(Role):
-    noun, command, jobs = "worker", "hsx worker", (queues.EXTRACT_FUNC,)
+    noun, command, jobs = "worker", "hsx worker", (life.EXTRACT_FUNC,)
 
     def __init__(self, cfg: WorkerConfig, r, store, manifest: Manifest, extractor: Extractor):
         super().__init__(cfg, r)
@@ -61,7 +56,7 @@ class WorkerRuntime(Role):
         self.current_batch: str | None = None
         # A float8 run with no compute-error record yet: this worker claims the measurement at its first batch.
         self.measure_compute = (manifest.compute_dtype == "float8"
-                                and not computeerror.recorded(r, cfg.run))
+                                and not life.compute_error_recorded(r, cfg.run))
         self.vanished = False                    # the run disappeared from Redis: the worker stops
 
     def _cuda_uuid(self) -> str | None:
@@ -72,7 +67,7 @@ class WorkerRuntime(Role):
 
     # ---- lifecycle (hsx/fleet/role.py calls these) -----------------------------------
     def queue_names(self) -> list[str]:
-        return [queues.extract_queue_name(self.run)]
+        return [life.extract_queue_name(self.run)]
 
     def prepare(self) -> None:
         self.recover_spool()
@@ -94,7 +89,7 @@ class WorkerRuntime(Role):
         self.stop_heartbeat()
         if not drained:
             for bid in sorted(self.writer.held()):
-                if batchlife.hand_back(self.r, self.run, bid):
+                if life.hand_back(self.r, self.run, bid):
                     log.warning("handed %s back to the queue (not written within the grace period)", bid)
             log.error("writer did not drain within %.0f s; unwritten batches were handed back", self.cfg.grace_seconds)
         self.prefetcher.close()
@@ -111,7 +106,7 @@ class WorkerRuntime(Role):
         """
         removed = 0
         for tier in self.tiers.tiers:
-            for tmp, writer in spool.temp_files(tier.dir, self.run).items():
+            for tmp, writer in runspec.spool_temp_files(tier.dir, self.run).items():
                 if writer == self.worker_name:
                     if not at_start:
                         continue
@@ -135,32 +130,32 @@ class WorkerRuntime(Role):
         """
         self.sweep_temp_files(at_start=True)
         adopted = self.adopt_legacy_spool()
-        pending = queues.pending_upload(self.r, self.cfg.host, self.run) - adopted  # adopted: queued at old paths
-        incarnation = ledger.require_manifest(self.r, self.run).incarnation  # now: the run may have been reset
+        pending = life.pending_upload(self.r, self.cfg.host, self.run) - adopted  # adopted: queued at old paths
+        incarnation = life.require_manifest(self.r, self.run).incarnation  # now: the run may have been reset
         requeued, foreign = 0, []
         for tier in self.tiers.tiers:
-            for path in spool.complete_files(tier.dir, self.run):
+            for path in runspec.spool_files(tier.dir, self.run):
                 bid = path.name.removesuffix(".safetensors")
-                if ledger.is_done(self.r, self.run, bid):
+                if life.is_done(self.r, self.run, bid):
                     path.unlink(missing_ok=True)  # uploaded and verified; the delete was what got lost
                     continue
                 if bid in pending:
                     continue
-                spec = ledger.get_spec(self.r, self.run, bid)
+                spec = life.get_spec(self.r, self.run, bid)
                 if spec is None:
                     log.warning("spool file %s: batch %s is not in run %s's plan; left, not uploaded", path, bid,
                                 self.run)
                     continue
                 try:
-                    why = provenance.file_mismatch(path, self.run, spec, incarnation)
-                except batchfile.BatchFileError as exc:  # left for a re-extraction to overwrite
+                    why = life.file_mismatch(path, self.run, spec, incarnation)
+                except BatchFileError as exc:  # left for a re-extraction to overwrite
                     log.warning("spool file %s not uploaded: %s", path, exc)
                     continue
                 if why:
                     path.unlink(missing_ok=True)
                     foreign.append(f"{bid} ({why})")
                     continue
-                batchlife.requeue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size,
+                life.requeue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size,
                                          file_sha256(path), tier.name)
                 requeued += 1
         if requeued:
@@ -174,12 +169,12 @@ class WorkerRuntime(Role):
         """Batch files an older hsx left in the old shared default /dev/shm/hsx/<run>/ (hsx.runspec.spool.LEGACY_MEMORY_DIR),
         moved into this worker's first tier when its memory folder is the default one; their batch ids."""
         if self.cfg.memory_spool_dir is None or \
-                Path(self.cfg.memory_spool_dir) != spool.default_memory_dir(self.cfg.redis_url):
+                Path(self.cfg.memory_spool_dir) != runspec.default_memory_dir(self.cfg.redis_url):
             return set()  # a folder given by flag: the person chose it (compose gives /dev/shm/hsx itself)
-        moved = spool.adopt_legacy(self.run, self.tiers.tiers[0].dir, spool.LEGACY_MEMORY_DIR)
+        moved = runspec.adopt_legacy_spool(self.run, self.tiers.tiers[0].dir, runspec.LEGACY_MEMORY_DIR)
         if moved:
             log.warning("moved %d spool files of run %s from the old shared memory folder %s to %s; their uploads "
-                        "are queued again", len(moved), self.run, spool.LEGACY_MEMORY_DIR, self.tiers.tiers[0].dir)
+                        "are queued again", len(moved), self.run, runspec.LEGACY_MEMORY_DIR, self.tiers.tiers[0].dir)
         return {p.name.removesuffix(".safetensors") for p in moved}
 
     # ---- heartbeat and leases -------------------------------------------
@@ -209,8 +204,8 @@ class WorkerRuntime(Role):
         stats = self.stats()
         pipe = self.r.pipeline(transaction=False)
         self.publish_heartbeat(stats, pipe=pipe)
-        leases.refresh(self.r, self.leases_key, held, self.limits.lease_seconds, pipe=pipe)
-        heartbeat.publish_host(self.r, self.run, self.cfg.host, {
+        life.refresh_leases(self.r, self.leases_key, held, self.limits.lease_seconds, pipe=pipe)
+        life.publish_host(self.r, self.run, self.cfg.host, {
             "spool_bytes": stats["spool_bytes"], "spool_files": stats["spool_files"],
             "spool_budget_bytes": sum(t.budget_bytes for t in self.tiers.tiers),
             "spool_tiers": stats["spool_tiers"]}, pipe=pipe)
@@ -220,11 +215,11 @@ class WorkerRuntime(Role):
         # before this process reaps leases, sweeps temp files or forgets rq workers.
         if OUTAGES.settling(self.cfg.redis_url, self.limits.lease_seconds):
             return
-        batchlife.reap(self.r, self.run, self.limits.max_attempts)
+        life.reap(self.r, self.run, self.limits.max_attempts)
         if self.beats % HEARTBEATS_PER_SWEEP == 0:
             self.sweep_temp_files()
-            rqclean.forget_dead_workers(self.r, self.run)
-        reconcile.maybe_reconcile(self.r, self.run, self.limits.lease_seconds / 2)
+            fleet.forget_dead_workers(self.r, self.run)
+        life.maybe_reconcile(self.r, self.run, self.limits.lease_seconds / 2)
 
     def run_vanished(self) -> None:
         """The run's manifest is gone from a reachable Redis (restarted empty, flushed): stop, do not spin.
@@ -247,7 +242,7 @@ class WorkerRuntime(Role):
         elapsed = max(time.time() - self.started, 1e-9)
         usage = self.tiers.usage()
         files, nbytes = sum(u.files for u in usage.values()), sum(u.bytes for u in usage.values())
-        queued = self.queue_length(queues.extract_queue_name(self.run))
+        queued = self.queue_length(life.extract_queue_name(self.run))
         grown, interval = self.since_last_line()
         tokens, batches = grown["tokens"], grown["batches"]
         return (f"worker {self.worker_name}: {self.batches_run} batches, {self.tokens_run} tokens in {elapsed:.0f}s; "
@@ -278,8 +273,8 @@ class WorkerRuntime(Role):
     # ---- the job ---------------------------------------------------------
     def extract(self, bid: str) -> str:
         try:
-            spec = batchlife.lease(self.r, self.run, bid, self.limits.lease_seconds)  # one script: done?, spec, lease
-        except batchlife.IllegalTransition:
+            spec = life.lease(self.r, self.run, bid, self.limits.lease_seconds)  # one script: done?, spec, lease
+        except life.IllegalTransition:
             return f"{bid} already done"
         if spec is None:
             if not self.r.exists(RunKeys(self.run).manifest):
@@ -287,7 +282,7 @@ class WorkerRuntime(Role):
                 return f"{bid}: run {self.run} vanished from Redis; not extracted"
             raise KeyError(f"batch {bid} is not in the plan of run {self.run}")
         self.current_batch = bid
-        heartbeat.publish_current(self.r, self.run, self.worker_name, bid)  # now, not at the next beat
+        life.publish_current(self.r, self.run, self.worker_name, bid)  # now, not at the next beat
         try:
             padded, contents = self.prefetcher.take(spec)
             self._hint_next()
@@ -295,7 +290,7 @@ class WorkerRuntime(Role):
             compute_error = reference = None
             if self.measure_compute:  # once a process: one extra forward, for the one worker that wins the claim
                 self.measure_compute = False
-                if computeerror.claim(self.r, self.run, self.worker_name, self.limits.lease_seconds):
+                if life.claim_compute_error(self.r, self.run, self.worker_name, self.limits.lease_seconds):
                     hidden, final, compute_error, reference = self.extractor.run_measured(padded)
             if reference is None:
                 hidden, final = self.extractor.run(padded)
@@ -312,7 +307,7 @@ class WorkerRuntime(Role):
             item.compute_reference = reference
             self.writer.submit(item, emitted_bytes=sum(t.numel() * t.element_size() for t in stored.values()))
         except BaseException:
-            batchlife.release(self.r, self.run, bid)  # fail (the job's failure handler) counts it, if it runs
+            life.release(self.r, self.run, bid)  # fail (the job's failure handler) counts it, if it runs
             raise
         finally:
             self.current_batch = None
@@ -323,12 +318,12 @@ class WorkerRuntime(Role):
 
     def _hint_next(self) -> None:
         """Start fetching the inputs of the next jobs in the queue (two Redis round trips)."""
-        q = queues.queue(self.r, queues.extract_queue_name(self.run))
-        bids = [p[1] for p in map(queues.batch_of_job, q.get_job_ids(0, self.prefetcher.depth - 1)) if p]
+        q = life.queue(self.r, life.extract_queue_name(self.run))
+        bids = [p[1] for p in map(life.batch_of_job, q.get_job_ids(0, self.prefetcher.depth - 1)) if p]
         bids = [bid for bid in bids if not self.prefetcher.cached(bid)]
         if bids:
             raw = self.r.hmget(RunKeys(self.run).plan, bids)
-            self.prefetcher.hint([ledger.BatchSpec.from_json(x) for x in raw if x])
+            self.prefetcher.hint([life.BatchSpec.from_json(x) for x in raw if x])
 
     def _to_host(self, spec, contents, stored: dict, finite) -> Finished:
         """Copy the stored tensors to one pinned buffer on the side stream; the writer waits on the event."""
@@ -358,5 +353,5 @@ class WorkerRuntime(Role):
     # ---- failures --------------------------------------------------------
     def fail_batch(self, bid: str, error: str) -> None:
         """Count a failure: extracted again, or a dead letter at the run's max_attempts (nothing if done)."""
-        batchlife.release(self.r, self.run, bid)
-        batchlife.fail(self.r, self.run, bid, error, self.limits.max_attempts)
+        life.release(self.r, self.run, bid)
+        life.fail(self.r, self.run, bid, error, self.limits.max_attempts)

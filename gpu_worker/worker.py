@@ -13,20 +13,15 @@ from rq.worker import SimpleWorker
 from gpu_worker.extractor import Extractor
 from gpu_worker.fp8compute import require_fp8_device
 from gpu_worker.runtime import WorkerRuntime
-from hsx import retry
+from hsx import life, retry
 from hsx.errors import HsxError
-from hsx.fleet.evictionpolicy import check_eviction_policy
-from hsx.life import batchlife, computeerror, ledger, queues
-from hsx.life.idle import run_complete
-from hsx.life.ledger import RunVanished
+from hsx.fleet import check_eviction_policy
+from hsx.life import RunVanished, run_complete
 from hsx.localdirs import ensure_dir
-from hsx.prep.weights import weights_fingerprint
+from hsx.prep import weights_fingerprint
 from hsx.redisconn import connect, redact
-from hsx.runspec.config import WorkerConfig
-from hsx.runspec.manifest import config_hash
-from hsx.runspec.visibility import RunNotVisible, check_model_visible, open_run_store
-from hsx.store import layout
-from hsx.store.startcheck import check_store
+from hsx.runspec import RunNotVisible, WorkerConfig, check_model_visible, config_hash, open_run_store
+from hsx.store import check_store, layout
 
 log = logging.getLogger(__name__)
 PLAN_POLL_SECONDS = 5  # --wait-for-plan: seconds between looks for the run's manifest
@@ -62,12 +57,12 @@ class ExtractWorker(SimpleWorker):
 def _on_failure(job, exc_type, exc_value, tb):
     if exc_type is AbandonedJobError:
         return True  # rq's sweep of a dead worker's job: leases or the reconciler already re-enqueued the batch
-    parsed = queues.batch_of_job(job.id)
+    parsed = life.batch_of_job(job.id)
     rt = WorkerRuntime.installed()
     if parsed and rt is not None and exc_type is FileNotFoundError and _store_unseen(rt):
         # Inputs missing because the store itself is gone from this host (an unmounted share): no batch is at
         # fault. Hand it back uncounted and take no more jobs, rather than dead-letter the run batch by batch.
-        batchlife.hand_back(rt.r, rt.run, parsed[1], leased=False)  # the job let go of its lease already
+        life.hand_back(rt.r, rt.run, parsed[1], leased=False)  # the job let go of its lease already
         ExtractWorker.store_lost = (f"this worker cannot see the run's store {rt.store.url()} from host {rt.cfg.host} "
                                     f"any more (reading inputs of {parsed[1]}: {exc_value}): mount it at that path "
                                     "or use S3, then restart the worker; the batch was handed back, no failure counted")
@@ -121,14 +116,14 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     check_directories(cfg, None)
     r = connect(cfg.redis_url, ride_out=True)
     check_eviction_policy(r, f"Redis at {redact(cfg.redis_url)}")
-    manifest = ledger.get_manifest(r, cfg.run)
+    manifest = life.get_manifest(r, cfg.run)
     if manifest is None and cfg.wait_for_plan:
         log.info("run %r is not planned yet; waiting for `hsx produce` (checking every %d s)", cfg.run, PLAN_POLL_SECONDS)
         while manifest is None:
             time.sleep(PLAN_POLL_SECONDS)
-            manifest = ledger.get_manifest(r, cfg.run)
+            manifest = life.get_manifest(r, cfg.run)
     if manifest is None:
-        manifest = ledger.require_manifest(r, cfg.run)
+        manifest = life.require_manifest(r, cfg.run)
     if cfg.exit_when_complete and run_complete(r, cfg.run):
         raise RunAlreadyComplete(cfg.run)
     lease = manifest.limits.lease_seconds
@@ -154,7 +149,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     extractor = Extractor.load(model_path, list(manifest.layer_ids), manifest.store_final, cfg.device, manifest.dtype,
                                store_dtype=manifest.store_dtype, compute_dtype=manifest.compute_dtype,
                                fp8_accumulation=manifest.fp8_accumulation,
-                               measure_compute=manifest.compute_dtype == "float8" and not computeerror.recorded(r, cfg.run))
+                               measure_compute=manifest.compute_dtype == "float8" and not life.compute_error_recorded(r, cfg.run))
     return WorkerRuntime(cfg, r, store, manifest, extractor)
 
 

@@ -25,12 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
-from hsx.batch import batchfile
-from hsx.life import batchlife, computeerror, ledger, provenance
-from hsx.life.fp8error import record_store_error
-from hsx.life.ledger import BatchSpec
-from hsx.runspec import spool
-from hsx.runspec.manifest import Manifest
+from hsx import life, runspec
+from hsx.batch import FORMAT, BatchContents, BatchFileError, validate_batch, write_atomic
+from hsx.life import BatchSpec, record_store_error
+from hsx.runspec import Manifest
 
 log = logging.getLogger(__name__)
 # Writer threads: one file is written and hashed while the other is fsynced, so
@@ -44,7 +42,7 @@ RATE_WARN_SECONDS = 60.0   # at most one "disk cannot keep up" warning a minute
 @dataclass
 class Finished:
     spec: BatchSpec
-    contents: batchfile.BatchContents
+    contents: BatchContents
     tensors: dict[str, torch.Tensor]   # on the host (pinned views, or CPU tensors): hidden_states, hidden_scales,
                                        # final_hidden_states, final_scales as stored; fp8_error [2, n] if sampled;
                                        # compute_error [2, n] on the batch the run's FP8 compute error is measured on
@@ -71,7 +69,7 @@ class PinnedPool:
 
 
 class SpoolWriter:
-    def __init__(self, r, run: str, manifest: Manifest, tiers: spool.SpoolTiers, host: str, worker_name: str,
+    def __init__(self, r, run: str, manifest: Manifest, tiers: runspec.SpoolTiers, host: str, worker_name: str,
                  on_failure: Callable[[str, str], None], depth: int, fsync: bool = True):
         self.r, self.run, self.manifest = r, run, manifest
         self.tiers, self.host, self.worker_name = tiers, host, worker_name
@@ -137,34 +135,34 @@ class SpoolWriter:
         stored = dict(item.tensors)
         error = stored.pop("fp8_error", None)
         compute_error = stored.pop("compute_error", None)
-        if ledger.is_done(self.r, self.run, spec.batch_id):  # a duplicate delivery finished elsewhere first
-            batchlife.release(self.r, self.run, spec.batch_id)
+        if life.is_done(self.r, self.run, spec.batch_id):  # a duplicate delivery finished elsewhere first
+            life.release(self.r, self.run, spec.batch_id)
             if compute_error is not None:  # measured all the same: the run's record, if it has none yet
-                computeerror.record(self.r, self.run, spec.batch_id, self.manifest, compute_error, spec.tokens,
+                life.record_compute_error(self.r, self.run, spec.batch_id, self.manifest, compute_error, spec.tokens,
                                     item.compute_reference or "", self.worker_name)
             return
         tensors = {**stored, "input_ids": contents.input_ids.to(torch.int32),
                    "loss_mask": contents.loss_mask.to(torch.uint8), "cu_seqlens": contents.cu_seqlens.to(torch.int64)}
         if not bool(item.finite):
-            raise batchfile.BatchFileError("hidden states hold NaN/Inf (found on the GPU, before storing)")
-        batchfile.validate(tensors, spec.sample_ids, check_finite=False)
+            raise BatchFileError("hidden states hold NaN/Inf (found on the GPU, before storing)")
+        validate_batch(tensors, spec.sample_ids, check_finite=False)
         m = self.manifest
-        metadata = {"format": batchfile.FORMAT, "run": self.run, "batch_id": spec.batch_id,
+        metadata = {"format": FORMAT, "run": self.run, "batch_id": spec.batch_id,
                     "sample_ids": json.dumps(spec.sample_ids), "layer_ids": json.dumps(list(m.layer_ids)),
                     "dtype": m.dtype, "store_dtype": m.store_dtype, "codec": m.codec, "model": m.model,
                     "hidden_size": str(m.hidden_size), "store_final": str(m.store_final).lower(),
-                    provenance.INCARNATION: m.incarnation}   # proves the file is of this plan (hsx/life/provenance.py)
+                    life.INCARNATION: m.incarnation}   # proves the file is of this plan (hsx/life/provenance.py)
         raw = sum(t.numel() * t.element_size() for t in tensors.values())
         self.largest_raw = max(self.largest_raw, raw)
         tier, path, size, sha, started = self._write_file(spec.batch_id, raw, tensors, metadata)
         self.rates.wrote(tier.name, size, time.monotonic() - started)
         self._warn_if_slow()
         pipe = self.r.pipeline()
-        batchlife.spool(self.r, self.run, spec.batch_id, self.host, str(path), size, sha, tier.name, pipe)
+        life.spool(self.r, self.run, spec.batch_id, self.host, str(path), size, sha, tier.name, pipe)
         if error is not None:
             record_store_error(self.r, self.run, spec.batch_id, m, error, spec.tokens, pipe=pipe)
         if compute_error is not None:
-            entry = computeerror.record(self.r, self.run, spec.batch_id, m, compute_error, spec.tokens,
+            entry = life.record_compute_error(self.r, self.run, spec.batch_id, m, compute_error, spec.tokens,
                                         item.compute_reference or "", self.worker_name, pipe=pipe)
         pipe.execute()
         if compute_error is not None:
@@ -187,15 +185,15 @@ class SpoolWriter:
         """
         fallback = False
         while True:
-            tier = self.tiers.get(spool.DISK) if fallback else self._take_tier(raw)
+            tier = self.tiers.get(runspec.DISK_TIER) if fallback else self._take_tier(raw)
             path = self.tiers.path(tier.name, self.run, bid)
             started = time.monotonic()
             try:
-                size, sha = batchfile.write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_name,
+                size, sha = write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_name,
                                                    codec=self.codec)
                 return tier, path, size, sha, started
             except OSError as exc:
-                if spool.is_disk_full(exc):
+                if runspec.is_disk_full(exc):
                     if not self.disk_full_waits:
                         log.warning("spool file system full writing %s to the %s tier (%s); waiting for uploads to "
                                     "free room, the batch is kept (not a failure)", bid, tier.name, exc)
@@ -203,12 +201,12 @@ class SpoolWriter:
                     fallback = False
                     time.sleep(DISK_FULL_WAIT_SECONDS)
                     continue
-                if tier.name != spool.MEMORY or len(self.tiers.tiers) < 2 or fallback:
+                if tier.name != runspec.MEMORY_TIER or len(self.tiers.tiers) < 2 or fallback:
                     raise
                 log.warning("memory tier write of %s failed (%s); writing it to the disk tier", bid, exc)
                 fallback = True
 
-    def _take_tier(self, nbytes: int) -> spool.Tier:
+    def _take_tier(self, nbytes: int) -> runspec.Tier:
         """The first tier with room; while every tier is full, wait (the GPU thread goes on until the queue fills)."""
         waited = False
         while (tier := self.tiers.choose(nbytes)) is None:
@@ -258,9 +256,9 @@ class WriteRates:
     def advice(self, threads: int) -> str | None:
         """A warning when the disk tier writes slower than the GPU emits (at most once a RATE_WARN_SECONDS)."""
         now = time.monotonic()
-        if now - self._warned < RATE_WARN_SECONDS or self.tier_bytes.get(spool.DISK, 0) < 2**28:
+        if now - self._warned < RATE_WARN_SECONDS or self.tier_bytes.get(runspec.DISK_TIER, 0) < 2**28:
             return None
-        emit, disk = self.emit_rate(), self.write_rate(spool.DISK, threads)
+        emit, disk = self.emit_rate(), self.write_rate(runspec.DISK_TIER, threads)
         if not emit or not disk or disk >= emit:
             return None
         self._warned = now

@@ -9,8 +9,10 @@ import socket
 from pathlib import Path
 
 from hsx import defaults as D
+from hsx.errors import ConfigError
 from hsx.redisconn import redact
-from hsx.runspec.config import ConfigError, StoreSettings, with_redis_password
+from hsx.runspec import with_redis_password
+from hsx.store import StoreSettings
 from hsx_cli.flags import Flag, parse_bool
 
 
@@ -78,7 +80,7 @@ def redis_url(values) -> str:
 
 def memory_spool_dir(values) -> Path:
     """--memory-spool-dir, else this user's folder for this Redis (hsx.runspec.spool.default_memory_dir)."""
-    from hsx.runspec.spool import default_memory_dir
+    from hsx.runspec import default_memory_dir
 
     return Path(values["memory_spool_dir"]) if values["memory_spool_dir"] else default_memory_dir(redis_url(values))
 

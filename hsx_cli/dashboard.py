@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dashboard.config import DEFAULT_REFRESH_SECONDS, DEFAULT_STALE_AFTER_SECONDS, DashboardConfig
 from hsx import defaults as D
-from hsx.runspec.config import ConfigError
+from hsx.errors import ConfigError
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, redis_url
 from hsx_cli.flags import Flag, secret

@@ -35,7 +35,7 @@ FLAGS = (
 
 
 def config(v):
-    from hsx.runspec.config import ConfigError
+    from hsx.errors import ConfigError
     from hsx_tools.evaluate import EvaluateConfig
 
     device = v["device"]

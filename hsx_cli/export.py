@@ -24,7 +24,7 @@ FLAGS = (
 
 
 def config(v):
-    from hsx.runspec.config import ConfigError
+    from hsx.errors import ConfigError
     from hsx_tools.export import ExportConfig
 
     if bool(v["for"]) == bool(v["format"]):

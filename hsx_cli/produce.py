@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hsx import defaults as D
-from hsx.runspec.config import ConfigError, ProduceConfig
+from hsx.errors import ConfigError
+from hsx.runspec import ProduceConfig
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, RUN, STORE_FLAGS, redis_url, store_settings
 from hsx_cli.flags import Flag
@@ -31,7 +32,7 @@ ROW_FLAGS = (
 
 
 def template_kwargs(v) -> dict:
-    from hsx.prep.tokenise import parse_template_kwargs
+    from hsx.prep import parse_template_kwargs
 
     try:
         return parse_template_kwargs(v["template_kwargs"])
@@ -40,7 +41,7 @@ def template_kwargs(v) -> dict:
 
 
 def columns(v):
-    from hsx.prep.columns import ColumnMapping, ColumnMappingError
+    from hsx.prep import ColumnMapping, ColumnMappingError
 
     if not v["columns"]:
         return None
@@ -103,7 +104,7 @@ FLAGS = (
 
 def check_flags(v) -> None:
     """The checks `hsx produce` and `hsx inspect` share, made before any heavy import (seconds, not tens)."""
-    from hsx.prep.inputs import check_budget, check_row_settings, resolve_dataset
+    from hsx.prep import check_budget, check_row_settings, resolve_dataset
 
     check_row_settings(v["overlong"], v["max_reject_share"])
     check_budget(v["max_length"], v["token_budget"], v["pad_multiple"])

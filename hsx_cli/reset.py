@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from hsx.runspec.config import ConfigError, StoreSettings
+from hsx.errors import ConfigError
+from hsx.store import StoreSettings
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, STORE_FLAGS, redis_url
 from hsx_cli.flags import Flag
@@ -32,7 +33,7 @@ class ResetConfig:
 
 
 def config(v) -> ResetConfig:
-    from hsx.prep.inputs import resolve_store_url
+    from hsx.prep import resolve_store_url
     from hsx_cli.common import store_settings
 
     store = None
@@ -43,12 +44,12 @@ def config(v) -> ResetConfig:
 
 
 def run(cfg: ResetConfig) -> int:
-    from hsx.life import ledger
-    from hsx.life.reset import apply_reset, plan_reset
+    from hsx import life
+    from hsx.life import apply_reset, plan_reset
     from hsx.redisconn import connect
 
     r = connect(cfg.redis_url)
-    manifest = ledger.get_manifest(r, cfg.run)
+    manifest = life.get_manifest(r, cfg.run)
     recorded = manifest.store_url if manifest is not None else None   # absolute: Manifest resolves an old relative one
     if cfg.store is not None and recorded and recorded != cfg.store.url:
         raise ConfigError(f"--store {cfg.store.url} is not run {cfg.run}'s store ({recorded}); nothing was changed")

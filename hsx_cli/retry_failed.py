@@ -27,12 +27,12 @@ def config(v) -> RetryConfig:
 
 
 def run(cfg: RetryConfig) -> int:
-    from hsx.life import batchlife, ledger
+    from hsx import life
     from hsx.redisconn import connect
 
     r = connect(cfg.redis_url)
-    ledger.require_manifest(r, cfg.run)  # an unknown run is a mistyped name (exit 2), not "0 re-enqueued"
-    taken = batchlife.retry(r, cfg.run, list(cfg.batches) or None)
+    life.require_manifest(r, cfg.run)  # an unknown run is a mistyped name (exit 2), not "0 re-enqueued"
+    taken = life.retry(r, cfg.run, list(cfg.batches) or None)
     print(f"re-enqueued {len(taken)} dead-letter batches of run {cfg.run}")
     return 0
 

@@ -32,18 +32,18 @@ def config(v) -> StatusConfig:
 
 
 def run(cfg: StatusConfig) -> int:
-    from hsx.life import ledger
-    from hsx.life.keys import RunKeys
-    from hsx.monitor.progress import run_progress, summary_lines
+    from hsx import life
+    from hsx.life import RunKeys
+    from hsx.monitor import run_progress, summary_lines
     from hsx.redisconn import connect
 
     r = connect(cfg.redis_url)
-    runs = [cfg.run] if cfg.run else ledger.list_runs(r)
+    runs = [cfg.run] if cfg.run else life.list_runs(r)
     if not runs:
         print("no runs in this Redis")
         return 1
     if cfg.run and not r.exists(RunKeys(cfg.run).manifest):  # present is enough: run_progress reads it warily
-        ledger.require_manifest(r, cfg.run)  # RunVanished: a run this Redis does not hold is exit 2, as everywhere
+        life.require_manifest(r, cfg.run)  # RunVanished: a run this Redis does not hold is exit 2, as everywhere
     if cfg.watch:
         import sys
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hsx.runspec.config import UploadConfig
+from hsx.runspec import UploadConfig
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, SPOOL_FLAGS, host, memory_spool_dir, redis_url, worker_name
 from hsx_cli.flags import Flag

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from hsx import defaults as D
-from hsx.runspec import spool
-from hsx.runspec.config import ConfigError, WorkerConfig
+from hsx import runspec
+from hsx.errors import ConfigError
+from hsx.runspec import WorkerConfig
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, RUN, SPOOL_FLAGS, host, memory_spool_dir, redis_url, worker_name
 from hsx_cli.flags import Flag
@@ -56,7 +57,7 @@ def config(v) -> WorkerConfig:
         raise ConfigError("say which device: --gpu N or --device cpu (or HSX_GPU / HSX_DEVICE)")
     memory_dir = memory_spool_dir(v)
     if v["memory_spool_budget_gb"] == "auto":
-        memory_budget, why = spool.auto_memory_budget(memory_dir)
+        memory_budget, why = runspec.auto_memory_budget(memory_dir)
     else:
         memory_budget = int(v["memory_spool_budget_gb"] * 2**30)
         why = "--memory-spool-budget-gb" + ("" if memory_budget else ": memory tier off")

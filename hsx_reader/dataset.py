@@ -14,9 +14,8 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
-from hsx.runspec.config import StoreSettings
-from hsx.runspec.manifest import Manifest
-from hsx.store import Store
+from hsx.runspec import Manifest
+from hsx.store import Store, StoreSettings
 from hsx_reader.cache import DEFAULT_CACHE_BYTES
 from hsx_reader.objects import Header, check_against_run, fetch_header, fetch_rows, ranged
 from hsx_reader.run import Expectations, ReaderError, SampleRef

@@ -55,11 +55,10 @@ from dataclasses import dataclass, field
 import redis
 from torch.utils.data import IterableDataset, get_worker_info
 
-from hsx.life import ledger
-from hsx.life.keys import RunKeys
+from hsx import life
+from hsx.life import RunKeys
 from hsx.redisconn import connect, text
-from hsx.runspec.config import StoreSettings
-from hsx.store import Store, layout
+from hsx.store import Store, StoreSettings, layout
 from hsx_reader.cursor import Cursor
 from hsx_reader.objects import BatchContents, check_digest, decode, fetch_object
 from hsx_reader.run import Expectations, ReaderError, SampleRef
@@ -117,7 +116,7 @@ class RunFollower(IterableDataset):
         self.redis_url = redis_client if isinstance(redis_client, str) else None
         self._r = connect(redis_client, ride_out=True) if isinstance(redis_client, str) else redis_client
         self.run = layout.check_run_name(run)
-        self.manifest = ledger.require_manifest(self.r, run)
+        self.manifest = life.require_manifest(self.r, run)
         (expect or Expectations()).check(self.manifest, run)
         if store is None:
             store = self.manifest.store
@@ -171,7 +170,7 @@ class RunFollower(IterableDataset):
     def generation(self) -> str:
         """The id of the ledger's done sequence now; refuses (ReaderError) when ``self.cursor`` was counted in
         another one."""
-        generation = ledger.sequence_generation(self.r, self.run)
+        generation = life.sequence_generation(self.r, self.run)
         if self.cursor.generation and self.cursor.generation != generation:
             raise ReaderError(f"run {self.run!r}: cursor {self.cursor} was counted in done sequence "
                               f"{self.cursor.generation}, but the ledger's is now {generation} (rebuilt after a "
@@ -182,11 +181,11 @@ class RunFollower(IterableDataset):
         """``generation()``, and the batch the cursor names must still be at its place (else Redis lost writes)."""
         generation = self.generation()
         if self.cursor.last:
-            window = ledger.sequence_window(self.r, self.run, self.cursor.anchor + 1)
+            window = life.sequence_window(self.r, self.run, self.cursor.anchor + 1)
             self._check_window(window, self.cursor.anchor + 1, generation, self.cursor.last, what=f"cursor {self.cursor}")
         return generation
 
-    def _check_window(self, window: ledger.SequenceWindow, position: int, generation: str, previous: str,
+    def _check_window(self, window: life.SequenceWindow, position: int, generation: str, previous: str,
                       what: str = "this follower") -> None:
         """Refuse a done sequence that changed under the follower: another generation (rebuilt or reset), or
         ``previous`` (the batch read at ``position - 1``) no longer there (rolled back)."""
@@ -210,7 +209,7 @@ class RunFollower(IterableDataset):
         position, row = self.cursor.position, self.cursor.row
         generation = self.check_cursor()
         previous = self.cursor.last if row == 0 else ""   # the batch at position - 1, when known
-        ledger.sequence_done(self.r, self.run)
+        life.sequence_done(self.r, self.run)
         while True:
             bid = self.next_batch_id(position, generation, previous)
             if bid is None:
@@ -227,13 +226,13 @@ class RunFollower(IterableDataset):
         at ``position - 1`` (each: "" = not checked); ReaderError if not."""
         keys, waited, noticed = RunKeys(self.run), 0.0, 0.0
         while True:
-            window = ledger.sequence_window(self.r, self.run, position)
+            window = life.sequence_window(self.r, self.run, position)
             self._check_window(window, position, generation, previous)
             if window.at is not None:
                 return window.at
             pending = self.pending()
             if pending.complete or (pending.only_dead_left and self.on_dead_letter == "skip"):
-                ledger.sequence_done(self.r, self.run)   # batches recorded by an hsx without done_seq
+                life.sequence_done(self.r, self.run)   # batches recorded by an hsx without done_seq
                 if self.r.llen(keys.done_seq) <= position:
                     if not pending.complete:
                         log.warning("run %r: ending without %d dead letter(s) (%s), as on_dead_letter='skip' asks; "
@@ -282,13 +281,13 @@ class RunFollower(IterableDataset):
             time.sleep(self.poll_seconds)
             waited += self.poll_seconds
 
-    def spec(self, bid: str) -> ledger.BatchSpec:
-        spec = ledger.get_spec(self.r, self.run, layout.segment(bid, "batch id"))
+    def spec(self, bid: str) -> life.BatchSpec:
+        spec = life.get_spec(self.r, self.run, layout.segment(bid, "batch id"))
         if spec is None:
             raise ReaderError(f"run {self.run!r}: batch {bid} is in the ledger but not in the plan")
         return spec
 
-    def read_batch(self, bid: str) -> tuple[ledger.BatchSpec, str, BatchContents]:
+    def read_batch(self, bid: str) -> tuple[life.BatchSpec, str, BatchContents]:
         """(spec, store URL, decoded contents) of done batch ``bid``: its object fetched whole and checked
         against the size and SHA-256 the ledger recorded (waiting while a repair has taken it out)."""
         spec = self.spec(bid)
@@ -304,7 +303,7 @@ class RunFollower(IterableDataset):
         self.stats.seen_at[bid] = time.time()
         return spec, where, contents
 
-    def sample(self, spec: ledger.BatchSpec, where: str, contents: BatchContents, row: int) -> dict:
+    def sample(self, spec: life.BatchSpec, where: str, contents: BatchContents, row: int) -> dict:
         """Row ``row`` of a batch read by ``read_batch``: hsx_reader's sample dict plus ``batch_id``."""
         key = layout.batch_key(self.run, spec.shard, spec.batch_id)
         sample = sample_of(contents, SampleRef(-1, spec.sample_ids[row], key, spec.batch_id, row), where)

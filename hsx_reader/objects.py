@@ -17,10 +17,23 @@ import os
 
 import torch
 
-from hsx.batch import batchfile
-from hsx.batch.batchfile import MAX_HEADER, BatchContents, BatchFileError, Header, TensorSpec  # noqa: F401 (re-exported)
-from hsx.batch.dtypes import FP8, dtype_name
-from hsx.runspec.manifest import Manifest
+from hsx.batch import (  # noqa: F401 (re-exported)
+    FP8,
+    MAX_HEADER,
+    TOKEN_COLUMNS,
+    TOKEN_DIGEST,
+    BatchContents,
+    BatchFileError,
+    Header,
+    TensorSpec,
+    decode_batch,
+    dtype_name,
+    read_header,
+    stored_values,
+    token_digest,
+)
+from hsx.batch import parse_header as parse_batch_header
+from hsx.runspec import Manifest
 from hsx.store import LocalStore, Store
 from hsx_reader.run import ReaderError
 
@@ -32,7 +45,7 @@ class CorruptBatch(ReaderError):
 def parse_header(prefix: bytes | memoryview, key: str) -> Header:
     """Parse a batch object's header from its first bytes (all of the header must be there)."""
     try:
-        return batchfile.parse_header(prefix, key, outputs=True)
+        return parse_batch_header(prefix, key, outputs=True)
     except BatchFileError as exc:
         raise CorruptBatch(str(exc)) from None
 
@@ -60,7 +73,7 @@ def decode(buf: torch.Tensor, key: str, manifest: Manifest | None = None) -> Bat
     if manifest is not None:
         check_against_run(header, manifest)
     try:
-        return batchfile.decode(buf, key, outputs=True)
+        return decode_batch(buf, key, outputs=True)
     except BatchFileError as exc:
         raise CorruptBatch(str(exc)) from None
 
@@ -106,7 +119,7 @@ def check_digest(buf: torch.Tensor, where: str, size: int, sha256: str) -> torch
 def fetch_header(store: Store, key: str) -> Header:
     """Read only the header (one or two range requests)."""
     try:
-        return batchfile.read_header(lambda start, length: store.get_bytes(key, start, length), key)
+        return read_header(lambda start, length: store.get_bytes(key, start, length), key)
     except KeyError:
         raise ReaderError(f"{store.url(key)}: batch object is missing from the store") from None
     except BatchFileError as exc:
@@ -128,7 +141,7 @@ def fetch_rows(store: Store, header: Header, names: list[str], lo: int, hi: int)
         if scale_name and out[name].dtype == torch.float8_e4m3fn:
             scales = _rows(store, header, scale_name, lo, hi) if scale_name in header.tensors else None
             try:
-                out[name] = batchfile.values(header, name, out[name], scales)
+                out[name] = stored_values(header, name, out[name], scales)
             except BatchFileError as exc:
                 raise CorruptBatch(str(exc)) from None
     return out
@@ -154,15 +167,15 @@ def fetch_token_columns(store: Store, header: Header) -> dict[str, torch.Tensor]
     """``cu_seqlens``, ``input_ids`` and ``loss_mask`` of the whole batch, each by one range request, checked
     against the token digest its header carries (CorruptBatch if they differ). None when the object has no
     such digest (written before it was recorded): read the whole object then, digest-checked."""
-    if batchfile.TOKEN_DIGEST not in header.metadata:
+    if TOKEN_DIGEST not in header.metadata:
         return None
     n = header.tensors["cu_seqlens"].shape[0]
     cu = fetch_rows(store, header, ["cu_seqlens"], 0, n)["cu_seqlens"]
     tokens = int(cu[-1]) if n else 0
     columns = {"cu_seqlens": cu, **fetch_rows(store, header, ["input_ids", "loss_mask"], 0, tokens)}
-    got = batchfile.token_digest([memoryview(columns[name].reshape(-1).view(torch.uint8).numpy())
-                                  for name in batchfile.TOKEN_COLUMNS])
-    if got != header.metadata[batchfile.TOKEN_DIGEST]:
+    got = token_digest([memoryview(columns[name].reshape(-1).view(torch.uint8).numpy())
+                                  for name in TOKEN_COLUMNS])
+    if got != header.metadata[TOKEN_DIGEST]:
         run = header.metadata.get("run", "R")
         raise CorruptBatch(f"{store.url(header.key)}: token columns' SHA-256 differs from the one its header "
                            f"recorded (changed at rest; `hsx verify --run {run} --repair` re-extracts it)")

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hsx.batch.dtypes import VALUE_DTYPES as TORCH_DTYPES
-from hsx.batch.dtypes import dtype_name
+from hsx.batch import VALUE_DTYPES as TORCH_DTYPES
+from hsx.batch import dtype_name
 from hsx.errors import HsxError
-from hsx.runspec.manifest import Manifest, ManifestError
+from hsx.runspec import Manifest, ManifestError
 from hsx.store import Store, layout
 
 

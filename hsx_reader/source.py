@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 
-from hsx.batch.batchfile import BatchContents
-from hsx.runspec.config import StoreSettings
-from hsx.store import Store
+from hsx.batch import BatchContents
+from hsx.store import Store, StoreSettings
 from hsx_reader.cache import ByteCache
 from hsx_reader.objects import CorruptBatch, check_digest, decode, fetch_object
 from hsx_reader.run import Expectations, RunIndex, SampleRef, load_run

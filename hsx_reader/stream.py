@@ -20,9 +20,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from hsx.runspec.config import StoreSettings
-from hsx.runspec.manifest import Manifest
-from hsx.store import Store
+from hsx.runspec import Manifest
+from hsx.store import Store, StoreSettings
 from hsx_reader.run import Expectations
 from hsx_reader.source import Source, sample_of
 

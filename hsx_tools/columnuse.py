@@ -12,8 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsx.prep.columns import ColumnMapping, preset_for
-from hsx.prep.dataset import Row, iter_rows
+from hsx.prep import ColumnMapping, Row, iter_rows, preset_for
 
 SCAN_ROWS = 20_000   # rows read for this report (a JSON parse each, no tokenising)
 CONVERSATION_KEYS = ("input_ids",)

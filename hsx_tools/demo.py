@@ -36,7 +36,7 @@ def _hsx(*args: str) -> list[str]:
 
 
 def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:
-    from hsx.monitor.progress import fmt_bytes, run_progress
+    from hsx.monitor import fmt_bytes, run_progress
     from hsx.redisconn import connect
     from hsx_tools.tinymodel import build_tiny_model
 
@@ -130,7 +130,7 @@ def look(workdir: Path, serve=None) -> int:
     stopped (``serve(env)``: what runs while the Redis is up; default `hsx dashboard` in the foreground)."""
     workdir = workdir.resolve()
     if not (workdir / "redis" / "port").exists():
-        from hsx.runspec.config import ConfigError
+        from hsx.errors import ConfigError
 
         raise ConfigError(f"no demo Redis in {workdir / 'redis'}: run `hsx demo --workdir {workdir}` first "
                           "(a demo that used your own Redis left its run there: hsx status --run demo)")

@@ -25,7 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from hsx.runspec.config import ConfigError
+from hsx.errors import ConfigError
 
 FILE = "draft_config.json"
 # The target config fields SpecForge 0.2.0 copies into a generated draft config

@@ -25,7 +25,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx.runspec.config import ConfigError, StoreSettings
+from hsx.errors import ConfigError
+from hsx.store import StoreSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,9 +77,7 @@ def prompts_from_dataset(model: Path, dataset: Path, skip: int, limit: int) -> l
     """The first ``limit`` usable rows after ``skip``: each row's tokens before its first supervised token."""
     from transformers import AutoTokenizer
 
-    from hsx.prep.dataset import RowError, iter_rows
-    from hsx.prep.rows import RowRejected
-    from hsx.prep.tokenise import ChatTokeniser
+    from hsx.prep import ChatTokeniser, RowError, RowRejected, iter_rows
 
     tokeniser = ChatTokeniser(AutoTokenizer.from_pretrained(str(model)))
     prompts = []
@@ -214,17 +213,16 @@ def evaluate(cfg: EvaluateConfig, quiet: bool = False) -> dict:
 
 def keep_with_run(cfg: EvaluateConfig, report: dict) -> str:
     """Write ``<run>/evaluation.json`` into the run's store, and the summary to Redis when there is one."""
-    from hsx.monitor import evaluation
-    from hsx.store import open_store
-    from hsx.store.layout import evaluation_key
+    from hsx import monitor
+    from hsx.store import layout, open_store
 
     store = open_store(cfg.store.url, cfg.store.endpoint_url, cfg.store.region)
-    store.put_bytes(evaluation_key(cfg.run), json.dumps(report, indent=1).encode())
+    store.put_bytes(layout.evaluation_key(cfg.run), json.dumps(report, indent=1).encode())
     if cfg.redis_url:
         from hsx.redisconn import connect
 
-        evaluation.record(connect(cfg.redis_url), cfg.run, report)
-    return store.url(evaluation_key(cfg.run))
+        monitor.record_evaluation(connect(cfg.redis_url), cfg.run, report)
+    return store.url(layout.evaluation_key(cfg.run))
 
 
 def report_lines(report: dict) -> list[str]:

@@ -58,11 +58,11 @@ from pathlib import Path
 
 import torch
 
-from hsx.batch import batchfile
-from hsx.batch.dtypes import FP8, quantise_fp8
+from hsx.batch import FP8, MAX_HEADER, decode_tensor, parse_header, quantise_fp8
+from hsx.errors import ConfigError
 from hsx.layers import TARGETS, refusal
-from hsx.monitor.progressline import Progress
-from hsx.runspec.config import ConfigError, StoreSettings
+from hsx.monitor import Progress
+from hsx.store import StoreSettings
 from hsx_reader.run import ReaderError, RunIndex, SampleRef
 from hsx_reader.source import Source, sample_of
 
@@ -89,17 +89,17 @@ def run_store(cfg: ExportConfig) -> StoreSettings:
         return cfg.store
     manifest = r = None
     if cfg.redis_url:
-        from hsx.life import ledger
+        from hsx import life
         from hsx.redisconn import RedisUnreachable, connect
 
         try:
             r = connect(cfg.redis_url, retries=1, wait_seconds=2)
-            manifest = ledger.get_manifest(r, cfg.run)
+            manifest = life.get_manifest(r, cfg.run)
         except RedisUnreachable as exc:
             log.warning("%s; pass --store", exc)
     if manifest is None and r is not None:
         raise ConfigError(f"no store for run {cfg.run!r}: this Redis does not hold it (runs here: "
-                          f"{', '.join(ledger.list_runs(r)) or 'none'}); check --run / HSX_RUN and HSX_REDIS_URL, "
+                          f"{', '.join(life.list_runs(r)) or 'none'}); check --run / HSX_RUN and HSX_REDIS_URL, "
                           "or pass --store")
     if manifest is None:
         raise ConfigError(f"no store for run {cfg.run!r}: pass --store (no Redis to ask)")
@@ -209,9 +209,9 @@ def speculators_record(sample: dict, hidden_size: int, gain: torch.Tensor, store
 
 def stored_fp8(buf: torch.Tensor, where: str) -> dict[str, torch.Tensor]:
     """The FP8 codes and scales of a batch object as stored (codec undone), by name."""
-    header = batchfile.parse_header(memoryview(buf.numpy())[:min(len(buf), batchfile.MAX_HEADER + 8)], where,
+    header = parse_header(memoryview(buf.numpy())[:min(len(buf), MAX_HEADER + 8)], where,
                                     outputs=True)
-    return {name: batchfile.decode_tensor(buf, header, name)
+    return {name: decode_tensor(buf, header, name)
             for name in ("hidden_states", "hidden_scales", "final_hidden_states", "final_scales")}
 
 

@@ -34,12 +34,21 @@ from pathlib import Path
 import numpy as np
 
 from hsx.layers import TARGETS, feeds, resolve_layers
-from hsx.monitor.progress import fmt_bytes
-from hsx.prep.inputs import SettingsError, check_budget, check_row_settings, resolve_dataset, resolve_model
-from hsx.prep.planning import cut_batches, padding_fraction
-from hsx.prep.report import TokeniseReport
-from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
-from hsx.runspec.manifest import load_model_config, text_config
+from hsx.monitor import fmt_bytes
+from hsx.prep import (
+    SettingsError,
+    TokeniseReport,
+    TokeniseSettings,
+    WindowTokeniser,
+    check_budget,
+    check_row_settings,
+    cut_batches,
+    default_workers,
+    padding_fraction,
+    resolve_dataset,
+    resolve_model,
+)
+from hsx.runspec import load_model_config, text_config
 from hsx_tools.columnuse import column_lines, column_use
 from hsx_tools.prefixshare import prefix_share
 from hsx_tools.rates import Rate, cpu_rate, gpu_rate
@@ -103,7 +112,7 @@ def estimate(lengths: np.ndarray, text_cfg, layer_ids: list[int], store_final: b
         batches += cut_batches(lengths[start:start + window_rows], token_budget, max_rows, pad_multiple)
     tokens = int(lengths.sum())
     padded = sum(b.padded for b in batches)
-    from hsx.batch.batchfile import stored_bytes_per_token
+    from hsx.batch import stored_bytes_per_token
 
     per_token = stored_bytes_per_token(text_cfg.hidden_size, len(layer_ids) + int(store_final), dtype, codec)
     layers_run = text_cfg.num_hidden_layers if store_final else max(layer_ids) + 1
@@ -181,7 +190,7 @@ def run_inspect(cfg: InspectConfig) -> int:
 
     from transformers import AutoTokenizer
 
-    from hsx.runspec.compute import check_compute_dtype, check_fp8_accumulation
+    from hsx.runspec import check_compute_dtype, check_fp8_accumulation
 
     check_row_settings(cfg.overlong, cfg.max_reject_share)
     check_budget(cfg.max_length, cfg.token_budget, cfg.pad_multiple)

@@ -72,7 +72,7 @@ def prefix_share(sequences: list[np.ndarray]) -> PrefixShare:
 def tokenise_file(dataset: Path, model: str, max_length: int = 32768, template_kwargs: dict | None = None,
                   workers: int = 1) -> list[np.ndarray]:
     """The kept rows' token ids, as `hsx produce` tokenises them (overlong rows truncated)."""
-    from hsx.prep.windows import TokeniseSettings, WindowTokeniser
+    from hsx.prep import TokeniseSettings, WindowTokeniser
 
     settings = TokeniseSettings(model, max_length, "truncate", template_kwargs or {}, None)
     out: list[np.ndarray] = []
@@ -87,7 +87,7 @@ def expand_per_turn(files: list[Path], out: Path) -> int:
     turn (ids ``<id>-t<k>``); other rows are left out. Returns the rows written."""
     import json
 
-    from hsx.prep.dataset import Row, iter_rows
+    from hsx.prep import Row, iter_rows
 
     written = 0
     with open(out, "w") as fh:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hsx.monitor.progress import fmt_bytes
-from hsx.runspec.config import ConfigError, StoreSettings
+from hsx.errors import ConfigError
+from hsx.monitor import fmt_bytes
+from hsx.store import StoreSettings
 
 SAMPLE_IDS_LISTED = 10
 

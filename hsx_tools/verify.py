@@ -18,14 +18,11 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from hsx.fleet import multipart
-from hsx.life import ledger
-from hsx.life.integrity import check_batch, repair_batches, requeue_orphans
-from hsx.life.rebuild import rebuild_done
-from hsx.monitor.progressline import Progress
-from hsx.runspec.manifest import RunLimits
-from hsx.store import layout
-from hsx.store.startcheck import check_store
+from hsx import fleet, life
+from hsx.life import check_batch, rebuild_done, repair_batches, requeue_orphans
+from hsx.monitor import Progress
+from hsx.runspec import RunLimits
+from hsx.store import check_store, layout
 
 log = logging.getLogger(__name__)
 VERIFY_THREADS = 8   # store reads in flight
@@ -88,12 +85,12 @@ class VerifyReport:
 def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, rebuild: bool = False,
                progress_every_s: float | None = None) -> VerifyReport:
     """``progress_every_s``: seconds between progress lines in a log (None: 10; on a terminal a bar: hsx/monitor/progressline.py)."""
-    specs = ledger.all_specs(r, run)
+    specs = life.all_specs(r, run)
     rebuilt = rebuild_done(r, store, run, specs, full=True) if rebuild else []
-    infos = ledger.done_info(r, run)
+    infos = life.done_info(r, run)
     report = VerifyReport(run, planned=len(specs), rebuilt=rebuilt)
 
-    manifest = ledger.get_manifest(r, run)
+    manifest = life.get_manifest(r, run)
     incarnation = manifest.incarnation if manifest is not None else None
 
     def one(bid):
@@ -122,13 +119,13 @@ def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, re
     if temp_files is not None:
         report.temp_files = [str(p) for p, _ in temp_files(run)]
     lease_seconds = (manifest.limits if manifest is not None else RunLimits()).lease_seconds
-    for upload in multipart.incomplete_uploads(r, store, run, lease_seconds):
+    for upload in fleet.incomplete_uploads(r, store, run, lease_seconds):
         if upload.stale:
             report.stale_uploads.append(f"{upload.key} ({upload.age_seconds:.0f} s old)")
         else:
             report.live_uploads += 1
     if repair:
-        report.aborted_uploads = [u.key for u in multipart.abort_stale(r, store, run, lease_seconds)]
+        report.aborted_uploads = [u.key for u in fleet.abort_stale_uploads(r, store, run, lease_seconds)]
         bad = sorted(bid for bid in report.problems if bid in specs and bid in infos)
         report.repaired = repair_batches(r, store, run, bad, specs) + requeue_orphans(r, run)
         if temp_files is not None:
@@ -152,7 +149,7 @@ def run_verify(cfg: VerifyConfig) -> int:
     from hsx.redisconn import connect
 
     r = connect(cfg.redis_url)
-    settings = ledger.require_manifest(r, cfg.run).store
+    settings = life.require_manifest(r, cfg.run).store
     check_store(settings, "verify", write=cfg.repair, run=cfg.run)  # --repair deletes objects: it must write too
     store = settings.open()
     report = verify_run(r, store, cfg.run, quick=cfg.quick, repair=cfg.repair, rebuild=cfg.rebuild_ledger)

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 from rich.table import Table
 from rich.text import Text
 
-from hsx.monitor.progress import fmt_bytes, fmt_duration, host_row, run_progress, summary_lines
+from hsx.monitor import fmt_bytes, fmt_duration, host_row, run_progress, summary_lines
 
 BARS = (("samples", "samples"), ("tokens", "tokens"), ("extracted", "batches extracted"),
         ("uploaded", "batches uploaded + verified"))

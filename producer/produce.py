@@ -20,31 +20,44 @@ from types import MappingProxyType
 import numpy as np
 import torch
 
-from hsx.batch import batchfile
-from hsx.batch.codec import check_codec
-from hsx.batch.dtypes import check_store_dtype
+from hsx import life
+from hsx.batch import INPUT_DIGEST_MISMATCH, INPUT_FORMAT, batch_bytes, check_codec, check_store_dtype, hidden_bytes_per_token
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.errors import HsxError
-from hsx.fleet.evictionpolicy import check_eviction_policy
+from hsx.fleet import check_eviction_policy
 from hsx.layers import resolve_layers
-from hsx.life import batchlife, heartbeat, ledger, queues
-from hsx.life.index import write_index_if_complete
-from hsx.life.integrity import unmark_missing_done
-from hsx.life.keys import RunKeys
-from hsx.life.rebuild import Rebuild
-from hsx.monitor.progressline import Progress
-from hsx.prep.dataset import fingerprints
-from hsx.prep.inputs import check_budget, check_row_settings, resolve_dataset, resolve_model, resolve_store_url
-from hsx.prep.planning import cut_batches, padding_fraction
-from hsx.prep.report import Sample, TokeniseReport
-from hsx.prep.weights import weights_fingerprint
-from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
+from hsx.life import Rebuild, RunKeys, unmark_missing_done, write_index_if_complete
+from hsx.monitor import Progress
+from hsx.prep import (
+    Sample,
+    TokeniseReport,
+    TokeniseSettings,
+    WindowTokeniser,
+    check_budget,
+    check_row_settings,
+    cut_batches,
+    default_workers,
+    fingerprints,
+    padding_fraction,
+    resolve_dataset,
+    resolve_model,
+    resolve_store_url,
+    weights_fingerprint,
+)
 from hsx.redisconn import connect, redact
-from hsx.runspec.compute import check_compute_dtype, check_fp8_accumulation
-from hsx.runspec.config import ProduceConfig
-from hsx.runspec.manifest import Manifest, RunLimits, check_same_run, config_hash, load_model_config, new_manifest, text_config
-from hsx.store import layout
-from hsx.store.startcheck import check_store
+from hsx.runspec import (
+    Manifest,
+    ProduceConfig,
+    RunLimits,
+    check_compute_dtype,
+    check_fp8_accumulation,
+    check_same_run,
+    config_hash,
+    load_model_config,
+    new_manifest,
+    text_config,
+)
+from hsx.store import check_store, layout
 from producer import windows
 from producer.runlock import ProducerLock
 
@@ -111,7 +124,7 @@ def model_identity(model: str):
 def _check_pinned_memory(token_budget: int, hidden_size: int, rows: int, store_dtype: str) -> None:
     """A GPU worker pins DEFAULT_PINNED_BUFFERS x token_budget x the bytes a token stores (Manifest.host_bytes_per_token);
     refuse absurd budgets."""
-    per_token = batchfile.hidden_bytes_per_token(hidden_size, rows, store_dtype)
+    per_token = hidden_bytes_per_token(hidden_size, rows, store_dtype)
     need = DEFAULT_PINNED_BUFFERS * token_budget * per_token
     if need > MAX_PINNED_BYTES:
         raise PlanError(f"--token-budget {token_budget} needs {need / 2**30:.0f} GiB of pinned host memory per GPU "
@@ -168,7 +181,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         store_url=cfg.store.url, store=cfg.store, limits=RunLimits(cfg.max_attempts, cfg.lease_seconds),
         model_weights=weights_fingerprint(cfg.model), incarnation=uuid.uuid4().hex,
     )
-    existing = ledger.get_manifest(r, cfg.run) or Manifest.load(store, cfg.run)
+    existing = life.get_manifest(r, cfg.run) or Manifest.load(store, cfg.run)
     if existing is not None:
         if existing.dataset_fingerprint == named_fingerprint:  # a run planned when the name counted
             manifest = replace(manifest, dataset_fingerprint=named_fingerprint)
@@ -184,20 +197,20 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     with ProducerLock(r, cfg.run, cfg.lock_wait_seconds) as lock:
         planned_only = _mark_planned_only(r, cfg, new_run=existing is None)
         repaired = unmark_missing_done(r, store, cfg.run) if existing is not None else []
-        done = ledger.done_ids(r, cfg.run)
+        done = life.done_ids(r, cfg.run)
         # A re-run: the store is the second copy of the truth (DESIGN rule 2). Objects not in the ledger
         # (all of them after Redis lost the run) are checked and recorded done window by window.
         rebuild = Rebuild(r, store, cfg.run, done) if existing is not None else None
-        pending = queues.pending_extract(r, cfg.run)
-        for host in heartbeat.read_hosts(r, cfg.run):
-            pending |= queues.pending_upload(r, host, cfg.run)
+        pending = life.pending_extract(r, cfg.run)
+        for host in life.read_hosts(r, cfg.run):
+            pending |= life.pending_upload(r, host, cfg.run)
         records, suspect = _replan_bad_inputs(r, cfg.run, windows.load(r, cfg.run))
         state = _State(report=TokeniseReport(), totals=dict.fromkeys(TOTAL_FIELDS, 0), first_pending=len(pending))
         for rec in records:
             state.add_record(rec)
         seen: set[str] = set()
         if records:
-            earlier = [spec for spec in ledger.all_specs(r, cfg.run).values() if spec.index < state.totals["batches"]]
+            earlier = [spec for spec in life.all_specs(r, cfg.run).values() if spec.index < state.totals["batches"]]
             seen = {sid for spec in earlier for sid in spec.sample_ids}
             if rebuild is not None:
                 rebuild.check(earlier)
@@ -226,7 +239,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
                 windows.record(r, cfg.run, window.number, rec)
                 state.add_record(rec, report=False)
                 state.enqueued += rec["enqueued"]
-                ledger.save_plan(r, cfg.run, manifest, [], {**state.totals, "planning": 1, **_row_totals(state.report)})
+                life.save_plan(r, cfg.run, manifest, [], {**state.totals, "planning": 1, **_row_totals(state.report)})
                 event("recorded", window.number)
                 log.info("window %d: %d rows, %d batches (padding %.2f%%), %d enqueued; %d rows so far",
                          window.number, window.report.rows, rec["batches"], 100 * rec["padding"], rec["enqueued"],
@@ -235,9 +248,9 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
             raise PlanError(f"{cfg.dataset}: no usable rows out of {state.report.rows}; nothing to plan. "
                             + "; ".join(state.report.examples[:5]))
         manifest.save(store)
-        ledger.save_plan(r, cfg.run, manifest, [], {**state.totals, "planning": 0, **_row_totals(state.report)})
+        life.save_plan(r, cfg.run, manifest, [], {**state.totals, "planning": 0, **_row_totals(state.report)})
         if rebuild is not None:
-            settled = ledger.drop_failures_of_done(r, cfg.run)
+            settled = life.drop_failures_of_done(r, cfg.run)
             if settled:
                 log.warning("run %s: %d batches are done but were still listed as failed or dead letters (%s); "
                             "those records are dropped", cfg.run, len(settled), ", ".join(settled[:10]))
@@ -273,8 +286,8 @@ def _replan_bad_inputs(r, run: str, records: list[dict]) -> tuple[list[dict], fr
 
     Returns the window records kept and those batches: their input objects are checked by their bytes
     (the store's sha256 metadata is what the producer wrote, not what the object holds now)."""
-    bad = [bid for rec in (*ledger.failures(r, run).items(), *ledger.dead_letters(r, run).items())
-           for bid in [rec[0]] if batchfile.INPUT_DIGEST_MISMATCH in str(rec[1].get("last_error", ""))]
+    bad = [bid for rec in (*life.failures(r, run).items(), *life.dead_letters(r, run).items())
+           for bid in [rec[0]] if INPUT_DIGEST_MISMATCH in str(rec[1].get("last_error", ""))]
     indexes = [int(bid[1:]) for bid in bad if bid[1:].isdigit()]
     if not indexes or not records:
         return records, frozenset(bad)
@@ -334,21 +347,21 @@ def _plan_window(r, store, cfg: ProduceConfig, manifest: Manifest, window, first
     specs = []
     for offset, batch in enumerate(planned):
         index = first_batch + offset
-        specs.append(ledger.BatchSpec(
+        specs.append(life.BatchSpec(
             batch_id=layout.batch_id(index), index=index, shard=layout.shard_of(index, cfg.batches_per_shard),
             samples=len(batch.members), tokens=batch.tokens, padded=batch.padded, padded_len=batch.padded_len,
             sample_ids=[samples[i].sample_id for i in batch.members]))
     if rebuild is not None:
         rebuild.check(specs)
     specs = _write_inputs(store, cfg.run, samples, planned, specs, done, suspect)
-    ledger.save_plan(r, cfg.run, manifest, specs, {"planning": 1})
+    life.save_plan(r, cfg.run, manifest, specs, {"planning": 1})
     enqueued = _enqueue(r, cfg, specs, done, pending, lock)
     return {"first_batch": first_batch, "batches": len(specs), "samples": len(samples),
             "tokens": sum(s.tokens for s in specs), "padded_tokens": sum(s.padded for s in specs),
             "padding": padding_fraction(planned), "enqueued": enqueued}
 
 
-def _enqueue(r, cfg: ProduceConfig, specs: list[ledger.BatchSpec], done: set[str], pending: set[str],
+def _enqueue(r, cfg: ProduceConfig, specs: list[life.BatchSpec], done: set[str], pending: set[str],
              lock: ProducerLock) -> int:
     """Enqueue the batches neither done nor pending, in one transaction that fails if the lock changed hands."""
     if not cfg.enqueue:
@@ -356,13 +369,13 @@ def _enqueue(r, cfg: ProduceConfig, specs: list[ledger.BatchSpec], done: set[str
     todo = [spec for spec in specs if spec.batch_id not in done and spec.batch_id not in pending]
     if todo:
         pipe = lock.guarded_pipeline()
-        batchlife.enqueue(r, cfg.run, [spec.batch_id for spec in todo], first=True, pipe=pipe)
+        life.enqueue(r, cfg.run, [spec.batch_id for spec in todo], first=True, pipe=pipe)
         lock.execute(pipe)
         pending.update(spec.batch_id for spec in todo)
     return len(todo)
 
 
-def _write_inputs(store, run, samples, planned, specs, done, suspect: frozenset[str]) -> list[ledger.BatchSpec]:
+def _write_inputs(store, run, samples, planned, specs, done, suspect: frozenset[str]) -> list[life.BatchSpec]:
     """Put each batch's packed inputs in the store (skipping done batches and identical objects).
 
     An object counts as identical by its size and the SHA-256 the store reports (S3: the metadata written
@@ -371,11 +384,11 @@ def _write_inputs(store, run, samples, planned, specs, done, suspect: frozenset[
     Returns the specs with ``input_sha256`` set: workers check the inputs they read against it.
     """
 
-    def put(i: int) -> ledger.BatchSpec:
+    def put(i: int) -> life.BatchSpec:
         spec = specs[i]
         members = [samples[j] for j in planned[i].members]
-        data = batchfile.to_bytes(_input_tensors(members), {
-            "format": batchfile.INPUT_FORMAT, "run": run, "batch_id": spec.batch_id,
+        data = batch_bytes(_input_tensors(members), {
+            "format": INPUT_FORMAT, "run": run, "batch_id": spec.batch_id,
             "sample_ids": json.dumps(spec.sample_ids), "padded_len": str(spec.padded_len)})
         sha = hashlib.sha256(data).hexdigest()
         if spec.batch_id not in done:

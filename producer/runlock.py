@@ -21,7 +21,7 @@ import time
 import redis
 
 from hsx.errors import HsxError
-from hsx.life.keys import RunKeys
+from hsx.life import RunKeys
 
 log = logging.getLogger(__name__)
 LOCK_TTL_MS = 30_000   # a dead producer's lock frees itself after this long

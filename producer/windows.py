@@ -14,8 +14,8 @@ import json
 import redis
 from rq.job import Job
 
-from hsx.life import ledger, queues
-from hsx.life.keys import RunKeys
+from hsx import life
+from hsx.life import RunKeys
 from hsx.redisconn import text
 
 
@@ -37,16 +37,16 @@ def withdraw(r: redis.Redis, run: str) -> int:
     window records, so a re-run plans again from the first window. Batches already running or done stay.
     Returns the number of jobs withdrawn."""
     keys = RunKeys(run)
-    q = queues.queue(r, queues.extract_queue_name(run))
+    q = life.queue(r, life.extract_queue_name(run))
     withdrawn = 0
     for job_id in q.get_job_ids():
-        parsed = queues.batch_of_job(job_id)
+        parsed = life.batch_of_job(job_id)
         if not parsed or parsed[0] != run:
             continue
         if q.remove(job_id):
             pipe = r.pipeline()
             pipe.delete(Job.key_for(job_id))
-            if not ledger.is_done(r, run, parsed[1]):
+            if not life.is_done(r, run, parsed[1]):
                 pipe.hdel(keys.plan, parsed[1])
             pipe.execute()
             withdrawn += 1

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from hsx.life.keys import RunKeys
+from hsx.life import RunKeys
 from hsx.redisconn import LocalRedis, connect
 from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all

@@ -165,7 +165,7 @@ PRODUCT = ("hsx", "gpu_worker", "uploader", "producer", "dashboard", "hsx_cli", 
 
 def test_only_batchlife_writes_a_transition():
     """Every write of a batch's queue jobs, leases, failure and dead-letter records goes through batchlife."""
-    owner = ROOT / "hsx" / "run" / "batchlife.py"
+    owner = ROOT / "hsx" / "life" / "batchlife.py"
     found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
              for folder in PRODUCT for path in sorted((ROOT / folder).rglob("*.py")) if path != owner
              for n, line in enumerate(path.read_text().splitlines(), 1)

@@ -47,45 +47,104 @@ def test_no_code_cites_a_design_file_outside_the_repo():
             assert "DESIGN.md" not in path.read_text(), path
 
 
-# The kernel's wings (issue 21): hsx/ is four sub-systems plus a few base modules. Each wall is a rule:
-# the wing named on the left never imports the ones on the right (base modules are open to all).
-WINGS = ("prep", "batch", "store", "run")
-WALLS = {
-    "prep": {"batch", "store", "run"},    # token preparation knows nothing of batch files, stores or Redis
-    "batch": {"prep", "store", "run"},    # the format never imports run state (nor a store)
-    "store": {"prep", "batch", "run"},    # a byte store never imports the format (nor torch: see below)
-    "run": {"prep"},                      # run state may read the format and the store (rebuild, verify)
+# The kernel's wings (issues 21, 33): hsx/ is seven sub-systems on a ground of a few base modules. A wing may
+# import only the wings below it (the ground is open to all and imports no wing); outside a wing, code sees
+# only the wing's face, the names its __init__ lists in __all__.
+GROUND = {"__init__", "defaults", "digest", "errors", "layers", "localdirs", "redisconn", "retry"}
+BELOW = {
+    "prep": set(),                        # token preparation knows nothing of batch files, stores or Redis
+    "batch": set(),                       # the batch-file format
+    "store": set(),                       # bytes in a store (no torch: see below)
+    "runspec": {"batch", "store"},        # what a run is: config, manifest, spool, visibility
+    "life": {"runspec", "batch", "store"},            # a batch's and a run's life in Redis
+    "fleet": {"life", "runspec", "batch", "store"},   # the processes serving runs
+    "monitor": {"fleet", "life", "runspec", "batch", "store"},  # what status shows
 }
-BASE = {"__init__", "config", "defaults", "devices", "digest", "errors", "fp8compute", "fp8linear", "layers", "localdirs",
-        "manifest", "redisconn", "retry", "role", "spool", "visibility"}
+WINGS = tuple(BELOW)
+PRODUCT = [r for r in ROOMS if r != "hsx"] + ["hsx"]
 
 
-def hsx_modules_imported(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+def wing_of(path: Path) -> str | None:
+    parts = path.relative_to(ROOT).parts
+    return parts[1] if parts[0] == "hsx" and len(parts) > 2 else None
+
+
+def face(wing: str) -> set[str]:
+    tree = ast.parse((ROOT / "hsx" / wing / "__init__.py").read_text())
+    found = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)]
+    assert found, f"hsx/{wing}/__init__.py declares no __all__"
+    return set(ast.literal_eval(found[0]))
+
+
+def wing_imports(path: Path):
+    """(line, wing, name-or-None, how) for every import of a wing in ``path``; how: face, deep, namespace."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("hsx.")}
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] == "hsx" and len(parts) > 1 and parts[1] in WINGS:
+                    yield node.lineno, parts[1], a.name, "deep" if len(parts) > 2 else "namespace"
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
             if node.module == "hsx":
-                found |= {f"hsx.{a.name}" for a in node.names}
-            elif node.module.startswith("hsx."):
-                found.add(node.module)
-    return found
+                for a in node.names:
+                    if a.name in WINGS:
+                        yield node.lineno, a.name, a.asname or a.name, "namespace"
+            elif parts[0] == "hsx" and parts[1] in WINGS:
+                for a in node.names:
+                    yield node.lineno, parts[1], a.name, "deep" if len(parts) > 2 else "face"
 
 
-def test_the_wings_walls_hold():
+def test_each_wing_imports_only_the_wings_below_it_and_the_ground_none():
     wrong = []
-    for wing, forbidden in WALLS.items():
-        for path in sorted((ROOT / "hsx" / wing).rglob("*.py")):
-            for module in hsx_modules_imported(path):
-                if module.split(".")[1] in forbidden:
-                    wrong.append(f"{path.relative_to(ROOT)} imports {module} (wall: {wing} never imports {module.split('.')[1]})")
+    for path in sorted((ROOT / "hsx").rglob("*.py")):
+        mine = wing_of(path)
+        allowed = set() if mine is None else BELOW[mine] | {mine}
+        for line, wing, _, _ in wing_imports(path):
+            if wing not in allowed:
+                where = f"the ground ({path.stem})" if mine is None else f"wing {mine}"
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports wing {wing}: {where} may import {sorted(allowed) or 'no wing'}")
     assert not wrong, "\n".join(wrong)
 
 
-def test_no_flat_module_outside_the_base_list():
+def test_outside_a_wing_only_its_face_is_imported():
+    """The one rule for every wing: from outside, import names of ``hsx.<wing>`` listed in its ``__all__``
+    (or the wing itself, and use only such names of it); its modules are private to it. Tests and bench/ may
+    reach inside (they measure and probe the private parts)."""
+    faces = {w: face(w) for w in WINGS}
+    wrong = []
+    for room in PRODUCT:
+        for path in sorted((ROOT / room).rglob("*.py")):
+            mine = wing_of(path)
+            text = path.read_text()
+            for line, wing, name, how in wing_imports(path):
+                if wing == mine:
+                    continue
+                if how == "deep":
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} reaches inside wing {wing} (hsx.{wing} is its face)")
+                elif how == "face" and name not in faces[wing]:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name!r}, not on hsx.{wing}'s face")
+                elif how == "namespace":
+                    tree = ast.parse(text)
+                    for n in ast.walk(tree):
+                        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == name \
+                                and n.attr not in faces[wing]:
+                            wrong.append(f"{path.relative_to(ROOT)}:{n.lineno} uses {name}.{n.attr}, not on hsx.{wing}'s face")
+    assert not wrong, "\n".join(sorted(set(wrong)))
+
+
+def test_every_name_on_a_face_is_there():
+    import importlib
+    for wing in WINGS:
+        module = importlib.import_module(f"hsx.{wing}")
+        assert [n for n in sorted(face(wing)) if not hasattr(module, n)] == [], wing
+
+
+def test_no_flat_module_outside_the_ground_list():
     flat = {p.stem for p in (ROOT / "hsx").glob("*.py")}
-    assert flat == BASE, f"new flat modules {sorted(flat - BASE)} belong in a wing {WINGS}; gone: {sorted(BASE - flat)}"
+    assert flat == GROUND, f"new flat modules {sorted(flat - GROUND)} belong in a wing {WINGS}; gone: {sorted(GROUND - flat)}"
     assert {p.name for p in (ROOT / "hsx").iterdir() if (p / "__init__.py").exists()} == set(WINGS)
 
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from hsx.batch.batchfile import BatchFileError
+from hsx import fleet, life
+from hsx.batch import BatchFileError
 from hsx.digest import file_sha256
-from hsx.fleet import storerefusal
-from hsx.life import batchlife, index, ledger, provenance
-from hsx.life.ledger import RunVanished
+from hsx.life import RunVanished
 from hsx.retry import backoff_delay, pause
-from hsx.runspec.visibility import RunNotVisible
+from hsx.runspec import RunNotVisible
 from hsx.store import PermanentStoreError, layout
 from uploader import runtime
 
@@ -54,7 +53,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
         # This uploader is set up unlike the host's workers (another --spool-dir, a store it cannot see). The job
         # goes back on the queue untouched, for an uploader that can do it: the batch stays queued, so it is
         # neither failed nor extracted again (issue 23 item 3); the cause is counted and shown by `hsx status`.
-        batchlife.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry)
+        life.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry)
         rt.refuse(run, exc)
         return f"{batch_id}: refused here ({exc}); put back on upload@{rt.host}"
     except RunVanished as exc:
@@ -64,7 +63,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
                   "the ledger from the store), then restart this host's workers", exc, batch_id, local)
         raise
     job = {"host": rt.host, "path": path, "size": size, "sha256": sha256, "tier": tier}
-    with batchlife.uploading(r, run, batch_id, job, limits.lease_seconds):
+    with life.uploading(r, run, batch_id, job, limits.lease_seconds):
         rt.in_progress = (run, batch_id)
         try:
             return _upload(rt, run, batch_id, local, size, sha256)
@@ -72,28 +71,28 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
             # The bytes are gone: the batch must be computed again. This counts as one failed
             # extraction of the batch, under the run's one attempt limit (see hsx.runspec.manifest.RunLimits).
             rt.record_failure()
-            batchlife.fail(r, run, batch_id, f"upload: {exc}", limits.max_attempts)
+            life.fail(r, run, batch_id, f"upload: {exc}", limits.max_attempts)
             raise
         except PermanentStoreError as exc:
             # The store refused for good (access denied, no bucket, metadata dropped): no retry can help
             # without a person. Counted against the batch (dead letter at max_attempts, file kept) and shown
             # on the run (status, dashboard, /metrics) with the store's message.
             rt.record_failure()
-            storerefusal.record(r, run, batch_id, str(exc), rt.cfg.worker_name)
-            failure = batchlife.fail(r, run, batch_id, f"upload: store refused: {exc}", limits.max_attempts,
+            fleet.record_store_refusal(r, run, batch_id, str(exc), rt.cfg.worker_name)
+            failure = life.fail(r, run, batch_id, f"upload: store refused: {exc}", limits.max_attempts,
                                      requeue=False, kept_upload=job)
-            if failure.state is batchlife.State.FAILED:
+            if failure.state is life.State.FAILED:
                 delay = backoff_delay(retry, RETRY_BASE_SECONDS, RETRY_CAP_SECONDS)
                 log.error("upload of %s refused by the store; next try in %.1fs", batch_id, delay)
                 pause(delay)  # a stop request ends it: the next try is queued, the process exits
-                batchlife.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry + 1)
-            elif failure.state is batchlife.State.DEAD:
+                life.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry + 1)
+            elif failure.state is life.State.DEAD:
                 log.error("upload of %s refused by the store %d times: spool file %s kept", batch_id,
                           failure.attempts, local)
             raise
         except NotPlanned as exc:
             rt.record_failure()
-            batchlife.fail(r, run, batch_id, f"upload: {exc}", 1)  # straight to dead letters, not retried
+            life.fail(r, run, batch_id, f"upload: {exc}", 1)  # straight to dead letters, not retried
             raise
         except Exception as exc:
             # Store trouble (outage, throttling, verify mismatch): the file stays. Back off while
@@ -103,7 +102,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
             log.warning("upload of %s failed (try %d: %s: %s); next try in %.1fs", batch_id, retry + 1,
                         type(exc).__name__, exc, delay)
             pause(delay)  # a stop request ends it: the next try is queued, the process exits
-            batchlife.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry + 1)
+            life.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry + 1)
             raise
         finally:
             rt.in_progress = None
@@ -114,15 +113,15 @@ def _spool_mismatch(r, run: str, batch_id: str, path: str) -> bool:
     of a batch not done yet. Anything else an OutsideSpool job names is forged or stale."""
     named = Path(path)
     return (named.name == f"{batch_id}.safetensors" and named.parent.name == run and ".." not in named.parts
-            and not ledger.is_done(r, run, batch_id))
+            and not life.is_done(r, run, batch_id))
 
 
 def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, size: int, sha256: str) -> str:
     r = rt.r
-    if ledger.is_done(r, run, batch_id):
+    if life.is_done(r, run, batch_id):
         local.unlink(missing_ok=True)
         return f"{batch_id} already done"
-    spec = ledger.get_spec(r, run, batch_id)
+    spec = life.get_spec(r, run, batch_id)
     if spec is None:
         raise NotPlanned(f"batch {batch_id} is not in the plan of run {run}")
     if not local.is_file():
@@ -130,9 +129,9 @@ def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, s
     if local.stat().st_size != size:
         raise SpoolFileLost(f"spool file {local} is {local.stat().st_size} bytes, expected {size}")
     # The manifest read now, not cached: a run reset and planned again under a live uploader has a new incarnation.
-    manifest = ledger.require_manifest(r, run)
+    manifest = life.require_manifest(r, run)
     try:
-        foreign = provenance.file_mismatch(local, run, spec, manifest.incarnation)
+        foreign = life.file_mismatch(local, run, spec, manifest.incarnation)
     except BatchFileError as exc:
         raise SpoolFileLost(f"spool file {local} is corrupt: {exc}") from None
     if foreign:
@@ -149,9 +148,9 @@ def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, s
         if isinstance(exc, VerifyError) and file_sha256(local) != sha256:
             raise SpoolFileLost(f"spool file {local} is corrupt (sha256 differs from what the worker wrote)") from exc
         raise
-    batchlife.finish(r, run, spec, key, info.size, sha256, by=rt.cfg.worker_name)
-    storerefusal.clear(r, run)  # the store takes uploads again
+    life.finish(r, run, spec, key, info.size, sha256, by=rt.cfg.worker_name)
+    fleet.clear_store_refusal(r, run)  # the store takes uploads again
     local.unlink(missing_ok=True)
     rt.record_upload(size, run)
-    index.write_index_if_complete(r, store, run)
+    life.write_index_if_complete(r, store, run)
     return f"{batch_id} -> {store.url(key)} ({size} bytes)"

@@ -14,19 +14,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsx import retry
+from hsx import fleet, life, retry, runspec
 from hsx.errors import HsxError
-from hsx.fleet import multipart, refused, rqclean
-from hsx.fleet.role import Role
-from hsx.life import batchlife, leases, ledger, queues, reconcile
-from hsx.life.keys import RunKeys
-from hsx.life.ledger import RunVanished
-from hsx.monitor.progress import fmt_bytes
+from hsx.fleet import Role
+from hsx.life import RunKeys, RunVanished
+from hsx.monitor import fmt_bytes
 from hsx.redisconn import OUTAGES
-from hsx.runspec import spool
-from hsx.runspec.config import UploadConfig
-from hsx.runspec.manifest import RunLimits
-from hsx.runspec.visibility import open_run_store
+from hsx.runspec import RunLimits, UploadConfig, open_run_store
 from hsx.store import PermanentStoreError, StoreError, layout
 
 log = logging.getLogger(__name__)
@@ -48,7 +42,7 @@ class RunContext:
 
 
 class UploaderRuntime(Role):
-    noun, command, jobs = "uploader", "hsx upload", (queues.UPLOAD_FUNC,)
+    noun, command, jobs = "uploader", "hsx upload", (life.UPLOAD_FUNC,)
 
     def __init__(self, cfg: UploadConfig, r):
         super().__init__(cfg, r)
@@ -57,7 +51,7 @@ class UploaderRuntime(Role):
         self.memory_spool_dir = Path(cfg.memory_spool_dir).resolve() if cfg.memory_spool_dir else None
         # the default memory folder (hsx.runspec.spool.default_memory_dir): jobs naming the old shared one are taken too
         self.memory_default = (self.memory_spool_dir is not None
-                               and self.memory_spool_dir == spool.default_memory_dir(cfg.redis_url).resolve())
+                               and self.memory_spool_dir == runspec.default_memory_dir(cfg.redis_url).resolve())
         self._runs: dict[str, RunContext] = {}
         self._lock = threading.Lock()
         self.in_progress: tuple[str, str] | None = None   # (run, batch id) being uploaded; its lease is refreshed
@@ -71,7 +65,7 @@ class UploaderRuntime(Role):
         with self._lock:
             ctx = self._runs.get(run)
         if ctx is None:
-            manifest = ledger.get_manifest(self.r, run)
+            manifest = life.get_manifest(self.r, run)
             if manifest is None:
                 raise RunVanished(f"run {run!r} is no longer in Redis (restarted empty or flushed?)")
             try:
@@ -115,10 +109,10 @@ class UploaderRuntime(Role):
                                "serve (set --memory-spool-dir to the workers' memory tier); refused, nothing read or deleted")
         expected = layout.spool_path(roots[tier], run, batch_id)
         resolved = Path(path).resolve()
-        if tier == spool.MEMORY and self.memory_default and resolved == layout.spool_path(
-                spool.LEGACY_MEMORY_DIR, run, batch_id) and not Path(path).is_symlink():
+        if tier == runspec.MEMORY_TIER and self.memory_default and resolved == layout.spool_path(
+                runspec.LEGACY_MEMORY_DIR, run, batch_id) and not Path(path).is_symlink():
             # A job an older hsx queued for the old shared default: the file is this user's, moved here first.
-            spool.adopt_legacy(run, self.memory_spool_dir, spool.LEGACY_MEMORY_DIR)
+            runspec.adopt_legacy_spool(run, self.memory_spool_dir, runspec.LEGACY_MEMORY_DIR)
             resolved = expected
         if resolved != expected:
             raise OutsideSpool(f"upload job of {run}/{batch_id} names {path}, not its spool file {expected} "
@@ -135,7 +129,7 @@ class UploaderRuntime(Role):
             self.uploaded += 1
             self.bytes += size
         if run is not None:  # this host uploads again: a refusal recorded by a misconfigured uploader is over
-            refused.clear(self.r, run, self.host)
+            fleet.clear_refused_uploads(self.r, run, self.host)
         self.after_batch()
 
     def refuse(self, run: str, exc: Exception) -> None:
@@ -149,7 +143,7 @@ class UploaderRuntime(Role):
         if first:
             log.error("uploads refused: %s on host %s: %s. This uploader puts such jobs back and %s", cause, self.host,
                       exc, "stops (burst mode)" if self.cfg.burst else f"waits {REFUSED_PAUSE_SECONDS:.0f} s between tries")
-        refused.record(self.r, run, self.host, cause, str(exc))
+        fleet.record_refused_upload(self.r, run, self.host, cause, str(exc))
         if self.cfg.burst:
             self.stop_serving()
         else:
@@ -165,8 +159,8 @@ class UploaderRuntime(Role):
 
     def progress_line(self) -> str:
         grown, interval = self.since_last_line()
-        usage = spool.usage(self.spool_dir)
-        queued = self.queue_length(queues.upload_queue_name(self.host))
+        usage = runspec.spool_usage(self.spool_dir)
+        queued = self.queue_length(life.upload_queue_name(self.host))
         return (f"uploader {self.cfg.worker_name}: {self.uploaded} batches, {fmt_bytes(self.bytes)} uploaded; "
                 f"last {interval:.0f}s: {60 * grown['batches'] / interval:.1f} batches/min, "
                 f"{fmt_bytes(grown['bytes'] / interval)}/s; {self.failures} failed tries"
@@ -176,14 +170,14 @@ class UploaderRuntime(Role):
 
     def idle_line(self) -> str | None:
         """Idle once nothing was uploaded since the last line and the queue is empty."""
-        if self.queue_length(queues.upload_queue_name(self.host)) != "0":
+        if self.queue_length(life.upload_queue_name(self.host)) != "0":
             return None
         return (f"idle: uploader {self.cfg.worker_name} has uploaded {self.uploaded} batches ({fmt_bytes(self.bytes)}); "
                 f"upload@{self.host} is empty, waiting for jobs")
 
     # ---- serving (hsx/fleet/role.py) -----------------------------------------------
     def queue_names(self) -> list[str]:
-        return [queues.upload_queue_name(self.host)]
+        return [life.upload_queue_name(self.host)]
 
     def prepare(self) -> None:
         self.abort_stale_multipart()
@@ -195,9 +189,9 @@ class UploaderRuntime(Role):
         """Abort each run's multipart uploads that uploaders killed mid-upload left (hsx/fleet/multipart.py says which
         are safe to abort: never a live one of another uploader). A store that cannot be reached is no reason
         not to start: the next start or `hsx verify --repair` tries again."""
-        for run in ledger.list_runs(self.r):
+        for run in life.list_runs(self.r):
             try:
-                aborted = multipart.abort_stale(self.r, self.run_context(run).store, run,
+                aborted = fleet.abort_stale_uploads(self.r, self.run_context(run).store, run,
                                                 self.run_context(run).limits.lease_seconds)
             except Exception as exc:
                 log.warning("run %s: could not check for stale multipart uploads: %s", run, exc)
@@ -211,13 +205,13 @@ class UploaderRuntime(Role):
         job = self.in_progress
         if job:
             run, bid = job
-            leases.refresh(self.r, RunKeys(run).upload_leases, [bid], self.run_context(run).limits.lease_seconds)
-        for run in ledger.list_runs(self.r):
-            manifest = ledger.get_manifest(self.r, run)
+            life.refresh_leases(self.r, RunKeys(run).upload_leases, [bid], self.run_context(run).limits.lease_seconds)
+        for run in life.list_runs(self.r):
+            manifest = life.get_manifest(self.r, run)
             if manifest is not None:
                 limits = manifest.limits
                 if OUTAGES.settling(self.cfg.redis_url, limits.lease_seconds):
                     continue  # just back from a Redis outage: live owners refresh their leases first
-                batchlife.reap(self.r, run, limits.max_attempts)
-                reconcile.maybe_reconcile(self.r, run, limits.lease_seconds / 2)
-                rqclean.forget_dead_workers(self.r, run)
+                life.reap(self.r, run, limits.max_attempts)
+                life.maybe_reconcile(self.r, run, limits.lease_seconds / 2)
+                fleet.forget_dead_workers(self.r, run)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from hsx.fleet.evictionpolicy import check_eviction_policy
-from hsx.life import ledger
-from hsx.life.idle import run_complete
+from hsx import life
+from hsx.fleet import check_eviction_policy
+from hsx.life import run_complete
 from hsx.localdirs import ensure_dir
 from hsx.redisconn import connect, redact
-from hsx.runspec.config import UploadConfig
-from hsx.store.startcheck import check_store
+from hsx.runspec import UploadConfig
+from hsx.store import check_store
 
 # Imported now, not inside the first job: it pulls in torch, seconds between rq's hand-over
 # and the job's lease that the reconciler would count as a lost batch (issue 23 item 7).
@@ -24,8 +24,8 @@ def check_run_stores(r) -> None:
     """The start check of each S3 store an unfinished run of this Redis uploads to (once a store): one that is
     unreachable, refuses these credentials or a write is StoreUnusable (exit 2) within seconds, naming the setting."""
     checked = set()
-    for run in ledger.list_runs(r):
-        manifest = ledger.get_manifest(r, run)
+    for run in life.list_runs(r):
+        manifest = life.get_manifest(r, run)
         if manifest is None or run_complete(r, run) or manifest.store in checked:
             continue
         check_store(manifest.store, "uploader", run=run)

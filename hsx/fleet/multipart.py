@@ -18,8 +18,8 @@ from pathlib import PurePosixPath
 
 import redis
 
-from hsx.life import leases
-from hsx.life.keys import RunKeys
+from hsx import life
+from hsx.life import RunKeys
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def incomplete_uploads(r: redis.Redis, store, run: str, lease_seconds: float) ->
     if listing is None:
         return []
     keys = RunKeys(run)
-    now = leases.redis_now(r)
+    now = life.redis_now(r)
     live = {batch.decode() if isinstance(batch, bytes) else batch
             for batch in r.zrangebyscore(keys.upload_leases, now, "+inf")}  # read before the listing
     found = []

@@ -17,9 +17,9 @@ import logging
 import os
 import time
 
+from hsx import life
 from hsx.errors import HsxError
-from hsx.life import heartbeat
-from hsx.life.keys import RunKeys
+from hsx.life import RunKeys
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def claim_name(r, rq_worker, run: str, host: str, heartbeat_seconds: float) -> b
     """Clear a dead predecessor's rq registration of ``rq_worker.name``; True if one was cleared."""
     if not r.exists(rq_worker.key) or r.hexists(rq_worker.key, "death"):
         return False
-    deadline = time.monotonic() + heartbeat.ttl_seconds(heartbeat_seconds) + 1
+    deadline = time.monotonic() + life.ttl_seconds(heartbeat_seconds) + 1
     while not predecessor_dead(r, run, rq_worker.name, host):
         if time.monotonic() >= deadline:
             raise NameTaken(f"a live worker named {rq_worker.name!r} heartbeats for run {run!r} (another process or "

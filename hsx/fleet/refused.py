@@ -11,7 +11,7 @@ import time
 
 import redis
 
-from hsx.life.keys import RunKeys
+from hsx.life import RunKeys
 from hsx.redisconn import json_hash
 
 

@@ -39,12 +39,11 @@ import time
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
-from hsx import retry
+from hsx import life, retry
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.fleet.evictionpolicy import EvictingRedis, check_eviction_policy
 from hsx.fleet.nameclaim import claim_name
-from hsx.life import heartbeat, queues
-from hsx.life.keys import RunKeys
+from hsx.life import RunKeys
 
 log = logging.getLogger(__name__)
 PUBSUB_POLL_SECONDS = 1.0  # s: rq's command listener thread wakes this often; a stopping role waits at most this
@@ -133,7 +132,7 @@ class Role:
 
     # ---- heartbeat ----------------------------------------------------------------------
     def publish_heartbeat(self, stats: dict, pipe=None) -> None:
-        heartbeat.publish_heartbeat(self.r, self.run, self.name, stats, heartbeat.ttl_seconds(self.cfg.heartbeat_seconds),
+        life.publish_heartbeat(self.r, self.run, self.name, stats, life.ttl_seconds(self.cfg.heartbeat_seconds),
                                     pipe=pipe)
 
     def start(self) -> None:
@@ -186,7 +185,7 @@ class Role:
 
     def queue_length(self, queue_name: str) -> str:
         try:
-            return str(queues.queue(self.r, queue_name).count)
+            return str(life.queue(self.r, queue_name).count)
         except Exception as exc:  # Redis away
             return f"unknown ({type(exc).__name__})"
 
@@ -213,7 +212,7 @@ class Role:
     def serve(self, worker_class: type[SimpleWorker] = SimpleWorker, exception_handlers: tuple = ()) -> None:
         """Take jobs until stopped (SIGTERM, SIGINT, ``stop_serving``) or, with ``burst``, until the queues are empty."""
         worker = worker_class(self.queue_names(), connection=self.r, name=self.name, serializer=JSONSerializer,
-                              job_class=queues.job_class(self.jobs), exception_handlers=list(exception_handlers))
+                              job_class=life.job_class(self.jobs), exception_handlers=list(exception_handlers))
         if self.run is not None:  # before prepare(): a role may sweep what its name's predecessor left
             claim_name(self.r, worker, self.run, self.cfg.host, self.cfg.heartbeat_seconds)
         retry.STOP.clear()

@@ -16,16 +16,16 @@ from rq.registry import StartedJobRegistry
 from rq.worker import Worker
 from rq.worker_registration import unregister
 
-from hsx.life import heartbeat, queues
-from hsx.life.keys import RunKeys
+from hsx import life
+from hsx.life import RunKeys
 
 log = logging.getLogger(__name__)
 
 
 def forget_dead_workers(r: redis.Redis, run: str) -> list[str]:
     """Unregister the rq workers of ``run``'s extract queue with no hsx heartbeat; their names."""
-    heartbeat.sweep(r, run)  # workers not seen for a day: their last heartbeat and batch go too
-    q = queues.queue(r, queues.extract_queue_name(run))
+    life.sweep_heartbeats(r, run)  # workers not seen for a day: their last heartbeat and batch go too
+    q = life.queue(r, life.extract_queue_name(run))
     gone = []
     for worker in Worker.all(connection=r, queue=q):
         if r.exists(RunKeys(run).heartbeat(worker.name)):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 
-from hsx.life.keys import RunKeys
+from hsx.life import RunKeys
 
 
 def record(r, run: str, bid: str, error: str, by: str) -> None:

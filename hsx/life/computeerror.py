@@ -24,8 +24,8 @@ import json
 import time
 
 from hsx.life.keys import RunKeys
-from hsx.runspec.manifest import Manifest
-from hsx.store.layout import compute_error_key
+from hsx.runspec import Manifest
+from hsx.store import layout
 
 WHAT = "FP8 e4m3 GEMMs (weights per output row, activations per token) against the reference, per stored layer"
 BF16_REFERENCE = "the checkpoint's {dtype} weights in {dtype} linears (what --compute-dtype bfloat16 computes)"
@@ -97,5 +97,5 @@ def write_record(r, store, run: str) -> dict | None:
     or None if nothing was measured (a bfloat16 run)."""
     measured = read(r, run)
     if measured is not None:
-        store.put_bytes(compute_error_key(run), json.dumps(measured, indent=1).encode())
+        store.put_bytes(layout.compute_error_key(run), json.dumps(measured, indent=1).encode())
     return measured

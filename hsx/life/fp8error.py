@@ -15,8 +15,8 @@ import json
 
 from hsx.life.keys import RunKeys
 from hsx.redisconn import text
-from hsx.runspec.manifest import Manifest
-from hsx.store.layout import store_error_key
+from hsx.runspec import Manifest
+from hsx.store import layout
 
 ERROR_SAMPLE_EVERY = 16   # batches a worker runs between two measured ones
 
@@ -77,5 +77,5 @@ def write_record(r, store, run: str) -> dict | None:
     """Write ``<run>/store_error.json`` into the store (idempotent); the record, or None if nothing was measured."""
     record = summary(r, run)
     if record is not None:
-        store.put_bytes(store_error_key(run), json.dumps(record, indent=1).encode())
+        store.put_bytes(layout.store_error_key(run), json.dumps(record, indent=1).encode())
     return record

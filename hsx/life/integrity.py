@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from hsx.batch import batchfile
+from hsx.batch import BatchFileError, read_batch_bytes
 from hsx.life import batchlife, ledger, provenance, reconcile
 from hsx.store import layout
 
@@ -44,8 +44,8 @@ def check_batch(store, run: str, spec: ledger.BatchSpec, info: dict | None, quic
     if hashlib.sha256(data).hexdigest() != info["sha256"]:
         return f"object {key} has a different SHA-256 than the ledger recorded", []
     try:
-        contents = batchfile.read_bytes(data, where=key)
-    except batchfile.BatchFileError as exc:
+        contents = read_batch_bytes(data, where=key)
+    except BatchFileError as exc:
         return str(exc), []
     if contents.sample_ids != spec.sample_ids:
         return f"object {key} holds other samples than the plan", contents.sample_ids

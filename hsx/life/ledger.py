@@ -23,7 +23,7 @@ from hsx.errors import HsxError
 from hsx.life import errorlog, records
 from hsx.life.keys import RUNS, RunKeys
 from hsx.redisconn import int_hash, json_hash, text
-from hsx.runspec.manifest import Manifest
+from hsx.runspec import Manifest
 
 # KEYS: done, done_info, counters, shard_done, done_log, failures, dead, done_seq, done_seq_pos
 # ARGV: batch_id, info_json, samples, tokens, bytes, shard, now

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hsx.batch import batchfile
+from hsx.batch import read_header
 from hsx.life.ledger import BatchSpec
 
 INCARNATION = "incarnation"   # the header metadata key
@@ -46,5 +46,5 @@ def file_mismatch(path: Path, run: str, spec: BatchSpec, incarnation: str) -> st
             fh.seek(start)
             return fh.read(length)
 
-        header = batchfile.read_header(get_range, str(path))
+        header = read_header(get_range, str(path))
     return mismatch(header.metadata, run, spec, incarnation)

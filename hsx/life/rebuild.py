@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from hsx.batch import batchfile
+from hsx.batch import FORMAT, BatchFileError, read_batch_bytes, read_header
 from hsx.life import batchlife, ledger
 from hsx.store import layout
 
@@ -43,15 +43,15 @@ def check_object(store, run: str, spec: ledger.BatchSpec, full: bool) -> tuple[s
     if not head.sha256:
         return "the store has no SHA-256 for it", head.size, None
     try:
-        header = batchfile.read_header(lambda start, length: store.get_bytes(key, start, length), key)
+        header = read_header(lambda start, length: store.get_bytes(key, start, length), key)
         metadata, described = header.metadata, header.size
     except KeyError:
         return "missing", 0, None
-    except batchfile.BatchFileError as exc:
+    except BatchFileError as exc:
         return str(exc), head.size, None
     if described != head.size:
         return f"{head.size} bytes, its header describes {described}", head.size, None
-    wanted = {"format": batchfile.FORMAT, "run": run, "batch_id": spec.batch_id}
+    wanted = {"format": FORMAT, "run": run, "batch_id": spec.batch_id}
     if any(metadata.get(k) != v for k, v in wanted.items()):
         return f"header names {[metadata.get(k) for k in wanted]}, want {list(wanted.values())}", head.size, None
     try:
@@ -64,8 +64,8 @@ def check_object(store, run: str, spec: ledger.BatchSpec, full: bool) -> tuple[s
         if hashlib.sha256(data).hexdigest() != head.sha256:
             return "SHA-256 differs from the one recorded with it", head.size, None
         try:
-            contents = batchfile.read_bytes(data, where=key)
-        except batchfile.BatchFileError as exc:
+            contents = read_batch_bytes(data, where=key)
+        except BatchFileError as exc:
             return str(exc), head.size, None
         for t in (contents.hidden_states, contents.final_hidden_states):
             if t is not None and not bool(torch.isfinite(t).all()):

@@ -1,1 +1,25 @@
-"""What status, the dashboard and /metrics show."""
+"""What `hsx status`, the dashboard and /metrics show: the face of the wing.
+
+A run's progress from its ledger, a long step's progress line, whether a plan is whole, and the last
+evaluation of a drafter trained on the run. It reads the other wings and writes nothing of a batch's life.
+Everything not named in ``__all__`` is private to the wing.
+"""
+
+from __future__ import annotations
+
+from hsx.monitor.evaluation import record as record_evaluation
+from hsx.monitor.planstate import plan_line
+from hsx.monitor.progress import RATE_WINDOW_SECONDS, fmt_bytes, fmt_duration, host_row, run_progress, summary_lines
+from hsx.monitor.progressline import Progress
+
+__all__ = [
+    "RATE_WINDOW_SECONDS",
+    "fmt_bytes",
+    "fmt_duration",
+    "host_row",
+    "run_progress",
+    "summary_lines",
+    "Progress",
+    "plan_line",
+    "record_evaluation",
+]

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 
-from hsx.life import records
-from hsx.life.keys import RunKeys
+from hsx.life import RunKeys, records
 
 FIELDS = ("drafter", "global_step", "tau", "target_forwards_per_token", "speedup", "identical_prompts", "prompts",
           "teacher_forced_accepted_prefix", "device", "ts")

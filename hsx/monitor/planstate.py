@@ -14,8 +14,8 @@ import shlex
 import redis
 
 from hsx import defaults as D
-from hsx.life.keys import RunKeys
-from hsx.runspec.manifest import Manifest
+from hsx.life import RunKeys
+from hsx.runspec import Manifest
 
 
 def lock_holder(r: redis.Redis, run: str) -> dict | None:

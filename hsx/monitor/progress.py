@@ -6,11 +6,10 @@ import time
 
 import redis
 
-from hsx.fleet import refused, storerefusal
-from hsx.life import computeerror, fp8error, heartbeat, ledger, queues, reconcile, records
-from hsx.life.keys import RunKeys
+from hsx import fleet, life
+from hsx.life import RunKeys, records
 from hsx.monitor import evaluation, planstate
-from hsx.runspec.manifest import Manifest, ManifestError
+from hsx.runspec import Manifest, ManifestError
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
 MIN_RATE_SPAN_SECONDS = 10  # ...or, for a run younger than that, over its age (at least this long)
@@ -62,7 +61,7 @@ def fidelity(r: redis.Redis, run: str, malformed: list[str]) -> dict | None:
     """FP8's measured error against bf16, per stored layer: ``{"layer_ids", "compute", "store"}`` with
     ``compute`` the run's record (hsx/life/computeerror.py: one batch, measured once) and ``store`` the summary
     of the sampled batches (hsx/life/fp8error.py), each None where not measured; None for a run with neither."""
-    compute, store = computeerror.read(r, run, malformed), fp8error.summary(r, run, malformed)
+    compute, store = life.compute_error(r, run, malformed), life.store_error_summary(r, run, malformed)
     if compute is None and store is None:
         return None
     layer_ids = list((compute or {}).get("layer_ids", []))
@@ -92,7 +91,7 @@ def fidelity_lines(f: dict) -> list[str]:
                      f"{accumulation}), against {str(compute.get('reference'))[:200]}")
     if store is not None:
         lines.append(f"    storage: {store['batches_measured']} batches ({store['tokens_measured']} tokens), one in "
-                     f"{fp8error.ERROR_SAMPLE_EVERY} a worker runs")
+                     f"{life.ERROR_SAMPLE_EVERY} a worker runs")
     return lines
 
 
@@ -122,14 +121,14 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     first = r.zrange(keys.done_log, 0, 0, withscores=True)
     raw_manifest = r.get(keys.manifest)
     manifest = _manifest(raw_manifest, keys.manifest, malformed) if raw_manifest else None
-    workers = heartbeat.read_workers(r, run, malformed=malformed)
-    extract_queue = len(queues.queue(r, queues.extract_queue_name(run)))
-    dead = _not_done(r, keys, ledger.dead_letters(r, run, malformed))
-    failures = _not_done(r, keys, ledger.failures(r, run, malformed))
+    workers = life.read_workers(r, run, malformed=malformed)
+    extract_queue = len(life.queue(r, life.extract_queue_name(run)))
+    dead = _not_done(r, keys, life.dead_letters(r, run, malformed))
+    failures = _not_done(r, keys, life.failures(r, run, malformed))
     planned_only = bool(r.exists(keys.planned_only))
     stalled = None if complete or planned_only else stall_reason(r, run, now, totals, done, extract_queue, workers, dead)
-    hosts = heartbeat.read_hosts(r, run, malformed)
-    upload_refused = {} if complete else refused.read(r, run)
+    hosts = life.read_hosts(r, run, malformed)
+    upload_refused = {} if complete else fleet.refused_uploads(r, run)
     if upload_refused:  # the cause a person must fix, before any generic "nothing moved"
         stalled = "; ".join(f"uploads refused: {v.get('cause')} on host {h}" for h, v in sorted(upload_refused.items()))
     fp8 = fidelity(r, run, malformed)
@@ -139,7 +138,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "totals": totals,
         "done": {k: done.get(k, 0) for k in ("batches", "samples", "tokens", "bytes")},
         "spooled_batches": spooled,
-        "written_bytes": done.get(ledger.WRITTEN_BYTES, 0),
+        "written_bytes": done.get(life.WRITTEN_BYTES, 0),
         "bytes_per_token": (done["bytes"] / done["tokens"]) if done.get("tokens") and done.get("bytes") else None,
         "store_dtype": manifest.store_dtype if manifest else None,
         "codec": manifest.codec if manifest else "none",
@@ -164,7 +163,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "hosts": hosts,
         "index_written": bool(r.get(keys.index_written)),
         "malformed": malformed,
-        "store_refusal": None if complete else storerefusal.read(r, run),  # {error, batch, ts, by}: store says no
+        "store_refusal": None if complete else fleet.store_refusal(r, run),  # {error, batch, ts, by}: store says no
     }
 
 
@@ -176,7 +175,7 @@ def host_row(r: redis.Redis, host: str, stats: dict, now: float | None = None) -
     from rq import Worker
 
     now = time.time() if now is None else now
-    q = queues.queue(r, queues.upload_queue_name(host))
+    q = life.queue(r, life.upload_queue_name(host))
     budget = stats.get("spool_budget_bytes") or 0
     used = stats.get("spool_bytes", 0)
     return {"host": host, "spool_bytes": used, "spool_files": stats.get("spool_files", 0),
@@ -201,7 +200,7 @@ def stall_reason(r: redis.Redis, run: str, now: float, totals: dict, done: dict,
         return None
     left = totals["batches"] - done.get("batches", 0)
     alive = sum(1 for w in workers if w.get("alive"))
-    lost = len(reconcile.orphans(r, run))
+    lost = len(life.orphans(r, run))
     if lost:
         return (f"{lost} of {left} batches left are in no queue, lease or dead letter; a running worker or uploader "
                 "re-enqueues them within 2 x its lease" + ("" if alive else " (no live worker of this run now)"))

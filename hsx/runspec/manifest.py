@@ -141,14 +141,14 @@ class Manifest:
     @property
     def host_bytes_per_token(self) -> int:
         """Bytes a token's stored tensors take in host memory before the codec (hidden states, FP8 scales, final)."""
-        from hsx.batch.batchfile import hidden_bytes_per_token
+        from hsx.batch import hidden_bytes_per_token
 
         return hidden_bytes_per_token(self.hidden_size, self.stored_rows, self.store_dtype)
 
     @property
     def bytes_per_token(self) -> int:
         """Bytes a token takes in a batch file, estimated (the codec's measured ratio; headers left out)."""
-        from hsx.batch.batchfile import stored_bytes_per_token
+        from hsx.batch import stored_bytes_per_token
 
         return stored_bytes_per_token(self.hidden_size, self.stored_rows, self.store_dtype, self.codec)
 

@@ -5,12 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from hsx.errors import HsxError
+from hsx.store import layout
 from hsx.store.base import ObjectInfo, PermanentStoreError, Store, StoreError, VerifyError
 from hsx.store.local import LocalStore
 from hsx.store.quirks import EndpointQuirks
 from hsx.store.settings import StoreSettings
+from hsx.store.startcheck import check_store
 
-__all__ = ["ObjectInfo", "Store", "StoreError", "PermanentStoreError", "VerifyError", "LocalStore", "open_store", "StoreURLError", "StoreSettings"]
+__all__ = [
+    "Store", "ObjectInfo", "StoreError", "PermanentStoreError", "VerifyError", "StoreURLError", "LocalStore",
+    "StoreSettings", "EndpointQuirks", "open_store", "check_store",
+    "layout",  # a namespace: the object keys of a run
+]
 
 
 class StoreURLError(HsxError, ValueError):

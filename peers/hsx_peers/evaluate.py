@@ -170,7 +170,7 @@ def decode(target, draft, prompts, max_new_tokens: int, stop_token_ids: list[int
 
 @torch.inference_mode()
 def teacher_forced(target, draft, spec: dict, dtype, device, progress_base: int, total: int) -> dict:
-    from hsx.runspec.config import StoreSettings
+    from hsx.store import StoreSettings
     from hsx_reader import RunDataset
 
     ds = RunDataset(StoreSettings(url=spec["store"], endpoint_url=spec.get("endpoint_url")), spec["run"],

@@ -12,7 +12,7 @@ Position i is line i of the run's index (the numbering ``hsx export`` uses too).
 
 from __future__ import annotations
 
-from hsx.runspec.config import StoreSettings
+from hsx.store import StoreSettings
 from hsx_reader import RunDataset
 from hsx_reader.objects import fetch_header, fetch_token_columns
 

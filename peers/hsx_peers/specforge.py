@@ -50,7 +50,7 @@ import torch
 from specforge.runtime.contracts import SCHEMA_VERSION, FeatureHandle, SampleRef
 from specforge.runtime.data_plane.feature_store import FeatureStore
 
-from hsx.runspec.config import ConfigError
+from hsx.errors import ConfigError
 from hsx_peers.samples import open_run, token_columns
 from hsx_reader import ReaderError
 from hsx_tools import draftconfig

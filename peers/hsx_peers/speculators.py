@@ -33,7 +33,8 @@ import torch
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 
 from hsx.errors import HsxError
-from hsx.runspec.config import StoreSettings, with_redis_password
+from hsx.runspec import with_redis_password
+from hsx.store import StoreSettings
 from hsx_peers.samples import open_run, token_columns
 from hsx_peers.speculators_follow import FollowTransfer, install
 from hsx_reader import ReaderError

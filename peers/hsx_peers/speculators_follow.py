@@ -57,10 +57,9 @@ from speculators.train.data import BaseDataset, CollateFn
 from speculators.train.distributed import get_dp_size
 from torch.utils.data import DataLoader
 
-from hsx.life import ledger
-from hsx.life.keys import RunKeys
-from hsx.runspec.config import StoreSettings
-from hsx.store import layout
+from hsx import life
+from hsx.life import RunKeys
+from hsx.store import StoreSettings, layout
 from hsx_reader import Cursor, ReaderError, RunFollower
 from hsx_reader.objects import fetch_header, fetch_rows
 
@@ -148,11 +147,11 @@ class FollowSampler:
             r, keys = self.follower.r, RunKeys(self.follower.run)
             while int(r.hget(keys.totals, "planning") or 0):
                 time.sleep(PLAN_POLL_SECONDS)
-            specs = ledger.all_specs(r, self.follower.run).values()
+            specs = life.all_specs(r, self.follower.run).values()
             self._length = sum(max(1, math.ceil(s.tokens / self.total_seq_len)) for s in specs)
         return self._length
 
-    def _rows_per_step(self, spec: ledger.BatchSpec) -> list[range]:
+    def _rows_per_step(self, spec: life.BatchSpec) -> list[range]:
         """The batch's rows cut into steps: greedy, in row order, at most total_seq_len tokens a step (a longer
         sample is a step of its own; speculators' collate truncates it)."""
         if spec.tokens <= self.total_seq_len:
@@ -210,7 +209,7 @@ class FollowSampler:
         generation = follower.generation()
         self._check_state(start, generation)
         handed_out = self._handed_out(start)
-        ledger.sequence_done(follower.r, follower.run)
+        life.sequence_done(follower.r, follower.run)
         step, position, previous, recording, walked = 0, 0, "", start == 0, []
         while True:
             waited = follower.stats.waited_seconds
