@@ -148,7 +148,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     layout.check_run_name(cfg.run)
     check_row_settings(cfg.overlong, cfg.max_reject_share)
     check_budget(cfg.max_length, cfg.token_budget, cfg.pad_multiple)
-    # Paths are resolved once, here: the manifest holds them absolute for roles started anywhere (DESIGN rule 8).
+    # Paths are resolved once, here: the manifest holds them absolute for roles started anywhere (docs/architecture.md, rule 8).
     cfg = replace(cfg, dataset=resolve_dataset(cfg.dataset), model=resolve_model(cfg.model),
                   store=replace(cfg.store, url=resolve_store_url(cfg.store.url)))
     cfg.store.check_writable()
@@ -198,7 +198,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
         planned_only = _mark_planned_only(r, cfg, new_run=existing is None)
         repaired = unmark_missing_done(r, store, cfg.run) if existing is not None else []
         done = life.done_ids(r, cfg.run)
-        # A re-run: the store is the second copy of the truth (DESIGN rule 2). Objects not in the ledger
+        # A re-run: the store is the second copy of the truth (docs/architecture.md, rule 2). Objects not in the ledger
         # (all of them after Redis lost the run) are checked and recorded done window by window.
         rebuild = Rebuild(r, store, cfg.run, done) if existing is not None else None
         pending = life.pending_extract(r, cfg.run)

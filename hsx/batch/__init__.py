@@ -5,71 +5,33 @@ Never imports run state (`hsx.run`), token preparation (`hsx.prep`) or a store (
 
 from __future__ import annotations
 
-from hsx.batch.batchfile import (
-    FORMAT,
-    INPUT_DIGEST_MISMATCH,
-    INPUT_FORMAT,
-    MAX_HEADER,
-    TOKEN_COLUMNS,
-    TOKEN_DIGEST,
-    BatchContents,
-    BatchFileError,
-    Header,
-    TensorSpec,
-    decode_tensor,
-    hidden_bytes_per_token,
-    parse_header,
-    read_header,
-    stored_bytes_per_token,
-    token_digest,
-    write_atomic,
-)
-from hsx.batch.batchfile import (
-    decode as decode_batch,
-)
-from hsx.batch.batchfile import (
-    read_bytes as read_batch_bytes,
-)
-from hsx.batch.batchfile import (
-    to_bytes as batch_bytes,
-)
-from hsx.batch.batchfile import (
-    validate as validate_batch,
-)
-from hsx.batch.batchfile import (
-    values as stored_values,
-)
-from hsx.batch.codec import check_codec
-from hsx.batch.dtypes import FP8, VALUE_DTYPES, check_store_dtype, dtype_name, fp8_error, quantise_fp8
+from hsx.face import face
 
-__all__ = [
-    "BatchContents",
-    "BatchFileError",
-    "FORMAT",
-    "Header",
-    "INPUT_DIGEST_MISMATCH",
-    "INPUT_FORMAT",
-    "MAX_HEADER",
-    "TOKEN_COLUMNS",
-    "TOKEN_DIGEST",
-    "TensorSpec",
-    "batch_bytes",
-    "decode_batch",
-    "decode_tensor",
-    "hidden_bytes_per_token",
-    "parse_header",
-    "read_batch_bytes",
-    "read_header",
-    "stored_bytes_per_token",
-    "stored_values",
-    "token_digest",
-    "validate_batch",
-    "write_atomic",
-    "FP8",
-    "VALUE_DTYPES",
-    "check_store_dtype",
-    "dtype_name",
-    "fp8_error",
-    "quantise_fp8",
-    "check_codec",
-]
+__getattr__, __dir__, __all__ = face(__name__, {
+    "batchfile": {
+        "FORMAT": None,
+        "INPUT_DIGEST_MISMATCH": None,
+        "INPUT_FORMAT": None,
+        "MAX_HEADER": None,
+        "TOKEN_COLUMNS": None,
+        "TOKEN_DIGEST": None,
+        "BatchContents": None,
+        "BatchFileError": None,
+        "Header": None,
+        "TensorSpec": None,
+        "decode_tensor": None,
+        "hidden_bytes_per_token": None,
+        "parse_header": None,
+        "read_header": None,
+        "stored_bytes_per_token": None,
+        "token_digest": None,
+        "write_atomic": None,
+        "decode": "decode_batch",
+        "read_bytes": "read_batch_bytes",
+        "to_bytes": "batch_bytes",
+        "validate": "validate_batch",
+        "values": "stored_values",
+    },
+    "codec": ["check_codec"],
+    "dtypes": ["FP8", "VALUE_DTYPES", "check_store_dtype", "dtype_name", "fp8_error", "quantise_fp8"],
+})

@@ -8,28 +8,13 @@ Everything not named in ``__all__`` is private to the wing.
 
 from __future__ import annotations
 
-from hsx.fleet.evictionpolicy import check_eviction_policy
-from hsx.fleet.multipart import abort_stale as abort_stale_uploads
-from hsx.fleet.multipart import incomplete_uploads
-from hsx.fleet.refused import clear as clear_refused_uploads
-from hsx.fleet.refused import read as refused_uploads
-from hsx.fleet.refused import record as record_refused_upload
-from hsx.fleet.role import Role
-from hsx.fleet.rqclean import forget_dead_workers
-from hsx.fleet.storerefusal import clear as clear_store_refusal
-from hsx.fleet.storerefusal import read as store_refusal
-from hsx.fleet.storerefusal import record as record_store_refusal
+from hsx.face import face
 
-__all__ = [
-    "Role",
-    "check_eviction_policy",
-    "abort_stale_uploads",
-    "incomplete_uploads",
-    "clear_refused_uploads",
-    "record_refused_upload",
-    "refused_uploads",
-    "clear_store_refusal",
-    "record_store_refusal",
-    "store_refusal",
-    "forget_dead_workers",
-]
+__getattr__, __dir__, __all__ = face(__name__, {
+    "evictionpolicy": ["check_eviction_policy"],
+    "multipart": {"abort_stale": "abort_stale_uploads", "incomplete_uploads": None},
+    "refused": {"clear": "clear_refused_uploads", "read": "refused_uploads", "record": "record_refused_upload"},
+    "role": ["Role"],
+    "rqclean": ["forget_dead_workers"],
+    "storerefusal": {"clear": "clear_store_refusal", "read": "store_refusal", "record": "record_store_refusal"},
+})

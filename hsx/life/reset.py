@@ -1,6 +1,6 @@
 """Start a run over: its Redis keys and queued jobs, and (when asked) its objects in the store.
 
-`hsx produce` refuses a run whose manifest differs from the one recorded (DESIGN: a run
+`hsx produce` refuses a run whose manifest differs from the one recorded (a run
 refuses to resume against a different manifest); a run planned with wrong settings is
 reset here, then planned again. Nothing is deleted while a producer holds the run's lock, nor (unless
 the user overrides it, knowing what it risks) while the run's workers beat or batches are leased: a live

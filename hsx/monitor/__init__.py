@@ -7,19 +7,11 @@ Everything not named in ``__all__`` is private to the wing.
 
 from __future__ import annotations
 
-from hsx.monitor.evaluation import record as record_evaluation
-from hsx.monitor.planstate import plan_line
-from hsx.monitor.progress import RATE_WINDOW_SECONDS, fmt_bytes, fmt_duration, host_row, run_progress, summary_lines
-from hsx.monitor.progressline import Progress
+from hsx.face import face
 
-__all__ = [
-    "RATE_WINDOW_SECONDS",
-    "fmt_bytes",
-    "fmt_duration",
-    "host_row",
-    "run_progress",
-    "summary_lines",
-    "Progress",
-    "plan_line",
-    "record_evaluation",
-]
+__getattr__, __dir__, __all__ = face(__name__, {
+    "evaluation": {"record": "record_evaluation"},
+    "planstate": ["plan_line"],
+    "progress": ["RATE_WINDOW_SECONDS", "fmt_bytes", "fmt_duration", "host_row", "run_progress", "summary_lines"],
+    "progressline": ["Progress"],
+})

@@ -5,46 +5,23 @@ Never imports run state (`hsx.run`), the batch format (`hsx.batch`) or a store (
 
 from __future__ import annotations
 
-from hsx.prep.columns import ColumnMapping, ColumnMappingError, preset_for
-from hsx.prep.dataset import Row, RowError, fingerprints, iter_rows
-from hsx.prep.inputs import (
-    SettingsError,
-    check_budget,
-    check_row_settings,
-    resolve_dataset,
-    resolve_model,
-    resolve_store_url,
-)
-from hsx.prep.planning import cut_batches, padding_fraction
-from hsx.prep.report import Sample, TokeniseReport
-from hsx.prep.rows import RowRejected
-from hsx.prep.tokenise import ChatTokeniser, parse_template_kwargs
-from hsx.prep.weights import weights_fingerprint
-from hsx.prep.windows import TokeniseSettings, WindowTokeniser, default_workers
+from hsx.face import face
 
-__all__ = [
-    "Row",
-    "RowError",
-    "fingerprints",
-    "iter_rows",
-    "ColumnMapping",
-    "ColumnMappingError",
-    "preset_for",
-    "RowRejected",
-    "ChatTokeniser",
-    "parse_template_kwargs",
-    "TokeniseSettings",
-    "WindowTokeniser",
-    "default_workers",
-    "Sample",
-    "TokeniseReport",
-    "cut_batches",
-    "padding_fraction",
-    "SettingsError",
-    "check_budget",
-    "check_row_settings",
-    "resolve_dataset",
-    "resolve_model",
-    "resolve_store_url",
-    "weights_fingerprint",
-]
+__getattr__, __dir__, __all__ = face(__name__, {
+    "columns": ["ColumnMapping", "ColumnMappingError", "preset_for"],
+    "dataset": ["Row", "RowError", "fingerprints", "iter_rows"],
+    "inputs": [
+        "SettingsError",
+        "check_budget",
+        "check_row_settings",
+        "resolve_dataset",
+        "resolve_model",
+        "resolve_store_url",
+    ],
+    "planning": ["cut_batches", "padding_fraction"],
+    "report": ["Sample", "TokeniseReport"],
+    "rows": ["RowRejected"],
+    "tokenise": ["ChatTokeniser", "parse_template_kwargs"],
+    "weights": ["weights_fingerprint"],
+    "windows": ["TokeniseSettings", "WindowTokeniser", "default_workers"],
+})

@@ -1,7 +1,7 @@
 """A run's settings and inputs, checked and resolved once, before anything is written.
 
 `hsx produce` and `hsx inspect` share these checks (same message, exit 2). Every path a
-manifest holds is made absolute here (DESIGN rule 8): a relative ``--store relstore``
+manifest holds is made absolute here (docs/architecture.md, rule 8): a relative ``--store relstore``
 means the same folder to a worker or uploader started from any other directory.
 URLs (s3://, file://) and hub ids stay as written.
 """

@@ -7,75 +7,34 @@ the local spool's tiers and files, and whether this host sees what the manifest 
 
 from __future__ import annotations
 
-from hsx.runspec.compute import ComputeDtypeError, check_compute_dtype, check_fp8_accumulation
-from hsx.runspec.config import ProduceConfig, UploadConfig, WorkerConfig, with_redis_password
-from hsx.runspec.manifest import (
-    Manifest,
-    ManifestError,
-    RunLimits,
-    check_same_run,
-    config_hash,
-    load_model_config,
-    new_manifest,
-    text_config,
-)
-from hsx.runspec.spool import (
-    DISK as DISK_TIER,
-)
-from hsx.runspec.spool import (
-    LEGACY_MEMORY_DIR,
-    SpoolTiers,
-    Tier,
-    auto_memory_budget,
-    default_memory_dir,
-    is_disk_full,
-)
-from hsx.runspec.spool import (
-    MEMORY as MEMORY_TIER,
-)
-from hsx.runspec.spool import (
-    adopt_legacy as adopt_legacy_spool,
-)
-from hsx.runspec.spool import (
-    complete_files as spool_files,
-)
-from hsx.runspec.spool import (
-    temp_files as spool_temp_files,
-)
-from hsx.runspec.spool import (
-    usage as spool_usage,
-)
-from hsx.runspec.visibility import RunNotVisible, check_model_visible, open_run_store
+from hsx.face import face
 
-__all__ = [
-    "ProduceConfig",
-    "UploadConfig",
-    "WorkerConfig",
-    "with_redis_password",
-    "Manifest",
-    "ManifestError",
-    "RunLimits",
-    "check_same_run",
-    "config_hash",
-    "load_model_config",
-    "new_manifest",
-    "text_config",
-    "ComputeDtypeError",
-    "check_compute_dtype",
-    "check_fp8_accumulation",
-    "DISK_TIER",
-    "LEGACY_MEMORY_DIR",
-    "MEMORY_TIER",
-    "SpoolTiers",
-    "Tier",
-    "adopt_legacy_spool",
-    "auto_memory_budget",
-    "default_memory_dir",
-    "is_disk_full",
-    "spool_files",
-    "spool_temp_files",
-    "spool_usage",
-    "RunNotVisible",
-    "check_model_visible",
-    "open_run_store",
-]
+__getattr__, __dir__, __all__ = face(__name__, {
+    "compute": ["ComputeDtypeError", "check_compute_dtype", "check_fp8_accumulation"],
+    "config": ["ProduceConfig", "UploadConfig", "WorkerConfig", "with_redis_password"],
+    "manifest": [
+        "Manifest",
+        "ManifestError",
+        "RunLimits",
+        "check_same_run",
+        "config_hash",
+        "load_model_config",
+        "new_manifest",
+        "text_config",
+    ],
+    "spool": {
+        "DISK": "DISK_TIER",
+        "LEGACY_MEMORY_DIR": None,
+        "SpoolTiers": None,
+        "Tier": None,
+        "auto_memory_budget": None,
+        "default_memory_dir": None,
+        "is_disk_full": None,
+        "MEMORY": "MEMORY_TIER",
+        "adopt_legacy": "adopt_legacy_spool",
+        "complete_files": "spool_files",
+        "temp_files": "spool_temp_files",
+        "usage": "spool_usage",
+    },
+    "visibility": ["RunNotVisible", "check_model_visible", "open_run_store"],
+})

@@ -69,7 +69,7 @@ OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "fp8_accu
 @dataclass(frozen=True)
 class Manifest:
     """What a run is: written once by `hsx produce` (Redis ``hsx:<run>:manifest`` and ``<run>/manifest.json``
-    in the store, the same JSON), read by every role. Paths are absolute (DESIGN rule 8).
+    in the store, the same JSON), read by every role. Paths are absolute (docs/architecture.md, rule 8).
 
     Read and written only here: ``from_dict``/``from_json`` (old manifests included) and ``to_dict``/``to_json``.
     """

@@ -1,4 +1,4 @@
-"""Whether this host sees what a run's manifest names: its store and its model (DESIGN rule 8).
+"""Whether this host sees what a run's manifest names: its store and its model (docs/architecture.md, rule 8).
 
 A role checks at start (the worker) or when it first meets a run (the uploader): a local store
 folder another host wrote must be mounted here at the same absolute path, or the run must use
