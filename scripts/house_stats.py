@@ -13,7 +13,6 @@ import ast
 import importlib
 import re
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,8 +98,9 @@ def main() -> None:
     for wing in WINGS:
         inside = [m for m in rooms if m.startswith(f"hsx.{wing}.")]
         arrows = sum(len({d for d in edges[m] if d.startswith(f"hsx.{wing}.")}) for m in inside)
+        offers = len(getattr(importlib.import_module(f"hsx.{wing}"), "__all__", ())) or "none"
         print(f"  {wing:8s} {len(inside):2d} modules, {arrows:2d} arrows inside, top floor "
-              f"{max(floor[m] for m in inside)}, face offers {len(getattr(importlib.import_module(f'hsx.{wing}'), '__all__', ())) or 'none'}")
+              f"{max(floor[m] for m in inside)}, face offers {offers}")
     print("role/tool      imports name (modules or faces)  kernel modules used  most in one file")
     for role in ROLES:
         units, modules, worst = set(), set(), (0, "")
