@@ -16,7 +16,7 @@ from hsx.prep.inputs import (
     resolve_store_url,
 )
 from hsx.prep.planning import cut_batches, padding_fraction
-from hsx.prep.report import Sample, TokeniseReport
+from hsx.prep.report import Sample, TokeniseReport, Window
 from hsx.prep.rows import RowRejected
 from hsx.prep.tokenise import ChatTokeniser, parse_template_kwargs
 from hsx.prep.weights import weights_fingerprint
@@ -38,6 +38,7 @@ __all__ = [
     "default_workers",
     "Sample",
     "TokeniseReport",
+    "Window",
     "cut_batches",
     "padding_fraction",
     "SettingsError",

@@ -1,8 +1,8 @@
 """What a run is: the face of the wing.
 
-Each role's frozen config, the run's manifest (built, validated, compared on resume), what it computes in,
-the local spool's tiers and files, and whether this host sees what the manifest names. Everything not named in
-``__all__`` is private to the wing.
+Each role's frozen config, the run's manifest (built from `hsx produce`'s settings and what it found about the
+inputs, validated, compared on resume), what it computes in, the local spool's tiers and files, and whether this
+host sees what the manifest names. Everything not named in ``__all__`` is private to the wing.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from hsx.runspec.manifest import (
     new_manifest,
     text_config,
 )
+from hsx.runspec.plan import RunFacts, plan_manifest, resumed_manifest
 from hsx.runspec.spool import (
     DISK as DISK_TIER,
 )
@@ -60,6 +61,9 @@ __all__ = [
     "load_model_config",
     "new_manifest",
     "text_config",
+    "RunFacts",
+    "plan_manifest",
+    "resumed_manifest",
     "ComputeDtypeError",
     "check_compute_dtype",
     "check_fp8_accumulation",
