@@ -1,4 +1,13 @@
-"""Plan a run and enqueue its batches.
+"""Plan a run and enqueue its batches, in five steps: ``produce()`` calls them in order.
+
+- ``check``: the settings, Redis and the store, before anything is created;
+- ``identify``: what the model, the layers and the dataset are: the run's manifest
+  (hsx.runspec.plan_manifest), then reconciled with an existing run's (resumed_manifest);
+- ``resume``: under the producer lock, what the ledger, the queues and the window
+  records of an earlier producer already hold;
+- ``plan_windows``: tokenise, cut, write the inputs, save the plan, enqueue and
+  record each window in turn;
+- ``seal``: the manifest and the final totals, and on a re-run the index.
 
 Re-running is safe: the plan is deterministic for the same dataset, model and
 settings, inputs already in the store are not rewritten, and only batches
@@ -9,18 +18,14 @@ existing run is refused.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-import numpy as np
 import redis
-import torch
 
 from hsx import life
-from hsx.batch import INPUT_DIGEST_MISMATCH, INPUT_FORMAT, batch_bytes, check_store_dtype, hidden_bytes_per_token
+from hsx.batch import INPUT_DIGEST_MISMATCH, check_store_dtype, hidden_bytes_per_token
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.errors import HsxError
 from hsx.fleet import check_eviction_policy
@@ -28,8 +33,6 @@ from hsx.layers import resolve_layers
 from hsx.life import Rebuild, RunKeys, unmark_missing_done, write_index_if_complete
 from hsx.monitor import Progress
 from hsx.prep import (
-    Sample,
-    TokeniseReport,
     TokeniseSettings,
     Window,
     WindowTokeniser,
@@ -55,13 +58,15 @@ from hsx.runspec import (
     resumed_manifest,
     text_config,
 )
-from hsx.store import Store, check_store, layout
+from hsx.store import check_store, layout
 from producer import windows
+from producer.inputs import write_inputs
+from producer.planning import Planning
+from producer.report import ProduceReport
 from producer.runlock import ProducerLock
 from producer.windows import WindowRecord
 
 log = logging.getLogger(__name__)
-INPUT_UPLOAD_THREADS = 8
 
 
 class PlanError(HsxError, RuntimeError):
@@ -70,74 +75,6 @@ class PlanError(HsxError, RuntimeError):
 
 class RejectShareExceeded(PlanError):
     """More than the allowed share of rows was rejected; nothing is left on the queue."""
-
-
-@dataclass
-class ProduceReport:
-    run: str
-    manifest: Manifest
-    tokenise: TokeniseReport
-    batches: int
-    samples: int
-    tokens: int
-    padded_tokens: int
-    already_done: int
-    already_pending: int
-    enqueued: int
-    repaired: int = 0
-    windows: int = 0
-    resumed_windows: int = 0
-    rebuilt: int = 0
-    planned_only: bool = False
-
-    def lines(self) -> list[str]:
-        t = self.tokenise
-        out = [f"run {self.run}: {t.rows} rows read, {t.kept} samples kept, {t.truncated} truncated, "
-               f"{t.dropped_overlong} dropped as over-long, {t.rejected_rows} rejected ({t.reject_share():.2%})",
-               "rows by format: " + ", ".join(f"{k} {v}" for k, v in sorted(t.formats.items())),
-               f"plan: {self.batches} batches, {self.tokens} tokens, padding {1 - self.tokens / max(self.padded_tokens, 1):.2%} "
-               f"of {self.padded_tokens} computed tokens",
-               f"windows: {self.windows}" + (f" ({self.resumed_windows} done by an earlier producer, skipped)"
-                                             if self.resumed_windows else ""),
-               f"queue: {self.enqueued} batches enqueued, {self.already_done} already done, {self.already_pending} already pending"
-               + (f", {self.repaired} recorded done but missing from the store (re-enqueued)" if self.repaired else "")
-               + (f", {self.rebuilt} recorded done from verified objects in the store (ledger rebuilt)"
-                  if self.rebuilt else "")]
-        if self.planned_only:
-            out.append(f"planned only: no process enqueues run {self.run} until you start it with this `hsx produce` "
-                       "command without --no-enqueue")
-        for kind, count in t.rejected.most_common():
-            out.append(f"  rejected {count} x {kind}")
-        out.extend(f"  {example}" for example in t.examples)
-        return out
-
-
-def model_identity(model: str):
-    """(text config, tokenizer, config hash) of the target model."""
-    from transformers import AutoTokenizer
-
-    config = load_model_config(model)
-    return text_config(config), AutoTokenizer.from_pretrained(model), config_hash(config)
-
-
-def _check_pinned_memory(token_budget: int, hidden_size: int, rows: int, store_dtype: str) -> None:
-    """A GPU worker pins DEFAULT_PINNED_BUFFERS x token_budget x the bytes a token stores (Manifest.host_bytes_per_token);
-    refuse absurd budgets."""
-    per_token = hidden_bytes_per_token(hidden_size, rows, store_dtype)
-    need = DEFAULT_PINNED_BUFFERS * token_budget * per_token
-    if need > MAX_PINNED_BYTES:
-        raise PlanError(f"--token-budget {token_budget} needs {need / 2**30:.0f} GiB of pinned host memory per GPU "
-                        f"worker ({DEFAULT_PINNED_BUFFERS} x budget x {per_token} bytes a token of {store_dtype}); at "
-                        f"most {MAX_PINNED_BYTES // 2**30} GiB: lower --token-budget")
-
-
-def _input_tensors(members: list[Sample]) -> dict[str, torch.Tensor]:
-    lengths = [len(s.input_ids) for s in members]
-    return {
-        "input_ids": torch.from_numpy(np.concatenate([s.input_ids for s in members])),
-        "loss_mask": torch.from_numpy(np.concatenate([s.loss_mask for s in members])),
-        "cu_seqlens": torch.tensor([0] + np.cumsum(lengths).tolist(), dtype=torch.int64),
-    }
 
 
 def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = None) -> ProduceReport:
@@ -150,7 +87,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     existing = life.get_manifest(r, cfg.run) or Manifest.load(store, cfg.run)
     manifest = resumed_manifest(existing, planned, named_fingerprint)
     with ProducerLock(r, cfg.run, cfg.lock_wait_seconds) as lock:
-        planning = resume(_Planning(r, store, cfg, lock), resumed=existing is not None)
+        planning = resume(Planning(r, store, cfg, lock), resumed=existing is not None)
         plan_windows(planning, manifest, on_event or (lambda name, window: None))
         seal(planning, manifest)
     return planning.produce_report(manifest)
@@ -191,61 +128,26 @@ def identify(cfg: ProduceConfig) -> tuple[Manifest, str]:
     return plan_manifest(cfg, facts), named_fingerprint
 
 
-@dataclass
-class _Planning:
-    """A run being planned under its producer lock: what resuming found, and what planning added since."""
+def model_identity(model: str):
+    """(text config, tokenizer, config hash) of the target model."""
+    from transformers import AutoTokenizer
 
-    r: redis.Redis
-    store: Store
-    cfg: ProduceConfig
-    lock: ProducerLock
-    done: set[str] = field(default_factory=set)      # batch ids the ledger holds done (gains those rebuilt)
-    pending: set[str] = field(default_factory=set)   # batch ids on a queue (extract or upload); gains those enqueued
-    rebuild: Rebuild | None = None   # a re-run: stored objects the ledger lacks are checked and recorded done
-    suspect: frozenset[str] = frozenset()   # batches whose inputs a worker found corrupt: checked by their bytes
-    seen: set[str] = field(default_factory=set)      # sample ids of the resumed windows (duplicate check)
-    planned_only: bool = False
-    repaired: int = 0                # recorded done but missing from the store: re-enqueued
-    first_pending: int = 0           # batches pending when this producer started
-    resumed_windows: int = 0         # windows an earlier producer recorded
-    new_windows: int = 0             # windows this producer recorded
-    report: TokeniseReport = field(default_factory=TokeniseReport)
-    batches: int = 0
-    samples: int = 0
-    tokens: int = 0
-    padded_tokens: int = 0
-    enqueued: int = 0
-    manifest_saved: bool = False
-
-    def add(self, rec: WindowRecord, resumed: bool) -> None:
-        self.batches += rec.batches
-        self.samples += rec.samples
-        self.tokens += rec.tokens
-        self.padded_tokens += rec.padded_tokens
-        if resumed:
-            self.report.merge(rec.report)
-            self.resumed_windows += 1
-            self.manifest_saved = True
-        else:
-            self.new_windows += 1
-
-    def totals(self, planning: int) -> dict[str, int]:
-        """The run's totals (Redis ``hsx:<run>:totals``); ``planning``: 1 while windows are still to come."""
-        report = self.report
-        return {"batches": self.batches, "samples": self.samples, "tokens": self.tokens,
-                "padded_tokens": self.padded_tokens, "planning": planning, "rows": report.rows,
-                "truncated": report.truncated, "dropped_overlong": report.dropped_overlong,
-                "rejected": report.rejected_rows}
-
-    def produce_report(self, manifest: Manifest) -> ProduceReport:
-        return ProduceReport(self.cfg.run, manifest, self.report, self.batches, self.samples, self.tokens,
-                             self.padded_tokens, len(self.done), self.first_pending, self.enqueued, self.repaired,
-                             windows=self.resumed_windows + self.new_windows, resumed_windows=self.resumed_windows,
-                             rebuilt=len(self.rebuild.rebuilt) if self.rebuild is not None else 0,
-                             planned_only=self.planned_only)
+    config = load_model_config(model)
+    return text_config(config), AutoTokenizer.from_pretrained(model), config_hash(config)
 
 
-def resume(planning: _Planning, resumed: bool) -> _Planning:
+def _check_pinned_memory(token_budget: int, hidden_size: int, rows: int, store_dtype: str) -> None:
+    """A GPU worker pins DEFAULT_PINNED_BUFFERS x token_budget x the bytes a token stores (Manifest.host_bytes_per_token);
+    refuse absurd budgets."""
+    per_token = hidden_bytes_per_token(hidden_size, rows, store_dtype)
+    need = DEFAULT_PINNED_BUFFERS * token_budget * per_token
+    if need > MAX_PINNED_BYTES:
+        raise PlanError(f"--token-budget {token_budget} needs {need / 2**30:.0f} GiB of pinned host memory per GPU "
+                        f"worker ({DEFAULT_PINNED_BUFFERS} x budget x {per_token} bytes a token of {store_dtype}); at "
+                        f"most {MAX_PINNED_BYTES // 2**30} GiB: lower --token-budget")
+
+
+def resume(planning: Planning, resumed: bool) -> Planning:
     """What is already true of the run: the ledger's done and pending batches, the windows an earlier producer
     recorded (their batches neither done nor pending are enqueued again). A fresh run finds none of it."""
     r, run = planning.r, planning.cfg.run
@@ -273,7 +175,7 @@ def resume(planning: _Planning, resumed: bool) -> _Planning:
     return planning
 
 
-def plan_windows(planning: _Planning, manifest: Manifest, event: Callable[[str, int], None]) -> None:
+def plan_windows(planning: Planning, manifest: Manifest, event: Callable[[str, int], None]) -> None:
     """Tokenise the windows after the resumed ones; plan, write, enqueue and record each as it comes."""
     cfg = planning.cfg
     settings = TokeniseSettings(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns)
@@ -303,7 +205,7 @@ def plan_windows(planning: _Planning, manifest: Manifest, event: Callable[[str, 
                      planning.report.rows)
 
 
-def seal(planning: _Planning, manifest: Manifest) -> None:
+def seal(planning: Planning, manifest: Manifest) -> None:
     """The plan is whole: the manifest and the final totals are written; on a re-run, the failures of batches
     now done are dropped and the run's index is written if every batch is done."""
     r, run = planning.r, planning.cfg.run
@@ -354,7 +256,7 @@ def _replan_bad_inputs(r, run: str, records: list[WindowRecord]) -> tuple[list[W
     return keep, frozenset(bad)
 
 
-def _check_reject_share(planning: _Planning) -> None:
+def _check_reject_share(planning: Planning) -> None:
     """Fail the run, with nothing left on the queue, once more than the allowed share of rows is rejected."""
     report, cfg = planning.report, planning.cfg
     if report.reject_share() <= cfg.max_reject_share:
@@ -369,7 +271,7 @@ def _check_reject_share(planning: _Planning) -> None:
         + "\nFix the rows, map their columns (--columns), or raise --max-reject-share if this loss is intended.")
 
 
-def _plan_window(planning: _Planning, manifest: Manifest, window: Window) -> WindowRecord:
+def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> WindowRecord:
     """Cut, write inputs, save the plan and enqueue one window's batches; the window's record."""
     cfg, samples, first_batch = planning.cfg, window.samples, planning.batches
     planned = cut_batches([len(s.input_ids) for s in samples], cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple)
@@ -382,7 +284,7 @@ def _plan_window(planning: _Planning, manifest: Manifest, window: Window) -> Win
             sample_ids=[samples[i].sample_id for i in batch.members]))
     if planning.rebuild is not None:
         planning.rebuild.check(specs)
-    specs = _write_inputs(planning.store, cfg.run, samples, planned, specs, planning.done, planning.suspect)
+    specs = write_inputs(planning.store, cfg.run, samples, planned, specs, planning.done, planning.suspect)
     life.save_plan(planning.r, cfg.run, manifest, specs, {"planning": 1})
     enqueued = _enqueue(planning, specs)
     return WindowRecord(first_batch=first_batch, batches=len(specs), samples=len(samples),
@@ -390,7 +292,7 @@ def _plan_window(planning: _Planning, manifest: Manifest, window: Window) -> Win
                         padding=padding_fraction(planned), enqueued=enqueued, report=window.report)
 
 
-def _enqueue(planning: _Planning, specs: list[life.BatchSpec]) -> int:
+def _enqueue(planning: Planning, specs: list[life.BatchSpec]) -> int:
     """Enqueue the batches neither done nor pending, in one transaction that fails if the lock changed hands."""
     if not planning.cfg.enqueue:
         return 0
@@ -401,48 +303,3 @@ def _enqueue(planning: _Planning, specs: list[life.BatchSpec]) -> int:
         planning.lock.execute(pipe)
         planning.pending.update(spec.batch_id for spec in todo)
     return len(todo)
-
-
-def _write_inputs(store: Store, run: str, samples: list[Sample], planned: list, specs: list[life.BatchSpec],
-                  done: set[str], suspect: frozenset[str]) -> list[life.BatchSpec]:
-    """Put each batch's packed inputs in the store (skipping done batches and identical objects).
-
-    An object counts as identical by its size and the SHA-256 the store reports (S3: the metadata written
-    with it), except for ``suspect`` batches (a worker found their inputs corrupt): those objects are read
-    back and hashed, since corruption at rest leaves the metadata as it was.
-    Returns the specs with ``input_sha256`` set: workers check the inputs they read against it.
-    """
-
-    def put(i: int) -> life.BatchSpec:
-        spec = specs[i]
-        members = [samples[j] for j in planned[i].members]
-        data = batch_bytes(_input_tensors(members), {
-            "format": INPUT_FORMAT, "run": run, "batch_id": spec.batch_id,
-            "sample_ids": json.dumps(spec.sample_ids), "padded_len": str(spec.padded_len)})
-        sha = hashlib.sha256(data).hexdigest()
-        if spec.batch_id not in done:
-            key = layout.input_key(run, spec.shard, spec.batch_id)
-            head = store.head(key)
-            if head is None or head.size != len(data) or head.sha256 != sha or (
-                    spec.batch_id in suspect and _stored_sha256(store, key) != sha):
-                store.put_bytes(key, data)
-                if spec.batch_id in suspect:
-                    log.warning("rewrote the input object %s of %s (its bytes differed from the plan's)",
-                                store.url(key), spec.batch_id)
-        return replace(spec, input_sha256=sha)
-
-    out = []
-    with ThreadPoolExecutor(INPUT_UPLOAD_THREADS) as pool:
-        for n, spec in enumerate(pool.map(put, range(len(specs))), 1):
-            out.append(spec)
-            if n % 1000 == 0:
-                log.info("wrote inputs of %d/%d batches", n, len(specs))
-    return out
-
-
-def _stored_sha256(store, key: str) -> str | None:
-    """SHA-256 of the object's bytes as the store returns them now (None if it is gone)."""
-    try:
-        return hashlib.sha256(store.get_bytes(key)).hexdigest()
-    except KeyError:
-        return None

@@ -15,7 +15,7 @@ from hsx.prep.inputs import (
     resolve_model,
     resolve_store_url,
 )
-from hsx.prep.planning import cut_batches, padding_fraction
+from hsx.prep.planning import PlannedBatch, cut_batches, padding_fraction
 from hsx.prep.report import Sample, TokeniseReport, Window
 from hsx.prep.rows import RowRejected
 from hsx.prep.tokenise import ChatTokeniser, parse_template_kwargs
@@ -39,6 +39,7 @@ __all__ = [
     "Sample",
     "TokeniseReport",
     "Window",
+    "PlannedBatch",
     "cut_batches",
     "padding_fraction",
     "SettingsError",
