@@ -5,31 +5,69 @@ last, after its inputs are in the store, its batches in the plan and its jobs
 on the queue. A producer that was killed resumes after the last contiguous
 recorded window; a window it had half done is planned again, to the same
 batch ids (deterministic), and its jobs already queued are not queued again.
+
+A record is compact JSON, keys sorted (every hsx since windows wrote these bytes):
+``{"batches":4,"enqueued":4,"first_batch":0,"padded_tokens":...,"padding":0.01,"report":{...},
+"samples":...,"tokens":...}``, ``report`` being TokeniseReport.to_dict().
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import redis
 from rq.job import Job
 
 from hsx import life
 from hsx.life import RunKeys
+from hsx.prep import TokeniseReport
 from hsx.redisconn import text
 
 
-def load(r: redis.Redis, run: str) -> list[dict]:
+@dataclass(frozen=True)
+class WindowRecord:
+    """A planned window: its batches are ``first_batch`` .. ``first_batch + batches - 1``."""
+
+    first_batch: int      # index of its first batch
+    batches: int
+    samples: int
+    tokens: int           # real tokens
+    padded_tokens: int    # what the GPU computes (rows x padded length, summed)
+    padding: float        # share of padded_tokens that is padding
+    enqueued: int         # batches this window put on the queue (neither done nor pending before)
+    report: TokeniseReport  # the counts of the window's rows
+
+    @property
+    def end_batch(self) -> int:
+        """Index of the first batch after this window's."""
+        return self.first_batch + self.batches
+
+    def to_json(self) -> str:
+        return json.dumps({"first_batch": self.first_batch, "batches": self.batches, "samples": self.samples,
+                           "tokens": self.tokens, "padded_tokens": self.padded_tokens, "padding": self.padding,
+                           "enqueued": self.enqueued, "report": self.report.to_dict()},
+                          separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> WindowRecord:
+        d = json.loads(raw)
+        return cls(first_batch=d["first_batch"], batches=d["batches"], samples=d["samples"], tokens=d["tokens"],
+                   padded_tokens=d["padded_tokens"], padding=d["padding"], enqueued=d["enqueued"],
+                   report=TokeniseReport.from_dict(d["report"]))
+
+
+def load(r: redis.Redis, run: str) -> list[WindowRecord]:
     """Records of windows 0..k-1 (the contiguous prefix that was completed), in order."""
-    found = {int(text(k)): json.loads(v) for k, v in r.hgetall(RunKeys(run).windows).items()}
+    found = {int(text(k)): v for k, v in r.hgetall(RunKeys(run).windows).items()}
     records = []
     while len(records) in found:
-        records.append(found[len(records)])
+        records.append(WindowRecord.from_json(found[len(records)]))
     return records
 
 
-def record(r: redis.Redis, run: str, number: int, rec: dict) -> None:
-    r.hset(RunKeys(run).windows, str(number), json.dumps(rec, separators=(",", ":"), sort_keys=True))
+def record(r: redis.Redis, run: str, number: int, rec: WindowRecord) -> None:
+    r.hset(RunKeys(run).windows, str(number), rec.to_json())
 
 
 def withdraw(r: redis.Redis, run: str) -> int:

@@ -1,17 +1,41 @@
-"""What tokenising produced: samples, and the counts of every row read (kept, dropped, rejected by reason)."""
+"""What tokenising produced: each row's result, the samples kept, and the counts of every row read (kept,
+dropped, rejected by reason)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 EXAMPLES_KEPT = 20      # rejected rows quoted in a report; all are counted
 
 
-@dataclass
+class TokenisedRow(NamedTuple):
+    """A row a tokenising process encoded (sent back to the producer, which applies the window's policies)."""
+
+    index: int               # the row's 0-based position in the dataset
+    sample_id: str
+    input_ids: np.ndarray    # int32
+    loss_mask: np.ndarray    # uint8
+    source_format: str       # openai | sharegpt | pretokenised | ... (rows by format)
+
+
+class RejectedRow(NamedTuple):
+    """A row a tokenising process could not read or encode."""
+
+    index: int               # the row's 0-based position in the dataset
+    row_id: str | None       # its id, if it had one that could be read
+    code: str                # the short reason (counted)
+    message: str             # the reason in words (quoted in the report's examples)
+    source_format: str
+
+
+@dataclass(frozen=True)
 class Sample:
+    """A kept sample: a row's tokens after the window's policies (max length, overlong, duplicate ids)."""
+
     sample_id: str
     input_ids: np.ndarray   # int32
     loss_mask: np.ndarray   # uint8
@@ -65,8 +89,10 @@ class TokeniseReport:
                    formats=Counter(d.get("formats", {})), examples=list(d.get("examples", [])))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Window:
-    number: int
+    """One tokenised window: its samples in row order, and the counts of its rows."""
+
+    number: int              # rows [number * window_rows, (number + 1) * window_rows)
     samples: list[Sample]
     report: TokeniseReport

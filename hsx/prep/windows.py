@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from hsx.prep.dataset import Row, RowError, iter_rows
-from hsx.prep.report import Sample, TokeniseReport, Window
+from hsx.prep.report import RejectedRow, Sample, TokenisedRow, TokeniseReport, Window
 from hsx.prep.tokenise import sample_id_of
 
 log = logging.getLogger(__name__)
@@ -98,25 +98,24 @@ def source_format(data: dict, tokenised=None) -> str:
     return "other"
 
 
-def _encode_one(item: Row | RowError) -> tuple:
-    """("ok", index, sample_id, ids, mask, format) or ("rejected", index, row_id, code, message, format)."""
+def _encode_one(item: Row | RowError) -> TokenisedRow | RejectedRow:
     if isinstance(item, RowError):
         code = getattr(item, "code", None) or reason_code(ValueError(item.reason))
-        return ("rejected", item.index, None, code, str(item.reason), "unreadable")
+        return RejectedRow(item.index, None, code, str(item.reason), "unreadable")
     data = item.data
     row_id = sample_id_of(data, item.index, _tokeniser.columns)
     try:
         t = _tokeniser.encode_row(data, item.index)
     except Exception as exc:  # a row must never take the run down; name it and go on
         if isinstance(exc, ValueError):   # RowRejected (RowProblem): a bad row; anything else is a bug, still counted
-            return ("rejected", item.index, row_id, reason_code(exc), str(exc), source_format(data))
-        return ("rejected", item.index, row_id, "internal_error", f"cannot tokenise ({type(exc).__name__}: {exc})",
-                source_format(data))
-    return ("ok", item.index, t.sample_id, np.asarray(t.input_ids, np.int32), np.asarray(t.loss_mask, np.uint8),
-            source_format(data, t))
+            return RejectedRow(item.index, row_id, reason_code(exc), str(exc), source_format(data))
+        return RejectedRow(item.index, row_id, "internal_error", f"cannot tokenise ({type(exc).__name__}: {exc})",
+                           source_format(data))
+    return TokenisedRow(item.index, t.sample_id, np.asarray(t.input_ids, np.int32),
+                        np.asarray(t.loss_mask, np.uint8), source_format(data, t))
 
 
-def _encode_chunk(chunk: list) -> list[tuple]:
+def _encode_chunk(chunk: list) -> list[TokenisedRow | RejectedRow]:
     return [_encode_one(item) for item in chunk]
 
 
@@ -129,16 +128,14 @@ class _WindowBuilder:
         self.window = Window(number, [], TokeniseReport())
         self.settings, self.seen = settings, seen
 
-    def add(self, result: tuple) -> None:
+    def add(self, result: TokenisedRow | RejectedRow) -> None:
         report, s = self.window.report, self.settings
         report.rows += 1
-        if result[0] == "rejected":
-            _, index, row_id, code, message, fmt = result
-            report.formats[fmt] += 1
-            report.reject(index, row_id, code, message)
+        report.formats[result.source_format] += 1
+        if isinstance(result, RejectedRow):
+            report.reject(result.index, result.row_id, result.code, result.message)
             return
-        _, index, sample_id, ids, mask, fmt = result
-        report.formats[fmt] += 1
+        index, sample_id, ids, mask = result.index, result.sample_id, result.input_ids, result.loss_mask
         if len(ids) > s.max_length:
             if s.overlong == "drop":
                 report.dropped_overlong += 1
@@ -238,7 +235,7 @@ class WindowTokeniser:
                 pass
         return False
 
-    def _results(self) -> Iterator[tuple[int, list[tuple]]]:
+    def _results(self) -> Iterator[tuple[int, list[TokenisedRow | RejectedRow]]]:
         chunks = _chunks(self.rows, self.window_rows, self.first_window)
         if self._pool is None:
             for number, chunk in chunks:

@@ -1,8 +1,8 @@
 """What a run is: the face of the wing.
 
-Each role's frozen config, the run's manifest (built, validated, compared on resume), what it computes in,
-the local spool's tiers and files, and whether this host sees what the manifest names. Everything not named in
-``__all__`` is private to the wing.
+Each role's frozen config, the run's manifest (built from `hsx produce`'s settings and what it found about the
+inputs, validated, compared on resume), what it computes in, the local spool's tiers and files, and whether this
+host sees what the manifest names. Everything not named in ``__all__`` is private to the wing.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from hsx.face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
+    "plan": ["RunFacts", "plan_manifest", "resumed_manifest"],
     "compute": ["ComputeDtypeError", "check_compute_dtype", "check_fp8_accumulation"],
     "config": ["ProduceConfig", "UploadConfig", "WorkerConfig", "with_redis_password"],
     "manifest": [

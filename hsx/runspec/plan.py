@@ -1,0 +1,78 @@
+"""A run's manifest, built from `hsx produce`'s settings and what the producer found about its inputs.
+
+The producer finds the facts (the model's config and tokenizer, the layers, the dataset's and the weights'
+fingerprints: ``RunFacts``); ``plan_manifest`` turns the settings and those facts into the Manifest, and
+``resumed_manifest`` reconciles it with the manifest of a run that already exists (refused if it differs).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+from hsx.batch import check_codec
+from hsx.runspec.compute import check_compute_dtype, check_fp8_accumulation
+from hsx.runspec.config import ProduceConfig
+from hsx.runspec.manifest import Manifest, RunLimits, check_same_run, new_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the producer found about a run's inputs: the manifest records them beside the settings."""
+
+    model_config_hash: str      # config_hash() of the model
+    model_type: str             # the text config's model_type
+    num_layers: int             # decoder layers of the target
+    hidden_size: int            # H
+    layer_ids: tuple[int, ...]  # resolved from --layers, low to high
+    store_final: bool           # --layers asked for the final (normed) state
+    store_dtype: str            # checked: what batch files hold
+    dataset_fingerprint: str    # of the dataset's content (hsx.prep.fingerprints)
+    chat_template_hash: str     # SHA-256 of the tokenizer's chat template ("" template: of "")
+    pad_token_id: int           # the tokenizer's, 0 if it has none
+    model_weights: str          # weights_fingerprint() of the model's weight files
+
+
+def plan_manifest(cfg: ProduceConfig, facts: RunFacts) -> Manifest:
+    """The manifest of a run planned now from ``cfg`` (paths already resolved) and ``facts``, with a new
+    incarnation. The codec and compute settings are checked here (one line naming the setting)."""
+    return new_manifest(
+        run=cfg.run, model=cfg.model, model_config_hash=facts.model_config_hash, model_type=facts.model_type,
+        num_layers=facts.num_layers, hidden_size=facts.hidden_size, layer_preset=cfg.layers,
+        layer_ids=tuple(facts.layer_ids), store_final=facts.store_final, dtype=cfg.dtype, max_length=cfg.max_length,
+        store_dtype=facts.store_dtype, codec=check_codec(cfg.codec),
+        compute_dtype=check_compute_dtype(cfg.compute_dtype),
+        fp8_accumulation=check_fp8_accumulation(cfg.fp8_accumulation, cfg.compute_dtype),
+        overlong=cfg.overlong, token_budget=cfg.token_budget, pad_multiple=cfg.pad_multiple,
+        max_batch_rows=cfg.max_batch_rows, batches_per_shard=cfg.batches_per_shard, window_rows=cfg.window_rows,
+        dataset=str(cfg.dataset), dataset_fingerprint=facts.dataset_fingerprint,
+        chat_template_hash=facts.chat_template_hash,
+        template_kwargs=MappingProxyType(dict(cfg.template_kwargs or {})),
+        columns=MappingProxyType(cfg.columns.to_dict() if cfg.columns is not None else {}),
+        pad_token_id=facts.pad_token_id, store_url=cfg.store.url, store=cfg.store,
+        limits=RunLimits(cfg.max_attempts, cfg.lease_seconds), model_weights=facts.model_weights,
+        incarnation=uuid.uuid4().hex,
+    )
+
+
+def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerprint: str) -> Manifest:
+    """``planned`` for a new run; for a run that exists, the same run resumed (ManifestMismatch if it is not).
+
+    ``named_fingerprint``: the dataset's fingerprint as older hsx computed it (its name counted); a run they
+    planned resumes with it. A resumed run keeps its creation time and incarnation (a run planned by an older
+    hsx keeps none), and records the weights fingerprint if its manifest had none."""
+    if existing is None:
+        return planned
+    if existing.dataset_fingerprint == named_fingerprint:  # a run planned when the name counted
+        planned = replace(planned, dataset_fingerprint=named_fingerprint)
+    check_same_run(existing, planned)
+    if not existing.model_weights and planned.model_weights:
+        log.warning("run %s was planned by an hsx that did not fingerprint the weights: recording %s's (%s) from "
+                    "now on; batches done before were not checked against it", planned.run, planned.model,
+                    planned.model_weights)
+    return replace(planned, created=existing.created, incarnation=existing.incarnation,
+                   model_weights=planned.model_weights or existing.model_weights)

@@ -1,0 +1,73 @@
+"""A run being planned by `hsx produce`: what resuming found, and what planning has added since.
+
+One object a producer call, made under the run's producer lock (producer/runlock.py) and passed through its
+steps (producer/produce.py); it ends as the ProduceReport.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import redis
+
+from hsx.life import Rebuild
+from hsx.prep import TokeniseReport
+from hsx.runspec import Manifest, ProduceConfig
+from hsx.store import Store
+from producer.report import ProduceReport
+from producer.runlock import ProducerLock
+from producer.windows import WindowRecord
+
+
+@dataclass
+class Planning:
+    """A run being planned under its producer lock: what resuming found, and what planning added since."""
+
+    r: redis.Redis
+    store: Store
+    cfg: ProduceConfig
+    lock: ProducerLock
+    done: set[str] = field(default_factory=set)      # batch ids the ledger holds done (gains those rebuilt)
+    pending: set[str] = field(default_factory=set)   # batch ids on a queue (extract or upload); gains those enqueued
+    rebuild: Rebuild | None = None   # a re-run: stored objects the ledger lacks are checked and recorded done
+    suspect: frozenset[str] = frozenset()   # batches whose inputs a worker found corrupt: checked by their bytes
+    seen: set[str] = field(default_factory=set)      # sample ids of the resumed windows (duplicate check)
+    planned_only: bool = False
+    repaired: int = 0                # recorded done but missing from the store: re-enqueued
+    first_pending: int = 0           # batches pending when this producer started
+    resumed_windows: int = 0         # windows an earlier producer recorded
+    new_windows: int = 0             # windows this producer recorded
+    report: TokeniseReport = field(default_factory=TokeniseReport)
+    batches: int = 0
+    samples: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    enqueued: int = 0
+    manifest_saved: bool = False
+
+    def add(self, rec: WindowRecord, resumed: bool) -> None:
+        self.batches += rec.batches
+        self.samples += rec.samples
+        self.tokens += rec.tokens
+        self.padded_tokens += rec.padded_tokens
+        if resumed:
+            self.report.merge(rec.report)
+            self.resumed_windows += 1
+            self.manifest_saved = True
+        else:
+            self.new_windows += 1
+
+    def totals(self, planning: int) -> dict[str, int]:
+        """The run's totals (Redis ``hsx:<run>:totals``); ``planning``: 1 while windows are still to come."""
+        report = self.report
+        return {"batches": self.batches, "samples": self.samples, "tokens": self.tokens,
+                "padded_tokens": self.padded_tokens, "planning": planning, "rows": report.rows,
+                "truncated": report.truncated, "dropped_overlong": report.dropped_overlong,
+                "rejected": report.rejected_rows}
+
+    def produce_report(self, manifest: Manifest) -> ProduceReport:
+        return ProduceReport(self.cfg.run, manifest, self.report, self.batches, self.samples, self.tokens,
+                             self.padded_tokens, len(self.done), self.first_pending, self.enqueued, self.repaired,
+                             windows=self.resumed_windows + self.new_windows, resumed_windows=self.resumed_windows,
+                             rebuilt=len(self.rebuild.rebuilt) if self.rebuild is not None else 0,
+                             planned_only=self.planned_only)

@@ -1,0 +1,48 @@
+"""What `hsx produce` did: the run's plan, the rows read and the queue, as lines for the terminal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hsx.prep import TokeniseReport
+from hsx.runspec import Manifest
+
+
+@dataclass
+class ProduceReport:
+    run: str
+    manifest: Manifest
+    tokenise: TokeniseReport
+    batches: int
+    samples: int
+    tokens: int
+    padded_tokens: int
+    already_done: int
+    already_pending: int
+    enqueued: int
+    repaired: int = 0
+    windows: int = 0
+    resumed_windows: int = 0
+    rebuilt: int = 0
+    planned_only: bool = False
+
+    def lines(self) -> list[str]:
+        t = self.tokenise
+        out = [f"run {self.run}: {t.rows} rows read, {t.kept} samples kept, {t.truncated} truncated, "
+               f"{t.dropped_overlong} dropped as over-long, {t.rejected_rows} rejected ({t.reject_share():.2%})",
+               "rows by format: " + ", ".join(f"{k} {v}" for k, v in sorted(t.formats.items())),
+               f"plan: {self.batches} batches, {self.tokens} tokens, padding {1 - self.tokens / max(self.padded_tokens, 1):.2%} "
+               f"of {self.padded_tokens} computed tokens",
+               f"windows: {self.windows}" + (f" ({self.resumed_windows} done by an earlier producer, skipped)"
+                                             if self.resumed_windows else ""),
+               f"queue: {self.enqueued} batches enqueued, {self.already_done} already done, {self.already_pending} already pending"
+               + (f", {self.repaired} recorded done but missing from the store (re-enqueued)" if self.repaired else "")
+               + (f", {self.rebuilt} recorded done from verified objects in the store (ledger rebuilt)"
+                  if self.rebuilt else "")]
+        if self.planned_only:
+            out.append(f"planned only: no process enqueues run {self.run} until you start it with this `hsx produce` "
+                       "command without --no-enqueue")
+        for kind, count in t.rejected.most_common():
+            out.append(f"  rejected {count} x {kind}")
+        out.extend(f"  {example}" for example in t.examples)
+        return out
