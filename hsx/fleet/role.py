@@ -21,6 +21,9 @@ the last line; while nothing was done, ``idle_line()`` (if any) is said once ins
 
 Signals: rq's work loop owns SIGTERM and SIGINT (the first: warm shutdown, the job in hand finishes;
 the second: cold). ``stop_serving()`` is the same stop from any thread (the heartbeat's, a job's).
+rq never gives the handlers back: ``serve()`` puts back those it found, so a role served in-process (tests,
+bench) leaves its host's SIGTERM its own (issue 29 item 12: pytest turned `timeout`'s SIGTERM into an rq
+StopRequested inside a later test). Only in the main thread, the one where Python sets handlers.
 A stop request also sets hsx.retry.STOP: every back-off and pause of the job in hand ends at once
 (``hsx.retry.pause``), so the warm shutdown waits for work, never for a timer.
 
@@ -57,6 +60,20 @@ def _subscribe_polling_briefly(worker: SimpleWorker) -> None:
     worker.pubsub.subscribe(**{worker.pubsub_channel_name: worker.handle_payload})
     worker.pubsub_thread = worker.pubsub.run_in_thread(sleep_time=PUBSUB_POLL_SECONDS, daemon=True,
                                                        exception_handler=worker._pubsub_exception_handler)
+
+
+def _signal_handlers() -> dict[int, object] | None:
+    """This process's SIGINT/SIGTERM handlers, to put back after rq's work loop (which installs its own and
+    never restores them); None outside the main thread, where no handler can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore(handlers: dict[int, object] | None) -> None:
+    for signum, handler in (handlers or {}).items():
+        if handler is not None:  # None: a handler set outside Python, which cannot be set again from here
+            signal.signal(signum, handler)
 
 
 class Role:
@@ -229,9 +246,11 @@ class Role:
         type(self).install(self)
         self.start()
         self.say_ready()
+        handlers = _signal_handlers()
         try:
             worker.work(burst=self.cfg.burst, logging_level="WARNING")
         finally:
+            _restore(handlers)
             self.close()
             type(self).install(None)
             self._rq_worker = None
