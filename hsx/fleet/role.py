@@ -11,7 +11,9 @@ keeps across jobs, the rq job functions (plain functions; each finds its process
               -> close(): heartbeat stops, heartbeat key deleted -> slot emptied -> summary line
 
 Heartbeat thread: ``beat()`` every ``heartbeat_seconds`` (a failing beat is logged and tried again
-next time: Redis may be away), and a progress line at least every ``log_every_seconds``. Each beat also
+next time: Redis may be away), and a progress line at least every ``log_every_seconds``. A beat is
+``refresh()`` (what this process holds: heartbeat, leases), then the housekeeping of each run the role
+keeps (``kept_runs()``: reap, reconcile, rq's registry; hsx/fleet/housekeeping.py). Each beat also
 reads Redis' maxmemory-policy (hsx/fleet/evictionpolicy.py): set to an evicting one while the role runs,
 the role says so and stops taking jobs (the job in hand finishes), and ``serve()`` raises the refusal.
 
@@ -28,7 +30,7 @@ A stop request also sets hsx.retry.STOP: every back-off and pause of the job in 
 (``hsx.retry.pause``), so the warm shutdown waits for work, never for a timer.
 
 The config a role passes in (one frozen object per role, hsx/runspec/config.py) has at least ``worker_name``,
-``host``, ``burst``, ``heartbeat_seconds`` and ``log_every_seconds``.
+``host``, ``burst``, ``heartbeat_seconds`` and ``log_every_seconds``; a role that keeps runs, ``redis_url`` too.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterable
 
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
@@ -45,6 +48,7 @@ from rq.worker import SimpleWorker
 from hsx import life, retry
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.fleet.evictionpolicy import EvictingRedis, check_eviction_policy
+from hsx.fleet.housekeeping import Chores, keep_run
 from hsx.fleet.nameclaim import claim_name
 from hsx.life import RunKeys
 
@@ -126,10 +130,16 @@ class Role:
         """The heartbeat record (hsx.life.records.HEARTBEAT): `hsx status` and the dashboard list it."""
         return {"host": self.cfg.host, "pid": os.getpid(), **self.totals()}
 
-    def beat(self) -> None:
-        """One heartbeat; by default this process's stats under its run."""
+    def refresh(self) -> None:
+        """A beat's own part: what this process holds kept alive; by default its stats under its run."""
         if self.run is not None:
             self.publish_heartbeat(self.stats())
+
+    def kept_runs(self) -> Iterable[Chores]:
+        """The runs whose housekeeping this process does at this beat, each with its chores (which, how often:
+        hsx/fleet/housekeeping.py); by default none. Iterated as the beat goes, so a generator's reads of a run
+        come just before that run's housekeeping."""
+        return ()
 
     def progress_line(self) -> str:
         grown, seconds = self.since_last_line()
@@ -148,6 +158,16 @@ class Role:
         return None
 
     # ---- heartbeat ----------------------------------------------------------------------
+    def beat(self) -> None:
+        """One heartbeat: ``refresh()``, then ``housekeep()`` (a refresh that fails skips it)."""
+        self.refresh()
+        self.housekeep()
+
+    def housekeep(self) -> None:
+        """One ``keep_run`` call for each run ``kept_runs()`` yields (rq's ``run_maintenance_tasks``, for hsx)."""
+        for chores in self.kept_runs():
+            keep_run(self.r, self.cfg.redis_url, chores)
+
     def publish_heartbeat(self, stats: dict, pipe=None) -> None:
         life.publish_heartbeat(self.r, self.run, self.name, stats, life.ttl_seconds(self.cfg.heartbeat_seconds),
                                     pipe=pipe)
