@@ -23,9 +23,10 @@ the last line; while nothing was done, ``idle_line()`` (if any) is said once ins
 
 Signals: rq's work loop owns SIGTERM and SIGINT (the first: warm shutdown, the job in hand finishes;
 the second: cold). ``stop_serving()`` is the same stop from any thread (the heartbeat's, a job's).
-rq never gives the handlers back: ``serve()`` puts back those it found, so a role served in-process (tests,
-bench) leaves its host's SIGTERM its own (issue 29 item 12: pytest turned `timeout`'s SIGTERM into an rq
-StopRequested inside a later test). Only in the main thread, the one where Python sets handlers.
+rq never gives the handlers back: ``serve()`` puts back those it found once the role is closed (a signal
+during close() meets rq's, as before), so a role served in-process (tests, bench) leaves its host's
+SIGTERM its own (issue 29 item 12: pytest turned `timeout`'s SIGTERM into an rq StopRequested inside a
+later test). Only in the main thread, the one where Python sets handlers.
 A stop request also sets hsx.retry.STOP: every back-off and pause of the job in hand ends at once
 (``hsx.retry.pause``), so the warm shutdown waits for work, never for a timer.
 
@@ -270,11 +271,13 @@ class Role:
         try:
             worker.work(burst=self.cfg.burst, logging_level="WARNING")
         finally:
-            _restore(handlers)
-            self.close()
-            type(self).install(None)
-            self._rq_worker = None
-            self.log_progress(final=True)
+            try:
+                self.close()
+                type(self).install(None)
+                self._rq_worker = None
+                self.log_progress(final=True)
+            finally:  # last: while close() drains, a signal (or stop_serving's) still meets rq's handlers
+                _restore(handlers)
         if self.refusal is not None:
             raise self.refusal
 
