@@ -17,18 +17,17 @@ from gpu_worker.devices import GpuProbe
 from gpu_worker.extractor import Extractor
 from gpu_worker.prefetch import Prefetcher
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
-from hsx import fleet, life, runspec
+from hsx import life, runspec
 from hsx.batch import BatchFileError
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.digest import file_sha256
-from hsx.fleet import Role
+from hsx.fleet import BEFORE_RECONCILE, Chores, Role
 from hsx.life import ERROR_SAMPLE_EVERY, RunKeys, run_complete
 from hsx.monitor import fmt_bytes
-from hsx.redisconn import OUTAGES
 from hsx.runspec import Manifest, WorkerConfig
 
 log = logging.getLogger(__name__)
-HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files (one heartbeat TTL)
+HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files and rq workers (one heartbeat TTL)
 
 
 class WorkerRuntime(Role):
@@ -195,7 +194,8 @@ class WorkerRuntime(Role):
                 "bytes_written": w.bytes_written, "codec_ratio": (w.stored_bytes / w.raw_bytes) if w.raw_bytes else None,
                 **self.probe.stats()}
 
-    def beat(self) -> None:
+    def refresh(self) -> None:
+        """Heartbeat, leases of the batches in hand and this host's spool record: one pipeline."""
         if not self.r.exists(RunKeys(self.run).manifest):
             self.run_vanished()
             return
@@ -211,15 +211,15 @@ class WorkerRuntime(Role):
             "spool_tiers": stats["spool_tiers"]}, pipe=pipe)
         pipe.execute()
         self.beats += 1
-        # Just back from a Redis outage, every lease and heartbeat looks expired: live owners refresh theirs
-        # before this process reaps leases, sweeps temp files or forgets rq workers.
-        if OUTAGES.settling(self.cfg.redis_url, self.limits.lease_seconds):
-            return
-        life.reap(self.r, self.run, self.limits.max_attempts)
-        if self.beats % HEARTBEATS_PER_SWEEP == 0:
-            self.sweep_temp_files()
-            fleet.forget_dead_workers(self.r, self.run)
-        life.maybe_reconcile(self.r, self.run, self.limits.lease_seconds / 2)
+
+    def kept_runs(self) -> list[Chores]:
+        """This worker's run (none once it vanished); every HEARTBEATS_PER_SWEEP-th beat, dead writers' temp files
+        and rq workers go too, before the reconcile pass."""
+        if self.vanished:
+            return []
+        if self.beats % HEARTBEATS_PER_SWEEP:
+            return [Chores(self.run, self.limits)]
+        return [Chores(self.run, self.limits, clean_rq=BEFORE_RECONCILE, tidy=self.sweep_temp_files)]
 
     def run_vanished(self) -> None:
         """The run's manifest is gone from a reachable Redis (restarted empty, flushed): stop, do not spin.

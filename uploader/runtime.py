@@ -2,8 +2,9 @@
 
 rq calls ``uploader.jobs.upload_batch`` in this same process (SimpleWorker, no
 fork); the job finds this object through ``UploaderRuntime.current()``. The
-heartbeat refreshes the lease of the upload in progress, reclaims work of dead
-processes and reconciles each run's queues with its plan (hsx/life/reconcile.py).
+heartbeat refreshes the lease of the upload in progress and keeps every run in
+Redis: reclaims work of dead processes, reconciles its queues with its plan and
+cleans rq's registry (hsx/fleet/housekeeping.py).
 Slot, heartbeat thread, progress log and rq set-up: hsx/fleet/role.py.
 """
 
@@ -11,15 +12,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from hsx import fleet, life, retry, runspec
 from hsx.errors import HsxError
-from hsx.fleet import Role
+from hsx.fleet import AFTER_RECONCILE, Chores, Role
 from hsx.life import RunKeys, RunVanished
 from hsx.monitor import fmt_bytes
-from hsx.redisconn import OUTAGES
 from hsx.runspec import RunLimits, UploadConfig, open_run_store
 from hsx.store import PermanentStoreError, StoreError, layout
 
@@ -201,17 +202,17 @@ class UploaderRuntime(Role):
                             len(aborted), ", ".join(u.key for u in aborted[:5]))
 
     # ---- heartbeat -----------------------------------------------------------
-    def beat(self) -> None:
+    def refresh(self) -> None:
+        """The lease of the upload in progress."""
         job = self.in_progress
         if job:
             run, bid = job
             life.refresh_leases(self.r, RunKeys(run).upload_leases, [bid], self.run_context(run).limits.lease_seconds)
+
+    def kept_runs(self) -> Iterator[Chores]:
+        """Every run in Redis with a manifest, each read just before its housekeeping; rq's registry is cleaned
+        at every beat, after the reconcile pass."""
         for run in life.list_runs(self.r):
             manifest = life.get_manifest(self.r, run)
             if manifest is not None:
-                limits = manifest.limits
-                if OUTAGES.settling(self.cfg.redis_url, limits.lease_seconds):
-                    continue  # just back from a Redis outage: live owners refresh their leases first
-                life.reap(self.r, run, limits.max_attempts)
-                life.maybe_reconcile(self.r, run, limits.lease_seconds / 2)
-                fleet.forget_dead_workers(self.r, run)
+                yield Chores(run, manifest.limits, clean_rq=AFTER_RECONCILE)

@@ -11,7 +11,9 @@ keeps across jobs, the rq job functions (plain functions; each finds its process
               -> close(): heartbeat stops, heartbeat key deleted -> slot emptied -> summary line
 
 Heartbeat thread: ``beat()`` every ``heartbeat_seconds`` (a failing beat is logged and tried again
-next time: Redis may be away), and a progress line at least every ``log_every_seconds``. Each beat also
+next time: Redis may be away), and a progress line at least every ``log_every_seconds``. A beat is
+``refresh()`` (what this process holds: heartbeat, leases), then the housekeeping of each run the role
+keeps (``kept_runs()``: reap, reconcile, rq's registry; hsx/fleet/housekeeping.py). Each beat also
 reads Redis' maxmemory-policy (hsx/fleet/evictionpolicy.py): set to an evicting one while the role runs,
 the role says so and stops taking jobs (the job in hand finishes), and ``serve()`` raises the refusal.
 
@@ -21,11 +23,15 @@ the last line; while nothing was done, ``idle_line()`` (if any) is said once ins
 
 Signals: rq's work loop owns SIGTERM and SIGINT (the first: warm shutdown, the job in hand finishes;
 the second: cold). ``stop_serving()`` is the same stop from any thread (the heartbeat's, a job's).
+rq never gives the handlers back: ``serve()`` puts back those it found once the role is closed (a signal
+during close() meets rq's, as before), so a role served in-process (tests, bench) leaves its host's
+SIGTERM its own (issue 29 item 12: pytest turned `timeout`'s SIGTERM into an rq StopRequested inside a
+later test). Only in the main thread, the one where Python sets handlers.
 A stop request also sets hsx.retry.STOP: every back-off and pause of the job in hand ends at once
 (``hsx.retry.pause``), so the warm shutdown waits for work, never for a timer.
 
 The config a role passes in (one frozen object per role, hsx/runspec/config.py) has at least ``worker_name``,
-``host``, ``burst``, ``heartbeat_seconds`` and ``log_every_seconds``.
+``host``, ``burst``, ``heartbeat_seconds`` and ``log_every_seconds``; a role that keeps runs, ``redis_url`` too.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterable
 
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
@@ -42,6 +49,7 @@ from rq.worker import SimpleWorker
 from hsx import life, retry
 from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
 from hsx.fleet.evictionpolicy import EvictingRedis, check_eviction_policy
+from hsx.fleet.housekeeping import Chores, keep_run
 from hsx.fleet.nameclaim import claim_name
 from hsx.life import RunKeys
 
@@ -57,6 +65,20 @@ def _subscribe_polling_briefly(worker: SimpleWorker) -> None:
     worker.pubsub.subscribe(**{worker.pubsub_channel_name: worker.handle_payload})
     worker.pubsub_thread = worker.pubsub.run_in_thread(sleep_time=PUBSUB_POLL_SECONDS, daemon=True,
                                                        exception_handler=worker._pubsub_exception_handler)
+
+
+def _signal_handlers() -> dict[int, object] | None:
+    """This process's SIGINT/SIGTERM handlers, to put back after rq's work loop (which installs its own and
+    never restores them); None outside the main thread, where no handler can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore(handlers: dict[int, object] | None) -> None:
+    for signum, handler in (handlers or {}).items():
+        if handler is not None:  # None: a handler set outside Python, which cannot be set again from here
+            signal.signal(signum, handler)
 
 
 class Role:
@@ -109,10 +131,16 @@ class Role:
         """The heartbeat record (hsx.life.records.HEARTBEAT): `hsx status` and the dashboard list it."""
         return {"host": self.cfg.host, "pid": os.getpid(), **self.totals()}
 
-    def beat(self) -> None:
-        """One heartbeat; by default this process's stats under its run."""
+    def refresh(self) -> None:
+        """A beat's own part: what this process holds kept alive; by default its stats under its run."""
         if self.run is not None:
             self.publish_heartbeat(self.stats())
+
+    def kept_runs(self) -> Iterable[Chores]:
+        """The runs whose housekeeping this process does at this beat, each with its chores (which, how often:
+        hsx/fleet/housekeeping.py); by default none. Iterated as the beat goes, so a generator's reads of a run
+        come just before that run's housekeeping."""
+        return ()
 
     def progress_line(self) -> str:
         grown, seconds = self.since_last_line()
@@ -131,6 +159,16 @@ class Role:
         return None
 
     # ---- heartbeat ----------------------------------------------------------------------
+    def beat(self) -> None:
+        """One heartbeat: ``refresh()``, then ``housekeep()`` (a refresh that fails skips it)."""
+        self.refresh()
+        self.housekeep()
+
+    def housekeep(self) -> None:
+        """One ``keep_run`` call for each run ``kept_runs()`` yields (rq's ``run_maintenance_tasks``, for hsx)."""
+        for chores in self.kept_runs():
+            keep_run(self.r, self.cfg.redis_url, chores)
+
     def publish_heartbeat(self, stats: dict, pipe=None) -> None:
         life.publish_heartbeat(self.r, self.run, self.name, stats, life.ttl_seconds(self.cfg.heartbeat_seconds),
                                     pipe=pipe)
@@ -229,13 +267,17 @@ class Role:
         type(self).install(self)
         self.start()
         self.say_ready()
+        handlers = _signal_handlers()
         try:
             worker.work(burst=self.cfg.burst, logging_level="WARNING")
         finally:
-            self.close()
-            type(self).install(None)
-            self._rq_worker = None
-            self.log_progress(final=True)
+            try:
+                self.close()
+                type(self).install(None)
+                self._rq_worker = None
+                self.log_progress(final=True)
+            finally:  # last: while close() drains, a signal (or stop_serving's) still meets rq's handlers
+                _restore(handlers)
         if self.refusal is not None:
             raise self.refusal
 

@@ -1,0 +1,65 @@
+"""A role's housekeeping of the runs it keeps, made from its heartbeat (rq's ``Worker.run_maintenance_tasks``).
+
+What dead processes left is taken back by whoever is alive. ``Role.beat()`` refreshes what this process holds
+(``refresh()``: heartbeat, leases), then makes one ``keep_run`` call for each ``Chores`` its ``kept_runs()``
+hook yields (a GPU worker: its own run; an uploader: every run with a manifest). A call, in this order:
+
+    Redis settling   down, or back for less than a lease (hsx.redisconn.OUTAGES): nothing at all. Every lease
+                     and heartbeat looks expired then; live owners refresh theirs first
+    reap             expired extract / upload leases: their batches back to the queue front (hsx.life.reap)
+    tidy             the role's own leftovers of dead processes (a GPU worker: dead writers' temp files)
+    rq clean-up      if BEFORE_RECONCILE: rq's registry of workers with no hsx heartbeat (hsx/fleet/rqclean.py)
+    reconcile        the queues against the plan, one pass per lease / 2 of all processes (hsx.life.maybe_reconcile)
+    rq clean-up      if AFTER_RECONCILE
+
+The cadences are the role's, in the chores it yields: a GPU worker tidies and cleans rq's registry every
+HEARTBEATS_PER_SWEEP-th beat (one heartbeat TTL), before the pass; an uploader cleans it at every beat, for
+every run, after the pass. (The two places are as the roles had them; one order is a later, behavioural step.)
+Housekeeping at start stays in the role's ``prepare()``: the name claim, a worker's spool recovery, an
+uploader's abort of multipart uploads killed uploaders left (it needs the run's store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from hsx import life
+from hsx.fleet.rqclean import forget_dead_workers
+from hsx.redisconn import OUTAGES
+from hsx.runspec import RunLimits
+
+BEFORE_RECONCILE = "before reconcile"  # Chores.clean_rq: where in the call rq's registry is cleaned
+AFTER_RECONCILE = "after reconcile"
+
+
+@dataclass(frozen=True)
+class Chores:
+    """One run's housekeeping at one beat."""
+    run: str
+    limits: RunLimits                          # the run's (its manifest's): lease length, max attempts
+    clean_rq: str | None = None                # BEFORE_RECONCILE, AFTER_RECONCILE, or None: not at this beat
+    tidy: Callable[[], object] | None = None   # the role's own sweep, after the reap; None: none at this beat
+
+    def __post_init__(self):
+        if self.clean_rq not in (None, BEFORE_RECONCILE, AFTER_RECONCILE):
+            raise ValueError(f"clean_rq must be {BEFORE_RECONCILE!r}, {AFTER_RECONCILE!r} or None, not {self.clean_rq!r}")
+
+
+def keep_run(r: redis.Redis, redis_url: str, chores: Chores) -> bool:
+    """Reap, tidy, clean rq's registry and reconcile ``chores.run`` (the module's docstring); False when Redis at
+    ``redis_url`` is settling after an outage and nothing was done."""
+    run, limits = chores.run, chores.limits
+    if OUTAGES.settling(redis_url, limits.lease_seconds):
+        return False
+    life.reap(r, run, limits.max_attempts)
+    if chores.tidy is not None:
+        chores.tidy()
+    if chores.clean_rq == BEFORE_RECONCILE:
+        forget_dead_workers(r, run)
+    life.maybe_reconcile(r, run, limits.lease_seconds / 2)
+    if chores.clean_rq == AFTER_RECONCILE:
+        forget_dead_workers(r, run)
+    return True
