@@ -153,6 +153,12 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def other_checkpoint(tmp_path_factory, tiny_model) -> Path:
+    """The tiny model's config with other weights (another checkpoint of the same config): built once a session."""
+    return build_tiny_model(tmp_path_factory.mktemp("model-b") / "tiny-qwen3", seed=1, sample_path=sample_dataset())
+
+
+@pytest.fixture(scope="session")
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS

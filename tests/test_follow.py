@@ -23,6 +23,7 @@ from hsx.redisconn import text
 from hsx_reader import Cursor, ReaderError, RunDataset, RunFollower, collate_packed
 from hsx_tools.processes import stop_all
 from producer.produce import produce
+from tests import followsampler
 from tests.pipeline import produce_config, run_pipeline
 
 RUN = "follow"
@@ -283,19 +284,6 @@ def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkp
     assert len(waited) >= 3 and statistics.median(waited) < 2.0, waited
 
 
-FOLLOW_SAMPLER = """
-import json, sys
-from hsx_peers.speculators_follow import FollowLog, FollowSampler
-from hsx_reader import ReaderError, RunFollower
-url, run, state_dir, start = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-sampler = FollowSampler(RunFollower(url, run, timeout_seconds=5), 256, state_dir, FollowLog(None))
-try:
-    steps = [[list(at) for at in step] for step in sampler._generate_batches(0)[start:]]   # as speculators resumes
-except ReaderError as exc:
-    print(json.dumps({"refused": str(exc)}))
-else:
-    print(json.dumps({"steps": steps, "length": len(sampler)}))
-"""
 
 
 @pytest.mark.slow
@@ -311,7 +299,7 @@ def test_follow_sampler_packs_long_batches_and_refuses_a_resume_on_a_rebuilt_led
     python, state = peer_python("speculators"), tmp_path / "ckpt"
 
     def sampler(start):
-        out = subprocess.run([str(python), "-c", FOLLOW_SAMPLER, redis_server.url, "fpack", str(state), str(start)],
+        out = subprocess.run([str(python), "-c", followsampler.SCRIPT, redis_server.url, "fpack", str(state), str(start)],
                              env=peer_env(tmp_path), capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])

@@ -16,6 +16,7 @@ from hsx.life.reset import apply_reset, plan_reset
 from hsx.redisconn import LocalRedis, connect, text
 from hsx_reader import Cursor, ReaderError, RunFollower
 from producer.produce import produce
+from tests import followsampler
 from tests.pipeline import produce_config, run_pipeline
 
 RUN = "fledger"
@@ -174,19 +175,6 @@ def test_a_follower_at_a_dead_letter_says_so_and_skips_or_stops_as_asked(r, redi
         RunFollower(redis_server.url, RUN, on_dead_letter="ignore")
 
 
-RESUME_SAMPLER = """
-import json, sys
-from hsx_peers.speculators_follow import FollowLog, FollowSampler
-from hsx_reader import ReaderError, RunFollower
-url, run, state_dir, start = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-sampler = FollowSampler(RunFollower(url, run, timeout_seconds=5), 256, state_dir, FollowLog(None))
-try:
-    steps = [[list(at) for at in step] for step in sampler._generate_batches(0)[start:]]   # as speculators resumes
-except ReaderError as exc:
-    print(json.dumps({"refused": str(exc)}))
-else:
-    print(json.dumps({"steps": steps}))
-"""
 
 
 @pytest.mark.slow
@@ -204,7 +192,7 @@ def test_speculators_follow_sampler_refuses_a_resume_after_a_rollback(r, redis_s
     python, state = peer_python("speculators"), tmp_path / "ckpt"
 
     def sampler(start):
-        out = subprocess.run([str(python), "-c", RESUME_SAMPLER, redis_server.url, RUN, str(state), str(start)],
+        out = subprocess.run([str(python), "-c", followsampler.SCRIPT, redis_server.url, RUN, str(state), str(start)],
                              env=peer_env(tmp_path), capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])

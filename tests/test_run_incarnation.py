@@ -26,19 +26,12 @@ from hsx.life.keys import RunKeys
 from hsx.store import layout, open_store
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
-from hsx_tools.tinymodel import build_tiny_model
 from hsx_tools.verify import verify_run
 from producer.produce import produce
 from tests.pipeline import produce_config, run_pipeline, upload_config, worker_config
 from uploader.worker import run_uploader
 
 RUN = "inc"
-
-
-@pytest.fixture(scope="module")
-def other_checkpoint(tmp_path_factory, tiny_model):
-    """The tiny model's config with other weights (another checkpoint of the same config)."""
-    return build_tiny_model(tmp_path_factory.mktemp("model-b") / "tiny-qwen3", seed=1, sample_path=sample_dataset())
 
 
 @pytest.fixture

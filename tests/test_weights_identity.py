@@ -17,14 +17,8 @@ from hsx.prep.weights import weights_fingerprint
 from hsx.runspec.manifest import Manifest, ManifestMismatch
 from hsx.store import layout
 from hsx_tools.demo import sample_dataset
-from hsx_tools.tinymodel import build_tiny_model
 from producer.produce import produce
 from tests.pipeline import produce_config, worker_config
-
-
-@pytest.fixture(scope="module")
-def other_checkpoint(tmp_path_factory, tiny_model):
-    return build_tiny_model(tmp_path_factory.mktemp("model-b") / "tiny-qwen3", seed=1, sample_path=sample_dataset())
 
 
 @pytest.fixture
