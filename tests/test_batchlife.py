@@ -2,11 +2,14 @@
 
 A batch walked through every transition on the conftest's private redis-server, with its keys checked
 after each; illegal transitions refused with nothing written; jobs an older hsx queued (with the
-``attempt`` field) still run; and, read from the source, no other module writes a transition.
+``attempt`` field) still run; and, read from the syntax trees, no other module writes a transition.
+Issue 33 item 3: the uploader's failure table, the writer's "already done?" and ``withdraw`` are
+batchlife's; the upload job is one typed record (``UploadJob``), its Redis encoding as before.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -19,6 +22,7 @@ from hsx.life import batchlife, leases, ledger, queues
 from hsx.life.batchlife import State
 from hsx.life.keys import RunKeys
 from hsx.life.ledger import BatchSpec
+from hsx.life.queues import UploadJob
 from tests.manifests import example_manifest
 from tests.pipeline import produce_config, upload_config, worker_config
 
@@ -74,10 +78,12 @@ def test_a_batch_walks_every_transition_and_each_writes_its_keys(r):
 
     # spooled -> uploading -> done; the lease goes on the way out
     r.delete(queues.queue(r, queues.upload_queue_name(HOST)).key)
-    job = {"host": HOST, "path": "/spool/life/b0000000.safetensors", "size": 4096, "sha256": "a" * 64, "tier": "disk"}
+    job = UploadJob(HOST, "/spool/life/b0000000.safetensors", 4096, "a" * 64, "disk")
     with batchlife.uploading(r, RUN, BID, job, 60):
         assert batchlife.state_of(r, RUN, BID) is State.UPLOADING
-        assert json.loads(r.hget(keys.upload_jobs, BID)) == job and r.zscore(keys.upload_leases, BID) is not None
+        assert json.loads(r.hget(keys.upload_jobs, BID)) == {  # the record an older hsx wrote and reads
+            "host": HOST, "path": "/spool/life/b0000000.safetensors", "size": 4096, "sha256": "a" * 64, "tier": "disk"}
+        assert r.zscore(keys.upload_leases, BID) is not None
         assert batchlife.finish(r, RUN, spec, "life/batches/00000/b0000000.safetensors", 4096, "a" * 64, by="t")
     assert r.zscore(keys.upload_leases, BID) is None and not r.hexists(keys.upload_jobs, BID)
     assert batchlife.state_of(r, RUN, BID) is State.DONE and ledger.done_sequence(r, RUN, 0) == [BID]
@@ -121,7 +127,7 @@ def test_a_batch_walks_every_transition_and_each_writes_its_keys(r):
     assert batchlife.reap(r, RUN, max_attempts=3) == {"extract": [BID], "upload": []}
     assert json.loads(r.hget(keys.failures, BID))["last_error"].startswith("worker lost")
     assert _extract_jobs(r) == [f"x-{RUN}-{BID}-1006"]
-    with batchlife.uploading(r, RUN, OTHER, {**job, "path": "/spool/life/b0000001.safetensors"}, 0):
+    with batchlife.uploading(r, RUN, OTHER, job._replace(path="/spool/life/b0000001.safetensors"), 0):
         assert batchlife.reap(r, RUN, max_attempts=3) == {"extract": [], "upload": [OTHER]}
         assert batchlife.state_of(r, RUN, OTHER) is State.SPOOLED
     [again] = _upload_jobs(r)
@@ -130,7 +136,7 @@ def test_a_batch_walks_every_transition_and_each_writes_its_keys(r):
 
     # uploading -> spooled (store trouble): a new upload job, the retry counted in it
     with batchlife.uploading(r, RUN, OTHER, job, 60):
-        batchlife.requeue_upload(r, HOST, RUN, OTHER, job["path"], 4096, "a" * 64, "disk", retry=2)
+        batchlife.requeue_upload(r, HOST, RUN, OTHER, job.path, 4096, "a" * 64, "disk", retry=2)
     last = queues.queue(r, queues.upload_queue_name(HOST)).fetch_job(_upload_jobs(r)[-1])
     assert last.id == f"u-{RUN}-{OTHER}-1008" and last.kwargs["retry"] == 2
     assert batchlife.state_of(r, RUN, OTHER) is State.SPOOLED

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from hsx.runspec.compute import ComputeDtypeError, check_compute_dtype, check_fp8_accumulation
 from hsx.runspec.config import ProduceConfig, UploadConfig, WorkerConfig, with_redis_password
+from hsx.runspec.hostcheck import ModelMismatch, check_host
 from hsx.runspec.manifest import (
     Manifest,
     ManifestError,
@@ -77,5 +78,7 @@ __all__ = [
     "spool_usage",
     "RunNotVisible",
     "check_model_visible",
+    "ModelMismatch",
+    "check_host",
     "open_run_store",
 ]
