@@ -18,6 +18,7 @@ from hsx.errors import HsxError
 from hsx.fleet import check_eviction_policy
 from hsx.life import RunVanished, run_complete
 from hsx.localdirs import ensure_dir
+from hsx.prep import weights_fingerprint
 from hsx.redisconn import connect, redact
 from hsx.runspec import RunNotVisible, WorkerConfig
 from hsx.store import layout
@@ -135,7 +136,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     model_path = cfg.model_override or manifest.model
     check_directories(cfg, model_path)  # HF_HOME writable before the config of a hub id is fetched into it
     try:
-        store = runspec.check_host(manifest, model_path, "worker", cfg.host)  # store, visibility, config, weights
+        store = runspec.check_host(manifest, model_path, "worker", cfg.host, weights_fingerprint)
     except runspec.ModelMismatch as exc:
         raise WorkerSetupError(str(exc)) from None
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, list(manifest.layer_ids))
