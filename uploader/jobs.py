@@ -66,7 +66,8 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
         # This uploader is set up unlike the host's workers (another --spool-dir, a store it cannot see). The job
         # goes back on the queue untouched, for an uploader that can do it: the batch stays queued, so it is
         # neither failed nor extracted again (issue 23 item 3); the cause is counted and shown by `hsx status`.
-        life.upload_failed(r, run, batch_id, job, life.UploadFailure.NOT_HERE, str(exc), retry, 0, wait=pause)
+        life.upload_failed(r, run, batch_id, job, life.UploadFailure.NOT_HERE, str(exc), retry,
+                           max_attempts=0, wait=pause)  # nothing counted, no backoff: neither is used
         rt.refuse(run, exc)
         return f"{batch_id}: refused here ({exc}); put back on upload@{rt.host}"
     except RunVanished as exc:
@@ -87,8 +88,8 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
             rt.record_failure()
             if kind is life.UploadFailure.REFUSED:
                 fleet.record_store_refusal(r, run, batch_id, str(exc), rt.cfg.worker_name)
-            failure = life.upload_failed(r, run, batch_id, job, kind, str(exc), retry, limits.max_attempts,
-                                         wait=_back_off(batch_id, kind, exc, retry))
+            failure = life.upload_failed(r, run, batch_id, job, kind, str(exc), retry,
+                                         max_attempts=limits.max_attempts, wait=_back_off(batch_id, kind, exc, retry))
             if kind is life.UploadFailure.REFUSED and failure.state is life.State.DEAD:
                 log.error("upload of %s refused by the store %d times: spool file %s kept", batch_id,
                           failure.attempts, local)

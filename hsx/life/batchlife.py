@@ -9,9 +9,9 @@ whether a computed batch is done already (``release_if_done``).
 
 Most functions write their keys in one pipeline or one script, as the ledger primitives they build on
 (``hsx.life.ledger``, ``hsx.life.leases``) do; a new job's id costs one INCRBY before it (``next_seqs``).
-Where a write depends on what an earlier one found, and the later one is an rq enqueue (which no script
-can do), there are two; a process dying between them leaves a batch the reconciler queues again (an
-orphan) or a lease the reaper takes back, never a batch lost:
+Where a later write depends on what an earlier one found (no script can make an rq job, and a MULTI
+cannot branch), there are more, exactly these; a process dying between them leaves a batch the
+reconciler queues again (an orphan) or a lease the reaper takes back, never a batch lost:
 
 - ``fail``: one script counts the failure (the dead letter, with its kept spool file, in it), then the
   error log line (advisory) and, below the limit, the new job's pipeline;
@@ -43,7 +43,7 @@ planned | failed | dead -> leased   ``lease``           GPU worker (a done batch
 leased -> planned (uncounted)       ``hand_back``       a worker stopping, or one that lost the store
 leased -> (as it was)               ``release``         a worker letting go (done, or ``fail`` follows)
 leased -> spooled                   ``spool``           GPU worker's writer (clears the failure record)
-leased -> (as it was), if done      ``release_if_done`` GPU worker's writer (a duplicate delivery: one script)
+leased -> done, if done already     ``release_if_done`` GPU worker's writer (a duplicate delivery: one script)
 spooled -> uploading -> (exit)      ``uploading``       uploader (a context: the lease held inside it)
 uploading | spooled -> spooled      ``requeue_upload``  a worker restart (spool files left); ``reap``
 uploading -> done                   ``finish``          uploader; the ledger rebuilt from the store
