@@ -13,15 +13,15 @@ from rq.worker import SimpleWorker
 from gpu_worker.extractor import Extractor
 from gpu_worker.fp8compute import require_fp8_device
 from gpu_worker.runtime import WorkerRuntime
-from hsx import life, retry
+from hsx import life, retry, runspec
 from hsx.errors import HsxError
 from hsx.fleet import check_eviction_policy
 from hsx.life import RunVanished, run_complete
 from hsx.localdirs import ensure_dir
 from hsx.prep import weights_fingerprint
 from hsx.redisconn import connect, redact
-from hsx.runspec import RunNotVisible, WorkerConfig, check_model_visible, config_hash, open_run_store
-from hsx.store import check_store, layout
+from hsx.runspec import RunNotVisible, WorkerConfig
+from hsx.store import layout
 
 log = logging.getLogger(__name__)
 PLAN_POLL_SECONDS = 5  # --wait-for-plan: seconds between looks for the run's manifest
@@ -134,17 +134,11 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     if manifest.compute_dtype == "float8":
         require_fp8_device(cfg.device)  # before the model is read: a CPU or pre-Ada GPU is refused at once
     model_path = cfg.model_override or manifest.model
-    check_store(manifest.store, "worker", run=cfg.run)  # an S3 store answers within 10 s, or one line says why not
-    check_model_visible(model_path, "worker", cfg.host)
-    store = open_run_store(manifest, "worker", cfg.host)  # before the model loads: a wrong mount is seen at once
-    check_directories(cfg, model_path)
-    if config_hash(model_path) != manifest.model_config_hash:
-        raise WorkerSetupError(f"model {model_path} does not match run {cfg.run!r} (config hash differs from the manifest)")
-    if manifest.model_weights:  # a run planned by an older hsx has none to check against
-        weights = weights_fingerprint(model_path)
-        if weights and weights != manifest.model_weights:
-            raise WorkerSetupError(f"model {model_path} is another checkpoint than run {cfg.run!r}'s: its weights are "
-                                   f"{weights}, the run's ({manifest.model}) {manifest.model_weights}")
+    check_directories(cfg, model_path)  # HF_HOME writable before the config of a hub id is fetched into it
+    try:
+        store = runspec.check_host(manifest, model_path, "worker", cfg.host, weights_fingerprint)
+    except runspec.ModelMismatch as exc:
+        raise WorkerSetupError(str(exc)) from None
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, list(manifest.layer_ids))
     extractor = Extractor.load(model_path, list(manifest.layer_ids), manifest.store_final, cfg.device, manifest.dtype,
                                store_dtype=manifest.store_dtype, compute_dtype=manifest.compute_dtype,

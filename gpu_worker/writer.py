@@ -41,15 +41,32 @@ RATE_WARN_SECONDS = 60.0   # at most one "disk cannot keep up" warning a minute
 
 @dataclass
 class Finished:
+    """A computed batch handed from the GPU thread to a writer: what is stored, and what is only measured.
+
+    ``tensors`` are the batch file's (hidden_states, hidden_scales, final_hidden_states, final_scales as
+    stored); the two measurements have fields of their own and never reach the file. The worker's runtime
+    builds one from the extractor's dict, where they sit under ``MEASURED`` keys: they are taken out here, once.
+    """
+
     spec: BatchSpec
     contents: BatchContents
-    tensors: dict[str, torch.Tensor]   # on the host (pinned views, or CPU tensors): hidden_states, hidden_scales,
-                                       # final_hidden_states, final_scales as stored; fp8_error [2, n] if sampled;
-                                       # compute_error [2, n] on the batch the run's FP8 compute error is measured on
+    tensors: dict[str, torch.Tensor]   # on the host (pinned views, or CPU tensors): what the batch file stores
     finite: torch.Tensor               # 0-dim bool on the host
     ready: object | None               # torch.cuda.Event to wait on, or None
     release: Callable[[], None]        # give the pinned buffer back
     compute_reference: str | None = None  # what compute_error compares against (hsx/life/computeerror.py)
+    fp8_error: torch.Tensor | None = None      # [2, n] storage error of this batch, if sampled (ERROR_SAMPLE_EVERY)
+    compute_error: torch.Tensor | None = None  # [2, n] on the batch the run's FP8 compute error is measured on
+
+    def __post_init__(self):
+        measured = {name: self.tensors[name] for name in MEASURED if name in self.tensors}
+        if measured:
+            self.tensors = {name: t for name, t in self.tensors.items() if name not in MEASURED}
+            self.fp8_error = measured.get("fp8_error", self.fp8_error)
+            self.compute_error = measured.get("compute_error", self.compute_error)
+
+
+MEASURED = ("fp8_error", "compute_error")   # keys of the extractor's dict that are measurements, not stored
 
 
 class PinnedPool:
@@ -132,16 +149,13 @@ class SpoolWriter:
         spec, contents = item.spec, item.contents
         if item.ready is not None:
             item.ready.synchronize()  # also before a skip: the pinned buffer is reused once released
-        stored = dict(item.tensors)
-        error = stored.pop("fp8_error", None)
-        compute_error = stored.pop("compute_error", None)
-        if life.is_done(self.r, self.run, spec.batch_id):  # a duplicate delivery finished elsewhere first
-            life.release(self.r, self.run, spec.batch_id)
+        error, compute_error = item.fp8_error, item.compute_error
+        if life.release_if_done(self.r, self.run, spec.batch_id):  # a duplicate delivery finished elsewhere first
             if compute_error is not None:  # measured all the same: the run's record, if it has none yet
                 life.record_compute_error(self.r, self.run, spec.batch_id, self.manifest, compute_error, spec.tokens,
                                     item.compute_reference or "", self.worker_name)
             return
-        tensors = {**stored, "input_ids": contents.input_ids.to(torch.int32),
+        tensors = {**item.tensors, "input_ids": contents.input_ids.to(torch.int32),
                    "loss_mask": contents.loss_mask.to(torch.uint8), "cu_seqlens": contents.cu_seqlens.to(torch.int64)}
         if not bool(item.finite):
             raise BatchFileError("hidden states hold NaN/Inf (found on the GPU, before storing)")

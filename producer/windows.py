@@ -17,7 +17,6 @@ import json
 from dataclasses import dataclass
 
 import redis
-from rq.job import Job
 
 from hsx import life
 from hsx.life import RunKeys
@@ -71,28 +70,9 @@ def record(r: redis.Redis, run: str, number: int, rec: WindowRecord) -> None:
 
 
 def withdraw(r: redis.Redis, run: str) -> int:
-    """Take every queued (not started) extract job of ``run`` off the queue and out of the plan; forget the
-    window records, so a re-run plans again from the first window. Batches already running or done stay.
-    Returns the number of jobs withdrawn."""
-    keys = RunKeys(run)
-    q = life.queue(r, life.extract_queue_name(run))
-    withdrawn = 0
-    for job_id in q.get_job_ids():
-        parsed = life.batch_of_job(job_id)
-        if not parsed or parsed[0] != run:
-            continue
-        if q.remove(job_id):
-            pipe = r.pipeline()
-            pipe.delete(Job.key_for(job_id))
-            if not life.is_done(r, run, parsed[1]):
-                pipe.hdel(keys.plan, parsed[1])
-            pipe.execute()
-            withdrawn += 1
-    pipe = r.pipeline()
-    pipe.delete(keys.windows)
-    pipe.hset(keys.totals, mapping={"batches": r.hlen(keys.plan), "planning": 1})
-    pipe.execute()
-    return withdrawn
+    """Take the plan back: queued jobs off the queue and out of the plan, the window records forgotten
+    (``hsx.life.withdraw``, a transition of each batch). Returns the number of jobs withdrawn."""
+    return life.withdraw(r, run)
 
 
 def forget_from(r: redis.Redis, run: str, number: int) -> None:

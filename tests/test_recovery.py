@@ -209,7 +209,7 @@ def test_disk_full_fails_cleanly_and_retries(r, redis_server, tiny_model, tmp_pa
     from uploader.worker import run_uploader
 
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="full"))
-    real_write = writer_mod.batchfile.write_atomic
+    real_write = writer_mod.write_atomic
     calls = {"n": 0}
 
     def flaky_disk(path, tensors, metadata, fsync=True, tmp_tag=None, codec="none"):
@@ -221,7 +221,7 @@ def test_disk_full_fails_cleanly_and_retries(r, redis_server, tiny_model, tmp_pa
             raise OSError(28, "No space left on device")
         return real_write(path, tensors, metadata, fsync, tmp_tag, codec)
 
-    monkeypatch.setattr(writer_mod.batchfile, "write_atomic", flaky_disk)
+    monkeypatch.setattr(writer_mod, "write_atomic", flaky_disk)
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="full"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     p = run_progress(r, "full")

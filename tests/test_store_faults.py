@@ -6,7 +6,7 @@ import hashlib
 import boto3
 import pytest
 
-from hsx.life import batchlife, ledger
+from hsx.life import UploadJob, batchlife, ledger
 from hsx.monitor.progress import run_progress
 from hsx.runspec.config import StoreSettings
 from hsx.store import layout, open_store
@@ -115,7 +115,7 @@ def test_incomplete_multipart_uploads_are_reported_and_stale_ones_aborted(r, red
 
     killed = start("b0000000")   # an uploader killed mid-upload
     live = start("b0000001")     # another uploader's upload in progress: it holds its batch's lease
-    with batchlife.uploading(r, "mp", "b0000001", {"host": "otherhost"}, 600):  # until that uploader dies too
+    with batchlife.uploading(r, "mp", "b0000001", UploadJob("otherhost", "", 0, ""), 600):  # until that uploader dies too
         other_run = start("b0000002", run="notarun")  # not a run of this Redis: not ours to touch
         time.sleep(5.5)              # the run's lease length (5 s) on the store's clock
         young = start("b0000003")    # started just now (no lease seen: the listing may run ahead of a lease read)

@@ -10,20 +10,19 @@ its process's state (host, spool, each run's store and limits) in
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from hsx import fleet, life
 from hsx.batch import BatchFileError
 from hsx.digest import file_sha256
 from hsx.life import RunVanished
-from hsx.retry import backoff_delay, pause
+from hsx.retry import pause
 from hsx.runspec import RunNotVisible
 from hsx.store import PermanentStoreError, layout
 from uploader import runtime
 
 log = logging.getLogger(__name__)
-RETRY_BASE_SECONDS = 1.0      # backoff between two uploads of one batch while the store is down ...
-RETRY_CAP_SECONDS = 60.0      # ... doubling from 1 s, capped at 60 s
 
 
 class SpoolFileLost(RuntimeError):
@@ -39,11 +38,25 @@ class NotPlanned(RuntimeError):
     """The batch is not in its run's plan: a permanent error (dead letter), never retried."""
 
 
+# Which kind of upload failure an exception is (the first match); what each kind does is batchlife's table
+# (hsx.life.UPLOAD_FAILURES). Anything else is store trouble: the file stays and the upload is tried again.
+FAILURE_KINDS: tuple[tuple[type[BaseException], life.UploadFailure], ...] = (
+    (SpoolFileLost, life.UploadFailure.LOST),
+    (PermanentStoreError, life.UploadFailure.REFUSED),
+    (NotPlanned, life.UploadFailure.UNPLANNED),
+)
+
+
+def failure_kind(exc: BaseException) -> life.UploadFailure:
+    return next((kind for cls, kind in FAILURE_KINDS if isinstance(exc, cls)), life.UploadFailure.TROUBLE)
+
+
 def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, retry: int = 0, tier: str = "disk",
                  attempt: int | None = None) -> str:
     """``attempt``: carried by jobs an older hsx queued (a copy of the job id's suffix); never read."""
     rt = runtime.UploaderRuntime.current()
     r = rt.r
+    job = life.UploadJob(rt.host, path, size, sha256, tier)
     try:
         local = rt.spool_file(run, batch_id, path, tier)  # before anything else: nothing read or deleted if refused
         limits = rt.run_context(run).limits
@@ -53,7 +66,8 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
         # This uploader is set up unlike the host's workers (another --spool-dir, a store it cannot see). The job
         # goes back on the queue untouched, for an uploader that can do it: the batch stays queued, so it is
         # neither failed nor extracted again (issue 23 item 3); the cause is counted and shown by `hsx status`.
-        life.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry)
+        life.upload_failed(r, run, batch_id, job, life.UploadFailure.NOT_HERE, str(exc), retry,
+                           max_attempts=0, wait=pause)  # nothing counted, no backoff: neither is used
         rt.refuse(run, exc)
         return f"{batch_id}: refused here ({exc}); put back on upload@{rt.host}"
     except RunVanished as exc:
@@ -62,50 +76,38 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
         log.error("%s: upload of %s stopped, spool file %s kept. Re-run `hsx produce` for the run (it rebuilds "
                   "the ledger from the store), then restart this host's workers", exc, batch_id, local)
         raise
-    job = {"host": rt.host, "path": path, "size": size, "sha256": sha256, "tier": tier}
     with life.uploading(r, run, batch_id, job, limits.lease_seconds):
         rt.in_progress = (run, batch_id)
         try:
             return _upload(rt, run, batch_id, local, size, sha256)
-        except SpoolFileLost as exc:
-            # The bytes are gone: the batch must be computed again. This counts as one failed
-            # extraction of the batch, under the run's one attempt limit (see hsx.runspec.manifest.RunLimits).
+        except Exception as exc:
+            # Counted here, shown on the run for a refusal (status, dashboard, /metrics: the store's message);
+            # what happens to the batch is UPLOAD_FAILURES' row. A backoff is spent holding the lease (the
+            # heartbeat keeps it); a stop request ends it, the next try is queued and the process exits.
+            kind = failure_kind(exc)
             rt.record_failure()
-            life.fail(r, run, batch_id, f"upload: {exc}", limits.max_attempts)
-            raise
-        except PermanentStoreError as exc:
-            # The store refused for good (access denied, no bucket, metadata dropped): no retry can help
-            # without a person. Counted against the batch (dead letter at max_attempts, file kept) and shown
-            # on the run (status, dashboard, /metrics) with the store's message.
-            rt.record_failure()
-            fleet.record_store_refusal(r, run, batch_id, str(exc), rt.cfg.worker_name)
-            failure = life.fail(r, run, batch_id, f"upload: store refused: {exc}", limits.max_attempts,
-                                     requeue=False, kept_upload=job)
-            if failure.state is life.State.FAILED:
-                delay = backoff_delay(retry, RETRY_BASE_SECONDS, RETRY_CAP_SECONDS)
-                log.error("upload of %s refused by the store; next try in %.1fs", batch_id, delay)
-                pause(delay)  # a stop request ends it: the next try is queued, the process exits
-                life.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry + 1)
-            elif failure.state is life.State.DEAD:
+            if kind is life.UploadFailure.REFUSED:
+                fleet.record_store_refusal(r, run, batch_id, str(exc), rt.cfg.worker_name)
+            failure = life.upload_failed(r, run, batch_id, job, kind, str(exc), retry,
+                                         max_attempts=limits.max_attempts, wait=_back_off(batch_id, kind, exc, retry))
+            if kind is life.UploadFailure.REFUSED and failure.state is life.State.DEAD:
                 log.error("upload of %s refused by the store %d times: spool file %s kept", batch_id,
                           failure.attempts, local)
             raise
-        except NotPlanned as exc:
-            rt.record_failure()
-            life.fail(r, run, batch_id, f"upload: {exc}", 1)  # straight to dead letters, not retried
-            raise
-        except Exception as exc:
-            # Store trouble (outage, throttling, verify mismatch): the file stays. Back off while
-            # holding the lease (the heartbeat keeps it), then queue the next try and fail this job.
-            rt.record_failure()
-            delay = backoff_delay(retry, RETRY_BASE_SECONDS, RETRY_CAP_SECONDS)
-            log.warning("upload of %s failed (try %d: %s: %s); next try in %.1fs", batch_id, retry + 1,
-                        type(exc).__name__, exc, delay)
-            pause(delay)  # a stop request ends it: the next try is queued, the process exits
-            life.requeue_upload(r, rt.host, run, batch_id, path, size, sha256, tier, retry=retry + 1)
-            raise
         finally:
             rt.in_progress = None
+
+
+def _back_off(batch_id: str, kind: life.UploadFailure, exc: Exception, retry: int) -> Callable[[float], None]:
+    """The wait before the next try of an upload: one log line, then a pause a stop request ends."""
+    def wait(delay: float) -> None:
+        if kind is life.UploadFailure.REFUSED:
+            log.error("upload of %s refused by the store; next try in %.1fs", batch_id, delay)
+        else:
+            log.warning("upload of %s failed (try %d: %s: %s); next try in %.1fs", batch_id, retry + 1,
+                        type(exc).__name__, exc, delay)
+        pause(delay)
+    return wait
 
 
 def _spool_mismatch(r, run: str, batch_id: str, path: str) -> bool:

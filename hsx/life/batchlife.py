@@ -2,10 +2,27 @@
 
 Every change of a batch's state, by either role, the reconciler or the CLI, goes through a
 function here; nothing else in hsx writes a batch's queue jobs, leases, failure or dead-letter
-records (tests/test_batchlife.py checks the callers), bar two writes that change no state: a
-heartbeat pushing its leases' expiry forward, and ``ledger.drop_failures_of_done``. Each function writes its keys in one
-pipeline or one script, as the ledger primitives it builds on (``hsx.life.ledger``,
-``hsx.life.leases``) do.
+records (tests/test_batchlife.py checks the callers' syntax trees), bar two writes that change no state: a
+heartbeat pushing its leases' expiry forward, and ``ledger.drop_failures_of_done``. The decisions a role
+would otherwise make are here too: what each kind of upload failure does (``UPLOAD_FAILURES``), and
+whether a computed batch is done already (``release_if_done``).
+
+Most functions write their keys in one pipeline or one script, as the ledger primitives they build on
+(``hsx.life.ledger``, ``hsx.life.leases``) do; a new job's id costs one INCRBY before it (``next_seqs``).
+Where a later write depends on what an earlier one found (no script can make an rq job, and a MULTI
+cannot branch), there are more, exactly these; a process dying between them leaves a batch the
+reconciler queues again (an orphan) or a lease the reaper takes back, never a batch lost:
+
+- ``fail``: one script counts the failure (the dead letter, with its kept spool file, in it), then the
+  error log line (advisory) and, below the limit, the new job's pipeline;
+- ``hand_back``: the lease's ZREM (only its holder queues it), then the job's pipeline;
+- ``reopen``: the ledger's script, then one pipeline (the dead letter dropped, the job queued);
+- ``reap``: per expired lease, a ZREM decides the one reaper, then ``fail`` or the upload job's HGET/HDEL
+  and ``requeue_upload``;
+- ``retry``: the dead letters taken (one pipeline), then per kept spool file its record and new upload
+  job, then one enqueue of the rest;
+- ``upload_failed``: ``fail`` as above, then (after the backoff) ``requeue_upload``;
+- ``withdraw``: one script per ``WITHDRAW_CHUNK`` jobs (each leaves the plan and its totals agreeing).
 
 State       What marks it in Redis (``hsx:<run>:`` keys, rq queues)
 ----------  ------------------------------------------------------------------------------------
@@ -26,11 +43,16 @@ planned | failed | dead -> leased   ``lease``           GPU worker (a done batch
 leased -> planned (uncounted)       ``hand_back``       a worker stopping, or one that lost the store
 leased -> (as it was)               ``release``         a worker letting go (done, or ``fail`` follows)
 leased -> spooled                   ``spool``           GPU worker's writer (clears the failure record)
+leased -> done, if done already     ``release_if_done`` GPU worker's writer (a duplicate delivery: one script)
 spooled -> uploading -> (exit)      ``uploading``       uploader (a context: the lease held inside it)
-uploading | spooled -> spooled      ``requeue_upload``  uploader (store trouble, refused here); restart
+uploading | spooled -> spooled      ``requeue_upload``  a worker restart (spool files left); ``reap``
 uploading -> done                   ``finish``          uploader; the ledger rebuilt from the store
 leased | uploading -> failed | dead ``fail``            GPU worker, uploader, ``reap`` (a dead letter at
                                                         the run's max_attempts; a done batch: nothing)
+uploading | spooled -> failed |     ``upload_failed``   uploader: its row of ``UPLOAD_FAILURES`` (count,
+  dead | spooled                                        extract again or dead-letter, upload again after
+                                                        the backoff, or put back untouched)
+planned -> (out of the plan)        ``withdraw``        ``produce`` (a plan taken back: queued jobs only)
 expired lease -> failed | spooled   ``reap``            every heartbeat (extract -> ``fail``, upload ->
                                                         ``requeue_upload``)
 dead -> planned | spooled          ``retry``           ``hsx retry-failed``, the dashboard (else NotRetryable);
@@ -44,23 +66,28 @@ still hold.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
 from typing import NamedTuple
 
 import redis
+from rq.job import Job
 
 from hsx.errors import HsxError
 from hsx.life import heartbeat, leases, ledger, queues
 from hsx.life.keys import RunKeys
+from hsx.life.queues import UploadJob
 from hsx.redisconn import text
+from hsx.retry import backoff_delay
 
 log = logging.getLogger(__name__)
 FIRST_SEQ = 1          # job-id suffix of a batch's first extract job (the producer's)
 SEQ_BASE = 1000        # later suffixes are SEQ_BASE + the run's job_seq counter
+UPLOAD_RETRY_BASE_SECONDS = 1.0   # backoff between two uploads of one batch while the store is down ...
+UPLOAD_RETRY_CAP_SECONDS = 60.0   # ... doubling from 1 s, capped at 60 s
+WITHDRAW_CHUNK = 1000  # extract jobs withdrawn in one script (Redis does nothing else meanwhile)
 
 
 class State(str, Enum):
@@ -135,6 +162,42 @@ def enqueue(r: redis.Redis, run: str, bids: list[str], at_front: bool = False, f
         p.execute()
 
 
+# KEYS: extract queue, plan, done, windows, totals, then each job's rq hash ; ARGV: job id, batch id (pairs)
+# Each job still queued (LREM found it: no worker took it) goes, its hash too, and its batch leaves the plan unless
+# done; then the window records go and the totals count the plan again. Returns how many jobs went.
+_WITHDRAW = """
+local withdrawn = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
+    redis.call('DEL', KEYS[5 + (i + 1) / 2])
+    if redis.call('SISMEMBER', KEYS[3], ARGV[i + 1]) == 0 then redis.call('HDEL', KEYS[2], ARGV[i + 1]) end
+    withdrawn = withdrawn + 1
+  end
+end
+redis.call('DEL', KEYS[4])
+redis.call('HSET', KEYS[5], 'batches', redis.call('HLEN', KEYS[2]), 'planning', 1)
+return withdrawn
+"""
+
+
+def withdraw(r: redis.Redis, run: str) -> int:
+    """planned -> out of the plan: every queued (not started) extract job of ``run`` off the queue and its batch
+    out of the plan (a done batch keeps its entry); the window records forgotten and the totals counted again
+    (planning), so a re-run plans again from the first window. Batches running or done stay. One script per
+    ``WITHDRAW_CHUNK`` jobs. Returns the number of jobs withdrawn."""
+    keys = RunKeys(run)
+    q = queues.queue(r, queues.extract_queue_name(run))
+    ours = [(job_id, parsed[1]) for job_id in q.get_job_ids()
+            if (parsed := queues.batch_of_job(job_id)) and parsed[0] == run]
+    withdrawn = 0
+    for start in range(0, max(len(ours), 1), WITHDRAW_CHUNK):
+        chunk = ours[start:start + WITHDRAW_CHUNK]
+        withdrawn += int(r.eval(_WITHDRAW, 5 + len(chunk), q.key, keys.plan, keys.done, keys.windows, keys.totals,
+                                *(Job.key_for(job_id) for job_id, _ in chunk),
+                                *(part for pair in chunk for part in pair)))
+    return withdrawn
+
+
 # ---- leased ----------------------------------------------------------------------------------------
 # KEYS: done, plan, extract_leases ; ARGV: batch_id, lease_seconds
 # Returns {'done'} (nothing written), {'unplanned'} (nothing written) or {'leased', <spec JSON>} with the
@@ -166,6 +229,21 @@ def release(r: redis.Redis, run: str, bid: str) -> None:
     leases.drop(r, RunKeys(run).extract_leases, bid)
 
 
+# KEYS: done, extract_leases ; ARGV: batch_id. Returns 1 (and drops the lease) if the batch is done, else 0.
+_RELEASE_IF_DONE = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+
+def release_if_done(r: redis.Redis, run: str, bid: str) -> bool:
+    """A computed batch that is done already (a duplicate delivery finished elsewhere first): its extract
+    lease dropped and True, in one script; nothing to write then. False, nothing written: go on and spool it."""
+    keys = RunKeys(run)
+    return bool(r.eval(_RELEASE_IF_DONE, 2, keys.done, keys.extract_leases, bid))
+
+
 def hand_back(r: redis.Redis, run: str, bid: str, leased: bool = True) -> bool:
     """leased -> planned, no failure counted, queued at the front. ``leased``: only if this process still
     holds the lease (a reaper that took it first queued it already). True if queued."""
@@ -181,7 +259,8 @@ def spool(r: redis.Redis, run: str, bid: str, host: str, path: str, size: int, s
     overwrite an upload job still running), the spool log and bytes, the failure record cleared, the
     extract lease dropped; in ``pipe`` (a MULTI pipeline the caller executes, with its own writes)."""
     keys = RunKeys(run)
-    queues.enqueue_upload(r, host, run, bid, path, size, sha256, next_seqs(r, run)[0], pipeline=pipe, tier=tier)
+    job = UploadJob(host, path, size, sha256, tier)
+    queues.enqueue_upload_job(r, run, bid, job, next_seqs(r, run)[0], pipeline=pipe)
     ledger.mark_spooled(r, run, bid, pipe=pipe, nbytes=size)
     ledger.clear_failure(r, run, bid, pipe=pipe)
     leases.drop(r, keys.extract_leases, bid, pipe=pipe)
@@ -191,18 +270,21 @@ def requeue_upload(r: redis.Redis, host: str, run: str, bid: str, path: str, siz
                    retry: int = 0, at_front: bool = False) -> None:
     """uploading | spooled -> spooled: a new upload job for the spool file (fresh job id). ``retry`` counts
     store failures of this upload (the uploader's backoff)."""
-    queues.enqueue_upload(r, host, run, bid, path, size, sha256, next_seqs(r, run)[0], retry=retry,
-                          at_front=at_front, tier=tier)
+    _upload_again(r, run, bid, UploadJob(host, path, size, sha256, tier), retry, at_front)
+
+
+def _upload_again(r: redis.Redis, run: str, bid: str, job: UploadJob, retry: int = 0, at_front: bool = False) -> None:
+    queues.enqueue_upload_job(r, run, bid, job, next_seqs(r, run)[0], retry=retry, at_front=at_front)
 
 
 @contextmanager
-def uploading(r: redis.Redis, run: str, bid: str, job: dict, lease_seconds: float) -> Iterator[None]:
+def uploading(r: redis.Redis, run: str, bid: str, job: UploadJob, lease_seconds: float) -> Iterator[None]:
     """spooled -> uploading while inside (the upload lease and the job to re-enqueue if its holder dies);
     on the way out, whatever happened, the lease goes (``finish``, ``fail`` or ``requeue_upload`` said
     where the batch goes next)."""
     keys = RunKeys(run)
     pipe = r.pipeline()
-    pipe.hset(keys.upload_jobs, bid, json.dumps(job))
+    pipe.hset(keys.upload_jobs, bid, job.to_json())
     leases.take(r, keys.upload_leases, bid, lease_seconds, pipe=pipe)
     pipe.execute()
     try:
@@ -226,26 +308,27 @@ def reopen(r: redis.Redis, run: str, spec: ledger.BatchSpec, requeue: bool = Tru
     letter left, and (``requeue``) queued at the front. False, nothing written, if it was not done."""
     if not ledger.unmark_done(r, run, spec):
         return False
-    ledger.take_dead_letters(r, run, [spec.batch_id])
-    if requeue:
-        enqueue(r, run, [spec.batch_id], at_front=True)
+    pipe = r.pipeline()
+    if requeue:  # first: rq opens the pipeline's MULTI
+        enqueue(r, run, [spec.batch_id], at_front=True, pipe=pipe)
+    ledger.take_dead_letters(r, run, [spec.batch_id], pipe=pipe)
+    pipe.execute()
     return True
 
 
 # ---- failed and dead -------------------------------------------------------------------------------
 def fail(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int, requeue: bool = True,
-         at_front: bool = False, kept_upload: dict | None = None) -> Failure:
+         at_front: bool = False, kept_upload: UploadJob | None = None) -> Failure:
     """leased | uploading -> failed | dead: count a failure (one script); below the run's ``max_attempts``
     the batch is extracted again (``requeue``; False: the caller queues its own next try), at it a dead
     letter. A done batch counts nothing (a late failure of a duplicate copy is no failure of the batch).
     ``kept_upload``: the upload job of a spool file kept (host, path, size, sha256, tier): a dead letter
     then remembers it, and ``retry`` uploads that file again instead of extracting the batch anew."""
-    attempts = ledger.record_failure(r, run, bid, error, max_attempts)
+    attempts = ledger.record_failure(r, run, bid, error, max_attempts,
+                                     kept="" if kept_upload is None else kept_upload.to_json())
     if attempts == 0:
         return Failure(State.DONE, 0)
     if attempts >= max_attempts:
-        if kept_upload is not None:
-            r.hset(RunKeys(run).kept_uploads, bid, json.dumps(kept_upload))
         log.error("batch %s of run %s failed %d times; moved to dead letters: %s", bid, run, attempts, error)
         return Failure(State.DEAD, attempts)
     if requeue:
@@ -253,6 +336,66 @@ def fail(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int, requ
     log.warning("batch %s of run %s failed (attempt %d/%d)%s: %s", bid, run, attempts, max_attempts,
                 ", re-enqueued" if requeue else "", error)
     return Failure(State.FAILED, attempts)
+
+
+class UploadFailure(str, Enum):
+    """Why an upload did not finish, as the uploader tells it; ``UPLOAD_FAILURES`` says what each one does."""
+
+    NOT_HERE = "not here"    # this uploader cannot do it (another --spool-dir, a store it cannot see); no lease taken
+    LOST = "lost"            # the spool file is gone, corrupt or not of this plan: the bytes must be computed again
+    REFUSED = "refused"      # the store refused for good (access denied, no bucket): no retry helps without a person
+    UNPLANNED = "unplanned"  # the batch is not in its run's plan
+    TROUBLE = "trouble"      # anything else: a store outage, throttling, a verify mismatch; the file stays
+
+
+class UploadPolicy(NamedTuple):
+    """One row of ``UPLOAD_FAILURES``: what a kind of upload failure does to the batch."""
+
+    counted: bool             # a failed attempt of the batch (``fail``), dead letter at the limit
+    dead_at_once: bool        # the limit is 1, not the run's max_attempts
+    extract_again: bool       # counted and below the limit: extracted anew (the spool file is of no use)
+    keep_file: bool           # a dead letter remembers the spool file: ``retry`` uploads it again
+    upload_again: bool        # the same file uploaded again (not if it became a dead letter or was done) ...
+    backoff: bool             # ... after the store backoff (the lease held meanwhile), retry count + 1; else at once
+    error: str                # the failure record's text before the exception's message
+
+
+UPLOAD_FAILURES: dict[UploadFailure, UploadPolicy] = {
+    UploadFailure.NOT_HERE: UploadPolicy(counted=False, dead_at_once=False, extract_again=False, keep_file=False,
+                                         upload_again=True, backoff=False, error=""),
+    UploadFailure.LOST: UploadPolicy(counted=True, dead_at_once=False, extract_again=True, keep_file=False,
+                                     upload_again=False, backoff=False, error="upload: "),
+    UploadFailure.REFUSED: UploadPolicy(counted=True, dead_at_once=False, extract_again=False, keep_file=True,
+                                        upload_again=True, backoff=True, error="upload: store refused: "),
+    UploadFailure.UNPLANNED: UploadPolicy(counted=True, dead_at_once=True, extract_again=False, keep_file=False,
+                                          upload_again=False, backoff=False, error="upload: "),
+    UploadFailure.TROUBLE: UploadPolicy(counted=False, dead_at_once=False, extract_again=False, keep_file=False,
+                                        upload_again=True, backoff=True, error=""),
+}
+
+
+def upload_backoff(retry: int) -> float:
+    """Seconds to wait before the next upload of a batch whose store failed ``retry`` times before."""
+    return backoff_delay(retry, UPLOAD_RETRY_BASE_SECONDS, UPLOAD_RETRY_CAP_SECONDS)
+
+
+def upload_failed(r: redis.Redis, run: str, bid: str, job: UploadJob, why: UploadFailure, error: str, retry: int,
+                  max_attempts: int, wait: Callable[[float], None]) -> Failure | None:
+    """uploading | spooled -> failed | dead | spooled: the row of ``UPLOAD_FAILURES`` for ``why``, applied.
+    ``retry``: the job's store failures so far; ``wait(seconds)``: the caller's backoff (the uploader's
+    stop-aware pause, which logs), called before the next upload job is queued. Returns what was counted
+    (None: nothing)."""
+    policy = UPLOAD_FAILURES[why]
+    failure = None
+    if policy.counted:
+        failure = fail(r, run, bid, policy.error + error, 1 if policy.dead_at_once else max_attempts,
+                       requeue=policy.extract_again, kept_upload=job if policy.keep_file else None)
+    if policy.upload_again and (failure is None or failure.state is State.FAILED):
+        if policy.backoff:
+            wait(upload_backoff(retry))
+            retry += 1
+        _upload_again(r, run, bid, job, retry)
+    return failure
 
 
 def reap(r: redis.Redis, run: str, max_attempts: int, now: float | None = None) -> dict[str, list[str]]:
@@ -279,9 +422,7 @@ def reap(r: redis.Redis, run: str, max_attempts: int, now: float | None = None) 
         r.hdel(keys.upload_jobs, bid)
         if job is None or ledger.is_done(r, run, bid):
             continue
-        kw = json.loads(job)
-        requeue_upload(r, kw["host"], run, bid, kw["path"], kw["size"], kw["sha256"], kw.get("tier", "disk"),
-                       at_front=True)
+        _upload_again(r, run, bid, UploadJob.from_json(job), at_front=True)
         reclaimed["upload"].append(bid)
     for kind, bids in reclaimed.items():
         if bids:
@@ -320,7 +461,6 @@ def retry(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
             extract.append(bid)
             continue
         # Its spool file was kept: upload it again (a file gone by then fails as lost, and is extracted again).
-        job = json.loads(kept)
-        requeue_upload(r, job["host"], run, bid, job["path"], job["size"], job["sha256"], job.get("tier", "disk"))
+        _upload_again(r, run, bid, UploadJob.from_json(kept))
     enqueue(r, run, extract)
     return taken

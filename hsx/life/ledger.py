@@ -49,9 +49,9 @@ redis.call('ZADD', KEYS[5], ARGV[7], ARGV[1])
 return 1
 """
 
-# KEYS: failures, dead, done ; ARGV: batch_id, error, now, max_attempts
-# Returns the attempt count; moves the record to dead letters at max_attempts. A batch already done
-# records nothing and returns 0 (a late failure of a duplicate copy is no failure of the batch).
+# KEYS: failures, dead, done, kept_uploads ; ARGV: batch_id, error, now, max_attempts, kept upload job JSON (or "")
+# Returns the attempt count; moves the record to dead letters at max_attempts (with the kept upload, if any). A
+# batch already done records nothing and returns 0 (a late failure of a duplicate copy is no failure of the batch).
 _RECORD_FAILURE = """
 if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
@@ -64,6 +64,7 @@ local rec = cjson.encode({attempts=attempts, last_error=ARGV[2], ts=tonumber(ARG
 if attempts >= tonumber(ARGV[4]) then
   redis.call('HDEL', KEYS[1], ARGV[1])
   redis.call('HSET', KEYS[2], ARGV[1], rec)
+  if ARGV[5] ~= '' then redis.call('HSET', KEYS[4], ARGV[1], ARGV[5]) end
 else
   redis.call('HSET', KEYS[1], ARGV[1], rec)
 end
@@ -175,11 +176,13 @@ def mark_spooled(r: redis.Redis, run: str, bid: str, pipe=None, nbytes: int = 0)
         (pipe or r).hincrby(RunKeys(run).counters, WRITTEN_BYTES, nbytes)
 
 
-def record_failure(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int) -> int:
-    """Count a failure of ``bid``: its attempt count (a dead letter at ``max_attempts``), or 0 if it is done."""
+def record_failure(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int, kept: str = "") -> int:
+    """Count a failure of ``bid``: its attempt count (a dead letter at ``max_attempts``), or 0 if it is done.
+    ``kept``: the JSON of a kept spool file's upload job, written to ``kept_uploads`` if it becomes a dead letter
+    (in the same script)."""
     keys = RunKeys(run)
-    attempts = int(r.eval(_RECORD_FAILURE, 3, keys.failures, keys.dead, keys.done, bid, error[-2000:], time.time(),
-                          max_attempts))
+    attempts = int(r.eval(_RECORD_FAILURE, 4, keys.failures, keys.dead, keys.done, keys.kept_uploads, bid,
+                          error[-2000:], time.time(), max_attempts, kept))
     if attempts:
         errorlog.append(r, run, bid, error, attempts)  # kept after the batch is done (issue 31 item 2)
     return attempts
@@ -197,13 +200,14 @@ def drop_failures_of_done(r: redis.Redis, run: str) -> list[str]:
     return settled
 
 
-def _drop_failure_records(r: redis.Redis, keys: RunKeys, bids: list[str]) -> None:
-    """Remove the failure and dead-letter records of ``bids`` (one round trip)."""
+def _drop_failure_records(r: redis.Redis, keys: RunKeys, bids: list[str], pipe=None) -> None:
+    """Remove the failure and dead-letter records of ``bids`` (one round trip; in ``pipe`` if given)."""
     if bids:
-        pipe = r.pipeline()
-        pipe.hdel(keys.failures, *bids)
-        pipe.hdel(keys.dead, *bids)
-        pipe.execute()
+        p = pipe if pipe is not None else r.pipeline()
+        p.hdel(keys.failures, *bids)
+        p.hdel(keys.dead, *bids)
+        if pipe is None:
+            p.execute()
 
 
 def clear_failure(r: redis.Redis, run: str, bid: str, pipe=None) -> None:
@@ -220,11 +224,11 @@ def failures(r: redis.Redis, run: str, malformed: list[str] | None = None) -> di
     return records.failure_hash(r, RunKeys(run).failures, [] if malformed is None else malformed)
 
 
-def take_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None) -> list[str]:
-    """Remove dead letters (all, or ``bids``) and return the batch ids taken."""
+def take_dead_letters(r: redis.Redis, run: str, bids: list[str] | None = None, pipe=None) -> list[str]:
+    """Remove dead letters (all, or ``bids``; in ``pipe`` if given) and return the batch ids taken."""
     keys = RunKeys(run)
     taken = list(dead_letters(r, run)) if bids is None else bids
-    _drop_failure_records(r, keys, taken)
+    _drop_failure_records(r, keys, taken, pipe)
     return taken
 
 

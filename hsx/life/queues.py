@@ -19,7 +19,9 @@ code in any hsx process (docs/architecture.md, rule 5), so:
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import NamedTuple
 
 import redis
 from rq import Queue
@@ -37,6 +39,35 @@ UPLOAD_FUNC = "uploader.jobs.upload_batch"
 ALLOWED_FUNCS = frozenset({EXTRACT_FUNC, UPLOAD_FUNC})
 RESULT_TTL = 3600       # seconds rq keeps a finished job
 FAILURE_TTL = 7 * 86400  # seconds rq keeps a failed job
+
+
+class UploadJob(NamedTuple):
+    """One spool file to upload: the host whose spool holds it, its path, size (bytes), SHA-256 and spool tier.
+
+    Encoded here only, in two forms that older hsx versions wrote the same way: the rq job's kwargs
+    (``kwargs``; the uploader's ``upload_batch`` takes them, the host is the queue's) and the JSON of the
+    ``upload_jobs`` and ``kept_uploads`` hashes (``to_json``/``from_json``: a record without a tier is an
+    older hsx's, on disk).
+    """
+
+    host: str
+    path: str
+    size: int
+    sha256: str
+    tier: str = "disk"
+
+    def kwargs(self, run: str, bid: str, retry: int = 0) -> dict:
+        """The rq job's kwargs (``retry``: store failures of this upload so far, for the uploader's backoff)."""
+        return {"run": run, "batch_id": bid, "path": self.path, "size": self.size, "sha256": self.sha256,
+                "retry": retry, "tier": self.tier}
+
+    def to_json(self) -> str:
+        return json.dumps(self._asdict())
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> UploadJob:
+        job = json.loads(raw)
+        return cls(job["host"], job["path"], job["size"], job["sha256"], job.get("tier", "disk"))
 
 
 log = logging.getLogger(__name__)
@@ -133,7 +164,7 @@ def batch_of_job(job_id: str) -> tuple[str, str, int] | None:
         return None
 
 
-# Only hsx.life.batchlife calls these two: an enqueue is a transition of the batch's state.
+# Only hsx.life.batchlife calls these two: an enqueue is a transition of the batch's state (tests/test_batchlife.py).
 def enqueue_extract(r: redis.Redis, run: str, bid: str, seq: int, pipeline=None, at_front: bool = False) -> Job:
     """``at_front`` for work taken back from a dead or stopping worker: it was next in line already."""
     return queue(r, extract_queue_name(run)).enqueue_call(
@@ -147,9 +178,15 @@ def enqueue_upload(r: redis.Redis, host: str, run: str, bid: str, path: str, siz
                    retry: int = 0, pipeline=None, at_front: bool = False, tier: str = "disk") -> Job:
     """``seq`` makes the job id unique; ``retry`` counts store failures of this upload (for backoff);
     ``tier``: the spool tier holding the file (memory | disk; the uploader checks ``path`` is that tier's file)."""
-    return queue(r, upload_queue_name(host)).enqueue_call(
-        UPLOAD_FUNC, kwargs={"run": run, "batch_id": bid, "path": path, "size": size, "sha256": sha256,
-                             "retry": retry, "tier": tier},
+    return enqueue_upload_job(r, run, bid, UploadJob(host, path, size, sha256, tier), seq, retry=retry,
+                              pipeline=pipeline, at_front=at_front)
+
+
+def enqueue_upload_job(r: redis.Redis, run: str, bid: str, job: UploadJob, seq: int, retry: int = 0, pipeline=None,
+                       at_front: bool = False) -> Job:
+    """``enqueue_upload`` of a typed ``UploadJob`` (on its host's queue)."""
+    return queue(r, upload_queue_name(job.host)).enqueue_call(
+        UPLOAD_FUNC, kwargs=job.kwargs(run, bid, retry),
         job_id=upload_job_id(run, bid, seq), timeout=DEFAULT_UPLOAD_JOB_TIMEOUT,
         result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=f"upload {run}/{bid}", pipeline=pipeline,
         at_front=at_front)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from hsx.face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
+    "hostcheck": ["ModelMismatch", "check_host"],
     "plan": ["RunFacts", "plan_manifest", "resumed_manifest"],
     "compute": ["ComputeDtypeError", "check_compute_dtype", "check_fp8_accumulation"],
     "config": ["ProduceConfig", "UploadConfig", "WorkerConfig", "with_redis_password"],
