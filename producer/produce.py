@@ -9,7 +9,6 @@ existing run is refused.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 
 from hsx import life
-from hsx.batch import INPUT_DIGEST_MISMATCH, INPUT_FORMAT, batch_bytes, check_codec, check_store_dtype, hidden_bytes_per_token
+from hsx.batch import INPUT_DIGEST_MISMATCH, InputsMeta, batch_bytes, check_codec, check_store_dtype, hidden_bytes_per_token
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.errors import HsxError
 from hsx.fleet import check_eviction_policy
@@ -387,9 +386,8 @@ def _write_inputs(store, run, samples, planned, specs, done, suspect: frozenset[
     def put(i: int) -> life.BatchSpec:
         spec = specs[i]
         members = [samples[j] for j in planned[i].members]
-        data = batch_bytes(_input_tensors(members), {
-            "format": INPUT_FORMAT, "run": run, "batch_id": spec.batch_id,
-            "sample_ids": json.dumps(spec.sample_ids), "padded_len": str(spec.padded_len)})
+        data = batch_bytes(_input_tensors(members), InputsMeta(
+            run=run, batch_id=spec.batch_id, sample_ids=tuple(spec.sample_ids), padded_len=spec.padded_len).to_metadata())
         sha = hashlib.sha256(data).hexdigest()
         if spec.batch_id not in done:
             key = layout.input_key(run, spec.shard, spec.batch_id)

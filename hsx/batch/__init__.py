@@ -1,17 +1,16 @@
 """The batch-file format: the bytes of one batch (header, tensors, codec, dtypes) and their checks.
 
+A header's metadata is a typed record, ``BatchMeta`` (a batch of hidden states) or ``InputsMeta`` (a batch's
+inputs): every writer builds it and every reader parses it through hsx/batch/meta.py.
+
 Never imports run state (`hsx.run`), token preparation (`hsx.prep`) or a store (tests/test_house.py).
 """
 
 from __future__ import annotations
 
 from hsx.batch.batchfile import (
-    FORMAT,
     INPUT_DIGEST_MISMATCH,
-    INPUT_FORMAT,
     MAX_HEADER,
-    TOKEN_COLUMNS,
-    TOKEN_DIGEST,
     BatchContents,
     BatchFileError,
     Header,
@@ -21,7 +20,6 @@ from hsx.batch.batchfile import (
     parse_header,
     read_header,
     stored_bytes_per_token,
-    token_digest,
     write_atomic,
 )
 from hsx.batch.batchfile import (
@@ -41,9 +39,26 @@ from hsx.batch.batchfile import (
 )
 from hsx.batch.codec import check_codec
 from hsx.batch.dtypes import FP8, VALUE_DTYPES, check_store_dtype, dtype_name, fp8_error, quantise_fp8
+from hsx.batch.meta import (
+    FORMAT,
+    INCARNATION,
+    INPUT_FORMAT,
+    SAMPLE_TOKEN_DIGESTS,
+    TOKEN_DIGEST,
+    BatchMeta,
+    InputsMeta,
+    read_meta,
+)
+from hsx.batch.tokens import TOKEN_COLUMNS, sample_token_digest, token_digest
 
 __all__ = [
     "BatchContents",
+    "BatchMeta",
+    "INCARNATION",
+    "InputsMeta",
+    "SAMPLE_TOKEN_DIGESTS",
+    "read_meta",
+    "sample_token_digest",
     "BatchFileError",
     "FORMAT",
     "Header",
