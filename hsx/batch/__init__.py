@@ -1,9 +1,10 @@
 """The batch-file format: the bytes of one batch (header, tensors, codec, dtypes) and their checks.
 
 A header's metadata is a typed record, ``BatchMeta`` (a batch of hidden states) or ``InputsMeta`` (a batch's
-inputs): every writer builds it and every reader parses it through hsx/batch/meta.py.
+inputs): every writer builds it and every reader parses it through hsx/batch/meta.py. The token columns'
+digests, whole and per sample, are in hsx/batch/tokens.py.
 
-Never imports run state (`hsx.run`), token preparation (`hsx.prep`) or a store (tests/test_house.py).
+Imports no other wing: not a run's spec or life, token preparation (`hsx.prep`) or a store (tests/test_house.py).
 """
 
 from __future__ import annotations
