@@ -190,7 +190,7 @@ def check_sample_tokens(store: Store, header: Header, row: int, rows: dict[str, 
     its ``input_ids`` and ``loss_mask`` rows) have the digest its header recorded for that sample
     (``sample_token_sha256``, hsx/batch/tokens.py; the caller checks the header has them)."""
     got = sample_token_digest(rows["cu_seqlens"], rows["input_ids"], rows["loss_mask"])
-    if got != header.meta.sample_token_sha256[row]:
+    if got != header.meta.sample_digest(row):
         raise CorruptBatch(f"{store.url(header.key)}: sample {header.meta.sample_ids[row]!r:.80} (row {row}): its "
                            "token rows' SHA-256 differs from the one its header recorded (changed at rest; "
                            f"`hsx verify --run {header.meta.run or 'R'} --repair` re-extracts it)")

@@ -83,7 +83,8 @@ def test_a_written_header_reads_back_as_its_record(case):
     added = {"token_sha256": header.meta.token_sha256}
     if hidden:
         added["sample_token_sha256"] = header.meta.sample_token_sha256
-        assert len(header.meta.sample_token_sha256) == len(SPEC.sample_ids)
+        assert len(header.meta.sample_token_sha256) == 32 * len(SPEC.sample_ids)
+        assert header.meta.sample_digest(1) == json.loads(header.metadata["sample_token_sha256"])[1]
     assert header.meta == type(meta)(**{**meta.__dict__, **added})
     assert read_meta(header.metadata) == header.meta
     assert header.meta.to_metadata() == header.metadata   # re-encoding a parsed header gives its metadata back

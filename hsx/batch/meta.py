@@ -46,7 +46,7 @@ class BatchMeta:
     store_final: bool | None = None      # final_hidden_states stored
     incarnation: str | None = None       # the run's (proves the file is of this plan: hsx/life/provenance.py)
     token_sha256: str | None = None      # set by the encoder
-    sample_token_sha256: tuple[str, ...] | None = None  # set by the encoder; one per sample
+    sample_token_sha256: bytes | None = None  # set by the encoder: per sample its SHA-256, 32 bytes, back to back
 
     def to_metadata(self) -> dict[str, str]:
         fields = {"format": FORMAT, "run": self.run, "batch_id": self.batch_id,
@@ -78,6 +78,10 @@ class BatchMeta:
                    store_final=None if store_final is None else store_final == "true",
                    incarnation=metadata.get(INCARNATION), token_sha256=metadata.get(TOKEN_DIGEST),
                    sample_token_sha256=_sample_digests(metadata, len(sample_ids)))
+
+    def sample_digest(self, row: int) -> str:
+        """Sample ``row``'s token digest (hex); the header must have them (``sample_token_sha256`` not None)."""
+        return self.sample_token_sha256[32 * row:32 * row + 32].hex()
 
     @property
     def width(self) -> int | None:
@@ -135,18 +139,20 @@ def _positive_int(metadata: dict, name: str) -> int | None:
     return int(value)
 
 
-def _sample_digests(metadata: dict, samples: int) -> tuple[str, ...] | None:
+def _sample_digests(metadata: dict, samples: int) -> bytes | None:
     digests = _json(metadata, SAMPLE_TOKEN_DIGESTS, "null")
     if digests is None:
         return None
     if (not isinstance(digests, list) or len(digests) != samples
             or not all(isinstance(d, str) and _SHA256_HEX.fullmatch(d) for d in digests)):
         raise ValueError(f"{SAMPLE_TOKEN_DIGESTS} is not a JSON list of {samples} SHA-256 hex digests (one a sample)")
-    return tuple(digests)
+    return bytes.fromhex("".join(digests))   # 32 bytes a sample held, not a 113-byte str: headers are cached
 
 
-def digests_json(digests: tuple[str, ...] | list[str] | None) -> str | None:
-    """The value of ``sample_token_sha256``: a compact JSON list (None stays None)."""
+def digests_json(digests: bytes | list[str] | None) -> str | None:
+    """The value of ``sample_token_sha256``: a compact JSON list of hex digests (None stays None)."""
+    if isinstance(digests, bytes):
+        digests = [digests[i:i + 32].hex() for i in range(0, len(digests), 32)]
     return None if digests is None else json.dumps(list(digests), separators=(",", ":"))
 
 
