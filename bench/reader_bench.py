@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from hsx.batch import batchfile
+from hsx.batch import BatchMeta, batchfile
 from hsx.batch.dtypes import FP8, quantise_fp8
 from hsx.runspec.config import StoreSettings
 from hsx.runspec.manifest import RunLimits, new_manifest
@@ -56,10 +56,9 @@ def write_run(root: Path, batches: int, token_budget: int, seed: int = 0, store_
             tensors["hidden_states"], tensors["hidden_scales"] = quantise_fp8(hidden, len(LAYERS))
         bid = layout.batch_id(b)
         key = layout.batch_key(RUN, layout.shard_of(b, 100), bid)
-        meta = {"format": batchfile.FORMAT, "run": RUN, "batch_id": bid, "sample_ids": json.dumps(ids),
-                "layer_ids": json.dumps(LAYERS), "dtype": "bfloat16", "model": "synthetic", "hidden_size": str(H),
-                "store_dtype": store_dtype, "codec": codec}
-        batchfile.write_atomic(root / key, tensors, meta, fsync=False, codec=codec)
+        meta = BatchMeta(run=RUN, batch_id=bid, sample_ids=tuple(ids), layer_ids=tuple(LAYERS), dtype="bfloat16",
+                         store_dtype=store_dtype, codec=codec, model="synthetic", hidden_size=H)
+        batchfile.write_atomic(root / key, tensors, meta.to_metadata(), fsync=False, codec=codec)
         lines += [json.dumps({"id": s, "key": key, "batch_id": bid, "row": i}) for i, s in enumerate(ids)]
         total += len(ids)
     (root / layout.index_key(RUN)).write_text("\n".join(lines) + "\n")

@@ -55,9 +55,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hsx.batch import batchfile  # noqa: E402
+from hsx.batch import BatchMeta, batchfile  # noqa: E402
 from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, DEFAULT_TOKEN_BUDGET  # noqa: E402
-from hsx.life import batchlife, ledger, provenance  # noqa: E402
+from hsx.life import batchlife, ledger  # noqa: E402
 from hsx.life.keys import RunKeys  # noqa: E402
 from hsx.life.ledger import BatchSpec  # noqa: E402
 from hsx.redisconn import LocalRedis, connect  # noqa: E402
@@ -265,9 +265,8 @@ def batch_file_head(run: str, spec: BatchSpec, incarnation: str, size: int) -> t
     tensors = {"hidden_states": torch.empty((tokens, width), dtype=torch.bfloat16, device="meta"),
                "input_ids": torch.zeros(tokens, dtype=torch.int32), "loss_mask": torch.ones(tokens, dtype=torch.uint8),
                "cu_seqlens": torch.tensor([0] + [tokens] * len(spec.sample_ids), dtype=torch.int64)}
-    metadata = {"format": batchfile.FORMAT, "run": run, "batch_id": spec.batch_id,
-                "sample_ids": json.dumps(spec.sample_ids), provenance.INCARNATION: incarnation}
-    head, ordered = batchfile.encode_header(tensors, metadata)
+    metadata = BatchMeta(run=run, batch_id=spec.batch_id, sample_ids=tuple(spec.sample_ids), incarnation=incarnation)
+    head, ordered = batchfile.encode_header(tensors, metadata.to_metadata())
     return head, sum(t.numel() * t.element_size() for t in ordered)
 
 

@@ -15,7 +15,6 @@ when the disk tier cannot keep up.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue as stdqueue
 import threading
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from hsx import life, runspec
-from hsx.batch import FORMAT, BatchContents, BatchFileError, validate_batch, write_atomic
+from hsx.batch import BatchContents, BatchFileError, BatchMeta, validate_batch, write_atomic
 from hsx.life import BatchSpec, record_store_error
 from hsx.runspec import Manifest
 
@@ -161,11 +160,10 @@ class SpoolWriter:
             raise BatchFileError("hidden states hold NaN/Inf (found on the GPU, before storing)")
         validate_batch(tensors, spec.sample_ids, check_finite=False)
         m = self.manifest
-        metadata = {"format": FORMAT, "run": self.run, "batch_id": spec.batch_id,
-                    "sample_ids": json.dumps(spec.sample_ids), "layer_ids": json.dumps(list(m.layer_ids)),
-                    "dtype": m.dtype, "store_dtype": m.store_dtype, "codec": m.codec, "model": m.model,
-                    "hidden_size": str(m.hidden_size), "store_final": str(m.store_final).lower(),
-                    life.INCARNATION: m.incarnation}   # proves the file is of this plan (hsx/life/provenance.py)
+        metadata = BatchMeta(run=self.run, batch_id=spec.batch_id, sample_ids=tuple(spec.sample_ids),
+                             layer_ids=tuple(m.layer_ids), dtype=m.dtype, store_dtype=m.store_dtype, codec=m.codec,
+                             model=m.model, hidden_size=m.hidden_size, store_final=m.store_final,
+                             incarnation=m.incarnation).to_metadata()   # incarnation: hsx/life/provenance.py
         raw = sum(t.numel() * t.element_size() for t in tensors.values())
         self.largest_raw = max(self.largest_raw, raw)
         tier, path, size, sha, started = self._write_file(spec.batch_id, raw, tensors, metadata)

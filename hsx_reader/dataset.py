@@ -4,7 +4,10 @@
 when neighbouring positions are read together (a sequential or
 batch-grouped sampler). ``fetch="range"`` reads only the sample's bytes (one
 header read per object, then one range request per tensor): best for
-uniformly random access to a remote store.
+uniformly random access to a remote store. Its token rows are checked against
+the per-sample digest in the header; an object written before those digests
+is checked by its batch's token digest (its token columns read once, ~5 bytes a
+token), one written before any token digest is read whole.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from torch.utils.data import Dataset
 from hsx.runspec import Manifest
 from hsx.store import Store, StoreSettings
 from hsx_reader.cache import DEFAULT_CACHE_BYTES
-from hsx_reader.objects import Header, check_against_run, fetch_header, fetch_rows, ranged
+from hsx_reader.objects import Header, check_against_run, check_sample_tokens, fetch_header, fetch_rows, fetch_token_columns, ranged
 from hsx_reader.run import Expectations, ReaderError, SampleRef
 from hsx_reader.source import Source, sample_of
 
-HEADERS_KEPT = 4096  # parsed headers kept in range mode (a few KB each)
+HEADERS_KEPT = 4096  # parsed headers kept in range mode: ~190 bytes a sample (92 before the per-sample token
+#                     digests): 25 MB for 32-sample batches, 400 MB at the 512-sample cap
+TOKEN_COLUMNS_KEPT = 64  # batches' checked token columns kept in range mode (5 bytes a token; older objects only)
 
 
 class RunDataset(Dataset):
@@ -29,13 +34,16 @@ class RunDataset(Dataset):
                  cache_bytes: int = DEFAULT_CACHE_BYTES, cache_dir: Path | str | None = None,
                  fetch: str = "object", shards: list[str] | None = None, verify: bool = True):
         """``verify``: with ``fetch="object"``, each object must match the size and SHA-256 in the run's
-        index or CorruptBatch is raised; ``fetch="range"`` reads parts of objects and checks only their
-        header and the byte counts (a whole-object digest needs the whole object)."""
+        index or CorruptBatch is raised; with ``fetch="range"``, each sample's token rows must match the
+        digest its object's header recorded for that sample (hsx/batch/tokens.py), its header and byte
+        counts are checked, and its hidden states are not (a whole-object digest needs the whole object).
+        ``verify=False`` reads without digests in both modes."""
         if fetch not in ("object", "range"):
             raise ValueError(f"fetch must be 'object' or 'range', got {fetch!r}")
         self.source = Source(store, run, expect, cache_bytes, cache_dir, shards, verify)
         self.fetch = fetch
         self._headers: OrderedDict[str, Header] = OrderedDict()
+        self._tokens: OrderedDict[str, dict] = OrderedDict()   # key -> checked token columns (_batch_tokens)
 
     @property
     def index(self):
@@ -77,13 +85,36 @@ class RunDataset(Dataset):
 
     def _read_range(self, ref: SampleRef) -> dict:
         header = self._header(ref.key)
-        if not ranged(header):  # compressed hidden states: the object is read whole
+        checked = self.source.verify
+        if not ranged(header) or (checked and header.meta.token_sha256 is None):
+            # Compressed hidden states, or an object written before token digests: read whole (and checked
+            # against the index's SHA-256).
             return sample_of(self.source.batch(ref.key), ref, self.source.store.url(ref.key))
         ids = header.sample_ids
         if ref.row >= len(ids) or ids[ref.row] != ref.sample_id:
             raise ReaderError(f"{self.source.store.url(ref.key)}: row {ref.row} is not sample {ref.sample_id!r}")
+        hidden = [n for n in ("hidden_states", "final_hidden_states") if header.has(n)]
+        if checked and header.meta.sample_token_sha256 is None:
+            # Only the batch's token digest (written before the per-sample ones): the batch's token columns,
+            # read once and checked, give this sample's tokens; its hidden states are read by range.
+            tokens = self._batch_tokens(header)
+            lo, hi = (int(x) for x in tokens["cu_seqlens"][ref.row:ref.row + 2])
+            return {"sample_id": ref.sample_id, "input_ids": tokens["input_ids"][lo:hi],
+                    "loss_mask": tokens["loss_mask"][lo:hi], **fetch_rows(self.source.store, header, hidden, lo, hi)}
         cu = fetch_rows(self.source.store, header, ["cu_seqlens"], ref.row, ref.row + 2)["cu_seqlens"]
         lo, hi = int(cu[0]), int(cu[1])
-        names = [n for n in ("input_ids", "loss_mask", "hidden_states", "final_hidden_states") if header.has(n)]
-        rows = fetch_rows(self.source.store, header, names, lo, hi)
+        rows = fetch_rows(self.source.store, header, ["input_ids", "loss_mask", *hidden], lo, hi)
+        if checked:
+            check_sample_tokens(self.source.store, header, ref.row, {"cu_seqlens": cu, **rows})
         return {"sample_id": ref.sample_id, **rows}
+
+    def _batch_tokens(self, header: Header) -> dict:
+        """The batch's token columns, checked against its header's token digest; the last few objects' kept."""
+        tokens = self._tokens.get(header.key)
+        if tokens is None:
+            tokens = fetch_token_columns(self.source.store, header)
+            self._tokens[header.key] = tokens
+            if len(self._tokens) > TOKEN_COLUMNS_KEPT:
+                self._tokens.popitem(last=False)
+        self._tokens.move_to_end(header.key)
+        return tokens

@@ -11,7 +11,6 @@ compressed batch is read whole).
 from __future__ import annotations
 
 import hashlib
-import json
 import mmap
 import os
 
@@ -24,11 +23,13 @@ from hsx.batch import (  # noqa: F401 (re-exported)
     TOKEN_DIGEST,
     BatchContents,
     BatchFileError,
+    BatchMeta,
     Header,
     TensorSpec,
     decode_batch,
     dtype_name,
     read_header,
+    sample_token_digest,
     stored_values,
     token_digest,
 )
@@ -52,9 +53,11 @@ def parse_header(prefix: bytes | memoryview, key: str) -> Header:
 
 def check_against_run(header: Header, manifest: Manifest) -> None:
     """The object must carry the run's layers, dtype, store dtype and hidden size."""
-    problems, layer_ids = [], list(manifest.layer_ids)
-    if json.loads(header.metadata.get("layer_ids", "null")) not in (None, layer_ids):
-        problems.append(f"layer_ids {header.metadata.get('layer_ids')} != run's {layer_ids}")
+    problems, layer_ids = [], tuple(manifest.layer_ids)
+    if not isinstance(header.meta, BatchMeta):
+        raise CorruptBatch(f"{header.key}: is a batch's inputs ({header.metadata['format']}), not its hidden states")
+    if header.meta.layer_ids not in (None, layer_ids):
+        problems.append(f"layer_ids {list(header.meta.layer_ids)} != run's {list(layer_ids)}")
     dtype, shape = header.stored("hidden_states")
     if len(shape) != 2 or shape[1] != manifest.width:
         problems.append(f"hidden_states shape {list(shape)}, run wants [N, {manifest.width}]")
@@ -167,7 +170,7 @@ def fetch_token_columns(store: Store, header: Header) -> dict[str, torch.Tensor]
     """``cu_seqlens``, ``input_ids`` and ``loss_mask`` of the whole batch, each by one range request, checked
     against the token digest its header carries (CorruptBatch if they differ). None when the object has no
     such digest (written before it was recorded): read the whole object then, digest-checked."""
-    if TOKEN_DIGEST not in header.metadata:
+    if header.meta.token_sha256 is None:
         return None
     n = header.tensors["cu_seqlens"].shape[0]
     cu = fetch_rows(store, header, ["cu_seqlens"], 0, n)["cu_seqlens"]
@@ -175,8 +178,19 @@ def fetch_token_columns(store: Store, header: Header) -> dict[str, torch.Tensor]
     columns = {"cu_seqlens": cu, **fetch_rows(store, header, ["input_ids", "loss_mask"], 0, tokens)}
     got = token_digest([memoryview(columns[name].reshape(-1).view(torch.uint8).numpy())
                                   for name in TOKEN_COLUMNS])
-    if got != header.metadata[TOKEN_DIGEST]:
-        run = header.metadata.get("run", "R")
+    if got != header.meta.token_sha256:
         raise CorruptBatch(f"{store.url(header.key)}: token columns' SHA-256 differs from the one its header "
-                           f"recorded (changed at rest; `hsx verify --run {run} --repair` re-extracts it)")
+                           f"recorded (changed at rest; `hsx verify --run {header.meta.run or 'R'} --repair` "
+                           "re-extracts it)")
     return columns
+
+
+def check_sample_tokens(store: Store, header: Header, row: int, rows: dict[str, torch.Tensor]) -> None:
+    """CorruptBatch unless sample ``row``'s token rows as read by range (``rows``: its two ``cu_seqlens`` rows,
+    its ``input_ids`` and ``loss_mask`` rows) have the digest its header recorded for that sample
+    (``sample_token_sha256``, hsx/batch/tokens.py; the caller checks the header has them)."""
+    got = sample_token_digest(rows["cu_seqlens"], rows["input_ids"], rows["loss_mask"])
+    if got != header.meta.sample_digest(row):
+        raise CorruptBatch(f"{store.url(header.key)}: sample {header.meta.sample_ids[row]!r:.80} (row {row}): its "
+                           "token rows' SHA-256 differs from the one its header recorded (changed at rest; "
+                           f"`hsx verify --run {header.meta.run or 'R'} --repair` re-extracts it)")

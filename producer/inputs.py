@@ -9,7 +9,6 @@ and the padded length. The plan records its SHA-256 (``BatchSpec.input_sha256``)
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -18,7 +17,7 @@ import numpy as np
 import torch
 
 from hsx import life
-from hsx.batch import INPUT_FORMAT, batch_bytes
+from hsx.batch import InputsMeta, batch_bytes
 from hsx.prep import PlannedBatch, Sample
 from hsx.store import Store, layout
 
@@ -48,9 +47,8 @@ def write_inputs(store: Store, run: str, samples: list[Sample], planned: list[Pl
     def put(i: int) -> life.BatchSpec:
         spec = specs[i]
         members = [samples[j] for j in planned[i].members]
-        data = batch_bytes(input_tensors(members), {
-            "format": INPUT_FORMAT, "run": run, "batch_id": spec.batch_id,
-            "sample_ids": json.dumps(spec.sample_ids), "padded_len": str(spec.padded_len)})
+        data = batch_bytes(_input_tensors(members), InputsMeta(
+            run=run, batch_id=spec.batch_id, sample_ids=tuple(spec.sample_ids), padded_len=spec.padded_len).to_metadata())
         sha = hashlib.sha256(data).hexdigest()
         if spec.batch_id not in done:
             key = layout.input_key(run, spec.shard, spec.batch_id)

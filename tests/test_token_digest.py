@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from hsx.batch import batchfile
 from hsx_reader import CorruptBatch, RunDataset
@@ -86,3 +87,165 @@ def test_speculators_tokens_command_refuses_a_changed_token(changed_run, tmp_pat
     assert "token columns" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not (tmp_path / "tok" / "token_freq.pt").exists()
     print(json.dumps({"refused": out.stderr.strip()}))
+
+
+# ---- range reads (RunDataset(fetch="range")): each sample's token rows checked, bytes read ~ the sample's ----
+def _store_copy(store: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(store, tmp_path / "store"))
+
+
+def _token_row(raw: bytes, key: str, token: int) -> int:
+    """The row (sample) of the batch object ``raw`` that holds token ``token``."""
+    header = batchfile.parse_header(raw[:1 << 16], key, outputs=True)
+    cu = batchfile.decode_tensor(torch.frombuffer(bytearray(raw), dtype=torch.uint8), header, "cu_seqlens").tolist()
+    return next(b for b in range(len(cu) - 1) if cu[b] <= token < cu[b + 1])
+
+
+def _older(raw: bytes, key: str, drop: tuple[str, ...]) -> bytes:
+    """``raw`` as an older worker wrote it: the header without the metadata keys ``drop`` (same tensors)."""
+    import struct
+
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + header_len])
+    for name in drop:
+        header["__metadata__"].pop(name)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return struct.pack("<Q", len(head)) + head + raw[8 + header_len:]
+
+
+def _set_index_digest(store: Path, key: str, data: bytes) -> None:
+    """Record ``data``'s size and SHA-256 for ``key`` in the run's index (an older object, consistently stored)."""
+    import hashlib
+
+    index = store / RUN / "index.jsonl"
+    lines = [json.loads(line) for line in index.read_text().splitlines() if line.strip()]
+    for line in lines:
+        if line["key"] == key:
+            line.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    index.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_range_reads_refuse_a_changed_token_of_the_sample_read(changed_run, tmp_path):
+    """Failing first: one token id changed in place was read silently by RunDataset(fetch="range")."""
+    store0, path0, changed = changed_run
+    store = _store_copy(store0, tmp_path)
+    clean = RunDataset(str(store), RUN, fetch="range")
+    key = clean.index.samples[0].key
+    path = store / key
+    refs = clean.index.by_key()[key]
+    row = _token_row(path.read_bytes(), key, 3)             # the sample holding the changed token
+    hit = next(ref for ref in refs if ref.row == row)
+    others = [ref for ref in refs if ref.row != row]
+    before = {ref.position: clean[ref.position] for ref in refs}
+    path.write_bytes(changed)
+
+    ranged = RunDataset(str(store), RUN, fetch="range")
+    with pytest.raises(CorruptBatch) as refused:
+        got = ranged[hit.position]
+        print(f"\nrange: sample {hit.sample_id!r} read with "
+              f"{int((got['input_ids'] != before[hit.position]['input_ids']).sum())} changed token id(s), no error")
+    message = str(refused.value)
+    assert "\n" not in message and path.name in message and repr(hit.sample_id) in message, message
+    assert "token" in message, message
+    for ref in others:   # the batch's other samples are still read: their own rows are intact
+        sample = ranged[ref.position]
+        assert torch.equal(sample["input_ids"], before[ref.position]["input_ids"])
+        assert torch.equal(sample["hidden_states"], before[ref.position]["hidden_states"])
+    unchecked = RunDataset(str(store), RUN, fetch="range", verify=False)[hit.position]   # the check is what refuses
+    assert not torch.equal(unchecked["input_ids"], before[hit.position]["input_ids"])
+
+
+def test_range_reads_refuse_a_moved_sample_boundary(changed_run, tmp_path):
+    """The sample's two cu_seqlens rows are in its digest: a boundary moved in place is refused too."""
+    store = _store_copy(changed_run[0], tmp_path)
+    ds = RunDataset(str(store), RUN, fetch="range")
+    ref = next(r for r in ds.index.samples if r.row == 1)
+    path = store / ref.key
+    raw = bytearray(path.read_bytes())
+    header = batchfile.parse_header(bytes(raw[:1 << 16]), ref.key, outputs=True)
+    at = header.tensors["cu_seqlens"].start + 8 * 1            # cu_seqlens[1]: the end of sample 0, start of 1
+    raw[at:at + 8] = (int.from_bytes(raw[at:at + 8], "little") + 1).to_bytes(8, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptBatch, match=r"sample .*\(row 1\).*token rows"):
+        RunDataset(str(store), RUN, fetch="range")[ref.position]
+
+
+@pytest.mark.parametrize("age", ["batch token digest only", "no token digest"])
+def test_range_reads_of_older_objects_are_checked(changed_run, tmp_path, age):
+    """Objects written before the per-sample digests: checked by the batch's token digest (its token columns read
+    once), or, older still, read whole and checked against the index's SHA-256. Refused when changed either way."""
+    store0, path0, changed = changed_run
+    store = _store_copy(store0, tmp_path)
+    clean = RunDataset(str(store), RUN, fetch="range")
+    key = clean.index.samples[0].key
+    refs = clean.index.by_key()[key]
+    before = {ref.position: clean[ref.position] for ref in refs}
+    drop = (batchfile.SAMPLE_TOKEN_DIGESTS,) + ((batchfile.TOKEN_DIGEST,) if age == "no token digest" else ())
+    older = _older((store / key).read_bytes(), key, drop)
+    (store / key).write_bytes(older)
+    _set_index_digest(store, key, older)
+    ranged = RunDataset(str(store), RUN, fetch="range")
+    for ref in refs:
+        sample = ranged[ref.position]
+        for name in ("input_ids", "loss_mask", "hidden_states"):
+            assert torch.equal(sample[name], before[ref.position][name]), (ref, name)
+    (store / key).write_bytes(_older(changed, key, drop))
+    expected = "token columns" if age == "batch token digest only" else "SHA-256 differs from the one the index"
+    with pytest.raises(CorruptBatch, match=expected) as refused:
+        for ref in refs:   # the whole batch is refused: its digests cover it whole
+            RunDataset(str(store), RUN, fetch="range")[ref.position]
+    assert "\n" not in str(refused.value) and key.rsplit("/", 1)[-1] in str(refused.value)
+
+
+def _read_costs(store: Path) -> tuple[list[int], dict[str, int], dict[str, int]]:
+    """Reading every sample of the run by range, in random order: (bytes read beyond the sample's own bytes, for
+    each sample after the first of its object; bytes read per object; hidden-state bytes per object)."""
+    from tests.test_zero_copy import CountingStore
+
+    counting = CountingStore(store)
+    ranged, plain = RunDataset(counting, RUN, fetch="range"), RunDataset(str(store), RUN, verify=False)
+    over, per_object, hidden = [], {}, {}
+    for position in torch.randperm(len(plain), generator=torch.Generator().manual_seed(0)).tolist():
+        ref = ranged.index.samples[position]
+        before = counting.bytes_read
+        sample = ranged[position]
+        read = counting.bytes_read - before
+        want = plain[position]
+        assert all(torch.equal(sample[name], want[name]) for name in ("input_ids", "loss_mask", "hidden_states"))
+        if ref.key in per_object:
+            over.append(read - sum(t.numel() * t.element_size() for t in want.values() if isinstance(t, torch.Tensor)))
+        per_object[ref.key] = per_object.get(ref.key, 0) + read
+        hidden[ref.key] = hidden.get(ref.key, 0) + want["hidden_states"].numel() * want["hidden_states"].element_size()
+    return over, per_object, hidden
+
+
+def test_bytes_a_checked_range_read_costs(changed_run, tmp_path):
+    """What the check costs in bytes read on the tiny run (printed; docs/training.md has the figures). With
+    per-sample digests nothing beyond the sample (+16: its cu_seqlens rows, as before the check) and the header
+    probe once per object; with the batch digest only, the batch's token columns once per object instead of
+    each sample's token rows."""
+    store = changed_run[0]
+    over, per_object, hidden = _read_costs(store)
+    assert over and set(over) == {16}, over
+    sizes = {key: (store / key).stat().st_size for key in per_object}
+    probe = {key: min(size, 1 << 16) for key, size in sizes.items()}
+    heads = [8 + int.from_bytes((store / key).read_bytes()[:8], "little") for key in per_object]
+    older = _store_copy(store, tmp_path)
+    for key in per_object:
+        (older / key).write_bytes(_older((older / key).read_bytes(), key, (batchfile.SAMPLE_TOKEN_DIGESTS,)))
+    old_heads = [8 + int.from_bytes((older / key).read_bytes()[:8], "little") for key in per_object]
+    _, old_per_object, _ = _read_costs(older)
+    columns = {}
+    for key in per_object:
+        header = batchfile.parse_header((older / key).read_bytes()[:1 << 16], key, outputs=True)
+        columns[key] = sum(header.tensors[name].end - header.tensors[name].start for name in batchfile.TOKEN_COLUMNS)
+        assert old_per_object[key] == probe[key] + columns[key] + hidden[key], key   # the columns once, no token rows
+    samples = len(RunDataset(str(store), RUN))
+    print(f"\nrange reads of {samples} samples in {len(sizes)} objects ({min(sizes.values())}-{max(sizes.values())} "
+          f"bytes): per-sample digests: sample bytes + 16 each, header probe {sum(probe.values()) / len(probe):.0f} "
+          f"once per object (headers {sum(old_heads) / len(heads):.0f} -> {sum(heads) / len(heads):.0f} bytes); "
+          f"batch digest only: + the batch's token columns once per object, {sum(columns.values()) / len(columns):.0f} "
+          f"bytes on average = {sum(columns.values()) / samples:.0f} a sample, in place of each sample's token rows")

@@ -1,6 +1,10 @@
 """The batch-file format: the bytes of one batch (header, tensors, codec, dtypes) and their checks.
 
-Never imports run state (`hsx.run`), token preparation (`hsx.prep`) or a store (tests/test_house.py).
+A header's metadata is a typed record, ``BatchMeta`` (a batch of hidden states) or ``InputsMeta`` (a batch's
+inputs): every writer builds it and every reader parses it through hsx/batch/meta.py. The token columns'
+digests, whole and per sample, are in hsx/batch/tokens.py.
+
+Imports no other wing: not a run's spec or life, token preparation (`hsx.prep`) or a store (tests/test_house.py).
 """
 
 from __future__ import annotations
@@ -9,12 +13,8 @@ from hsx.face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
     "batchfile": {
-        "FORMAT": None,
         "INPUT_DIGEST_MISMATCH": None,
-        "INPUT_FORMAT": None,
         "MAX_HEADER": None,
-        "TOKEN_COLUMNS": None,
-        "TOKEN_DIGEST": None,
         "BatchContents": None,
         "BatchFileError": None,
         "Header": None,
@@ -24,7 +24,6 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "parse_header": None,
         "read_header": None,
         "stored_bytes_per_token": None,
-        "token_digest": None,
         "write_atomic": None,
         "decode": "decode_batch",
         "read_bytes": "read_batch_bytes",
@@ -32,6 +31,9 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "validate": "validate_batch",
         "values": "stored_values",
     },
+    "meta": ["FORMAT", "INCARNATION", "INPUT_FORMAT", "SAMPLE_TOKEN_DIGESTS", "TOKEN_DIGEST", "BatchMeta", "InputsMeta",
+             "read_meta"],
+    "tokens": ["TOKEN_COLUMNS", "sample_token_digest", "token_digest"],
     "codec": ["check_codec"],
     "dtypes": ["FP8", "VALUE_DTYPES", "check_store_dtype", "dtype_name", "fp8_error", "quantise_fp8"],
 })

@@ -33,13 +33,14 @@ N = real tokens of the batch, B = samples, H = hidden size, n = captured
 layers (concatenated low to high along the last dim). Sample b is rows
 ``cu_seqlens[b]:cu_seqlens[b+1]``. ``__metadata__`` holds strings only:
 format, run, batch_id, sample_ids (JSON list), layer_ids (JSON list), dtype
-(what readers get back), store_dtype, codec, encoding (JSON, codec only),
-model, hidden_size, store_final, incarnation (the run's, hsx/life/provenance.py: with run, batch_id and
-sample_ids it proves the file is of this plan).
+(what readers get back), store_dtype, codec, model, hidden_size, store_final, incarnation (the run's,
+hsx/life/provenance.py: with run, batch_id and sample_ids it proves the file is of this plan), token_sha256
+and sample_token_sha256 (the token columns' digests, whole and per sample: hsx/batch/tokens.py), encoding
+(JSON, codec only). hsx/batch/meta.py's ``BatchMeta`` is the one encoder and parser of these fields.
 
 The same layout (without hidden states) carries a batch's *inputs* from the
-producer to the workers. This module is the one encoder and the one decoder
-of the format; the training reader (hsx_reader/objects.py) fetches bytes and
+producer to the workers (format, run, batch_id, sample_ids, padded_len, token_sha256: ``InputsMeta``).
+This module is the one encoder and the one decoder of the format; the training reader (hsx_reader/objects.py) fetches bytes and
 calls ``parse_header`` / ``decode`` here.
 """
 
@@ -60,9 +61,9 @@ import torch
 from hsx.batch import codec as codecs
 from hsx.batch.check import check_header, check_offsets, check_planes, check_shape
 from hsx.batch.dtypes import FP8, FP8_TORCH, ST_CODES, ST_TORCH, VALUE_DTYPES, dequantise_fp8, store_itemsize
+from hsx.batch.meta import FORMAT, INPUT_FORMAT, SAMPLE_TOKEN_DIGESTS, TOKEN_DIGEST, BatchMeta, InputsMeta, digests_json, read_meta
+from hsx.batch.tokens import TOKEN_COLUMNS, sample_token_digests, token_digest
 
-FORMAT = "hsx-batch/1"
-INPUT_FORMAT = "hsx-input/1"
 MAX_HEADER = 64 * 2**20  # bytes; a larger header length means a corrupt length field
 _TENSOR_ORDER = ("hidden_states", "hidden_scales", "final_hidden_states", "final_scales",
                  "input_ids", "loss_mask", "cu_seqlens")
@@ -130,26 +131,21 @@ def validate(tensors: dict[str, torch.Tensor], sample_ids: list[str], check_fini
             raise BatchFileError(f"{name} holds NaN/Inf (first at token {bad}, sample {sample_ids[sample]!r})")
 
 
-# The token columns are read by byte range (a peer's token table, a vocabulary count): the header carries
-# their own SHA-256 (over the bytes of these tensors, in this order) so such a read is checked too.
-TOKEN_COLUMNS = ("cu_seqlens", "input_ids", "loss_mask")
-TOKEN_DIGEST = "token_sha256"
-
-
-def token_digest(parts: list[bytes | memoryview]) -> str:
-    """SHA-256 (hex) of the token columns' bytes, in TOKEN_COLUMNS order."""
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part)
-    return digest.hexdigest()
-
-
 def encode_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str],
                   codec: str = "none") -> tuple[bytes, list[torch.Tensor]]:
-    """Return (8-byte length + JSON header, tensors in data order); ``codec`` compresses the hidden states here."""
+    """Return (8-byte length + JSON header, tensors in data order); ``codec`` compresses the hidden states here.
+
+    ``metadata`` is a record's ``to_metadata()`` (hsx/batch/meta.py); the token digests are added here, from the
+    tensors (hsx/batch/tokens.py): the whole batch's to both kinds of file, the per-sample ones to a batch of
+    hidden states (read by range for training; an inputs file is read whole, against its SHA-256 in the plan).
+    """
     metadata = dict(metadata)
     if all(name in tensors for name in TOKEN_COLUMNS):
         metadata[TOKEN_DIGEST] = token_digest([_tensor_bytes(tensors[name].contiguous()) for name in TOKEN_COLUMNS])
+        if metadata.get("format") == FORMAT:
+            digests = sample_token_digests(*(tensors[name] for name in TOKEN_COLUMNS))
+            if digests is not None:
+                metadata[SAMPLE_TOKEN_DIGESTS] = digests_json(digests)
     header: dict[str, object] = {}
     encoding: dict[str, dict] = {}
     ordered, offset = [], 0
@@ -264,10 +260,11 @@ class Header:
     tensors: dict[str, TensorSpec]  # as stored (an encoded tensor under ``<name>.<codec>``)
     metadata: dict[str, str]
     encoding: dict[str, dict]      # tensor name -> {"codec", "dtype", "shape"} of what it decodes to
+    meta: BatchMeta | InputsMeta   # ``metadata`` parsed (InputsMeta for a producer's inputs file)
 
     @property
     def sample_ids(self) -> list[str]:
-        return json.loads(self.metadata["sample_ids"])
+        return list(self.meta.sample_ids)
 
     def has(self, name: str) -> bool:
         return name in self.tensors or name in self.encoding
@@ -283,7 +280,8 @@ class Header:
     @property
     def value_dtype(self) -> torch.dtype:
         """What ``decode`` gives for the hidden states: the run's dtype, also for FP8 files."""
-        return VALUE_DTYPES.get(self.metadata.get("dtype", ""), torch.bfloat16)
+        dtype = self.meta.dtype if isinstance(self.meta, BatchMeta) else None
+        return VALUE_DTYPES.get(dtype or "", torch.bfloat16)
 
 
 def parse_header(prefix: bytes | memoryview, key: str, outputs: bool = True) -> Header:
@@ -326,7 +324,7 @@ def parse_header(prefix: bytes | memoryview, key: str, outputs: bool = True) -> 
             check_planes(name, enc.get("planes"), stored.end - stored.start)
         if metadata.get("format") not in (FORMAT, INPUT_FORMAT):
             raise ValueError(f"not an hsx batch file (format={metadata.get('format')!r})")
-        header = Header(key, data_start + end, data_start, tensors, metadata, encoding)
+        header = Header(key, data_start + end, data_start, tensors, metadata, encoding, read_meta(metadata))
         check_header(header)  # dtypes, ranks, shapes against the token count: before anything is allocated
     except (ValueError, KeyError, TypeError, RecursionError, AttributeError) as exc:
         raise BatchFileError(f"{key}: corrupt or truncated batch file ({type(exc).__name__}: {exc})") from None

@@ -11,11 +11,10 @@ back, and to the run's width where the header names it.
 
 from __future__ import annotations
 
-import json
-
 import torch
 
 from hsx.batch.dtypes import FP8_TORCH, VALUE_DTYPES
+from hsx.batch.meta import BatchMeta
 
 # The dtype and rank each tensor of the format must have (hidden states: any value dtype or FP8).
 _FIXED = {"input_ids": (torch.int32, 1), "loss_mask": (torch.uint8, 1), "cu_seqlens": (torch.int64, 1),
@@ -52,13 +51,10 @@ def check_planes(name: str, planes, stored_bytes: int) -> None:
 
 
 def check_header(header) -> None:
-    """Raise ValueError unless ``header`` (an hsx.batch.batchfile.Header) describes a well-formed batch."""
-    meta = header.metadata
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
-        raise ValueError("__metadata__ holds a value that is not a string")
-    sample_ids = _json(meta, "sample_ids")
-    if not isinstance(sample_ids, list) or not all(isinstance(s, str) for s in sample_ids):
-        raise ValueError("sample_ids is not a JSON list of strings")
+    """Raise ValueError unless ``header`` (an hsx.batch.batchfile.Header) describes a well-formed batch.
+
+    Its metadata fields are already parsed (``header.meta``, hsx/batch/meta.py, which refuses a malformed one).
+    """
     for name, (dtype, ndim) in _FIXED.items():
         if header.has(name):
             got, shape = header.stored(name)
@@ -67,7 +63,8 @@ def check_header(header) -> None:
     if not all(header.has(n) for n in ("input_ids", "loss_mask", "cu_seqlens")):
         return  # parse_header names the missing tensor
     n_tokens = header.stored("input_ids")[1][0]
-    width = _declared_width(meta)
+    meta = header.meta if isinstance(header.meta, BatchMeta) else None   # an inputs file declares no width
+    width = meta.width if meta else None
     if width is None and any(n in header.encoding for n in _HIDDEN):
         # Raw tensors are backed by the object's bytes; a compressed one only by what the header claims.
         raise ValueError("compressed hidden states without layer_ids and hidden_size in __metadata__ (the size "
@@ -86,32 +83,10 @@ def check_header(header) -> None:
             raise ValueError(f"tensor {name!r} has shape {list(shape)}, want [{n_tokens}, ...] ({n_tokens} tokens "
                              "in input_ids)")
         want = width if name == "hidden_states" else None
-        if name == "final_hidden_states" and "hidden_size" in meta:
-            want = int(meta["hidden_size"])
+        if name == "final_hidden_states" and meta and meta.hidden_size is not None:
+            want = meta.hidden_size
         if want is not None and shape[1] != want:
             raise ValueError(f"tensor {name!r} has shape {list(shape)}, the header's layer_ids x hidden_size say "
                              f"[{n_tokens}, {want}]")
     if header.has("loss_mask") and header.stored("loss_mask")[1][0] != n_tokens:
         raise ValueError(f"loss_mask has {header.stored('loss_mask')[1][0]} tokens, input_ids {n_tokens}")
-
-
-def _declared_width(meta: dict[str, str]) -> int | None:
-    """len(layer_ids) x hidden_size where the header names both (every hsx batch file does)."""
-    if "layer_ids" not in meta and "hidden_size" not in meta:
-        return None
-    layer_ids = _json(meta, "layer_ids", "null")
-    if layer_ids is not None and (not isinstance(layer_ids, list)
-                                  or not all(isinstance(i, int) and not isinstance(i, bool) for i in layer_ids)):
-        raise ValueError(f"layer_ids {meta['layer_ids'][:80]!r} is not a JSON list of integers")
-    hidden = meta.get("hidden_size")
-    if hidden is not None and (not hidden.isdigit() or int(hidden) <= 0):
-        raise ValueError(f"hidden_size {hidden[:20]!r} is not a positive integer")
-    return len(layer_ids) * int(hidden) if layer_ids is not None and hidden is not None else None
-
-
-def _json(meta: dict[str, str], name: str, default: str | None = None):
-    """A JSON-valued metadata field; a ValueError naming it if it does not parse."""
-    try:
-        return json.loads(meta[name] if default is None else meta.get(name, default))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{name} is not JSON ({exc})") from None

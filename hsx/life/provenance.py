@@ -10,32 +10,32 @@ Checked before an upload (uploader), when a worker recovers its spool, and by `h
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from hsx.batch import read_header
+from hsx.batch import (
+    INCARNATION,  # noqa: F401 (the header key, hsx/batch/meta.py; life's face offers it)
+    BatchMeta,
+    read_header,
+)
 from hsx.life.ledger import BatchSpec
 
-INCARNATION = "incarnation"   # the header metadata key
 
-
-def mismatch(metadata: dict, run: str, spec: BatchSpec, incarnation: str) -> str | None:
+def mismatch(metadata: dict | BatchMeta, run: str, spec: BatchSpec, incarnation: str) -> str | None:
     """What in a batch file's header metadata is not of this plan (one line), or None if it belongs."""
-    if metadata.get("run") != run:
-        return f"it was written for run {metadata.get('run')!r:.80}, not {run!r}"
-    if metadata.get("batch_id") != spec.batch_id:
-        return f"it holds batch {metadata.get('batch_id')!r:.40}, not {spec.batch_id}"
-    written = metadata.get(INCARNATION, "")
+    try:
+        meta = metadata if isinstance(metadata, BatchMeta) else BatchMeta.from_metadata(metadata)
+    except (ValueError, KeyError) as exc:
+        return f"its header metadata is malformed ({type(exc).__name__}: {str(exc):.80})"
+    if meta.run != run:
+        return f"it was written for run {meta.run!r:.80}, not {run!r}"
+    if meta.batch_id != spec.batch_id:
+        return f"it holds batch {meta.batch_id!r:.40}, not {spec.batch_id}"
+    written = meta.incarnation or ""
     if written != incarnation:
         return (f"it was written by incarnation {written or 'none'!s:.40} of run {run}, this run is incarnation "
                 f"{incarnation or 'none'} (the run was reset and planned again since)")
-    try:
-        sample_ids = json.loads(metadata.get("sample_ids", "null"))
-    except ValueError:
-        sample_ids = None
-    if sample_ids != spec.sample_ids:
-        count = len(sample_ids) if isinstance(sample_ids, list) else "no"
-        return f"it holds {count} other sample ids than the plan's {len(spec.sample_ids)} for {spec.batch_id}"
+    if list(meta.sample_ids) != spec.sample_ids:
+        return f"it holds {len(meta.sample_ids)} other sample ids than the plan's {len(spec.sample_ids)} for {spec.batch_id}"
     return None
 
 
@@ -47,4 +47,4 @@ def file_mismatch(path: Path, run: str, spec: BatchSpec, incarnation: str) -> st
             return fh.read(length)
 
         header = read_header(get_range, str(path))
-    return mismatch(header.metadata, run, spec, incarnation)
+    return mismatch(header.meta, run, spec, incarnation)

@@ -20,7 +20,6 @@ intact that set is empty or a handful of in-flight uploads.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
@@ -44,21 +43,18 @@ def check_object(store, run: str, spec: ledger.BatchSpec, full: bool) -> tuple[s
         return "the store has no SHA-256 for it", head.size, None
     try:
         header = read_header(lambda start, length: store.get_bytes(key, start, length), key)
-        metadata, described = header.metadata, header.size
+        described = header.size
     except KeyError:
         return "missing", 0, None
     except BatchFileError as exc:
         return str(exc), head.size, None
     if described != head.size:
         return f"{head.size} bytes, its header describes {described}", head.size, None
-    wanted = {"format": FORMAT, "run": run, "batch_id": spec.batch_id}
-    if any(metadata.get(k) != v for k, v in wanted.items()):
-        return f"header names {[metadata.get(k) for k in wanted]}, want {list(wanted.values())}", head.size, None
-    try:
-        if json.loads(metadata.get("sample_ids", "null")) != spec.sample_ids:
-            return "holds other samples than the plan", head.size, None
-    except (ValueError, RecursionError):
-        return "unreadable sample_ids", head.size, None
+    names, wanted = [header.metadata["format"], header.meta.run, header.meta.batch_id], [FORMAT, run, spec.batch_id]
+    if names != wanted:
+        return f"header names {names}, want {wanted}", head.size, None
+    if list(header.meta.sample_ids) != spec.sample_ids:
+        return "holds other samples than the plan", head.size, None
     if full:
         data = store.get_bytes(key)
         if hashlib.sha256(data).hexdigest() != head.sha256:
