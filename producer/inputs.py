@@ -47,7 +47,7 @@ def write_inputs(store: Store, run: str, samples: list[Sample], planned: list[Pl
     def put(i: int) -> life.BatchSpec:
         spec = specs[i]
         members = [samples[j] for j in planned[i].members]
-        data = batch_bytes(_input_tensors(members), InputsMeta(
+        data = batch_bytes(input_tensors(members), InputsMeta(
             run=run, batch_id=spec.batch_id, sample_ids=tuple(spec.sample_ids), padded_len=spec.padded_len).to_metadata())
         sha = hashlib.sha256(data).hexdigest()
         if spec.batch_id not in done:
