@@ -172,3 +172,13 @@ def test_every_rule_the_code_cites_is_written_in_the_architecture():
                 cited.append((path.relative_to(ROOT), m.group(0), int(m.group(1) or m.group(2))))
     assert cited, "the code cites no rule: this test reads nothing"
     assert [c for c in cited if "DESIGN" in c[1] or c[2] not in written] == []
+
+
+def test_the_architecture_lists_every_module_of_every_wing():
+    import re
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    listed = {m.group(1): set(re.findall(r"`(\w+)`", m.group(2)))
+              for m in re.finditer(r"^\| (\w+) \| (`.*`) \|$", doc, flags=re.M)}
+    actual = {wing: {p.stem for p in (ROOT / "hsx" / wing).glob("*.py")} - {"__init__"} for wing in WINGS}
+    actual["ground"] = GROUND - {"__init__"}
+    assert listed == actual
