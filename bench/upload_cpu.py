@@ -33,10 +33,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from upload_bench import BUCKET, RcloneS3, free_port, make_source  # noqa: E402
+from upload_bench import BUCKET, make_source  # noqa: E402
 
+from hsx.digest import file_sha256  # noqa: E402
+from hsx.redisconn import free_port  # noqa: E402
 from hsx.store.quirks import EndpointQuirks  # noqa: E402
 from hsx.store.s3 import S3Settings, S3Store  # noqa: E402
+from tests.rclone import RcloneS3  # noqa: E402
 
 GiB = 2**30
 
@@ -94,7 +97,11 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="hsx-upload-cpu-", dir=args.tmp))
     if args.server == "rclone":
-        server = RcloneS3(work / "server", work / "rclone.log")
+        import secrets
+
+        (work / "server" / BUCKET).mkdir(parents=True)
+        server = RcloneS3(work / "server", work / "rclone.log",
+                          keys=(f"bench{secrets.token_hex(6)}", secrets.token_hex(20))).start()
     else:
         import boto3
 
@@ -108,7 +115,8 @@ def main(argv=None) -> dict:
         checks = store.checks_line()
         size = args.mib * 2**20
         source = work / "batch.safetensors"
-        sha256 = make_source(source, size)
+        make_source(source, size)
+        sha256 = file_sha256(source)
         store.put_file("warm", source, size, sha256)
         if args.server == "moto":
             store.delete("warm")  # moto holds objects in memory
