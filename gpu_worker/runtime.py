@@ -303,8 +303,7 @@ class WorkerRuntime(Role):
             finite = torch.isfinite(hidden).all()
             if final is not None:
                 finite = finite & torch.isfinite(final).all()
-            item = self._to_host(spec, contents, stored, finite)
-            item.compute_reference = reference
+            item = self._to_host(spec, contents, stored, finite, reference)
             self.writer.submit(item, emitted_bytes=sum(t.numel() * t.element_size() for t in stored.values()))
         except BaseException:
             life.release(self.r, self.run, bid)  # fail (the job's failure handler) counts it, if it runs
@@ -325,10 +324,10 @@ class WorkerRuntime(Role):
             raw = self.r.hmget(RunKeys(self.run).plan, bids)
             self.prefetcher.hint([life.BatchSpec.from_json(x) for x in raw if x])
 
-    def _to_host(self, spec, contents, stored: dict, finite) -> Finished:
+    def _to_host(self, spec, contents, stored: dict, finite, reference: str | None) -> Finished:
         """Copy the stored tensors to one pinned buffer on the side stream; the writer waits on the event."""
         if not self.cuda:
-            return Finished(spec, contents, stored, finite, None, lambda: None)
+            return Finished.of(spec, contents, stored, finite, None, lambda: None, reference)
         buf = self.pinned.get()
         stream = self.copy_stream
         stream.wait_stream(torch.cuda.current_stream(self.extractor.device))
@@ -348,7 +347,7 @@ class WorkerRuntime(Role):
             host_finite.copy_(finite, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
-        return Finished(spec, contents, host, host_finite, event, lambda: self.pinned.put(buf))
+        return Finished.of(spec, contents, host, host_finite, event, lambda: self.pinned.put(buf), reference)
 
     # ---- failures --------------------------------------------------------
     def fail_batch(self, bid: str, error: str) -> None:

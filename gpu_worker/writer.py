@@ -38,13 +38,13 @@ DISK_FULL_WAIT_SECONDS = 0.5  # pause before a write that met ENOSPC is tried ag
 RATE_WARN_SECONDS = 60.0   # at most one "disk cannot keep up" warning a minute
 
 
-@dataclass
+@dataclass(frozen=True)
 class Finished:
     """A computed batch handed from the GPU thread to a writer: what is stored, and what is only measured.
 
     ``tensors`` are the batch file's (hidden_states, hidden_scales, final_hidden_states, final_scales as
     stored); the two measurements have fields of their own and never reach the file. The worker's runtime
-    builds one from the extractor's dict, where they sit under ``MEASURED`` keys: they are taken out here, once.
+    builds one from the extractor's dict, where they sit under ``MEASURED`` keys (``Finished.of``).
     """
 
     spec: BatchSpec
@@ -57,12 +57,12 @@ class Finished:
     fp8_error: torch.Tensor | None = None      # [2, n] storage error of this batch, if sampled (ERROR_SAMPLE_EVERY)
     compute_error: torch.Tensor | None = None  # [2, n] on the batch the run's FP8 compute error is measured on
 
-    def __post_init__(self):
-        measured = {name: self.tensors[name] for name in MEASURED if name in self.tensors}
-        if measured:
-            self.tensors = {name: t for name, t in self.tensors.items() if name not in MEASURED}
-            self.fp8_error = measured.get("fp8_error", self.fp8_error)
-            self.compute_error = measured.get("compute_error", self.compute_error)
+    @classmethod
+    def of(cls, spec: BatchSpec, contents: BatchContents, host: dict[str, torch.Tensor], finite: torch.Tensor,
+           ready: object | None, release: Callable[[], None], compute_reference: str | None) -> Finished:
+        """One from the extractor's dict as copied to the host: the ``MEASURED`` keys become their fields."""
+        return cls(spec, contents, {name: t for name, t in host.items() if name not in MEASURED}, finite, ready,
+                   release, compute_reference, fp8_error=host.get("fp8_error"), compute_error=host.get("compute_error"))
 
 
 MEASURED = ("fp8_error", "compute_error")   # keys of the extractor's dict that are measurements, not stored
