@@ -308,3 +308,35 @@ def test_range_reads_refuse_a_changed_hidden_state_byte(changed_run, tmp_path):
     _flip_hidden_byte(path, key, hit.row)
     served = RunDataset(str(store), RUN, fetch="range")[hit.position]
     assert not torch.equal(served["hidden_states"], before[hit.position]["hidden_states"])
+
+
+def test_range_reads_of_an_fp8_object_check_its_scales(tmp_path):
+    """FP8 (with the final state): a sample's scale rows are in its CRC-32; one changed scale byte is refused,
+    the other sample reads, dequantised as before."""
+    from hsx.store import LocalStore
+    from hsx_reader.objects import fetch_header, fetch_rows
+
+    tensors = {"input_ids": torch.arange(5, dtype=torch.int32), "loss_mask": torch.ones(5, dtype=torch.uint8),
+               "cu_seqlens": torch.tensor([0, 3, 5]),
+               "hidden_states": torch.full((5, 8), 0.5).to(torch.float8_e4m3fn),
+               "hidden_scales": torch.arange(1, 11, dtype=torch.float32).reshape(5, 2),
+               "final_hidden_states": torch.full((5, 4), 0.25).to(torch.float8_e4m3fn), "final_scales": torch.ones(5, 1)}
+    meta = {"format": batchfile.FORMAT, "run": "fp8run", "sample_ids": json.dumps(["a", "b"]), "dtype": "bfloat16",
+            "store_dtype": "float8_e4m3"}
+    store = LocalStore(tmp_path)
+    path = tmp_path / "b.safetensors"
+    path.write_bytes(batchfile.to_bytes(tensors, meta))
+    header = fetch_header(store, path.name)
+    hidden = ["hidden_states", "final_hidden_states"]
+    before = [fetch_rows(store, header, hidden, lo, hi, row) for row, (lo, hi) in enumerate([(0, 3), (3, 5)])]
+    assert before[0]["hidden_states"].dtype == torch.bfloat16
+    assert torch.equal(before[0]["hidden_states"][:, :4], torch.full((3, 4), 0.5).to(torch.bfloat16) * torch.tensor(
+        [[1.0], [3.0], [5.0]]).to(torch.bfloat16))
+    raw = bytearray(path.read_bytes())
+    raw[header.tensors["hidden_scales"].start + 3] ^= 0x01     # sample 0's first scale: 1.0 -> 0.25
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptBatch, match=r"^\S+b\.safetensors: sample 'a' \(row 0\): its hidden-state rows' CRC-32 "
+                                           r"differs.*`hsx verify --run fp8run --repair`"):
+        fetch_rows(store, header, hidden, 0, 3, 0)
+    assert all(torch.equal(got, before[1][name]) for name, got in fetch_rows(store, header, hidden, 3, 5, 1).items())
+    assert not torch.equal(fetch_rows(store, header, hidden, 0, 3)["hidden_states"], before[0]["hidden_states"])
