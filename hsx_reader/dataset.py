@@ -7,7 +7,9 @@ header read per object, then one range request per tensor): best for
 uniformly random access to a remote store. Its token rows are checked against
 the per-sample digest in the header; an object written before those digests
 is checked by its batch's token digest (its token columns read once, ~5 bytes a
-token), one written before any token digest is read whole.
+token), one written before any token digest is read whole. Its hidden-state rows
+are checked against the per-sample CRC-32 in the header (hsx/batch/hidden.py);
+an object written before those is read by range with its hidden states unchecked.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from hsx_reader.objects import Header, check_against_run, check_sample_tokens, f
 from hsx_reader.run import Expectations, ReaderError, SampleRef
 from hsx_reader.source import Source, sample_of
 
-HEADERS_KEPT = 4096  # parsed headers kept in range mode: ~190 bytes a sample (92 before the per-sample token
+HEADERS_KEPT = 4096  # parsed headers kept in range mode: ~194 bytes a sample (92 before the per-sample token
 #                     digests): 25 MB for 32-sample batches, 400 MB at the 512-sample cap
 TOKEN_COLUMNS_KEPT = 64  # batches' checked token columns kept in range mode (5 bytes a token; older objects only)
 
@@ -35,9 +37,9 @@ class RunDataset(Dataset):
                  fetch: str = "object", shards: list[str] | None = None, verify: bool = True):
         """``verify``: with ``fetch="object"``, each object must match the size and SHA-256 in the run's
         index or CorruptBatch is raised; with ``fetch="range"``, each sample's token rows must match the
-        digest its object's header recorded for that sample (hsx/batch/tokens.py), its header and byte
-        counts are checked, and its hidden states are not (a whole-object digest needs the whole object).
-        ``verify=False`` reads without digests in both modes."""
+        digest its object's header recorded for that sample (hsx/batch/tokens.py), its hidden-state rows
+        the CRC-32 recorded for them (hsx/batch/hidden.py; objects written before it: unchecked), and its
+        header and byte counts are checked. ``verify=False`` reads without digests in both modes."""
         if fetch not in ("object", "range"):
             raise ValueError(f"fetch must be 'object' or 'range', got {fetch!r}")
         self.source = Source(store, run, expect, cache_bytes, cache_dir, shards, verify)
@@ -100,13 +102,15 @@ class RunDataset(Dataset):
             tokens = self._batch_tokens(header)
             lo, hi = (int(x) for x in tokens["cu_seqlens"][ref.row:ref.row + 2])
             return {"sample_id": ref.sample_id, "input_ids": tokens["input_ids"][lo:hi],
-                    "loss_mask": tokens["loss_mask"][lo:hi], **fetch_rows(self.source.store, header, hidden, lo, hi)}
+                    "loss_mask": tokens["loss_mask"][lo:hi],
+                    **fetch_rows(self.source.store, header, hidden, lo, hi, ref.row if checked else None)}
         cu = fetch_rows(self.source.store, header, ["cu_seqlens"], ref.row, ref.row + 2)["cu_seqlens"]
         lo, hi = int(cu[0]), int(cu[1])
-        rows = fetch_rows(self.source.store, header, ["input_ids", "loss_mask", *hidden], lo, hi)
-        if checked:
+        rows = fetch_rows(self.source.store, header, ["input_ids", "loss_mask"], lo, hi)
+        if checked:   # the tokens first: their digest covers the row boundaries the hidden rows were read by
             check_sample_tokens(self.source.store, header, ref.row, {"cu_seqlens": cu, **rows})
-        return {"sample_id": ref.sample_id, **rows}
+        return {"sample_id": ref.sample_id, **rows,
+                **fetch_rows(self.source.store, header, hidden, lo, hi, ref.row if checked else None)}
 
     def _batch_tokens(self, header: Header) -> dict:
         """The batch's token columns, checked against its header's token digest; the last few objects' kept."""

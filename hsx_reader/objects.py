@@ -5,7 +5,8 @@ decoder). The whole object is read into one uint8 tensor and every stored
 tensor is a view of it; compressed hidden states are decompressed and FP8 ones
 dequantised to the run's dtype. Byte-range reads use the header's exact
 offsets: a sample's rows of every uncompressed tensor are contiguous (a
-compressed batch is read whole).
+compressed batch is read whole). A sample's hidden-state rows read by range are
+checked against the CRC-32 its header recorded for them (hsx/batch/hidden.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from hsx.batch import (  # noqa: F401 (re-exported)
     FP8,
+    HIDDEN_ROWS,
     MAX_HEADER,
     TOKEN_COLUMNS,
     TOKEN_DIGEST,
@@ -29,6 +31,7 @@ from hsx.batch import (  # noqa: F401 (re-exported)
     decode_batch,
     dtype_name,
     read_header,
+    sample_rows_crc32,
     sample_token_digest,
     stored_values,
     token_digest,
@@ -129,25 +132,49 @@ def fetch_header(store: Store, key: str) -> Header:
         raise CorruptBatch(str(exc)) from None
 
 
-def fetch_rows(store: Store, header: Header, names: list[str], lo: int, hi: int) -> dict[str, torch.Tensor]:
+_SCALES = {"hidden_states": "hidden_scales", "final_hidden_states": "final_scales"}
+
+
+def fetch_rows(store: Store, header: Header, names: list[str], lo: int, hi: int,
+               check_row: int | None = None) -> dict[str, torch.Tensor]:
     """Rows ``lo:hi`` of the named [N, ...] tensors, each by one range request of its exact bytes.
 
     FP8 hidden states come back dequantised (their scales' rows are fetched too). A compressed tensor
-    cannot be read by range: ask ``ranged(header)`` first and read such an object whole.
+    cannot be read by range: ask ``ranged(header)`` first and read such an object whole. ``check_row``: the
+    rows are sample ``check_row``'s and ``names`` hold every hidden-state tensor of the object: its stored
+    hidden rows are checked against the CRC-32 its header recorded for that sample, where it has them
+    (``sample_hidden_crc32``; CorruptBatch if they differ), before any is dequantised.
     """
-    out = {}
+    stored = {}
     for name in names:
         if name in header.encoding:
             raise ReaderError(f"{header.key}: {name} is compressed ({header.encoding[name]['codec']}); read it whole")
-        out[name] = _rows(store, header, name, lo, hi)
-        scale_name = {"hidden_states": "hidden_scales", "final_hidden_states": "final_scales"}.get(name)
-        if scale_name and out[name].dtype == torch.float8_e4m3fn:
-            scales = _rows(store, header, scale_name, lo, hi) if scale_name in header.tensors else None
+        stored[name] = _rows(store, header, name, lo, hi)
+        scale_name = _SCALES.get(name)
+        if scale_name in header.tensors:
+            stored[scale_name] = _rows(store, header, scale_name, lo, hi)
+    if check_row is not None and header.meta.sample_hidden_crc32 is not None:
+        check_sample_hidden(store, header, check_row, stored)
+    out = {name: stored[name] for name in names}
+    for name in names:
+        if _SCALES.get(name) and out[name].dtype == torch.float8_e4m3fn:
             try:
-                out[name] = stored_values(header, name, out[name], scales)
+                out[name] = stored_values(header, name, out[name], stored.get(_SCALES[name]))
             except BatchFileError as exc:
                 raise CorruptBatch(str(exc)) from None
     return out
+
+
+def check_sample_hidden(store: Store, header: Header, row: int, stored: dict[str, torch.Tensor]) -> None:
+    """CorruptBatch unless sample ``row``'s hidden rows as stored (``stored``: its rows of every one of
+    HIDDEN_ROWS the object holds) have the CRC-32 its header recorded for that sample (hsx/batch/hidden.py)."""
+    missing = [name for name in HIDDEN_ROWS if name in header.tensors and name not in stored]
+    if missing:
+        raise ValueError(f"{header.key}: sample {row}'s hidden rows are checked whole; {missing} were not read")
+    if sample_rows_crc32(stored) != header.meta.sample_hidden_crc(row):
+        raise CorruptBatch(f"{store.url(header.key)}: sample {header.meta.sample_ids[row]!r:.80} (row {row}): its "
+                           "hidden-state rows' CRC-32 differs from the one its header recorded (changed at rest; "
+                           f"`hsx verify --run {header.meta.run or 'R'} --repair` re-extracts it)")
 
 
 def ranged(header: Header) -> bool:

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from hsx.batch import BatchFileError, BatchMeta, InputsMeta, batchfile, read_meta
+from hsx.batch import BatchFileError, BatchMeta, InputsMeta, batchfile, read_meta, sample_rows_crc32
 from hsx.life.ledger import BatchSpec
 from tests.manifests import example_manifest
 
@@ -85,6 +85,13 @@ def test_a_written_header_reads_back_as_its_record(case):
         added["sample_token_sha256"] = header.meta.sample_token_sha256
         assert len(header.meta.sample_token_sha256) == 32 * len(SPEC.sample_ids)
         assert header.meta.sample_digest(1) == json.loads(header.metadata["sample_token_sha256"])[1]
+        added["sample_hidden_crc32"] = header.meta.sample_hidden_crc32
+        assert len(header.meta.sample_hidden_crc32) == 4 * len(SPEC.sample_ids)
+        tensors = _tensors(hidden)
+        rows = {name: tensors[name][3:5] for name in ("hidden_states", "final_hidden_states")}   # sample 1
+        assert header.meta.sample_hidden_crc(1) == sample_rows_crc32(rows) != sample_rows_crc32(
+            {"hidden_states": rows["hidden_states"]})
+        assert f"{header.meta.sample_hidden_crc(1):08x}" == json.loads(header.metadata["sample_hidden_crc32"])[1]
     assert header.meta == type(meta)(**{**meta.__dict__, **added})
     assert read_meta(header.metadata) == header.meta
     assert header.meta.to_metadata() == header.metadata   # re-encoding a parsed header gives its metadata back
@@ -101,11 +108,45 @@ def test_headers_of_older_and_newer_files_read():
     assert BatchMeta.from_metadata(newer) == _worker_meta()
 
 
+def test_an_older_header_without_the_hidden_crcs_reads_and_keeps_its_bytes():
+    """A file written before ``sample_hidden_crc32`` (its header byte for byte as the encoder wrote it then):
+    parses with None for it, and its metadata re-encodes to the same bytes; a compressed file has none."""
+    data = batchfile.to_bytes(_tensors(), _worker_meta().to_metadata())
+    header_len = int.from_bytes(data[:8], "little")
+    raw = json.loads(data[8:8 + header_len])
+    assert raw["__metadata__"].pop("sample_hidden_crc32")
+    text = json.dumps(raw, separators=(",", ":")).encode()
+    head = text + b" " * (-len(text) % 8)
+    older = len(head).to_bytes(8, "little") + head + data[8 + header_len:]
+    header = batchfile.parse_header(older, "old", outputs=True)
+    assert header.meta.sample_hidden_crc32 is None and header.meta.sample_token_sha256 is not None
+    assert header.meta.to_metadata() == header.metadata == raw["__metadata__"]
+    assert json.dumps({"__metadata__": header.meta.to_metadata(), **{k: v for k, v in raw.items() if k != "__metadata__"}},
+                      separators=(",", ":")).encode() == text
+    zstd = batchfile.to_bytes(_tensors(), _worker_meta().to_metadata(), codec="zstd")
+    assert batchfile.parse_header(zstd, "z", outputs=True).meta.sample_hidden_crc32 is None
+
+
+def test_an_fp8_files_hidden_crcs_cover_its_scales():
+    """FP8: a sample's CRC-32 covers its rows of hidden_states, hidden_scales, final_hidden_states, final_scales,
+    as stored (what a range read of the sample fetches)."""
+    tensors = {name: t for name, t in _tensors().items() if "hidden" not in name}
+    tensors |= {"hidden_states": torch.full((5, 8), 0.5).to(torch.float8_e4m3fn),
+                "hidden_scales": torch.arange(10, dtype=torch.float32).reshape(5, 2),
+                "final_hidden_states": torch.full((5, 4), 0.25).to(torch.float8_e4m3fn),
+                "final_scales": torch.ones(5, 1)}
+    meta = batchfile.parse_header(batchfile.to_bytes(tensors, _worker_meta().to_metadata()), "fp8", outputs=True).meta
+    rows = {name: tensors[name][0:3] for name in ("hidden_states", "hidden_scales", "final_hidden_states", "final_scales")}
+    assert meta.sample_hidden_crc(0) == sample_rows_crc32(rows)
+    assert meta.sample_hidden_crc(0) != sample_rows_crc32({**rows, "hidden_scales": rows["hidden_scales"] * 2})
+
+
 MALFORMED = {
     "store_final": "yes",
     "hidden_size": "-4",
     "layer_ids": "[1, true]",
     "sample_token_sha256": json.dumps(["0" * 64]),          # one digest for two samples
+    "sample_hidden_crc32": json.dumps(["0" * 8, "0" * 7]),   # a CRC-32 of 7 hex digits
     "padded_len": "0",
 }
 

@@ -249,3 +249,94 @@ def test_bytes_a_checked_range_read_costs(changed_run, tmp_path):
           f"once per object (headers {sum(old_heads) / len(heads):.0f} -> {sum(heads) / len(heads):.0f} bytes); "
           f"batch digest only: + the batch's token columns once per object, {sum(columns.values()) / len(columns):.0f} "
           f"bytes on average = {sum(columns.values()) / samples:.0f} a sample, in place of each sample's token rows")
+
+
+# ---- hidden-state rows read by range: each sample's checked against its CRC-32 in the header ----
+def _flip_hidden_byte(path: Path, key: str, row: int, offset: int = 5) -> None:
+    """Flip the low bit of one byte of sample ``row``'s hidden_states rows, in place in the store."""
+    raw = bytearray(path.read_bytes())
+    header = batchfile.parse_header(bytes(raw[:1 << 16]), key, outputs=True)
+    cu = batchfile.decode_tensor(torch.frombuffer(bytearray(raw), dtype=torch.uint8), header, "cu_seqlens").tolist()
+    spec = header.tensors["hidden_states"]
+    assert cu[row + 1] > cu[row] and offset < spec.row_bytes
+    at = spec.start + cu[row] * spec.row_bytes + offset
+    raw[at] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def test_range_reads_refuse_a_changed_hidden_state_byte(changed_run, tmp_path):
+    """Failing first: one hidden-state byte changed in place was served silently by RunDataset(fetch="range");
+    now refused in one line naming the object, the sample and its row, and the repair. The batch's other samples
+    still read; an object without the hidden rows' CRC-32s (written before them) reads as before, unchecked."""
+    store = _store_copy(changed_run[0], tmp_path)
+    clean = RunDataset(str(store), RUN, fetch="range")
+    key = clean.index.samples[0].key
+    path = store / key
+    refs = clean.index.by_key()[key]
+    assert len(refs) > 1
+    before = {ref.position: clean[ref.position] for ref in refs}
+    original = path.read_bytes()
+    hit = refs[len(refs) // 2]
+    _flip_hidden_byte(path, key, hit.row)
+
+    ranged = RunDataset(str(store), RUN, fetch="range")
+    with pytest.raises(CorruptBatch) as refused:
+        got = ranged[hit.position]
+        print(f"\nrange: sample {hit.sample_id!r} served with "
+              f"{int((got['hidden_states'] != before[hit.position]['hidden_states']).sum())} changed value(s), no error")
+    message = str(refused.value)
+    assert "\n" not in message and path.name in message and repr(hit.sample_id) in message, message
+    assert f"(row {hit.row})" in message and "hidden" in message, message
+    assert f"hsx verify --run {RUN} --repair" in message, message
+    for ref in refs:   # the batch's other samples are still read: their own rows are intact
+        if ref is not hit:
+            sample = ranged[ref.position]
+            assert all(torch.equal(sample[name], before[ref.position][name]) for name in before[ref.position]
+                       if isinstance(sample[name], torch.Tensor)), ref
+    unchecked = RunDataset(str(store), RUN, fetch="range", verify=False)[hit.position]   # the check is what refuses
+    assert not torch.equal(unchecked["hidden_states"], before[hit.position]["hidden_states"])
+    with pytest.raises(CorruptBatch, match="SHA-256 differs from the one the index"):
+        RunDataset(str(store), RUN)[hit.position]   # object mode: the whole-object digest, as before
+
+    # an object written before the hidden rows' CRC-32s: read by range as before (tokens checked, hidden not)
+    older = _older(original, key, (batchfile.SAMPLE_HIDDEN_DIGESTS,))
+    path.write_bytes(older)
+    _set_index_digest(store, key, older)
+    for ref in refs:
+        sample = RunDataset(str(store), RUN, fetch="range")[ref.position]
+        assert torch.equal(sample["hidden_states"], before[ref.position]["hidden_states"]), ref
+    _flip_hidden_byte(path, key, hit.row)
+    served = RunDataset(str(store), RUN, fetch="range")[hit.position]
+    assert not torch.equal(served["hidden_states"], before[hit.position]["hidden_states"])
+
+
+def test_range_reads_of_an_fp8_object_check_its_scales(tmp_path):
+    """FP8 (with the final state): a sample's scale rows are in its CRC-32; one changed scale byte is refused,
+    the other sample reads, dequantised as before."""
+    from hsx.store import LocalStore
+    from hsx_reader.objects import fetch_header, fetch_rows
+
+    tensors = {"input_ids": torch.arange(5, dtype=torch.int32), "loss_mask": torch.ones(5, dtype=torch.uint8),
+               "cu_seqlens": torch.tensor([0, 3, 5]),
+               "hidden_states": torch.full((5, 8), 0.5).to(torch.float8_e4m3fn),
+               "hidden_scales": torch.arange(1, 11, dtype=torch.float32).reshape(5, 2),
+               "final_hidden_states": torch.full((5, 4), 0.25).to(torch.float8_e4m3fn), "final_scales": torch.ones(5, 1)}
+    meta = {"format": batchfile.FORMAT, "run": "fp8run", "sample_ids": json.dumps(["a", "b"]), "dtype": "bfloat16",
+            "store_dtype": "float8_e4m3"}
+    store = LocalStore(tmp_path)
+    path = tmp_path / "b.safetensors"
+    path.write_bytes(batchfile.to_bytes(tensors, meta))
+    header = fetch_header(store, path.name)
+    hidden = ["hidden_states", "final_hidden_states"]
+    before = [fetch_rows(store, header, hidden, lo, hi, row) for row, (lo, hi) in enumerate([(0, 3), (3, 5)])]
+    assert before[0]["hidden_states"].dtype == torch.bfloat16
+    assert torch.equal(before[0]["hidden_states"][:, :4], torch.full((3, 4), 0.5).to(torch.bfloat16) * torch.tensor(
+        [[1.0], [3.0], [5.0]]).to(torch.bfloat16))
+    raw = bytearray(path.read_bytes())
+    raw[header.tensors["hidden_scales"].start + 3] ^= 0x01     # sample 0's first scale: 1.0 -> 0.25
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptBatch, match=r"^\S+b\.safetensors: sample 'a' \(row 0\): its hidden-state rows' CRC-32 "
+                                           r"differs.*`hsx verify --run fp8run --repair`"):
+        fetch_rows(store, header, hidden, 0, 3, 0)
+    assert all(torch.equal(got, before[1][name]) for name, got in fetch_rows(store, header, hidden, 3, 5, 1).items())
+    assert not torch.equal(fetch_rows(store, header, hidden, 0, 3)["hidden_states"], before[0]["hidden_states"])

@@ -2,7 +2,8 @@
 
 A header's metadata is a typed record, ``BatchMeta`` (a batch of hidden states) or ``InputsMeta`` (a batch's
 inputs): every writer builds it and every reader parses it through hsx/batch/meta.py. The token columns'
-digests, whole and per sample, are in hsx/batch/tokens.py.
+digests, whole and per sample, are in hsx/batch/tokens.py; the hidden-state rows' per-sample CRC-32s in
+hsx/batch/hidden.py.
 
 Imports no other wing: not a run's spec or life, token preparation (`hsx.prep`) or a store (tests/test_house.py).
 """
@@ -31,9 +32,10 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "validate": "validate_batch",
         "values": "stored_values",
     },
-    "meta": ["FORMAT", "INCARNATION", "INPUT_FORMAT", "SAMPLE_TOKEN_DIGESTS", "TOKEN_DIGEST", "BatchMeta", "InputsMeta",
-             "read_meta"],
+    "meta": ["FORMAT", "INCARNATION", "INPUT_FORMAT", "SAMPLE_HIDDEN_DIGESTS", "SAMPLE_TOKEN_DIGESTS", "TOKEN_DIGEST",
+             "BatchMeta", "InputsMeta", "read_meta"],
     "tokens": ["TOKEN_COLUMNS", "sample_token_digest", "token_digest"],
+    "hidden": ["HIDDEN_ROWS", "sample_rows_crc32"],
     "codec": ["check_codec"],
     "dtypes": ["FP8", "VALUE_DTYPES", "check_store_dtype", "dtype_name", "fp8_error", "quantise_fp8"],
 })

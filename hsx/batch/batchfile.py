@@ -35,7 +35,8 @@ layers (concatenated low to high along the last dim). Sample b is rows
 format, run, batch_id, sample_ids (JSON list), layer_ids (JSON list), dtype
 (what readers get back), store_dtype, codec, model, hidden_size, store_final, incarnation (the run's,
 hsx/life/provenance.py: with run, batch_id and sample_ids it proves the file is of this plan), token_sha256
-and sample_token_sha256 (the token columns' digests, whole and per sample: hsx/batch/tokens.py), encoding
+and sample_token_sha256 (the token columns' digests, whole and per sample: hsx/batch/tokens.py),
+sample_hidden_crc32 (per sample, its hidden-state rows' CRC-32: hsx/batch/hidden.py; codec none only), encoding
 (JSON, codec only). hsx/batch/meta.py's ``BatchMeta`` is the one encoder and parser of these fields.
 
 The same layout (without hidden states) carries a batch's *inputs* from the
@@ -61,7 +62,19 @@ import torch
 from hsx.batch import codec as codecs
 from hsx.batch.check import check_header, check_offsets, check_planes, check_shape
 from hsx.batch.dtypes import FP8, FP8_TORCH, ST_CODES, ST_TORCH, VALUE_DTYPES, dequantise_fp8, store_itemsize
-from hsx.batch.meta import FORMAT, INPUT_FORMAT, SAMPLE_TOKEN_DIGESTS, TOKEN_DIGEST, BatchMeta, InputsMeta, digests_json, read_meta
+from hsx.batch.hidden import sample_hidden_crcs
+from hsx.batch.meta import (
+    FORMAT,
+    INPUT_FORMAT,
+    SAMPLE_HIDDEN_DIGESTS,
+    SAMPLE_TOKEN_DIGESTS,
+    TOKEN_DIGEST,
+    BatchMeta,
+    InputsMeta,
+    crcs_json,
+    digests_json,
+    read_meta,
+)
 from hsx.batch.tokens import TOKEN_COLUMNS, sample_token_digests, token_digest
 
 MAX_HEADER = 64 * 2**20  # bytes; a larger header length means a corrupt length field
@@ -137,15 +150,21 @@ def encode_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str],
 
     ``metadata`` is a record's ``to_metadata()`` (hsx/batch/meta.py); the token digests are added here, from the
     tensors (hsx/batch/tokens.py): the whole batch's to both kinds of file, the per-sample ones to a batch of
-    hidden states (read by range for training; an inputs file is read whole, against its SHA-256 in the plan).
+    hidden states (read by range for training; an inputs file is read whole, against its SHA-256 in the plan), and
+    to such a batch stored without a codec its hidden-state rows' CRC-32 per sample (hsx/batch/hidden.py).
     """
     metadata = dict(metadata)
+    tensors = {name: t.contiguous() for name, t in tensors.items()}  # no copy of a contiguous one
     if all(name in tensors for name in TOKEN_COLUMNS):
         metadata[TOKEN_DIGEST] = token_digest([_tensor_bytes(tensors[name].contiguous()) for name in TOKEN_COLUMNS])
         if metadata.get("format") == FORMAT:
             digests = sample_token_digests(*(tensors[name] for name in TOKEN_COLUMNS))
             if digests is not None:
                 metadata[SAMPLE_TOKEN_DIGESTS] = digests_json(digests)
+    if metadata.get("format") == FORMAT and codec == "none":
+        crcs = sample_hidden_crcs(tensors)
+        if crcs is not None:
+            metadata[SAMPLE_HIDDEN_DIGESTS] = crcs_json(crcs)
     header: dict[str, object] = {}
     encoding: dict[str, dict] = {}
     ordered, offset = [], 0

@@ -11,8 +11,8 @@ Every value is a string in the header (safetensors' rule): lists are JSON, integ
 written through a record has the same bytes as the dicts the writers built by hand before it.
 ``from_metadata`` reads a header of any age: a field an older file lacks is None, a key it does not know is
 ignored (a newer file's), a malformed value is a ValueError naming the field (the decoder reports it as a
-corrupt file). The token digests are computed from the tensors as the file is encoded
-(``hsx.batch.batchfile.encode_header``, hsx/batch/tokens.py), never by a writer.
+corrupt file). The token digests and the hidden-state rows' CRC-32s are computed from the tensors as the file is
+encoded (``hsx.batch.batchfile.encode_header``, hsx/batch/tokens.py, hsx/batch/hidden.py), never by a writer.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ INPUT_FORMAT = "hsx-input/1"  # a batch's inputs
 INCARNATION = "incarnation"   # the key of the run's incarnation (hsx/life/provenance.py)
 TOKEN_DIGEST = "token_sha256"                # SHA-256 hex of the batch's token columns (hsx/batch/tokens.py)
 SAMPLE_TOKEN_DIGESTS = "sample_token_sha256"  # JSON list: per sample, SHA-256 hex of its token rows (tokens.py)
+SAMPLE_HIDDEN_DIGESTS = "sample_hidden_crc32"  # JSON list: per sample, CRC-32 (8 hex) of its hidden rows (hidden.py)
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_CRC32_HEX = re.compile(r"[0-9a-f]{8}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +49,7 @@ class BatchMeta:
     incarnation: str | None = None       # the run's (proves the file is of this plan: hsx/life/provenance.py)
     token_sha256: str | None = None      # set by the encoder
     sample_token_sha256: bytes | None = None  # set by the encoder: per sample its SHA-256, 32 bytes, back to back
+    sample_hidden_crc32: bytes | None = None  # set by the encoder (raw hidden states only): per sample 4 bytes
 
     def to_metadata(self) -> dict[str, str]:
         fields = {"format": FORMAT, "run": self.run, "batch_id": self.batch_id,
@@ -56,7 +59,8 @@ class BatchMeta:
                   "hidden_size": None if self.hidden_size is None else str(self.hidden_size),
                   "store_final": None if self.store_final is None else str(self.store_final).lower(),
                   INCARNATION: self.incarnation, TOKEN_DIGEST: self.token_sha256,
-                  SAMPLE_TOKEN_DIGESTS: digests_json(self.sample_token_sha256)}
+                  SAMPLE_TOKEN_DIGESTS: digests_json(self.sample_token_sha256),
+                  SAMPLE_HIDDEN_DIGESTS: crcs_json(self.sample_hidden_crc32)}
         return {key: value for key, value in fields.items() if value is not None}
 
     @classmethod
@@ -77,11 +81,16 @@ class BatchMeta:
                    hidden_size=_positive_int(metadata, "hidden_size"),
                    store_final=None if store_final is None else store_final == "true",
                    incarnation=metadata.get(INCARNATION), token_sha256=metadata.get(TOKEN_DIGEST),
-                   sample_token_sha256=_sample_digests(metadata, len(sample_ids)))
+                   sample_token_sha256=_sample_digests(metadata, len(sample_ids)),
+                   sample_hidden_crc32=_sample_crcs(metadata, len(sample_ids)))
 
     def sample_digest(self, row: int) -> str:
         """Sample ``row``'s token digest (hex); the header must have them (``sample_token_sha256`` not None)."""
         return self.sample_token_sha256[32 * row:32 * row + 32].hex()
+
+    def sample_hidden_crc(self, row: int) -> int:
+        """Sample ``row``'s hidden rows' CRC-32; the header must have them (``sample_hidden_crc32`` not None)."""
+        return int.from_bytes(self.sample_hidden_crc32[4 * row:4 * row + 4], "big")
 
     @property
     def width(self) -> int | None:
@@ -154,6 +163,22 @@ def digests_json(digests: bytes | list[str] | None) -> str | None:
     if isinstance(digests, bytes):
         digests = [digests[i:i + 32].hex() for i in range(0, len(digests), 32)]
     return None if digests is None else json.dumps(list(digests), separators=(",", ":"))
+
+
+def _sample_crcs(metadata: dict, samples: int) -> bytes | None:
+    crcs = _json(metadata, SAMPLE_HIDDEN_DIGESTS, "null")
+    if crcs is None:
+        return None
+    if (not isinstance(crcs, list) or len(crcs) != samples
+            or not all(isinstance(c, str) and _CRC32_HEX.fullmatch(c) for c in crcs)):
+        raise ValueError(f"{SAMPLE_HIDDEN_DIGESTS} is not a JSON list of {samples} CRC-32s (8 hex digits, one a sample)")
+    return bytes.fromhex("".join(crcs))
+
+
+def crcs_json(crcs: bytes | None) -> str | None:
+    """The value of ``sample_hidden_crc32``: a compact JSON list of 8-hex-digit CRC-32s (None stays None)."""
+    return None if crcs is None else json.dumps([crcs[i:i + 4].hex() for i in range(0, len(crcs), 4)],
+                                                separators=(",", ":"))
 
 
 def _json(metadata: dict, name: str, default: str | None = None):
