@@ -27,8 +27,7 @@ INCARNATION = "incarnation"   # the key of the run's incarnation (hsx/life/prove
 TOKEN_DIGEST = "token_sha256"                # SHA-256 hex of the batch's token columns (hsx/batch/tokens.py)
 SAMPLE_TOKEN_DIGESTS = "sample_token_sha256"  # JSON list: per sample, SHA-256 hex of its token rows (tokens.py)
 SAMPLE_HIDDEN_DIGESTS = "sample_hidden_crc32"  # JSON list: per sample, CRC-32 (8 hex) of its hidden rows (hidden.py)
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-_CRC32_HEX = re.compile(r"[0-9a-f]{8}")
+_HEX = re.compile(r"[0-9a-f]+")  # lower-case hex, as the encoders write it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,37 +147,41 @@ def _positive_int(metadata: dict, name: str) -> int | None:
     return int(value)
 
 
-def _sample_digests(metadata: dict, samples: int) -> bytes | None:
-    digests = _json(metadata, SAMPLE_TOKEN_DIGESTS, "null")
-    if digests is None:
+def _per_sample(metadata: dict, name: str, samples: int, width: int, what: str) -> bytes | None:
+    """A per-sample digest list (JSON list of ``width``-byte hex strings, one a sample) as its bytes, held as
+    ``width`` bytes a sample (not a str each: headers are cached); None when the header has none."""
+    values = _json(metadata, name, "null")
+    if values is None:
         return None
-    if (not isinstance(digests, list) or len(digests) != samples
-            or not all(isinstance(d, str) and _SHA256_HEX.fullmatch(d) for d in digests)):
-        raise ValueError(f"{SAMPLE_TOKEN_DIGESTS} is not a JSON list of {samples} SHA-256 hex digests (one a sample)")
-    return bytes.fromhex("".join(digests))   # 32 bytes a sample held, not a 113-byte str: headers are cached
+    if (not isinstance(values, list) or len(values) != samples
+            or not all(isinstance(v, str) and len(v) == 2 * width and _HEX.fullmatch(v) for v in values)):
+        raise ValueError(f"{name} is not a JSON list of {samples} {what} (one a sample)")
+    return bytes.fromhex("".join(values))
+
+
+def _sample_digests(metadata: dict, samples: int) -> bytes | None:
+    return _per_sample(metadata, SAMPLE_TOKEN_DIGESTS, samples, 32, "SHA-256 hex digests")
+
+
+def _sample_crcs(metadata: dict, samples: int) -> bytes | None:
+    return _per_sample(metadata, SAMPLE_HIDDEN_DIGESTS, samples, 4, "CRC-32s (8 hex digits)")
+
+
+def _per_sample_json(values: bytes | None, width: int) -> str | None:
+    return None if values is None else json.dumps([values[i:i + width].hex() for i in range(0, len(values), width)],
+                                                  separators=(",", ":"))
 
 
 def digests_json(digests: bytes | list[str] | None) -> str | None:
     """The value of ``sample_token_sha256``: a compact JSON list of hex digests (None stays None)."""
-    if isinstance(digests, bytes):
-        digests = [digests[i:i + 32].hex() for i in range(0, len(digests), 32)]
-    return None if digests is None else json.dumps(list(digests), separators=(",", ":"))
-
-
-def _sample_crcs(metadata: dict, samples: int) -> bytes | None:
-    crcs = _json(metadata, SAMPLE_HIDDEN_DIGESTS, "null")
-    if crcs is None:
-        return None
-    if (not isinstance(crcs, list) or len(crcs) != samples
-            or not all(isinstance(c, str) and _CRC32_HEX.fullmatch(c) for c in crcs)):
-        raise ValueError(f"{SAMPLE_HIDDEN_DIGESTS} is not a JSON list of {samples} CRC-32s (8 hex digits, one a sample)")
-    return bytes.fromhex("".join(crcs))
+    if isinstance(digests, list):
+        digests = bytes.fromhex("".join(digests))
+    return _per_sample_json(digests, 32)
 
 
 def crcs_json(crcs: bytes | None) -> str | None:
     """The value of ``sample_hidden_crc32``: a compact JSON list of 8-hex-digit CRC-32s (None stays None)."""
-    return None if crcs is None else json.dumps([crcs[i:i + 4].hex() for i in range(0, len(crcs), 4)],
-                                                separators=(",", ":"))
+    return _per_sample_json(crcs, 4)
 
 
 def _json(metadata: dict, name: str, default: str | None = None):
