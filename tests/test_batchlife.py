@@ -18,11 +18,12 @@ import pytest
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from hsx.life import batchlife, leases, ledger, queues
+from hsx.life import batchlife, leases, ledger, queues, uploadpolicy
 from hsx.life.batchlife import State
 from hsx.life.keys import RunKeys
 from hsx.life.ledger import BatchSpec
 from hsx.life.queues import UploadJob
+from hsx.life.uploadpolicy import UploadFailure
 from tests.manifests import example_manifest
 from tests.pipeline import produce_config, upload_config, worker_config
 
@@ -181,15 +182,15 @@ def _failed(r, why, retry=2, max_attempts=3, error="boom"):
 
 @pytest.mark.parametrize("why, failure, extract_jobs, upload_retry, waits, record", [
     # the spool file is gone: counted, extracted again, no upload
-    (batchlife.UploadFailure.LOST, (State.FAILED, 1), 1, None, 0, "upload: boom"),
+    (UploadFailure.LOST, (State.FAILED, 1), 1, None, 0, "upload: boom"),
     # the store refused for good: counted, the same file again after the backoff, retry + 1
-    (batchlife.UploadFailure.REFUSED, (State.FAILED, 1), 0, 3, 1, "upload: store refused: boom"),
+    (UploadFailure.REFUSED, (State.FAILED, 1), 0, 3, 1, "upload: store refused: boom"),
     # not in the plan: a dead letter at once
-    (batchlife.UploadFailure.UNPLANNED, (State.DEAD, 1), 0, None, 0, None),
+    (UploadFailure.UNPLANNED, (State.DEAD, 1), 0, None, 0, None),
     # store trouble: nothing counted, the same file again after the backoff
-    (batchlife.UploadFailure.TROUBLE, None, 0, 3, 1, None),
+    (UploadFailure.TROUBLE, None, 0, 3, 1, None),
     # this uploader cannot do it: put back untouched at once (same retry count), nothing counted
-    (batchlife.UploadFailure.NOT_HERE, None, 0, 2, 0, None),
+    (UploadFailure.NOT_HERE, None, 0, 2, 0, None),
 ])
 def test_each_kind_of_upload_failure_does_what_its_row_says(r, why, failure, extract_jobs, upload_retry, waits,
                                                             record):
@@ -202,7 +203,7 @@ def test_each_kind_of_upload_failure_does_what_its_row_says(r, why, failure, ext
     if upload_retry is not None:  # the typed job, encoded as before: same file, tier and host
         assert {k: v for k, v in _upload_kwargs(r)[0].items() if k != "retry"} == {
             "run": RUN, "batch_id": BID, "path": UPLOAD.path, "size": 4096, "sha256": "a" * 64, "tier": "memory"}
-    assert len(waited) == waits and all(0 <= w <= batchlife.UPLOAD_RETRY_BASE_SECONDS * 4 for w in waited)
+    assert len(waited) == waits and all(0 <= w <= uploadpolicy.UPLOAD_RETRY_BASE_SECONDS * 4 for w in waited)
     assert (json.loads(r.hget(keys.failures, BID))["last_error"] if r.hexists(keys.failures, BID) else None) == record
     assert r.zscore(keys.upload_leases, BID) is None and not r.hexists(keys.kept_uploads, BID)
 
@@ -210,9 +211,9 @@ def test_each_kind_of_upload_failure_does_what_its_row_says(r, why, failure, ext
 def test_a_refused_upload_at_the_limit_is_a_dead_letter_that_keeps_its_file(r):
     keys = RunKeys(RUN)
     _plan(r)
-    assert _failed(r, batchlife.UploadFailure.REFUSED, max_attempts=2)[0] == (State.FAILED, 1)
+    assert _failed(r, UploadFailure.REFUSED, max_attempts=2)[0] == (State.FAILED, 1)
     r.delete(queues.queue(r, queues.upload_queue_name(HOST)).key)
-    failure, waited = _failed(r, batchlife.UploadFailure.REFUSED, max_attempts=2)
+    failure, waited = _failed(r, UploadFailure.REFUSED, max_attempts=2)
     assert failure == (State.DEAD, 2) and waited == [] and _upload_kwargs(r) == [] and _extract_jobs(r) == []
     assert json.loads(r.hget(keys.kept_uploads, BID)) == UPLOAD._asdict()   # written in the failure's script
     assert batchlife.retry(r, RUN, [BID]) == [BID]                         # the kept file is uploaded again
@@ -220,7 +221,7 @@ def test_a_refused_upload_at_the_limit_is_a_dead_letter_that_keeps_its_file(r):
     # a batch done meanwhile (a duplicate copy uploaded): the late refusal counts nothing, no upload again
     r.delete(queues.queue(r, queues.upload_queue_name(HOST)).key)
     batchlife.finish(r, RUN, _plan(r)[BID], "k", 4096, "a" * 64, by="t")
-    assert _failed(r, batchlife.UploadFailure.REFUSED)[0] == (State.DONE, 0) and _upload_kwargs(r) == []
+    assert _failed(r, UploadFailure.REFUSED)[0] == (State.DONE, 0) and _upload_kwargs(r) == []
 
 
 def test_an_upload_job_an_older_hsx_recorded_still_decodes():

@@ -16,8 +16,6 @@ __getattr__, __dir__, __all__ = face(__name__, {
     "batchlife": [
         "IllegalTransition",
         "State",
-        "UPLOAD_FAILURES",
-        "UploadFailure",
         "enqueue",
         "fail",
         "finish",
@@ -96,4 +94,5 @@ __getattr__, __dir__, __all__ = face(__name__, {
     "rebuild": ["Rebuild", "rebuild_done"],
     "reconcile": ["maybe_reconcile", "orphans"],
     "reset": ["apply_reset", "plan_reset"],
+    "uploadpolicy": ["UPLOAD_FAILURES", "UploadFailure"],
 })

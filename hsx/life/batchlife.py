@@ -4,8 +4,8 @@ Every change of a batch's state, by either role, the reconciler or the CLI, goes
 function here; nothing else in hsx writes a batch's queue jobs, leases, failure or dead-letter
 records (tests/test_batchlife.py checks the callers' syntax trees), bar two writes that change no state: a
 heartbeat pushing its leases' expiry forward, and ``ledger.drop_failures_of_done``. The decisions a role
-would otherwise make are here too: what each kind of upload failure does (``UPLOAD_FAILURES``), and
-whether a computed batch is done already (``release_if_done``).
+would otherwise make are here too: what each kind of upload failure does (``upload_failed`` applies the
+row of ``uploadpolicy.UPLOAD_FAILURES``), and whether a computed batch is done already (``release_if_done``).
 
 Most functions write their keys in one pipeline or one script, as the ledger primitives they build on
 (``hsx.life.ledger``, ``hsx.life.leases``) do; a new job's id costs one INCRBY before it (``next_seqs``).
@@ -79,14 +79,12 @@ from hsx.errors import HsxError
 from hsx.life import heartbeat, leases, ledger, queues
 from hsx.life.keys import RunKeys
 from hsx.life.queues import UploadJob
+from hsx.life.uploadpolicy import UPLOAD_FAILURES, UploadFailure, upload_backoff
 from hsx.redisconn import text
-from hsx.retry import backoff_delay
 
 log = logging.getLogger(__name__)
 FIRST_SEQ = 1          # job-id suffix of a batch's first extract job (the producer's)
 SEQ_BASE = 1000        # later suffixes are SEQ_BASE + the run's job_seq counter
-UPLOAD_RETRY_BASE_SECONDS = 1.0   # backoff between two uploads of one batch while the store is down ...
-UPLOAD_RETRY_CAP_SECONDS = 60.0   # ... doubling from 1 s, capped at 60 s
 WITHDRAW_CHUNK = 1000  # extract jobs withdrawn in one script (Redis does nothing else meanwhile)
 
 
@@ -336,47 +334,6 @@ def fail(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int, requ
     log.warning("batch %s of run %s failed (attempt %d/%d)%s: %s", bid, run, attempts, max_attempts,
                 ", re-enqueued" if requeue else "", error)
     return Failure(State.FAILED, attempts)
-
-
-class UploadFailure(str, Enum):
-    """Why an upload did not finish, as the uploader tells it; ``UPLOAD_FAILURES`` says what each one does."""
-
-    NOT_HERE = "not here"    # this uploader cannot do it (another --spool-dir, a store it cannot see); no lease taken
-    LOST = "lost"            # the spool file is gone, corrupt or not of this plan: the bytes must be computed again
-    REFUSED = "refused"      # the store refused for good (access denied, no bucket): no retry helps without a person
-    UNPLANNED = "unplanned"  # the batch is not in its run's plan
-    TROUBLE = "trouble"      # anything else: a store outage, throttling, a verify mismatch; the file stays
-
-
-class UploadPolicy(NamedTuple):
-    """One row of ``UPLOAD_FAILURES``: what a kind of upload failure does to the batch."""
-
-    counted: bool             # a failed attempt of the batch (``fail``), dead letter at the limit
-    dead_at_once: bool        # the limit is 1, not the run's max_attempts
-    extract_again: bool       # counted and below the limit: extracted anew (the spool file is of no use)
-    keep_file: bool           # a dead letter remembers the spool file: ``retry`` uploads it again
-    upload_again: bool        # the same file uploaded again (not if it became a dead letter or was done) ...
-    backoff: bool             # ... after the store backoff (the lease held meanwhile), retry count + 1; else at once
-    error: str                # the failure record's text before the exception's message
-
-
-UPLOAD_FAILURES: dict[UploadFailure, UploadPolicy] = {
-    UploadFailure.NOT_HERE: UploadPolicy(counted=False, dead_at_once=False, extract_again=False, keep_file=False,
-                                         upload_again=True, backoff=False, error=""),
-    UploadFailure.LOST: UploadPolicy(counted=True, dead_at_once=False, extract_again=True, keep_file=False,
-                                     upload_again=False, backoff=False, error="upload: "),
-    UploadFailure.REFUSED: UploadPolicy(counted=True, dead_at_once=False, extract_again=False, keep_file=True,
-                                        upload_again=True, backoff=True, error="upload: store refused: "),
-    UploadFailure.UNPLANNED: UploadPolicy(counted=True, dead_at_once=True, extract_again=False, keep_file=False,
-                                          upload_again=False, backoff=False, error="upload: "),
-    UploadFailure.TROUBLE: UploadPolicy(counted=False, dead_at_once=False, extract_again=False, keep_file=False,
-                                        upload_again=True, backoff=True, error=""),
-}
-
-
-def upload_backoff(retry: int) -> float:
-    """Seconds to wait before the next upload of a batch whose store failed ``retry`` times before."""
-    return backoff_delay(retry, UPLOAD_RETRY_BASE_SECONDS, UPLOAD_RETRY_CAP_SECONDS)
 
 
 def upload_failed(r: redis.Redis, run: str, bid: str, job: UploadJob, why: UploadFailure, error: str, retry: int,
