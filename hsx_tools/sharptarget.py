@@ -61,9 +61,8 @@ def build_sharp_target(out_dir: Path, num_layers: int = 6, hidden_size: int = 64
     """Train the tiny Qwen3 on ``rows`` (loss on the answers) for ``steps`` AdamW steps; save it to ``out_dir``.
     ``out_dir/sharp_target.json`` records the settings and the last loss; a folder holding it is reused."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from hsx_tools.tinymodel import build_tokenizer
+    from hsx_tools.tinymodel import build_tokenizer, random_qwen3
 
     out_dir = Path(out_dir)
     record = out_dir / "sharp_target.json"
@@ -74,14 +73,7 @@ def build_sharp_target(out_dir: Path, num_layers: int = 6, hidden_size: int = 64
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir)
-    config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
-        max_position_embeddings=4096, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = random_qwen3(tokenizer, num_layers, hidden_size, max_positions=4096, seed=seed)
     train = rows(512, tokenizer.eos_token_id, seed=seed + 1000)
     width = max(len(r["input_ids"]) for r in train)
     ids = torch.full((len(train), width), tokenizer.pad_token_id)

@@ -52,21 +52,27 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 512, sample_path: Path | No
 def build_tiny_model(out_dir: Path, num_layers: int = 6, hidden_size: int = 64, seed: int = 0,
                      sample_path: Path | None = None) -> Path:
     """Write a tiny Qwen3 (config + random weights + tokenizer) to ``out_dir``; return it."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists() and (out_dir / "tokenizer.json").exists():
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir, sample_path=sample_path)
+    model = random_qwen3(tokenizer, num_layers, hidden_size, max_positions=8192, seed=seed)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def random_qwen3(tokenizer, num_layers: int, hidden_size: int, max_positions: int, seed: int):
+    """A tiny Qwen3 (float32, tied embeddings, 4 heads of hidden_size / 4, 2 KV heads) for ``tokenizer``, its weights
+    drawn from ``seed``: the model every tiny target here starts from."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
-        max_position_embeddings=8192, tie_word_embeddings=True,
+        max_position_embeddings=max_positions, tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(out_dir)
-    return out_dir
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
