@@ -153,6 +153,13 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny8_model(tmp_path_factory) -> Path:
+    """The tiny model with 8 layers (eagle3's layers 1, 3 and 4 with a last layer after them), built once a session:
+    read only (a test that writes beside the weights builds its own)."""
+    return build_tiny_model(tmp_path_factory.mktemp("model8") / "tiny8", num_layers=8, sample_path=sample_dataset())
+
+
+@pytest.fixture(scope="session")
 def other_checkpoint(tmp_path_factory, tiny_model) -> Path:
     """The tiny model's config with other weights (another checkpoint of the same config): built once a session."""
     return build_tiny_model(tmp_path_factory.mktemp("model-b") / "tiny-qwen3", seed=1, sample_path=sample_dataset())

@@ -184,18 +184,17 @@ def _caught_up(r, keys, log, trainer, first_position, timeout):
 
 
 @pytest.mark.slow
-def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkpoint(r, redis_env, tmp_path):
+def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkpoint(r, redis_env, tmp_path,
+                                                                                    tiny8_model):
     """speculators' own trainer (`speculators train`: its drafter, loss, optimizer, scheduler, checkpoints; the
     CPU device shim of tests/peers/train_speculators.py) follows a run being extracted by a worker and an
     uploader: its first step comes before the run is COMPLETE; killed after its first mid-epoch checkpoint, it
     is started again on the same --save-path and speculators' own resume goes on from that step: across both,
     every sample is trained on exactly once, in the ledger's order; the loss is finite and falls."""
-    from hsx_tools.demo import sample_dataset
-    from hsx_tools.tinymodel import build_tiny_model
     from tests.peerenv import SCRIPTS, peer_env, peer_python
 
     python = peer_python("speculators")
-    model = build_tiny_model(tmp_path / "tiny8", num_layers=8, sample_path=sample_dataset())
+    model = tiny8_model
     # 1024-token run batches, one training step each
     report = produce(produce_config(redis_env, model, str(tmp_path / "store"), run="fspec", layers="eagle3",
                                     token_budget=1024))

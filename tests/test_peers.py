@@ -15,8 +15,6 @@ import math
 import pytest
 
 from hsx_cli.main import main
-from hsx_tools.demo import sample_dataset
-from hsx_tools.tinymodel import build_tiny_model
 from tests.peerenv import run_peer
 from tests.pipeline import run_pipeline
 
@@ -25,11 +23,11 @@ _BUILT: dict = {}
 
 
 @pytest.fixture(scope="module")
-def exports(redis_server, tmp_path_factory):
+def exports(redis_server, tmp_path_factory, tiny8_model):
     """{(target, store_dtype): export dir} for every target, from one bf16 and one FP8 eagle3 run."""
     if not _BUILT:
         root = tmp_path_factory.mktemp("peers")
-        model = build_tiny_model(root / "tiny8", num_layers=8, sample_path=sample_dataset())
+        model = tiny8_model
         for store_dtype in ("bfloat16", "float8_e4m3"):
             run = f"peers-{store_dtype.replace('_', '')}"
             run_pipeline(redis_server.url, model, str(root / "store"), root / f"spool-{run}", run=run,

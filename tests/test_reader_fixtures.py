@@ -12,7 +12,6 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from hsx_tools.demo import sample_dataset
-from hsx_tools.tinymodel import build_tiny_model
 from tests.pipeline import run_pipeline
 
 
@@ -67,11 +66,11 @@ def dflash_run(redis_server, tiny_model, tmp_path_factory) -> RefRun:
 
 
 @pytest.fixture(scope="session")
-def eagle3_run(redis_server, tmp_path_factory) -> RefRun:
+def eagle3_run(redis_server, tmp_path_factory, tiny8_model) -> RefRun:
     if "eagle3" in _BUILT:
         return _BUILT["eagle3"]
     root = tmp_path_factory.mktemp("reader-eagle3")
-    model = build_tiny_model(root / "tiny8", num_layers=8, sample_path=sample_dataset())
+    model = tiny8_model
     run_pipeline(redis_server.url, model, str(root / "store"), root / "spool", run="reagle3", layers="eagle3")
     manifest = json.loads((root / "store" / "reagle3" / "manifest.json").read_text())
     assert manifest["store_final"] and manifest["layer_ids"] == [1, 3, 4]

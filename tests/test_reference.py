@@ -12,7 +12,6 @@ from hsx.prep.rows import read_conversation
 from hsx.runspec.config import StoreSettings
 from hsx.store import open_store
 from hsx_tools.demo import sample_dataset
-from hsx_tools.tinymodel import build_tiny_model
 from tests.pipeline import run_pipeline
 
 AGENTIC = sample_dataset().with_name("sample_agentic.jsonl")
@@ -77,8 +76,8 @@ def test_dflash_over_s3_equals_reference(r, redis_server, tiny_model, s3_server,
     assert padded >= 5
 
 
-def test_eagle3_bf16_with_final_state_and_last_layer(r, redis_server, tmp_path):
-    model = build_tiny_model(tmp_path / "tiny8", num_layers=8, sample_path=sample_dataset())
+def test_eagle3_bf16_with_final_state_and_last_layer(r, redis_server, tmp_path, tiny8_model):
+    model = tiny8_model
     run_pipeline(redis_server.url, model, str(tmp_path / "store"), tmp_path / "spool", run="e3",
                  layers="eagle3", dtype="bfloat16", pad_multiple=32)
     assert ledger.get_manifest(r, "e3").layer_ids == (1, 3, 4)

@@ -15,9 +15,7 @@ from safetensors.torch import load_file
 from hsx.batch import batchfile
 from hsx_cli.main import main
 from hsx_reader import RunDataset
-from hsx_tools.demo import sample_dataset
 from hsx_tools.export import specforge_path, speculators_path
-from hsx_tools.tinymodel import build_tiny_model
 from tests.pipeline import run_pipeline
 
 FORMATS = [("bfloat16", "none"), ("bfloat16", "zstd"), ("float8_e4m3", "none"), ("float8_e4m3", "zstd")]
@@ -25,11 +23,11 @@ _RUNS: dict = {}
 
 
 @pytest.fixture(scope="module")
-def runs(redis_server, tmp_path_factory):
+def runs(redis_server, tmp_path_factory, tiny8_model):
     """One eagle3 run (final state stored, so both exports apply) per format, same tiny 8-layer model."""
     if not _RUNS:
         root = tmp_path_factory.mktemp("formats")
-        model = build_tiny_model(root / "tiny8", num_layers=8, sample_path=sample_dataset())
+        model = tiny8_model
         for store_dtype, codec in FORMATS:
             run = f"fmt-{store_dtype.replace('_', '')}-{codec}"
             run_pipeline(redis_server.url, model, str(root / "store"), root / f"spool-{run}", run=run,

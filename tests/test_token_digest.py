@@ -128,6 +128,25 @@ def _set_index_digest(store: Path, key: str, data: bytes) -> None:
     index.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
+def _refused_by_range(store: Path, path: Path, hit, refs, before: dict, changed: str) -> str:
+    """A range read of sample ``hit`` (its ``changed`` column altered in ``path``) is refused in one line naming the
+    object and the sample; the batch's other samples (``refs``) still read, every tensor as ``before``. Returns
+    the refusal's message."""
+    ranged = RunDataset(str(store), RUN, fetch="range")
+    with pytest.raises(CorruptBatch) as refused:
+        got = ranged[hit.position]
+        print(f"\nrange: sample {hit.sample_id!r} served with "
+              f"{int((got[changed] != before[hit.position][changed]).sum())} changed {changed} value(s), no error")
+    message = str(refused.value)
+    assert "\n" not in message and path.name in message and repr(hit.sample_id) in message, message
+    for ref in refs:   # the batch's other samples are still read: their own rows are intact
+        if ref is not hit:
+            sample = ranged[ref.position]
+            assert all(torch.equal(sample[name], before[ref.position][name]) for name in before[ref.position]
+                       if isinstance(sample[name], torch.Tensor)), ref
+    return message
+
+
 def test_range_reads_refuse_a_changed_token_of_the_sample_read(changed_run, tmp_path):
     """Failing first: one token id changed in place was read silently by RunDataset(fetch="range")."""
     store0, path0, changed = changed_run
@@ -138,22 +157,11 @@ def test_range_reads_refuse_a_changed_token_of_the_sample_read(changed_run, tmp_
     refs = clean.index.by_key()[key]
     row = _token_row(path.read_bytes(), key, 3)             # the sample holding the changed token
     hit = next(ref for ref in refs if ref.row == row)
-    others = [ref for ref in refs if ref.row != row]
     before = {ref.position: clean[ref.position] for ref in refs}
     path.write_bytes(changed)
 
-    ranged = RunDataset(str(store), RUN, fetch="range")
-    with pytest.raises(CorruptBatch) as refused:
-        got = ranged[hit.position]
-        print(f"\nrange: sample {hit.sample_id!r} read with "
-              f"{int((got['input_ids'] != before[hit.position]['input_ids']).sum())} changed token id(s), no error")
-    message = str(refused.value)
-    assert "\n" not in message and path.name in message and repr(hit.sample_id) in message, message
+    message = _refused_by_range(store, path, hit, refs, before, "input_ids")
     assert "token" in message, message
-    for ref in others:   # the batch's other samples are still read: their own rows are intact
-        sample = ranged[ref.position]
-        assert torch.equal(sample["input_ids"], before[ref.position]["input_ids"])
-        assert torch.equal(sample["hidden_states"], before[ref.position]["hidden_states"])
     unchecked = RunDataset(str(store), RUN, fetch="range", verify=False)[hit.position]   # the check is what refuses
     assert not torch.equal(unchecked["input_ids"], before[hit.position]["input_ids"])
 
@@ -279,20 +287,9 @@ def test_range_reads_refuse_a_changed_hidden_state_byte(changed_run, tmp_path):
     hit = refs[len(refs) // 2]
     _flip_hidden_byte(path, key, hit.row)
 
-    ranged = RunDataset(str(store), RUN, fetch="range")
-    with pytest.raises(CorruptBatch) as refused:
-        got = ranged[hit.position]
-        print(f"\nrange: sample {hit.sample_id!r} served with "
-              f"{int((got['hidden_states'] != before[hit.position]['hidden_states']).sum())} changed value(s), no error")
-    message = str(refused.value)
-    assert "\n" not in message and path.name in message and repr(hit.sample_id) in message, message
+    message = _refused_by_range(store, path, hit, refs, before, "hidden_states")
     assert f"(row {hit.row})" in message and "hidden" in message, message
     assert f"hsx verify --run {RUN} --repair" in message, message
-    for ref in refs:   # the batch's other samples are still read: their own rows are intact
-        if ref is not hit:
-            sample = ranged[ref.position]
-            assert all(torch.equal(sample[name], before[ref.position][name]) for name in before[ref.position]
-                       if isinstance(sample[name], torch.Tensor)), ref
     unchecked = RunDataset(str(store), RUN, fetch="range", verify=False)[hit.position]   # the check is what refuses
     assert not torch.equal(unchecked["hidden_states"], before[hit.position]["hidden_states"])
     with pytest.raises(CorruptBatch, match="SHA-256 differs from the one the index"):
