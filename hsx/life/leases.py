@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import redis
 
+from hsx.life.keys import RunKeys
+
 # KEYS: the lease ZSET ; ARGV: lease_seconds, xx ("1": only refresh existing members), batch ids...
 # Sets each expiry to Redis TIME + lease_seconds. Returns Redis' now (seconds, as a string).
 _SET_EXPIRY = """
@@ -51,3 +53,13 @@ def refresh(r: redis.Redis, zset: str, bids, lease_seconds: float, pipe=None) ->
 
 def drop(r: redis.Redis, zset: str, bid: str, pipe=None) -> None:
     (pipe or r).zrem(zset, bid)
+
+
+def refresh_extract(r: redis.Redis, run: str, bids, lease_seconds: float, pipe=None) -> None:
+    """Push forward the extract leases of ``bids`` a worker still holds (``refresh``)."""
+    refresh(r, RunKeys(run).extract_leases, bids, lease_seconds, pipe=pipe)
+
+
+def refresh_upload(r: redis.Redis, run: str, bids, lease_seconds: float, pipe=None) -> None:
+    """Push forward the upload leases of ``bids`` an uploader still holds (``refresh``)."""
+    refresh(r, RunKeys(run).upload_leases, bids, lease_seconds, pipe=pipe)
