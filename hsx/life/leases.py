@@ -7,7 +7,8 @@ the job and holds it until the batch file is spooled and its upload enqueued;
 an uploader leases a batch while it uploads. Heartbeats push the expiry
 forward. ``hsx.life.batchlife.reap`` (run by every worker's heartbeat) takes back
 batches whose lease expired; ZREM decides which reaper wins, so each is taken back once.
-These are the lease primitives; a batch's transitions (hsx/life/batchlife.py) use them.
+These are the lease primitives; a batch's transitions (hsx/life/batchlife.py) use them, and a worker's and
+an uploader's heartbeat refresh what they hold by run (``refresh_extract``, ``refresh_upload``).
 
 One clock: every expiry is written and compared on Redis' clock (``TIME``,
 read inside the Lua scripts below), never a host's: a worker whose clock runs
