@@ -11,15 +11,11 @@ from __future__ import annotations
 import time
 
 import redis
-from rq.registry import FinishedJobRegistry
 
 from dashboard.config import DEFAULT_RECENT_ERRORS, DashboardConfig
 from dashboard.plan_cache import PlanCache, PlanSummary
-from dashboard.series import throughput_series
 from hsx import life, monitor
-from hsx.life import RunKeys, records
-from hsx.monitor import RATE_WINDOW_SECONDS, host_row, run_progress
-from hsx.redisconn import text
+from hsx.monitor import RATE_WINDOW_SECONDS, host_row, host_upload_rate, last_activity, run_progress, throughput_series
 
 # Worker states: "busy" (fresh heartbeat, a batch in hand), "idle" (fresh heartbeat, no batch),
 # "stale" (heartbeat expired or older than stale_after_seconds while the run is unfinished),
@@ -32,13 +28,7 @@ def pick_run(r: redis.Redis, requested: str | None) -> tuple[str | None, list[st
     runs = life.list_runs(r)
     if requested:
         return (requested if requested in runs else None), runs
-
-    def last_activity(run: str) -> float:
-        keys = RunKeys(run)
-        scores = [s for key in (keys.done_log, keys.spooled_log) for _, s in r.zrange(key, -1, -1, withscores=True)]
-        return max(scores, default=0.0)
-
-    return (max(runs, key=lambda run: (last_activity(run), run)) if runs else None), runs
+    return (max(runs, key=lambda run: (last_activity(r, run), run)) if runs else None), runs
 
 
 def _reclaimed(errors: list[dict]) -> dict[str, list[str]]:
@@ -65,28 +55,9 @@ def _worker_row(w: dict, now: float, stale_after: float, complete: bool, reclaim
     return row
 
 
-def _host_upload_rate(r: redis.Redis, run: str, host: str, plan: PlanSummary, now: float, window: float) -> dict:
-    """Uploads finished by ``host``'s uploaders in the last ``window`` s (the run's rate span), from rq's
-    finished-job registry (a ZSET scored by finish time + the job's result TTL, life.RESULT_TTL)."""
-    registry = FinishedJobRegistry(life.upload_queue_name(host), connection=r)
-    since = now - window + life.RESULT_TTL
-    bids = set()
-    for raw in r.zrangebyscore(registry.key, since, "+inf"):
-        parsed = life.batch_of_job(text(raw))
-        if parsed and parsed[0] == run:
-            bids.add(parsed[1])
-    key = RunKeys(run).done_info
-    sizes = r.hmget(key, sorted(bids)) if bids else []
-    infos = (records.decode(s, key, [], records.DONE_INFO, ("size",)) for s in sizes if s)
-    nbytes = sum(info["size"] for info in infos if info)  # a malformed done record adds nothing to the rate
-    return {"upload_batches_per_s": len(bids) / window,
-            "upload_tokens_per_s": sum(plan.tokens.get(b, 0) for b in bids) / window,
-            "upload_bytes_per_s": nbytes / window}
-
-
 def _host_row(r: redis.Redis, run: str, host: str, stats: dict, plan: PlanSummary, now: float, span: float) -> dict:
     row = host_row(r, host, stats, now)
-    row.update(_host_upload_rate(r, run, host, plan, now, span))
+    row.update(host_upload_rate(r, run, host, plan.tokens, now, span))
     return row
 
 
@@ -100,7 +71,7 @@ def _resolved_rows(r: redis.Redis, run: str, errors: list[dict]) -> list[dict]:
     if not errors:
         return []
     bids = list(dict.fromkeys(e["batch"] for e in errors))
-    done = {b for b, is_done in zip(bids, r.smismember(RunKeys(run).done, bids), strict=True) if is_done}
+    done = life.done_among(r, run, bids)
     return [{"batch_id": e["batch"], "attempts": e.get("attempts"), "last_error": e["error"], "ts": e["ts"],
              "dead": False, "resolved": True} for e in errors if e["batch"] in done]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
-from hsx.life import RunKeys, records
+from hsx.monitor import plan_entries, planned_batches
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class PlanSummary:
     @classmethod
     def read(cls, r: redis.Redis, run: str) -> PlanSummary:
         malformed: list[str] = []
-        specs = records.json_hash(r, RunKeys(run).plan, malformed, records.SPEC, records.SPEC_REQUIRED)
+        specs = plan_entries(r, run, malformed)
         shard_batches: Counter = Counter()
         shard_tokens: Counter = Counter()
         for spec in specs.values():
@@ -50,7 +50,7 @@ class PlanCache:
         if cached is not None:
             return cached
         summary = PlanSummary.read(r, run)
-        planned = records.int_hash(r, RunKeys(run).totals, []).get("batches")  # a bad field: named by run_progress
+        planned = planned_batches(r, run)  # a bad field: named by run_progress
         if planned is not None and planned == len(summary.tokens):
             with self._lock:
                 self._plans[run] = summary

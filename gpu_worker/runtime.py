@@ -22,7 +22,7 @@ from hsx.batch import BatchFileError
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.digest import file_sha256
 from hsx.fleet import BEFORE_RECONCILE, Chores, Role
-from hsx.life import ERROR_SAMPLE_EVERY, RunKeys, run_complete
+from hsx.life import ERROR_SAMPLE_EVERY, run_complete
 from hsx.monitor import fmt_bytes
 from hsx.runspec import Manifest, WorkerConfig
 
@@ -39,7 +39,6 @@ class WorkerRuntime(Role):
         self.store, self.manifest, self.extractor = store, manifest, extractor
         self.run, self.worker_name = cfg.run, cfg.worker_name
         self.limits = manifest.limits   # attempts and lease length: the run's, not this process's
-        self.leases_key = RunKeys(cfg.run).extract_leases
         self.cuda = extractor.device.type == "cuda"
         self.tiers = cfg.tiers
         self.writer = SpoolWriter(r, cfg.run, manifest, self.tiers, cfg.host, cfg.worker_name,
@@ -109,7 +108,7 @@ class WorkerRuntime(Role):
                 if writer == self.worker_name:
                     if not at_start:
                         continue
-                elif self.r.exists(RunKeys(self.run).heartbeat(writer)):
+                elif life.worker_alive(self.r, self.run, writer):
                     continue
                 log.info("removing unfinished temp file %s (its writer %s has no heartbeat)", tmp, writer)
                 tmp.unlink(missing_ok=True)
@@ -196,7 +195,7 @@ class WorkerRuntime(Role):
 
     def refresh(self) -> None:
         """Heartbeat, leases of the batches in hand and this host's spool record: one pipeline."""
-        if not self.r.exists(RunKeys(self.run).manifest):
+        if not life.run_exists(self.r, self.run):
             self.run_vanished()
             return
         current = self.current_batch
@@ -204,7 +203,7 @@ class WorkerRuntime(Role):
         stats = self.stats()
         pipe = self.r.pipeline(transaction=False)
         self.publish_heartbeat(stats, pipe=pipe)
-        life.refresh_leases(self.r, self.leases_key, held, self.limits.lease_seconds, pipe=pipe)
+        life.refresh_extract_leases(self.r, self.run, held, self.limits.lease_seconds, pipe=pipe)
         life.publish_host(self.r, self.run, self.cfg.host, {
             "spool_bytes": stats["spool_bytes"], "spool_files": stats["spool_files"],
             "spool_budget_bytes": sum(t.budget_bytes for t in self.tiers.tiers),
@@ -277,7 +276,7 @@ class WorkerRuntime(Role):
         except life.IllegalTransition:
             return f"{bid} already done"
         if spec is None:
-            if not self.r.exists(RunKeys(self.run).manifest):
+            if not life.run_exists(self.r, self.run):
                 self.run_vanished()
                 return f"{bid}: run {self.run} vanished from Redis; not extracted"
             raise KeyError(f"batch {bid} is not in the plan of run {self.run}")
@@ -321,8 +320,7 @@ class WorkerRuntime(Role):
         bids = [p[1] for p in map(life.batch_of_job, q.get_job_ids(0, self.prefetcher.depth - 1)) if p]
         bids = [bid for bid in bids if not self.prefetcher.cached(bid)]
         if bids:
-            raw = self.r.hmget(RunKeys(self.run).plan, bids)
-            self.prefetcher.hint([life.BatchSpec.from_json(x) for x in raw if x])
+            self.prefetcher.hint(life.get_specs(self.r, self.run, bids))
 
     def _to_host(self, spec, contents, stored: dict, finite, reference: str | None) -> Finished:
         """Copy the stored tensors to one pinned buffer on the side stream; the writer waits on the event."""

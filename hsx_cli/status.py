@@ -33,7 +33,6 @@ def config(v) -> StatusConfig:
 
 def run(cfg: StatusConfig) -> int:
     from hsx import life
-    from hsx.life import RunKeys
     from hsx.monitor import run_progress, summary_lines
     from hsx.redisconn import connect
 
@@ -42,7 +41,7 @@ def run(cfg: StatusConfig) -> int:
     if not runs:
         print("no runs in this Redis")
         return 1
-    if cfg.run and not r.exists(RunKeys(cfg.run).manifest):  # present is enough: run_progress reads it warily
+    if cfg.run and not life.run_exists(r, cfg.run):  # present is enough: run_progress reads it warily
         life.require_manifest(r, cfg.run)  # RunVanished: a run this Redis does not hold is exit 2, as everywhere
     if cfg.watch:
         import sys

@@ -47,7 +47,6 @@ producer done planning) and every done batch was read.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -56,8 +55,7 @@ import redis
 from torch.utils.data import IterableDataset, get_worker_info
 
 from hsx import life
-from hsx.life import RunKeys
-from hsx.redisconn import connect, text
+from hsx.redisconn import connect
 from hsx.store import Store, StoreSettings, layout
 from hsx_reader.cursor import Cursor
 from hsx_reader.objects import BatchContents, check_digest, decode, fetch_object
@@ -70,25 +68,6 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.2      # how often the ledger is asked for new batches when none is waiting
 NOTICE_SECONDS = 60.0   # how often a waiting follower says what it waits for (log line)
 ON_DEAD_LETTER = ("wait", "skip", "stop")   # what a follower does when only dead letters are left
-
-
-@dataclass(frozen=True)
-class Pending:
-    """What a waiting follower waits for: planned batches, how many are done, dead letters not done."""
-
-    batches: int | None     # planned (None: no plan yet)
-    done: int
-    planning: bool          # the producer is still planning
-    dead: list[str]         # dead letters (not done), sorted
-
-    @property
-    def complete(self) -> bool:
-        return not self.planning and self.batches is not None and self.done == self.batches
-
-    @property
-    def only_dead_left(self) -> bool:
-        return (bool(self.dead) and not self.planning and self.batches is not None
-                and self.done + len(self.dead) == self.batches)
 
 
 @dataclass
@@ -150,18 +129,9 @@ class RunFollower(IterableDataset):
             state["_store"] = None
         return state
 
-    def pending(self) -> Pending:
-        """Planned batches, done batches and dead letters not done, now."""
-        keys = RunKeys(self.run)
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hmget(keys.totals, "batches", "planning")
-        pipe.scard(keys.done)
-        pipe.hkeys(keys.dead)
-        (total, planning), done, dead = pipe.execute()
-        dead = sorted(text(b) for b in dead)
-        if dead:
-            dead = [b for b, is_done in zip(dead, self.r.smismember(keys.done, dead), strict=True) if not is_done]
-        return Pending(None if total is None else int(total), int(done), bool(planning and int(planning)), dead)
+    def pending(self) -> life.Outstanding:
+        """What a waiting follower waits for: planned batches, done batches and dead letters not done, now."""
+        return life.outstanding(self.r, self.run)
 
     def complete(self) -> bool:
         """True when every planned batch is recorded done and the producer has nothing left to plan."""
@@ -224,7 +194,7 @@ class RunFollower(IterableDataset):
         and the sequence has no such position (or only dead letters are left and ``on_dead_letter`` is skip).
         Every look at the ledger checks that its sequence is still ``generation`` and still has ``previous``
         at ``position - 1`` (each: "" = not checked); ReaderError if not."""
-        keys, waited, noticed = RunKeys(self.run), 0.0, 0.0
+        waited, noticed = 0.0, 0.0
         while True:
             window = life.sequence_window(self.r, self.run, position)
             self._check_window(window, position, generation, previous)
@@ -233,7 +203,7 @@ class RunFollower(IterableDataset):
             pending = self.pending()
             if pending.complete or (pending.only_dead_left and self.on_dead_letter == "skip"):
                 life.sequence_done(self.r, self.run)   # batches recorded by an hsx without done_seq
-                if self.r.llen(keys.done_seq) <= position:
+                if life.sequence_length(self.r, self.run) <= position:
                     if not pending.complete:
                         log.warning("run %r: ending without %d dead letter(s) (%s), as on_dead_letter='skip' asks; "
                                     "`hsx retry-failed --run %s` re-extracts them", self.run, len(pending.dead),
@@ -254,7 +224,7 @@ class RunFollower(IterableDataset):
             waited += self.poll_seconds
             self.stats.waited_seconds += self.poll_seconds
 
-    def _waiting_line(self, position: int, waited: float, pending: Pending) -> str:
+    def _waiting_line(self, position: int, waited: float, pending: life.Outstanding) -> str:
         """What a waiting follower waits for, in one line."""
         if pending.batches is None or pending.planning:
             what = "the producer is still planning"
@@ -272,9 +242,9 @@ class RunFollower(IterableDataset):
         """The ledger's record of ``bid`` ({key, size, sha256}), waiting while a repair has taken it out."""
         waited = 0.0
         while True:
-            raw = self.r.hget(RunKeys(self.run).done_info, bid)
-            if raw:
-                return json.loads(raw)
+            info = life.done_record(self.r, self.run, bid)
+            if info is not None:
+                return info
             if self.timeout_seconds is not None and waited >= self.timeout_seconds:
                 raise ReaderError(f"run {self.run!r}: batch {bid} left the ledger (repair?) and was not recorded "
                                   f"done again within {waited:.0f} s")

@@ -30,7 +30,7 @@ from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
 from hsx.errors import HsxError
 from hsx.fleet import check_eviction_policy
 from hsx.layers import resolve_layers
-from hsx.life import Rebuild, RunKeys, unmark_missing_done, write_index_if_complete
+from hsx.life import Rebuild, unmark_missing_done, write_index_if_complete
 from hsx.monitor import Progress
 from hsx.prep import (
     TokeniseSettings,
@@ -227,14 +227,10 @@ def _mark_planned_only(r, cfg: ProduceConfig, new_run: bool) -> bool:
     """``--no-enqueue`` on a new (or still plan-only) run marks it planned only, before any of its plan is in
     Redis: no reconciler of any role enqueues it (hsx/life/reconcile.py) until a `hsx produce` without the flag
     starts it, which removes the mark. A run already started stays started. True if the run is planned only."""
-    key = RunKeys(cfg.run).planned_only
     if cfg.enqueue:
-        r.delete(key)
+        life.unmark_planned_only(r, cfg.run)
         return False
-    if new_run or r.exists(key):
-        r.set(key, "1")
-        return True
-    return False
+    return life.mark_planned_only(r, cfg.run, new_run)
 
 
 def _replan_bad_inputs(r, run: str, records: list[WindowRecord]) -> tuple[list[WindowRecord], frozenset[str]]:

@@ -1,6 +1,7 @@
 """The producer's progress through the dataset, in Redis: one record a planned window.
 
-A window's record (``hsx:<run>:windows``, window number -> JSON) is written
+A window's record (``hsx:<run>:windows``, window number -> JSON, kept by ``hsx.life``'s
+``save_window``, ``window_records`` and ``forget_windows_from``) is written
 last, after its inputs are in the store, its batches in the plan and its jobs
 on the queue. A producer that was killed resumes after the last contiguous
 recorded window; a window it had half done is planned again, to the same
@@ -19,9 +20,7 @@ from dataclasses import dataclass
 import redis
 
 from hsx import life
-from hsx.life import RunKeys
 from hsx.prep import TokeniseReport
-from hsx.redisconn import text
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class WindowRecord:
 
 def load(r: redis.Redis, run: str) -> list[WindowRecord]:
     """Records of windows 0..k-1 (the contiguous prefix that was completed), in order."""
-    found = {int(text(k)): v for k, v in r.hgetall(RunKeys(run).windows).items()}
+    found = life.window_records(r, run)
     records = []
     while len(records) in found:
         records.append(WindowRecord.from_json(found[len(records)]))
@@ -66,7 +65,7 @@ def load(r: redis.Redis, run: str) -> list[WindowRecord]:
 
 
 def record(r: redis.Redis, run: str, number: int, rec: WindowRecord) -> None:
-    r.hset(RunKeys(run).windows, str(number), rec.to_json())
+    life.save_window(r, run, number, rec.to_json())
 
 
 def withdraw(r: redis.Redis, run: str) -> int:
@@ -77,7 +76,4 @@ def withdraw(r: redis.Redis, run: str) -> int:
 
 def forget_from(r: redis.Redis, run: str, number: int) -> None:
     """Forget the records of windows ``number`` and later: the next producer plans them again."""
-    found = [text(k) for k in r.hkeys(RunKeys(run).windows)]
-    stale = [k for k in found if int(k) >= number]
-    if stale:
-        r.hdel(RunKeys(run).windows, *stale)
+    life.forget_windows_from(r, run, number)

@@ -182,3 +182,29 @@ def test_the_architecture_lists_every_module_of_every_wing():
     actual = {wing: {p.stem for p in (ROOT / "hsx" / wing).glob("*.py")} - {"__init__"} for wing in WINGS}
     actual["ground"] = GROUND - {"__init__"}
     assert listed == actual
+
+
+# Outside the kernel a role says what it means (``life.run_exists``, ``life.save_window``), never which Redis key
+# holds it: key names, and the commands on them, are the kernel's (issue 33 item 3). The one exception, and why:
+KEYS_OUTSIDE_THE_KERNEL = {
+    # ProducerLock's whole job is one key (SET NX PX, a refresh script, WATCH in guarded_pipeline): a verb in
+    # hsx.life would only hand its name back.
+    "producer/runlock.py",
+}
+
+
+def test_outside_the_kernel_no_code_names_a_redis_key():
+    found = set()
+    for room in ROOMS:
+        if room == "hsx":
+            continue
+        for path in sorted((ROOT / room).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.ImportFrom) else
+                         [node.id] if isinstance(node, ast.Name) else
+                         [node.attr] if isinstance(node, ast.Attribute) else [])
+                if "RunKeys" in names:
+                    found.add(str(path.relative_to(ROOT)))
+    assert found == KEYS_OUTSIDE_THE_KERNEL, (
+        f"RunKeys used outside hsx/ in {sorted(found - KEYS_OUTSIDE_THE_KERNEL)} (name what you read or write "
+        f"as a function of its wing instead); no longer in {sorted(KEYS_OUTSIDE_THE_KERNEL - found)}")

@@ -19,7 +19,7 @@ from pathlib import Path
 from hsx import fleet, life, retry, runspec
 from hsx.errors import HsxError
 from hsx.fleet import AFTER_RECONCILE, Chores, Role
-from hsx.life import RunKeys, RunVanished
+from hsx.life import RunVanished
 from hsx.monitor import fmt_bytes
 from hsx.runspec import RunLimits, UploadConfig, open_run_store
 from hsx.store import PermanentStoreError, StoreError, layout
@@ -207,7 +207,7 @@ class UploaderRuntime(Role):
         job = self.in_progress
         if job:
             run, bid = job
-            life.refresh_leases(self.r, RunKeys(run).upload_leases, [bid], self.run_context(run).limits.lease_seconds)
+            life.refresh_upload_leases(self.r, run, [bid], self.run_context(run).limits.lease_seconds)
 
     def kept_runs(self) -> Iterator[Chores]:
         """Every run in Redis with a manifest, each read just before its housekeeping; rq's registry is cleaned

@@ -3,7 +3,8 @@
 The run's keys (``RunKeys``), its ledger (plan, manifest, done, failures, the done sequence), a batch's
 transitions (``batchlife``: one function per change of state), leases, rq queues and jobs, heartbeats, the
 reconciler, the ledger rebuilt from the store, a batch object checked against the plan, a batch file's
-provenance, reset, and sealing a run (its index and error records). ``records`` is a namespace: the shapes of
+provenance, reset, sealing a run (its index and error records), the run as a whole (here? planned only? still
+planning? what is left?) and the producer's window records. ``records`` is a namespace: the shapes of
 hsx's Redis records, read without trusting them. Everything not named in ``__all__`` is private to the wing.
 """
 
@@ -48,13 +49,15 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "read_hosts": None,
         "read_workers": None,
         "ttl_seconds": None,
+        "worker_alive": None,
         "sweep": "sweep_heartbeats",
     },
     "idle": ["run_complete"],
     "index": ["write_index_if_complete"],
     "integrity": ["check_batch", "repair_batches", "requeue_orphans", "unmark_missing_done"],
     "keys": ["RunKeys"],
-    "leases": {"redis_now": None, "refresh": "refresh_leases"},
+    "leases": {"redis_now": None, "refresh_extract": "refresh_extract_leases",
+               "refresh_upload": "refresh_upload_leases"},
     "ledger": [
         "WRITTEN_BYTES",
         "BatchSpec",
@@ -62,18 +65,22 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "SequenceWindow",
         "all_specs",
         "dead_letters",
+        "done_among",
         "done_ids",
         "done_info",
+        "done_record",
         "drop_failures_of_done",
         "failures",
         "get_manifest",
         "get_spec",
+        "get_specs",
         "is_done",
         "list_runs",
         "require_manifest",
         "save_plan",
         "sequence_done",
         "sequence_generation",
+        "sequence_length",
         "sequence_window",
     ],
     "provenance": ["INCARNATION", "file_mismatch"],
@@ -94,5 +101,8 @@ __getattr__, __dir__, __all__ = face(__name__, {
     "rebuild": ["Rebuild", "rebuild_done"],
     "reconcile": ["maybe_reconcile", "orphans"],
     "reset": ["apply_reset", "plan_reset"],
+    "runstate": ["Outstanding", "mark_planned_only", "outstanding", "planning_in_progress", "run_exists",
+                 "unmark_planned_only"],
     "uploadpolicy": ["UPLOAD_FAILURES", "UploadFailure"],
+    "windowrecords": ["forget_windows_from", "save_window", "window_records"],
 })

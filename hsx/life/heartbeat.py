@@ -37,6 +37,11 @@ def publish_heartbeat(r: redis.Redis, run: str, worker_name: str, stats: dict, t
         pipe.execute()
 
 
+def worker_alive(r: redis.Redis, run: str, worker_name: str) -> bool:
+    """The worker's heartbeat has not expired (EXISTS of its heartbeat key)."""
+    return bool(r.exists(RunKeys(run).heartbeat(worker_name)))
+
+
 FORGET_AFTER_SECONDS = 86400  # s after its last beat a worker is no longer listed, and is swept
 
 

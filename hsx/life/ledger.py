@@ -143,6 +143,11 @@ def get_spec(r: redis.Redis, run: str, bid: str) -> BatchSpec | None:
     return BatchSpec.from_json(raw) if raw else None
 
 
+def get_specs(r: redis.Redis, run: str, bids: list[str]) -> list[BatchSpec]:
+    """The specs of ``bids`` in their order (one HMGET); a batch not in the plan is left out."""
+    return [BatchSpec.from_json(raw) for raw in r.hmget(RunKeys(run).plan, bids) if raw]
+
+
 def all_specs(r: redis.Redis, run: str) -> dict[str, BatchSpec]:
     return {text(k): BatchSpec.from_json(v) for k, v in r.hscan_iter(RunKeys(run).plan, count=1000)}
 
@@ -153,6 +158,13 @@ def done_ids(r: redis.Redis, run: str) -> set[str]:
 
 def is_done(r: redis.Redis, run: str, bid: str) -> bool:
     return bool(r.sismember(RunKeys(run).done, bid))
+
+
+def done_among(r: redis.Redis, run: str, bids: list[str]) -> set[str]:
+    """Those of ``bids`` the ledger holds done (one SMISMEMBER; none for no ``bids``)."""
+    if not bids:
+        return set()
+    return {b for b, is_done in zip(bids, r.smismember(RunKeys(run).done, bids), strict=True) if is_done}
 
 
 def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sha256: str, by: str) -> bool:
@@ -270,6 +282,13 @@ def done_info(r: redis.Redis, run: str) -> dict[str, dict]:
     return json_hash(r, RunKeys(run).done_info)
 
 
+def done_record(r: redis.Redis, run: str, bid: str) -> dict | None:
+    """The ledger's record of ``bid`` ({key, size, sha256, by, ts}, as ``mark_done`` wrote it); None while it is
+    not done (never was, or a repair took it out)."""
+    raw = r.hget(RunKeys(run).done_info, bid)
+    return json.loads(raw) if raw else None
+
+
 # KEYS: done, done_seq, done_seq_pos ; ARGV: the batch ids of done, sorted
 # Appends, in the given order, the done batches done_seq lacks (recorded by an hsx older than done_seq, or
 # by a rebuilt ledger). Idempotent; returns how many were appended.
@@ -329,3 +348,8 @@ def sequence_window(r: redis.Redis, run: str, position: int) -> SequenceWindow:
 def done_sequence(r: redis.Redis, run: str, start: int, count: int = 1000) -> list[str]:
     """Batch ids at positions ``start .. start + count - 1`` of ``done_seq`` (fewer at its end)."""
     return [text(x) for x in r.lrange(RunKeys(run).done_seq, start, start + count - 1)]
+
+
+def sequence_length(r: redis.Redis, run: str) -> int:
+    """Entries in ``done_seq`` now (one LLEN)."""
+    return r.llen(RunKeys(run).done_seq)

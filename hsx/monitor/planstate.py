@@ -1,4 +1,5 @@
-"""Whether a run's plan is whole, and if not, who is planning it or how to resume it (issue 31 item 1).
+"""Whether a run's plan is whole, and if not, who is planning it or how to resume it (issue 31 item 1); the plan
+and its planned total, read warily, for the dashboard's plan summary (cached once the plan is whole).
 
 `hsx produce` plans a run window by window and keeps ``planning: 1`` in the run's totals until the last
 window is enqueued. A producer killed halfway leaves it so: the totals then count only the windows planned
@@ -14,7 +15,7 @@ import shlex
 import redis
 
 from hsx import defaults as D
-from hsx.life import RunKeys
+from hsx.life import RunKeys, records
 from hsx.runspec import Manifest
 
 
@@ -72,6 +73,18 @@ def plan_state(r: redis.Redis, run: str, totals: dict, manifest: Manifest | None
     holder = lock_holder(r, run)
     return {"windows": r.hlen(RunKeys(run).windows), "batches": totals.get("batches", 0), "rows": totals.get("rows"),
             "producer": holder, "resume": resume_command(manifest, run)}
+
+
+def plan_entries(r: redis.Redis, run: str, malformed: list[str]) -> dict[str, dict]:
+    """The plan, batch id -> its spec as a record ({samples, tokens, shard, ...}, hsx.life.records.SPEC); an
+    entry that is not one is skipped and named in ``malformed``."""
+    return records.json_hash(r, RunKeys(run).plan, malformed, records.SPEC, records.SPEC_REQUIRED)
+
+
+def planned_batches(r: redis.Redis, run: str) -> int | None:
+    """The batches the run's totals say are planned (None: not recorded yet, or not an integer, which
+    run_progress names as a malformed record)."""
+    return records.int_hash(r, RunKeys(run).totals, []).get("batches")
 
 
 def plan_line(state: dict) -> str:

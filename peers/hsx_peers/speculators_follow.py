@@ -58,7 +58,6 @@ from speculators.train.distributed import get_dp_size
 from torch.utils.data import DataLoader
 
 from hsx import life
-from hsx.life import RunKeys
 from hsx.store import StoreSettings, layout
 from hsx_reader import Cursor, ReaderError, RunFollower
 from hsx_reader.objects import fetch_header, fetch_rows
@@ -144,10 +143,10 @@ class FollowSampler:
     def __len__(self) -> int:
         """Steps of the whole run, from the plan (waits while the producer is still planning)."""
         if self._length is None:
-            r, keys = self.follower.r, RunKeys(self.follower.run)
-            while int(r.hget(keys.totals, "planning") or 0):
+            r, run = self.follower.r, self.follower.run
+            while life.planning_in_progress(r, run):
                 time.sleep(PLAN_POLL_SECONDS)
-            specs = life.all_specs(r, self.follower.run).values()
+            specs = life.all_specs(r, run).values()
             self._length = sum(max(1, math.ceil(s.tokens / self.total_seq_len)) for s in specs)
         return self._length
 

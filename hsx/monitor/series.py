@@ -1,4 +1,6 @@
-"""The throughput chart's data: tokens/s extracted and uploaded, in fixed time buckets.
+"""When a run's batches were extracted and uploaded: the dashboard's throughput chart and the run it shows first.
+
+The chart's data: tokens/s extracted and uploaded, in fixed time buckets.
 
 Read from the run's ``spooled_log`` (a batch reached a spool = extracted) and
 ``done_log`` (verified in the store = uploaded) ZSETs, batch id scored by unix
@@ -27,6 +29,13 @@ def _last_score(r: redis.Redis, key: str) -> float | None:
 def _first_score(r: redis.Redis, key: str) -> float | None:
     first = r.zrange(key, 0, 0, withscores=True)
     return first[0][1] if first else None
+
+
+def last_activity(r: redis.Redis, run: str) -> float:
+    """Unix time the run's latest batch was uploaded or reached a spool (0.0: none yet)."""
+    keys = RunKeys(run)
+    scores = [s for key in (keys.done_log, keys.spooled_log) for _, s in r.zrange(key, -1, -1, withscores=True)]
+    return max(scores, default=0.0)
 
 
 def throughput_series(r: redis.Redis, run: str, tokens_of: dict[str, int], now: float, complete: bool,
