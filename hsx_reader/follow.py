@@ -20,7 +20,7 @@ One reader per rank: use ``num_workers`` 0 or 1 in a DataLoader.
 A position means something only in the sequence it was counted in. A ledger
 rebuilt from the store after a Redis loss (or a run reset and produced again)
 records its batches again in another order, under a new ``done_seq_generation``
-(``hsx.ledger.sequence_generation``); a Redis rolled back a few seconds (an AOF
+(``hsx.life.sequence_generation``); a Redis rolled back a few seconds (an AOF
 ``everysec`` power loss, an async replica promoted, a restore) keeps the
 generation but loses the tail of the sequence, which is then recorded again in
 another order. So a cursor names the generation it was counted in and the batch

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hsx.life import ledger
+from hsx.life import donesequence, ledger
 from hsx.life.keys import RunKeys
 from hsx.redisconn import text
 from hsx_reader import Cursor, ReaderError, RunDataset, RunFollower, collate_packed
@@ -132,7 +132,7 @@ def test_a_cursor_counted_in_a_ledger_lost_with_redis_is_refused(r, redis_server
     run_pipeline(redis_server.url, tiny_model, store, tmp_path / "spool", run="fgen")
     stream = iter(RunFollower(redis_server.url, "fgen", timeout_seconds=5))
     saved = [next(stream) for _ in range(20)][-1]["cursor"]
-    generation = ledger.sequence_generation(r, "fgen")
+    generation = donesequence.sequence_generation(r, "fgen")
     assert f"@{generation}/" in saved and Cursor.parse(saved).generation == generation
     assert [s["sample_id"] for s in RunFollower(redis_server.url, "fgen", cursor=saved)][:1]   # same ledger: goes on
 
@@ -143,11 +143,11 @@ def test_a_cursor_counted_in_a_ledger_lost_with_redis_is_refused(r, redis_server
         RunFollower(redis_server.url, "fgen", cursor=saved)
     message = str(refused.value)
     assert "\n" not in message and saved in message and "start again from 0:0" in message, message
-    assert ledger.sequence_generation(r, "fgen") != generation
+    assert donesequence.sequence_generation(r, "fgen") != generation
     # from the start of the new sequence: every sample once, cursors of the new generation
     samples = list(RunFollower(redis_server.url, "fgen", timeout_seconds=5))
     assert len({s["sample_id"] for s in samples}) == len(samples) == 160
-    assert Cursor.parse(samples[-1]["cursor"]).generation == ledger.sequence_generation(r, "fgen")
+    assert Cursor.parse(samples[-1]["cursor"]).generation == donesequence.sequence_generation(r, "fgen")
     # a cursor written before generations (POSITION:ROW) is taken as it is
     assert len(list(RunFollower(redis_server.url, "fgen", cursor="1:0", timeout_seconds=5))) < 160
 

@@ -40,6 +40,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "record": "record_compute_error",
         "recorded": "compute_error_recorded",
     },
+    "donesequence": ["SequenceWindow", "sequence_done", "sequence_generation", "sequence_length", "sequence_window"],
     "errorlog": {"read": "recent_failures"},
     "fp8error": {"ERROR_SAMPLE_EVERY": None, "record_store_error": None, "summary": "store_error_summary"},
     "heartbeat": {
@@ -62,7 +63,6 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "WRITTEN_BYTES",
         "BatchSpec",
         "RunVanished",
-        "SequenceWindow",
         "all_specs",
         "dead_letters",
         "done_among",
@@ -78,10 +78,6 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "list_runs",
         "require_manifest",
         "save_plan",
-        "sequence_done",
-        "sequence_generation",
-        "sequence_length",
-        "sequence_window",
     ],
     "provenance": ["INCARNATION", "file_mismatch"],
     "queues": [

@@ -7,14 +7,14 @@ change a batch's state (``mark_done``, ``unmark_done``, ``record_failure``,
 ``mark_spooled``, ``clear_failure``, ``take_dead_letters``) are primitives of
 ``hsx.life.batchlife``, the one caller of them in hsx. Every function
 takes the Redis client explicitly; multi-key updates are one script or one
-pipeline.
+pipeline. The order batches were recorded done in (``done_seq``, what followers read) is
+``hsx.life.donesequence``'s.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import asdict, dataclass
 
 import redis
@@ -287,69 +287,3 @@ def done_record(r: redis.Redis, run: str, bid: str) -> dict | None:
     not done (never was, or a repair took it out)."""
     raw = r.hget(RunKeys(run).done_info, bid)
     return json.loads(raw) if raw else None
-
-
-# KEYS: done, done_seq, done_seq_pos ; ARGV: the batch ids of done, sorted
-# Appends, in the given order, the done batches done_seq lacks (recorded by an hsx older than done_seq, or
-# by a rebuilt ledger). Idempotent; returns how many were appended.
-_SEQUENCE_DONE = """
-local added = 0
-for _, bid in ipairs(ARGV) do
-  if redis.call('SISMEMBER', KEYS[1], bid) == 1 and redis.call('HSETNX', KEYS[3], bid, redis.call('LLEN', KEYS[2])) == 1 then
-    redis.call('RPUSH', KEYS[2], bid)
-    added = added + 1
-  end
-end
-return added
-"""
-
-
-def sequence_done(r: redis.Redis, run: str) -> int:
-    """Give every done batch a place in ``done_seq`` (the ones without one, in batch-id order)."""
-    keys = RunKeys(run)
-    missing = sorted(done_ids(r, run) - {text(x) for x in r.hkeys(keys.done_seq_pos)})
-    return int(r.eval(_SEQUENCE_DONE, 3, keys.done, keys.done_seq, keys.done_seq_pos, *missing)) if missing else 0
-
-
-def sequence_generation(r: redis.Redis, run: str) -> str:
-    """The id of this ``done_seq``: made once (the first caller sets it), lost with the list in a Redis loss, so
-    a ledger rebuilt from the store (whose sequence is in another order) has another. A follower's cursor
-    carries it: a position is only meaningful in the sequence it was counted in."""
-    key = RunKeys(run).done_seq_generation
-    r.set(key, uuid.uuid4().hex[:12], nx=True)
-    return text(r.get(key))
-
-
-@dataclass(frozen=True)
-class SequenceWindow:
-    """What a follower at ``position`` of ``done_seq`` checks, read in one round trip."""
-
-    generation: str          # the sequence's generation now (made here if the key was lost)
-    before: str | None       # batch id at position - 1 (None: position 0, or the list is shorter than that)
-    at: str | None           # batch id at position (None: not recorded yet)
-    length: int              # entries in done_seq now
-
-
-def sequence_window(r: redis.Redis, run: str, position: int) -> SequenceWindow:
-    """The generation, the batches at ``position - 1`` and ``position``, and the length of ``done_seq``, read
-    atomically (MULTI), so a follower sees a rebuilt, reset or rolled-back sequence whenever it looks."""
-    keys = RunKeys(run)
-    pipe = r.pipeline(transaction=True)
-    pipe.set(keys.done_seq_generation, uuid.uuid4().hex[:12], nx=True)
-    pipe.get(keys.done_seq_generation)
-    pipe.lindex(keys.done_seq, max(position - 1, 0))
-    pipe.lindex(keys.done_seq, position)
-    pipe.llen(keys.done_seq)
-    _, generation, before, at, length = pipe.execute()
-    return SequenceWindow(text(generation), text(before) if before is not None and position > 0 else None,
-                          text(at) if at is not None else None, int(length))
-
-
-def done_sequence(r: redis.Redis, run: str, start: int, count: int = 1000) -> list[str]:
-    """Batch ids at positions ``start .. start + count - 1`` of ``done_seq`` (fewer at its end)."""
-    return [text(x) for x in r.lrange(RunKeys(run).done_seq, start, start + count - 1)]
-
-
-def sequence_length(r: redis.Redis, run: str) -> int:
-    """Entries in ``done_seq`` now (one LLEN)."""
-    return r.llen(RunKeys(run).done_seq)
