@@ -19,11 +19,9 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "ManifestError",
         "RunLimits",
         "check_same_run",
-        "config_hash",
-        "load_model_config",
         "new_manifest",
-        "text_config",
     ],
+    "targetmodel": ["ModelNotFound", "config_hash", "load_model_config", "text_config"],
     "spool": {
         "DISK": "DISK_TIER",
         "LEGACY_MEMORY_DIR": None,

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hsx.errors import HsxError
-from hsx.runspec.manifest import Manifest, config_hash
+from hsx.runspec.manifest import Manifest
+from hsx.runspec.targetmodel import config_hash
 from hsx.runspec.visibility import check_model_visible, open_run_store
 from hsx.store import check_store
 

@@ -14,6 +14,7 @@ from hsx import __version__
 from hsx import defaults as D
 from hsx.errors import HsxError
 from hsx.runspec.config import ConfigError, StoreSettings
+from hsx.runspec.targetmodel import looks_like_path
 
 # The manifest's version, kept in its "format" field. Bump it when a field changes meaning or a new field
 # changes what a role must do: an hsx that reads an older version refuses a newer one (ManifestError), while
@@ -76,7 +77,7 @@ class Manifest:
 
     run: str
     model: str                  # absolute local folder or hub id
-    model_config_hash: str      # config_hash() of the model
+    model_config_hash: str      # config_hash() of the model (hsx/runspec/targetmodel.py)
     model_type: str             # the text config's model_type
     num_layers: int             # decoder layers of the target
     hidden_size: int            # H
@@ -357,7 +358,7 @@ def _absolute(run: str, name: str, path: str) -> str:
     if "://" in path and not path.startswith("file://"):
         return path
     local = Path(path.removeprefix("file://")).expanduser()
-    if local.is_absolute() or (name == "model" and not _looks_like_path(path)):  # a hub id stays as written
+    if local.is_absolute() or (name == "model" and not looks_like_path(path)):  # a hub id stays as written
         return path
     resolved = str(local.resolve())
     if (run, name) not in _warned:
@@ -381,47 +382,3 @@ def check_same_run(existing: Manifest, wanted: Manifest) -> None:
         raise ManifestMismatch(f"run {run!r} already exists with a different manifest; refusing to mix outputs. "
                                "Use a new --run name, the original settings, or start it over with `hsx reset --run "
                                f"{run} --store STORE`. Differences:\n  " + "\n  ".join(diffs))
-
-
-class ModelNotFound(HsxError):
-    """The model is neither a local folder with a config.json nor a hub id this machine can fetch."""
-
-
-def _looks_like_path(model: str) -> bool:
-    return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or "\\" in model
-
-
-def load_model_config(model: str):
-    """The model's transformers config, from a local folder or the hub; ModelNotFound says which and why."""
-    from transformers import AutoConfig
-
-    path = Path(model).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelNotFound(f"model {model}: the folder has no config.json (is it a Hugging Face model folder?)")
-        return AutoConfig.from_pretrained(str(path))
-    if _looks_like_path(model):
-        raise ModelNotFound(f"model path {model} does not exist: give a local model folder (with config.json) "
-                            "or a hub id such as Qwen/Qwen3-8B")
-    try:
-        return AutoConfig.from_pretrained(model)
-    except (OSError, ValueError) as exc:  # transformers reports a missing repo / no network as OSError
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise ModelNotFound(f"model {model!r} is not a local folder and the hub did not give it ({reason}); check "
-                            "the id, HF_TOKEN for a gated model, the network or HF_HUB_OFFLINE") from None
-
-
-def text_config(config):
-    """The decoder's part of a model config: a multimodal model's ``text_config``, else the config itself."""
-    return getattr(config, "text_config", None) or config
-
-
-def config_hash(model) -> str:
-    """SHA-256 of the model's config (canonical JSON, volatile fields dropped); a path/id or a loaded config."""
-    import hashlib
-    import json
-
-    cfg = (load_model_config(model) if isinstance(model, str) else model).to_dict()
-    for volatile in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
-        cfg.pop(volatile, None)
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
