@@ -28,13 +28,13 @@ from hsx.batch import (  # noqa: F401 (re-exported)
     BatchMeta,
     Header,
     TensorSpec,
+    columns_digest,
     decode_batch,
     dtype_name,
     read_header,
     sample_rows_crc32,
     sample_token_digest,
     stored_values,
-    token_digest,
 )
 from hsx.batch import parse_header as parse_batch_header
 from hsx.runspec import Manifest
@@ -203,9 +203,7 @@ def fetch_token_columns(store: Store, header: Header) -> dict[str, torch.Tensor]
     cu = fetch_rows(store, header, ["cu_seqlens"], 0, n)["cu_seqlens"]
     tokens = int(cu[-1]) if n else 0
     columns = {"cu_seqlens": cu, **fetch_rows(store, header, ["input_ids", "loss_mask"], 0, tokens)}
-    got = token_digest([memoryview(columns[name].reshape(-1).view(torch.uint8).numpy())
-                                  for name in TOKEN_COLUMNS])
-    if got != header.meta.token_sha256:
+    if columns_digest(columns) != header.meta.token_sha256:
         raise CorruptBatch(f"{store.url(header.key)}: token columns' SHA-256 differs from the one its header "
                            f"recorded (changed at rest; `hsx verify --run {header.meta.run or 'R'} --repair` "
                            "re-extracts it)")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hsx.batch import BatchFileError, BatchMeta, InputsMeta, batchfile, read_meta, sample_rows_crc32
+from hsx.batch.dtypes import tensor_bytes
 from hsx.life.ledger import BatchSpec
 from tests.manifests import example_manifest
 
@@ -160,6 +161,6 @@ def test_a_malformed_field_is_a_corrupt_file_naming_it(field):
     raw["__metadata__"][field] = MALFORMED[field]          # the encoder would have replaced a digest field
     text = json.dumps(raw, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    data = len(text).to_bytes(8, "little") + text + b"".join(bytes(batchfile._tensor_bytes(t)) for t in ordered)
+    data = len(text).to_bytes(8, "little") + text + b"".join(bytes(tensor_bytes(t)) for t in ordered)
     with pytest.raises(BatchFileError, match=rf"^obj: corrupt.*{field}"):
         batchfile.parse_header(data, "obj", outputs=not inputs)

@@ -16,6 +16,7 @@ import torch
 
 from hsx.batch import batchfile
 from hsx.batch.batchfile import BatchFileError
+from hsx.batch.dtypes import tensor_bytes
 from hsx.life import ledger
 from hsx.life.keys import RunKeys
 from hsx.runspec.manifest import ManifestMismatch
@@ -48,7 +49,7 @@ def _object(tensors=None, edit=None, tail: bytes = b"") -> bytes:
         edit(header)
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + b"".join(bytes(batchfile._tensor_bytes(t)) for t in ordered) + tail
+    return struct.pack("<Q", len(raw)) + raw + b"".join(bytes(tensor_bytes(t)) for t in ordered) + tail
 
 
 def _compressed(shape, planes, frame: bytes) -> bytes:

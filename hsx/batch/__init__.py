@@ -34,7 +34,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     },
     "meta": ["FORMAT", "INCARNATION", "INPUT_FORMAT", "SAMPLE_HIDDEN_DIGESTS", "SAMPLE_TOKEN_DIGESTS", "TOKEN_DIGEST",
              "BatchMeta", "InputsMeta", "read_meta"],
-    "tokens": ["TOKEN_COLUMNS", "sample_token_digest", "token_digest"],
+    "tokens": ["TOKEN_COLUMNS", "columns_digest", "sample_token_digest", "token_digest"],
     "hidden": ["HIDDEN_ROWS", "sample_rows_crc32"],
     "codec": ["check_codec"],
     "dtypes": ["FP8", "VALUE_DTYPES", "check_store_dtype", "dtype_name", "fp8_error", "quantise_fp8"],

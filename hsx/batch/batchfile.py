@@ -61,7 +61,7 @@ import torch
 
 from hsx.batch import codec as codecs
 from hsx.batch.check import check_header, check_offsets, check_planes, check_shape
-from hsx.batch.dtypes import FP8, FP8_TORCH, ST_CODES, ST_TORCH, VALUE_DTYPES, dequantise_fp8, store_itemsize
+from hsx.batch.dtypes import FP8, FP8_TORCH, ST_CODES, ST_TORCH, VALUE_DTYPES, dequantise_fp8, store_itemsize, tensor_bytes
 from hsx.batch.hidden import sample_hidden_crcs
 from hsx.batch.meta import (
     FORMAT,
@@ -75,7 +75,7 @@ from hsx.batch.meta import (
     digests_json,
     read_meta,
 )
-from hsx.batch.tokens import TOKEN_COLUMNS, sample_token_digests, token_digest
+from hsx.batch.tokens import TOKEN_COLUMNS, columns_digest, sample_token_digests
 
 MAX_HEADER = 64 * 2**20  # bytes; a larger header length means a corrupt length field
 _TENSOR_ORDER = ("hidden_states", "hidden_scales", "final_hidden_states", "final_scales",
@@ -156,7 +156,7 @@ def encode_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str],
     metadata = dict(metadata)
     tensors = {name: t.contiguous() for name, t in tensors.items()}  # no copy of a contiguous one
     if all(name in tensors for name in TOKEN_COLUMNS):
-        metadata[TOKEN_DIGEST] = token_digest([_tensor_bytes(tensors[name].contiguous()) for name in TOKEN_COLUMNS])
+        metadata[TOKEN_DIGEST] = columns_digest(tensors)
         if metadata.get("format") == FORMAT:
             digests = sample_token_digests(*(tensors[name] for name in TOKEN_COLUMNS))
             if digests is not None:
@@ -223,10 +223,6 @@ def _write_hashed(fh, digest, views: list[memoryview]) -> None:
             fut.result()
 
 
-def _tensor_bytes(t: torch.Tensor) -> memoryview:
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
-
-
 def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str], fsync: bool = True,
                  tmp_tag: str | None = None, codec: str = "none") -> tuple[int, str]:
     """Write a batch file at ``path`` via ``<name>.tmp-<tmp_tag or pid>`` and rename.
@@ -241,7 +237,7 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
     try:
         with open(tmp, "wb") as fh:
             fh.write(head)
-            _write_hashed(fh, digest, [_tensor_bytes(t) for t in ordered])
+            _write_hashed(fh, digest, [tensor_bytes(t) for t in ordered])
             fh.flush()
             if fsync:
                 os.fsync(fh.fileno())
@@ -255,7 +251,7 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
 
 def to_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str], codec: str = "none") -> bytes:
     head, ordered = encode_header(tensors, metadata, codec)
-    return head + b"".join(bytes(_tensor_bytes(t)) for t in ordered)
+    return head + b"".join(bytes(tensor_bytes(t)) for t in ordered)
 
 
 # ---- the decoder ---------------------------------------------------------------

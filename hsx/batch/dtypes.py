@@ -88,3 +88,8 @@ def fp8_error(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.T
         out[0, layer] = (deq - ref).norm() / ref.norm().clamp(min=1e-30)
         out[1, layer] = torch.nn.functional.cosine_similarity(deq, ref, dim=1, eps=1e-30).mean()
     return out
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """A CPU tensor's bytes as a file stores them (a view: no copy of a contiguous tensor)."""
+    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())

@@ -23,6 +23,9 @@ import zlib
 
 import torch
 
+from hsx.batch.dtypes import tensor_bytes
+from hsx.batch.tokens import sample_bounds
+
 HIDDEN_ROWS = ("hidden_states", "hidden_scales", "final_hidden_states", "final_scales")
 
 
@@ -34,15 +37,10 @@ def rows_crc32(parts: list[bytes | memoryview]) -> int:
     return crc
 
 
-def _bytes(t: torch.Tensor) -> memoryview:
-    """A contiguous CPU tensor's bytes, as stored (a view: no copy)."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
-
-
 def sample_rows_crc32(rows: dict[str, torch.Tensor]) -> int:
     """One sample's CRC-32 from what a range read gives: its rows (as stored: FP8 not dequantised) of each of
     HIDDEN_ROWS the file holds."""
-    return rows_crc32([_bytes(rows[name].contiguous()) for name in HIDDEN_ROWS if name in rows])
+    return rows_crc32([tensor_bytes(rows[name]) for name in HIDDEN_ROWS if name in rows])
 
 
 def sample_hidden_crcs(tensors: dict[str, torch.Tensor]) -> bytes | None:
@@ -50,15 +48,14 @@ def sample_hidden_crcs(tensors: dict[str, torch.Tensor]) -> bytes | None:
     None when the tensors do not form a batch of hidden states (no hidden_states, bad cu_seqlens, or a row
     tensor of another row count: such a file is refused by its decoder whatever its header says)."""
     cu_seqlens = tensors.get("cu_seqlens")
-    if "hidden_states" not in tensors or cu_seqlens is None or cu_seqlens.dtype != torch.int64 or cu_seqlens.ndim != 1:
+    if "hidden_states" not in tensors or cu_seqlens is None:
         return None
     present = [tensors[name] for name in HIDDEN_ROWS if name in tensors]
-    bounds = cu_seqlens.tolist()
     n = present[0].shape[0] if present[0].ndim else -1
-    if (not bounds or bounds[0] != 0 or bounds[-1] != n or any(b < a for a, b in zip(bounds, bounds[1:], strict=False))
-            or any(t.ndim < 1 or t.shape[0] != n or not t.is_contiguous() or t.device.type != "cpu" for t in present)):
+    bounds = sample_bounds(cu_seqlens, n)
+    if bounds is None or any(t.ndim < 1 or t.shape[0] != n or t.device.type != "cpu" for t in present):
         return None
-    views = [(_bytes(t), t[0].numel() * t.element_size() if n else 0) for t in present]
+    views = [(tensor_bytes(t), t[0].numel() * t.element_size() if n else 0) for t in present]
     out = bytearray()
     for lo, hi in zip(bounds, bounds[1:], strict=False):
         out += rows_crc32([view[lo * row:hi * row] for view, row in views]).to_bytes(4, "big")

@@ -172,10 +172,8 @@ def _per_sample_json(values: bytes | None, width: int) -> str | None:
                                                   separators=(",", ":"))
 
 
-def digests_json(digests: bytes | list[str] | None) -> str | None:
+def digests_json(digests: bytes | None) -> str | None:
     """The value of ``sample_token_sha256``: a compact JSON list of hex digests (None stays None)."""
-    if isinstance(digests, list):
-        digests = bytes.fromhex("".join(digests))
     return _per_sample_json(digests, 32)
 
 
