@@ -233,6 +233,9 @@ def test_several_runs_and_default_choice(client, r):
     ledger.mark_spooled(r, "other", "b0000")  # the most recent activity: shown by default
     res = client.get("/api/status")
     assert res.json["runs"] == [RUN, "other"] and res.json["overview"]["run"] == "other"
+    time.sleep(0.01)
+    upload(r, "b0000")  # now the first run's is (its name sorts first: the choice is by activity, not by name)
+    assert client.get("/api/status").json["overview"]["run"] == RUN
     assert status(client, RUN)["progress"]["batches_uploaded"]["total"] == 6
     assert {s.labels["run"] for f in text_string_to_metric_families(client.get("/metrics").data.decode())
             if f.name == "hsx_planned_batches" for s in f.samples} == {RUN, "other"}

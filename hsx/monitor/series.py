@@ -34,8 +34,7 @@ def _first_score(r: redis.Redis, key: str) -> float | None:
 def last_activity(r: redis.Redis, run: str) -> float:
     """Unix time the run's latest batch was uploaded or reached a spool (0.0: none yet)."""
     keys = RunKeys(run)
-    scores = [s for key in (keys.done_log, keys.spooled_log) for _, s in r.zrange(key, -1, -1, withscores=True)]
-    return max(scores, default=0.0)
+    return max(filter(None, (_last_score(r, keys.done_log), _last_score(r, keys.spooled_log))), default=0.0)
 
 
 def throughput_series(r: redis.Redis, run: str, tokens_of: dict[str, int], now: float, complete: bool,
