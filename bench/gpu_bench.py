@@ -116,7 +116,9 @@ def run_shape(args) -> dict:
 
         decoder = _decoder(model)
         full_layers = decoder.layers
-        extractor = harness.timed_extractor(model, layer_ids, store_final, out_dtype, svc.clock)
+        extractor = harness.timed_extractor(model, layer_ids, store_final, out_dtype, svc.clock, args.kernels)
+        result["kernels"], result["forward"] = args.kernels, extractor.kernels_line
+        print(f"[bench] forward: {extractor.kernels_line}", flush=True)
         kept_layers = decoder.layers
         bare_cache: dict = {}
         for name in args.sections.split(","):
@@ -277,6 +279,8 @@ def main(argv=None) -> int:
     ap.add_argument("--token-budget", type=int, default=None, help="override the sections' token budget")
     ap.add_argument("--layers", default=None, help="layer spec (default dflash; dflash:3 on tiny shapes)")
     ap.add_argument("--no-full", action="store_true", help="skip the bare forward through the full body")
+    ap.add_argument("--kernels", default="auto", choices=("auto", "eager"),
+                    help="the forward's kernels, as `hsx worker --kernels` (gpu_worker/kernels.py)")
     ap.add_argument("--compute-dtype", default="bfloat16", choices=("bfloat16", "float8"),
                     help="the linear layers as rowwise e4m3 GEMMs (float8), as `hsx produce --compute-dtype`")
     ap.add_argument("--fp8-accumulation", default=DEFAULT_FP8_ACCUMULATION, choices=FP8_ACCUMULATIONS,

@@ -107,8 +107,8 @@ class TimedExtractor(Extractor):
         return result
 
 
-def timed_extractor(model, layer_ids, store_final, out_dtype, clock) -> TimedExtractor:
-    ex = TimedExtractor(model, layer_ids, store_final, out_dtype)
+def timed_extractor(model, layer_ids, store_final, out_dtype, clock, kernels: str = "auto") -> TimedExtractor:
+    ex = TimedExtractor(model, layer_ids, store_final, out_dtype, kernels=kernels)
     ex.clock, ex.marks, ex.measured_extra = clock, [], []
     return ex
 

@@ -19,7 +19,7 @@ import torch
 
 from hsx.batch import FP8, fp8_error, quantise_fp8
 from hsx.batch import VALUE_DTYPES as DTYPES
-from hsx.defaults import DEFAULT_FP8_ACCUMULATION
+from hsx.defaults import DEFAULT_FP8_ACCUMULATION, DEFAULT_KERNELS
 from hsx.runspec import text_config
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,11 @@ class Extractor:
     """Holds the model; ``run`` maps a PaddedBatch to packed hidden states on the device."""
 
     def __init__(self, model, layer_ids: list[int], store_final: bool, out_dtype: str = "bfloat16",
-                 store_dtype: str | None = None, fp8_fast_accum: bool = False):
+                 store_dtype: str | None = None, fp8_fast_accum: bool = False, kernels: str = DEFAULT_KERNELS):
         """Wrap a built model (``load`` reads one from disk; benchmarks build real shapes from a config).
 
         ``store_dtype``: what batch files hold (default ``out_dtype``); FP8 is quantised here, on the device.
+        ``kernels``: auto (fused kernels where available: gpu_worker/kernels.py) or eager (transformers' forward).
         """
         self.device = next(model.parameters()).device
         self.out_dtype = DTYPES[out_dtype]
@@ -73,13 +74,16 @@ class Extractor:
         self.layer_ids, self.store_final = sorted(layer_ids), store_final
         self.fp8_pending = False  # float8 run whose linears are kept until the compute error is measured
         self.fp8_fast_accum = fp8_fast_accum  # float8 GEMMs converted here accumulate fast (else promoted to fp32)
+        self.kernels = kernels
+        self.kernels_line = ""  # what the forward runs, in words (the worker's start line)
         self._setup(model)
 
     @classmethod
     def load(cls, model_path: str, layer_ids: list[int], store_final: bool, device: str, out_dtype: str = "bfloat16",
              model_dtype: str | None = None, attn_implementation: str = "sdpa",
              store_dtype: str | None = None, compute_dtype: str = "bfloat16",
-             fp8_accumulation: str = DEFAULT_FP8_ACCUMULATION, measure_compute: bool = False) -> Extractor:
+             fp8_accumulation: str = DEFAULT_FP8_ACCUMULATION, measure_compute: bool = False,
+             kernels: str = DEFAULT_KERNELS) -> Extractor:
         """Load the model body (no lm_head) once; compute in fp32 on the CPU, bf16 on a GPU unless told.
 
         ``compute_dtype`` float8: the decoder layers' linears as rowwise e4m3 GEMMs (gpu_worker/fp8compute.py); refused
@@ -97,12 +101,12 @@ class Extractor:
             fp8compute.require_fp8_device(device)
             if fp8compute.fp8_block_config(AutoConfig.from_pretrained(model_path)) is not None:
                 model = fp8compute.load_fp8_checkpoint(model_path, device, attn_implementation, fast_accum=fast)
-                return cls(model, layer_ids, store_final, out_dtype, store_dtype, fast)
+                return cls(model, layer_ids, store_final, out_dtype, store_dtype, fast, kernels)
         cpu = torch.device(device).type == "cpu"
         compute = DTYPES[model_dtype] if model_dtype else (torch.float32 if cpu else torch.bfloat16)
         model = AutoModel.from_pretrained(model_path, dtype=compute, attn_implementation=attn_implementation)
         model = model.to(device)
-        extractor = cls(model, layer_ids, store_final, out_dtype, store_dtype, fast)
+        extractor = cls(model, layer_ids, store_final, out_dtype, store_dtype, fast, kernels)
         if compute_dtype == "float8":
             extractor.fp8_pending = True
             if not measure_compute:
@@ -120,7 +124,10 @@ class Extractor:
                      "fast" if self.fp8_fast_accum else "fp32")
 
     def _setup(self, model) -> None:
+        from gpu_worker import kernels
+
         decoder = _decoder(model)
+        self.kernels_line = kernels.prepare(decoder, self.kernels, self.device)  # before the cut: a bench's full body too
         self.hidden_size = text_config(model.config).hidden_size
         last = self.layer_ids[-1]
         # The normed final output is needed when the last layer or the final hidden state is asked for.

@@ -73,6 +73,7 @@ class WorkerRuntime(Role):
     def say_ready(self) -> None:
         log.info("ready: model %s loaded on %s, taking jobs from extract:%s as %s", self.manifest.model,
                  self.extractor.device, self.run, self.worker_name)
+        log.info("forward: %s", self.extractor.kernels_line)
         why = self.cfg.memory_spool_why
         log.info("spool: %s%s", self.tiers.describe(), f" (memory tier: {why})" if why else "")
 

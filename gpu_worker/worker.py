@@ -142,7 +142,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, list(manifest.layer_ids))
     extractor = Extractor.load(model_path, list(manifest.layer_ids), manifest.store_final, cfg.device, manifest.dtype,
                                store_dtype=manifest.store_dtype, compute_dtype=manifest.compute_dtype,
-                               fp8_accumulation=manifest.fp8_accumulation,
+                               fp8_accumulation=manifest.fp8_accumulation, kernels=cfg.kernels,
                                measure_compute=manifest.compute_dtype == "float8" and not life.compute_error_recorded(r, cfg.run))
     return WorkerRuntime(cfg, r, store, manifest, extractor)
 

@@ -43,3 +43,9 @@ DEFAULT_REDIS_CONNECT_SECONDS = 10.0     # seconds a command waits for Redis to 
 DEFAULT_SPOOL_DIR = "/var/spool/hsx"     # local spool directory of a host
 DEFAULT_DASHBOARD_HOST = "127.0.0.1"
 DEFAULT_DASHBOARD_PORT = 8787
+
+# The worker's forward (gpu_worker/kernels.py): "auto" runs fused kernels (flash-linear-attention's norms, SwiGLU,
+# Gated DeltaNet conv and gating) where they are installed and the device is CUDA, else transformers' eager forward
+# exactly; "eager" always runs transformers' forward.
+KERNEL_MODES = ("auto", "eager")
+DEFAULT_KERNELS = "auto"

@@ -41,6 +41,9 @@ FLAGS = (
     Flag("--exit-when-complete", "exit 0 once every batch of the run is done (checked at start, before the model "
          "loads, and at every heartbeat) instead of waiting for more jobs: for batch schedulers (SLURM array tasks)",
          type=bool),
+    Flag("--kernels", "the forward's kernels: auto = fused (flash-linear-attention's RMSNorm, SwiGLU, Gated DeltaNet "
+         "conv and gating) where installed on a CUDA device, else transformers' forward; eager = transformers' "
+         "forward always", choices=D.KERNEL_MODES, default=D.DEFAULT_KERNELS, env="HSX_KERNELS"),
     Flag("--grace-seconds", "on SIGTERM, seconds to finish writing computed batches before handing the rest back",
          type=float, default=D.DEFAULT_GRACE_SECONDS, min=0),
     Flag("--test-min-batch-seconds", "fault-injection tests only: stretch each batch to this wall time",
@@ -69,7 +72,7 @@ def config(v) -> WorkerConfig:
         min_batch_seconds=v["test_min_batch_seconds"], wait_for_plan=v["wait_for_plan"],
         exit_when_complete=v["exit_when_complete"],
         log_every_seconds=v["log_every_seconds"], memory_spool_dir=memory_dir,
-        memory_spool_budget_bytes=memory_budget, memory_spool_why=why)
+        memory_spool_budget_bytes=memory_budget, memory_spool_why=why, kernels=v["kernels"])
 
 
 def run(cfg: WorkerConfig) -> int:

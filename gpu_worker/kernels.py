@@ -1,0 +1,276 @@
+"""The target's forward on maintained fused kernels where they exist (issue 39), else exactly transformers' own.
+
+A profile of the 27B hybrid FP8 step on an H200 put more than half of the GPU's time outside the GEMMs, in
+transformers' eager code around them: layout copies and fp32 casts of the Gated DeltaNet path, a torch fallback
+for its 4-tap convolution, eager fp32 RMSNorms, gating, SiLU x up and residual adds as separate kernels. This
+module replaces that glue, per module instance, with flash-linear-attention's (``fla-core``) Triton kernels, the
+set vLLM and SGLang run in their Qwen3-Next models:
+
+| module (transformers class)        | eager (transformers)                              | fused (fla)                         |
+|------------------------------------|---------------------------------------------------|-------------------------------------|
+| RMSNorm (Qwen3, Qwen3.5 zero-centred) | fp32 cast, pow, mean, rsqrt, mul, (1 + w), cast | ``rms_norm``, weight (1 + w) in fp32 |
+| decoder layer, after the mixer     | ``residual + h``, then the RMSNorm above          | one ``rms_norm`` with the residual   |
+| MLP                                | ``silu(gate) * up``: two kernels                  | ``swiglu``                           |
+| Gated DeltaNet convolution         | transpose, ``F.conv1d`` (depthwise), silu, transpose | ``causal_conv1d`` on [B, T, D]   |
+| Gated DeltaNet gates and heads     | fp32 gate, sigmoid, ``repeat_interleave`` of q, k | in ``chunk_gated_delta_rule``      |
+| Gated DeltaNet output norm         | gated RMSNorm in fp32, six kernels               | ``rms_norm_gated``                   |
+
+The GEMMs (bf16, or hsx's FP8 linears: gpu_worker/fp8linear.py), attention, rotary and embeddings are untouched,
+and the linears are still called one by one on the same activation object, so the FP8 path quantises it once.
+
+(The chunk kernel computes the gate -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) itself, and reads q and k
+once per group of value heads instead of copies made by ``repeat_interleave``.)
+
+Numbers: each fused kernel computes in fp32 and rounds once where the eager code rounds to bf16 between steps
+(e.g. ``weight * h.to(bf16)``, the bf16 residual sum before the norm); the outputs differ from transformers' by
+bf16 rounding, not by formula. bench/kernel_parity.py compares every replaced module with the code it replaces on
+the shapes it will see (padding, length 1, a sample ending mid-chunk) and bench/fp8_fidelity.py the whole model
+against an fp32 forward.
+
+When anything is missing (no CUDA, no fla, an fla whose kernels lack the arguments used here, a model class not
+in the tables below), that module keeps transformers' forward: the fallback is exactly today's path. A forward
+with a cache or a padding mask (not hsx's: right-padded, no mask, ``use_cache=False``) takes the eager forward too.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+KERNELS = ("auto", "eager")   # the worker's --kernels: fused where available, or transformers' forward only
+DEFAULT_KERNELS = "auto"
+
+# transformers' classes whose forward is replaced, by what their weight means.
+ZERO_CENTRED_NORMS = {"Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm"}   # out = norm(x) * (1 + w)
+PLAIN_NORMS = {"Qwen3RMSNorm"}                                                      # out = w * norm(x)
+DECODER_LAYERS = {"Qwen3_5DecoderLayer", "Qwen3DecoderLayer"}
+GATED_MLPS = {"Qwen3_5MLP", "Qwen3MLP"}
+GATED_DELTANETS = {"Qwen3_5GatedDeltaNet"}   # in_proj_qkv / in_proj_z / in_proj_b / in_proj_a (Qwen3.5's layout)
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """The fused operations, as functions of tensors; ``fla`` on a GPU, ``reference`` (the same maths in torch)
+    for tests of the glue on the CPU. Shapes: x [..., D]; q, k [B, T, H, K]; v [B, T, HV, V]; a, b [B, T, HV]."""
+
+    name: str
+    rms_norm: Callable          # (x, weight, residual | None, eps) -> y | (y, x + residual)
+    rms_norm_gated: Callable    # (x, gate, weight, eps) -> norm(x) * weight * silu(gate)
+    swiglu: Callable            # (gate, up) -> silu(gate) * up
+    causal_conv1d: Callable     # (x [B, T, D], weight [D, W], bias | None, activation) -> [B, T, D]
+    gated_delta_rule: Callable  # (q, k, v, a, b, A_log, dt_bias) -> o [B, T, HV, V]; l2-normed q, k inside
+
+
+def fla_kernels() -> KernelSet:
+    """flash-linear-attention's Triton kernels; ImportError/TypeError when this fla lacks what is used here."""
+    import inspect
+
+    from fla.modules.activations import swiglu
+    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.modules.norm.fused_norm_gate import rms_norm_gated
+    from fla.modules.norm.layernorm import rms_norm
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    source = inspect.getsource(inspect.unwrap(chunk_gated_delta_rule))
+    if "use_gate_in_kernel" not in source or "use_beta_sigmoid_in_kernel" not in source:
+        raise TypeError("this fla's chunk_gated_delta_rule has no in-kernel gate (fla-core >= 0.6 has)")
+
+    def norm(x, weight, residual, eps):
+        return rms_norm(x, weight, None, residual=residual, eps=eps, prenorm=residual is not None)
+
+    def gated(x, gate, weight, eps):
+        return rms_norm_gated(x, gate, weight, None, activation="silu", eps=eps)
+
+    def conv(x, weight, bias, activation):
+        return causal_conv1d(x, weight=weight, bias=bias, activation=activation)[0]
+
+    def delta_rule(q, k, v, a, b, A_log, dt_bias):
+        return chunk_gated_delta_rule(q, k, v, g=a, beta=b, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                      A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)[0]
+
+    return KernelSet(f"fla {importlib.metadata.version('fla-core')}", norm, gated, swiglu, conv, delta_rule)
+
+
+def reference_kernels(chunk_rule: Callable) -> KernelSet:
+    """The fused operations written in torch (fp32 inside, one rounding), to test the glue where Triton cannot
+    run; ``chunk_rule`` is transformers' torch ``chunk_gated_delta_rule`` of the model's own module."""
+
+    def norm(x, weight, residual, eps):
+        s = x.float() if residual is None else x.float() + residual.float()
+        y = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+        return y if residual is None else (y, s.to(x.dtype))
+
+    def gated(x, gate, weight, eps):
+        s = x.float()
+        y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+        return (y * F.silu(gate.float())).to(x.dtype)
+
+    def swiglu(gate, up):
+        return (F.silu(gate.float()) * up.float()).to(gate.dtype)
+
+    def conv(x, weight, bias, activation):
+        out = F.conv1d(x.transpose(1, 2), weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1,
+                       groups=x.shape[-1])[..., : x.shape[1]]
+        return (F.silu(out) if activation in ("silu", "swish") else out).transpose(1, 2)
+
+    def delta_rule(q, k, v, a, b, A_log, dt_bias):
+        g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+        group = v.shape[2] // q.shape[2]
+        q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+        return chunk_rule(q, k, v, g=g, beta=b.float().sigmoid().to(v.dtype), use_qk_l2norm_in_kernel=True)[0]
+
+    return KernelSet("reference (torch)", norm, gated, swiglu, conv, delta_rule)
+
+
+# ---- the replaced forwards (bound to each module instance as ``forward``) ---------------------------------------
+
+def _norm_forward(self, x):
+    return self._hsx_kernels.rms_norm(x, self._hsx_weight, None, self._hsx_eps)
+
+
+def _mlp_forward(self, x):
+    return self.down_proj(self._hsx_kernels.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def _layer_forward(self, hidden_states, position_embeddings=None, attention_mask=None, position_ids=None, **kwargs):
+    """transformers' decoder layer with the post-mixer residual add fused into the norm. The cache keyword is
+    passed on as the layer got it (``past_key_values`` before transformers 5.2x, ``cache`` after); a Gated
+    DeltaNet of the older API calls it ``cache_params``."""
+    residual = hidden_states
+    h = self.input_layernorm(hidden_states)
+    if getattr(self, "block_type", "full_attention") == "linear_attention":
+        if "past_key_values" in kwargs:
+            kwargs["cache_params"] = kwargs.pop("past_key_values")
+        h = self.linear_attn(hidden_states=h, attention_mask=attention_mask, **kwargs)
+    else:
+        h, _ = self.self_attn(hidden_states=h, attention_mask=attention_mask, position_ids=position_ids,
+                              position_embeddings=position_embeddings, **kwargs)
+    post = self.post_attention_layernorm
+    h, residual = self._hsx_kernels.rms_norm(h, post._hsx_weight, residual, post._hsx_eps)
+    return residual + self.mlp(h)
+
+
+def _gdn_forward(self, hidden_states, attention_mask=None, **kwargs):
+    if (attention_mask is not None or kwargs.get("cu_seq_lens_q") is not None
+            or kwargs.get("cache_params", kwargs.get("cache")) is not None):
+        return self._hsx_eager(hidden_states, attention_mask=attention_mask, **kwargs)
+    kernels = self._hsx_kernels
+    batch, seq_len, _ = hidden_states.shape
+    mixed_qkv = self.in_proj_qkv(hidden_states)          # the four projections read one activation object:
+    z = self.in_proj_z(hidden_states)                    # the FP8 path quantises it once
+    b = self.in_proj_b(hidden_states)
+    a = self.in_proj_a(hidden_states)
+    mixed_qkv = kernels.causal_conv1d(mixed_qkv, self._hsx_conv_weight, self.conv1d.bias, self.activation)
+    query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    query = query.reshape(batch, seq_len, -1, self.head_k_dim)
+    key = key.reshape(batch, seq_len, -1, self.head_k_dim)
+    value = value.reshape(batch, seq_len, -1, self.head_v_dim)
+    out = kernels.gated_delta_rule(query, key, value, a, b, self.A_log, self.dt_bias)
+    out = kernels.rms_norm_gated(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
+                                 self.norm.weight, self.norm.variance_epsilon)
+    return self.out_proj(out.reshape(batch, seq_len, -1))
+
+
+# ---- installing ---------------------------------------------------------------------------------------------------
+
+def _bind(module, forward, kernels: KernelSet) -> None:
+    if hasattr(module, "_hsx_eager"):   # installed before: start again from transformers' forward
+        _unbind(module)
+    module._hsx_own_forward = vars(module).get("forward")   # an instance's own forward (transformers' hub kernels)
+    module._hsx_eager = module.forward
+    module._hsx_kernels = kernels
+    module.forward = types.MethodType(forward, module)
+
+
+def _install_norm(norm, kernels: KernelSet) -> None:
+    weight = norm.weight.detach().float()
+    norm._hsx_weight = weight + 1.0 if type(norm).__name__ in ZERO_CENTRED_NORMS else weight
+    norm._hsx_eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6))
+    _bind(norm, _norm_forward, kernels)
+
+
+def install(layers: torch.nn.Module, kernels: KernelSet) -> dict[str, int]:
+    """Replace the forward of every module under ``layers`` that the tables name; how many of each kind."""
+    counts = {"norm": 0, "layer": 0, "mlp": 0, "gated_deltanet": 0}
+    for module in layers.modules():
+        kind = type(module).__name__
+        if kind in ZERO_CENTRED_NORMS or kind in PLAIN_NORMS:
+            _install_norm(module, kernels)
+            counts["norm"] += 1
+        elif kind in GATED_MLPS:
+            _bind(module, _mlp_forward, kernels)
+            counts["mlp"] += 1
+        elif kind in GATED_DELTANETS and all(hasattr(module, n) for n in ("in_proj_qkv", "in_proj_z", "in_proj_b",
+                                                                           "in_proj_a")):
+            module._hsx_conv_weight = module.conv1d.weight.detach().squeeze(1)
+            _bind(module, _gdn_forward, kernels)
+            counts["gated_deltanet"] += 1
+    for module in layers.modules():  # after the norms: the layer reads their fp32 weights
+        post = getattr(module, "post_attention_layernorm", None)
+        if type(module).__name__ in DECODER_LAYERS and hasattr(post, "_hsx_weight"):
+            _bind(module, _layer_forward, kernels)
+            counts["layer"] += 1
+    return counts
+
+
+def _unbind(module) -> None:
+    if module._hsx_own_forward is not None:
+        module.forward = module._hsx_own_forward
+    else:
+        del module.forward
+    del module._hsx_eager, module._hsx_own_forward
+
+
+def uninstall(layers: torch.nn.Module) -> None:
+    """Give every replaced module its transformers forward back."""
+    for module in layers.modules():
+        if hasattr(module, "_hsx_eager"):
+            _unbind(module)
+        for name in ("_hsx_kernels", "_hsx_weight", "_hsx_eps", "_hsx_conv_weight"):
+            if hasattr(module, name):
+                delattr(module, name)
+
+
+def choose(mode: str, device: torch.device) -> tuple[KernelSet | None, str]:
+    """The kernel set to install for ``mode`` on ``device`` (None: transformers' forward) and why, in words."""
+    if mode not in KERNELS:
+        raise ValueError(f"--kernels {mode!r}: expected one of {', '.join(KERNELS)}")
+    if mode == "eager":
+        return None, "transformers' eager forward (--kernels eager)"
+    if torch.device(device).type != "cuda":
+        return None, f"transformers' eager forward (fused kernels need CUDA; the device is {device})"
+    try:
+        return fla_kernels(), ""
+    except (ImportError, TypeError, AttributeError, importlib.metadata.PackageNotFoundError) as exc:
+        return None, f"transformers' eager forward (fla's fused kernels unavailable: {exc})"
+
+
+def describe(kernels: KernelSet | None, counts: dict[str, int], why: str) -> str:
+    """The start line's words for what the forward runs."""
+    if kernels is None or not any(counts.values()):
+        return why or "transformers' eager forward (no module of this model has a fused kernel here)"
+    parts = []
+    if counts["gated_deltanet"]:
+        parts.append(f"GDN: {kernels.name} conv + in-kernel gating + gated norm ({counts['gated_deltanet']} layers)")
+    if counts["norm"]:
+        parts.append(f"RMSNorm: {kernels.name}, residual add fused ({counts['layer']} layers)")
+    if counts["mlp"]:
+        parts.append(f"SwiGLU: {kernels.name}")
+    return "; ".join(parts)
+
+
+def prepare(layers: torch.nn.Module, mode: str, device) -> str:
+    """Install the fused forwards ``mode`` allows on ``device`` under ``layers``; the start line's words."""
+    kernels, why = choose(mode, device)
+    counts = install(layers, kernels) if kernels is not None else {}
+    text = describe(kernels, counts, why)
+    log.info("forward kernels: %s", text)
+    return text

@@ -1,0 +1,153 @@
+"""gpu_worker/kernels.py on the CPU: the glue around the fused kernels, the dispatch and the fallback.
+
+Triton's kernels need a GPU, so here the glue runs with ``reference_kernels`` (the fused operations written in
+torch) and must give transformers' own forward on the shapes a batch has: right padding, a sample of length 1,
+samples ending mid-chunk. The fla kernels themselves are compared with the code they replace on the GPU by
+bench/forward_profile.py (docs/benchmarks.md). The fallback must be exactly today's path.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from transformers import AutoModel
+
+from gpu_worker import kernels
+from gpu_worker.extractor import Extractor, _decoder, pad_batch
+
+LENGTHS = [1, 5, 17, 40]   # padded to 40; the reference chunk rule works in chunks of 64 (a sample ends mid-chunk)
+
+
+def _tiny_hybrid(dtype=torch.float32):
+    import transformers
+
+    if not hasattr(transformers, "Qwen3_5TextConfig"):
+        pytest.skip("this transformers has no Qwen3.5")
+    config = transformers.Qwen3_5TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                            linear_num_key_heads=2, linear_num_value_heads=4,  # grouped value heads
+                                            linear_key_head_dim=16, linear_value_head_dim=16)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config, dtype=dtype).eval()
+    with torch.no_grad():  # zero-centred norms start at 0 (weight 1): make them differ, so (1 + w) is tested
+        for name, p in model.named_parameters():
+            if "norm" in name or "A_log" in name or "dt_bias" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def _counting(kernel_set: kernels.KernelSet, calls: dict) -> kernels.KernelSet:
+    def count(name, fn):
+        def wrapped(*a, **kw):
+            calls[name] = calls.get(name, 0) + 1
+            return fn(*a, **kw)
+        return wrapped
+
+    fields = ("rms_norm", "rms_norm_gated", "swiglu", "causal_conv1d", "gated_delta_rule")
+    return kernels.KernelSet(kernel_set.name, *(count(f, getattr(kernel_set, f)) for f in fields))
+
+
+def _reference(model) -> kernels.KernelSet:
+    gdn = next((m for m in model.modules() if type(m).__name__ in kernels.GATED_DELTANETS), None)
+    chunk_rule = getattr(sys.modules[type(gdn).__module__], "torch_chunk_gated_delta_rule", None) if gdn else None
+    return kernels.reference_kernels(chunk_rule)
+
+
+def _padded_ids(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, vocab, (len(LENGTHS), max(LENGTHS)), generator=gen)
+    real = torch.arange(max(LENGTHS)).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)
+    return ids, real
+
+
+@pytest.mark.parametrize("kind", ["qwen3.5 hybrid", "qwen3"])
+def test_the_fused_glue_gives_transformers_forward_on_padded_batches(kind, tiny_model):
+    model = _tiny_hybrid() if kind == "qwen3.5 hybrid" else AutoModel.from_pretrained(str(tiny_model),
+                                                                                       dtype=torch.float32).eval()
+    decoder = _decoder(model)
+    ids, real = _padded_ids(200)
+    with torch.inference_mode():
+        want = decoder(input_ids=ids, use_cache=False, output_hidden_states=True).hidden_states
+        calls: dict = {}
+        counts = kernels.install(decoder, _counting(_reference(model), calls))
+        got = decoder(input_ids=ids, use_cache=False, output_hidden_states=True).hidden_states
+    n_layers = len(decoder.layers)
+    hybrid = kind == "qwen3.5 hybrid"
+    assert counts == {"norm": 2 * n_layers + 1 + (2 * n_layers // 4 if hybrid else 2 * n_layers), "layer": n_layers,
+                      "mlp": n_layers, "gated_deltanet": 3 * n_layers // 4 if hybrid else 0}
+    # every fused operation ran (no silent fallback to the eager forward)
+    assert calls["rms_norm"] >= 2 * n_layers + 1 and calls["swiglu"] == n_layers
+    if hybrid:
+        assert calls["causal_conv1d"] == calls["gated_delta_rule"] == calls["rms_norm_gated"] == 3
+    for layer, (w, g) in enumerate(zip(want, got, strict=True)):
+        torch.testing.assert_close(g[real], w[real], rtol=2e-5, atol=2e-5, msg=f"hidden state {layer}")
+
+
+def test_reference_kernels_round_once_in_bf16_and_stay_close():
+    model = _tiny_hybrid(torch.bfloat16)
+    decoder = _decoder(model)
+    ids, real = _padded_ids(200)
+    with torch.inference_mode():
+        want = decoder(input_ids=ids, use_cache=False).last_hidden_state
+        kernels.install(decoder, _reference(model))
+        got = decoder(input_ids=ids, use_cache=False).last_hidden_state
+    rel = float((got[real].float() - want[real].float()).norm() / want[real].float().norm())
+    assert 0 < rel < 2e-2, rel   # bf16 rounding between steps differs, the formula does not
+
+
+def test_uninstall_restores_transformers_forward_exactly():
+    model = _tiny_hybrid()
+    decoder = _decoder(model)
+    ids, _ = _padded_ids(200)
+    with torch.inference_mode():
+        want = decoder(input_ids=ids, use_cache=False).last_hidden_state
+        kernels.install(decoder, _reference(model))
+        kernels.install(decoder, _reference(model))   # twice: still one layer deep
+        kernels.uninstall(decoder)
+        got = decoder(input_ids=ids, use_cache=False).last_hidden_state
+    assert torch.equal(got, want)
+    assert not any(hasattr(m, "_hsx_eager") or "forward" in vars(m) for m in decoder.modules())
+
+
+def test_a_cached_or_masked_call_takes_the_eager_forward():
+    model = _tiny_hybrid()
+    decoder = _decoder(model)
+    calls: dict = {}
+    kernels.install(decoder, _counting(_reference(model), calls))
+    gdn = next(m for m in decoder.modules() if type(m).__name__ in kernels.GATED_DELTANETS)
+    x = torch.randn(2, 7, 64)
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    with torch.inference_mode():
+        got = gdn(x, attention_mask=mask)
+        want = gdn._hsx_eager(x, attention_mask=mask)
+    assert torch.equal(got, want) and "causal_conv1d" not in calls
+
+
+def test_on_the_cpu_the_worker_runs_transformers_forward_and_says_why(tiny_model):
+    model = AutoModel.from_pretrained(str(tiny_model), dtype=torch.float32)
+    ex = Extractor(model, [1, 3], store_final=False, out_dtype="float32")
+    assert "fused kernels need CUDA; the device is cpu" in ex.kernels_line
+    assert not any(hasattr(m, "_hsx_eager") for m in model.modules())
+    eager = Extractor(AutoModel.from_pretrained(str(tiny_model), dtype=torch.float32), [1, 3], store_final=False,
+                      out_dtype="float32", kernels="eager")
+    assert eager.kernels_line == "transformers' eager forward (--kernels eager)"
+    batch = pad_batch(torch.arange(10), torch.tensor([0, 4, 10]), 8, 0, pin=False)
+    assert torch.equal(ex.run(batch)[0], eager.run(batch)[0])
+
+
+def test_without_fla_a_gpu_falls_back_and_names_what_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fla", None)   # import fla -> ImportError
+    kernel_set, why = kernels.choose("auto", torch.device("cuda:0"))
+    assert kernel_set is None and "fla's fused kernels unavailable" in why
+    with pytest.raises(ValueError, match="--kernels 'fast'"):
+        kernels.choose("fast", torch.device("cpu"))
+
+
+def test_describe_names_the_kernels_run():
+    ks = kernels.reference_kernels(None)
+    line = kernels.describe(ks, {"norm": 129, "layer": 64, "mlp": 64, "gated_deltanet": 48}, "")
+    assert line.startswith("GDN: reference (torch) conv + in-kernel gating + gated norm (48 layers)")
+    assert "RMSNorm: reference (torch), residual add fused (64 layers)" in line and "SwiGLU" in line
+    assert kernels.describe(ks, {"norm": 0, "layer": 0, "mlp": 0, "gated_deltanet": 0}, "").startswith("transformers'")
