@@ -19,6 +19,10 @@
 #   fp8-checkpoint issue 22: an e4m3 block-scaled FP8 checkpoint (8B shape, written to /dev/shm) loaded as stored, its
 #                 bare forward beside bf16 and FP8 compute from bf16 weights (bench/fp8_checkpoint.py)
 #   producer      issue 22: a real `hsx produce` of 1M generated rows to its first enqueue (bench/producer_e2e.py)
+#   27b-kernels   issue 39: hybrid27b mix32k through the pipeline at --kernels eager then auto (CD: compute dtype,
+#                 default float8; KERNELS: which)
+#   8b-kernels    issue 39: the 8B shape the same way
+#   profile       issue 39: bench/forward_profile.py on hybrid27b (GPU time by kernel kind, each lever, module parity)
 #   fidelity      issue 22: FP8 compute vs bf16 hidden states per layer on a model trained on the GPU (bench/fp8_fidelity.py)
 # The padding table of 1M planned samples (target 3) runs beside them on the CPU.
 # Results: one JSON per step under $OUT (or ./bench-out); the table is printed last.
@@ -71,6 +75,16 @@ for step in "${STEPS[@]}"; do
                       --compute-dtype "$cd" --tokens "${TOKENS_27B:-200000}" --sections mix32k --no-full \
                       --fp8-accumulation "${ACCUM:-fp32}" \
                       --memory-spool-gib "${MEM_GIB:-auto}"; done ;;
+    27b-kernels)  for k in ${KERNELS:-eager auto}; do  # issue 39: the 27B hybrid FP8 pipeline, transformers' forward vs fused
+                    PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_27B:-240}" $B --shape hybrid27b --tag "${CD:-float8}-$k" \
+                      --compute-dtype "${CD:-float8}" --kernels "$k" --tokens "${TOKENS_27B:-200000}" --sections mix32k \
+                      --no-full --memory-spool-gib "${MEM_GIB:-auto}"; done ;;
+    8b-kernels)   for k in ${KERNELS:-eager auto}; do  # issue 39: the 8B shape must not regress
+                    timeout "${T_8B:-200}" $B --shape qwen3-8b --tag "${CD:-float8}-$k" --compute-dtype "${CD:-float8}" \
+                      --kernels "$k" --tokens "${TOKENS_8B:-400000}" --sections mix32k --memory-spool-gib "${MEM_GIB:-auto}"; done ;;
+    profile)      PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PROF:-420}" python bench/forward_profile.py --shape hybrid27b \
+                    --tokens "${TOKENS_PROF:-100000}" --profile-batches 2 ${LEVERS---levers} --computes "${COMPUTES:-bf16,fp8}" \
+                    --out "$OUTDIR" ;;
     fp8-speed)    timeout "${T_SPEED:-200}" python bench/fp8_speed.py --shape qwen3-8b --tokens 150000 --profile --out "$OUTDIR"
                   PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_SPEED27:-330}" python bench/fp8_speed.py --shape hybrid27b \
                     --tokens 100000 --profile --out "$OUTDIR" \
