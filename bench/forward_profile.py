@@ -24,6 +24,7 @@ The table is printed last; JSON in DIR/forward_profile_<shape>.json.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -125,6 +126,21 @@ def profile_kinds(decoder, inputs, device) -> dict:
             "top": sorted(top.items(), key=lambda kv: -kv[1])[:12]}
 
 
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _fp32(value):
+    """``value`` (a tensor, or a tuple / list / dict of them) with floating tensors as float32."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.is_floating_point() else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_fp32(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _fp32(v) for k, v in value.items()}
+    return value
+
+
 @torch.inference_mode()
 def parity(decoder, kernel_set, device, vocab: int) -> list[dict]:
     """Every replaced module against the forward it replaces, on the inputs the eager model gives it: rows of
@@ -146,27 +162,41 @@ def parity(decoder, kernel_set, device, vocab: int) -> list[dict]:
     decoder(input_ids=ids, use_cache=False)   # eager: each module's real input
     for h in handles:
         h.remove()
+    # fp32 truth for the first two instances of each class (bf16 models only: an fp32 copy of the module, eager)
+    truth, per_class = {}, defaultdict(int)
+    bf16 = not any(isinstance(m, fp8linear.Fp8Linear) for m in decoder.modules())
+    for module in replaced:
+        per_class[type(module).__name__] += 1
+        if bf16 and module in captured and per_class[type(module).__name__] <= 2:
+            args, kw = captured[module]
+            truth[module] = _first(copy.deepcopy(module).float()(*_fp32(args), **_fp32(kw))).float()
     kernels.install(decoder, kernel_set)
     worst: dict[str, dict] = {}   # per module class: the instance with the largest rel L2
+    vs32: dict[str, dict] = defaultdict(dict)   # per module class: the largest error against fp32, eager and fused
     for module in replaced:
         if module not in captured:
             continue
         kind = type(module).__name__
         args, kw = captured[module]
-        want, got = module._hsx_eager(*args, **kw), module.forward(*args, **kw)
-        want, got = (w[0] if isinstance(w, tuple) else w for w in (want, got))
+        want, got = _first(module._hsx_eager(*args, **kw)), _first(module.forward(*args, **kw))
+        fp32 = truth.get(module)
         if want.dim() >= 3 and want.shape[:2] == real.shape:
             want, got = want[real], got[real]
+            fp32 = fp32[real] if fp32 is not None else None
         diff = (got.float() - want.float())
         row = {"module": kind, "instances": worst.get(kind, {}).get("instances", 0) + 1,
                "shape": list(args[0].shape if args else kw["hidden_states"].shape),
                "rel_l2": float(diff.norm() / want.float().norm().clamp_min(1e-30)),
                "max_abs": float(diff.abs().max()), "ref_max": float(want.float().abs().max())}
+        if fp32 is not None:   # each against fp32: the fused path must be no further from it than eager
+            for key, value in (("eager_vs_fp32", want), ("fused_vs_fp32", got)):
+                error = float((value.float() - fp32).norm() / fp32.norm().clamp_min(1e-30))
+                vs32[kind][key] = max(error, vs32[kind].get(key, 0.0))
         if kind not in worst or row["rel_l2"] >= worst[kind]["rel_l2"]:
             worst[kind] = row
         worst[kind]["instances"] = row["instances"]
     kernels.uninstall(decoder)
-    return list(worst.values())
+    return [{**row, **vs32[kind]} for kind, row in worst.items()]
 
 
 def main() -> int:
@@ -177,12 +207,13 @@ def main() -> int:
     ap.add_argument("--computes", default="bf16,fp8")
     ap.add_argument("--levers", action="store_true", help="also each lever alone on top of eager")
     ap.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU with kernels.reference_kernels")
+    ap.add_argument("--cpu-bf16", action="store_true", help="with --cpu: the model in bf16 (parity against fp32)")
     ap.add_argument("--out", default="bench-out")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cpu" if args.cpu else "cuda:0")
-    dtype = torch.float32 if args.cpu else torch.bfloat16
+    dtype = torch.float32 if args.cpu and not args.cpu_bf16 else torch.bfloat16
     config = shapes.make_config(args.shape, vocab_size=512 if args.shape.startswith("tiny") else None)
     t = time.perf_counter()
     model = shapes.build_model(config, device, dtype)
@@ -223,8 +254,10 @@ def main() -> int:
             torch.cuda.empty_cache()
         result["parity"][compute] = parity(decoder, kernel_set, device, min(vocab, 1000))
         for row in result["parity"][compute]:
-            print(f"[profile] parity {compute} {row['module']} (worst of {row['instances']}): rel L2 {row['rel_l2']:.2e}, max abs "
-                  f"{row['max_abs']:.2e} (ref max {row['ref_max']:.2e})", flush=True)
+            vs32 = (f"; vs fp32: eager {row['eager_vs_fp32']:.2e}, fused {row['fused_vs_fp32']:.2e}"
+                    if "fused_vs_fp32" in row else "")
+            print(f"[profile] parity {compute} {row['module']} (worst of {row['instances']}): rel L2 {row['rel_l2']:.2e}, "
+                  f"max abs {row['max_abs']:.2e} (ref max {row['ref_max']:.2e}){vs32}", flush=True)
         for name, parts in variants.items():
             kernels.uninstall(decoder)
             if parts:
