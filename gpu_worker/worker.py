@@ -18,7 +18,7 @@ from hsx.errors import HsxError
 from hsx.fleet import check_eviction_policy
 from hsx.life import RunVanished, run_complete
 from hsx.localdirs import ensure_dir
-from hsx.prep import weights_fingerprint
+from hsx.prep import local_folder, weights_fingerprint
 from hsx.redisconn import connect, redact
 from hsx.runspec import RunNotVisible, WorkerConfig
 from hsx.store import layout
@@ -136,7 +136,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     model_path = cfg.model_override or manifest.model
     check_directories(cfg, model_path)  # HF_HOME writable before the config of a hub id is fetched into it
     try:
-        store = runspec.check_host(manifest, model_path, "worker", cfg.host, weights_fingerprint)
+        store = runspec.check_host(manifest, model_path, "worker", cfg.host)
     except runspec.ModelMismatch as exc:
         raise WorkerSetupError(str(exc)) from None
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, list(manifest.layer_ids))
@@ -144,7 +144,26 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
                                store_dtype=manifest.store_dtype, compute_dtype=manifest.compute_dtype,
                                fp8_accumulation=manifest.fp8_accumulation,
                                measure_compute=manifest.compute_dtype == "float8" and not life.compute_error_recorded(r, cfg.run))
-    return WorkerRuntime(cfg, r, store, manifest, extractor)
+    folder = local_folder(model_path)   # after the load: a hub id's snapshot is on this host now
+    loaded = str(folder.resolve()) if folder is not None else model_path
+    check_loaded_weights(r, manifest, loaded, cfg)
+    return WorkerRuntime(cfg, r, store, manifest, extractor, loaded_from=loaded)
+
+
+def check_loaded_weights(r, manifest, loaded: str, cfg: WorkerConfig) -> str:
+    """The loaded weights are the run's (hsx.runspec.check_weights), read from the page cache the load filled;
+    the first worker of a run whose manifest has no fingerprint in this hsx's scheme records its own."""
+    def record(fingerprint: str) -> dict:
+        held = life.record_weights(r, cfg.run, fingerprint, loaded, cfg.worker_name, cfg.host)
+        if held["fingerprint"] == fingerprint and held.get("worker") == cfg.worker_name:
+            log.info("run %s: recorded its weights fingerprint %s (%s), the first worker to load them", cfg.run,
+                     fingerprint, loaded)
+        return held
+
+    try:
+        return runspec.check_weights(manifest, loaded, weights_fingerprint, record)
+    except (runspec.ModelMismatch, HsxError) as exc:
+        raise WorkerSetupError(str(exc)) from None
 
 
 def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRuntime | None:
