@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rq.exceptions import AbandonedJobError
@@ -146,24 +147,32 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
                                measure_compute=manifest.compute_dtype == "float8" and not life.compute_error_recorded(r, cfg.run))
     folder = local_folder(model_path)   # after the load: a hub id's snapshot is on this host now
     loaded = str(folder.resolve()) if folder is not None else model_path
-    check_loaded_weights(r, manifest, loaded, cfg)
+    manifest = check_loaded_weights(r, store, manifest, loaded, cfg)
     return WorkerRuntime(cfg, r, store, manifest, extractor, loaded_from=loaded)
 
 
-def check_loaded_weights(r, manifest, loaded: str, cfg: WorkerConfig) -> str:
+def check_loaded_weights(r, store, manifest, loaded: str, cfg: WorkerConfig):
     """The loaded weights are the run's (hsx.runspec.check_weights), read from the page cache the load filled;
-    the first worker of a run whose manifest has no fingerprint in this hsx's scheme records its own."""
+    the first worker of a run whose manifest has no fingerprint in this hsx's scheme records its own (a
+    manifest with none takes it, in Redis and the store). Returns the manifest, with the fingerprint it took."""
+    taken = []
+
     def record(fingerprint: str) -> dict:
-        held = life.record_weights(r, cfg.run, fingerprint, loaded, cfg.worker_name, cfg.host)
+        held = life.record_weights(r, cfg.run, fingerprint, loaded, cfg.worker_name, cfg.host, manifest)
         if held["fingerprint"] == fingerprint and held.get("worker") == cfg.worker_name:
             log.info("run %s: recorded its weights fingerprint %s (%s), the first worker to load them", cfg.run,
                      fingerprint, loaded)
+            with_it = replace(manifest, model_weights=fingerprint)
+            if not manifest.model_weights and life.get_manifest(r, cfg.run) == with_it:  # Redis' manifest took it
+                with_it.save(store)   # the store's manifest.json holds it too
+                taken.append(with_it)
         return held
 
     try:
-        return runspec.check_weights(manifest, loaded, weights_fingerprint, record)
+        runspec.check_weights(manifest, loaded, weights_fingerprint, record)
     except (runspec.ModelMismatch, HsxError) as exc:
         raise WorkerSetupError(str(exc)) from None
+    return taken[0] if taken else manifest
 
 
 def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRuntime | None:

@@ -54,14 +54,18 @@ def test_a_run_planned_without_weights_takes_the_first_workers_and_refuses_anoth
     first = load_runtime(worker_config(redis_server.url, tmp_path / "s1", run="nowts", worker_name="w1",
                                        model_override=str(tiny_model)))
     first.close()
+    ours = weights_fingerprint(str(tiny_model))
+    # The manifest took it at once, in Redis and in the store (a producer need not run again).
+    assert first.manifest.model_weights == ours == ledger.get_manifest(r, "nowts").model_weights
+    assert Manifest.load(open_store(store), "nowts").model_weights == ours
     # Another checkpoint of the same config: refused before it takes a job, naming both fingerprints and models.
     with pytest.raises(WorkerSetupError, match="another checkpoint") as refused:
         load_runtime(worker_config(redis_server.url, tmp_path / "s3", run="nowts", worker_name="w3",
                                    model_override=str(other_checkpoint)))
-    ours, theirs = weights_fingerprint(str(tiny_model)), weights_fingerprint(str(other_checkpoint))
+    theirs = weights_fingerprint(str(other_checkpoint))
     message = str(refused.value)
     assert "\n" not in message and ours in message and theirs in message and theirs != ours
-    assert str(tiny_model.resolve()) in message and str(other_checkpoint.resolve()) in message
+    assert str(other_checkpoint.resolve()) in message and str(config_only) in message
     held = life.recorded_weights(r, "nowts")
     assert held["fingerprint"] == ours and held["worker"] == "w1" and held["model"] == str(tiny_model.resolve())
     # The same weights again: accepted, and the record is the first worker's still.
@@ -70,7 +74,7 @@ def test_a_run_planned_without_weights_takes_the_first_workers_and_refuses_anoth
     again.close()
     assert life.recorded_weights(r, "nowts")["worker"] == "w1"
 
-    # `hsx produce` of the run again: the record goes into the manifest, in Redis and in the store.
+    # `hsx produce` of the run again keeps it ...
     resumed = produce(produce_config(redis_server.url, config_only, store, run="nowts", dataset=rows)).manifest
     assert resumed.model_weights == ours == ledger.get_manifest(r, "nowts").model_weights
     assert Manifest.load(open_store(store), "nowts").model_weights == ours
@@ -104,3 +108,18 @@ def test_the_ready_line_names_the_folder_loaded_and_the_runs_model(r, redis_serv
     rt.close()
     [ready] = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("ready:")]
     assert ready.startswith(f"ready: model {copy.resolve()} (the run's model: {tiny_model})"), ready
+
+
+def test_a_manifest_rewritten_meanwhile_keeps_the_record_for_the_producer(r, redis_server, tiny_model, config_only,
+                                                                          tmp_path, rows):
+    """The record takes the manifest only if Redis still holds the manifest the worker read; otherwise the
+    record alone holds the fingerprint, and the next `hsx produce` writes it into the manifest."""
+    store = str(tmp_path / "store")
+    produce(produce_config(redis_server.url, config_only, store, run="race", dataset=rows))
+    read = ledger.get_manifest(r, "race")
+    r.set(RunKeys("race").manifest, read.to_json(indent=1))   # the same manifest, other bytes: as another writer's
+    held = life.record_weights(r, "race", "blake3-v1:" + "c" * 64, "/m/c", "w1", "h1", read)
+    assert held["fingerprint"] == "blake3-v1:" + "c" * 64
+    assert ledger.get_manifest(r, "race").model_weights == ""
+    produce(produce_config(redis_server.url, config_only, store, run="race", dataset=rows))
+    assert ledger.get_manifest(r, "race").model_weights == "blake3-v1:" + "c" * 64
