@@ -19,7 +19,7 @@ from hsx.errors import HsxError
 from hsx.fleet import check_eviction_policy
 from hsx.life import RunVanished, run_complete
 from hsx.localdirs import ensure_dir
-from hsx.prep import local_folder, weights_fingerprint
+from hsx.prep import fingerprint_cached, local_folder, weights_fingerprint
 from hsx.redisconn import connect, redact
 from hsx.runspec import RunNotVisible, WorkerConfig
 from hsx.store import layout
@@ -140,6 +140,9 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
         store = runspec.check_host(manifest, model_path, "worker", cfg.host)
     except runspec.ModelMismatch as exc:
         raise WorkerSetupError(str(exc)) from None
+    folder = local_folder(model_path)
+    if folder is not None and fingerprint_cached(model_path):   # no read needed: refused before a long load
+        manifest = check_run_weights(r, store, manifest, str(folder.resolve()), cfg)
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, list(manifest.layer_ids))
     extractor = Extractor.load(model_path, list(manifest.layer_ids), manifest.store_final, cfg.device, manifest.dtype,
                                store_dtype=manifest.store_dtype, compute_dtype=manifest.compute_dtype,
@@ -147,14 +150,15 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
                                measure_compute=manifest.compute_dtype == "float8" and not life.compute_error_recorded(r, cfg.run))
     folder = local_folder(model_path)   # after the load: a hub id's snapshot is on this host now
     loaded = str(folder.resolve()) if folder is not None else model_path
-    manifest = check_loaded_weights(r, store, manifest, loaded, cfg)
+    manifest = check_run_weights(r, store, manifest, loaded, cfg)
     return WorkerRuntime(cfg, r, store, manifest, extractor, loaded_from=loaded)
 
 
-def check_loaded_weights(r, store, manifest, loaded: str, cfg: WorkerConfig):
-    """The loaded weights are the run's (hsx.runspec.check_weights), read from the page cache the load filled;
-    the first worker of a run whose manifest has no fingerprint in this hsx's scheme records its own (a
-    manifest with none takes it, in Redis and the store). Returns the manifest, with the fingerprint it took."""
+def check_run_weights(r, store, manifest, loaded: str, cfg: WorkerConfig):
+    """The weights in folder ``loaded`` are the run's (hsx.runspec.check_weights): after the load, read from the
+    page cache it filled, and before it too where the fingerprint's cache is current (nothing to read). The first
+    worker of a run whose manifest has no fingerprint in this hsx's scheme records its own (a manifest with none
+    takes it, in Redis and the store). Returns the manifest, with the fingerprint it took."""
     taken = []
 
     def record(fingerprint: str) -> dict:

@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 
+from gpu_worker import worker as worker_module
 from gpu_worker.worker import WorkerSetupError, load_runtime
 from hsx import life
 from hsx.life import ledger
@@ -123,3 +124,18 @@ def test_a_manifest_rewritten_meanwhile_keeps_the_record_for_the_producer(r, red
     assert ledger.get_manifest(r, "race").model_weights == ""
     produce(produce_config(redis_server.url, config_only, store, run="race", dataset=rows))
     assert ledger.get_manifest(r, "race").model_weights == "blake3-v1:" + "c" * 64
+
+
+def test_a_checkpoint_whose_fingerprint_is_cached_is_refused_before_it_loads(r, redis_server, tiny_model,
+                                                                             other_checkpoint, tmp_path, rows,
+                                                                             monkeypatch):
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="early", dataset=rows))
+    weights_fingerprint(str(other_checkpoint))   # its cache is current now: checking it reads nothing
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before its weights were checked")
+
+    monkeypatch.setattr(worker_module.Extractor, "load", no_load)
+    with pytest.raises(WorkerSetupError, match="another checkpoint"):
+        load_runtime(worker_config(redis_server.url, tmp_path / "spool", run="early",
+                                   model_override=str(other_checkpoint)))

@@ -23,6 +23,6 @@ __getattr__, __dir__, __all__ = face(__name__, {
     "rows": ["RowRejected"],
     "tokenise": ["ChatTokeniser", "parse_template_kwargs"],
     "weights": {"SCHEME": "WEIGHTS_SCHEME", "UnknownScheme": None, "WeightsUnreadable": None, "local_folder": None,
-                "scheme_of": None, "weights_fingerprint": None},
+                "fingerprint_cached": None, "scheme_of": None, "weights_fingerprint": None},
     "windows": ["TokeniseSettings", "WindowTokeniser", "default_workers"],
 })

@@ -39,8 +39,8 @@ SCHEMES = (SCHEME, SAMPLED_SCHEME)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 CACHE_NAME = ".hsx-weights-fingerprint.json"   # beside the checkpoint: {"scheme", "files": {name: entry}}
 
-__all__ = ["SCHEME", "SCHEMES", "UnknownScheme", "WeightsUnreadable", "local_folder", "scheme_of",
-           "weight_files", "weights_fingerprint"]
+__all__ = ["SCHEME", "SCHEMES", "UnknownScheme", "WeightsUnreadable", "fingerprint_cached", "local_folder",
+           "scheme_of", "weight_files", "weights_fingerprint"]
 
 
 class UnknownScheme(HsxError, ValueError):
@@ -96,6 +96,15 @@ def weights_fingerprint(model: str, scheme: str | None = None) -> str:
     return f"{SCHEME}:{digest.hexdigest()}"
 
 
+def fingerprint_cached(model: str) -> bool:
+    """Whether ``weights_fingerprint(model)`` reads nothing but the cache here (every weight file's entry is
+    current): a worker then checks the weights before it loads them, and refuses another checkpoint at once."""
+    folder = local_folder(model)
+    files = weight_files(folder) if folder is not None else []
+    cache = FileHashCache(folder) if files else None
+    return bool(files) and all(cache.current(path, path.stat()) is not None for path in files)
+
+
 def _stat_key(stat: os.stat_result) -> dict:
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
 
@@ -121,10 +130,17 @@ class FileHashCache:
         except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
             return {}
 
-    def file_hash(self, path: Path, stat: os.stat_result) -> str:
+    def current(self, path: Path, stat: os.stat_result) -> str | None:
+        """The cached hash of ``path`` if its entry matches ``stat``, else None."""
         entry = self.entries.get(path.name)
         if entry is not None and {k: entry.get(k) for k in ("size", "mtime_ns", "ctime_ns")} == _stat_key(stat):
             return entry["blake3"]
+        return None
+
+    def file_hash(self, path: Path, stat: os.stat_result) -> str:
+        cached = self.current(path, stat)
+        if cached is not None:
+            return cached
         started = time.perf_counter()
         hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
         if stat.st_size:
