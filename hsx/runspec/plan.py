@@ -81,7 +81,7 @@ def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerp
                     planned.model_weights)
     if existing.model != planned.model:
         same = ("the same weights fingerprint" if existing.model_weights and planned.model_weights
-                else "weights not compared: no fingerprint on both sides")
+                else "the weights not compared: one side has no fingerprint")
         log.warning("run %s: its model path changes from %s to %s (same config, %s)", planned.run, existing.model,
                     planned.model, same)
     return replace(planned, created=existing.created, incarnation=existing.incarnation,
