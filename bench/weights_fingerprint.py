@@ -1,12 +1,16 @@
-"""What fingerprinting a checkpoint's weights costs (hsx/prep/weights.py): bytes read, reads, seconds.
+"""What fingerprinting a checkpoint's weights costs (hsx/prep/weights.py, ``blake3-v1``: every byte hashed).
 
-Builds a checkpoint of the seeds' target shape (Qwen3.5/3.6-27B text: 64 layers, H = 5120, 3 linear : 1 full
-attention; ~54 GB of bf16 in 12 safetensors shards) as *sparse* files with real headers, then fingerprints it.
-Sparse files cost no disk and read as zeros: the seconds here are the reads' own cost from the page cache, not a
-cold disk's. On a cold disk multiply the reads by its random-read latency (NVMe ~0.1 ms: ~0.2 s; a network file
-system ~1 ms: ~2 s). Usage::
+1. The hash's rate: a file of ``--gb`` GB of random bytes is written in ``--dir`` and hashed as the fingerprint
+   hashes a weight file (BLAKE3, ``update_mmap``), on 1 thread and on all of them, from the page cache (the
+   file was just written; a worker hashes after the load, so its files are in the page cache too). Extrapolated
+   to the seeds' target shape (Qwen3.5/3.6-27B text: 64 layers, H = 5120, 3 linear : 1 full attention; ~54 GB of
+   bf16): the seconds it adds to a worker's start, against the load that reads the same bytes.
+2. ``--full-shape``: that checkpoint as *sparse* safetensors files with real headers (no disk used, read as
+   zeros: BLAKE3's rate does not depend on the bytes), fingerprinted in full, then again from the cache.
 
-    python bench/weights_fingerprint.py [--dir /tmp/hsx-fp-bench] [--shards 12]
+Usage::
+
+    python bench/weights_fingerprint.py [--dir /tmp] [--gb 3] [--full-shape] [--shards 12]
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import struct
 import tempfile
 import time
 from pathlib import Path
+
+import blake3
 
 from hsx.prep import weights
 
@@ -68,29 +74,64 @@ def write_sparse_shards(folder: Path, shards: int) -> int:
     return total
 
 
+def hash_rate(folder: Path, gigabytes: float) -> dict[str, float]:
+    """GB/s of BLAKE3 over a file of random bytes in the page cache: {"1 thread": .., "all threads": ..}."""
+    path = folder / "hsx-fp-bench.bin"
+    chunk = os.urandom(64 * 2**20)
+    size = 0
+    with open(path, "wb") as fh:
+        while size < gigabytes * 1e9:
+            fh.write(chunk)
+            size += len(chunk)
+    try:
+        rates = {}
+        for label, threads in (("1 thread", 1), ("all threads", blake3.blake3.AUTO)):
+            started = time.perf_counter()
+            blake3.blake3(max_threads=threads).update_mmap(str(path))
+            rates[label] = size / 1e9 / (time.perf_counter() - started)
+        return rates
+    finally:
+        path.unlink()
+
+
+def shape_bytes() -> int:
+    total = 0
+    for _name, shape in tensors():
+        n = 2
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--gb", type=float, default=3.0, help="size of the file whose hash rate is measured")
+    parser.add_argument("--full-shape", action="store_true", help="also fingerprint the 27B shape as sparse files")
     parser.add_argument("--shards", type=int, default=12)
     args = parser.parse_args()
-    folder = args.dir or Path(tempfile.mkdtemp(prefix="hsx-fp-bench-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    size = write_sparse_shards(folder, args.shards)
-    reads: list[int] = []
-    real = os.pread
-    weights.os.pread = lambda fd, n, off: reads.append(n) or real(fd, n, off)
+    size = shape_bytes()
+    rates = hash_rate(args.dir, args.gb)
+    print(f"BLAKE3 on {args.gb:g} GB in the page cache, {os.cpu_count()} CPUs: "
+          + ", ".join(f"{label} {rate:.2f} GB/s" for label, rate in rates.items()))
+    for label, rate in rates.items():
+        print(f"  27B shape ({size / 1e9:.1f} GB, {len(tensors())} tensors): {size / 1e9 / rate:.1f} s on {label}; "
+              f"the load reads the same bytes: {size / 1e9 / 2.0:.0f} s at 2 GB/s (NVMe), {size / 1e9 / 7.0:.0f} s at "
+              "7 GB/s")
+    if not args.full_shape:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="hsx-fp-bench-", dir=args.dir))
     try:
-        started = time.perf_counter()
-        fingerprint = weights.weights_fingerprint(str(folder))
-        seconds = time.perf_counter() - started
+        write_sparse_shards(folder, args.shards)
+        for label in ("full read", "cached"):
+            started = time.perf_counter()
+            fingerprint = weights.weights_fingerprint(str(folder))
+            print(f"  27B shape, sparse ({args.shards} shards), {label}: {time.perf_counter() - started:.2f} s: "
+                  f"{fingerprint}")
     finally:
-        weights.os.pread = real
-    print(f"checkpoint {size / 1e9:.1f} GB, {len(tensors())} tensors in {args.shards} shards: read {sum(reads) / 2**20:.2f} "
-          f"MiB in {len(reads)} reads, {seconds * 1000:.0f} ms (page cache / sparse; see the docstring for a cold "
-          f"disk): {fingerprint}")
-    for path in folder.glob("*.safetensors"):
-        path.unlink()
-    if args.dir is None:
+        for path in folder.iterdir():
+            path.unlink()
         folder.rmdir()
 
 

@@ -33,8 +33,10 @@ HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files
 class WorkerRuntime(Role):
     noun, command, jobs = "worker", "hsx worker", (life.EXTRACT_FUNC,)
 
-    def __init__(self, cfg: WorkerConfig, r, store, manifest: Manifest, extractor: Extractor):
+    def __init__(self, cfg: WorkerConfig, r, store, manifest: Manifest, extractor: Extractor,
+                 loaded_from: str | None = None):
         super().__init__(cfg, r)
+        self.loaded_from = loaded_from   # the folder the weights were read from (the ready line names it)
         self.batches_run = self.tokens_run = 0
         self.store, self.manifest, self.extractor = store, manifest, extractor
         self.run, self.worker_name = cfg.run, cfg.worker_name
@@ -71,7 +73,9 @@ class WorkerRuntime(Role):
         self.recover_spool()
 
     def say_ready(self) -> None:
-        log.info("ready: model %s loaded on %s, taking jobs from extract:%s as %s", self.manifest.model,
+        loaded = self.loaded_from or self.manifest.model
+        other = f" (the run's model: {self.manifest.model})" if loaded != self.manifest.model else ""
+        log.info("ready: model %s%s loaded on %s, taking jobs from extract:%s as %s", loaded, other,
                  self.extractor.device, self.run, self.worker_name)
         log.info("forward: %s", self.extractor.kernels_line)
         why = self.cfg.memory_spool_why

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rq.exceptions import AbandonedJobError
@@ -18,7 +19,7 @@ from hsx.errors import HsxError
 from hsx.fleet import check_eviction_policy
 from hsx.life import RunVanished, run_complete
 from hsx.localdirs import ensure_dir
-from hsx.prep import weights_fingerprint
+from hsx.prep import fingerprint_cached, local_folder, weights_fingerprint
 from hsx.redisconn import connect, redact
 from hsx.runspec import RunNotVisible, WorkerConfig
 from hsx.store import layout
@@ -136,15 +137,46 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     model_path = cfg.model_override or manifest.model
     check_directories(cfg, model_path)  # HF_HOME writable before the config of a hub id is fetched into it
     try:
-        store = runspec.check_host(manifest, model_path, "worker", cfg.host, weights_fingerprint)
+        store = runspec.check_host(manifest, model_path, "worker", cfg.host)
     except runspec.ModelMismatch as exc:
         raise WorkerSetupError(str(exc)) from None
+    folder = local_folder(model_path)
+    if folder is not None and fingerprint_cached(model_path):   # no read needed: refused before a long load
+        manifest = check_run_weights(r, store, manifest, str(folder.resolve()), cfg)
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, list(manifest.layer_ids))
     extractor = Extractor.load(model_path, list(manifest.layer_ids), manifest.store_final, cfg.device, manifest.dtype,
                                store_dtype=manifest.store_dtype, compute_dtype=manifest.compute_dtype,
                                fp8_accumulation=manifest.fp8_accumulation, kernels=cfg.kernels,
                                measure_compute=manifest.compute_dtype == "float8" and not life.compute_error_recorded(r, cfg.run))
-    return WorkerRuntime(cfg, r, store, manifest, extractor)
+    folder = local_folder(model_path)   # after the load: a hub id's snapshot is on this host now
+    loaded = str(folder.resolve()) if folder is not None else model_path
+    manifest = check_run_weights(r, store, manifest, loaded, cfg)
+    return WorkerRuntime(cfg, r, store, manifest, extractor, loaded_from=loaded)
+
+
+def check_run_weights(r, store, manifest, loaded: str, cfg: WorkerConfig):
+    """The weights in folder ``loaded`` are the run's (hsx.runspec.check_weights): after the load, read from the
+    page cache it filled, and before it too where the fingerprint's cache is current (nothing to read). The first
+    worker of a run whose manifest has no fingerprint in this hsx's scheme records its own (a manifest with none
+    takes it, in Redis and the store). Returns the manifest, with the fingerprint it took."""
+    taken = []
+
+    def record(fingerprint: str) -> dict:
+        held = life.record_weights(r, cfg.run, fingerprint, loaded, cfg.worker_name, cfg.host, manifest)
+        if held["fingerprint"] == fingerprint and held.get("worker") == cfg.worker_name:
+            log.info("run %s: recorded its weights fingerprint %s (%s), the first worker to load them", cfg.run,
+                     fingerprint, loaded)
+            with_it = replace(manifest, model_weights=fingerprint)
+            if not manifest.model_weights and life.get_manifest(r, cfg.run) == with_it:  # Redis' manifest took it
+                with_it.save(store)   # the store's manifest.json holds it too
+                taken.append(with_it)
+        return held
+
+    try:
+        runspec.check_weights(manifest, loaded, weights_fingerprint, record)
+    except (runspec.ModelMismatch, HsxError) as exc:
+        raise WorkerSetupError(str(exc)) from None
+    return taken[0] if taken else manifest
 
 
 def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRuntime | None:

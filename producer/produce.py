@@ -59,7 +59,7 @@ from hsx.runspec import (
     text_config,
 )
 from hsx.store import check_store, layout
-from producer import windows
+from producer import runweights, windows
 from producer.inputs import write_inputs
 from producer.planning import Planning
 from producer.report import ProduceReport
@@ -85,11 +85,15 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     planned, named_fingerprint = identify(cfg)
     store = cfg.store.open()
     existing = life.get_manifest(r, cfg.run) or Manifest.load(store, cfg.run)
-    manifest = resumed_manifest(existing, planned, named_fingerprint)
+    recorded = life.recorded_weights(r, cfg.run)
+    runweights.say_unfingerprinted(planned, recorded)
+    planned = runweights.comparable(planned, existing, recorded)
+    manifest = resumed_manifest(existing, planned, named_fingerprint,
+                                recorded["fingerprint"] if recorded and existing is not None else "")
     with ProducerLock(r, cfg.run, cfg.lock_wait_seconds) as lock:
         planning = resume(Planning(r, store, cfg, lock), resumed=existing is not None)
         plan_windows(planning, manifest, on_event or (lambda name, window: None))
-        seal(planning, manifest)
+        manifest = seal(planning, manifest)
     return planning.produce_report(manifest)
 
 
@@ -205,13 +209,14 @@ def plan_windows(planning: Planning, manifest: Manifest, event: Callable[[str, i
                      planning.report.rows)
 
 
-def seal(planning: Planning, manifest: Manifest) -> None:
+def seal(planning: Planning, manifest: Manifest) -> Manifest:
     """The plan is whole: the manifest and the final totals are written; on a re-run, the failures of batches
-    now done are dropped and the run's index is written if every batch is done."""
+    now done are dropped and the run's index is written if every batch is done. Returns the manifest written."""
     r, run = planning.r, planning.cfg.run
     if not planning.batches:
         raise PlanError(f"{planning.cfg.dataset}: no usable rows out of {planning.report.rows}; nothing to plan. "
                         + "; ".join(planning.report.examples[:5]))
+    manifest = runweights.with_recorded(r, manifest)   # a worker may have recorded it while this planned
     manifest.save(planning.store)
     life.save_plan(r, run, manifest, [], planning.totals(planning=0))
     if planning.rebuild is not None:
@@ -221,6 +226,7 @@ def seal(planning: Planning, manifest: Manifest) -> None:
                         "those records are dropped", run, len(settled), ", ".join(settled[:10]))
     if planning.rebuild is not None and planning.rebuild.rebuilt:
         write_index_if_complete(r, planning.store, run)
+    return manifest
 
 
 def _mark_planned_only(r, cfg: ProduceConfig, new_run: bool) -> bool:

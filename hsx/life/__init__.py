@@ -100,5 +100,6 @@ __getattr__, __dir__, __all__ = face(__name__, {
     "runstate": ["Outstanding", "mark_planned_only", "outstanding", "planning_in_progress", "run_exists",
                  "unmark_planned_only"],
     "uploadpolicy": ["UPLOAD_FAILURES", "UploadFailure"],
+    "weightsrecord": {"WeightsRecordError": None, "read": "recorded_weights", "record": "record_weights"},
     "windowrecords": ["forget_windows_from", "save_window", "window_records"],
 })

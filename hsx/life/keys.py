@@ -147,6 +147,11 @@ class RunKeys:
         return self._k("compute_error")
 
     @property
+    def model_weights(self) -> str:  # STRING JSON {fingerprint, model, worker, host, ts}: the weights fingerprint the
+        # first worker to load the model recorded, where the manifest holds none in this hsx's scheme; SET NX; no TTL
+        return self._k("model_weights")
+
+    @property
     def evaluation(self) -> str:  # STRING JSON: the last `hsx evaluate` of a drafter trained on the run (tau, ...); no TTL
         return self._k("evaluation")
 

@@ -22,6 +22,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     "report": ["Sample", "TokeniseReport", "Window"],
     "rows": ["RowRejected"],
     "tokenise": ["ChatTokeniser", "parse_template_kwargs"],
-    "weights": ["weights_fingerprint"],
+    "weights": {"SCHEME": "WEIGHTS_SCHEME", "UnknownScheme": None, "WeightsUnreadable": None, "local_folder": None,
+                "fingerprint_cached": None, "scheme_of": None, "weights_fingerprint": None},
     "windows": ["TokeniseSettings", "WindowTokeniser", "default_workers"],
 })

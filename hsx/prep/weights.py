@@ -1,41 +1,59 @@
-"""A fingerprint of a model's weights: two checkpoints of one config never pass for one run (issue 29 item 4).
+"""A fingerprint of a model's weights: two checkpoints of one config never pass for one run (issues 29 and 37).
 
-The config hash says nothing of the weights, so another checkpoint of the same config was accepted as the same
-run. Hashing a 54 GB checkpoint in full would take minutes; this reads a sample that any real difference
-between two checkpoints shows in:
+``blake3-v1:<hex>``: BLAKE3 (the ``blake3`` package, pinned in pyproject.toml) of every weight file's name, size
+and the BLAKE3 of all its bytes, files sorted by name. Every byte counts: a checkpoint changed anywhere in a
+tensor (rows of added tokens, a hand patch) is another model. BLAKE3 is a cryptographic hash, so a checkpoint
+cannot be crafted to match another's, and it hashes ~5 GB/s a core from the page cache (multithreaded over a
+file's chunks); bench/weights_fingerprint.py measures it and extrapolates to the 27B checkpoint.
 
-- every weight file's name and size;
-- a safetensors file's whole header (tensor names, dtypes, shapes, offsets);
-- of every tensor, ``WINDOW`` bytes at its start and ``WINDOW`` bytes at its middle;
-- other weight files (``*.bin``, ``*.pt``): ``WINDOWS`` windows of ``WINDOW`` bytes spread evenly.
+A worker fingerprints after it loaded the weights (the files are in the page cache then, so the hash costs less
+than the load's read), the producer before it plans. Each file's hash is cached by its size, mtime and ctime
+(``ctime`` cannot be set back by hand, so ``touch -r`` after a patch does not keep a stale entry), in
+``.hsx-weights-fingerprint.json`` beside the checkpoint, or where that folder is not writable under the
+user's cache dir (``$XDG_CACHE_HOME`` or ``~/.cache``, ``hsx/weights/``): a checkpoint is read in full once.
 
-Reads headers + 2 x 1 KiB a tensor: for a 64-layer 27B checkpoint (~850 tensors, 54 GB) that is a few MB,
-about 1,700 small reads (bench/weights_fingerprint.py). A checkpoint that differs from another only inside a
-tensor, away from both windows (a few rows edited by hand), is not told apart: training changes every element
-of the tensors it trains.
+Runs planned by older hsx hold a ``sampled-v1`` fingerprint (hsx/prep/sampledweights.py): ``weights_fingerprint``
+computes that scheme when asked, so they still resume and are compared as they were planned.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
-import struct
+import tempfile
+import time
 from pathlib import Path
 
+import blake3
+
 from hsx.errors import HsxError
+from hsx.prep.sampledweights import SCHEME as SAMPLED_SCHEME
+from hsx.prep.sampledweights import WeightsUnreadable, sampled_fingerprint
 
 log = logging.getLogger(__name__)
-SCHEME = "sampled-v1"   # prefix of every fingerprint: a later scheme is never compared as if it were this one
-WINDOW = 1024           # bytes read at each sampled place
-WINDOWS = 64            # sampled places in a weight file that is not safetensors
+SCHEME = "blake3-v1"    # prefix of every fingerprint: a fingerprint is only ever compared in its own scheme
+SCHEMES = (SCHEME, SAMPLED_SCHEME)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-MAX_SAFETENSORS_HEADER = 100 * 2**20  # bytes; safetensors' own limit
+CACHE_NAME = ".hsx-weights-fingerprint.json"   # beside the checkpoint: {"scheme", "files": {name: entry}}
+
+__all__ = ["SCHEME", "SCHEMES", "UnknownScheme", "WeightsUnreadable", "fingerprint_cached", "local_folder",
+           "scheme_of", "weight_files", "weights_fingerprint"]
 
 
-class WeightsUnreadable(HsxError, ValueError):
-    """A weight file that cannot be fingerprinted (a corrupt safetensors header)."""
+class UnknownScheme(HsxError, ValueError):
+    """A fingerprint of a scheme this hsx cannot compute (a newer hsx wrote it)."""
+
+
+def scheme_of(fingerprint: str) -> str:
+    """The scheme a fingerprint is in (its prefix); UnknownScheme if this hsx cannot compute it."""
+    scheme = fingerprint.partition(":")[0]
+    if scheme not in SCHEMES:
+        raise UnknownScheme(f"weights fingerprint {fingerprint[:80]!r} is of scheme {scheme[:40]!r}, which this hsx "
+                            f"cannot compute (it knows {', '.join(SCHEMES)}): use the hsx that planned the run")
+    return scheme
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -58,44 +76,111 @@ def local_folder(model: str) -> Path | None:
         return None
 
 
-def weights_fingerprint(model: str) -> str:
-    """``sampled-v1:<sha256>`` of the model's weight files, or "" when this host has none of them to read."""
+def weights_fingerprint(model: str, scheme: str | None = None) -> str:
+    """``<scheme>:<hex>`` of the model's weight files (``SCHEME`` for None), or "" when this host has none of
+    them to read; UnknownScheme for a scheme this hsx cannot compute."""
     folder = local_folder(model)
     files = weight_files(folder) if folder is not None else []
     if not files:
-        log.warning("model %s: no weight files on this host to fingerprint; the run's identity holds its config "
-                    "hash only", model)
         return ""
-    digest = hashlib.sha256()
+    if scheme == SAMPLED_SCHEME:
+        return sampled_fingerprint(files)
+    if scheme not in (None, SCHEME):
+        scheme_of(f"{scheme}:")  # raises UnknownScheme
+    cache = FileHashCache(folder)
+    digest = blake3.blake3()
     for path in files:
-        size = path.stat().st_size
-        digest.update(f"{path.name}\0{size}\0".encode())
-        with open(path, "rb") as fh:
-            fd = fh.fileno()
-            if path.name.endswith(".safetensors"):
-                _sample_safetensors(fd, size, path, digest)
-            else:
-                for i in range(WINDOWS):
-                    digest.update(os.pread(fd, WINDOW, max(size - WINDOW, 0) * i // max(WINDOWS - 1, 1)))
+        stat = path.stat()
+        digest.update(f"{path.name}\0{stat.st_size}\0{cache.file_hash(path, stat)}\0".encode())
+    cache.save()
     return f"{SCHEME}:{digest.hexdigest()}"
 
 
-def _sample_safetensors(fd: int, size: int, path: Path, digest) -> None:
-    prefix = os.pread(fd, 8, 0)
-    if len(prefix) < 8:
-        raise WeightsUnreadable(f"{path}: {size} bytes, too short for a safetensors file")
-    (header_len,) = struct.unpack("<Q", prefix)
-    if header_len > min(MAX_SAFETENSORS_HEADER, size - 8):
-        raise WeightsUnreadable(f"{path}: safetensors header length {header_len} is implausible")
-    raw = os.pread(fd, header_len, 8)
-    digest.update(raw)
+def fingerprint_cached(model: str) -> bool:
+    """Whether ``weights_fingerprint(model)`` reads nothing but the cache here (every weight file's entry is
+    current): a worker then checks the weights before it loads them, and refuses another checkpoint at once."""
+    folder = local_folder(model)
+    files = weight_files(folder) if folder is not None else []
+    cache = FileHashCache(folder) if files else None
+    return bool(files) and all(cache.current(path, path.stat()) is not None for path in files)
+
+
+def _stat_key(stat: os.stat_result) -> dict:
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+
+
+class FileHashCache:
+    """Each weight file's BLAKE3, keyed by its name, size, mtime and ctime; read beside the checkpoint, else
+    under the user's cache dir. A missing, stale or malformed cache is recomputed, never trusted."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder.resolve()
+        self.beside = self.folder / CACHE_NAME
+        self.private = user_cache_dir() / f"{hashlib.sha256(str(self.folder).encode()).hexdigest()[:32]}.json"
+        self.entries = self._read(self.beside) or self._read(self.private)
+        self.changed = False
+
+    @staticmethod
+    def _read(path: Path) -> dict:
+        try:
+            data = json.loads(path.read_bytes())
+            files = data["files"] if data.get("scheme") == SCHEME else {}
+            return {name: entry for name, entry in files.items()
+                    if isinstance(entry, dict) and isinstance(entry.get("blake3"), str) and len(entry["blake3"]) == 64}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            return {}
+
+    def current(self, path: Path, stat: os.stat_result) -> str | None:
+        """The cached hash of ``path`` if its entry matches ``stat``, else None."""
+        entry = self.entries.get(path.name)
+        if entry is not None and {k: entry.get(k) for k in ("size", "mtime_ns", "ctime_ns")} == _stat_key(stat):
+            return entry["blake3"]
+        return None
+
+    def file_hash(self, path: Path, stat: os.stat_result) -> str:
+        cached = self.current(path, stat)
+        if cached is not None:
+            return cached
+        started = time.perf_counter()
+        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        if stat.st_size:
+            hasher.update_mmap(str(path))
+        seconds = time.perf_counter() - started
+        log.info("fingerprinted %s: %.2f GB in %.1f s (%.2f GB/s, BLAKE3)", path, stat.st_size / 1e9, seconds,
+                 stat.st_size / 1e9 / max(seconds, 1e-9))
+        self.entries[path.name] = {**_stat_key(stat), "blake3": hasher.hexdigest()}
+        self.changed = True
+        return self.entries[path.name]["blake3"]
+
+    def save(self) -> None:
+        """Write the cache beside the checkpoint, or under the user's cache dir where the folder is read-only;
+        a cache that cannot be written anywhere only costs the next call a full read."""
+        if not self.changed:
+            return
+        raw = json.dumps({"scheme": SCHEME, "files": self.entries}, indent=1, sort_keys=True).encode()
+        if not (_write_atomically(self.beside, raw) or _write_atomically(self.private, raw)):
+            log.info("weights fingerprint of %s not cached (neither it nor %s is writable)", self.folder,
+                     self.private.parent)
+
+
+def _write_atomically(path: Path, raw: bytes) -> bool:
     try:
-        header = json.loads(raw)
-        spans = sorted((name, *t["data_offsets"]) for name, t in header.items() if name != "__metadata__")
-    except (ValueError, TypeError, KeyError) as exc:
-        raise WeightsUnreadable(f"{path}: not a safetensors header ({type(exc).__name__}: {exc})") from None
-    base = 8 + header_len
-    for _name, start, end in spans:
-        length = min(WINDOW, max(end - start, 0))
-        digest.update(os.pread(fd, length, base + start))
-        digest.update(os.pread(fd, length, base + start + max(end - start - length, 0) // 2))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".hsx-fp-")
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+
+
+def user_cache_dir() -> Path:
+    """hsx's folder for weights fingerprints under the user's cache dir (XDG)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hsx" / "weights"

@@ -10,13 +10,14 @@ from __future__ import annotations
 from hsx.face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
-    "hostcheck": ["ModelMismatch", "check_host"],
+    "hostcheck": ["ModelMismatch", "check_host", "check_weights"],
     "plan": ["RunFacts", "plan_manifest", "resumed_manifest"],
     "compute": ["ComputeDtypeError", "check_compute_dtype", "check_fp8_accumulation"],
     "config": ["ProduceConfig", "UploadConfig", "WorkerConfig", "with_redis_password"],
     "manifest": [
         "Manifest",
         "ManifestError",
+        "ManifestMismatch",
         "RunLimits",
         "check_same_run",
         "new_manifest",

@@ -59,20 +59,30 @@ def plan_manifest(cfg: ProduceConfig, facts: RunFacts) -> Manifest:
     )
 
 
-def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerprint: str) -> Manifest:
+def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerprint: str,
+                     recorded_weights: str = "") -> Manifest:
     """``planned`` for a new run; for a run that exists, the same run resumed (ManifestMismatch if it is not).
 
     ``named_fingerprint``: the dataset's fingerprint as older hsx computed it (its name counted); a run they
-    planned resumes with it. A resumed run keeps its creation time and incarnation (a run planned by an older
-    hsx keeps none), and records the weights fingerprint if its manifest had none."""
+    planned resumes with it. ``recorded_weights``: the fingerprint the run's first worker recorded (hsx.life)
+    where the manifest had none. A resumed run keeps its creation time and incarnation (a run planned by an
+    older hsx keeps none), and records the weights fingerprint if its manifest had none. A model path that
+    changes (another folder of the same config and weights) is said in one line."""
     if existing is None:
         return planned
     if existing.dataset_fingerprint == named_fingerprint:  # a run planned when the name counted
         planned = replace(planned, dataset_fingerprint=named_fingerprint)
+    if not existing.model_weights and recorded_weights:
+        existing = replace(existing, model_weights=recorded_weights)
     check_same_run(existing, planned)
     if not existing.model_weights and planned.model_weights:
         log.warning("run %s was planned by an hsx that did not fingerprint the weights: recording %s's (%s) from "
                     "now on; batches done before were not checked against it", planned.run, planned.model,
                     planned.model_weights)
+    if existing.model != planned.model:
+        same = ("the same weights fingerprint" if existing.model_weights and planned.model_weights
+                else "the weights not compared: one side has no fingerprint")
+        log.warning("run %s: its model path changes from %s to %s (same config, %s)", planned.run, existing.model,
+                    planned.model, same)
     return replace(planned, created=existing.created, incarnation=existing.incarnation,
                    model_weights=planned.model_weights or existing.model_weights)
