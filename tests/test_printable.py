@@ -57,6 +57,14 @@ def test_log_lines_show_data_and_keep_a_tracebacks_lines():
     assert _obeyed(text) == [], _obeyed(text)
     assert "WARNING hsx.test-printable: sample \\x1b]0;pwned-title" in text and "line one\\nforged line" in text
     assert "Traceback (most recent call last):\n" in text and "ValueError: row text \\x1b]0;" in text
+    # the hsx CLI's own logging (every role logs through it): a process as `hsx <command>` sets it up
+    import subprocess
+    import sys
+
+    probe = ("import logging, sys; from hsx_cli.main import _quiet_libraries; _quiet_libraries(False); "
+             "logging.getLogger('hsx.probe').warning('sample %s failed', sys.argv[1])")
+    err = subprocess.run([sys.executable, "-c", probe, EVIL], capture_output=True, text=True, timeout=120).stderr
+    assert "WARNING hsx.probe: sample \\x1b]0;pwned-title\\x07" in err and _obeyed(err) == [], err
 
 
 def _rows(path):
