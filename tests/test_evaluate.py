@@ -211,7 +211,7 @@ def test_evaluate_loads_only_tensors_from_a_drafter_and_refuses_a_pickle_that_ru
     subprocess.run([str(python), "-c", CRAFTED, str(state), str(marker)], check=True, env=peer_env())
     (folder / "draft_config.json").write_text("{}")
     assert not marker.exists()
-    for drafter in (folder, state, tmp_path):    # the step folder, its file, the output_dir (highest step)
+    for drafter in (folder, tmp_path):    # the step folder, and the output_dir (its highest step folder)
         capsys.readouterr()
         rc = main(["evaluate", "--model", str(tiny_model), "--drafter", str(drafter), "--dataset", str(sample_dataset()),
                    "--limit", "1", "--max-new-tokens", "2", "--peer-python", str(python)])
