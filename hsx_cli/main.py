@@ -16,6 +16,7 @@ import sys
 
 from hsx import __version__
 from hsx.errors import HsxError
+from hsx.printable import PrintableFormatter, printable
 from hsx_cli import dashboard, demo, evaluate, export, inspect, produce, reset, retry_failed, show, status, upload, verify, worker
 from hsx_cli.command import Command
 from hsx_cli.flags import Flag, resolve
@@ -47,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _quiet_libraries(verbose: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)   # log lines carry sample ids and row text: shown, never obeyed
+    handler.setFormatter(PrintableFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         verbose = bool(VERBOSE.value(args.verbose))
     except HsxError as exc:
-        print(f"hsx: error: {exc}", file=sys.stderr)
+        print(f"hsx: error: {printable(exc, lines=True)}", file=sys.stderr)
         return 2
     _quiet_libraries(verbose)
     try:
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     except HsxError as exc:
         if verbose:
             log.debug("expected error", exc_info=True)
-        print(f"hsx {command.name}: error: {exc}", file=sys.stderr)
+        print(f"hsx {command.name}: error: {printable(exc, lines=True)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"hsx {command.name}: interrupted", file=sys.stderr)
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc()
-        print(f"hsx {command.name}: unexpected error: {type(exc).__name__}: {exc}"
+        print(f"hsx {command.name}: unexpected error: {type(exc).__name__}: {printable(exc, lines=True)}"
               + ("" if verbose else " (run with -v or HSX_DEBUG=1 for the traceback)"), file=sys.stderr)
         return 1
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from hsx import defaults as D
 from hsx.errors import ConfigError
+from hsx.printable import printable
 from hsx.runspec import ProduceConfig
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, RUN, STORE_FLAGS, redis_url, store_settings
@@ -129,7 +130,7 @@ def run(cfg: ProduceConfig) -> int:
     from producer.produce import produce
 
     report = produce(cfg)
-    print("\n".join(report.lines()))
+    print("\n".join(printable(line) for line in report.lines()))   # rows' ids and messages: shown, not obeyed
     return 0
 
 

@@ -34,6 +34,7 @@ def config(v) -> StatusConfig:
 def run(cfg: StatusConfig) -> int:
     from hsx import life
     from hsx.monitor import run_progress, summary_lines
+    from hsx.printable import printable
     from hsx.redisconn import connect
 
     r = connect(cfg.redis_url)
@@ -55,7 +56,7 @@ def run(cfg: StatusConfig) -> int:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, default=str))
     else:
         for p in reports:
-            print("\n".join(summary_lines(p)))
+            print("\n".join(printable(line) for line in summary_lines(p)))   # Redis' records: shown, never obeyed
     return 0
 
 

@@ -12,7 +12,6 @@ checked against the CRC-32 its header recorded for them (hsx/batch/hidden.py).
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 
 import torch
@@ -85,10 +84,11 @@ def decode(buf: torch.Tensor, key: str, manifest: Manifest | None = None) -> Bat
 
 
 def fetch_object(store: Store, key: str) -> torch.Tensor:
-    """The whole object as a writable uint8 tensor.
+    """The whole object as a writable uint8 tensor that owns its bytes.
 
-    A local file is memory-mapped copy-on-write: no read, no copy; pages come from the page cache when a
-    consumer touches them, and a write to a tensor never reaches the file. A remote object is read into memory.
+    A local file is read once into memory (one copy from the page cache), never mapped: what a caller checks
+    and decodes is then what it keeps, whatever a foreign writer does to the file afterwards (a copy-on-write
+    mapping shows such a rewrite through every page not yet written to). A remote object is read into memory.
     """
     if isinstance(store, LocalStore):
         try:
@@ -96,18 +96,29 @@ def fetch_object(store: Store, key: str) -> torch.Tensor:
         except ValueError as exc:
             raise ReaderError(f"{store.url()}: {exc}") from None
         try:
-            with open(path, "rb") as fh:
-                if os.fstat(fh.fileno()).st_size == 0:
-                    return torch.empty(0, dtype=torch.uint8)
-                mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+            with open(path, "rb", buffering=0) as fh:
+                return _read_whole(fh)
         except FileNotFoundError:
             raise ReaderError(f"{store.url(key)}: batch object is missing from the store") from None
-        return torch.frombuffer(mapped, dtype=torch.uint8)
     try:
         data = store.get_bytes(key)
     except KeyError:
         raise ReaderError(f"{store.url(key)}: batch object is missing from the store") from None
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def _read_whole(fh) -> torch.Tensor:
+    """The file's bytes as fstat sized them, in one tensor (shorter if the file shrank meanwhile: the size
+    check then names it truncated)."""
+    size = os.fstat(fh.fileno()).st_size
+    buf = torch.empty(size, dtype=torch.uint8)
+    view, got = memoryview(buf.numpy()), 0
+    while got < size:
+        n = fh.readinto(view[got:])
+        if not n:
+            return buf[:got].clone()
+        got += n
+    return buf
 
 
 def check_digest(buf: torch.Tensor, where: str, size: int, sha256: str) -> torch.Tensor:

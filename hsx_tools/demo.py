@@ -21,6 +21,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from hsx.printable import printable
 from hsx.redisconn import LocalRedis, reachable, redact
 from hsx_tools.processes import stop_all
 
@@ -79,7 +80,7 @@ def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:
                 break
             time.sleep(0.5)
     except subprocess.CalledProcessError as exc:
-        print(f"hsx demo: a step failed: {exc}", file=sys.stderr)
+        print(f"hsx demo: a step failed: {printable(exc, lines=True)}", file=sys.stderr)
         return 1
     finally:
         stop_all(procs)

@@ -176,6 +176,10 @@ def run_peer(cfg: EvaluateConfig, request: dict, quiet: bool) -> dict:
             env["PYTHONPATH"] = os.pathsep.join(paths)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env.setdefault("HF_HUB_OFFLINE", "1")
+        # Every torch.load in the peer unpickles tensors and plain values only, whatever its call says (the drafter's
+        # own load is weights_only=True already: hsx_peers.evaluate.load_training_state); docs/training.md.
+        env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+        env["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
         bar, tail = Bar(quiet), deque(maxlen=20)
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
             for line in proc.stderr:

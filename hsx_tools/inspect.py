@@ -48,6 +48,7 @@ from hsx.prep import (
     resolve_dataset,
     resolve_model,
 )
+from hsx.printable import printable
 from hsx.runspec import load_model_config, text_config
 from hsx_tools.columnuse import column_lines, column_use
 from hsx_tools.prefixshare import prefix_share
@@ -141,11 +142,12 @@ def histogram_lines(lengths: np.ndarray, width: int = 40) -> list[str]:
 
 
 def sample_segments(tokenizer, ids: np.ndarray, mask: np.ndarray) -> list[tuple[str, bool]]:
-    """(text, in loss mask) runs of consecutive tokens with the same mask value."""
+    """(text, in loss mask) runs of consecutive tokens with the same mask value; the text ``printable`` (its lines
+    and tabs kept, every other control character shown as its escape: a row cannot drive the terminal)."""
     segments, start = [], 0
     for i in range(1, len(ids) + 1):
         if i == len(ids) or mask[i] != mask[start]:
-            segments.append((tokenizer.decode(ids[start:i].tolist()), bool(mask[start])))
+            segments.append((printable(tokenizer.decode(ids[start:i].tolist()), lines=True), bool(mask[start])))
             start = i
     return segments
 
@@ -228,11 +230,11 @@ def run_inspect(cfg: InspectConfig) -> int:
           f"({report.reject_share():.2%}; produce fails above {cfg.max_reject_share:.2%})")
     print("  by format: " + ", ".join(f"{k} {v}" for k, v in sorted(report.formats.items())))
     for line in column_lines(*column_use(cfg.dataset, cfg.columns)):
-        print(line)
+        print(printable(line))      # column names are the dataset's
     for code, n in report.rejected.most_common():
         print(f"  rejected {n} x {code}")
     for example in report.examples[:10]:
-        print(f"    {example}")
+        print(f"    {printable(example)}")
     print("token lengths (kept samples):")
     print("\n".join(histogram_lines(lengths_np)))
     if every_ids:
@@ -245,7 +247,7 @@ def run_inspect(cfg: InspectConfig) -> int:
         console = Console(highlight=False)
     marker = "in the loss mask: bold green" if tty else "in the loss mask: [[...]]"
     for n, sample in enumerate(picked, 1):
-        print(f"--- sample {n}/{len(picked)}: id {sample.sample_id}, {len(sample.input_ids)} tokens, "
+        print(f"--- sample {n}/{len(picked)}: id {printable(sample.sample_id)}, {len(sample.input_ids)} tokens, "
               f"{int(sample.loss_mask.sum())} in the loss mask ({marker})")
         text = render_sample(sample_segments(tokenizer, sample.input_ids, sample.loss_mask), console)
         if text is not None:

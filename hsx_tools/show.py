@@ -17,6 +17,7 @@ import torch
 
 from hsx.errors import ConfigError
 from hsx.monitor import fmt_bytes
+from hsx.printable import printable
 from hsx.store import StoreSettings
 
 SAMPLE_IDS_LISTED = 10
@@ -73,7 +74,8 @@ def _find(ds, run: str, sample: str):
         ref = index.samples[position]
     if ref is None:
         some = ", ".join(s.sample_id for s in index.samples[:5])
-        raise ConfigError(f"sample {sample!r} is not in run {run!r} (ids such as {some}; or #N for line N of the index)")
+        raise ConfigError(f"sample {sample!r} is not in run {run!r} (ids such as {printable(some)}; or #N for line N of "
+                          "the index)")
     return ref
 
 
@@ -81,11 +83,11 @@ def show_run(ds, run: str) -> None:
     index, manifest = ds.index, ds.manifest
     sizes = [index.digests.get(k, (0, ""))[0] for k in index.keys()]
     print(f"run {run}: {len(index.samples)} samples in {len(sizes)} batch objects, {fmt_bytes(sum(sizes))}; model "
-          f"{manifest.model}, layers {manifest.layer_ids}{' + final' if manifest.store_final else ''} x "
+          f"{printable(manifest.model)}, layers {manifest.layer_ids}{' + final' if manifest.store_final else ''} x "
           f"{manifest.hidden_size}, {manifest.store_dtype or manifest.dtype}"
           + (f" + {manifest.codec}" if getattr(manifest, "codec", "none") not in (None, "none") else ""))
     for ref in index.samples[:SAMPLE_IDS_LISTED]:
-        print(f"  #{ref.position}  {ref.sample_id}  ({ref.key}, row {ref.row})")
+        print(f"  #{ref.position}  {printable(ref.sample_id)}  ({printable(ref.key)}, row {ref.row})")
     if len(index.samples) > SAMPLE_IDS_LISTED:
         print(f"  ... {len(index.samples) - SAMPLE_IDS_LISTED} more")
     print(f"show one: hsx show {run} SAMPLE_ID   (or #N, line N of the index)")
@@ -100,7 +102,7 @@ def show_sample(ds, run: str, sample: str, chars: int, plain: bool) -> None:
     ids, mask, hidden = data["input_ids"], data["loss_mask"], data["hidden_states"]
     size = index.digests.get(ref.key, (None, None))[0]
     checked = "size + SHA-256 checked against the index" if ref.key in index.digests else "no digest in the index"
-    print(f"sample {ref.sample_id} of run {run}: #{ref.position}, row {ref.row} of {ref.key} "
+    print(f"sample {printable(ref.sample_id)} of run {run}: #{ref.position}, row {ref.row} of {printable(ref.key)} "
           f"({fmt_bytes(size) if size else '?'}; {checked})")
     tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
     for name, t in tensors.items():
@@ -114,7 +116,7 @@ def show_sample(ds, run: str, sample: str, chars: int, plain: bool) -> None:
     tokenizer, why = _tokenizer(manifest.model)
     tty = sys.stdout.isatty() and not plain
     if tokenizer is None:
-        print(f"text: the run's tokenizer ({manifest.model}) cannot be loaded here ({why}); ids: "
+        print(f"text: the run's tokenizer ({printable(manifest.model)}) cannot be loaded here ({printable(why)}); ids: "
               f"{ids[:64].tolist()}{' ...' if len(ids) > 64 else ''}")
         return
     print("text (in the loss mask: " + ("bold green)" if tty else "[[...]])"))

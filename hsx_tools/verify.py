@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from hsx import fleet, life
 from hsx.life import check_batch, rebuild_done, repair_batches, requeue_orphans
 from hsx.monitor import Progress
+from hsx.printable import printable
 from hsx.runspec import RunLimits
 from hsx.store import check_store, layout
 
@@ -153,5 +154,5 @@ def run_verify(cfg: VerifyConfig) -> int:
     check_store(settings, "verify", write=cfg.repair, run=cfg.run)  # --repair deletes objects: it must write too
     store = settings.open()
     report = verify_run(r, store, cfg.run, quick=cfg.quick, repair=cfg.repair, rebuild=cfg.rebuild_ledger)
-    print("\n".join(report.lines()))
+    print("\n".join(printable(line) for line in report.lines()))   # keys, sample ids: shown, not obeyed
     return 0 if report.ok else 1

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hsx.monitor import fmt_bytes, fmt_duration, host_row, run_progress, summary_lines
+from hsx.printable import printable
 
 BARS = (("samples", "samples"), ("tokens", "tokens"), ("extracted", "batches extracted"),
         ("uploaded", "batches uploaded + verified"))
@@ -34,7 +35,7 @@ def _bar_values(p: dict) -> dict[str, tuple[int, int]]:
 def _header(p: dict) -> Text:
     state = "COMPLETE" if p["complete"] else "in progress"
     rate = p["rate"]
-    return Text(f"run {p['run']}: {state}   {rate['samples']:.1f} samples/s, {rate['tokens']:.0f} tokens/s "
+    return Text(f"run {printable(p['run'])}: {state}   {rate['samples']:.1f} samples/s, {rate['tokens']:.0f} tokens/s "
                 f"(last {fmt_duration(p['rate_span_seconds'])})   ETA {fmt_duration(p['eta_seconds'])}   "
                 f"extract queue {p['extract_queue']}   uploaded {fmt_bytes(p['done']['bytes'])}", style="bold")
 
@@ -47,11 +48,12 @@ def _workers_table(p: dict) -> Table:
         mem = (f"{fmt_bytes(w['mem_used_bytes'])}/{fmt_bytes(w['mem_total_bytes'])}"
                if w.get("mem_total_bytes") is not None else "-")
         state = "stale" if not w["alive"] else ("busy" if w.get("current_batch") else "idle")
-        table.add_row(w["worker"], str(w.get("host") or "-"), str(w.get("name") or w.get("device") or "-"),
+        table.add_row(printable(w["worker"]), printable(w.get("host") or "-"),   # Redis' records: shown, never obeyed
+                      printable(w.get("name") or w.get("device") or "-"),
                       "-" if w.get("util_pct") is None else f"{w['util_pct']}%", mem,
                       "-" if w.get("temp_c") is None else f"{w['temp_c']} C",
                       "-" if w.get("power_w") is None else f"{w['power_w']:.0f} W",
-                      str(w.get("current_batch") or "-"), f"{w['age_seconds']:.0f}s ago", str(w.get("batches", 0)),
+                      printable(w.get("current_batch") or "-"), f"{w['age_seconds']:.0f}s ago", str(w.get("batches", 0)),
                       Text(state, style="red" if state == "stale" else ""))
     return table
 
@@ -62,7 +64,7 @@ def _hosts_table(r: redis.Redis, p: dict) -> Table:
         table.add_column(col)
     for host, stats in sorted(p["hosts"].items()):
         row = host_row(r, host, stats)
-        table.add_row(host, f"{fmt_bytes(row['spool_bytes'])} / {fmt_bytes(row['spool_budget_bytes'])}",
+        table.add_row(printable(host), f"{fmt_bytes(row['spool_bytes'])} / {fmt_bytes(row['spool_budget_bytes'])}",
                       str(row["spool_files"]), str(row["upload_queue"]), str(row["uploaders"]))
     return table
 
@@ -70,7 +72,7 @@ def _hosts_table(r: redis.Redis, p: dict) -> Table:
 def _failures(p: dict) -> Text:
     lines = [f"{len(p['dead_letters'])} dead letters, {len(p['failures'])} retrying"]
     for bid, rec in sorted(p["dead_letters"].items())[:10]:
-        lines.append(f"  {bid}: {rec['attempts']} attempts: {rec['last_error'][:160]}")
+        lines.append(printable(f"  {bid}: {rec['attempts']} attempts: {rec['last_error'][:160]}"))
     return Text("\n".join(lines), style="red" if p["dead_letters"] else "")
 
 
@@ -112,4 +114,5 @@ def watch(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int |
 def watch_plain(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int | None = None) -> int:
     """``watch`` for a log file or a pipe: the status summary every ``interval`` seconds, no terminal codes."""
     return _poll(r, run, interval, max_iterations,
-                 lambda p: print("\n".join(summary_lines(p)), flush=True), lambda msg: print(msg, flush=True))
+                 lambda p: print("\n".join(printable(x) for x in summary_lines(p)), flush=True),
+                 lambda msg: print(printable(msg), flush=True))

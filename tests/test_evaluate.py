@@ -26,8 +26,9 @@ from safetensors.torch import save_file
 from hsx.batch.hidden import sample_hidden_crcs
 from hsx.batch.meta import SAMPLE_HIDDEN_DIGESTS, crcs_json
 from hsx_cli.main import main
+from hsx_tools.demo import sample_dataset
 from hsx_tools.sharptarget import build_sharp_target, write_rows
-from tests.peerenv import peer_python, run_peer
+from tests.peerenv import peer_env, peer_python, run_peer
 from tests.pipeline import run_pipeline
 
 STEPS = 200           # SpecForge optimizer steps a drafter (batch = the whole 64-sample run, one epoch a step)
@@ -168,6 +169,58 @@ def test_evaluate_refuses_in_one_line(tiny_model, tmp_path, capsys, monkeypatch,
     rc = main(["evaluate", *(a.format(**fill) for a in args)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and says.format(**fill) in err[0], err
+
+
+# A checkpoint as a stranger could hand it over: its pickle runs code on load (here: writes MARKER).
+CRAFTED = """
+import sys, torch
+class Payload:
+    def __reduce__(self):
+        return exec, ("open(%r, 'w').write('ran')" % sys.argv[2],)
+torch.save({"draft_state_dict": {}, "strategy": "dflash", "payload": Payload()}, sys.argv[1])
+"""
+# What SpecForge 0.2.0's `specforge train` saves (the types of a real training_state.pt of a DFlash run): tensors,
+# dicts, lists, tuples, numbers, strings, None. It loads with weights_only=True and no allowlist.
+PLAIN = """
+import sys, torch
+from hsx_peers.evaluate import load_training_state
+w = torch.zeros(4, 4, dtype=torch.bfloat16)
+torch.save({"draft_state_dict": {"layers.0.w": w}, "global_step": 1, "strategy": "dflash", "dflash_block_size": 4,
+            "dflash_mask_token_id": 0, "dflash_loss_decay_gamma": None, "dflash_dpace_alpha": 0.5,
+            "dflash_target_layer_ids": (1, 3, 5), "specforge_model_provenance": (("capture_layers", (1, 3, 5)),),
+            "replicated_optimizer_state": {"optimizer_state_dict": {"state": {0: {"exp_avg": w}}, "param_groups": [
+                {"lr": 1e-3, "params": [0]}]}, "scheduler_state_dict": {"base_lrs": [1e-3], "finished": True},
+                "fp32_params": [w.float()]}}, sys.argv[1])
+state = load_training_state(sys.argv[1])
+print(state["strategy"], state["global_step"], list(state["draft_state_dict"]))
+"""
+
+
+def test_evaluate_loads_only_tensors_from_a_drafter_and_refuses_a_pickle_that_runs_code(tiny_model, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """Issue 37: SpecForge's own loader unpickles training_state.pt (torch.load(weights_only=False)), so a crafted
+    checkpoint ran code as the user. hsx reads it tensors-only: the crafted one is refused in one line naming the
+    file, before anything of it runs; a checkpoint of what specforge train saves still loads."""
+    import subprocess
+
+    python = peer_python("specforge")
+    monkeypatch.delenv("HSX_REDIS_URL", raising=False)
+    folder = tmp_path / "run-step5"
+    folder.mkdir()
+    state, marker = folder / "training_state.pt", tmp_path / "MARKER"
+    subprocess.run([str(python), "-c", CRAFTED, str(state), str(marker)], check=True, env=peer_env())
+    (folder / "draft_config.json").write_text("{}")
+    assert not marker.exists()
+    for drafter in (folder, tmp_path):    # the step folder, and the output_dir (its highest step folder)
+        capsys.readouterr()
+        rc = main(["evaluate", "--model", str(tiny_model), "--drafter", str(drafter), "--dataset", str(sample_dataset()),
+                   "--limit", "1", "--max-new-tokens", "2", "--peer-python", str(python)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert not marker.exists(), f"the checkpoint's pickle ran code ({drafter})"
+        assert rc == 2 and len(err) == 1 and str(state) in err[0] and "weights_only" in err[0], (rc, err)
+    plain = subprocess.run([str(python), "-c", PLAIN, str(tmp_path / "plain.pt")], env=peer_env(), capture_output=True,
+                           text=True)
+    assert plain.returncode == 0 and plain.stdout.split() == ["dflash", "1", "['layers.0.w']"], plain.stderr[-2000:]
 
 
 def test_status_shows_an_evaluation_and_skips_a_malformed_one(r):

@@ -204,3 +204,23 @@ def test_disk_cache_folders_are_removed_at_exit_and_stale_ones_swept(dflash_run,
     import gc
     gc.collect()
     assert sorted(p.name for p in cache_dir.iterdir()) == ["p1"]
+
+
+
+def test_a_local_object_rewritten_in_place_after_the_read_does_not_change_what_was_returned(dflash_run, tmp_path):
+    """A foreign writer rewrites checked objects in place (same size, same inode, no rename): the tensors handed
+    out before are the bytes that were checked, not views of a mapping the rewrite shows through (issue 37)."""
+    store = tmp_path / "store"
+    shutil.copytree(dflash_run.store / dflash_run.run, store / dflash_run.run)
+    ds = RunDataset(str(store), dflash_run.run)
+    samples = [ds[0], next(iter(RunStream(str(store), dflash_run.run, shuffle=False)))]
+    kept = [{k: v.clone() for k, v in s.items() if isinstance(v, torch.Tensor)} for s in samples]
+    for path in {store / ds.index.by_id[s["sample_id"]].key for s in samples}:
+        size = path.stat().st_size
+        with open(path, "r+b") as fh:
+            fh.seek(8)
+            fh.write(b"\x5a" * (size - 8))
+        assert path.stat().st_size == size
+    for sample, before in zip(samples, kept, strict=True):
+        for name, tensor in before.items():
+            assert torch.equal(sample[name], tensor), f"{name} of {sample['sample_id']} changed with the file"

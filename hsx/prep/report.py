@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hsx.printable import printable
+
 EXAMPLES_KEPT = 20      # rejected rows quoted in a report; all are counted
 
 
@@ -52,7 +54,7 @@ class TokeniseReport:
     duplicate_ids: int = 0
     rejected: Counter = field(default_factory=Counter)
     formats: Counter = field(default_factory=Counter)
-    examples: list[str] = field(default_factory=list)      # "row 12 (id x): reason", row numbers 1-based
+    examples: list[str] = field(default_factory=list)      # "row 12 (id x): reason", row numbers 1-based; printable
 
     @property
     def rejected_rows(self) -> int:
@@ -64,7 +66,7 @@ class TokeniseReport:
     def note(self, index: int, row_id: str | None, message: str) -> None:
         if len(self.examples) < EXAMPLES_KEPT:
             where = f"row {index + 1}" + (f" (id {row_id})" if row_id is not None and row_id != str(index) else "")
-            self.examples.append(f"{where}: {message}")
+            self.examples.append(printable(f"{where}: {message}"))   # row text: shown on one line, never obeyed
 
     def reject(self, index: int, row_id: str | None, code: str, message: str) -> None:
         self.rejected[code] += 1
@@ -86,7 +88,8 @@ class TokeniseReport:
     def from_dict(cls, d: dict) -> TokeniseReport:
         return cls(rows=d["rows"], kept=d["kept"], truncated=d["truncated"], dropped_overlong=d["dropped_overlong"],
                    duplicate_ids=d.get("duplicate_ids", 0), rejected=Counter(d.get("rejected", {})),
-                   formats=Counter(d.get("formats", {})), examples=list(d.get("examples", [])))
+                   formats=Counter(d.get("formats", {})),
+                   examples=[printable(x) for x in d.get("examples", [])])   # from Redis: untrusted
 
 
 @dataclass(frozen=True)

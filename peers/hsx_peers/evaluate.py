@@ -5,11 +5,18 @@ teacher-forced figure from an hsx run's stored hidden states. Runs where SpecFor
     python -m hsx_peers.evaluate --target DIR --drafter CKPT [--draft-config JSON] --request request.json
 
 ``--drafter``: a checkpoint as ``specforge train`` writes it (a ``<run_id>-step<N>`` folder, its
-``training_state.pt``, or the output_dir with its ``<run_id>-latest`` pointer; read with SpecForge's own
-``resolve_training_state`` + ``materialize_draft``), or a draft config ``.json`` for an untrained drafter
+``training_state.pt``, or the output_dir with its ``<run_id>-latest`` pointer or step folders, found as SpecForge's
+``resolve_training_state`` finds it, then built with its ``materialize_draft``), or a draft config ``.json`` for an
+untrained drafter
 (SpecForge's init, seeded). The draft config defaults to ``draft_config.json`` beside the checkpoint, where
 ``python -m hsx_peers.specforge train`` writes it. The block size and mask token are the checkpoint's
 (``dflash_block_size``, ``dflash_mask_token_id``: what it was trained with).
+
+The checkpoint is data, never code: ``training_state.pt`` is read with ``torch.load(weights_only=True)`` and no
+allowlist (what ``specforge train`` saves is tensors, dicts, lists, tuples, numbers, strings and None); a file
+whose pickle names anything else (a class, a function: code that would run as the user on load, which SpecForge's
+own ``weights_only=False`` loader runs) is refused in one line naming it. The draft config is JSON; the
+``training_state_rank*.pt`` files (optimizer, RNG) are not read.
 
 The request (JSON) holds ``prompts`` (lists of token ids), ``max_new_tokens``, ``stop_token_ids`` and
 optionally ``teacher_forced`` = {"store", "endpoint_url", "run", "samples": [i, ...], "anchors"}.
@@ -31,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
+import re
 import statistics
 import sys
 import time
@@ -53,8 +62,53 @@ def _draft_config_for(drafter: Path, given: str | None) -> Path:
     raise SystemExit(f"error: no draft_config.json beside {drafter}: pass --draft-config")
 
 
-def load_drafter(drafter: str, draft_config: str | None, tokenizer, vocab_size: int, dtype, device, seed: int):
-    """(model, info): the DFlash draft with its trained block size and mask token."""
+STATE_FILE = "training_state.pt"
+
+
+def training_state_file(drafter: str) -> Path:
+    """The ``training_state.pt`` SpecForge 0.2.0's ``resolve_training_state`` would read for ``drafter``, found the
+    same way: the file itself, the folder's, the one ``<run_id>-latest`` pointer's, else the highest step folder's."""
+    path = Path(drafter[len("file://"):] if drafter.startswith("file://") else drafter)
+    if path.is_file():
+        return path
+    if (path / STATE_FILE).is_file():
+        return path / STATE_FILE
+    latest = [p for p in sorted(path.glob("*-latest")) if (p.resolve() / STATE_FILE).is_file()]
+    if len(latest) > 1:
+        raise SystemExit(f"error: {drafter} holds several runs ({[p.name for p in latest]}): pass the "
+                         "<run_id>-step<N> folder")
+    if latest:
+        return latest[0].resolve() / STATE_FILE
+    steps = [(int(m.group(1)), p) for p in path.glob("*-step*")
+             if (m := re.search(r"-step(\d+)$", p.name)) and (p / STATE_FILE).is_file()]
+    if steps:
+        return max(steps)[1] / STATE_FILE
+    raise SystemExit(f"error: {drafter}: no {STATE_FILE} (want the file, a <run_id>-step<N> folder, or an output_dir "
+                     "with a <run_id>-latest pointer or step folders)")
+
+
+def load_training_state(file: str | Path) -> dict:
+    """A SpecForge training state, tensors and plain values only (``weights_only=True``, no allowlist)."""
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        named = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+        what = f"its pickle names {named.group(1)}" if named else "its pickle holds more"
+        raise SystemExit(f"error: {file}: refused: a drafter checkpoint may hold only tensors and plain values, and "
+                         f"{what} (code that would run on load); hsx reads it with torch.load(weights_only=True) "
+                         "(docs/training.md)") from None
+    except Exception as exc:   # not a torch file at all, truncated, ...
+        raise SystemExit(f"error: {file}: cannot be read as a torch checkpoint ({type(exc).__name__}: "
+                         f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("draft_state_dict"), dict):
+        raise SystemExit(f"error: {file}: not a SpecForge training state (no draft_state_dict)")
+    return state
+
+
+def load_drafter(drafter: str, draft_config: str | None, tokenizer, vocab_size: int, dtype, device, seed: int,
+                 state: dict | None = None):
+    """(model, info): the DFlash draft with its trained block size and mask token. ``state``: the checkpoint's
+    training state when already loaded (``load_training_state``), else it is loaded here."""
     from specforge.modeling.auto import AutoDraftModel, AutoDraftModelConfig
     from specforge.training.model_utils import resolve_mask_token_id
 
@@ -64,9 +118,10 @@ def load_drafter(drafter: str, draft_config: str | None, tokenizer, vocab_size: 
         model = AutoDraftModel.from_config(AutoDraftModelConfig.from_file(str(path)), torch_dtype=torch.float32)
         state, config_path = {}, path
     else:
-        from specforge.export.checkpoint_io import materialize_draft, resolve_training_state
+        from specforge.export.checkpoint_io import materialize_draft
 
-        state = resolve_training_state(str(path))
+        if state is None:   # never SpecForge's own loader: it unpickles anything
+            state = load_training_state(training_state_file(drafter))
         strategy = state.get("strategy")
         if strategy != "dflash":
             raise SystemExit(f"error: {drafter} is a {strategy!r} checkpoint; SpecForge 0.2.0 decodes with an HF "
@@ -223,10 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     request = json.loads(Path(args.request).read_text())
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(args.seed)
+    # the checkpoint first: a refused one costs no target load
+    state = None if Path(args.drafter).suffix == ".json" else load_training_state(training_state_file(args.drafter))
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval()
     draft, info = load_drafter(args.drafter, args.draft_config, tokenizer, target.config.vocab_size, dtype,
-                               args.device, args.seed)
+                               args.device, args.seed, state)
     prompts, tf = request.get("prompts") or [], request.get("teacher_forced")
     total = len(prompts) + (len(tf["samples"]) if tf else 0)
     report = {"drafter": info, "target": args.target, "device": args.device, "dtype": args.dtype}
