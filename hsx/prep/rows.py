@@ -14,8 +14,10 @@ also be a JSON string of the list.
 Normal form handed to ``apply_chat_template`` (the dict form Hugging Face templates expect):
   {"role": "system"|"user"|"tool", "content": str [, "tool_call_id": str, "name": str]}
   {"role": "assistant", "content": str [, "reasoning_content": str]
-   [, "tool_calls": [{"type": "function", ["id": str,] "function": {"name": str, "arguments": dict}}]]}
+   [, "tool_calls": [{"type": "function", ["id": str,] "function": {"name": str, "arguments": dict | str}}]]}
   tools: None or [{"type": "function", "function": {...}}, ...] (a bare {"name", ...} entry is wrapped).
+  Arguments stay as the row gives them: an object, or the JSON text of one, byte for byte (the tokeniser
+  parses the text only for a template that needs an object: hsx/prep/tokenise.py).
 A row that cannot be used raises RowRejected with a stable reason code and a message naming the turn.
 """
 
@@ -86,13 +88,14 @@ def _tool_call(where: str, call: Any) -> dict[str, Any]:
     args = fn.get("arguments", fn.get("parameters"))
     if args is None:
         args = {}
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
-            raise RowRejected("tool_args_not_json", f"{where} ({name}): arguments are not JSON: {args[:80]!r}") from None
-    if not isinstance(args, dict):
-        raise RowRejected("tool_args_not_json", f"{where} ({name}): arguments are a JSON {type(args).__name__}, "
+    if isinstance(args, str) and not args.strip():
+        args = {}
+    try:     # a string stays as given (what the serving stack sends); it must hold a JSON object
+        decoded = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        raise RowRejected("tool_args_not_json", f"{where} ({name}): arguments are not JSON: {args[:80]!r}") from None
+    if not isinstance(decoded, dict):
+        raise RowRejected("tool_args_not_json", f"{where} ({name}): arguments are a JSON {type(decoded).__name__}, "
                                                 "not an object")
     out: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": args}}
     if call.get("id") is not None:

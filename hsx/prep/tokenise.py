@@ -67,6 +67,32 @@ def parse_template_kwargs(text: str | None) -> dict[str, Any]:
     return out
 
 
+def probe_arguments(render) -> tuple[bool, bool]:
+    """(string tool-call arguments are rendered verbatim as text, object ones make the template fail), from two
+    renders of a one-call conversation. A template that dumps arguments with ``tojson`` or iterates them
+    needs an object: string arguments are parsed for it. Unknown (the probe refused): (False, False)."""
+    text = '{"q":"HsXprobeV1Q\\u00e9"}'       # compact separators and an escape: verbatim means as text
+
+    def convo(args):
+        return [{"role": "user", "content": "HsXprobeU1Q"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "id": "HsXcall01", "function": {"name": "lookup", "arguments": args}}]},
+                {"role": "tool", "tool_call_id": "HsXcall01", "name": "lookup", "content": "HsXprobeT1Q"},
+                {"role": "assistant", "content": "HsXprobeA3Q"}]
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "Look a text up.", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
+    try:
+        as_text = text in render(convo(text), tools, False)
+    except Exception:
+        as_text = False
+    try:
+        render(convo(json.loads(text)), tools, False)
+        objects_fail = False
+    except Exception:
+        objects_fail = True
+    return as_text, objects_fail and as_text
+
+
 def sample_id_of(data: dict[str, Any], index: int, mapping: ColumnMapping) -> str:
     """The row's stable id: its id column when present, else its 0-based position in the dataset."""
     value = data.get(mapping.id)
@@ -92,7 +118,17 @@ class ChatTokeniser:
         source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(tokenizer.chat_template)
         self.reasoning_key = ("thinking" if "reasoning_content" not in source and re.search(r"\bthinking\b", source)
                               else "reasoning_content")
-        self.string_arguments = False   # set when the template needs tool-call arguments as JSON text (see _prepare)
+        self.text_arguments, self.objects_as_text = probe_arguments(self.render)
+
+    @property
+    def locating(self) -> str:
+        """How this template's turns are located and its tool-call arguments passed, in words (hsx inspect)."""
+        if self.text_arguments:
+            args = "string tool-call arguments rendered verbatim as text" + (
+                ", object ones written as JSON text (the template fails on objects)" if self.objects_as_text else "")
+        else:
+            args = "string tool-call arguments parsed to objects (the template needs objects)"
+        return f"{self.shape.describe()}; {args}"
 
     def render(self, messages: list[dict[str, Any]], tools=None, add_generation_prompt: bool = False) -> str:
         return self.tok.apply_chat_template(messages, tools=tools, tokenize=False,
@@ -104,43 +140,54 @@ class ChatTokeniser:
         except Exception as exc:  # a template's raise_exception(), or a field it cannot handle
             raise RowRejected("template_error", f"the chat template refuses the row: {type(exc).__name__}: {exc}") from exc
 
-    def _prepare(self, messages: list[dict[str, Any]], string_arguments: bool) -> list[dict[str, Any]]:
-        """The normal form adapted to this template: reasoning under ``reasoning_key``; tool-call arguments as
-        JSON text when the template concatenates them as strings (DeepSeek style) instead of ``tojson``."""
-        if self.reasoning_key == "reasoning_content" and not string_arguments:
-            return messages
+    def _prepare(self, messages: list[dict[str, Any]], objects_as_text: bool | None = None) -> list[dict[str, Any]]:
+        """The normal form adapted to this template: reasoning under ``reasoning_key``; tool-call arguments
+        given as JSON text kept verbatim where the template takes text, parsed where it needs an object;
+        object arguments written as JSON text where the template fails on objects (it concatenates them)."""
+        objects_as_text = self.objects_as_text if objects_as_text is None else objects_as_text
         out = []
         for msg in messages:
-            msg = dict(msg)
             if self.reasoning_key != "reasoning_content" and "reasoning_content" in msg:
-                msg[self.reasoning_key] = msg.pop("reasoning_content")
-            if string_arguments and msg.get("tool_calls"):
-                msg["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.dumps(
-                    c["function"]["arguments"], ensure_ascii=False)}} for c in msg["tool_calls"]]
+                msg = {**msg, self.reasoning_key: msg["reasoning_content"]}
+                del msg["reasoning_content"]
+            if msg.get("tool_calls"):
+                msg = {**msg, "tool_calls": [self._call(c, objects_as_text) for c in msg["tool_calls"]]}
             out.append(msg)
         return out
 
+    def _call(self, call: dict[str, Any], objects_as_text: bool) -> dict[str, Any]:
+        args = call["function"]["arguments"]
+        if isinstance(args, str) and not self.text_arguments:
+            args = json.loads(args)             # rows.py checked it holds a JSON object
+        elif isinstance(args, dict) and objects_as_text:
+            args = json.dumps(args, ensure_ascii=False)
+        else:
+            return call
+        return {**call, "function": {**call["function"], "arguments": args}}
+
     def _render_real(self, messages, tools) -> tuple[list[dict[str, Any]], str]:
-        """(messages as rendered, rendering); retries once with string arguments if the template fails on objects."""
-        prepared = self._prepare(messages, self.string_arguments)
+        """(messages as rendered, rendering); retries once with object arguments as text if the template fails
+        on objects (a template the probe could not judge)."""
+        prepared = self._prepare(messages)
         try:
             return prepared, self.render(prepared, tools)
         except Exception as exc:
-            if self.string_arguments or not any(m.get("tool_calls") for m in messages):
+            objects = any(isinstance(c["function"]["arguments"], dict) for m in messages for c in m.get("tool_calls", []))
+            if self.objects_as_text or not objects:
                 raise RowRejected("template_error", f"the chat template refuses the row: {type(exc).__name__}: {exc}") from exc
             first = exc
-        prepared = self._prepare(messages, True)
+        prepared = self._prepare(messages, objects_as_text=True)
         try:
             text = self.render(prepared, tools)
         except Exception:
             raise RowRejected("template_error", f"the chat template refuses the row: {type(first).__name__}: {first}") from first
-        self.string_arguments = True
+        self.objects_as_text = True
         return prepared, text
 
     def encode_chat(self, messages: list[dict[str, Any]], tools=None) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids int32, loss_mask uint8) of a conversation in normal form."""
         messages, real = self._render_real(messages, tools)
-        spans = assistant_spans(real, messages, tools, self._render_row, self.shape, self.reasoning_key)
+        spans = assistant_spans(real, messages, tools, self._render_row, self.shape)
         ids, offsets = self._encode(real)
         return ids, spans_to_mask(offsets, spans)
 
