@@ -4,7 +4,8 @@ Tokenises the dataset exactly as `hsx produce` would (same row formats,
 template arguments, column mapping, max length, windows), touching neither
 Redis nor the store, and prints: rows per source format and per rejection
 reason; a token-length histogram; N random samples with the loss-masked
-tokens highlighted (colour in a terminal, ``[[...]]`` when piped); and the
+tokens highlighted (colour in a terminal, ``[[...]]`` when piped); how the chat template's assistant
+turns are located (a row that cannot be located is quoted with the text around the place); and the
 plan's estimate: batches, padding, bytes to store, GPU-hours and storage cost.
 
 Estimates (units in the names):
@@ -184,6 +185,20 @@ def precision_lines(store_dtype: str, compute_dtype: str, accumulation: str = "f
     return lines
 
 
+def template_line(tokenizer, cfg: InspectConfig) -> str:
+    """How the chat template's assistant turns are located (and tool-call arguments passed), in one line."""
+    from hsx.errors import HsxError
+    from hsx.prep import ChatTokeniser
+
+    if not getattr(tokenizer, "chat_template", None):
+        return "template: none (only pre-tokenised rows can be used)"
+    try:
+        chat = ChatTokeniser(tokenizer, template_kwargs=cfg.template_kwargs, columns=cfg.columns)
+    except HsxError as exc:
+        return f"template: {exc}"
+    return f"template: {chat.locating}"
+
+
 def run_inspect(cfg: InspectConfig) -> int:
     """Print the report; the checks `hsx produce` makes fail the same way (HsxError: one line, exit 2)."""
     from dataclasses import replace
@@ -223,6 +238,7 @@ def run_inspect(cfg: InspectConfig) -> int:
     tty = sys.stdout.isatty() and not cfg.plain
     print(f"dataset {cfg.dataset} for {cfg.model}"
           + (f", template arguments {cfg.template_kwargs}" if cfg.template_kwargs else ""))
+    print(template_line(tokenizer, cfg))
     print(f"rows: {report.rows} read, {report.kept} kept, {report.truncated} truncated, "
           f"{report.dropped_overlong} over {cfg.max_length} tokens dropped, {report.rejected_rows} rejected "
           f"({report.reject_share():.2%}; produce fails above {cfg.max_reject_share:.2%})")

@@ -126,3 +126,18 @@ def test_every_agentic_row_stored_with_exact_ids_and_mask(name, tmp_path):
     assert not wrong_ids, f"{len(wrong_ids)} rows with ids unlike the template's rendering, e.g. {wrong_ids[:3]}"
     assert not wrong_masks, f"{len(wrong_masks)} masks unlike the generation blocks (row, tokens): {wrong_masks[:3]}"
     assert masked > ROWS * 20
+
+
+def test_a_row_that_cannot_be_located_is_quoted_with_the_text_around_the_place(tmp_path):
+    """The rejection names the turn and quotes the real rendering around where it stops lining up, control
+    characters escaped (one printable line for hsx inspect's examples and the producer's report)."""
+    template = ("{%- if messages[-1].content.startswith('Sure') -%}{{- 'Be sure.\\n\\t' -}}{%- endif -%}"
+                "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endfor -%}"
+                "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+    chat = ChatTokeniser(build_tokenizer(tmp_path, chat_template=template))
+    with pytest.raises(RowRejected) as caught:
+        chat.encode_row({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure."}]}, 0)
+    message = str(caught.value)
+    assert caught.value.reason == "turn_not_located" and message.startswith("turn 1 (assistant)")
+    assert message.endswith("near: |>Be sure.\\n\\t<|im_start|>user\\nhi<|im_end|>\\n<|im_sta...")
+    assert message.isprintable()
