@@ -113,7 +113,8 @@ def test_every_agentic_row_stored_with_exact_ids_and_mask(name, tmp_path):
             rejected.append(f"{row['id']}: {exc}")
             continue
         conv = read_conversation(row)
-        want = tok.apply_chat_template(_as_given(row, conv.messages, arguments), tools=conv.tools, tokenize=True,
+        messages = [{**m, "content": m["content"] or ""} for m in conv.messages]   # a null content: ""
+        want = tok.apply_chat_template(_as_given(row, messages, arguments), tools=conv.tools, tokenize=True,
                                        return_dict=True, return_assistant_tokens_mask=True)
         if got.input_ids.tolist() != list(want["input_ids"]):
             wrong_ids.append(row["id"])
@@ -141,3 +142,38 @@ def test_a_row_that_cannot_be_located_is_quoted_with_the_text_around_the_place(t
     assert caught.value.reason == "turn_not_located" and message.startswith("turn 1 (assistant)")
     assert message.endswith("near: |>Be sure.\\n\\t<|im_start|>user\\nhi<|im_end|>\\n<|im_sta...")
     assert message.isprintable()
+
+
+NULL_CONTENT = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}{{- '<|im_start|>assistant\\n' -}}{%- generation -%}"
+    "{%- if m.content is defined -%}{{- m.content + '\\n<|text_end|>' -}}{%- endif -%}"
+    "{%- for c in m.tool_calls or [] -%}{{- '\\n<tool_call>' + c.function | tojson + '</tool_call>' -}}{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}{%- endgeneration -%}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+
+
+def test_a_call_turn_given_without_content_reaches_a_template_that_tells_it_from_empty(tmp_path):
+    """Hugging Face drops a null content's key; a template that tests for it renders such a call turn otherwise
+    than one with "" (DeepSeek style). The row as given is what the template renders: on main hsx wrote ""."""
+    tok = build_tokenizer(tmp_path, chat_template=NULL_CONTENT, special_tokens=("<|text_end|>",),
+                          sample_path=sample_dataset())
+    chat = ChatTokeniser(tok)
+    assert "null content passed as None" in chat.locating
+    nulls = 0
+    for index, row in enumerate(agentic_rows(24, seed=29, sharegpt_every=10**6)):
+        got = chat.encode_row(row, index)
+        messages = read_conversation(row).messages
+        for msg, given in zip(messages, row["messages"], strict=True):
+            if msg["role"] == "assistant" and given.get("content") is None:
+                msg["content"] = None
+                nulls += 1
+            for call in msg.get("tool_calls", []):
+                if isinstance(call["function"]["arguments"], str):
+                    call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        want = tok.apply_chat_template(messages, tools=row.get("tools"), tokenize=True, return_dict=True,
+                                       return_assistant_tokens_mask=True)
+        assert got.input_ids.tolist() == list(want["input_ids"]), row["id"]
+        assert got.loss_mask.tolist() == list(want["assistant_masks"]), row["id"]
+    assert nulls >= 10

@@ -30,7 +30,7 @@ def test_openai_row_keeps_reasoning_tool_calls_tool_fields_and_tools():
     assert conv.messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "find x"},
-        {"role": "assistant", "content": "", "reasoning_content": "look it up",
+        {"role": "assistant", "content": None, "reasoning_content": "look it up",   # null content kept for the template
          "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"query": "x"}'}}]},
         {"role": "tool", "content": "found", "tool_call_id": "c1", "name": "search"},   # name filled from its call
         {"role": "assistant", "content": "x is here",

@@ -73,7 +73,8 @@ def marked_copy(messages: list[dict[str, Any]], base: str):
         for key in REASONING_FIELDS:
             if isinstance(msg.get(key), str):
                 copy[key] = mark_text(msg[key], index)
-        copy["content"] = mark_text(msg["content"], index)
+        if isinstance(msg["content"], str):
+            copy["content"] = mark_text(msg["content"], index)
         if msg.get("tool_calls"):
             copy["tool_calls"] = [_marked_call(call, mark, index) for call in msg["tool_calls"]]
         marked.append(copy)

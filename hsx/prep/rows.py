@@ -13,7 +13,7 @@ also be a JSON string of the list.
 
 Normal form handed to ``apply_chat_template`` (the dict form Hugging Face templates expect):
   {"role": "system"|"user"|"tool", "content": str [, "tool_call_id": str, "name": str]}
-  {"role": "assistant", "content": str [, "reasoning_content": str]
+  {"role": "assistant", "content": str (None: a call turn given without one) [, "reasoning_content": str]
    [, "tool_calls": [{"type": "function", ["id": str,] "function": {"name": str, "arguments": dict | str}}]]}
   tools: None or [{"type": "function", "function": {...}}, ...] (a bare {"name", ...} entry is wrapped).
   Arguments stay as the row gives them: an object, or the JSON text of one, byte for byte (the tokeniser
@@ -140,6 +140,8 @@ def _openai_message(turn: int, msg: Any) -> dict[str, Any]:
             raise RowRejected("tool_call_malformed", f"{where}: tool_calls is not a list")
         if calls:
             out["tool_calls"] = [_tool_call(f"{where} tool call {j}", c) for j, c in enumerate(calls)]
+            if msg.get("content") is None:
+                out["content"] = None       # as given: a template may branch on a call turn's null content
     elif role == "tool":
         for key in ("tool_call_id", "name"):
             if msg.get(key) is not None:
@@ -173,7 +175,7 @@ def _sharegpt_messages(raw: list, system: Any) -> list[dict[str, Any]]:
         if prev is not None and prev["role"] == "assistant" and "tool_calls" not in prev:
             prev["tool_calls"] = calls          # "gpt" text then "function_call": one assistant turn
         else:
-            messages.append({"role": "assistant", "content": "", "tool_calls": calls})
+            messages.append({"role": "assistant", "content": None, "tool_calls": calls})
     return messages
 
 
@@ -208,7 +210,7 @@ def _check(messages: list[dict[str, Any]]) -> None:
     for turn, msg in enumerate(messages):
         role = msg["role"]
         if role == "assistant":
-            if not msg["content"].strip() and not msg.get("tool_calls"):
+            if not (msg["content"] or "").strip() and not msg.get("tool_calls"):
                 raise RowRejected("empty_assistant", f"turn {turn}: assistant turn with neither content nor tool calls")
             calls, answered = msg.get("tool_calls", []), 0
         elif role == "tool":

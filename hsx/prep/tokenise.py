@@ -67,30 +67,43 @@ def parse_template_kwargs(text: str | None) -> dict[str, Any]:
     return out
 
 
-def probe_arguments(render) -> tuple[bool, bool]:
-    """(string tool-call arguments are rendered verbatim as text, object ones make the template fail), from two
-    renders of a one-call conversation. A template that dumps arguments with ``tojson`` or iterates them
-    needs an object: string arguments are parsed for it. Unknown (the probe refused): (False, False)."""
+def _call_convo(args, content) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "HsXprobeU1Q"},
+            {"role": "assistant", "content": content, "tool_calls": [
+                {"type": "function", "id": "HsXcall01", "function": {"name": "lookup", "arguments": args}}]},
+            {"role": "tool", "tool_call_id": "HsXcall01", "name": "lookup", "content": "HsXprobeT1Q"},
+            {"role": "assistant", "content": "HsXprobeA3Q"}]
+
+
+PROBE_TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a text up.", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
+
+
+def probe_arguments(render) -> tuple[bool, bool, bool]:
+    """(string tool-call arguments are rendered verbatim as text, object ones make the template fail, a call
+    turn's null content reaches the template as None), from a few renders of a one-call conversation.
+
+    A template that dumps arguments with ``tojson`` or iterates them needs an object: string arguments are
+    parsed for it. A null content stays None only where the template reads None otherwise than "" and writes
+    no "None" for it (DeepSeek style: calls rendered when the content is none); else it becomes "".
+    Unknown (the probe refused): (False, False, False)."""
     text = '{"q":"HsXprobeV1Q\\u00e9"}'       # compact separators and an escape: verbatim means as text
 
-    def convo(args):
-        return [{"role": "user", "content": "HsXprobeU1Q"},
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "id": "HsXcall01", "function": {"name": "lookup", "arguments": args}}]},
-                {"role": "tool", "tool_call_id": "HsXcall01", "name": "lookup", "content": "HsXprobeT1Q"},
-                {"role": "assistant", "content": "HsXprobeA3Q"}]
-    tools = [{"type": "function", "function": {"name": "lookup", "description": "Look a text up.", "parameters": {
-        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
-    try:
-        as_text = text in render(convo(text), tools, False)
-    except Exception:
-        as_text = False
-    try:
-        render(convo(json.loads(text)), tools, False)
-        objects_fail = False
-    except Exception:
-        objects_fail = True
-    return as_text, objects_fail and as_text
+    def rendered(args, content):
+        try:
+            return render(_call_convo(args, content), PROBE_TOOLS, False)
+        except Exception:
+            return None
+
+    as_text = any(text in (rendered(text, content) or "") for content in ("", None))
+    args = text if as_text else json.loads(text)
+    objects_fail = as_text and rendered(json.loads(text), "") is None and rendered(json.loads(text), None) is None
+    if objects_fail:
+        args = text
+    with_none, with_empty = rendered(args, None), rendered(args, "")
+    null_content = (with_none is not None and with_none != with_empty
+                    and with_none.count("None") == (with_empty or "").count("None"))
+    return as_text, objects_fail, null_content
 
 
 def sample_id_of(data: dict[str, Any], index: int, mapping: ColumnMapping) -> str:
@@ -118,7 +131,7 @@ class ChatTokeniser:
         source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(tokenizer.chat_template)
         self.reasoning_key = ("thinking" if "reasoning_content" not in source and re.search(r"\bthinking\b", source)
                               else "reasoning_content")
-        self.text_arguments, self.objects_as_text = probe_arguments(self.render)
+        self.text_arguments, self.objects_as_text, self.null_content = probe_arguments(self.render)
 
     @property
     def locating(self) -> str:
@@ -128,6 +141,8 @@ class ChatTokeniser:
                 ", object ones written as JSON text (the template fails on objects)" if self.objects_as_text else "")
         else:
             args = "string tool-call arguments parsed to objects (the template needs objects)"
+        if self.null_content:
+            args += "; a call turn's null content passed as None (the template tells it from \"\")"
         return f"{self.shape.describe()}; {args}"
 
     def render(self, messages: list[dict[str, Any]], tools=None, add_generation_prompt: bool = False) -> str:
@@ -143,7 +158,8 @@ class ChatTokeniser:
     def _prepare(self, messages: list[dict[str, Any]], objects_as_text: bool | None = None) -> list[dict[str, Any]]:
         """The normal form adapted to this template: reasoning under ``reasoning_key``; tool-call arguments
         given as JSON text kept verbatim where the template takes text, parsed where it needs an object;
-        object arguments written as JSON text where the template fails on objects (it concatenates them)."""
+        object arguments written as JSON text where the template fails on objects (it concatenates them); a
+        call turn's null content as None only where the template tells None from "" (probe_arguments)."""
         objects_as_text = self.objects_as_text if objects_as_text is None else objects_as_text
         out = []
         for msg in messages:
@@ -152,6 +168,8 @@ class ChatTokeniser:
                 del msg["reasoning_content"]
             if msg.get("tool_calls"):
                 msg = {**msg, "tool_calls": [self._call(c, objects_as_text) for c in msg["tool_calls"]]}
+            if msg.get("content", "") is None and not self.null_content:
+                msg = {**msg, "content": ""}
             out.append(msg)
         return out
 
