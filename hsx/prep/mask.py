@@ -123,25 +123,26 @@ def probe_shape(render: Render) -> TemplateShape:
 def _calls_end_alike(render: Render, end: str) -> bool:
     """Whether a tool-call turn, followed by its result, ends at the first ``end`` after its call as the
     template itself says (the conversation rendered cut after the call turn). False when it ends otherwise
-    (e.g. <|eom_id|> or <|call|>) or the template will not render the probe."""
+    (e.g. <|eom_id|> or <|call|>) or the template will not render the probe (with object arguments, nor
+    with them as JSON text)."""
     value, result = "HsXprobeV1Q", "HsXprobeT1Q"
-    call = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "id": "call_1", "function": {"name": "lookup", "arguments": {"query": value}}}]}
-    convo = [{"role": "user", "content": "HsXprobeU1Q"}, call,
-             {"role": "tool", "tool_call_id": "call_1", "name": "lookup", "content": result},
-             {"role": "assistant", "content": "HsXprobeA3Q"}]
-    try:
-        whole, cut = render(convo, None, False), render(convo[:2], None, False)
-    except Exception:
-        return False
-    if value not in cut or result not in whole:
-        return False
-    after = whole[whole.index(value) + len(value):whole.index(result)]
-    length = len(_common_prefix(cut[cut.index(value) + len(value):], after))
-    at = after.find(end)
-    return at >= 0 and at + len(end) == length
-
-
+    for arguments in ({"query": value}, '{"query": "' + value + '"}'):
+        call = {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "id": "call_1", "function": {"name": "lookup", "arguments": arguments}}]}
+        convo = [{"role": "user", "content": "HsXprobeU1Q"}, call,
+                 {"role": "tool", "tool_call_id": "call_1", "name": "lookup", "content": result},
+                 {"role": "assistant", "content": "HsXprobeA3Q"}]
+        try:
+            whole, cut = render(convo, None, False), render(convo[:2], None, False)
+        except Exception:
+            continue
+        if value not in cut or result not in whole:
+            return False
+        after = whole[whole.index(value) + len(value):whole.index(result)]
+        length = len(_common_prefix(cut[cut.index(value) + len(value):], after))
+        at = after.find(end)
+        return at >= 0 and at + len(end) == length
+    return False
 
 
 def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Render,
