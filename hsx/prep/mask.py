@@ -211,8 +211,8 @@ def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int,
         before = _after_marker(bare, pattern, previous)
         if before is not None and piece.startswith(before):
             context = len(before)       # the turn's context renders as in the whole conversation
-        else:                           # it does not (e.g. a tools list before the last user turn only): the
-            context = _context_end(piece, bare)     # longest end of it found in the piece
+        else:       # it does not (a tools list or system text put before the last user turn only): anchor the end
+            context = _context_end(piece, bare, marked[index - 1].get("content") if index else None)
         if context >= 0:
             shared = len(_common_prefix(piece[context:], generation))
             if shared == len(generation) or context + shared == len(piece):
@@ -237,9 +237,10 @@ def _after_marker(text: str, pattern: re.Pattern, previous: int | None) -> str |
     return text[found.end():] if found else text
 
 
-def _context_end(piece: str, bare: str) -> int:
+def _context_end(piece: str, bare: str, previous_content) -> int:
     """End offset in ``piece`` of the longest end of ``bare`` (the context rendered without the prompt) that the
-    piece holds, at least CONTEXT_ANCHOR characters (or all of it); -1 when none is."""
+    piece holds: at least CONTEXT_ANCHOR characters, or all of ``bare``, or the previous message's content
+    and all the template writes after it; -1 when none is."""
     lo, hi = 0, min(len(bare), len(piece))      # the longest suffix found: a suffix of a found one is found too
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -247,7 +248,10 @@ def _context_end(piece: str, bare: str) -> int:
             lo = mid
         else:
             hi = mid - 1
-    if lo < min(CONTEXT_ANCHOR, len(bare)):
+    enough = min(CONTEXT_ANCHOR, len(bare))
+    if isinstance(previous_content, str) and previous_content.strip() and previous_content in bare:
+        enough = min(enough, len(bare) - bare.rindex(previous_content) - len(previous_content) + 1)
+    if lo < enough:
         return -1
     return piece.rfind(bare[len(bare) - lo:]) + lo
 
