@@ -16,9 +16,10 @@ turns' reasoning do not), so every offset is taken in the one rendering of the w
    an answer right after tool outputs: everything after them); where the turn renders less of the prompt (a
    history turn without the prompt's ``<think>``), the turn starts at its first marker; where the two part in
    the prompt's own text (a prompt ``<think>`` against a finished turn's tool call), the turn starts at the
-   last tag or line boundary before they part. Only when the template will not render the prompt, or the
-   context before it differs from the whole rendering's, is the learned role header looked for instead
-   (TemplateShape.headers, the longest found in that piece).
+   last tag or line boundary before they part. Where the context renders otherwise in the cut conversation
+   (a tools list or system text put before the last user turn only), the longest end of it found in the
+   piece anchors it. Only when the template will not render the prompt, or no end of the context is found,
+   is the learned role header looked for instead (TemplateShape.headers, the longest found in that piece).
 5. Its end: the first end-of-turn marker (TemplateShape.end) in the piece after its last marker, for the
    final turn and wherever the probes show tool-call turns end alike; else as far as the marked conversation
    rendered cut after the turn agrees with the piece (the template's own end: <|eom_id|>, <|call|>, ...).
@@ -32,6 +33,7 @@ Spans are character offsets into ``real``, end-exclusive.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +45,9 @@ from hsx.prep.rows import RowRejected
 Render = Callable[..., str]      # render(messages, tools, add_generation_prompt) -> text
 BOUNDARY = frozenset(">]}\n \t")  # a prompt and a finished turn that part mid-text part after the last of these
 CONTEXT_ANCHOR = 16             # characters of a turn's context that must match where the context differs
+LOCATED_BY = {"prompt": "the generation prompt rendered after their context",
+              "anchored": "the generation prompt, their context anchored by its end (it renders otherwise cut)",
+              "header": "the learned role header (the template refused the cut conversation)"}
 
 
 class TemplateError(HsxError, ValueError):
@@ -145,9 +150,10 @@ def _calls_end_alike(render: Render, end: str) -> bool:
     return False
 
 
-def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Render,
-                    shape: TemplateShape) -> list[tuple[int, int]]:
-    """(start, end) character spans of every assistant turn's body in ``real``, in turn order."""
+def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Render, shape: TemplateShape,
+                    located: Counter | None = None) -> list[tuple[int, int]]:
+    """(start, end) character spans of every assistant turn's body in ``real``, in turn order. ``located``:
+    counts how each turn's start was found (LOCATED_BY's keys)."""
     base = marker_base(real)
     marked, values, owner = marked_copy(messages, base)
     pattern = re.compile(re.escape(base) + r"(\d+)Q")
@@ -176,7 +182,10 @@ def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Re
             raise RowRejected("turn_not_located", f"turn {index} (assistant): other turns are rendered inside it")
         lo = starts[first - 1]
         previous = order[first - 2] if first > 1 else None
-        start = lo + _turn_start(render, marked, tools, index, pattern, previous, pieces[first - 1], shape, real, lo)
+        offset, how = _turn_start(render, marked, tools, index, pattern, previous, pieces[first - 1], shape, real, lo)
+        start = lo + offset
+        if located is not None:
+            located[how] += 1
         lo, hi = starts[last], starts[last] + len(pieces[last])
         if index == len(messages) - 1:
             at = real.find(shape.end, lo, hi)
@@ -190,9 +199,10 @@ def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Re
 
 
 def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int, pattern: re.Pattern,
-                previous: int | None, piece: str, shape: TemplateShape, real: str, piece_at: int) -> int:
-    """Offset in ``piece`` (the skeleton text before turn ``index``'s first marker, after the marker before
-    it, ``previous``) where the model starts writing the turn: step 4 of the module's docstring."""
+                previous: int | None, piece: str, shape: TemplateShape, real: str, piece_at: int) -> tuple[int, str]:
+    """(offset in ``piece``, how it was found): where the model starts writing turn ``index``, ``piece`` being
+    the skeleton text before its first marker, after the marker before it (``previous``). Step 4 of the
+    module's docstring."""
     bare = ""
     try:
         prompt = render(marked[:index], tools, True)
@@ -201,7 +211,7 @@ def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int,
     if prompt is not None:
         tail = _after_marker(prompt, pattern, previous)     # the turn's context after `previous`, and the prompt
         if tail is not None and piece.startswith(tail):
-            return len(tail)            # the piece runs on past the prompt: the rest is the model's
+            return len(tail), "prompt"  # the piece runs on past the prompt: the rest is the model's
         try:
             bare = render(marked[:index], tools, False)
         except Exception:
@@ -209,24 +219,26 @@ def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int,
     if prompt is not None and bare and prompt.startswith(bare):
         generation = prompt[len(bare):]
         before = _after_marker(bare, pattern, previous)
+        how = "prompt"
         if before is not None and piece.startswith(before):
             context = len(before)       # the turn's context renders as in the whole conversation
         else:       # it does not (a tools list or system text put before the last user turn only): anchor the end
             context = _context_end(piece, bare, marked[index - 1].get("content") if index else None)
+            how = "anchored"
         if context >= 0:
             shared = len(_common_prefix(piece[context:], generation))
             if shared == len(generation) or context + shared == len(piece):
-                return context + shared  # past the prompt: the rest is the model's; or the turn renders less of it
+                return context + shared, how    # past the prompt, the rest the model's; or less of it rendered
             while shared > 0 and piece[context + shared - 1] not in BOUNDARY:
                 shared -= 1             # parted mid-text (a prompt "<think>" against a call's "<tool_call>")
-            return context + shared
+            return context + shared, how
     at = next((at + len(h) for h in shape.headers if (at := piece.rfind(h)) >= 0), -1)
     if at < 0:
         raise RowRejected("turn_not_located", f"turn {index} (assistant): neither the generation prompt rendered "
                                               "after its context nor a role header "
                                               f"({', '.join(repr(h) for h in shape.headers) or 'none learned'}) "
                                               f"lines up before it: {around(real, piece_at + len(piece))}")
-    return at
+    return at, "header"
 
 
 def _after_marker(text: str, pattern: re.Pattern, previous: int | None) -> str | None:

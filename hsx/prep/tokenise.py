@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -132,6 +133,7 @@ class ChatTokeniser:
         self.reasoning_key = ("thinking" if "reasoning_content" not in source and re.search(r"\bthinking\b", source)
                               else "reasoning_content")
         self.text_arguments, self.objects_as_text, self.null_content = probe_arguments(self.render)
+        self.located: Counter = Counter()   # how each assistant turn's start was found (mask.LOCATED_BY's keys)
 
     @property
     def locating(self) -> str:
@@ -205,7 +207,7 @@ class ChatTokeniser:
     def encode_chat(self, messages: list[dict[str, Any]], tools=None) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids int32, loss_mask uint8) of a conversation in normal form."""
         messages, real = self._render_real(messages, tools)
-        spans = assistant_spans(real, messages, tools, self._render_row, self.shape)
+        spans = assistant_spans(real, messages, tools, self._render_row, self.shape, self.located)
         ids, offsets = self._encode(real)
         return ids, spans_to_mask(offsets, spans)
 
