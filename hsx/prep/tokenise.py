@@ -3,7 +3,8 @@
 input_ids are exactly ``tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs)`` of the
 row's normal form (hsx/prep/rows.py): the template's rendering tokenised without added special tokens.
 loss_mask (0/1, one per token) is 1 on every token that overlaps an assistant turn's body as located by
-hsx/prep/mask.py in that same rendering. Per row: two template renders and one tokenizer call.
+hsx/prep/mask.py in that same rendering. Per row: two template renders, one or two more per assistant turn
+(its generation prompt, docs/data.md) and one tokenizer call.
 """
 
 from __future__ import annotations
@@ -157,29 +158,29 @@ class ChatTokeniser:
         except Exception as exc:  # a template's raise_exception(), or a field it cannot handle
             raise RowRejected("template_error", f"the chat template refuses the row: {type(exc).__name__}: {exc}") from exc
 
-    def _prepare(self, messages: list[dict[str, Any]], objects_as_text: bool | None = None) -> list[dict[str, Any]]:
+    def _prepare(self, messages: list[dict[str, Any]], as_text: bool = False) -> list[dict[str, Any]]:
         """The normal form adapted to this template: reasoning under ``reasoning_key``; tool-call arguments
         given as JSON text kept verbatim where the template takes text, parsed where it needs an object;
         object arguments written as JSON text where the template fails on objects (it concatenates them); a
-        call turn's null content as None only where the template tells None from "" (probe_arguments)."""
-        objects_as_text = self.objects_as_text if objects_as_text is None else objects_as_text
+        call turn's null content as None only where the template tells None from "" (probe_arguments).
+        ``as_text``: every argument as text, whatever the probes said (the retry of _render_real)."""
         out = []
         for msg in messages:
             if self.reasoning_key != "reasoning_content" and "reasoning_content" in msg:
                 msg = {**msg, self.reasoning_key: msg["reasoning_content"]}
                 del msg["reasoning_content"]
             if msg.get("tool_calls"):
-                msg = {**msg, "tool_calls": [self._call(c, objects_as_text) for c in msg["tool_calls"]]}
+                msg = {**msg, "tool_calls": [self._call(c, as_text) for c in msg["tool_calls"]]}
             if msg.get("content", "") is None and not self.null_content:
                 msg = {**msg, "content": ""}
             out.append(msg)
         return out
 
-    def _call(self, call: dict[str, Any], objects_as_text: bool) -> dict[str, Any]:
+    def _call(self, call: dict[str, Any], as_text: bool) -> dict[str, Any]:
         args = call["function"]["arguments"]
-        if isinstance(args, str) and not self.text_arguments:
+        if isinstance(args, str) and not (self.text_arguments or as_text):
             args = json.loads(args)             # rows.py checked it holds a JSON object
-        elif isinstance(args, dict) and objects_as_text:
+        elif isinstance(args, dict) and (self.objects_as_text or as_text):
             args = json.dumps(args, ensure_ascii=False)
         else:
             return call
@@ -192,16 +193,16 @@ class ChatTokeniser:
         try:
             return prepared, self.render(prepared, tools)
         except Exception as exc:
-            objects = any(isinstance(c["function"]["arguments"], dict) for m in messages for c in m.get("tool_calls", []))
+            objects = any(isinstance(c["function"]["arguments"], dict) for m in prepared for c in m.get("tool_calls", []))
             if self.objects_as_text or not objects:
                 raise RowRejected("template_error", f"the chat template refuses the row: {type(exc).__name__}: {exc}") from exc
             first = exc
-        prepared = self._prepare(messages, objects_as_text=True)
+        prepared = self._prepare(messages, as_text=True)
         try:
             text = self.render(prepared, tools)
         except Exception:
             raise RowRejected("template_error", f"the chat template refuses the row: {type(first).__name__}: {first}") from first
-        self.objects_as_text = True
+        self.text_arguments = self.objects_as_text = True
         return prepared, text
 
     def encode_chat(self, messages: list[dict[str, Any]], tools=None) -> tuple[np.ndarray, np.ndarray]:
