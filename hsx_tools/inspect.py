@@ -191,7 +191,6 @@ def template_lines(tokenizer, cfg: InspectConfig) -> list[str]:
     turns of the dataset's first TEMPLATE_ROWS rows were located."""
     from hsx.errors import HsxError
     from hsx.prep import ChatTokeniser, RowError, iter_rows
-    from hsx.prep.mask import LOCATED_BY
 
     if not getattr(tokenizer, "chat_template", None):
         return ["template: none (only pre-tokenised rows can be used)"]
@@ -211,8 +210,7 @@ def template_lines(tokenizer, cfg: InspectConfig) -> list[str]:
                 pass
     lines = [f"template: {chat.locating}"]
     if chat.located:
-        lines.append(f"  assistant turns of the first {rows} rows located by " + ", ".join(
-            f"{LOCATED_BY[how]}: {n}" for how, n in chat.located.most_common()))
+        lines.append(f"  assistant turns of the first {rows} rows located by {chat.located_counts()}")
     return lines
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from hsx.errors import HsxError
 from hsx.prep.columns import ColumnMapping
-from hsx.prep.mask import TemplateError, TemplateShape, assistant_spans, probe_shape
+from hsx.prep.mask import LOCATED_BY, TemplateError, TemplateShape, assistant_spans, probe_shape
 from hsx.prep.rows import RowRejected, read_conversation
 
 __all__ = ["ChatTokeniser", "RowProblem", "RowRejected", "TemplateArgsError", "TemplateError", "Tokenised",
@@ -147,6 +147,10 @@ class ChatTokeniser:
         if self.null_content:
             args += "; a call turn's null content passed as None (the template tells it from \"\")"
         return f"{self.shape.describe()}; {args}"
+
+    def located_counts(self) -> str:
+        """How many assistant turns encoded so far had their start found each way, in words."""
+        return ", ".join(f"{LOCATED_BY[how]}: {n}" for how, n in self.located.most_common())
 
     def render(self, messages: list[dict[str, Any]], tools=None, add_generation_prompt: bool = False) -> str:
         return self.tok.apply_chat_template(messages, tools=tools, tokenize=False,
