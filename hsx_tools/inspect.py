@@ -4,7 +4,8 @@ Tokenises the dataset exactly as `hsx produce` would (same row formats,
 template arguments, column mapping, max length, windows), touching neither
 Redis nor the store, and prints: rows per source format and per rejection
 reason; a token-length histogram; N random samples with the loss-masked
-tokens highlighted (colour in a terminal, ``[[...]]`` when piped); and the
+tokens highlighted (colour in a terminal, ``[[...]]`` when piped); how the chat template's assistant
+turns are located (a row that cannot be located is quoted with the text around the place); and the
 plan's estimate: batches, padding, bytes to store, GPU-hours and storage cost.
 
 Estimates (units in the names):
@@ -56,6 +57,7 @@ from hsx_tools.rates import Rate, cpu_rate, gpu_rate
 
 DEFAULT_STORAGE_USD_PER_TB_MONTH = 23.0
 PREFIX_SHARE_TOKENS = 20_000_000  # tokens of rows kept for the shared-prefix share (~160 MB with the sort's copy)
+TEMPLATE_ROWS = 200   # rows whose assistant turns are located again to say how (the report counts every row)
 HISTOGRAM_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -186,6 +188,34 @@ def precision_lines(store_dtype: str, compute_dtype: str, accumulation: str = "f
     return lines
 
 
+def template_lines(tokenizer, cfg: InspectConfig) -> list[str]:
+    """How the chat template's assistant turns are located (and tool-call arguments passed), and how the
+    turns of the dataset's first TEMPLATE_ROWS rows were located."""
+    from hsx.errors import HsxError
+    from hsx.prep import ChatTokeniser, RowError, iter_rows
+
+    if not getattr(tokenizer, "chat_template", None):
+        return ["template: none (only pre-tokenised rows can be used)"]
+    try:
+        chat = ChatTokeniser(tokenizer, template_kwargs=cfg.template_kwargs, columns=cfg.columns)
+    except HsxError as exc:
+        return [f"template: {exc}"]
+    rows = 0
+    for row in iter_rows(cfg.dataset):
+        if rows == TEMPLATE_ROWS:
+            break
+        rows += 1
+        if not isinstance(row, RowError):
+            try:
+                chat.encode_row(row.data, row.index)
+            except Exception:   # counted and quoted by the tokenising report below
+                pass
+    lines = [f"template: {chat.locating}"]
+    if chat.located:
+        lines.append(f"  assistant turns of the first {rows} rows located by {chat.located_counts()}")
+    return lines
+
+
 def run_inspect(cfg: InspectConfig) -> int:
     """Print the report; the checks `hsx produce` makes fail the same way (HsxError: one line, exit 2)."""
     from dataclasses import replace
@@ -225,6 +255,7 @@ def run_inspect(cfg: InspectConfig) -> int:
     tty = sys.stdout.isatty() and not cfg.plain
     print(f"dataset {cfg.dataset} for {cfg.model}"
           + (f", template arguments {cfg.template_kwargs}" if cfg.template_kwargs else ""))
+    print("\n".join(template_lines(tokenizer, cfg)))
     print(f"rows: {report.rows} read, {report.kept} kept, {report.truncated} truncated, "
           f"{report.dropped_overlong} over {cfg.max_length} tokens dropped, {report.rejected_rows} rejected "
           f"({report.reject_share():.2%}; produce fails above {cfg.max_reject_share:.2%})")

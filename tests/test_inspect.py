@@ -23,6 +23,9 @@ def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_whe
     formats = dict(part.rsplit(" ", 1) for part in text.split("by format: ", 1)[1].split("\n", 1)[0].split(", "))
     assert formats["unreadable"] == "2" and sum(map(int, formats.values())) == 43 and "sharegpt" in formats
     assert "row 41: " in text                                    # the broken line, quoted 1-based
+    # how the template's turns are located, said once per template
+    assert "template: turns start where the generation prompt rendered after their context ('<|im_start|>assistant\\n'" in text
+    assert "  assistant turns of the first 43 rows located by the generation prompt rendered after their context: " in text
     assert "row 42: line 42 of d.jsonl is nested too deeply" in text   # 100k "[": was a RecursionError
     assert "token lengths (kept samples):" in text and "#" in text
     samples = [line for line in text.splitlines() if line.startswith("--- sample ")]

@@ -90,7 +90,7 @@ def test_agentic_rows_ids_exact_and_mask_matches_hf(family):
     for index, row in enumerate(rows):
         got = chat.encode_row(row, index)
         conv = read_conversation(row)
-        conv.messages[:] = chat._prepare(conv.messages, chat.string_arguments)   # thinking / text-arguments templates
+        conv.messages[:] = chat._prepare(conv.messages)   # thinking / text-arguments templates
         want = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=True, return_dict=True,
                                        return_assistant_tokens_mask=True)
         assert got.input_ids.tolist() == list(want["input_ids"]), row["id"]
@@ -157,6 +157,7 @@ def test_inline_reasoning_and_tool_results_in_user_turns(enable_thinking, tmp_pa
     for index, row in enumerate(map(_inline_flavour, agentic_rows(60, seed=13))):
         got = chat.encode_row(row, index)
         conv = read_conversation(row)
+        conv.messages[:] = chat._prepare(conv.messages)   # string arguments parsed for this template
         want = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=True, return_dict=True,
                                        return_assistant_tokens_mask=True, enable_thinking=enable_thinking)
         assert got.input_ids.tolist() == list(want["input_ids"]), row["id"]
@@ -176,6 +177,7 @@ def test_rows_a_prefix_render_cannot_place_are_kept():
     chat = ChatTokeniser(tok)
     for index, row in enumerate(rows):
         conv = read_conversation(row)
+        conv.messages[:] = chat._prepare(conv.messages)   # string arguments parsed for this template
         whole = chat.render(conv.messages, conv.tools)
         for k in range(1, len(conv.messages)):
             if not whole.startswith(chat.render(conv.messages[:k], conv.tools)):
@@ -190,7 +192,9 @@ def test_template_kwargs_reach_the_template(tmp_path):
                           bos_token="<|begin_of_text|>")
     row = agentic_rows(1, seed=5)[0]
     conv = read_conversation(row)
-    got = ChatTokeniser(tok, template_kwargs={"date_string": "01 Jan 2030"}).encode_row(row, 0)
+    chat = ChatTokeniser(tok, template_kwargs={"date_string": "01 Jan 2030"})
+    conv.messages[:] = chat._prepare(conv.messages)
+    got = chat.encode_row(row, 0)
     want = tok.apply_chat_template(conv.messages, tools=conv.tools, date_string="01 Jan 2030", return_dict=False)
     assert got.input_ids.tolist() == list(want)
     assert "01 Jan 2030" in tok.decode(got.input_ids[~got.loss_mask.astype(bool)].tolist())
@@ -206,6 +210,7 @@ def test_enable_thinking_false_leaves_the_prompted_reasoning_block_out(tmp_path)
     for index, row in enumerate(agentic_rows(30, seed=17)):
         got = chat.encode_row(row, index)
         conv = read_conversation(row)
+        conv.messages[:] = chat._prepare(conv.messages)   # string arguments parsed for this template
         want = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=True, return_dict=True,
                                        return_assistant_tokens_mask=True, enable_thinking=False)
         truth = np.asarray(want["assistant_masks"], dtype=np.uint8)
@@ -225,6 +230,7 @@ def test_shipped_sample_sets_lose_no_row_under_thinking_tools_templates(template
         assert len(encoded) == len(rows) and all(t.loss_mask.any() for t in encoded)
         for row in rows:
             conv = read_conversation(row)
+            conv.messages[:] = chat._prepare(conv.messages)   # string arguments parsed for this template
             whole = chat.render(conv.messages, conv.tools)
             unstable += any(not whole.startswith(chat.render(conv.messages[:k + 1], conv.tools))
                             for k, m in enumerate(conv.messages) if m["role"] == "assistant")
@@ -250,7 +256,7 @@ def test_turns_closed_by_their_own_end_token(name, template, special, kwargs, tm
     for index, row in enumerate(agentic_rows(48, seed=11)):
         got = chat.encode_row(row, index)
         conv = read_conversation(row)
-        conv.messages[:] = chat._prepare(conv.messages, chat.string_arguments)
+        conv.messages[:] = chat._prepare(conv.messages)
         want = tok.apply_chat_template(conv.messages, tools=conv.tools, tokenize=True, return_dict=True,
                                        return_assistant_tokens_mask=True, **kwargs)
         assert got.input_ids.tolist() == list(want["input_ids"]), row["id"]

@@ -30,8 +30,8 @@ def test_openai_row_keeps_reasoning_tool_calls_tool_fields_and_tools():
     assert conv.messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "find x"},
-        {"role": "assistant", "content": "", "reasoning_content": "look it up",
-         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": {"query": "x"}}}]},
+        {"role": "assistant", "content": None, "reasoning_content": "look it up",   # null content kept for the template
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"query": "x"}'}}]},
         {"role": "tool", "content": "found", "tool_call_id": "c1", "name": "search"},   # name filled from its call
         {"role": "assistant", "content": "x is here",
          "tool_calls": [{"type": "function", "function": {"name": "done", "arguments": {"ok": True}}}]},
@@ -53,7 +53,8 @@ def test_sharegpt_row_with_function_call_observation_system_and_tools_columns():
     assert conv.source_format == "sharegpt"
     assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "tool", "tool", "assistant"]
     assert conv.messages[2]["content"] == "Searching."       # gpt text + function_call: one assistant turn
-    assert [c["function"]["arguments"] for c in conv.messages[2]["tool_calls"]] == [{"query": "x"}, {"query": "y"}]
+    # arguments as given: an object, or JSON text kept byte for byte (parsed only for a template that needs it)
+    assert [c["function"]["arguments"] for c in conv.messages[2]["tool_calls"]] == [{"query": "x"}, '{"query": "y"}']
     assert conv.messages[3]["name"] == conv.messages[4]["name"] == "search"
     assert conv.tools[0]["function"]["name"] == "search"
 

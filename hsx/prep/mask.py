@@ -1,40 +1,53 @@
 """Where the assistant turns land in one rendering of a whole conversation (the loss mask's spans).
 
-No prefix renders: the template need not render a conversation's prefix as a prefix of the whole (templates
-that drop history turns' reasoning do not). Instead, per row:
+The template need not render a conversation's prefix as a prefix of the whole (templates that drop history
+turns' reasoning do not), so every offset is taken in the one rendering of the whole conversation. Per row:
 
 1. ``real``   = the template's rendering of the conversation (what gets tokenised).
-2. ``marked`` = the rendering of a copy in which every assistant content and reasoning that is not blank,
-   and every tool-call name, is replaced by a unique marker ``<base><n>Q`` (other turns are left as they
-   are, so a template branching on them, e.g. on a user turn that holds tool results, branches alike). The markers split ``marked`` into
-   the template's own text (skeleton pieces S0 .. Sn) around them.
-3. Align: ``real`` must read S0 V1 S1 V2 .. Vn Sn, where Vi is marker i's value as the template rendered it
-   (verbatim, or stripped / JSON-escaped; any other rewrite is found by searching for the next piece).
-   The alignment must consume ``real`` exactly, else the row is rejected (``turn_not_located``).
-4. Assistant turn k's span: from the end of the last assistant header (TemplateShape.headers, the
-   longest found) in the piece before its first marker, to the end of the first end-of-turn marker (TemplateShape.end) in the
-   piece after its last marker. Inside: its rendered reasoning, content, tool calls and end-of-turn
-   marker; outside: role headers, other turns, the tools list. A turn whose reasoning the template does
-   not render simply has no reasoning in its span.
+2. ``marked`` = the rendering of a copy in which every text the model writes is a unique marker
+   (hsx/prep/marking.py); the markers cut it into the template's own text (skeleton pieces S0 .. Sn).
+3. Align: ``real`` must read S0 V1 S1 .. Vn Sn, Vi being marker i's value as the template rendered it
+   (verbatim, or stripped / JSON-escaped; any other rewrite is found by searching for the next piece), else
+   the row is rejected (``turn_not_located``, quoting the text around the place).
+4. Assistant turn k starts where the model starts writing it: the marked conversation up to the turn is
+   rendered with the generation prompt, and the text after its last marker (the turn's context and the
+   prompt) is laid over the skeleton piece before the turn's first marker. Where the piece runs on past the
+   prompt, the rest is the model's (an empty prompt after ``[INST] ... [/INST]``: the answer's leading space;
+   an answer right after tool outputs: everything after them); where the turn renders less of the prompt (a
+   history turn without the prompt's ``<think>``), the turn starts at its first marker; where the two part in
+   the prompt's own text (a prompt ``<think>`` against a finished turn's tool call), the turn starts at the
+   last tag or line boundary before they part. Where the context renders otherwise in the cut conversation
+   (a tools list or system text put before the last user turn only), the longest end of it found in the
+   piece anchors it. Only when the template will not render the prompt, or no end of the context is found,
+   is the learned role header looked for instead (TemplateShape.headers, the longest found in that piece).
+5. Its end: the first end-of-turn marker (TemplateShape.end) in the piece after its last marker, for the
+   final turn and wherever the probes show tool-call turns end alike; else as far as the marked conversation
+   rendered cut after the turn agrees with the piece (the template's own end: <|eom_id|>, <|call|>, ...).
+   Inside: its rendered reasoning, content, tool calls and end-of-turn marker; outside: the generation
+   prompt, other turns, the tools list. A turn whose reasoning the template does not render has none in it.
 
-TemplateShape is learned once per (template, template arguments) from five tiny probe renders.
+TemplateShape is learned once per (template, template arguments) from a few tiny probe renders.
 Spans are character offsets into ``real``, end-exclusive.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from hsx.errors import HsxError
+from hsx.prep.marking import align, around, escaped, first_mismatch, marked_copy, marker_base
 from hsx.prep.rows import RowRejected
 
 Render = Callable[..., str]      # render(messages, tools, add_generation_prompt) -> text
-MAX_BACKTRACK = 256             # alignment attempts beyond the first before a row is rejected
-REASONING_FIELDS = ("reasoning_content", "thinking")
+BOUNDARY = frozenset(">]}\n \t")  # a prompt and a finished turn that part mid-text part after the last of these
+CONTEXT_ANCHOR = 16             # characters of a turn's context that must match where the context differs
+LOCATED_BY = {"prompt": "the generation prompt rendered after their context",
+              "anchored": "the generation prompt, their context anchored by its end (it renders otherwise cut)",
+              "header": "the learned role header (the template refused the cut conversation)"}
 
 
 class TemplateError(HsxError, ValueError):
@@ -43,13 +56,22 @@ class TemplateError(HsxError, ValueError):
 
 @dataclass(frozen=True)
 class TemplateShape:
-    headers: tuple[str, ...]   # texts that open an assistant turn's body, longest first, e.g.
-                               # ("<|im_start|>assistant\n<think>\n", "<|im_start|>assistant\n") for a template
-                               # whose generation prompt opens the reasoning block of the last turns only;
-                               # the longest found before a turn is its header
+    headers: tuple[str, ...]   # fallback only (a template that will not render the generation prompt): texts
+                               # that open an assistant turn's body, longest first, e.g.
+                               # ("<|im_start|>assistant\n<think>\n", "<|im_start|>assistant\n"); empty when
+                               # the generation prompt is
     end: str                   # text that closes it, e.g. "<|im_end|>\n" (ChatML) or "<|eot_id|>" (Llama 3)
     calls_end_alike: bool = False  # a tool-call turn followed by a tool result also ends at the first ``end``
                                    # (probed); else each turn's end is found by rendering the cut conversation
+    generation_prompt: str = ""    # after one user turn, e.g. "<|im_start|>assistant\n"; "" (Mistral style)
+
+    def describe(self) -> str:
+        """How turns are located with this template, in words (hsx inspect prints it)."""
+        prompt = escaped(self.generation_prompt) if self.generation_prompt else "empty"
+        ends = (f"'{escaped(self.end)}'" + (" (tool-call turns too)" if self.calls_end_alike else
+                                             "; tool-call turns where the conversation cut after them ends"))
+        return (f"turns start where the generation prompt rendered after their context ('{prompt}' after a user "
+                f"turn) leaves off (per-turn prompt renders); turns end at {ends}")
 
 
 def _common_prefix(a: str, b: str) -> str:
@@ -92,181 +114,59 @@ def probe_shape(render: Render) -> TemplateShape:
     # prompt as it renders (a thinking turn "<think>\n" + reasoning where the prompt is an empty block).
     lines = {generation_prompt[:n + 1] for n, ch in enumerate(generation_prompt)
              if ch == "\n" and n + 1 > len(min(last, earlier, key=len))}
-    headers = tuple(sorted({last, earlier} | lines, key=len, reverse=True))
-    if not all(h.strip() for h in headers):
-        raise TemplateError("the chat template renders no assistant role header (no generation prompt, nothing "
-                            "between a user turn and the answer); cannot tell where an answer starts")
+    # An empty prompt (Mistral style) has no header to learn: the text before an answer is the user turn's.
+    headers = tuple(sorted({h for h in {last, earlier} | lines if h.strip()}, key=len, reverse=True)) \
+        if generation_prompt.strip() else ()
     tail, between = one[one.index(a1) + len(a1):], two[two.index(a1) + len(a1):two.index(u2)]
     end = _common_prefix(tail, between)     # e.g. "<|im_end|>\n": what every assistant turn ends with
     if not end.strip():
         raise TemplateError("the chat template renders nothing after an assistant turn; cannot tell where it ends")
-    return TemplateShape(headers=headers, end=end, calls_end_alike=_calls_end_alike(render, end))
+    return TemplateShape(headers=headers, end=end, calls_end_alike=_calls_end_alike(render, end),
+                         generation_prompt=generation_prompt)
 
 
 def _calls_end_alike(render: Render, end: str) -> bool:
     """Whether a tool-call turn, followed by its result, ends at the first ``end`` after its call as the
     template itself says (the conversation rendered cut after the call turn). False when it ends otherwise
-    (e.g. <|eom_id|> or <|call|>) or the template will not render the probe."""
+    (e.g. <|eom_id|> or <|call|>) or the template will not render the probe (with object arguments, nor
+    with them as JSON text)."""
     value, result = "HsXprobeV1Q", "HsXprobeT1Q"
-    call = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "id": "call_1", "function": {"name": "lookup", "arguments": {"query": value}}}]}
-    convo = [{"role": "user", "content": "HsXprobeU1Q"}, call,
-             {"role": "tool", "tool_call_id": "call_1", "name": "lookup", "content": result},
-             {"role": "assistant", "content": "HsXprobeA3Q"}]
-    try:
-        whole, cut = render(convo, None, False), render(convo[:2], None, False)
-    except Exception:
-        return False
-    if value not in cut or result not in whole:
-        return False
-    after = whole[whole.index(value) + len(value):whole.index(result)]
-    length = len(_common_prefix(cut[cut.index(value) + len(value):], after))
-    at = after.find(end)
-    return at >= 0 and at + len(end) == length
-
-
-def _marker_base(real: str) -> str:
-    for attempt in range(1000):
-        base = f"HsXm{attempt}K"
-        if base not in real:
-            return base
-    raise RowRejected("turn_not_located", "the conversation contains every candidate marker text")
-
-
-def _marked_copy(messages: list[dict[str, Any]], base: str, reasoning_key: str):
-    """(marked messages, values, owner): values[i] is marker i's real text, owner[i] its message index."""
-    values: list[str] = []
-    owner: list[int] = []
-
-    def mark(value: str, index: int) -> str:
-        values.append(value)
-        owner.append(index)
-        return f"{base}{len(values) - 1}Q"
-
-    marked = []
-    for index, msg in enumerate(messages):
-        if msg["role"] != "assistant":      # other turns render as they are: a template may branch on them
-            marked.append(msg)
+    for arguments in ({"query": value}, '{"query": "' + value + '"}'):
+        call = {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "id": "call_1", "function": {"name": "lookup", "arguments": arguments}}]}
+        convo = [{"role": "user", "content": "HsXprobeU1Q"}, call,
+                 {"role": "tool", "tool_call_id": "call_1", "name": "lookup", "content": result},
+                 {"role": "assistant", "content": "HsXprobeA3Q"}]
+        try:
+            whole, cut = render(convo, None, False), render(convo[:2], None, False)
+        except Exception:
             continue
-        copy = dict(msg)
-        for key in REASONING_FIELDS:        # whitespace-only values stay: a template may test them for emptiness
-            if isinstance(msg.get(key), str) and msg[key].strip():
-                copy[key] = mark(msg[key], index)
-        content = msg["content"]
-        if "</think>" in content and not any(isinstance(msg.get(k), str) for k in REASONING_FIELDS):
-            # Reasoning written inline: thinking templates split it off into the reasoning block.
-            reasoning, _, content = content.partition("</think>")
-            copy[reasoning_key] = mark(reasoning.split("<think>")[-1], index)
-        copy["content"] = mark(content, index) if content.strip() else content
-        if msg.get("tool_calls"):
-            copy["tool_calls"] = [_marked_call(call, mark, index) for call in msg["tool_calls"]]
-        marked.append(copy)
-    return marked, values, owner
-
-
-def _marked_call(call: dict[str, Any], mark: Callable[[str, int], str], index: int) -> dict[str, Any]:
-    """The call with its first non-blank string argument value marked, else its name: a template may branch
-    on the name (builtin tools rendered another way, e.g. ``<|python_tag|>name.call(...)``), hardly on a value."""
-    function, arguments = call["function"], call["function"].get("arguments")
-    if isinstance(arguments, dict):
-        for key, value in arguments.items():
-            if isinstance(value, str) and value.strip():
-                return {**call, "function": {**function, "arguments": {**arguments, key: mark(value, index)}}}
-    return {**call, "function": {**function, "name": mark(function["name"], index)}}
-
-
-def _renderings(value: str):
-    """How a template may have rendered a value: verbatim first, then common rewrites."""
-    yield value
-    for variant in (value.strip(), value.strip("\n"), value.lstrip("\n"), value.rstrip("\n"), value.lstrip(),
-                    value.rstrip(), json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]):
-        if variant != value:
-            yield variant
-
-
-def _align(real: str, pieces: list[str], values: list[str]) -> list[int] | None:
-    """Start offset in ``real`` of every skeleton piece, or None when ``real`` is not S0 V1 S1 .. Vn Sn."""
-    if not real.startswith(pieces[0]):
-        return None
-    n, last = len(values), len(values)
-    starts = [0] * (n + 1)
-    pos = len(pieces[0])
-    fast = True
-    for i in range(1, n + 1):       # fast path: every value verbatim
-        value, piece = values[i - 1], pieces[i]
-        if not (real.startswith(value, pos) and real.startswith(piece, pos + len(value))):
-            fast = False
-            break
-        starts[i] = pos + len(value)
-        pos = starts[i] + len(piece)
-    if fast:
-        return starts if pos == len(real) else None
-
-    budget = [MAX_BACKTRACK]
-
-    def options(i: int, pos: int):
-        """End offsets of value i (1-based) rendered at ``pos`` that are followed by piece i."""
-        piece, seen = pieces[i], set()
-        for variant in _renderings(values[i - 1]):
-            end = pos + len(variant)
-            if end not in seen and real.startswith(variant, pos) and real.startswith(piece, end):
-                seen.add(end)
-                yield end
-        if i == last:
-            end = len(real) - len(piece)
-            if end >= pos and real.endswith(piece) and end not in seen:
-                yield end
-            return
-        if piece:
-            end = real.find(piece, pos)
-            while end != -1 and budget[0] > 0:
-                budget[0] -= 1
-                if end not in seen:
-                    yield end
-                end = real.find(piece, end + 1)
-
-    stack = [(1, len(pieces[0]), options(1, len(pieces[0])))]
-    while stack:
-        i, pos, it = stack[-1]
-        end = next(it, None)
-        if end is None or budget[0] <= 0:
-            stack.pop()
-            continue
-        starts[i] = end
-        after = end + len(pieces[i])
-        if i == last:
-            if after == len(real):
-                return starts
-            continue
-        stack.append((i + 1, after, options(i + 1, after)))
-    return None
-
-
-def _first_mismatch(real: str, pieces: list[str], values: list[str]) -> int:
-    """Index (0-based) of the first value not rendered verbatim and followed by its piece (for the message)."""
-    pos = len(pieces[0])
-    for i, value in enumerate(values):
-        if not (real.startswith(value, pos) and real.startswith(pieces[i + 1], pos + len(value))):
-            return i
-        pos += len(value) + len(pieces[i + 1])
-    return len(values) - 1
+        if value not in cut or result not in whole:
+            return False
+        after = whole[whole.index(value) + len(value):whole.index(result)]
+        length = len(_common_prefix(cut[cut.index(value) + len(value):], after))
+        at = after.find(end)
+        return at >= 0 and at + len(end) == length
+    return False
 
 
 def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Render, shape: TemplateShape,
-                    reasoning_key: str = "reasoning_content") -> list[tuple[int, int]]:
-    """(start, end) character spans of every assistant turn's body in ``real``, in turn order.
-    ``reasoning_key``: the message field the template reads reasoning from."""
-    base = _marker_base(real)
-    marked, values, owner = _marked_copy(messages, base, reasoning_key)
+                    located: Counter | None = None) -> list[tuple[int, int]]:
+    """(start, end) character spans of every assistant turn's body in ``real``, in turn order. ``located``:
+    counts how each turn's start was found (LOCATED_BY's keys)."""
+    base = marker_base(real)
+    marked, values, owner = marked_copy(messages, base)
     pattern = re.compile(re.escape(base) + r"(\d+)Q")
     parts = pattern.split(render(marked, tools, False))
     pieces, order = parts[0::2], [int(p) for p in parts[1::2]]
-    starts = _align(real, pieces, [values[i] for i in order])
+    ordered = [values[i] for i in order]
+    starts = align(real, pieces, ordered)
     if starts is None:
-        index = owner[order[_first_mismatch(real, pieces, [values[i] for i in order])]] if order else 0
+        position, at = first_mismatch(real, pieces, ordered)
+        index = owner[order[position]] if order else 0
         raise RowRejected("turn_not_located", f"turn {index} ({messages[index]['role']}): the rendering with marked "
                                               "contents does not line up with the real rendering (the template "
-                                              "rewrites a content in a way hsx cannot follow)")
+                                              f"rewrites a text in a way hsx cannot follow) near: {around(real, at)}")
     occurrences: dict[int, list[int]] = {}       # message index -> positions (1-based) in `order`
     for position, marker in enumerate(order, 1):
         occurrences.setdefault(owner[marker], []).append(position)
@@ -280,10 +180,12 @@ def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Re
         first, last = where[0], where[-1]
         if any(owner[order[p - 1]] != index for p in range(first, last + 1)):
             raise RowRejected("turn_not_located", f"turn {index} (assistant): other turns are rendered inside it")
-        lo, hi = starts[first - 1], starts[first - 1] + len(pieces[first - 1])
-        start = next((at + len(h) for h in shape.headers if (at := real.rfind(h, lo, hi)) >= 0), -1)
-        if start < 0:
-            raise RowRejected("turn_not_located", f"turn {index} (assistant): no role header {shape.headers[-1]!r} before it")
+        lo = starts[first - 1]
+        previous = order[first - 2] if first > 1 else None
+        offset, how = _turn_start(render, marked, tools, index, pattern, previous, pieces[first - 1], shape, real, lo)
+        start = lo + offset
+        if located is not None:
+            located[how] += 1
         lo, hi = starts[last], starts[last] + len(pieces[last])
         if index == len(messages) - 1:
             at = real.find(shape.end, lo, hi)
@@ -294,6 +196,76 @@ def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Re
             end = lo + _rendered_end(render, marked, tools, index, f"{base}{order[last - 1]}Q", pieces[last])
         spans.append((start, end))
     return spans
+
+
+def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int, pattern: re.Pattern,
+                previous: int | None, piece: str, shape: TemplateShape, real: str, piece_at: int) -> tuple[int, str]:
+    """(offset in ``piece``, how it was found): where the model starts writing turn ``index``, ``piece`` being
+    the skeleton text before its first marker, after the marker before it (``previous``). Step 4 of the
+    module's docstring."""
+    bare = ""
+    try:
+        prompt = render(marked[:index], tools, True)
+    except Exception:       # a template that refuses a conversation ending before an assistant turn
+        prompt = None
+    if prompt is not None:
+        tail = _after_marker(prompt, pattern, previous)     # the turn's context after `previous`, and the prompt
+        if tail is not None and piece.startswith(tail):
+            return len(tail), "prompt"  # the piece runs on past the prompt: the rest is the model's
+        try:
+            bare = render(marked[:index], tools, False)
+        except Exception:
+            bare = ""
+    if prompt is not None and bare and prompt.startswith(bare):
+        generation = prompt[len(bare):]
+        before = _after_marker(bare, pattern, previous)
+        how = "prompt"
+        if before is not None and piece.startswith(before):
+            context = len(before)       # the turn's context renders as in the whole conversation
+        else:       # it does not (a tools list or system text put before the last user turn only): anchor the end
+            context = _context_end(piece, bare, marked[index - 1].get("content") if index else None)
+            how = "anchored"
+        if context >= 0:
+            shared = len(_common_prefix(piece[context:], generation))
+            if shared == len(generation) or context + shared == len(piece):
+                return context + shared, how    # past the prompt, the rest the model's; or less of it rendered
+            while shared > 0 and piece[context + shared - 1] not in BOUNDARY:
+                shared -= 1             # parted mid-text (a prompt "<think>" against a call's "<tool_call>")
+            return context + shared, how
+    at = next((at + len(h) for h in shape.headers if (at := piece.rfind(h)) >= 0), -1)
+    if at < 0:
+        raise RowRejected("turn_not_located", f"turn {index} (assistant): neither the generation prompt rendered "
+                                              "after its context nor a role header "
+                                              f"({', '.join(repr(h) for h in shape.headers) or 'none learned'}) "
+                                              f"lines up before it: {around(real, piece_at + len(piece))}")
+    return at, "header"
+
+
+def _after_marker(text: str, pattern: re.Pattern, previous: int | None) -> str | None:
+    """``text`` after its last marker, when that marker is ``previous`` (None: no marker); else None."""
+    found = next(iter(reversed(list(pattern.finditer(text)))), None)
+    if (int(found.group(1)) if found else None) != previous:
+        return None
+    return text[found.end():] if found else text
+
+
+def _context_end(piece: str, bare: str, previous_content) -> int:
+    """End offset in ``piece`` of the longest end of ``bare`` (the context rendered without the prompt) that the
+    piece holds: at least CONTEXT_ANCHOR characters, or all of ``bare``, or the previous message's content
+    and all the template writes after it; -1 when none is."""
+    lo, hi = 0, min(len(bare), len(piece))      # the longest suffix found: a suffix of a found one is found too
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if bare[len(bare) - mid:] in piece:
+            lo = mid
+        else:
+            hi = mid - 1
+    enough = min(CONTEXT_ANCHOR, len(bare))
+    if isinstance(previous_content, str) and previous_content.strip() and previous_content in bare:
+        enough = min(enough, len(bare) - bare.rindex(previous_content) - len(previous_content) + 1)
+    if lo < enough:
+        return -1
+    return piece.rfind(bare[len(bare) - lo:]) + lo
 
 
 def _rendered_end(render: Render, marked: list[dict[str, Any]], tools, index: int, last_marker: str,

@@ -13,9 +13,11 @@ also be a JSON string of the list.
 
 Normal form handed to ``apply_chat_template`` (the dict form Hugging Face templates expect):
   {"role": "system"|"user"|"tool", "content": str [, "tool_call_id": str, "name": str]}
-  {"role": "assistant", "content": str [, "reasoning_content": str]
-   [, "tool_calls": [{"type": "function", ["id": str,] "function": {"name": str, "arguments": dict}}]]}
+  {"role": "assistant", "content": str (None: a call turn given without one) [, "reasoning_content": str]
+   [, "tool_calls": [{"type": "function", ["id": str,] "function": {"name": str, "arguments": dict | str}}]]}
   tools: None or [{"type": "function", "function": {...}}, ...] (a bare {"name", ...} entry is wrapped).
+  Arguments stay as the row gives them: an object, or the JSON text of one, byte for byte (the tokeniser
+  parses the text only for a template that needs an object: hsx/prep/tokenise.py).
 A row that cannot be used raises RowRejected with a stable reason code and a message naming the turn.
 """
 
@@ -86,13 +88,14 @@ def _tool_call(where: str, call: Any) -> dict[str, Any]:
     args = fn.get("arguments", fn.get("parameters"))
     if args is None:
         args = {}
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
-            raise RowRejected("tool_args_not_json", f"{where} ({name}): arguments are not JSON: {args[:80]!r}") from None
-    if not isinstance(args, dict):
-        raise RowRejected("tool_args_not_json", f"{where} ({name}): arguments are a JSON {type(args).__name__}, "
+    if isinstance(args, str) and not args.strip():
+        args = {}
+    try:     # a string stays as given (what the serving stack sends); it must hold a JSON object
+        decoded = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        raise RowRejected("tool_args_not_json", f"{where} ({name}): arguments are not JSON: {args[:80]!r}") from None
+    if not isinstance(decoded, dict):
+        raise RowRejected("tool_args_not_json", f"{where} ({name}): arguments are a JSON {type(decoded).__name__}, "
                                                 "not an object")
     out: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": args}}
     if call.get("id") is not None:
@@ -137,6 +140,8 @@ def _openai_message(turn: int, msg: Any) -> dict[str, Any]:
             raise RowRejected("tool_call_malformed", f"{where}: tool_calls is not a list")
         if calls:
             out["tool_calls"] = [_tool_call(f"{where} tool call {j}", c) for j, c in enumerate(calls)]
+            if msg.get("content") is None:
+                out["content"] = None       # as given: a template may branch on a call turn's null content
     elif role == "tool":
         for key in ("tool_call_id", "name"):
             if msg.get(key) is not None:
@@ -170,7 +175,7 @@ def _sharegpt_messages(raw: list, system: Any) -> list[dict[str, Any]]:
         if prev is not None and prev["role"] == "assistant" and "tool_calls" not in prev:
             prev["tool_calls"] = calls          # "gpt" text then "function_call": one assistant turn
         else:
-            messages.append({"role": "assistant", "content": "", "tool_calls": calls})
+            messages.append({"role": "assistant", "content": None, "tool_calls": calls})
     return messages
 
 
@@ -205,7 +210,7 @@ def _check(messages: list[dict[str, Any]]) -> None:
     for turn, msg in enumerate(messages):
         role = msg["role"]
         if role == "assistant":
-            if not msg["content"].strip() and not msg.get("tool_calls"):
+            if not (msg["content"] or "").strip() and not msg.get("tool_calls"):
                 raise RowRejected("empty_assistant", f"turn {turn}: assistant turn with neither content nor tool calls")
             calls, answered = msg.get("tool_calls", []), 0
         elif role == "tool":

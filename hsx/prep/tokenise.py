@@ -3,13 +3,15 @@
 input_ids are exactly ``tokenizer.apply_chat_template(messages, tools=tools, **template_kwargs)`` of the
 row's normal form (hsx/prep/rows.py): the template's rendering tokenised without added special tokens.
 loss_mask (0/1, one per token) is 1 on every token that overlaps an assistant turn's body as located by
-hsx/prep/mask.py in that same rendering. Per row: two template renders and one tokenizer call.
+hsx/prep/mask.py in that same rendering. Per row: two template renders, one or two more per assistant turn
+(its generation prompt, docs/data.md) and one tokenizer call.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -18,7 +20,7 @@ import numpy as np
 
 from hsx.errors import HsxError
 from hsx.prep.columns import ColumnMapping
-from hsx.prep.mask import TemplateError, TemplateShape, assistant_spans, probe_shape
+from hsx.prep.mask import LOCATED_BY, TemplateError, TemplateShape, assistant_spans, probe_shape
 from hsx.prep.rows import RowRejected, read_conversation
 
 __all__ = ["ChatTokeniser", "RowProblem", "RowRejected", "TemplateArgsError", "TemplateError", "Tokenised",
@@ -67,6 +69,45 @@ def parse_template_kwargs(text: str | None) -> dict[str, Any]:
     return out
 
 
+def _call_convo(args, content) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "HsXprobeU1Q"},
+            {"role": "assistant", "content": content, "tool_calls": [
+                {"type": "function", "id": "HsXcall01", "function": {"name": "lookup", "arguments": args}}]},
+            {"role": "tool", "tool_call_id": "HsXcall01", "name": "lookup", "content": "HsXprobeT1Q"},
+            {"role": "assistant", "content": "HsXprobeA3Q"}]
+
+
+PROBE_TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a text up.", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
+
+
+def probe_arguments(render) -> tuple[bool, bool, bool]:
+    """(string tool-call arguments are rendered verbatim as text, object ones make the template fail, a call
+    turn's null content reaches the template as None), from a few renders of a one-call conversation.
+
+    A template that dumps arguments with ``tojson`` or iterates them needs an object: string arguments are
+    parsed for it. A null content stays None only where the template reads None otherwise than "" and writes
+    no "None" for it (DeepSeek style: calls rendered when the content is none); else it becomes "".
+    Unknown (the probe refused): (False, False, False)."""
+    text = '{"q":"HsXprobeV1Q\\u00e9"}'       # compact separators and an escape: verbatim means as text
+
+    def rendered(args, content):
+        try:
+            return render(_call_convo(args, content), PROBE_TOOLS, False)
+        except Exception:
+            return None
+
+    as_text = any(text in (rendered(text, content) or "") for content in ("", None))
+    args = text if as_text else json.loads(text)
+    objects_fail = as_text and rendered(json.loads(text), "") is None and rendered(json.loads(text), None) is None
+    if objects_fail:
+        args = text
+    with_none, with_empty = rendered(args, None), rendered(args, "")
+    null_content = (with_none is not None and with_none != with_empty
+                    and with_none.count("None") == (with_empty or "").count("None"))
+    return as_text, objects_fail, null_content
+
+
 def sample_id_of(data: dict[str, Any], index: int, mapping: ColumnMapping) -> str:
     """The row's stable id: its id column when present, else its 0-based position in the dataset."""
     value = data.get(mapping.id)
@@ -92,7 +133,24 @@ class ChatTokeniser:
         source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(tokenizer.chat_template)
         self.reasoning_key = ("thinking" if "reasoning_content" not in source and re.search(r"\bthinking\b", source)
                               else "reasoning_content")
-        self.string_arguments = False   # set when the template needs tool-call arguments as JSON text (see _prepare)
+        self.text_arguments, self.objects_as_text, self.null_content = probe_arguments(self.render)
+        self.located: Counter = Counter()   # how each assistant turn's start was found (mask.LOCATED_BY's keys)
+
+    @property
+    def locating(self) -> str:
+        """How this template's turns are located and its tool-call arguments passed, in words (hsx inspect)."""
+        if self.text_arguments:
+            args = "string tool-call arguments rendered verbatim as text" + (
+                ", object ones written as JSON text (the template fails on objects)" if self.objects_as_text else "")
+        else:
+            args = "string tool-call arguments parsed to objects (the template needs objects)"
+        if self.null_content:
+            args += "; a call turn's null content passed as None (the template tells it from \"\")"
+        return f"{self.shape.describe()}; {args}"
+
+    def located_counts(self) -> str:
+        """How many assistant turns encoded so far had their start found each way, in words."""
+        return ", ".join(f"{LOCATED_BY[how]}: {n}" for how, n in self.located.most_common())
 
     def render(self, messages: list[dict[str, Any]], tools=None, add_generation_prompt: bool = False) -> str:
         return self.tok.apply_chat_template(messages, tools=tools, tokenize=False,
@@ -104,43 +162,57 @@ class ChatTokeniser:
         except Exception as exc:  # a template's raise_exception(), or a field it cannot handle
             raise RowRejected("template_error", f"the chat template refuses the row: {type(exc).__name__}: {exc}") from exc
 
-    def _prepare(self, messages: list[dict[str, Any]], string_arguments: bool) -> list[dict[str, Any]]:
-        """The normal form adapted to this template: reasoning under ``reasoning_key``; tool-call arguments as
-        JSON text when the template concatenates them as strings (DeepSeek style) instead of ``tojson``."""
-        if self.reasoning_key == "reasoning_content" and not string_arguments:
-            return messages
+    def _prepare(self, messages: list[dict[str, Any]], as_text: bool = False) -> list[dict[str, Any]]:
+        """The normal form adapted to this template: reasoning under ``reasoning_key``; tool-call arguments
+        given as JSON text kept verbatim where the template takes text, parsed where it needs an object;
+        object arguments written as JSON text where the template fails on objects (it concatenates them); a
+        call turn's null content as None only where the template tells None from "" (probe_arguments).
+        ``as_text``: every argument as text, whatever the probes said (the retry of _render_real)."""
         out = []
         for msg in messages:
-            msg = dict(msg)
             if self.reasoning_key != "reasoning_content" and "reasoning_content" in msg:
-                msg[self.reasoning_key] = msg.pop("reasoning_content")
-            if string_arguments and msg.get("tool_calls"):
-                msg["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.dumps(
-                    c["function"]["arguments"], ensure_ascii=False)}} for c in msg["tool_calls"]]
+                msg = {**msg, self.reasoning_key: msg["reasoning_content"]}
+                del msg["reasoning_content"]
+            if msg.get("tool_calls"):
+                msg = {**msg, "tool_calls": [self._call(c, as_text) for c in msg["tool_calls"]]}
+            if msg.get("content", "") is None and not self.null_content:
+                msg = {**msg, "content": ""}
             out.append(msg)
         return out
 
+    def _call(self, call: dict[str, Any], as_text: bool) -> dict[str, Any]:
+        args = call["function"]["arguments"]
+        if isinstance(args, str) and not (self.text_arguments or as_text):
+            args = json.loads(args)             # rows.py checked it holds a JSON object
+        elif isinstance(args, dict) and (self.objects_as_text or as_text):
+            args = json.dumps(args, ensure_ascii=False)
+        else:
+            return call
+        return {**call, "function": {**call["function"], "arguments": args}}
+
     def _render_real(self, messages, tools) -> tuple[list[dict[str, Any]], str]:
-        """(messages as rendered, rendering); retries once with string arguments if the template fails on objects."""
-        prepared = self._prepare(messages, self.string_arguments)
+        """(messages as rendered, rendering); retries once with object arguments as text if the template fails
+        on objects (a template the probe could not judge)."""
+        prepared = self._prepare(messages)
         try:
             return prepared, self.render(prepared, tools)
         except Exception as exc:
-            if self.string_arguments or not any(m.get("tool_calls") for m in messages):
+            objects = any(isinstance(c["function"]["arguments"], dict) for m in prepared for c in m.get("tool_calls", []))
+            if self.objects_as_text or not objects:
                 raise RowRejected("template_error", f"the chat template refuses the row: {type(exc).__name__}: {exc}") from exc
             first = exc
-        prepared = self._prepare(messages, True)
+        prepared = self._prepare(messages, as_text=True)
         try:
             text = self.render(prepared, tools)
         except Exception:
             raise RowRejected("template_error", f"the chat template refuses the row: {type(first).__name__}: {first}") from first
-        self.string_arguments = True
+        self.text_arguments = self.objects_as_text = True
         return prepared, text
 
     def encode_chat(self, messages: list[dict[str, Any]], tools=None) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids int32, loss_mask uint8) of a conversation in normal form."""
         messages, real = self._render_real(messages, tools)
-        spans = assistant_spans(real, messages, tools, self._render_row, self.shape, self.reasoning_key)
+        spans = assistant_spans(real, messages, tools, self._render_row, self.shape, self.located)
         ids, offsets = self._encode(real)
         return ids, spans_to_mask(offsets, spans)
 

@@ -1,0 +1,179 @@
+"""Template families whose assistant turns have no learned role header to find (issue 38): every agentic
+row is stored, its ids equal the template's own rendering of the row as given, and its loss mask equals the
+template's {% generation %} blocks (Hugging Face's return_assistant_tokens_mask) on every token.
+
+The templates are written for hsx from the families' behaviour (tests/templates/*.jinja):
+- empty_prompt: no generation prompt, the answer follows [/INST] directly (its space is generated);
+- tool_outputs: an answer after tool outputs carries no role header;
+- think_cut: reasoning inline in the content (<think>...</think>answer), cut from history by the template;
+- prompt_differs: the generation prompt (<|assistant|><think>) is not how a finished turn starts;
+- string_arguments / text_arguments: string tool-call arguments rendered verbatim as text.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hsx.prep.rows import RowRejected, read_conversation
+from hsx.prep.tokenise import ChatTokeniser
+from hsx_tools.demo import sample_dataset
+from hsx_tools.samples import agentic_rows
+from hsx_tools.tinymodel import build_tokenizer
+
+TEMPLATES = Path(__file__).parent / "templates"
+ROWS = 48
+MISTRAL_SPECIAL = ("<s>", "</s>", "[INST]", "[/INST]", "[THINK]", "[/THINK]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
+                   "[/TOOL_RESULTS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]")
+OUTPUTS_SPECIAL = ("<|bos|>", "<|User|>", "<|Assistant|>", "<|outputs_begin|>", "<|outputs_end|>", "<|output|>",
+                   "<|/output|>", "<|calls|>", "<|/calls|>", "<|call|>", "<|/call|>", "<|eos|>")
+R1_SPECIAL = ("<|bos|>", "<|User|>", "<|Assistant|>", "<|tool|>", "<|/tool|>", "<|call|>", "<|/call|>", "<|eos|>")
+DIFFERS_SPECIAL = ("<|system|>", "<|user|>", "<|tool|>", "<|assistant|>", "<|end|>", "<|calls|>")
+
+
+def _inline_reasoning(row):
+    """Reasoning written inline at the start of the content, as R1-style datasets hold it."""
+    if "messages" not in row:
+        return row
+    out = []
+    for msg in row["messages"]:
+        msg = dict(msg)
+        if msg.get("reasoning_content", "").strip():
+            msg["content"] = ("<think>\n" + msg.pop("reasoning_content").strip() + "\n</think>\n\n"
+                              + (msg.get("content") or "").lstrip())
+        out.append(msg)
+    return {**row, "messages": out}
+
+
+def _serialised_arguments(row):
+    """String arguments as serving stacks send them: compact separators, non-ASCII escaped or not."""
+    if "messages" not in row:
+        return row
+    out, n = [], 0
+    for msg in row["messages"]:
+        msg = dict(msg)
+        calls = []
+        for call in msg.get("tool_calls") or []:
+            args = call["function"]["arguments"]
+            if isinstance(args, str):
+                value = json.loads(args)
+                for key in ("city", "query"):
+                    if key in value:
+                        value[key] = "東京 " + value[key]
+                n += 1
+                args = json.dumps(value, separators=(",", ":")) if n % 2 else json.dumps(value, ensure_ascii=False)
+            calls.append({**call, "function": {**call["function"], "arguments": args}})
+        if calls:
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return {**row, "messages": out}
+
+
+# family -> (template file, special tokens, bos, row transform, arguments: "object" | "text" | "text only")
+FAMILIES = {
+    "empty_prompt": ("empty_prompt.jinja", MISTRAL_SPECIAL, "<s>", None, "object"),
+    "tool_outputs": ("tool_outputs.jinja", OUTPUTS_SPECIAL, "<|bos|>", None, "object"),
+    "think_cut": ("think_cut.jinja", R1_SPECIAL, "<|bos|>", _inline_reasoning, "object"),
+    "prompt_differs": ("prompt_differs.jinja", DIFFERS_SPECIAL, None, None, "object"),
+    "string_arguments": ("string_arguments.jinja", (), None, _serialised_arguments, "text"),
+    "text_arguments": ("text_arguments.jinja", (), "<|endoftext|>", _serialised_arguments, "text only"),
+}
+
+
+def _as_given(row, messages, arguments):
+    """The normal form with every tool call's arguments as the row gives them: a string verbatim where the
+    template takes text, parsed where it needs an object; an object as JSON text where it takes text only."""
+    raw = row.get("messages")
+    for k, msg in enumerate(messages):
+        for j, call in enumerate(msg.get("tool_calls", [])):
+            given = raw[k]["tool_calls"][j]["function"]["arguments"] if raw is not None else call["function"]["arguments"]
+            if arguments == "object" and isinstance(given, str):
+                given = json.loads(given)
+            elif arguments == "text only" and not isinstance(given, str):
+                given = json.dumps(given, ensure_ascii=False)
+            call["function"]["arguments"] = given
+        if arguments == "text only" and "reasoning_content" in msg:      # text_arguments reads message.thinking
+            msg["thinking"] = msg.pop("reasoning_content")
+    return messages
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_agentic_row_stored_with_exact_ids_and_mask(name, tmp_path):
+    template, special, bos, transform, arguments = FAMILIES[name]
+    tok = build_tokenizer(tmp_path, chat_template=(TEMPLATES / template).read_text(), special_tokens=special,
+                          bos_token=bos, sample_path=sample_dataset())
+    chat = ChatTokeniser(tok)
+    rows = [transform(r) if transform else r for r in agentic_rows(ROWS, seed=23)]
+    rejected, wrong_ids, wrong_masks, masked = [], [], [], 0
+    for index, row in enumerate(rows):
+        try:
+            got = chat.encode_row(row, index)
+        except RowRejected as exc:
+            rejected.append(f"{row['id']}: {exc}")
+            continue
+        conv = read_conversation(row)
+        messages = [{**m, "content": m["content"] or ""} for m in conv.messages]   # a null content: ""
+        want = tok.apply_chat_template(_as_given(row, messages, arguments), tools=conv.tools, tokenize=True,
+                                       return_dict=True, return_assistant_tokens_mask=True)
+        if got.input_ids.tolist() != list(want["input_ids"]):
+            wrong_ids.append(row["id"])
+        elif got.loss_mask.tolist() != list(want["assistant_masks"]):
+            wrong_masks.append((row["id"], int(np.sum(got.loss_mask != np.asarray(want["assistant_masks"])))))
+        masked += int(got.loss_mask.sum())
+    print(f"{name}: {ROWS - len(rejected)}/{ROWS} stored, {len(wrong_ids)} wrong ids, "
+          f"{len(wrong_masks)} wrong masks {wrong_masks[:3]}; {getattr(chat, 'locating', '')}")
+    assert not rejected, f"{len(rejected)}/{ROWS} rejected, e.g. {rejected[:2]}"
+    assert not wrong_ids, f"{len(wrong_ids)} rows with ids unlike the template's rendering, e.g. {wrong_ids[:3]}"
+    assert not wrong_masks, f"{len(wrong_masks)} masks unlike the generation blocks (row, tokens): {wrong_masks[:3]}"
+    assert masked > ROWS * 20
+
+
+def test_a_row_that_cannot_be_located_is_quoted_with_the_text_around_the_place(tmp_path):
+    """The rejection names the turn and quotes the real rendering around where it stops lining up, control
+    characters escaped (one printable line for hsx inspect's examples and the producer's report)."""
+    template = ("{%- if messages[-1].content.startswith('Sure') -%}{{- 'Be sure.\\n\\t' -}}{%- endif -%}"
+                "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endfor -%}"
+                "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+    chat = ChatTokeniser(build_tokenizer(tmp_path, chat_template=template))
+    with pytest.raises(RowRejected) as caught:
+        chat.encode_row({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure."}]}, 0)
+    message = str(caught.value)
+    assert caught.value.reason == "turn_not_located" and message.startswith("turn 1 (assistant)")
+    assert message.endswith("near: |>Be sure.\\n\\t<|im_start|>user\\nhi<|im_end|>\\n<|im_sta...")
+    assert message.isprintable()
+
+
+NULL_CONTENT = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}{{- '<|im_start|>assistant\\n' -}}{%- generation -%}"
+    "{%- if m.content is defined -%}{{- m.content + '\\n<|text_end|>' -}}{%- endif -%}"
+    "{%- for c in m.tool_calls or [] -%}{{- '\\n<tool_call>' + c.function | tojson + '</tool_call>' -}}{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}{%- endgeneration -%}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+
+
+def test_a_call_turn_given_without_content_reaches_a_template_that_tells_it_from_empty(tmp_path):
+    """Hugging Face drops a null content's key; a template that tests for it renders such a call turn otherwise
+    than one with "" (DeepSeek style). The row as given is what the template renders: on main hsx wrote ""."""
+    tok = build_tokenizer(tmp_path, chat_template=NULL_CONTENT, special_tokens=("<|text_end|>",),
+                          sample_path=sample_dataset())
+    chat = ChatTokeniser(tok)
+    assert "null content passed as None" in chat.locating
+    nulls = 0
+    for index, row in enumerate(agentic_rows(24, seed=29, sharegpt_every=10**6)):
+        got = chat.encode_row(row, index)
+        messages = read_conversation(row).messages
+        for msg, given in zip(messages, row["messages"], strict=True):
+            if msg["role"] == "assistant" and given.get("content") is None:
+                msg["content"] = None
+                nulls += 1
+            for call in msg.get("tool_calls", []):
+                if isinstance(call["function"]["arguments"], str):
+                    call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        want = tok.apply_chat_template(messages, tools=row.get("tools"), tokenize=True, return_dict=True,
+                                       return_assistant_tokens_mask=True)
+        assert got.input_ids.tolist() == list(want["input_ids"]), row["id"]
+        assert got.loss_mask.tolist() == list(want["assistant_masks"]), row["id"]
+    assert nulls >= 10
