@@ -17,8 +17,9 @@ Content-MD5 from every request (moto then checks no checksum at all). ``reject_c
 whose ``x-amz-checksum-crc32`` differs from the CRC32 of the body that reaches the server (after any
 corruption above) is answered 400 BadDigest, not forwarded; moto behind it then stands for a server that
 verifies CRC32 (moto stores the value it is sent, and answers a multipart object's composite of what it stored).
-``fault_wrong_crc32 = (status, code)`` answers the next ``fault_left`` PUTs (objects and parts) whose
-``x-amz-checksum-crc32`` is not the body's, such as the integrity probe's deliberately wrong one, with that error
+``fault_wrong_crc32 = (status, code)`` answers the next ``fault_left`` PUTs (objects and parts; with
+``fault_match``, those whose path holds it) whose ``x-amz-checksum-crc32`` is not the body's, such as the
+integrity probe's deliberately wrong one, with that error
 instead of forwarding them (issue 37: a 503 SlowDown, a 500, a 403 where the server's own answer was due).
 ``bad_digests`` counts the PUTs the server behind answered 400 BadDigest (a server that checks the body).
 """
@@ -54,6 +55,7 @@ class LyingStoreProxy:
         self.rejected = 0                           # requests answered 400 for carrying default checksums
         self.fault_wrong_crc32: tuple[int, str] | None = None  # (status, code) for PUTs with a wrong CRC32
         self.fault_left = 0                         # such PUTs still to answer so
+        self.fault_match = ""                       # only PUTs whose path holds this (".hsx-probe/": the probe's)
         self.faulted = 0                            # such PUTs answered so far
         self.bad_digests = 0                        # PUTs the server behind answered 400 BadDigest
         self._lock = threading.Lock()
@@ -122,7 +124,7 @@ class LyingStoreProxy:
                 body = proxy._mangle(self.path, self._body())
                 sent = self.headers.get("x-amz-checksum-crc32")
                 wrong = sent is not None and sent != base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
-                fault = proxy._fault() if wrong else None
+                fault = proxy._fault() if wrong and proxy.fault_match in self.path else None
                 if fault is not None:
                     status, code = fault
                     self._answer(status, [("Content-Type", "application/xml")], (
