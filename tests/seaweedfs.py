@@ -76,6 +76,7 @@ class SeaweedS3:
         return [weed_binary(), "mini", f"-dir={self.root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 "-master.telemetry=false", "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                 "-master.volumeSizeLimitMB=64",  # small volumes: the tests' objects are MiBs
+                "-volume.preStopSeconds=0",      # stop at once (no clients to drain)
                 f"-filer.localSocket={self.root / 'filer.sock'}", f"-s3.localSocket={self.root / 's3.sock'}",
                 *(f"-{flag}={port}" for flag, port in self.ports.items())]
 
