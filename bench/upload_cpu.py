@@ -7,12 +7,13 @@ pass the path may make over the bytes (MD5, SHA-256, CRC32, a copy into fresh me
 machine now. Optional py-spy profile of the uploads: --profile FILE (py-spy on PATH or beside python).
 
 --integrity (hsx's --s3-integrity) picks the check: auto probes the server (rclone and moto check no CRC32, so
-auto is md5 there); crc32 forces x-amz-checksum-crc32 and no MD5. rclone keeps no checksum for a multipart
-object, so crc32 is measured against --server moto (moto_server in its own process: its CPU is not counted;
-it stores the CRC32 it is sent and answers the composite of what it stored).
+auto is md5 there; SeaweedFS checks it, so auto is crc32 there); crc32 demands x-amz-checksum-crc32 and no MD5,
+and is refused where the probe does not show the server checking it (rclone, moto). So crc32 is measured against
+--server seaweedfs (`weed mini`, tests/seaweedfs.py, in its own process: its CPU is not counted). --server moto
+runs moto_server in its own process.
 
   .venv/bin/python bench/upload_cpu.py --mib 512 --repeat 3
-  .venv/bin/python bench/upload_cpu.py --mib 256 --repeat 3 --server moto --integrity crc32
+  .venv/bin/python bench/upload_cpu.py --mib 256 --repeat 3 --server seaweedfs --integrity crc32
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from hsx.redisconn import free_port  # noqa: E402
 from hsx.store.quirks import EndpointQuirks  # noqa: E402
 from hsx.store.s3 import S3Settings, S3Store  # noqa: E402
 from tests.rclone import RcloneS3  # noqa: E402
+from tests.seaweedfs import SeaweedS3  # noqa: E402
 
 GiB = 2**30
 
@@ -92,7 +94,7 @@ def main(argv=None) -> dict:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--tmp", default="/dev/shm")
     p.add_argument("--profile", default="", help="write py-spy collapsed stacks of the uploads here")
-    p.add_argument("--server", choices=("rclone", "moto"), default="rclone")
+    p.add_argument("--server", choices=("rclone", "moto", "seaweedfs"), default="rclone")
     p.add_argument("--integrity", choices=("auto", "md5", "crc32"), default="auto", help="hsx's --s3-integrity")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="hsx-upload-cpu-", dir=args.tmp))
@@ -102,13 +104,20 @@ def main(argv=None) -> dict:
         (work / "server" / BUCKET).mkdir(parents=True)
         server = RcloneS3(work / "server", work / "rclone.log",
                           keys=(f"bench{secrets.token_hex(6)}", secrets.token_hex(20))).start()
-    else:
-        import boto3
+    elif args.server == "seaweedfs":
+        import secrets
 
+        # a throwaway key pair, in the environment only (weed takes it from there: never on a command line)
+        os.environ.update({"AWS_ACCESS_KEY_ID": f"bench{secrets.token_hex(6)}",
+                           "AWS_SECRET_ACCESS_KEY": secrets.token_hex(20), "AWS_DEFAULT_REGION": "us-east-1"})
+        server = SeaweedS3(work / "seaweedfs", work / "weed.log").start()
+    else:
         server = MotoServer(work / "moto.log")
     try:
         os.environ.update(server.env())
-        if args.server == "moto":
+        if args.server in ("moto", "seaweedfs"):
+            import boto3
+
             boto3.client("s3", endpoint_url=server.url).create_bucket(Bucket=BUCKET)
         store = S3Store(S3Settings(bucket=BUCKET, prefix="cpu", endpoint_url=server.url, region="us-east-1",
                                    quirks=EndpointQuirks(addressing_style="path", integrity=args.integrity)))
@@ -118,7 +127,7 @@ def main(argv=None) -> dict:
         make_source(source, size)
         sha256 = file_sha256(source)
         store.put_file("warm", source, size, sha256)
-        if args.server == "moto":
+        if args.server in ("moto", "seaweedfs"):
             store.delete("warm")  # moto holds objects in memory
         spy = None
         if args.profile:
@@ -132,7 +141,7 @@ def main(argv=None) -> dict:
             store.put_file(f"b{i}", source, size, sha256)
             cpu, wall = cpu + time.process_time() - started_cpu, wall + time.monotonic() - started
             (work / "server" / BUCKET / "cpu" / f"b{i}").unlink(missing_ok=True)  # not counted: the server's bytes
-            if args.server == "moto":
+            if args.server in ("moto", "seaweedfs"):
                 store.delete(f"b{i}")
         if spy:
             spy.send_signal(2)

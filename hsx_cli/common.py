@@ -44,8 +44,9 @@ STORE_FLAGS = (
          "auto (probed once at start), composite (AWS), md5 (whole-object MD5, e.g. rclone) or readback (read every "
          "multipart object back)", choices=("auto", "composite", "md5", "readback")),
     Flag("--s3-integrity", "the checksum the server verifies on each upload: auto (crc32 where a start probe sees "
-         "the server refuse a wrong x-amz-checksum-crc32, else md5), md5 (Content-MD5 and ETag checks) or crc32 "
-         "(x-amz-checksum-crc32 and the stored ChecksumCRC32 checked; no MD5: less uploader CPU)",
+         "the server refuse a wrong x-amz-checksum-crc32 as a checksum mismatch, else md5), md5 (Content-MD5 and ETag "
+         "checks) or crc32 (x-amz-checksum-crc32 and the stored ChecksumCRC32 checked; no MD5: less uploader CPU; "
+         "refused at the uploader's start where the probe does not show the server checking it)",
          choices=("auto", "md5", "crc32")),
 )
 

@@ -1,5 +1,5 @@
-"""Real parts for tests: a private redis-server (AOF on), moto's S3 server over HTTP,
-a tiny random Qwen3 model with a real tokenizer, and helpers to run roles in-process."""
+"""Real parts for tests: a private redis-server (AOF on), moto's S3 server over HTTP (and rclone's and
+SeaweedFS's, each started once a session), a tiny random Qwen3 model with a real tokenizer, and helpers to run roles in-process."""
 
 from __future__ import annotations
 
@@ -136,10 +136,26 @@ def rclone_server(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(params=["moto", "rclone"])
+@pytest.fixture(scope="session")
+def seaweedfs_server(tmp_path_factory):
+    """`weed mini` (SeaweedFS, a real S3 server that verifies CRC32: tests/seaweedfs.py) over a tmp folder: started
+    once a session, stopped and its data folder removed at the end."""
+    from tests.seaweedfs import SeaweedS3
+
+    _test_credentials()
+    where = tmp_path_factory.mktemp("seaweedfs")
+    server = SeaweedS3(where / "data", where / "weed.log").start()
+    yield server.url
+    server.stop()
+
+
+S3_SERVERS = {"moto": "s3_server", "rclone": "rclone_server", "seaweedfs": "seaweedfs_server"}
+
+
+@pytest.fixture(params=list(S3_SERVERS))
 def s3_endpoint(request):
-    """The endpoint URL of each S3 server the store suite runs against (parametrised: moto, rclone)."""
-    return request.getfixturevalue("s3_server" if request.param == "moto" else "rclone_server")
+    """The endpoint URL of each S3 server the store suite runs against (parametrised: moto, rclone, seaweedfs)."""
+    return request.getfixturevalue(S3_SERVERS[request.param])
 
 
 @pytest.fixture

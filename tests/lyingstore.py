@@ -17,6 +17,11 @@ Content-MD5 from every request (moto then checks no checksum at all). ``reject_c
 whose ``x-amz-checksum-crc32`` differs from the CRC32 of the body that reaches the server (after any
 corruption above) is answered 400 BadDigest, not forwarded; moto behind it then stands for a server that
 verifies CRC32 (moto stores the value it is sent, and answers a multipart object's composite of what it stored).
+``fault_wrong_crc32 = (status, code)`` answers the next ``fault_left`` PUTs (objects and parts; with
+``fault_match``, those whose path holds it) whose ``x-amz-checksum-crc32`` is not the body's, such as the
+integrity probe's deliberately wrong one, with that error
+instead of forwarding them (issue 37: a 503 SlowDown, a 500, a 403 where the server's own answer was due).
+``bad_digests`` counts the PUTs the server behind answered 400 BadDigest (a server that checks the body).
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ class LyingStoreProxy:
         self.reject_checksums = False
         self.check_crc32 = False
         self.rejected = 0                           # requests answered 400 for carrying default checksums
+        self.fault_wrong_crc32: tuple[int, str] | None = None  # (status, code) for PUTs with a wrong CRC32
+        self.fault_left = 0                         # such PUTs still to answer so
+        self.fault_match = ""                       # only PUTs whose path holds this (".hsx-probe/": the probe's)
+        self.faulted = 0                            # such PUTs answered so far
+        self.bad_digests = 0                        # PUTs the server behind answered 400 BadDigest
         self._lock = threading.Lock()
         proxy = self
 
@@ -113,13 +123,23 @@ class LyingStoreProxy:
                     return
                 body = proxy._mangle(self.path, self._body())
                 sent = self.headers.get("x-amz-checksum-crc32")
-                if proxy.check_crc32 and sent is not None and sent != base64.b64encode(
-                        zlib.crc32(body).to_bytes(4, "big")).decode():
+                wrong = sent is not None and sent != base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
+                fault = proxy._fault() if wrong and proxy.fault_match in self.path else None
+                if fault is not None:
+                    status, code = fault
+                    self._answer(status, [("Content-Type", "application/xml")], (
+                        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>injected by '
+                        "the test proxy</Message></Error>").encode())
+                    return
+                if proxy.check_crc32 and wrong:
                     self._answer(400, [("Content-Type", "application/xml")], (
                         b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>BadDigest</Code><Message>The CRC32 you '
                         b"specified did not match the calculated checksum.</Message></Error>"))
                     return
                 status, headers, data = self._forward("PUT", body)
+                if status == 400 and b"<Code>BadDigest</Code>" in data:
+                    with proxy._lock:
+                        proxy.bad_digests += 1
                 path = self.path.split("?")[0]
                 lie = False
                 with proxy._lock:
@@ -173,6 +193,15 @@ class LyingStoreProxy:
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def _fault(self) -> tuple[int, str] | None:
+        """The error to answer a PUT with a wrong CRC32 with, while ``fault_left`` lasts."""
+        with self._lock:
+            if self.fault_wrong_crc32 is None or self.fault_left <= 0:
+                return None
+            self.fault_left -= 1
+            self.faulted += 1
+            return self.fault_wrong_crc32
 
     def _mangle(self, path: str, body: bytes) -> bytes:
         with self._lock:

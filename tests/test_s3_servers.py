@@ -35,9 +35,12 @@ from tests.lyingstore import LyingStoreProxy
 from tests.pipeline import produce_config, upload_config, worker_config
 
 SERVERS = {"moto": "s3_server", "rclone": "rclone_server", "moto, no Content-MD5": "s3_server",
-           "moto + AWS's CRC32 check (integrity auto -> crc32)": "s3_server"}
-# moto 5.2.5 and rclone 1.75 store any x-amz-checksum-crc32 unchecked (so hsx keeps MD5 there); AWS and MinIO
-# refuse a wrong one. The proxy does that check (tests/lyingstore.py check_crc32) to stand for such a server.
+           "moto + AWS's CRC32 check (integrity auto -> crc32)": "s3_server",
+           "seaweedfs (checks CRC32 itself: integrity auto -> crc32)": "seaweedfs_server"}
+# moto 5.2.5 and rclone 1.75 store any x-amz-checksum-crc32 unchecked (so hsx keeps MD5 there); AWS, MinIO and
+# SeaweedFS 4.48 refuse a wrong one. For moto the proxy does that check (tests/lyingstore.py check_crc32) to stand
+# for such a server; SeaweedFS (tests/seaweedfs.py) is one.
+CRC32_SERVERS = {"moto + AWS's CRC32 check (integrity auto -> crc32)", "seaweedfs (checks CRC32 itself: integrity auto -> crc32)"}
 SIZES = {"single-part": 100_000, "multipart": 6 * 2**20 + 321}  # bytes; multipart: two parts of <= 5 MiB
 TABLE: dict[tuple[str, str, str], str] = {}
 
@@ -61,9 +64,11 @@ def _store(endpoint: str, bucket: str, **quirks) -> S3Store:
                               quirks=EndpointQuirks(addressing_style="path", **quirks)))
 
 
-def _caught_by(error: str) -> str:
+def _caught_by(error: str, crc32: bool = False) -> str:
+    """Which check refused an upload; ``crc32``: the upload carried x-amz-checksum-crc32 and no Content-MD5 (so a
+    BadDigest answers the CRC32, whatever the server's words: SeaweedFS says "Content-Md5")."""
     for words, check in (("The CRC32 you specified", "the server: x-amz-checksum-crc32 (BadDigest)"),
-                         ("BadDigest", "the server: Content-MD5 (BadDigest)"),
+                         ("BadDigest", f"the server: {'x-amz-checksum-crc32' if crc32 else 'Content-MD5'} (BadDigest)"),
                          ("XAmzContentSHA256Mismatch", "the server: SigV4 payload SHA-256"),
                          ("EntityTooSmall", "the server: a part below 5 MiB (EntityTooSmall)")):
         if words in error:
@@ -90,22 +95,25 @@ def test_corruption_in_transit_is_caught_before_the_spool_file_is_deleted(server
     upstream = request.getfixturevalue(SERVERS[server])
     proxy = proxy_to(upstream)
     proxy.strip_md5 = server.endswith("no Content-MD5")
-    proxy.check_crc32 = "CRC32" in server
+    proxy.check_crc32 = server.startswith("moto + ")
+    crc32 = server in CRC32_SERVERS
     store = _store(proxy.url, _new_bucket(upstream))
     # the probe's upload passes unharmed; only the batch's bodies are corrupted
-    assert f"integrity {'crc32' if proxy.check_crc32 else 'md5'} (probed: " in store.checks_line()
+    assert f"integrity {'crc32' if crc32 else 'md5'} (probed: " in store.checks_line()
     data = os.urandom(SIZES[kind])
     spool_file = tmp_path / "b0000000.safetensors"
     spool_file.write_bytes(data)
     sha = hashlib.sha256(data).hexdigest()
     # the last part of a multipart upload (parts go in parallel: "the first body" would be either)
-    proxy.corrupt, proxy.corrupt_left = corruption, 1
+    proxy.corrupt, proxy.corrupt_left, proxy.bad_digests = corruption, 1, 0
     proxy.corrupt_match = "partNumber=2" if kind == "multipart" else ""
     with pytest.raises(StoreError) as caught:   # the uploader deletes its spool file only after put_file returns
         store.put_file("run/batches/00000/b0000000.safetensors", spool_file, len(data), sha)
     assert proxy.corrupted == 1 and spool_file.read_bytes() == data
-    TABLE[server, kind, corruption] = _caught_by(str(caught.value))
+    TABLE[server, kind, corruption] = _caught_by(str(caught.value), crc32)
     assert not TABLE[server, kind, corruption].startswith("other"), caught.value
+    if server.startswith("seaweedfs"):   # a server that checks CRC32 refuses the corrupted request itself
+        assert TABLE[server, kind, corruption] == "the server: x-amz-checksum-crc32 (BadDigest)" and proxy.bad_digests == 1
     # the next try (the uploader's retry) lands the right bytes
     store.put_file("run/batches/00000/b0000000.safetensors", spool_file, len(data), sha)
     store.read_back("run/batches/00000/b0000000.safetensors", len(data), sha)
@@ -150,15 +158,17 @@ def test_crc32_integrity_computes_no_md5(s3_server, proxy_to, tmp_path, kind, mo
     assert head["ChecksumCRC32"] and "ContentMD5" not in head and store.get_bytes("k", 7, 11) == data[7:11]
 
 
-def test_crc32_forced_on_a_server_that_keeps_no_multipart_checksum_fails_verification(rclone_server, tmp_path):
-    """--s3-integrity crc32 on rclone (which stores no checksum for a multipart object): refused, never passed."""
+def test_crc32_forced_on_a_server_that_does_not_check_it_is_refused(rclone_server, tmp_path):
+    """--s3-integrity crc32 on rclone (which stores a wrong CRC32 unchecked): refused, naming the flag, never passed."""
     store = _store(rclone_server, _new_bucket(rclone_server), integrity="crc32")
-    assert "integrity crc32 (set by --s3-integrity crc32: the server's check of it is assumed" in store.checks_line()
+    with pytest.raises(PermanentStoreError, match="--s3-integrity crc32 .* a wrong x-amz-checksum-crc32 was accepted"):
+        store.checks_line()
     data = os.urandom(SIZES["multipart"])
     path = tmp_path / "f.bin"
     path.write_bytes(data)
-    with pytest.raises(StoreError, match="ChecksumCRC32 None != "):
+    with pytest.raises(PermanentStoreError, match="--s3-integrity crc32"):
         store.put_file("k", path, len(data), hashlib.sha256(data).hexdigest())
+    assert store.head("k") is None
 
 
 @pytest.mark.parametrize("kind", list(SIZES))
@@ -171,9 +181,9 @@ def test_a_server_that_rejects_default_checksums(s3_server, proxy_to, tmp_path, 
     path.write_bytes(data)
     sha = hashlib.sha256(data).hexdigest()
     store = _store(proxy.url, bucket)  # the default: checksums when_required
-    # the integrity probe's CRC32 headers are refused, the right one too: hsx keeps MD5 and sends no checksum header
-    assert "integrity md5 (probed: a wrong x-amz-checksum-crc32 was refused (InvalidArgument), but so was the right one" \
-        in store.checks_line()
+    # the integrity probe's CRC32 header is refused, but not as a mismatch: hsx keeps MD5 and sends no checksum header
+    assert ("integrity md5 (probed: a wrong x-amz-checksum-crc32 was answered 400 InvalidArgument, which is no "
+            "checksum refusal") in store.checks_line()
     proxy.rejected = 0
     assert store.put_file("k", path, len(data), sha).size == len(data) and store.get_bytes("k", 5, 9) == data[5:9]
     assert proxy.rejected == 0
@@ -203,9 +213,15 @@ def test_a_whole_run_on_each_server(s3_endpoint, s3_endpoint_bucket, r, redis_se
     proxy.corrupt, proxy.corrupt_left, proxy.corrupt_match = "flip", 2, "/batches/"
     caplog.set_level("INFO")
     rt = run_uploader(upload_config(redis_server.url, spool_dir))
-    assert proxy.corrupted == 2 and rt.failures == 2          # both caught before delete, retried
-    style = {"moto": "composite", "rclone": "md5"}[request.node.callspec.params["s3_endpoint"]]
-    assert any(m.startswith("run rs: store s3://") and f"multipart ETag {style} (probed)" in m for m in caplog.messages)
+    server = request.node.callspec.params["s3_endpoint"]
+    if server == "seaweedfs":   # refused by the server (400 BadDigest on the part's CRC32), sent again within the upload
+        assert proxy.corrupted == 2 and proxy.bad_digests == 2 + 2 and rt.failures == 0  # the probe's 2 wrong CRC32s too
+    else:                       # found by hsx's check after the upload: the upload failed, and was tried again
+        assert proxy.corrupted == 2 and rt.failures == 2
+    style = {"moto": "composite", "rclone": "md5", "seaweedfs": "composite"}[server]
+    said = {"moto": "integrity md5", "rclone": "integrity md5", "seaweedfs": "integrity crc32"}[server]
+    assert any(m.startswith("run rs: store s3://") and f"multipart ETag {style} (probed)" in m and f"; {said} (probed"
+               in m for m in caplog.messages), caplog.messages
     assert run_progress(r, "rs")["complete"] and not spool.complete_files(spool_dir, "rs")  # deleted after verify
     store = settings.open()
     assert verify_run(r, store, "rs").ok

@@ -17,8 +17,15 @@ def _s3(endpoint, bucket, **kw):
 
 # What each server does (issue 28): moto models AWS; rclone serve s3 answers the whole object's MD5 as a
 # multipart ETag and the metadata key as "Sha256".
-MULTIPART_ETAG = {"moto": "composite", "rclone": "md5"}
-CONDITIONAL_WRITES = {"moto": "honoured", "rclone": "ignored"}  # If-None-Match: * on a PUT over an object
+# SeaweedFS (4.48) forms AWS's composite ETag, and checks x-amz-checksum-crc32 (integrity auto -> crc32 there).
+MULTIPART_ETAG = {"moto": "composite", "rclone": "md5", "seaweedfs": "composite"}
+CONDITIONAL_WRITES = {"moto": "honoured", "rclone": "ignored", "seaweedfs": "honoured"}  # If-None-Match: * over an object
+INTEGRITY = {
+    "moto": "integrity md5 (probed: a wrong x-amz-checksum-crc32 was accepted: the server does not check it)",
+    "rclone": "integrity md5 (probed: a wrong x-amz-checksum-crc32 was accepted: the server does not check it)",
+    "seaweedfs": "integrity crc32 (probed: a wrong x-amz-checksum-crc32 was refused (400 BadDigest), on a part too "
+                 "(400 BadDigest), the right ones stored)",
+}
 
 
 @pytest.mark.parametrize("multipart_etag", ["auto", "readback"])
@@ -27,10 +34,14 @@ def test_multipart_upload_is_verified(s3_endpoint, s3_endpoint_bucket, tmp_path,
     store = _s3(s3_endpoint, s3_endpoint_bucket, multipart_threshold=5 * 2**20, multipart_chunk=5 * 2**20,
                 quirks=EndpointQuirks(addressing_style="path", multipart_etag=multipart_etag))
     line = store.checks_line()
-    assert (f"multipart ETag {MULTIPART_ETAG[server]} (probed)" if multipart_etag == "auto"
-            else "multipart every multipart object read back") in line, line
-    # neither server checks x-amz-checksum-crc32 (both store a wrong one), so integrity auto keeps MD5 there
-    assert "integrity md5 (probed: a wrong x-amz-checksum-crc32 was accepted: the server does not check it)" in line, line
+    if multipart_etag == "auto":
+        assert f"multipart ETag {MULTIPART_ETAG[server]} (probed)" in line, line
+    elif server == "seaweedfs":   # crc32 mode: the server's composite CRC32 is the multipart check, not an ETag
+        assert "(multipart: the composite crc32(crc32(part)..)-N)" in line, line
+    else:
+        assert "multipart every multipart object read back" in line, line
+    # moto and rclone store a wrong x-amz-checksum-crc32, so integrity auto keeps MD5 there; SeaweedFS refuses it
+    assert INTEGRITY[server] in line, line
     if multipart_etag == "auto":
         assert f"conditional writes {CONDITIONAL_WRITES[server]} (hsx relies on none)" in line, line
     data = os.urandom(12 * 2**20 + 123)  # three parts
@@ -42,7 +53,8 @@ def test_multipart_upload_is_verified(s3_endpoint, s3_endpoint_bucket, tmp_path,
     raw = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
     head = raw.head_object(Bucket=s3_endpoint_bucket, Key="pre/fix/run/batches/00000/b1.safetensors")
     whole = f'"{hashlib.md5(data).hexdigest()}"'
-    assert head["ContentLength"] == len(data) and (head["ETag"].endswith('-3"') if server == "moto" else head["ETag"] == whole)
+    assert head["ContentLength"] == len(data) and (head["ETag"].endswith('-3"') if MULTIPART_ETAG[server] == "composite"
+                                                   else head["ETag"] == whole)
     assert store.get_bytes("run/batches/00000/b1.safetensors", 10, 20) == data[10:20]
     assert store.get_bytes("run/batches/00000/b1.safetensors", len(data) - 5) == data[-5:]
     assert store.list_keys("run/") == ["run/batches/00000/b1.safetensors"]  # the probe left nothing behind
@@ -88,3 +100,23 @@ def test_corrupt_batch_bytes_name_the_key():
     assert batchfile.read_bytes(data).sample_ids == ["a"]
     with pytest.raises(batchfile.BatchFileError, match="run/b.safetensors: corrupt or truncated"):
         batchfile.read_bytes(data[:-5], where="run/b.safetensors")
+
+
+def test_create_only_writes_hold_where_the_probe_says_they_do(s3_endpoint, s3_endpoint_bucket, request):
+    """What the start line says of If-None-Match: * is what the server does: a second create-only write over a key
+    is refused (412) where it says honoured, and the first write's bytes stay; where it says ignored, it overwrites."""
+    from botocore.exceptions import ClientError
+
+    server = request.node.callspec.params["s3_endpoint"]
+    honoured = _s3(s3_endpoint, s3_endpoint_bucket).profile().conditional_writes
+    assert honoured is (CONDITIONAL_WRITES[server] == "honoured")
+    raw = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    raw.put_object(Bucket=s3_endpoint_bucket, Key="once", Body=b"first", IfNoneMatch="*")
+    try:
+        raw.put_object(Bucket=s3_endpoint_bucket, Key="once", Body=b"second", IfNoneMatch="*")
+        refused = None
+    except ClientError as exc:
+        refused = exc.response["ResponseMetadata"]["HTTPStatusCode"]
+    assert (refused in (409, 412)) is honoured, refused
+    kept = raw.get_object(Bucket=s3_endpoint_bucket, Key="once")["Body"].read()
+    assert kept == (b"first" if honoured else b"second")

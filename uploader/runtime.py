@@ -89,6 +89,9 @@ class UploaderRuntime(Role):
         (hsx/store/quirks.py); a probe that fails now is tried again at the first multipart upload."""
         try:
             line = store.checks_line()
+        except PermanentStoreError as exc:   # --s3-integrity crc32 on a server that does not check it
+            log.error("run %s: %s", run, exc)
+            return
         except StoreError as exc:
             log.warning("run %s: could not probe the store's endpoint (tried again at the first multipart upload): %s",
                         run, exc)

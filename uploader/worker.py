@@ -10,7 +10,7 @@ from hsx.life import run_complete
 from hsx.localdirs import ensure_dir
 from hsx.redisconn import connect, redact
 from hsx.runspec import UploadConfig
-from hsx.store import check_store
+from hsx.store import check_integrity, check_store
 
 # Imported now, not inside the first job: it pulls in torch, seconds between rq's hand-over
 # and the job's lease that the reconciler would count as a lost batch (issue 23 item 7).
@@ -22,13 +22,15 @@ log = logging.getLogger(__name__)
 
 def check_run_stores(r) -> None:
     """The start check of each S3 store an unfinished run of this Redis uploads to (once a store): one that is
-    unreachable, refuses these credentials or a write is StoreUnusable (exit 2) within seconds, naming the setting."""
+    unreachable, refuses these credentials or a write is StoreUnusable (exit 2) within seconds, naming the setting;
+    so is --s3-integrity crc32 on a server that does not check it (the integrity probe)."""
     checked = set()
     for run in life.list_runs(r):
         manifest = life.get_manifest(r, run)
         if manifest is None or run_complete(r, run) or manifest.store in checked:
             continue
         check_store(manifest.store, "uploader", run=run)
+        check_integrity(manifest.store, "uploader", run=run)
         checked.add(manifest.store)
 
 

@@ -10,11 +10,11 @@ from hsx.store.base import ObjectInfo, PermanentStoreError, Store, StoreError, V
 from hsx.store.local import LocalStore
 from hsx.store.quirks import EndpointQuirks
 from hsx.store.settings import StoreSettings
-from hsx.store.startcheck import check_store
+from hsx.store.startcheck import check_integrity, check_store
 
 __all__ = [
     "Store", "ObjectInfo", "StoreError", "PermanentStoreError", "VerifyError", "StoreURLError", "LocalStore",
-    "StoreSettings", "EndpointQuirks", "open_store", "check_store",
+    "StoreSettings", "EndpointQuirks", "open_store", "check_store", "check_integrity",
     "layout",  # a namespace: the object keys of a run
 ]
 

@@ -15,15 +15,19 @@ Settings (flags with HSX_* fallbacks, recorded in the run's manifest; safe defau
   the ETag checks above. ``crc32``: ``x-amz-checksum-crc32`` per request (PutObject, each UploadPart; multipart
   uploads created with ChecksumAlgorithm CRC32) and, after completion, HeadObject with ChecksumMode ENABLED
   must answer the CRC32 hsx computed (the composite ``crc32(crc32(part)..)-N`` for multipart): no MD5 at all,
-  ~45 % less uploader CPU (docs/benchmarks.md). ``auto`` (default) uses crc32 only where the probe saw the
-  server refuse a deliberately wrong ``x-amz-checksum-crc32`` and store the right one (AWS; MinIO documents it);
-  elsewhere (rclone and moto store whatever value they are sent, unchecked) it keeps md5. The file's SHA-256
-  (recomputed from the bytes sent, kept as metadata) is checked in every mode.
+  ~45 % less uploader CPU (docs/benchmarks.md). ``auto`` (default) uses crc32 only where the probe
+  (hsx/store/probe.py) saw the server refuse a deliberately wrong ``x-amz-checksum-crc32`` as a checksum mismatch
+  (a 400 BadDigest or the like: a 503, 500 or 403 is no such sign) on a PUT and on a part, and store the right
+  ones (AWS, SeaweedFS; MinIO documents it); elsewhere (rclone and moto store whatever value they are sent,
+  unchecked), or where the probe's answers never settle it, it keeps md5. ``crc32`` set on a server the probe does
+  not show checking it is refused (PermanentStoreError naming the flag). The file's SHA-256 (recomputed from the
+  bytes sent, kept as metadata) is checked in every mode.
 - ``verify_etag``: off for stores whose ETag is no MD5 at all (SSE-KMS); multipart objects are then
   read back, single-part ones rest on the server's ``Content-MD5`` check.
 
-What the probe learns (the multipart ETag style and whether the server checks CRC32, each probed only when its
-setting is ``auto``) is an ``EndpointProfile``, said in one start line (``S3Store.checks_line``).
+What the probe learns (the multipart ETag style, probed only when its setting is ``auto``; whether the server checks
+CRC32, probed unless ``integrity`` is ``md5``) is an ``EndpointProfile``, said in one start line
+(``S3Store.checks_line``).
 Conditional writes (``If-None-Match: *``) are probed and reported only: hsx relies on none (every
 key is deterministic and a batch's upload is leased, docs/reliability.md), so a server that
 ignores them (rclone) changes nothing.
@@ -33,12 +37,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import uuid
 import zlib
 from dataclasses import dataclass
 
 from botocore.config import Config
-from botocore.exceptions import ClientError
 
 CHECKSUM_MODES = ("when_required", "when_supported")
 ADDRESSING_STYLES = ("auto", "path", "virtual")
@@ -70,13 +72,15 @@ class EndpointQuirks:
             if value not in allowed:
                 raise QuirkError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
 
-    def client_config(self, max_pool_connections: int) -> Config:
-        """botocore's Config for this endpoint: addressing, checksum mode, retries, connection pool."""
+    def client_config(self, max_pool_connections: int, retries: bool = True) -> Config:
+        """botocore's Config for this endpoint: addressing, checksum mode, retries (``retries`` False: one attempt
+        a call, as for the probe's client, which judges each answer itself), connection pool."""
         # payload_signing_enabled False: UNSIGNED-PAYLOAD (the body is covered by its signed Content-MD5 header, or
         # by the ETag checked after the upload), not a SHA-256 of every body over http (~0.6 s a GiB)
         return Config(s3={"addressing_style": self.addressing_style, "payload_signing_enabled": False},
                       request_checksum_calculation=self.checksums, response_checksum_validation=self.checksums,
-                      retries={"max_attempts": 5, "mode": "adaptive"}, max_pool_connections=max_pool_connections)
+                      retries={"max_attempts": 5, "mode": "adaptive"} if retries else {"total_max_attempts": 1},
+                      max_pool_connections=max_pool_connections)
 
     def refusal_hint(self, code: str | None, status: int | None) -> str | None:
         """The fix to name when the store refuses a request in a way default checksums explain, else None."""
@@ -128,89 +132,6 @@ def crc32_args(crc: int) -> dict:
     return {"ChecksumAlgorithm": "CRC32", "ChecksumCRC32": crc32_b64(crc)}
 
 
-def _status(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
-
-
-def probe_crc32(client, bucket: str, key: str) -> tuple[bool, str]:
-    """Does the server check and store x-amz-checksum-crc32? A small PUT with a WRONG one must be refused, the
-    same PUT with the right one kept and answered on HEAD (ChecksumMode ENABLED), and a two-part upload's
-    composite answered too. (True | False, what was seen). Raises BotoCoreError (no answer at all)."""
-    body = b"hsx checksum probe\n"
-    try:
-        try:
-            client.put_object(Bucket=bucket, Key=key, Body=body, **crc32_args(zlib.crc32(b"not " + body)))
-            return False, "a wrong x-amz-checksum-crc32 was accepted: the server does not check it"
-        except ClientError as exc:
-            refused = _status(exc)
-        try:
-            client.put_object(Bucket=bucket, Key=key, Body=body, **crc32_args(zlib.crc32(body)))
-            stored = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED").get("ChecksumCRC32")
-        except ClientError as exc:
-            return False, f"a wrong x-amz-checksum-crc32 was refused ({refused}), but so was the right one ({_status(exc)})"
-        if stored != crc32_b64(zlib.crc32(body)):
-            return False, f"the server refused a wrong CRC32 ({refused}) but did not store the right one (HEAD: {stored})"
-        parts = [bytes(PROBE_PART), b"hsx\n"]
-        try:
-            upload = client.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32")["UploadId"]
-            try:
-                done = [{"PartNumber": n, "ChecksumCRC32": crc32_b64(zlib.crc32(p)), "ETag": client.upload_part(
-                    Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=p, **crc32_args(zlib.crc32(p)))["ETag"]}
-                    for n, p in enumerate(parts, 1)]
-                client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
-                                                 MultipartUpload={"Parts": done})
-            except BaseException:
-                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
-                raise
-            stored = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED").get("ChecksumCRC32")
-        except ClientError as exc:
-            return False, f"single-part CRC32 checked, but a multipart upload with CRC32 was refused ({_status(exc)})"
-        if not crc32_matches(stored, composite_crc32([zlib.crc32(p) for p in parts])):
-            return False, f"single-part CRC32 checked, but a multipart object's composite CRC32 was not stored (HEAD: {stored})"
-        return True, f"a wrong x-amz-checksum-crc32 was refused ({refused}), the right one stored"
-    finally:
-        client.delete_object(Bucket=bucket, Key=key)
-
-
-def probe(client, bucket: str, key_prefix: str, etag: bool = True, crc32: bool = True) -> EndpointProfile:
-    """With ``etag``: upload a two-part object (PROBE_PART + 4 bytes) and a create-only write under
-    ``key_prefix`` + PROBE_PREFIX, read what the server says, delete both. With ``crc32``: ``probe_crc32``.
-    Raises ClientError/BotoCoreError."""
-    key = f"{key_prefix}{PROBE_PREFIX}{uuid.uuid4().hex}"
-    checked, why = probe_crc32(client, bucket, key + "-crc32") if crc32 else (None, "")
-    if not etag:
-        return EndpointProfile("unknown", None, checked, why)
-    parts = [bytes(PROBE_PART), b"hsx\n"]
-    upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-    try:
-        done = [{"PartNumber": n, "ETag": client.upload_part(
-            Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=body,
-            ContentMD5=base64.b64encode(hashlib.md5(body).digest()).decode())["ETag"]}
-            for n, body in enumerate(parts, 1)]
-        client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": done})
-    except BaseException:
-        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
-        raise
-    try:
-        etag = client.head_object(Bucket=bucket, Key=key).get("ETag")
-        if etag == composite_etag([hashlib.md5(p).digest() for p in parts]):
-            style = "composite"
-        elif etag == md5_etag(hashlib.md5(b"".join(parts)).hexdigest()):
-            style = "md5"
-        else:
-            style = "opaque"
-        try:
-            client.put_object(Bucket=bucket, Key=key, Body=b"again", IfNoneMatch="*")
-            conditional = False
-        except ClientError as exc:
-            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") not in (409, 412):
-                raise
-            conditional = True
-    finally:
-        client.delete_object(Bucket=bucket, Key=key)
-    return EndpointProfile(style, conditional, checked, why)
-
-
 def integrity(quirks: EndpointQuirks, profile: EndpointProfile) -> str:
     """The checksum hsx sends and checks on this endpoint: crc32 where set or where the probe saw it checked, else md5."""
     if quirks.integrity == "auto":
@@ -238,7 +159,7 @@ def checks_line(quirks: EndpointQuirks, profile: EndpointProfile, probed: bool) 
     etag = f"multipart ETag {profile.multipart_etag} ({'probed' if probed else 'set by --s3-multipart-etag'})"
     if integrity(quirks, profile) == "crc32":
         why = (f"probed: {profile.crc32_why}" if quirks.integrity == "auto"
-               else "set by --s3-integrity crc32: the server's check of it is assumed, not probed")
+               else f"set by --s3-integrity crc32, probed: {profile.crc32_why}")
         checks = (f"integrity crc32 ({why}); checks: x-amz-checksum-crc32 on every request, HEAD ChecksumCRC32 = "
                   "the CRC32 of the bytes read (multipart: the composite crc32(crc32(part)..)-N), size and sha256 "
                   "metadata; no MD5")

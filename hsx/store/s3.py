@@ -12,7 +12,7 @@ Verification of an upload, before anyone may record it done (and the spool file 
   MD5 of the whole object (rclone), or a read-back of the object's SHA-256;
 - the object's ``sha256`` metadata (read case-insensitively: rclone answers ``Sha256``) equals the
   file's SHA-256, which the uploader recomputed from the bytes it sent.
-In crc32 integrity mode (quirks.integrity: set, or probed where the server refuses a wrong CRC32) every request
+In crc32 integrity mode (quirks.integrity: probed where the server refuses a wrong CRC32, or set and so probed) every request
 carries ``x-amz-checksum-crc32`` instead of Content-MD5, and the HEAD's ChecksumCRC32 (ChecksumMode ENABLED) must
 equal the CRC32 of the bytes read (the composite ``crc32(crc32(part)..)-N`` for multipart) in place of the ETag
 checks: no MD5 is computed. Size and the sha256 metadata are checked as in md5 mode.
@@ -23,7 +23,6 @@ single-part objects then rest on Content-MD5, multipart ones are read back.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import logging
 import threading
@@ -40,6 +39,7 @@ from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, D
 from hsx.retry import retry_call
 from hsx.store.base import ObjectInfo, PermanentStoreError, Store, StoreError, VerifyError, check_read_back
 from hsx.store.parts import BufferPool, Part, ShortFile, read_parts
+from hsx.store.probe import given_profile, probe
 from hsx.store.quirks import (
     PROBE_PREFIX,
     EndpointProfile,
@@ -53,7 +53,6 @@ from hsx.store.quirks import (
     integrity,
     md5_etag,
     multipart_check,
-    probe,
 )
 
 log = logging.getLogger(__name__)
@@ -158,22 +157,28 @@ class S3Store(Store):
     # ---- the endpoint's quirks (hsx/store/quirks.py) ---------------------------------------------
     def profile(self) -> EndpointProfile:
         """What this endpoint does (its multipart ETag style, whether it checks x-amz-checksum-crc32): from
-        --s3-multipart-etag / --s3-integrity, else probed once a process per (endpoint, bucket, settings). A probe
-        that fails raises StoreError (tried again next time)."""
+        --s3-multipart-etag / --s3-integrity md5, else probed once a process per (endpoint, bucket, settings)
+        (hsx/store/probe.py). A probe that fails raises StoreError (tried again next time); --s3-integrity crc32 on
+        a server the probe does not show checking it raises PermanentStoreError naming the flag, at every call."""
         q = self.s.quirks
-        given = EndpointProfile({"readback": "opaque"}.get(q.multipart_etag, q.multipart_etag), None)
-        if q.multipart_etag != "auto" and q.integrity != "auto":
-            return given
+        if q.multipart_etag != "auto" and q.integrity == "md5":
+            return given_profile(q)
         cache_key = (self.s.endpoint_url, self.s.region, self.s.bucket, q)
         with _PROFILES_LOCK:
             known = _PROFILES.get(cache_key)
         if known is None:
+            # the CRC32 probe's client has botocore's retries off: the probe judges (and names) every answer
+            crc32_client = boto3.session.Session().client("s3", endpoint_url=self.s.endpoint_url, region_name=self.s.region,
+                                                          config=q.client_config(max_pool_connections=2, retries=False))
             known = self._call(f"probe {self.url(PROBE_PREFIX)}", lambda: probe(
-                self.client, self.s.bucket, self._k(""), etag=q.multipart_etag == "auto", crc32=q.integrity == "auto"))
-            if q.multipart_etag != "auto":
-                known = dataclasses.replace(known, multipart_etag=given.multipart_etag)
+                self.client, crc32_client, self.s.bucket, self._k(""), q))
             with _PROFILES_LOCK:
                 _PROFILES[cache_key] = known
+        if q.integrity == "crc32" and not known.crc32:
+            raise PermanentStoreError(f"--s3-integrity crc32 (HSX_S3_INTEGRITY) is set, but the store {self.url()} at "
+                                      f"{self.s.endpoint_url or 'AWS'} is not shown to verify x-amz-checksum-crc32 "
+                                      f"(probed: {known.crc32_why}): a byte flipped in transit could pass; set "
+                                      "--s3-integrity auto or md5")
         return known
 
     def checks_line(self) -> str:

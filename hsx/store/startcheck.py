@@ -8,7 +8,9 @@ with a message naming no setting). In order, each answer naming the setting to c
 2. credentials accepted and the bucket exists: HEAD of the bucket (403: the AWS credentials;
    404: the bucket in ``--store``; a redirect or 400: ``--s3-region``);
 3. a write allowed (roles that write): PUT of ``<prefix>/.hsx-write-check``, the same few bytes every time
-   (idempotent; outside every run's folder, so no run ever lists it).
+   (idempotent; outside every run's folder, so no run ever lists it);
+4. ``check_integrity`` (the uploader): ``--s3-integrity crc32`` only on a server the start probe shows refusing a
+   wrong x-amz-checksum-crc32 (hsx/store/probe.py), else one line naming the flag.
 
 The whole check takes at most ``seconds`` (default 10). A local store is checked elsewhere
 (hsx/localdirs.py, hsx/runspec/visibility.py): nothing to do here.
@@ -97,3 +99,19 @@ def check_store(settings: StoreSettings, role: str, write: bool = True, seconds:
             client().put_object(Bucket=bucket, Key=key, Body=WRITE_CHECK_BYTES)
         except (BotoCoreError, ClientError, OSError) as exc:
             raise refused(exc, "write") from None
+
+
+def check_integrity(settings: StoreSettings, role: str, run: str | None = None) -> None:
+    """StoreUnusable, one line naming --s3-integrity, if it is crc32 and the store's probe does not show the server
+    checking x-amz-checksum-crc32; nothing for any other setting or a local store. A probe that cannot be made
+    now is no refusal (each upload probes again, and is refused there)."""
+    if settings.is_local or settings.integrity != "crc32":
+        return
+    from hsx.store.base import PermanentStoreError, StoreError
+
+    try:
+        settings.open().profile()
+    except PermanentStoreError as exc:
+        raise StoreUnusable(f"{role}{' of run ' + run if run else ''}: {exc}") from None
+    except StoreError:
+        pass
