@@ -122,6 +122,7 @@ class _Outages:
 
 
 OUTAGES = _Outages()
+AWAY_ERRORS = (RedisConnectionError, RedisTimeoutError, OutOfMemoryError)  # what a ride-out waits through
 
 
 class _RideOut(Retry):
