@@ -129,8 +129,10 @@ def test_a_worker_stops_in_bound_idle_mid_batch_in_burst_with_its_folders_remove
         _worker(roles, "burst", "sig-busy", tmp_path / "spool-burst", "--burst")
         wait_until("both holding a batch", lambda: _holding(r, "sig-busy", "busy") and _holding(r, "sig-busy", "burst"),
                    60, check=roles.alive)
+        held = _holding(r, "sig-busy", "burst")
         shutil.rmtree(tmp_path / "spool-burst")
-        roles.said("burst", "spool-burst")  # the write of its batch met the missing folder
+        wait_until("burst past the batch it held", lambda: _holding(r, "sig-busy", "burst") != held, 30,
+                   check=roles.alive, interval=0.05)  # its write met the folder gone
         roles.stop("burst", extra=BATCH_SECONDS)
         wait_until("busy holding a batch", lambda: _holding(r, "sig-busy", "busy"), 30, check=roles.alive, interval=0.05)
         roles.stop("busy", extra=BATCH_SECONDS)
