@@ -20,7 +20,7 @@ from hsx.fleet import check_eviction_policy
 from hsx.life import RunVanished, run_complete
 from hsx.localdirs import ensure_dir
 from hsx.prep import fingerprint_cached, local_folder, weights_fingerprint
-from hsx.redisconn import connect, redact
+from hsx.redisconn import AWAY_ERRORS, connect, redact
 from hsx.runspec import RunNotVisible, WorkerConfig
 from hsx.store import layout
 
@@ -69,6 +69,15 @@ def _on_failure(job, exc_type, exc_value, tb):
                                     "or use S3, then restart the worker; the batch was handed back, no failure counted")
         log.error("%s", ExtractWorker.store_lost)
         rt.stop_serving()
+        return True
+    if parsed and rt is not None and retry.STOP.is_set():
+        # Stopping: the waits of the job in hand ended at once (a store or Redis away), not its batch's fault.
+        try:
+            life.hand_back(rt.r, rt.run, parsed[1], leased=False)  # the job let go of its lease already
+            log.warning("handed %s back to the queue: stopping (%s: %s), no failure counted", parsed[1],
+                        exc_type.__name__, str(exc_value).splitlines()[0][:200] if str(exc_value) else "")
+        except AWAY_ERRORS:  # Redis away too: its lease brings it back
+            pass
         return True
     if parsed and rt is not None:
         rt.fail_batch(parsed[1], f"{exc_type.__name__}: {exc_value}")

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from hsx import life, runspec
+from hsx import life, retry, runspec
 from hsx.batch import BatchContents, BatchFileError, BatchMeta, validate_batch, write_atomic
 from hsx.life import BatchSpec, record_store_error
+from hsx.redisconn import AWAY_ERRORS
 from hsx.runspec import Manifest
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,10 @@ WRITER_THREADS = 2
 TIER_WAIT_SECONDS = 0.05   # poll period while every spool tier is full
 DISK_FULL_WAIT_SECONDS = 0.5  # pause before a write that met ENOSPC is tried again
 RATE_WARN_SECONDS = 60.0   # at most one "disk cannot keep up" warning a minute
+
+
+class Stopping(Exception):
+    """A write given up because this process stops (a wait for spool room ended by hsx.retry.STOP)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,9 @@ class SpoolWriter:
             try:
                 self._write(item)
             except Exception as exc:
+                if retry.STOP.is_set():  # stopping: its waits ended (Redis or the spool), not the batch's fault
+                    self._hand_back(item.spec.batch_id, exc)
+                    continue
                 log.error("batch %s failed at write: %s", item.spec.batch_id, exc)
                 self.on_failure(item.spec.batch_id, f"write: {type(exc).__name__}: {exc}")
             finally:
@@ -143,6 +151,15 @@ class SpoolWriter:
                 with self._idle:
                     self.in_flight.discard(item.spec.batch_id)
                     self._idle.notify_all()
+
+    def _hand_back(self, bid: str, exc: Exception) -> None:
+        """A batch not written because this process stops: queued again, no failure counted (with Redis away,
+        its lease brings it back)."""
+        try:
+            if life.hand_back(self.r, self.run, bid):
+                log.warning("handed %s back to the queue: stopping before it was written (%s)", bid, exc)
+        except AWAY_ERRORS:
+            pass
 
     def _write(self, item: Finished) -> None:
         spec, contents = item.spec, item.contents
@@ -211,7 +228,8 @@ class SpoolWriter:
                                     "free room, the batch is kept (not a failure)", bid, tier.name, exc)
                     self.disk_full_waits += 1
                     fallback = False
-                    time.sleep(DISK_FULL_WAIT_SECONDS)
+                    if retry.pause(DISK_FULL_WAIT_SECONDS):
+                        raise Stopping(f"stopping while the spool's file system was full ({exc})") from None
                     continue
                 if tier.name != runspec.MEMORY_TIER or len(self.tiers.tiers) < 2 or fallback:
                     raise
@@ -225,7 +243,8 @@ class SpoolWriter:
             if not waited:
                 log.warning("no spool tier has room for %d bytes (%s); waiting for uploads", nbytes, self.tiers.describe())
                 waited = True
-            time.sleep(TIER_WAIT_SECONDS)
+            if retry.pause(TIER_WAIT_SECONDS):
+                raise Stopping("stopping while no spool tier had room")
         return tier
 
     def _warn_if_slow(self) -> None:

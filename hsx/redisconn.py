@@ -15,14 +15,14 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import AbstractBackoff
-from redis.exceptions import AuthenticationError
+from redis.exceptions import AuthenticationError, OutOfMemoryError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from hsx.defaults import DEFAULT_REDIS_CONNECT_SECONDS
 from hsx.errors import HsxError
-from hsx.retry import backoff_delay
+from hsx.retry import backoff_delay, pause
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +70,18 @@ class _Backoff(AbstractBackoff):
 
 
 class _Outages:
-    """Whether each Redis (by redacted URL) is down as this process sees it: one log line when it is lost,
-    one when it is back with the outage's length, whichever thread or connection saw it first."""
+    """Whether each Redis (by redacted URL) is down, or full, as this process sees it: one log line when it is
+    lost, one when it is back with the outage's length, whichever thread or connection saw it first.
+
+    Full: at its maxmemory with noeviction (the policy hsx requires), Redis refuses every command that may add
+    memory ("OOM command not allowed") and executes nothing of it (a MULTI is refused whole, a script before its
+    first write): a write refused is a write to make again, as after a lost connection, so it is ridden out the
+    same way, named once as `maxmemory`."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._since: dict[str, float] = {}
+        self._full: set[str] = set()          # those of _since that refuse writes (maxmemory), not unreachable
         self._back_at: dict[str, float] = {}  # monotonic() when each Redis's last outage ended
 
     def lost(self, name: str, error: BaseException, since: float) -> None:
@@ -83,19 +89,31 @@ class _Outages:
             if name in self._since:
                 return
             self._since[name] = since
-        log.warning("Redis at %s lost (%s); waiting for it as long as it takes, the work in hand is kept", name,
-                    _reason(error))
+            full = isinstance(error, OutOfMemoryError)
+            if full:
+                self._full.add(name)
+        if full:
+            log.warning("Redis at %s refuses writes: its memory is at maxmemory and its policy is noeviction (%s); "
+                        "waiting for room as long as it takes (raise its maxmemory or free memory), the work in hand "
+                        "is kept", name, _reason(error))
+        else:
+            log.warning("Redis at %s lost (%s); waiting for it as long as it takes, the work in hand is kept", name,
+                        _reason(error))
 
     def back(self, name: str) -> None:
         with self._lock:
             since = self._since.pop(name, None)
+            full = name in self._full
+            self._full.discard(name)
             if since is not None:
                 self._back_at[name] = time.monotonic()
-        if since is not None:
+        if since is not None and full:
+            log.warning("Redis at %s takes writes again after %.0f s", name, time.monotonic() - since)
+        elif since is not None:
             log.warning("Redis at %s is back after an outage of %.0f s", name, time.monotonic() - since)
 
     def settling(self, url: str, seconds: float) -> bool:
-        """Redis at ``url`` is down, or came back less than ``seconds`` ago: other processes' leases and
+        """Redis at ``url`` is down (or full), or came back less than ``seconds`` ago: other processes' leases and
         heartbeats expired while it was away and their owners may not have refreshed them yet, so this
         process reaps none (lease times are in Redis's clock, which ran on through the outage)."""
         name = redact(url)
@@ -104,17 +122,21 @@ class _Outages:
 
 
 OUTAGES = _Outages()
+AWAY_ERRORS = (RedisConnectionError, RedisTimeoutError, OutOfMemoryError)  # what a ride-out waits through
 
 
 class _RideOut(Retry):
     """Retry forever, with backoff (capped at 10 s), and report the outage through OUTAGES.
 
     A long-running role (worker, uploader) blocks inside the Redis call it was making, whatever its
-    thread, and carries on when Redis answers again: no batch in hand is lost, no thread dies.
+    thread, and carries on when Redis answers again: no batch in hand is lost, no thread dies. The same for
+    a Redis at its maxmemory (OutOfMemoryError: the write was not made). A process asked to stop
+    (hsx.retry.STOP: SIGTERM) waits no more: the call raises its error, and the role exits within its bound.
     """
 
     def __init__(self, name: str):
-        super().__init__(_Backoff(), -1, supported_errors=(RedisConnectionError, RedisTimeoutError, OSError))
+        super().__init__(_Backoff(), -1,
+                         supported_errors=(RedisConnectionError, RedisTimeoutError, OSError, OutOfMemoryError))
         self.name = name
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
@@ -126,12 +148,16 @@ class _RideOut(Retry):
                 if is_retryable and not is_retryable(error):
                     raise
                 failures += 1
-                fail(error, failures) if with_failure_count else fail(error)
-                if failures == 1:  # a pooled socket Redis closed (a restart): the reconnect alone may cure it
+                if failures == 1:
                     first_failure = time.monotonic()
-                    continue
-                OUTAGES.lost(self.name, error, first_failure)
-                time.sleep(self._backoff.compute(failures - 1))
+                # A pooled socket Redis closed (a restart): the reconnect alone may cure it, at once. Otherwise
+                # wait first: fail() of a WATCHing pipeline raises WatchError, and its caller tries again at once.
+                if failures > 1 or isinstance(error, OutOfMemoryError):
+                    OUTAGES.lost(self.name, error, first_failure)
+                    if pause(self._backoff.compute(failures - 1)):
+                        fail(error, failures) if with_failure_count else fail(error)
+                        raise
+                fail(error, failures) if with_failure_count else fail(error)
                 continue
             if failures:
                 OUTAGES.back(self.name)

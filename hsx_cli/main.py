@@ -14,6 +14,8 @@ import logging
 import os
 import sys
 
+from redis.exceptions import OutOfMemoryError
+
 from hsx import __version__
 from hsx.errors import HsxError
 from hsx.printable import PrintableFormatter, printable
@@ -111,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hsx {command.name}: interrupted", file=sys.stderr)
         return 130
+    except OutOfMemoryError as exc:  # a command's write (roles ride it out: hsx/redisconn.py)
+        print(f"hsx {command.name}: error: Redis refuses writes: its memory is at maxmemory with maxmemory-policy "
+              f"noeviction ({exc}); raise its maxmemory (CONFIG SET maxmemory) or free memory, then run this again",
+              file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `hsx status | head`: the reader has all it wanted; not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -131,6 +131,195 @@ def test_what_the_manifests_promise():
     assert trigger["listName"] == "rq:queue:" + queues.extract_queue_name(settings["HSX_RUN"])
 
 
+# ---- who may reach Redis, and as whom every container runs (issue 37 item 7) ------------------------------------
+HSX_PODS = ("hsx-worker", "hsx-produce", "hsx-dashboard")   # app.kubernetes.io/name of every pod of hsx's own
+
+
+def _pod_specs(docs) -> dict[str, dict]:
+    """Every workload's pod spec by workload name (StatefulSet, Deployment, Job)."""
+    return {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs
+            if d["kind"] in ("StatefulSet", "Deployment", "Job")}
+
+
+def _containers(pod: dict) -> list[dict]:
+    return pod["containers"] + pod.get("initContainers", [])
+
+
+def _matches(selector: dict, labels: dict) -> bool:
+    """A label selector (matchLabels, matchExpressions with In / NotIn / Exists / DoesNotExist) against labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        has, value = e["key"] in labels, labels.get(e["key"])
+        ok = {"In": has and value in e.get("values", []), "NotIn": not has or value not in e.get("values", []),
+              "Exists": has, "DoesNotExist": not has}[e["operator"]]
+        if not ok:
+            return False
+    return True
+
+
+def admitted(docs, to: str, port: int, source: dict, namespace: dict | None = None) -> bool:
+    """Whether the NetworkPolicies let a pod with labels ``source`` (in a namespace with labels ``namespace``; None:
+    hsx's own) open ``port`` on the pods of app.kubernetes.io/name ``to``: the rules of Kubernetes' NetworkPolicy."""
+    target = {"app.kubernetes.io/name": to}
+    policies = [d["spec"] for d in docs if d["kind"] == "NetworkPolicy" and "Ingress" in d["spec"]["policyTypes"]
+                and _matches(d["spec"]["podSelector"], target)]
+    if not policies:
+        return True  # not isolated
+    for rule in (rule for p in policies for rule in p.get("ingress", [])):
+        if rule.get("ports") and not any(p.get("port") == port for p in rule["ports"]):
+            continue
+        peers = rule.get("from")
+        if not peers:
+            return True
+        for peer in peers:
+            if "ipBlock" in peer:
+                return True
+            if "namespaceSelector" in peer:
+                ns_ok = namespace is not None and _matches(peer["namespaceSelector"], namespace)
+            else:
+                ns_ok = namespace is None  # a podSelector alone: the policy's own namespace
+            if ns_ok and _matches(peer.get("podSelector", {}), source):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("overlay", ["gpu", "cpu", "keda"])
+def test_only_hsx_pods_reach_redis(overlay):
+    docs = render(overlay)
+    label = lambda name: {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "hsx"}  # noqa: E731
+    for pod in HSX_PODS:
+        assert admitted(docs, "hsx-redis", 6379, label(pod)), pod
+        assert not admitted(docs, "hsx-redis", 6380, label(pod)), pod  # its port only
+    assert not admitted(docs, "hsx-redis", 6379, {"app.kubernetes.io/name": "anything-else"})
+    assert not admitted(docs, "hsx-redis", 6379, {})
+    assert not admitted(docs, "hsx-redis", 6379, label("hsx-worker"), namespace={"kubernetes.io/metadata.name": "x"})
+    keda = {"app.kubernetes.io/name": "keda-operator"}
+    assert admitted(docs, "hsx-redis", 6379, keda, {"kubernetes.io/metadata.name": "keda"}) == (overlay == "keda")
+    # Redis opens no connection; workers and the producer listen on nothing; the dashboard on its port only.
+    redis_policy = _by(docs, "NetworkPolicy", "hsx-redis")["spec"]
+    assert "Egress" in redis_policy["policyTypes"] and not redis_policy.get("egress")
+    for pod in ("hsx-worker", "hsx-produce"):
+        assert not admitted(docs, pod, 8787, label("hsx-dashboard")) and not admitted(docs, pod, 6379, {}), pod
+    assert admitted(docs, "hsx-dashboard", 8787, {}) and not admitted(docs, "hsx-dashboard", 6379, label("hsx-worker"))
+    # Every workload is covered by an ingress policy: no pod of the kustomization is left open by omission.
+    for d in docs:
+        if d["kind"] in ("StatefulSet", "Deployment", "Job"):
+            labels = d["spec"]["template"]["metadata"]["labels"]
+            assert any(p["kind"] == "NetworkPolicy" and _matches(p["spec"]["podSelector"], labels) for p in docs), labels
+
+
+def _kind(docs, name: str) -> str:
+    return next(d["kind"] for d in docs if d["metadata"]["name"] == name and d["kind"] in ("StatefulSet", "Deployment", "Job"))
+
+
+@pytest.mark.parametrize("overlay", ["gpu", "cpu", "keda"])
+def test_every_container_runs_unprivileged_on_a_read_only_root(overlay):
+    docs = render(overlay)
+    settings = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("hsx-settings"))["data"]
+    pods = _pod_specs(docs)
+    assert set(pods) == {"hsx-redis", *HSX_PODS}
+    for name, pod in pods.items():
+        sc = pod.get("securityContext", {})
+        assert sc.get("runAsNonRoot") is True and sc.get("runAsUser", 0) > 0, (name, sc)
+        assert sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", name
+        assert pod.get("automountServiceAccountToken") is False, name  # no pod talks to the API server
+        kind = _kind(docs, name)
+        claims = {c["metadata"]["name"] for c in _by(docs, kind, name)["spec"].get("volumeClaimTemplates", [])}
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for c in _containers(pod):
+            where = f"{name}/{c['name']}"
+            csc = c.get("securityContext", {})
+            assert csc.get("allowPrivilegeEscalation") is False, where
+            assert csc.get("capabilities", {}).get("drop") == ["ALL"] and not csc["capabilities"].get("add"), where
+            assert csc.get("readOnlyRootFilesystem") is True and not csc.get("privileged"), where
+            assert csc.get("runAsUser", sc["runAsUser"]) > 0, where
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            # What the role writes is a writable volume: /tmp (and HOME) an emptyDir; the spool and Redis's data.
+            writes = {"/tmp", env.get("HOME") or "/tmp"}
+            if name == "hsx-worker":
+                writes |= {settings["HSX_SPOOL_DIR"], settings["HSX_MEMORY_SPOOL_DIR"]}
+            if name == "hsx-redis":
+                writes.add("/data")
+            mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+            for path in writes:
+                mount = mounts.get(path)
+                assert mount is not None and not mount.get("readOnly"), (where, path)
+                assert mount["name"] in claims or "emptyDir" in volumes[mount["name"]], (where, path)
+            assert "emptyDir" in volumes[mounts["/tmp"]["name"]], where
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion of an env value."""
+    for key, val in env.items():
+        value = value.replace(f"$({key})", val)
+    return value
+
+
+def test_redis_requires_the_secret_password_and_roles_read_it_only_through_their_url(tmp_path):
+    """The Redis container's own command, run here with its Secret in the environment: it refuses a client without
+    the password, the password is on no command line, and each hsx container's HSX_REDIS_URL (built from the same
+    Secret key) gets in."""
+    import redis as redis_py
+
+    from hsx.redisconn import connect, free_port
+
+    docs = render("keda")
+    password = "0123abcd" * 4  # docs/deploy.md: hex, as `openssl rand -hex 32` makes it
+    secret = {"HSX_REDIS_PASSWORD": password}
+    redis_pod = _pod_specs(docs)["hsx-redis"]
+    box = redis_pod["containers"][0]
+    env = {}
+    for e in box["env"]:
+        ref = e["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "hsx-secrets"
+        env[e["name"]] = secret[ref["key"]]
+    port = free_port()
+    argv = box["command"] + box["args"] + ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)]
+    assert not any(password in a or "HSX_REDIS_PASSWORD)" in a for a in argv)
+    proc = subprocess.Popen(argv, env={"PATH": os.environ["PATH"], **env}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    bare = redis_py.Redis(port=port, socket_connect_timeout=2)
+
+    def answer() -> str:
+        try:
+            bare.ping()
+            return "answered"
+        except redis_py.AuthenticationError:
+            return "refused"
+
+    try:
+        assert wait_until("redis-server up", answer, 20, retry_on=(redis_py.ConnectionError,),
+                          check=lambda: proc.poll() is None or pytest.fail("redis-server exited")) == "refused"
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        assert password.encode() not in cmdline and b"redis-server" in cmdline
+        assert proc.poll() is None
+        probe = redis_pod["containers"][0]["readinessProbe"]["exec"]["command"]
+        assert subprocess.run(probe[:-1] + [probe[-1].replace("redis-cli", f"redis-cli -p {port}")],
+                              env={"PATH": os.environ["PATH"], **env}, timeout=30).returncode == 0
+        for name in HSX_PODS:
+            for c in _containers(_pod_specs(docs)[name]):
+                where = f"{name}/{c['name']}"
+                assert not any("REDIS" in a for a in c.get("args", []) + c.get("command", [])), where
+                env = {}
+                for e in c["env"]:
+                    if "secretKeyRef" in e.get("valueFrom", {}):
+                        env[e["name"]] = secret.get(e["valueFrom"]["secretKeyRef"]["key"], "x")
+                    elif "value" in e:
+                        env[e["name"]] = _expand(e["value"], env)
+                url = env["HSX_REDIS_URL"].replace("hsx-redis:6379", f"127.0.0.1:{port}")
+                assert f":{password}@" in url, where
+                assert connect(url, wait_seconds=5).ping(), where
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    settings = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("hsx-settings"))["data"]
+    assert "HSX_REDIS_URL" not in settings  # a password-less URL in the ConfigMap would be the one a shell sees
+    auth = _by(docs, "TriggerAuthentication", "hsx-redis")["spec"]["secretTargetRef"]
+    assert auth == [{"parameter": "password", "name": "hsx-secrets", "key": "HSX_REDIS_PASSWORD"}]
+    assert _by(docs, "ScaledObject", "hsx-worker")["spec"]["triggers"][0]["authenticationRef"]["name"] == "hsx-redis"
+
+
 # ---- the scaling test -----------------------------------------------------------------------------------------
 RUN, SAMPLES, TARGET = "k8s", 240, 6   # TARGET: waiting batches per worker (KEDA's listLength)
 SIDECAR = K8S / "base" / "uploader-sidecar.sh"

@@ -91,6 +91,27 @@ def _verify(env_file: Path, run: str, redis_url: str) -> subprocess.CompletedPro
                           env={**os.environ, "HSX_REDIS_URL": redis_url}, capture_output=True, text=True, timeout=300)
 
 
+def test_a_stopping_task_signals_each_worker_once(tmp_path):
+    """No backstop (issue 37 item 9): a worker exits within its stated bound by itself (tests/test_sigterm.py), so
+    the recipe sends one SIGTERM and waits. Its time is taken out of the picture: `sleep` returns at once and
+    `kill` is recorded, so a second signal sent after any delay shows here in a moment."""
+    script = f"""
+        sleep() {{ :; }}
+        kill() {{ echo "kill $*" >> {tmp_path}/signals; return 0; }}
+        scancel() {{ echo "scancel $*" >> {tmp_path}/signals; }}
+        source {ROOT / "deploy" / "slurm" / "lib.sh"}
+        HSX_GRACE_SECONDS=5 HSX_SLURM_SELF=1_0 SLURM_JOB_ID=1
+        HSX_SLURM_PIDS_WORKERS=(111 222)
+        hsx_slurm_on_signal terminated
+        hsx_slurm_on_signal terminated
+        hsx_slurm_on_signal "time limit"
+        wait
+    """
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "signals").read_text().splitlines() == ["kill -TERM 111 222"], out.stdout
+
+
 @pytest.mark.slow
 def test_a_run_on_slurm_survives_scancel_time_limits_and_added_workers(slurm, redis_server, r, tiny_model, tmp_path,
                                                                       artifacts):

@@ -4,7 +4,8 @@
 # A worker task:  uploaders (HSX_SLURM_UPLOADERS per worker, in the background, this node's spool)
 #                 + one `hsx worker` per GPU of the task (--exit-when-complete: a task ends when the run does)
 # On SIGTERM (scancel, preemption) or the --signal sent HSX_SLURM_SIGNAL_LEAD seconds before the time limit
-# (USR1): the workers get SIGTERM (each finishes or hands back its batch within HSX_GRACE_SECONDS), then
+# (USR1): the workers get SIGTERM, once (each finishes or hands back its batch within HSX_GRACE_SECONDS and
+# exits; a worker enforces that bound itself, docs/deploy.md "Stopping"), then
 # `hsx upload --burst` drains this node's spool, then the uploaders stop. At the time limit the task then
 # requeues itself (`scontrol requeue`): its successor goes on where the run is. A batch in hand when a task
 # is killed outright (SIGKILL, node lost) comes back through its lease: at most one batch per killed worker.
@@ -62,26 +63,11 @@ hsx_slurm_on_signal() {
     return 0
   fi
   hsx_slurm_say "stopping ($1): SIGTERM to ${#HSX_SLURM_PIDS_WORKERS[@]} worker(s)"
-  hsx_slurm_backstop &
   if [ -n "${HSX_SLURM_STEPS:-}" ]; then
     scancel --signal=TERM "$HSX_SLURM_SELF"  # the workers of every job step, not this batch step: srun itself,
   else                                      # signalled, would cancel its step (SIGKILL, no grace)
     kill -TERM "${HSX_SLURM_PIDS_WORKERS[@]}" 2>/dev/null
   fi
-}
-
-# A worker still running HSX_GRACE_SECONDS + 30 s after its SIGTERM gets a second one: rq's cold shutdown (a
-# batch still in hand comes back through its lease). Seen once on a loaded 2-core test machine: a worker that
-# stopped taking jobs on SIGTERM but did not exit.
-hsx_slurm_backstop() {
-  local pid
-  sleep $(( ${HSX_GRACE_SECONDS:-120} + 30 ))
-  for pid in "${HSX_SLURM_PIDS_WORKERS[@]}"; do
-    if kill -0 "$pid" 2>/dev/null; then
-      hsx_slurm_say "worker $pid still running $(( ${HSX_GRACE_SECONDS:-120} + 30 )) s after SIGTERM: second SIGTERM"
-      if [ -n "${HSX_SLURM_STEPS:-}" ]; then scancel --signal=TERM "$HSX_SLURM_SELF"; else kill -TERM "$pid"; fi
-    fi
-  done
 }
 
 # Requeue a task that stopped for its time limit: warned while running, or killed at the limit itself (a

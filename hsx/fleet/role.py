@@ -28,7 +28,10 @@ during close() meets rq's, as before), so a role served in-process (tests, bench
 SIGTERM its own (issue 29 item 12: pytest turned `timeout`'s SIGTERM into an rq StopRequested inside a
 later test). Only in the main thread, the one where Python sets handlers.
 A stop request also sets hsx.retry.STOP: every back-off and pause of the job in hand ends at once
-(``hsx.retry.pause``), so the warm shutdown waits for work, never for a timer.
+(``hsx.retry.pause``), and so does a wait for Redis (hsx/redisconn.py), so the warm shutdown waits for work,
+never for a timer or for Redis: a stop while Redis is away (or full) ends without it, in one line, exit 0 (a
+batch in hand comes back through its lease). The bound a role states (docs/deploy.md, "Stopping") is held by
+the role itself past that: hsx/fleet/stopping.py.
 
 The config a role passes in (one frozen object per role, hsx/runspec/config.py) has at least ``worker_name``,
 ``host``, ``burst``, ``heartbeat_seconds`` and ``log_every_seconds``; a role that keeps runs, ``redis_url`` too.
@@ -47,10 +50,11 @@ from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
 from hsx import life, retry
-from hsx.defaults import DEFAULT_LOG_EVERY_BATCHES
+from hsx.defaults import DEFAULT_GRACE_SECONDS, DEFAULT_LOG_EVERY_BATCHES, STOP_DEADLINE_MARGIN_SECONDS
 from hsx.fleet.evictionpolicy import EvictingRedis, check_eviction_policy
 from hsx.fleet.housekeeping import Chores, keep_run
 from hsx.fleet.nameclaim import claim_name
+from hsx.fleet.stopping import QUIET_RQ, StopDeadline, stopped_without_redis
 from hsx.life import RunKeys
 
 log = logging.getLogger(__name__)
@@ -97,6 +101,7 @@ class Role:
         self._finishing = False  # finished() said yes once: serving is being stopped
         self._thread = threading.Thread(target=self._heartbeat_loop, name=f"hsx-{self.noun}-heartbeat", daemon=True)
         self._rq_worker: SimpleWorker | None = None
+        self.left_redis = False  # stopped without Redis: said once (hsx/fleet/stopping.py)
 
     # ---- the slot: rq jobs find their process's runtime here ----------------------
     @classmethod
@@ -197,8 +202,9 @@ class Role:
                     self.refusal = exc
                     log.error("%s; %s %s stops taking jobs (the job in hand finishes)", exc, self.noun, self.name)
                     self.stop_serving()
-            except Exception as exc:  # Redis away: keep working, beat again later
-                log.warning("%s heartbeat failed: %s", self.noun, exc)
+            except Exception as exc:  # Redis away: keep working, beat again later (stopping without it: said once)
+                if not (retry.STOP.is_set() and QUIET_RQ.away(exc)):
+                    log.warning("%s heartbeat failed: %s", self.noun, exc)
             if time.monotonic() - self._logged_at >= self.cfg.log_every_seconds:
                 self.log_progress()
             if not self._finishing:
@@ -258,6 +264,7 @@ class Role:
 
         def on_stop_request():  # rq's first SIGTERM / SIGINT: the job in hand finishes, its waits end now
             retry.STOP.set()
+            worker._stop_requested = True  # also when rq's StopRequested meets a handler that swallows it
             warm_shutdown()
 
         worker.handle_warm_shutdown_request = on_stop_request
@@ -268,18 +275,28 @@ class Role:
         self.start()
         self.say_ready()
         handlers = _signal_handlers()
+        logging.getLogger("rq.worker").addFilter(QUIET_RQ)  # one object: added once however often roles serve
+        deadline = StopDeadline(f"{self.noun} {self.name}", self.stop_deadline_seconds()).arm()
         try:
-            worker.work(burst=self.cfg.burst, logging_level="WARNING")
+            with stopped_without_redis(self):
+                worker.work(burst=self.cfg.burst, logging_level="WARNING")
         finally:
             try:
-                self.close()
+                with stopped_without_redis(self):
+                    self.close()
                 type(self).install(None)
                 self._rq_worker = None
                 self.log_progress(final=True)
             finally:  # last: while close() drains, a signal (or stop_serving's) still meets rq's handlers
+                deadline.disarm()
                 _restore(handlers)
         if self.refusal is not None:
             raise self.refusal
+
+    def stop_deadline_seconds(self) -> float:
+        """Seconds after a stop request past which this process exits anyway (hsx/fleet/stopping.py): its
+        grace (a worker's --grace-seconds; the default for others) and a margin for the work in hand and the exit."""
+        return getattr(self.cfg, "grace_seconds", DEFAULT_GRACE_SECONDS) + STOP_DEADLINE_MARGIN_SECONDS
 
     def stop_serving(self) -> None:
         """Stop taking jobs, from any thread: the warm shutdown of SIGTERM (`docker compose stop`)."""
