@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from os.path import commonprefix
 from typing import Any
 
 from hsx.prep.rows import RowRejected
@@ -166,7 +167,7 @@ def first_mismatch(real: str, pieces: list[str], values: list[str]) -> tuple[int
     """(index 0-based of the first value not rendered verbatim and followed by its piece, its offset in
     ``real``): where a rejection message points."""
     if not real.startswith(pieces[0]):
-        return 0, len(_common_prefix(real, pieces[0]))
+        return 0, len(commonprefix([real, pieces[0]]))
     pos = len(pieces[0])
     for i, value in enumerate(values):
         if not (real.startswith(value, pos) and real.startswith(pieces[i + 1], pos + len(value))):
@@ -175,10 +176,3 @@ def first_mismatch(real: str, pieces: list[str], values: list[str]) -> tuple[int
     return max(len(values) - 1, 0), pos
 
 
-def _common_prefix(a: str, b: str) -> str:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return a[:n]

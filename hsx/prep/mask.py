@@ -36,6 +36,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from os.path import commonprefix
 from typing import Any
 
 from hsx.errors import HsxError
@@ -74,15 +75,6 @@ class TemplateShape:
                 f"turn) leaves off (per-turn prompt renders); turns end at {ends}")
 
 
-def _common_prefix(a: str, b: str) -> str:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return a[:n]
-
-
 def _header_in(generation_prompt: str, before_answer: str) -> str:
     """The longest non-blank prefix of the generation prompt rendered before an answer (else that text)."""
     for n in range(len(generation_prompt), 0, -1):
@@ -118,7 +110,7 @@ def probe_shape(render: Render) -> TemplateShape:
     headers = tuple(sorted({h for h in {last, earlier} | lines if h.strip()}, key=len, reverse=True)) \
         if generation_prompt.strip() else ()
     tail, between = one[one.index(a1) + len(a1):], two[two.index(a1) + len(a1):two.index(u2)]
-    end = _common_prefix(tail, between)     # e.g. "<|im_end|>\n": what every assistant turn ends with
+    end = commonprefix([tail, between])     # e.g. "<|im_end|>\n": what every assistant turn ends with
     if not end.strip():
         raise TemplateError("the chat template renders nothing after an assistant turn; cannot tell where it ends")
     return TemplateShape(headers=headers, end=end, calls_end_alike=_calls_end_alike(render, end),
@@ -144,7 +136,7 @@ def _calls_end_alike(render: Render, end: str) -> bool:
         if value not in cut or result not in whole:
             return False
         after = whole[whole.index(value) + len(value):whole.index(result)]
-        length = len(_common_prefix(cut[cut.index(value) + len(value):], after))
+        length = len(commonprefix([cut[cut.index(value) + len(value):], after]))
         at = after.find(end)
         return at >= 0 and at + len(end) == length
     return False
@@ -226,7 +218,7 @@ def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int,
             context = _context_end(piece, bare, marked[index - 1].get("content") if index else None)
             how = "anchored"
         if context >= 0:
-            shared = len(_common_prefix(piece[context:], generation))
+            shared = len(commonprefix([piece[context:], generation]))
             if shared == len(generation) or context + shared == len(piece):
                 return context + shared, how    # past the prompt, the rest the model's; or less of it rendered
             while shared > 0 and piece[context + shared - 1] not in BOUNDARY:
@@ -279,7 +271,7 @@ def _rendered_end(render: Render, marked: list[dict[str, Any]], tools, index: in
     if at < 0:
         raise RowRejected("turn_not_located", f"turn {index} (assistant): the template does not render it when "
                                               "the conversation ends with it; cannot tell where it ends")
-    length = len(_common_prefix(cut[at + len(last_marker):], piece))
+    length = len(commonprefix([cut[at + len(last_marker):], piece]))
     if not piece[:length].strip():
         raise RowRejected("turn_not_located", f"turn {index} (assistant): the template renders nothing after it "
                                               "that it also renders when the turn is last; cannot tell where it ends")
