@@ -75,15 +75,22 @@ def stopped_without_redis(role):
                         role.noun, role.name, type(exc).__name__, str(exc).splitlines()[0][:200])
 
 
+RQ_RETRY_LINE = "could not connect to Redis instance"   # rq's own line, every 2 s (its pubsub thread) while away
+
+
 class _QuietWhenStoppingWithoutRedis(logging.Filter):
     """rq's "found an unhandled exception, quitting..." and its traceback, for a Redis error of a role that stops
-    while Redis is away: stopped_without_redis says that in one line instead."""
+    while Redis is away: stopped_without_redis says that in one line instead. And rq's "could not connect to Redis
+    instance ... retrying" lines, at any time: its pubsub thread writes one every 2 s for as long as Redis is away,
+    where the role's own connection says the loss and the return once each (hsx/redisconn.py)."""
 
     @staticmethod
     def away(error: BaseException | None) -> bool:
         return isinstance(error, AWAY_ERRORS)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if RQ_RETRY_LINE in str(record.msg):
+            return False
         return not (retry.STOP.is_set() and self.away(record.exc_info[1] if record.exc_info else None))
 
 
