@@ -58,7 +58,6 @@ from hsx.fleet.evictionpolicy import EvictingRedis, check_eviction_policy
 from hsx.fleet.housekeeping import Chores, keep_run
 from hsx.fleet.nameclaim import claim_name
 from hsx.fleet.stopping import QUIET_RQ, StopDeadline, closing_handlers, stopped_without_redis
-from hsx.life import RunKeys
 
 log = logging.getLogger(__name__)
 PUBSUB_POLL_SECONDS = 1.0  # s: rq's command listener thread wakes this often; a stopping role waits at most this
@@ -190,10 +189,11 @@ class Role:
             self._thread.join(timeout=5)
 
     def close(self) -> None:
-        """Stop beating and take this process's heartbeat away: it is gone, not dead."""
+        """Stop beating and say goodbye: the heartbeat goes and the last record holds the final totals and the
+        stop (state "stopped", hsx/life/heartbeat.py): it is gone, not dead."""
         self.stop_heartbeat()
         if self.run is not None:
-            self.r.delete(RunKeys(self.run).heartbeat(self.name))
+            life.publish_stopped(self.r, self.run, self.name, self.stats())
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):
