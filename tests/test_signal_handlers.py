@@ -114,4 +114,5 @@ def test_a_stop_after_rqs_loop_is_no_error_and_the_role_closes(where, r, own_han
     assert role.closed or where == "teardown"
     assert not r.exists(RunKeys("sig").heartbeat(role.name))  # close() ran to its end: the heartbeat is gone
     assert retry.STOP.is_set()  # the stop request was taken: every wait of the closing role ends at once
+    retry.STOP.clear()          # this process goes on (a role's serve() clears it too)
     assert handlers() == own_handlers
