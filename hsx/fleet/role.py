@@ -193,7 +193,12 @@ class Role:
         stop (state "stopped", hsx/life/heartbeat.py): it is gone, not dead."""
         self.stop_heartbeat()
         if self.run is not None:
-            life.publish_stopped(self.r, self.run, self.name, self.stats())
+            try:
+                stats = self.stats()
+            except Exception as exc:  # e.g. a device probe that fails now: the counts still go, the stop is clean
+                log.warning("%s %s: final stats incomplete (%s: %s)", self.noun, self.name, type(exc).__name__, exc)
+                stats = Role.stats(self)
+            life.publish_stopped(self.r, self.run, self.name, stats)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):
