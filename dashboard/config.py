@@ -12,7 +12,7 @@ from hsx import defaults as D
 from hsx.errors import ConfigError
 
 DEFAULT_REFRESH_SECONDS = 3.0        # seconds between page/API refreshes in the browser
-DEFAULT_STALE_AFTER_SECONDS = D.DEFAULT_HEARTBEAT_TTL_SECONDS  # seconds without heartbeat -> worker flagged stale
+DEFAULT_STALE_AFTER_SECONDS = D.DEFAULT_HEARTBEAT_TTL_SECONDS  # seconds without heartbeat -> worker shown "lost"
 DEFAULT_SERIES_SPAN_SECONDS = 1800   # seconds of history in the throughput chart (at most)
 DEFAULT_SERIES_BUCKET_SECONDS = 10   # seconds a chart bucket
 DEFAULT_RECENT_ERRORS = 20           # failures shown under "recent errors"

@@ -98,12 +98,12 @@ class OverviewCollector:
                 shard_done.add_metric([run, s["shard"]], s["done"])
             for w in o["workers"]:
                 labels = [run, w["worker"], w["host"] or "", "" if w["gpu"] is None else str(w["gpu"])]
-                w_up.add_metric(labels, 0 if w["stale"] else 1)
+                w_up.add_metric(labels, 1 if w["state"] == "alive" else 0)
                 w_age.add_metric(labels, w["heartbeat_age_seconds"])
                 w_batches.add_metric(labels, w["batches"])
-                w_busy.add_metric(labels, 1 if w["state"] == "busy" else 0)
+                w_busy.add_metric(labels, 1 if w["activity"] == "busy" else 0)
                 for field, family in gpu.items():
-                    if w.get(field) is not None and not w["stale"]:
+                    if w.get(field) is not None and w["state"] == "alive":
                         family.add_metric(labels, w[field] / 100 if field == "util_pct" else w[field])
             for h in o["hosts"]:
                 for field, family in host.items():

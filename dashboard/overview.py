@@ -17,9 +17,9 @@ from dashboard.plan_cache import PlanCache, PlanSummary
 from hsx import life, monitor
 from hsx.monitor import RATE_WINDOW_SECONDS, host_row, host_upload_rate, last_activity, run_progress, throughput_series
 
-# Worker states: "busy" (fresh heartbeat, a batch in hand), "idle" (fresh heartbeat, no batch),
-# "stale" (heartbeat expired or older than stale_after_seconds while the run is unfinished),
-# "stopped" (no heartbeat, run complete: the worker exited after its work).
+# Worker states, the words of every view (hsx/life/heartbeat.py): "alive" (a fresh heartbeat; its "activity":
+# "busy", a batch in hand, or "idle"), "stopped" (it stopped cleanly: its counts are final), "lost" (its heartbeat
+# ran out without a stop, or is older than stale_after_seconds: killed, host gone, cut off).
 GPU_FIELDS = ("gpu", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c", "power_w")
 
 
@@ -41,12 +41,15 @@ def _reclaimed(errors: list[dict]) -> dict[str, list[str]]:
     return out
 
 
-def _worker_row(w: dict, now: float, stale_after: float, complete: bool, reclaimed: dict[str, list[str]]) -> dict:
+def _worker_row(w: dict, now: float, stale_after: float, reclaimed: dict[str, list[str]]) -> dict:
     age = now - w.get("ts", w["last_seen"])
-    stale = not w["alive"] or age > stale_after
-    state = ("stopped" if complete else "stale") if stale else ("busy" if w.get("current_batch") else "idle")
-    row = {"worker": w["worker"], "host": w.get("host"), "device": w.get("device"), "state": state, "stale": stale,
-           "heartbeat_age_seconds": round(age, 1), "current_batch": w.get("current_batch") if not stale else None,
+    state = w["state"]
+    if state == "alive" and age > stale_after:  # its key lives, but it has not beaten for too long
+        state = "lost"
+    alive = state == "alive"
+    row = {"worker": w["worker"], "host": w.get("host"), "device": w.get("device"), "state": state,
+           "activity": ("busy" if w.get("current_batch") else "idle") if alive else None,
+           "heartbeat_age_seconds": round(age, 1), "current_batch": w.get("current_batch") if alive else None,
            "last_batch": w.get("last_batch"), "reclaimed": reclaimed.get(w["worker"], []),
            "batches": w.get("batches", 0), "tokens": w.get("tokens", 0), "tokens_per_s": w.get("tokens_per_s", 0.0),
            "gpu_note": w.get("note")}
@@ -121,7 +124,7 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
                                     config.series_bucket_seconds),
         "shards": [{"shard": s, "done": p["shards"].get(s, {}).get("done", 0), "total": n}
                    for s, n in sorted(plan.shard_batches.items())],
-        "workers": sorted((_worker_row(w, now, config.stale_after_seconds, p["complete"], reclaimed)
+        "workers": sorted((_worker_row(w, now, config.stale_after_seconds, reclaimed)
                            for w in p["workers"]),
                           key=lambda w: (w["host"] or "", w["gpu"] if w["gpu"] is not None else -1, w["worker"])),
         "hosts": [_host_row(r, run, h, s, plan, now, p["rate_span_seconds"]) for h, s in sorted(p["hosts"].items())],

@@ -97,6 +97,10 @@ class WorkerRuntime(Role):
             log.error("writer did not drain within %.0f s; unwritten batches were handed back", self.cfg.grace_seconds)
         self.prefetcher.close()
         super().close()
+        memory = next((t for t in self.tiers.tiers if t.name == runspec.MEMORY_TIER), None)
+        if memory is not None:   # its empty run folder, and the default folder once empty: nothing left in /dev/shm
+            runspec.remove_empty_spool_folders(memory.dir, itself=(
+                Path(memory.dir).resolve() == runspec.default_memory_dir(self.cfg.redis_url).resolve()))
         return drained
 
     def sweep_temp_files(self, at_start: bool = False) -> int:

@@ -15,7 +15,7 @@ FLAGS = (
          min=0, max=65535),
     Flag("--refresh-seconds", "seconds between page refreshes in the browser", type=float,
          env="HSX_DASHBOARD_REFRESH_SECONDS", default=DEFAULT_REFRESH_SECONDS, min=0.5, max=3600),
-    Flag("--stale-seconds", "seconds without a heartbeat before a worker is flagged stale", type=float,
+    Flag("--stale-seconds", "seconds without a heartbeat before a worker is shown lost", type=float,
          env="HSX_DASHBOARD_STALE_SECONDS", default=float(DEFAULT_STALE_AFTER_SECONDS), above=0),
     Flag("--allowed-hosts", "extra Host names (comma-separated, no port) accepted for requests that change "
          "something; IP literals, localhost and --bind are always accepted", env="HSX_DASHBOARD_ALLOWED_HOSTS"),

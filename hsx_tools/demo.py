@@ -76,7 +76,8 @@ def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:
             if procs[0].poll() not in (None, 0):
                 print("the worker failed; see its log above", file=sys.stderr)
                 return 1
-            if procs[0].poll() == 0 and p["extract_queue"] == 0 and not p["workers"] and p["dead_letters"]:
+            if (procs[0].poll() == 0 and p["extract_queue"] == 0 and p["dead_letters"]
+                    and not any(w.get("alive") for w in p["workers"])):  # a stopped worker stays listed
                 break
             time.sleep(0.5)
     except subprocess.CalledProcessError as exc:

@@ -53,7 +53,7 @@ from hsx.printable import printable
 from hsx.runspec import load_model_config, text_config
 from hsx_tools.columnuse import column_lines, column_use
 from hsx_tools.prefixshare import prefix_share
-from hsx_tools.rates import Rate, cpu_rate, gpu_rate
+from hsx_tools.rates import RateRange, cpu_rate, gpu_rate
 
 DEFAULT_STORAGE_USD_PER_TB_MONTH = 23.0
 PREFIX_SHARE_TOKENS = 20_000_000  # tokens of rows kept for the shared-prefix share (~160 MB with the sort's copy)
@@ -103,7 +103,7 @@ class Estimate:
     rate_source: str
     gpu_hours: float
     storage_usd_month: float
-    cpu: Rate                 # the same plan on this machine's CPU
+    cpu: RateRange            # the same plan on this machine's CPU
 
 
 def estimate(lengths: np.ndarray, text_cfg, layer_ids: list[int], store_final: bool, dtype: str, token_budget: int,
@@ -305,6 +305,9 @@ def run_inspect(cfg: InspectConfig) -> int:
     print(f"  GPU: {est.gpu_hours:,.2f} GPU-hours at {est.tokens_per_s:,.0f} tokens/s ({est.rate_source})"
           + (f", ${est.gpu_hours * cfg.gpu_usd_per_hour:,.2f} at ${cfg.gpu_usd_per_hour:g}/GPU-hour"
              if cfg.gpu_usd_per_hour else ""))
-    print(f"  CPU: {est.padded_tokens / est.cpu.tokens_per_s / 3600:,.2f} hours at ~{est.cpu.tokens_per_s:,.0f} tokens/s "
-          f"({est.cpu.source}; an estimate)")
+    useful = est.tokens / max(est.padded_tokens, 1)
+    print(f"  CPU: {est.padded_tokens / est.cpu.high / 3600:,.2f}-{est.padded_tokens / est.cpu.low / 3600:,.2f} hours at "
+          f"~{est.cpu.low:,.0f}-{est.cpu.high:,.0f} computed tokens/s ({est.cpu.low * useful:,.0f}-"
+          f"{est.cpu.high * useful:,.0f} useful at this plan's padding, the rate a worker logs); an estimate: "
+          f"{est.cpu.source}")
     return 0

@@ -47,14 +47,14 @@ def _workers_table(p: dict) -> Table:
     for w in p["workers"]:
         mem = (f"{fmt_bytes(w['mem_used_bytes'])}/{fmt_bytes(w['mem_total_bytes'])}"
                if w.get("mem_total_bytes") is not None else "-")
-        state = "stale" if not w["alive"] else ("busy" if w.get("current_batch") else "idle")
+        state = w["state"] if w["state"] != "alive" else f"alive, {'busy' if w.get('current_batch') else 'idle'}"
         table.add_row(printable(w["worker"]), printable(w.get("host") or "-"),   # Redis' records: shown, never obeyed
                       printable(w.get("name") or w.get("device") or "-"),
                       "-" if w.get("util_pct") is None else f"{w['util_pct']}%", mem,
                       "-" if w.get("temp_c") is None else f"{w['temp_c']} C",
                       "-" if w.get("power_w") is None else f"{w['power_w']:.0f} W",
                       printable(w.get("current_batch") or "-"), f"{w['age_seconds']:.0f}s ago", str(w.get("batches", 0)),
-                      Text(state, style="red" if state == "stale" else ""))
+                      Text(state, style="red" if state == "lost" else ""))
     return table
 
 

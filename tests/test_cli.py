@@ -95,6 +95,7 @@ def test_demo_runs_end_to_end(tmp_path, redis_env):
     out = hsx("demo", "--store", str(tmp_path / "out"), "--workdir", str(tmp_path / "work"), timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "done: 13/13 batches, 160 samples" in out.stdout
+    assert "unexpected error" not in out.stdout + out.stderr, out.stderr[-3000:]  # issue 41 item 4: StopRequested
     manifest = json.loads((tmp_path / "out" / "demo" / "manifest.json").read_text())
     assert manifest["layer_ids"] == [1, 2, 3]
     status = hsx("status", "--run", "demo", "--json")

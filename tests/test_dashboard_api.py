@@ -126,7 +126,7 @@ def test_mid_run(client, r):
     assert (w["worker"], w["host"], w["gpu"], w["gpu_name"], w["util_pct"], w["temp_c"], w["power_w"]) == \
         ("gpu-hostA-0", "hostA", 0, "NVIDIA H200", 97, 61, 650.5)
     assert (w["mem_used_bytes"], w["mem_total_bytes"], w["current_batch"], w["batches"]) == (80e9, 141e9, "b0003", 3)
-    assert w["state"] == "busy" and not w["stale"] and w["heartbeat_age_seconds"] < 5
+    assert (w["state"], w["activity"]) == ("alive", "busy") and w["heartbeat_age_seconds"] < 5
     [h] = o["hosts"]
     assert (h["host"], h["spool_bytes"], h["spool_files"], h["spool_budget_bytes"], h["spool_fill"]) == \
         ("hostA", 2500, 1, 10000, 0.25)
@@ -173,8 +173,8 @@ def test_stalled_worker(client, r):
     r.set(keys.heartbeat("gpu-hostA-0"), json.dumps({**H200, "worker": "gpu-hostA-0", "ts": time.time() - 60}))
     r.zadd(keys.workers, {"gpu-hostA-0": time.time() - 60})
     workers = {w["worker"]: w for w in status(client)["workers"]}
-    assert workers["gpu-hostB-1"]["state"] == "stale" and workers["gpu-hostB-1"]["stale"]
-    assert workers["gpu-hostA-0"]["state"] == "stale" and workers["gpu-hostA-0"]["current_batch"] is None
+    assert workers["gpu-hostB-1"]["state"] == "lost" and workers["gpu-hostB-1"]["activity"] is None
+    assert workers["gpu-hostA-0"]["state"] == "lost" and workers["gpu-hostA-0"]["current_batch"] is None
     assert workers["gpu-hostA-0"]["heartbeat_age_seconds"] >= 59
     m = metrics(client)
     assert m[("hsx_worker_up", (("gpu", ""), ("host", ""), ("run", RUN), ("worker", "gpu-hostB-1")))] == 0
@@ -182,7 +182,8 @@ def test_stalled_worker(client, r):
                                                    ("worker", "gpu-hostA-0")))] >= 59
     # An idle worker: fresh heartbeat, no batch in hand.
     heartbeat.publish_heartbeat(r, RUN, "gpu-hostA-0", {**H200, "current_batch": None}, ttl_seconds=30)
-    assert {w["worker"]: w["state"] for w in status(client)["workers"]} == {"gpu-hostA-0": "idle", "gpu-hostB-1": "stale"}
+    assert {w["worker"]: (w["state"], w["activity"]) for w in status(client)["workers"]} == \
+        {"gpu-hostA-0": ("alive", "idle"), "gpu-hostB-1": ("lost", None)}
 
 
 def test_dead_letters_and_retry(client, r):

@@ -40,11 +40,13 @@ def test_inspect_names_the_preset_it_chose_and_the_columns_it_left_out(instructi
 
 def test_inspect_gpu_rate_is_bounded_for_a_tiny_model_and_a_cpu_run_is_estimated(instruction_report):
     gpu = re.search(r"GPU: [\d,.]+ GPU-hours at ([\d,]+) tokens/s", instruction_report)
-    cpu = re.search(r"CPU: [\d,.]+ hours at ~([\d,]+) tokens/s \(this machine's \d+ cores", instruction_report)
+    cpu = re.search(r"CPU: [\d,.]+-[\d,.]+ hours at ~[\d,]+-([\d,]+) computed tokens/s \([\d,]+-[\d,]+ useful "
+                    r"at this plan's padding, the rate a worker logs\); an estimate: .* on this machine's \d+ cores",
+                    instruction_report)
     assert gpu and cpu, instruction_report
     gpu_rate, cpu_rate = (float(m.group(1).replace(",", "")) for m in (gpu, cpu))
     assert gpu_rate <= 2048 / 0.015 + 1          # a batch of 2,048 tokens costs at least the pipeline's 15 ms
-    assert 0 < cpu_rate < gpu_rate
+    assert 0 < cpu_rate <= gpu_rate
     assert "bounded by the pipeline" in gpu.string[gpu.start():gpu.string.index("\n", gpu.start())]
 
 
@@ -78,3 +80,20 @@ def test_per_turn_expansion_cuts_each_conversation_after_each_assistant_turn(tmp
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["x-t0", "x-t1", "1-t0"]
     assert rows[0]["messages"] == turns[:3] and rows[1]["messages"] == turns and len(rows[2]["conversations"]) == 2
+
+
+def test_the_cpu_estimate_is_a_range_holding_what_cpu_workers_measured(tiny_model):
+    """Issue 41 item 9: the CPU line said 45-53k tokens/s where 10-25k was measured. It is now a range of computed
+    tokens/s, its ends stated. The figures it must hold: one `hsx worker --device cpu --burst` on the tiny model and
+    the shipped sample, 2 cores shared with other users (2026-12-05, this repo's CI box): 24,888 computed tokens in
+    2.18 s at a 2,048 budget (11.4k/s), 41,640 in 1.86 s at a 32,768 budget (22.4k/s); and a worker alone on 2 cores
+    (docs/benchmarks.md's CPU mode): 36.5k/s at a 4,096 budget."""
+    from hsx.runspec import load_model_config, text_config
+    from hsx_tools.rates import cpu_rate
+
+    cfg = text_config(load_model_config(str(tiny_model)))
+    for budget, measured in ((2048, 11_400), (32768, 22_400), (4096, 36_500)):
+        rate = cpu_rate(cfg, 4, budget, cores=2)
+        assert rate.low <= measured <= rate.high, (budget, measured, rate)
+        assert rate.high <= 4 * rate.low, rate   # a range that says something
+    assert "computed tokens/s" in rate.source and "shared" in rate.source, rate.source

@@ -112,5 +112,24 @@ def test_default_flags_put_batches_through_the_memory_tier(r, redis_server, tiny
         assert main(["upload", "--spool-dir", str(disk), "--host", "testhost", "--burst"]) == 0
         assert run_progress(r, run)["complete"]
         assert not spool.complete_files(default_dir, run)
+        assert not default_dir.exists()  # issue 41 item 10: an empty /dev/shm/hsx-<uid>-<tag>/<run> stayed behind
     finally:
         shutil.rmtree(mem_run, ignore_errors=True)
+
+
+def test_a_clean_stop_removes_only_empty_folders_and_the_default_only(tmp_path):
+    """Issue 41 item 10: what remove_empty_folders leaves: a folder holding anything, and a folder a person named."""
+    named = tmp_path / "named"
+    for folder in ("run-a", "run-b", "run-c"):
+        (named / folder).mkdir(parents=True)
+    (named / "run-b" / "b0000001.safetensors.tmp-worker-2").write_bytes(b"another role's write")
+    (named / "notes.txt").write_text("not hsx's")
+    assert sorted(p.name for p in spool.remove_empty_folders(named, itself=False)) == ["run-a", "run-c"]
+    assert sorted(p.name for p in named.iterdir()) == ["notes.txt", "run-b"]
+    default = tmp_path / "hsx-0-abcdef12"
+    (default / "run-a").mkdir(parents=True)
+    assert spool.remove_empty_folders(default, itself=True) == [default / "run-a", default]
+    assert not default.exists() and spool.remove_empty_folders(default, itself=True) == []   # gone: nothing to do
+    (named / "run-b" / "b0000001.safetensors.tmp-worker-2").unlink()
+    (named / "notes.txt").unlink()
+    assert spool.remove_empty_folders(named, itself=False) == [named / "run-b"] and named.is_dir()

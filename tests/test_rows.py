@@ -175,3 +175,16 @@ def test_templates_hsx_cannot_follow(tmp_path):
         chat.encode_row(long_answer, 0)
     assert exc.value.reason == "turn_not_located"
     assert chat.encode_row({"messages": [{"role": "user", "content": "why"}, {"role": "assistant", "content": "ok"}]}, 1)
+
+
+def test_bad_json_lines_are_named_with_their_column_once(tmp_path):
+    """Issue 41 item 10: json's own "Unterminated string starting at" became "... starting at at column 13"."""
+    from hsx.prep.dataset import RowError, iter_rows
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"messages": "no end\n{"messages": [}\n{\'single\': 1}\n')
+    reasons = [row.reason for row in iter_rows(path) if isinstance(row, RowError)]
+    assert reasons == ["line 1 of bad.jsonl is not valid JSON: Unterminated string starting at column 14",
+                       "line 2 of bad.jsonl is not valid JSON: Expecting value at column 15",
+                       "line 3 of bad.jsonl is not valid JSON: Expecting property name enclosed in double quotes "
+                       "at column 2"]

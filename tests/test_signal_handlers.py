@@ -3,12 +3,15 @@ item 12: rq's handler outlived run_pipeline, so `timeout`'s SIGTERM to the pytes
 StopRequested inside test_training_docs, the session ran on, and the session redis-server, killed by the same
 group signal, was gone for every later test)."""
 
+import os
 import signal
 import threading
 
 import pytest
 from rq.worker import SimpleWorker
 
+from hsx import retry
+from hsx.life import RunKeys
 from tests.pipeline import upload_config
 from tests.toyrole.runtime import TallyConfig, TallyRuntime
 from uploader.worker import run_uploader
@@ -79,4 +82,37 @@ def test_a_role_served_in_another_thread_leaves_the_handlers_alone(r, own_handle
     thread.start()
     thread.join(timeout=60)
     assert not thread.is_alive() and raised == []
+    assert handlers() == own_handlers
+
+
+class StoppedWhileClosing(TallyRuntime):
+    """A burst role that a SIGTERM meets after rq's loop, while it closes (issue 41 item 4: the demo's stop of its
+    burst worker once the run was complete came while the worker drained and closed, and rq's handler raised
+    StopRequested there: "hsx worker: unexpected error: StopRequested:" on a good run)."""
+
+    closed = False
+
+    def close(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        super().close()
+        self.closed = True
+
+
+class StoppedInTeardown(SimpleWorker):
+    """rq's teardown (after its loop: register_death, unsubscribe) meets the SIGTERM."""
+
+    def teardown(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        super().teardown()
+
+
+@pytest.mark.parametrize("where", ["close", "teardown"])
+def test_a_stop_after_rqs_loop_is_no_error_and_the_role_closes(where, r, own_handlers):
+    role = (StoppedWhileClosing if where == "close" else type("T", (StoppedWhileClosing,), {"close": TallyRuntime.close}))(
+        tally(r, f"tally-stopped-{where}").cfg, r)
+    role.serve(worker_class=StoppedInTeardown if where == "teardown" else SimpleWorker)  # raised StopRequested
+    assert role.closed or where == "teardown"
+    assert not r.exists(RunKeys("sig").heartbeat(role.name))  # close() ran to its end: the heartbeat is gone
+    assert retry.STOP.is_set()  # the stop request was taken: every wait of the closing role ends at once
+    retry.STOP.clear()          # this process goes on (a role's serve() clears it too)
     assert handlers() == own_handlers

@@ -113,6 +113,38 @@ def test_a_stopping_task_signals_each_worker_once(tmp_path):
 
 
 @pytest.mark.slow
+def test_submit_fits_each_request_to_the_partition_or_says_which_variable_does_not_fit(slurm, tmp_path):
+    """Issue 41 item 1: the producer's default 8 CPUs / 32 GB on a smaller node pended forever (PartitionConfig)
+    while the workers waited for a plan. Now a value set that no node holds is refused in one line naming its
+    variable (exit 2, nothing submitted); a default is sized to the largest node, said in one line. Jobs held
+    (--hold) and cancelled: nothing runs."""
+    cpus = int(slurm.run("sinfo", "-h", "-N", "-o", "%c").split()[0].rstrip("+"))
+    env_file = tmp_path / "fit.env"
+    base = f"HSX_RUN=fit\nHSX_SLURM_DEVICE=cpu\nHSX_SLURM_GPUS=1\nHSX_SLURM_LOG_DIR={tmp_path / 'logs'}\n"
+    env_file.write_text(base + f"HSX_SLURM_PRODUCER_CPUS={cpus + 1}\n")
+    before = slurm.jobs()
+    out = subprocess.run(["bash", str(SUBMIT), "run"], capture_output=True, text=True, timeout=60,
+                         env={**slurm.env, "HSX_SLURM_ENV": str(env_file)})
+    assert out.returncode == 2 and not out.stdout, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1 and f"HSX_SLURM_PRODUCER_CPUS={cpus + 1}" in out.stderr, out.stderr
+    assert f"largest: {cpus} CPUs" in out.stderr and "PartitionConfig" in out.stderr, out.stderr
+    assert slurm.jobs() == before  # nothing submitted
+
+    env_file.write_text(base + 'HSX_SLURM_EXTRA="--hold"\n')   # the defaults: 8 CPUs a job
+    out = subprocess.run(["bash", str(SUBMIT), "run"], capture_output=True, text=True, timeout=60,
+                         env={**slurm.env, "HSX_SLURM_ENV": str(env_file)})
+    jobs = dict(line.split() for line in out.stdout.splitlines())
+    try:
+        assert out.returncode == 0 and set(jobs) == {"producer", "workers"}, out.stdout + out.stderr
+        if cpus < 8:
+            assert f"the producer asks {cpus} CPUs" in out.stderr and "sized to partition test's largest node" in \
+                out.stderr and "HSX_SLURM_PRODUCER_CPUS / HSX_SLURM_PRODUCER_MEM" in out.stderr, out.stderr
+        assert slurm.job_field(jobs["producer"], "NumCPUs") == str(min(cpus, 8))
+        assert slurm.job_field(jobs["producer"], "Reason") == "JobHeldUser"   # not PartitionConfig
+    finally:
+        slurm.run("scancel", *jobs.values(), check=False)
+
+
 def test_a_run_on_slurm_survives_scancel_time_limits_and_added_workers(slurm, redis_server, r, tiny_model, tmp_path,
                                                                       artifacts):
     run, samples = "slurm", 400

@@ -105,14 +105,56 @@ def test_a_dead_worker_keeps_who_it_was_and_what_was_reclaimed_from_it(r, redis_
     o = client.get(f"/api/status?run={RUN}").json["overview"]
     row = next(w for w in o["workers"] if w["worker"] == "gpu-hostW-1")
     assert row["host"] == "hostW" and row["gpu_name"] == "NVIDIA H200" and row["batches"] == 28
-    assert row["last_batch"] == "b0002" and row["reclaimed"] == ["b0002"] and row["state"] == "stale"
+    assert row["last_batch"] == "b0002" and row["reclaimed"] == ["b0002"] and row["state"] == "lost"
     recent = {e["batch_id"]: e for e in o["recent_errors"]}
     assert recent["b0002"]["resolved"] and recent["b0002"]["last_error"] == error  # done since, still in sight
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'hsx_worker_batches_total{gpu="1",host="hostW",run="half",worker="gpu-hostW-1"} 28.0' in metrics, metrics
     assert main(["status", "--run", RUN]) == 0
-    assert "    stale gpu-hostW-1 on host hostW: 28 batches, last batch b0002" in capsys.readouterr().out
+    assert ("    lost gpu-hostW-1 on host hostW: 28 batches extracted, as of its last heartbeat; last batch b0002"
+            in capsys.readouterr().out)
     # Swept a day after its last beat: gone from every view, its records too.
     r.zadd(keys.workers, {"gpu-hostW-1": time.time() - 2 * 86400})
     assert heartbeat.sweep(r, RUN) == ["gpu-hostW-1"]
     assert not r.hexists(keys.worker_last, "gpu-hostW-1") and not r.hexists(keys.worker_batch, "gpu-hostW-1")
+
+
+def test_alive_stopped_and_lost_workers_have_one_word_each_in_every_view(r, redis_env, client, capsys):
+    """Issue 41 item 7: `hsx status` called a cleanly stopped worker "stale", the word for a killed one, and the
+    dashboard called both "stopped". One word a state in the text, --json, /api/status and /metrics: alive (a
+    fresh heartbeat), stopped (said goodbye: its final count stands), lost (its heartbeat ran out). And which
+    count is which: a worker's count (what it extracted, as of its last report) against the run's (verified)."""
+    from hsx.life import heartbeat, queues
+    from tests.toyrole.runtime import ADD_FUNC, TallyConfig, TallyRuntime
+
+    keys = RunKeys(RUN)
+    ledger.save_plan(r, RUN, example_manifest(RUN), SPECS, {"batches": 4, "samples": 40, "tokens": 400})
+    stats = {"host": "hostA", "device": "cuda:0", "gpu": 0, "batches": 5, "tokens": 500, "tokens_per_s": 10.0}
+    heartbeat.publish_heartbeat(r, RUN, "gpu-hostA-0", stats, ttl_seconds=30)
+    heartbeat.publish_heartbeat(r, RUN, "gpu-hostK-0", {**stats, "host": "hostK", "batches": 51}, ttl_seconds=30)
+    r.delete(keys.heartbeat("gpu-hostK-0"))                       # killed: its heartbeat ran out
+    q = queues.queue(r, f"tally:{RUN}")
+    for n in (1, 2, 3):
+        q.enqueue_call(ADD_FUNC, kwargs={"run": RUN, "n": n})
+    role = TallyRuntime(TallyConfig(run=RUN, redis_url="unused", host="hostS", worker_name="tally-stopped", burst=True,
+                                    heartbeat_seconds=60.0, log_every_seconds=60.0), r)
+    role.serve()  # a real role, stopped cleanly after 3 jobs, before its first beat (60 s away)
+
+    states = {w["worker"]: (w["state"], w.get("batches")) for w in run_progress(r, RUN)["workers"]}
+    assert states == {"gpu-hostA-0": ("alive", 5), "gpu-hostK-0": ("lost", 51), "tally-stopped": ("stopped", 3)}
+    assert main(["status", "--run", RUN, "--json"]) == 0
+    listed = {w["worker"]: w["state"] for w in json.loads(capsys.readouterr().out)["workers"]}
+    assert listed == {"gpu-hostA-0": "alive", "gpu-hostK-0": "lost", "tally-stopped": "stopped"}
+    assert main(["status", "--run", RUN]) == 0
+    out = capsys.readouterr().out
+    assert "  workers  1 alive, 1 stopped, 1 lost (a worker's count: batches it extracted, as of its last report; " \
+           "the run's: batches verified in the store)" in out, out
+    assert "    stopped tally-stopped on host hostS: 3 batches extracted, as of its stop" in out, out
+    assert "    lost gpu-hostK-0 on host hostK: 51 batches extracted, as of its last heartbeat" in out, out
+    assert "stale" not in out, out
+    rows = {w["worker"]: w for w in client.get(f"/api/status?run={RUN}").json["overview"]["workers"]}
+    assert {name: row["state"] for name, row in rows.items()} == listed
+    assert rows["gpu-hostA-0"]["activity"] == "idle" and rows["tally-stopped"]["activity"] is None
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'hsx_worker_up{gpu="",host="hostS",run="half",worker="tally-stopped"} 0.0' in metrics, metrics
+    assert 'hsx_worker_up{gpu="0",host="hostA",run="half",worker="gpu-hostA-0"} 1.0' in metrics, metrics

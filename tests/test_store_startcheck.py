@@ -74,3 +74,30 @@ def test_roles_that_read_the_store_from_the_manifest_check_it_at_start(argv, r, 
     line = one_error_line(capsys, argv[0])
     assert "cannot reach the S3 store s3://bucket/p at " + dead in line and ENDPOINT_FLAG in line, line
     assert "recorded by `hsx produce`" in line, line
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:9000", "minio:9000", "ftp://127.0.0.1:9000"])
+def test_an_endpoint_without_http_is_exit_2_naming_the_scheme(endpoint, tiny_model, tmp_path, capsys, redis_env):
+    """Issue 41 item 2: was exit 1, "unexpected error: ValueError: Invalid endpoint: 127.0.0.1:9000"."""
+    code = main(["produce", "--dataset", str(sample_dataset()), "--model", str(tiny_model), "--layers", "dflash:3",
+                 "--store", "s3://bucket/prefix", "--s3-endpoint-url", endpoint, "--run", "noscheme"])
+    line = one_error_line(capsys, "produce")
+    assert code == 2, line
+    assert f"S3 endpoint {endpoint!r} needs a scheme: http:// or https://" in line and ENDPOINT_FLAG in line, line
+    assert "unexpected error" not in line
+
+
+def test_no_credentials_at_all_names_the_credentials_not_the_endpoint(s3_server, s3_bucket, monkeypatch, tmp_path):
+    """Issue 41 item 3: no AWS credentials anywhere was "cannot reach the S3 store ... check --s3-endpoint-url"."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                 "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance metadata service here: answer at once
+    with pytest.raises(StoreUnusable) as caught:
+        check_store(StoreSettings(f"s3://{s3_bucket}/p", endpoint_url=s3_server, region="us-east-1"), "produce")
+    line = str(caught.value)
+    assert "found no AWS credentials" in line and "AWS_ACCESS_KEY_ID" in line and "\n" not in line, line
+    assert "cannot reach" not in line and ENDPOINT_FLAG not in line, line

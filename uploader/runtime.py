@@ -189,6 +189,13 @@ class UploaderRuntime(Role):
     def say_ready(self) -> None:
         log.info("ready: uploader %s taking jobs from upload@%s, spool %s", self.cfg.worker_name, self.host, self.spool_dir)
 
+    def close(self) -> None:
+        """The role's close, then the memory tier's empty run folders go, and the default folder itself once empty
+        (hsx/runspec/spool.py ``remove_empty_folders``): a clean stop leaves nothing in /dev/shm."""
+        super().close()
+        if self.memory_spool_dir is not None:
+            runspec.remove_empty_spool_folders(self.memory_spool_dir, itself=self.memory_default)
+
     def abort_stale_multipart(self) -> None:
         """Abort each run's multipart uploads that uploaders killed mid-upload left (hsx/fleet/multipart.py says which
         are safe to abort: never a live one of another uploader). A store that cannot be reached is no reason

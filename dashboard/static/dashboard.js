@@ -62,10 +62,10 @@
     $("extract-queue").textContent = fmtInt(o.extract_queue);
     $("failure-count").textContent = `${o.dead_letters.length} dead, ${o.retrying} retrying`;
     const badge = $("run-state");
-    const stale = o.workers.some((w) => w.state === "stale");
+    const lost = o.workers.some((w) => w.state === "lost");
     badge.textContent = o.complete ? "complete" + (o.index_written ? ", index written" : "") :
-      (stale ? "running, stale worker" : "running") + (o.planning ? ", plan unfinished" : "");
-    badge.className = "badge " + (o.complete ? "complete" : stale ? "stalled" : "running");
+      (lost ? "running, lost worker" : "running") + (o.planning ? ", plan unfinished" : "");
+    badge.className = "badge " + (o.complete ? "complete" : lost ? "stalled" : "running");
   }
 
   function renderChart(s) {
@@ -92,9 +92,9 @@
   }
 
   function renderWorkers(o) {
-    fill($("workers").tBodies[0], o.workers.map((w) => el("tr", {class: w.state, "data-worker": w.worker},
+    fill($("workers").tBodies[0], o.workers.map((w) => el("tr", {class: w.activity || w.state, "data-worker": w.worker},
       el("td", {}, w.host ?? "-"), el("td", {}, w.gpu ?? (w.device || "-")), el("td", {}, w.gpu_name ?? (w.gpu_note || "-")),
-      el("td", {}, w.state), el("td", {class: "num"}, w.util_pct == null ? "-" : `${w.util_pct}%`),
+      el("td", {}, w.activity ? `${w.state}, ${w.activity}` : w.state), el("td", {class: "num"}, w.util_pct == null ? "-" : `${w.util_pct}%`),
       el("td", {class: "num"}, w.mem_total_bytes == null ? "-" : `${fmtBytes(w.mem_used_bytes)} / ${fmtBytes(w.mem_total_bytes)}`),
       el("td", {class: "num"}, w.temp_c == null ? "-" : `${w.temp_c} °C`),
       el("td", {class: "num"}, w.power_w == null ? "-" : `${fmtNum(w.power_w, 0)} W`),

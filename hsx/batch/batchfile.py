@@ -235,7 +235,12 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
     tmp = path.with_name(f"{path.name}.tmp-{tmp_tag or os.getpid()}")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with open(tmp, "wb") as fh:
+        try:
+            fh = open(tmp, "wb")
+        except FileNotFoundError:  # the folder went meanwhile: a stopping role removed it empty (hsx/runspec/spool.py)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(tmp, "wb")
+        with fh:
             fh.write(head)
             _write_hashed(fh, digest, [tensor_bytes(t) for t in ordered])
             fh.flush()

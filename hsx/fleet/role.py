@@ -23,6 +23,8 @@ the last line; while nothing was done, ``idle_line()`` (if any) is said once ins
 
 Signals: rq's work loop owns SIGTERM and SIGINT (the first: warm shutdown, the job in hand finishes;
 the second: cold). ``stop_serving()`` is the same stop from any thread (the heartbeat's, a job's).
+Once rq's loop is over (its teardown, the role's close()), a first stop request is no StopRequested error but the
+same warm stop (hsx/fleet/stopping.py ``closing_handlers``; issue 41 item 4).
 rq never gives the handlers back: ``serve()`` puts back those it found once the role is closed (a signal
 during close() meets rq's, as before), so a role served in-process (tests, bench) leaves its host's
 SIGTERM its own (issue 29 item 12: pytest turned `timeout`'s SIGTERM into an rq StopRequested inside a
@@ -46,6 +48,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+from rq.exceptions import StopRequested
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
@@ -54,8 +57,7 @@ from hsx.defaults import DEFAULT_GRACE_SECONDS, DEFAULT_LOG_EVERY_BATCHES, STOP_
 from hsx.fleet.evictionpolicy import EvictingRedis, check_eviction_policy
 from hsx.fleet.housekeeping import Chores, keep_run
 from hsx.fleet.nameclaim import claim_name
-from hsx.fleet.stopping import QUIET_RQ, StopDeadline, stopped_without_redis
-from hsx.life import RunKeys
+from hsx.fleet.stopping import QUIET_RQ, StopDeadline, closing_handlers, stopped_without_redis
 
 log = logging.getLogger(__name__)
 PUBSUB_POLL_SECONDS = 1.0  # s: rq's command listener thread wakes this often; a stopping role waits at most this
@@ -187,10 +189,16 @@ class Role:
             self._thread.join(timeout=5)
 
     def close(self) -> None:
-        """Stop beating and take this process's heartbeat away: it is gone, not dead."""
+        """Stop beating and say goodbye: the heartbeat goes and the last record holds the final totals and the
+        stop (state "stopped", hsx/life/heartbeat.py): it is gone, not dead."""
         self.stop_heartbeat()
         if self.run is not None:
-            self.r.delete(RunKeys(self.run).heartbeat(self.name))
+            try:
+                stats = self.stats()
+            except Exception as exc:  # e.g. a device probe that fails now: the counts still go, the stop is clean
+                log.warning("%s %s: final stats incomplete (%s: %s)", self.noun, self.name, type(exc).__name__, exc)
+                stats = Role.stats(self)
+            life.publish_stopped(self.r, self.run, self.name, stats)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):
@@ -268,6 +276,13 @@ class Role:
             warm_shutdown()
 
         worker.handle_warm_shutdown_request = on_stop_request
+        rq_teardown = worker.teardown
+
+        def teardown():  # rq's loop is over: a stop request from here on is no StopRequested (hsx/fleet/stopping.py)
+            closing_handlers(worker, on_stop_request)
+            rq_teardown()
+
+        worker.teardown = teardown
         worker.subscribe = lambda: _subscribe_polling_briefly(worker)
         self.prepare()
         self._rq_worker = worker
@@ -279,7 +294,10 @@ class Role:
         deadline = StopDeadline(f"{self.noun} {self.name}", self.stop_deadline_seconds()).arm()
         try:
             with stopped_without_redis(self):
-                worker.work(burst=self.cfg.burst, logging_level="WARNING")
+                try:
+                    worker.work(burst=self.cfg.burst, logging_level="WARNING")
+                except StopRequested:  # a stop between rq's loop and its teardown: the stop it asked for
+                    pass
         finally:
             try:
                 with stopped_without_redis(self):

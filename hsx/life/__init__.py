@@ -47,6 +47,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "publish_current": None,
         "publish_heartbeat": None,
         "publish_host": None,
+        "publish_stopped": None,
         "read_hosts": None,
         "read_workers": None,
         "ttl_seconds": None,

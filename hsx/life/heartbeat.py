@@ -1,6 +1,15 @@
 """Worker heartbeats and per-host spool stats in Redis (leases: hsx/life/leases.py).
 
-A heartbeat key expires on its own when its worker dies. What the worker was stays until it is swept
+A heartbeat key expires on its own when its worker dies. A worker that stops cleanly says so (``publish_stopped``:
+its final totals, with ``stopped``, its time, and no heartbeat key). A worker's state, one word in every view
+(``hsx status``, its --json, the dashboard, /api/status, /metrics; issue 41 item 7):
+
+- ``alive``: its heartbeat key lives;
+- ``stopped``: it stopped cleanly (its record holds ``stopped``): its totals are final;
+- ``lost``: its heartbeat ran out without a goodbye (killed, its host gone, cut off from Redis): its totals are
+  those of its last beat, and a batch it held comes back through its lease.
+
+What the worker was stays until it is swept
 (``sweep``, a day after its last beat): its last heartbeat (``worker_last``: host, device, totals) and the
 batch it leased last (``worker_batch``, written when the lease is taken, so ``current_batch`` is never a
 heartbeat old), so a dead worker keeps its name, host, totals and last batch on every view (issue 31 item 2).
@@ -37,6 +46,23 @@ def publish_heartbeat(r: redis.Redis, run: str, worker_name: str, stats: dict, t
         pipe.execute()
 
 
+def publish_stopped(r: redis.Redis, run: str, worker_name: str, stats: dict) -> None:
+    """``worker_name`` stopped cleanly: its last record holds its final ``stats`` and ``stopped`` (now), and its
+    heartbeat key goes (it is gone, not dead: no TTL's wait). One pipeline."""
+    keys = RunKeys(run)
+    now = time.time()
+    pipe = r.pipeline(transaction=True)
+    pipe.delete(keys.heartbeat(worker_name))
+    pipe.hset(keys.worker_last, worker_name, json.dumps({**stats, "worker": worker_name, "ts": now, "stopped": now}))
+    pipe.zadd(keys.workers, {worker_name: now})
+    pipe.execute()
+
+
+def worker_state(alive: bool, record: dict) -> str:
+    """alive | stopped | lost (the module's docstring says what each means)."""
+    return "alive" if alive else "stopped" if record.get("stopped") is not None else "lost"
+
+
 def worker_alive(r: redis.Redis, run: str, worker_name: str) -> bool:
     """The worker's heartbeat has not expired (EXISTS of its heartbeat key)."""
     return bool(r.exists(RunKeys(run).heartbeat(worker_name)))
@@ -53,7 +79,7 @@ def publish_current(r: redis.Redis, run: str, worker_name: str, bid: str, pipe=N
 def read_workers(r: redis.Redis, run: str, forget_after_seconds: float = FORGET_AFTER_SECONDS,
                  malformed: list[str] | None = None) -> list[dict]:
     """Every worker seen in the last day: its last stats, ``alive`` False once its heartbeat expired (then
-    its last heartbeat stands in: host, device, totals). ``current_batch``: the batch it leased last while
+    its last heartbeat stands in: host, device, totals), ``state`` alive | stopped | lost. ``current_batch``: the batch it leased last while
     it still holds that lease and lives, else None; ``last_batch``: that batch, held or not.
 
     A heartbeat that is not what a worker writes (hsx.life.records.HEARTBEAT) counts as none (the worker
@@ -78,7 +104,8 @@ def read_workers(r: redis.Redis, run: str, forget_after_seconds: float = FORGET_
         else:  # an uploader, or a worker of an older hsx: its heartbeat's word
             stats.update(current_batch=stats.get("current_batch") if raw else None,
                          last_batch=stats.get("current_batch"))
-        stats.update(alive=raw is not None, last_seen=last, age_seconds=now - last)
+        stats.update(alive=raw is not None, state=worker_state(raw is not None, stats), last_seen=last,
+                     age_seconds=now - last)
         out.append(stats)
     return out
 

@@ -32,7 +32,7 @@ _OPT_STR = (str, type(None))
 HEARTBEAT = {"ts": NUMBER, "batches": (int,), "tokens": (int,), "tokens_per_s": NUMBER, "host": _OPT_STR,
              "device": _OPT_STR, "current_batch": _OPT_STR, "note": _OPT_STR, "name": _OPT_STR, "gpu": (int, type(None)),
              "util_pct": _OPT_NUMBER, "mem_used_bytes": _OPT_NUMBER, "mem_total_bytes": _OPT_NUMBER,
-             "temp_c": _OPT_NUMBER, "power_w": _OPT_NUMBER}
+             "temp_c": _OPT_NUMBER, "power_w": _OPT_NUMBER, "stopped": _OPT_NUMBER}
 
 
 def name(value: bytes | str) -> str:

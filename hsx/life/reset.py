@@ -31,14 +31,14 @@ class ResetPlan:
     run: str
     redis_keys: list[str]
     jobs: dict[str, list[str]]                  # queue name -> job ids of this run
-    store_url: str | None = None                # the store whose objects go too (None: kept)
+    objects_under: str | None = None            # the run's folder in the store, whose objects go too (None: kept)
     objects: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         jobs = sum(len(ids) for ids in self.jobs.values())
         line = f"run {self.run}: {len(self.redis_keys)} Redis keys, {jobs} queued jobs"
-        if self.store_url is not None:
-            return line + f", {len(self.objects)} objects under {self.store_url}/{self.run}/"
+        if self.objects_under is not None:
+            return line + f", {len(self.objects)} objects under {self.objects_under}"
         return line
 
 
@@ -79,7 +79,8 @@ def plan_reset(r: redis.Redis, run: str, store=None, allow_live: bool = False) -
         if ids:
             jobs[name] = ids
     objects = store.list_keys(f"{run}/") if store is not None else []
-    return ResetPlan(run, redis_keys, jobs, store.url() if store is not None else None, objects)
+    under = f"{store.url(run).rstrip('/')}/" if store is not None else None   # store.url() may end in its own "/"
+    return ResetPlan(run, redis_keys, jobs, under, objects)
 
 
 def apply_reset(r: redis.Redis, plan: ResetPlan, store=None) -> None:

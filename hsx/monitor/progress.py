@@ -14,6 +14,9 @@ from hsx.runspec import Manifest, ManifestError
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
 MIN_RATE_SPAN_SECONDS = 10  # ...or, for a run younger than that, over its age (at least this long)
 STALL_SECONDS = 120  # a run with work left, no lease held and nothing spooled or done this long is "stalled"
+# Two counts that differ (issue 41 item 7: a SLURM task logged 62 batches while status said 51): which is which.
+WORKER_COUNTS = ("a worker's count: batches it extracted, as of its last report; the run's: batches verified in "
+                 "the store")
 
 
 def rate_span(r: redis.Redis, run: str, now: float, window: float = RATE_WINDOW_SECONDS) -> float:
@@ -251,14 +254,16 @@ def summary_lines(p: dict) -> list[str]:
         f"(last {fmt_duration(p['rate_span_seconds'])})",
         f"  ETA      {fmt_duration(p['eta_seconds'])}" + (" (until the plan is whole)" if planning else ""),
     ]
-    alive = [w for w in p["workers"] if w.get("alive")]
-    lines.append(f"  workers  {len(alive)} alive, {len(p['workers']) - len(alive)} stale")
+    states = [w.get("state") or ("alive" if w.get("alive") else "lost") for w in p["workers"]]
+    lines.append(f"  workers  {states.count('alive')} alive, {states.count('stopped')} stopped, {states.count('lost')} "
+                 "lost" + (f" ({WORKER_COUNTS})" if any(s != "alive" for s in states) else ""))
     if p.get("planned_only"):
         lines.append(f"  PLANNED ONLY (hsx produce --no-enqueue): no process enqueues its batches; start it with the "
                      f"same `hsx produce ... --run {p['run']}` command without --no-enqueue")
-    for w in p["workers"]:
-        if not w.get("alive") and w.get("host"):  # a worker that stopped beating: who it was (until swept)
-            lines.append(f"    stale {w['worker']} on host {w['host']}: {w.get('batches', 0)} batches, last batch "
+    for w, state in zip(p["workers"], states, strict=True):
+        if state != "alive" and w.get("host"):  # a worker that no longer beats: who it was (until swept)
+            lines.append(f"    {state} {w['worker']} on host {w['host']}: {w.get('batches', 0)} batches extracted, as "
+                         f"of its {'stop' if state == 'stopped' else 'last heartbeat'}; last batch "
                          f"{w.get('last_batch') or '-'}")
     if p.get("stalled"):
         lines.append(f"  STALLED  {p['stalled']}")

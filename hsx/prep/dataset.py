@@ -40,6 +40,17 @@ class RowError:
         return f"row {self.index}: {self.reason}"
 
 
+def _json_error(line: bytes) -> str:
+    """json's reason for a bad line, without the line's own ending (read as part of a string, a string cut short
+    was "Invalid control character at"), and with "at" once (json's "Unterminated string starting at" + "at
+    column" read "at at column")."""
+    try:
+        json.loads(line.rstrip(b"\r\n"))
+    except json.JSONDecodeError as exc:
+        return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
+    return "unreadable"  # not reached: the line failed with its ending, and the ending is JSON whitespace
+
+
 def _iter_jsonl(path: Path) -> Iterator[Row | RowError]:
     with open(path, "rb") as fh:
         for index, line in enumerate(fh):
@@ -49,9 +60,8 @@ def _iter_jsonl(path: Path) -> Iterator[Row | RowError]:
                 continue
             try:
                 data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield RowError(index, f"line {index + 1} of {path.name} is not valid JSON: {exc.msg} at column "
-                               f"{exc.colno}", "bad_json")
+            except json.JSONDecodeError:
+                yield RowError(index, f"line {index + 1} of {path.name} is not valid JSON: {_json_error(line)}", "bad_json")
                 continue
             except ValueError as exc:  # not UTF-8
                 yield RowError(index, f"line {index + 1} of {path.name} is not valid JSON: {exc}", "bad_json")

@@ -31,6 +31,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "auto_memory_budget": None,
         "default_memory_dir": None,
         "is_disk_full": None,
+        "remove_empty_folders": "remove_empty_spool_folders",
         "MEMORY": "MEMORY_TIER",
         "adopt_legacy": "adopt_legacy_spool",
         "complete_files": "spool_files",

@@ -17,6 +17,9 @@ before, every install wrote ``/dev/shm/hsx``). Files an older hsx left in ``/dev
 user's to upload: a worker of the run moves them into its memory folder at start (``adopt_legacy``), and an
 uploader takes an old job naming one there the same way.
 
+A role that stops cleanly removes the memory tier's empty run folders, and the default folder itself once empty
+(``remove_empty_folders``): nothing is left in /dev/shm after the roles of a host stopped with their work done.
+
 Inside a tier: ``<tier dir>/<run>/<batch>.safetensors`` and, while being written,
 ``<batch>.safetensors.tmp-<writer's worker name>``. Usage counts both: a temp file
 takes the same bytes (issue 13 item 7: leaked temp files escaped the budget).
@@ -80,6 +83,27 @@ def adopt_legacy(run: str, into: Path, legacy: Path = LEGACY_MEMORY_DIR) -> list
             continue
         moved.append(dest)
     return moved
+
+
+def remove_empty_folders(tier_dir: Path, itself: bool) -> list[Path]:
+    """Remove the empty run folders right under ``tier_dir`` and, with ``itself``, ``tier_dir`` when that leaves it
+    empty; the folders removed. What a role's clean stop does with its memory tier (issue 41 item 10: empty
+    /dev/shm/hsx-* folders stayed after every role had stopped); ``itself`` only for hsx's own default folder,
+    never one a person named. rmdir only: a folder holding anything (a batch, another role's temp file) stays,
+    and a writer that finds its folder gone makes it again (hsx.batch write_atomic)."""
+    removed = []
+    root = Path(tier_dir)
+    try:
+        entries = [Path(e.path) for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return removed
+    for folder in [*entries, *([root] if itself else [])]:
+        try:
+            folder.rmdir()
+        except OSError:   # not empty (ENOTEMPTY), gone already, or not ours to remove: it stays
+            continue
+        removed.append(folder)
+    return removed
 
 
 def is_disk_full(exc: BaseException) -> bool:

@@ -8,6 +8,19 @@ from pathlib import Path
 from hsx.errors import ConfigError
 
 
+def _endpoint_has_scheme(endpoint_url: str | None) -> None:
+    """ConfigError naming http:// unless ``endpoint_url`` is absent or an http(s) URL with a host (botocore's
+    own answer to "127.0.0.1:9000" is a ValueError naming no setting)."""
+    if not endpoint_url:
+        return
+    scheme, sep, rest = endpoint_url.partition("://")
+    if sep and scheme.lower() in ("http", "https") and rest.strip("/"):
+        return
+    where = rest if sep else endpoint_url
+    raise ConfigError(f"S3 endpoint {endpoint_url!r} needs a scheme: http:// or https://, e.g. "
+                      f"http://{where.strip('/') or '127.0.0.1:9000'} (--s3-endpoint-url / HSX_S3_ENDPOINT_URL)")
+
+
 @dataclass(frozen=True)
 class StoreSettings:
     """Where outputs land. ``url``: s3://bucket/prefix or a local directory. No credentials here."""
@@ -35,7 +48,9 @@ class StoreSettings:
         style = addressing_style or recorded.get("addressing_style") or "auto"
         if style not in ("auto", "path", "virtual"):
             raise ConfigError(f"S3 addressing style must be auto, path or virtual, got {style!r}")
-        settings = cls(url=url, endpoint_url=endpoint_url or recorded.get("endpoint_url"),
+        endpoint_url = endpoint_url or recorded.get("endpoint_url")
+        _endpoint_has_scheme(endpoint_url)
+        settings = cls(url=url, endpoint_url=endpoint_url,
                        region=region or recorded.get("region"), addressing_style=style,
                        verify_etag=bool(recorded.get("verify_etag", True) if verify_etag is None else verify_etag),
                        checksums=checksums or recorded.get("checksums") or "when_required",

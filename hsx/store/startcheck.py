@@ -5,7 +5,8 @@ look at the store (issue 31 item 3: a wrong ``--s3-endpoint-url`` took 58 s and 
 with a message naming no setting). In order, each answer naming the setting to check:
 
 1. reachable: the endpoint answers at all (``--s3-endpoint-url`` / ``HSX_S3_ENDPOINT_URL``);
-2. credentials accepted and the bucket exists: HEAD of the bucket (403: the AWS credentials;
+2. credentials found (none in boto3's chain: the AWS variables are named, not the endpoint), accepted and the
+   bucket exists: HEAD of the bucket (403: the AWS credentials;
    404: the bucket in ``--store``; a redirect or 400: ``--s3-region``);
 3. a write allowed (roles that write): PUT of ``<prefix>/.hsx-write-check``, the same few bytes every time
    (idempotent; outside every run's folder, so no run ever lists it);
@@ -48,7 +49,14 @@ def check_store(settings: StoreSettings, role: str, write: bool = True, seconds:
         return
     import boto3
     from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, EndpointConnectionError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        PartialCredentialsError,
+    )
 
     bucket, _, prefix = settings.url.removeprefix("s3://").partition("/")
     endpoint = settings.endpoint_url or f"AWS's endpoint for region {settings.region or 'from the AWS config'}"
@@ -64,6 +72,10 @@ def check_store(settings: StoreSettings, role: str, write: bool = True, seconds:
                           read_timeout=min(5.0, left), retries={"max_attempts": 1, "mode": "standard"}))
 
     def refused(exc: Exception, step: str) -> StoreUnusable:
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):  # before any request: not the endpoint
+            return StoreUnusable(f"{whose}: found no AWS credentials for the {where} ({type(exc).__name__}: "
+                                 f"{str(exc)[:200]}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE "
+                                 "(boto3's credential chain)")
         if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)) or not isinstance(exc, ClientError):
             reason = str(exc).splitlines()[0][:200]
             return StoreUnusable(f"{whose}: cannot reach the {where} ({type(exc).__name__}: {reason}) within "
