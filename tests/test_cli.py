@@ -9,7 +9,7 @@ from gpu_worker.devices import GpuProbe
 from hsx.runspec.config import ConfigError
 from hsx_cli.main import build_parser
 
-COMMANDS = ["produce", "inspect", "worker", "upload", "status", "retry-failed", "reset", "dashboard", "verify", "show", "export",
+COMMANDS = ["run", "produce", "inspect", "worker", "upload", "status", "retry-failed", "reset", "dashboard", "verify", "show", "export",
             "evaluate",
             "demo", "demo-assets"]
 
