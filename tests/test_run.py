@@ -27,8 +27,6 @@ from hsx.redisconn import LocalRedis, connect, reachable
 from hsx_tools.demo import sample_dataset
 from tests.waiting import scaled, wait_until
 
-pytestmark = pytest.mark.slow
-
 
 def _dataset(tmp_path: Path, rows: int) -> tuple[Path, list[str]]:
     lines = sample_dataset().read_text().splitlines(keepends=True)[:rows]
@@ -65,6 +63,7 @@ def _say(out: subprocess.CompletedProcess) -> str:
     return f"rc {out.returncode}\nstdout:\n{out.stdout[-3000:]}\nstderr:\n{out.stderr[-3000:]}"
 
 
+@pytest.mark.slow
 def test_run_completes_verified_and_a_second_call_says_so(tmp_path, tiny_model):
     dataset, ids = _dataset(tmp_path, 12)
     store = tmp_path / "store"
@@ -85,10 +84,14 @@ def test_run_completes_verified_and_a_second_call_says_so(tmp_path, tiny_model):
     assert "; OK" in again.stdout
     logs = (store / ".hsx-state" / "logs" / "r1" / "produce.log").read_text()
     assert logs.count("--- ") == 1, logs     # no role started the second time
+    argv_lines = [line for path in (store / ".hsx-state" / "logs" / "r1").glob("*.log")
+                  for line in path.read_text().splitlines() if line.startswith("--- ")]
+    assert len(argv_lines) == 3 and not [line for line in argv_lines if "redis" in line.lower()], argv_lines
     print(f"second call on a complete run: {seconds:.1f} s")
     assert seconds < scaled(20), seconds
 
 
+@pytest.mark.slow
 def test_sigterm_mid_run_then_the_same_command_resumes_every_sample_once(tmp_path, tiny_model):
     dataset, ids = _dataset(tmp_path, 24)
     store = tmp_path / "store"
@@ -96,7 +99,11 @@ def test_sigterm_mid_run_then_the_same_command_resumes_every_sample_once(tmp_pat
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=_env())
     try:
-        wait_until("hsx run's private Redis", lambda: (store / ".hsx-state" / "redis" / "port").exists(), 60)
+        def running() -> None:
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+
+        wait_until("hsx run's private Redis", lambda: (store / ".hsx-state" / "redis" / "port").exists(), 60,
+                   check=running)
         r = connect(f"redis://127.0.0.1:{_port(store)}/0")
         keys = RunKeys("r1")
         total = 0
@@ -104,7 +111,7 @@ def test_sigterm_mid_run_then_the_same_command_resumes_every_sample_once(tmp_pat
         def some_done() -> bool:
             nonlocal total
             total = int(r.hget(keys.totals, "batches") or 0)
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            running()
             return len(life.done_ids(r, "r1")) >= 2
 
         wait_until("2 batches done", some_done, 120)
@@ -143,3 +150,13 @@ def test_sigterm_mid_run_then_the_same_command_resumes_every_sample_once(tmp_pat
     extracted = [int(n) for n in re.findall(r"^worker \S+: (\d+) batches,", worker_log, re.M)]
     assert len(extracted) == 2 and sum(extracted) <= total + 1, worker_log[-3000:]  # the batch in hand at most twice
     print(f"extracted {extracted} of {total} batches over the two calls; {done_after_stop} done at the stop")
+
+
+@pytest.mark.parametrize("gpus, said", [("0,0", "distinct GPU indexes"), ("x", "give all, cpu")])
+def test_a_wrong_gpus_is_one_line_before_anything_starts(tmp_path, gpus, said):
+    dataset, _ = _dataset(tmp_path, 2)
+    out = subprocess.run([sys.executable, "-m", "hsx_cli.main", "run", "--dataset", str(dataset), "--model", "m",
+                          "--store", str(tmp_path / "store"), "--gpus", gpus], capture_output=True, text=True,
+                         env=_env(), timeout=scaled(60))
+    assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "store").exists()    # nothing created, no Redis started
