@@ -95,7 +95,7 @@ def test_run_completes_verified_and_a_second_call_says_so(tmp_path, tiny_model):
 def test_sigterm_mid_run_then_the_same_command_resumes_every_sample_once(tmp_path, tiny_model):
     dataset, ids = _dataset(tmp_path, 24)
     store = tmp_path / "store"
-    argv = _argv(dataset, tiny_model, store, "--test-min-batch-seconds", "1")
+    argv = _argv(dataset, tiny_model, store, "--test-min-batch-seconds", "0.5")
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=_env())
     try:
