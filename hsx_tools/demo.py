@@ -41,7 +41,7 @@ def demo_launch(dataset: Path, model: Path, store: Path, workdir: Path) -> Launc
         produce=("--run", RUN, "--dataset", str(dataset), "--model", str(model), "--layers", "dflash:3",
                  "--store", str(store), "--token-budget", "2048", "--max-length", "2048", "--dtype", "float32"),
         workers=(("worker-cpu", ("--run", RUN, "--device", "cpu", "--wait-for-plan", "--exit-when-complete", *roles)),),
-        upload=roles, uploaders=2, logs=workdir / "logs" / RUN, verify="full", same_plan={"dataset": str(dataset)})
+        upload=roles, uploaders=2, logs=workdir / "logs" / RUN, verify="full", same_plan={"dataset": str(dataset.resolve())})
 
 
 def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:

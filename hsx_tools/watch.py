@@ -78,7 +78,8 @@ def _failures(p: dict) -> Text:
 
 
 def status_line(p: dict) -> str:
-    """The run in one line (`hsx run`'s live view): batches, samples, rate, ETA, workers, failures, a stall."""
+    """The run in one line (`hsx run`'s live view): batches, samples, ETA, rate, failures, workers, a stall (what a
+    narrow terminal cuts off last first)."""
     t, d = p["totals"], p["done"]
     samples = t.get("samples", 0)
     alive = sum(1 for w in p["workers"] if w.get("alive"))
@@ -88,8 +89,8 @@ def status_line(p: dict) -> str:
         line = (f"run {p['run']}: {d['batches']}/{t['batches']} batches, {d['samples']:,}/{samples:,} samples"
                 + (f" ({100 * d['samples'] / samples:.0f}%)" if samples else "")
                 + (" of the plan so far" if p.get("planning") else "")
-                + f", {p['rate']['tokens']:,.0f} tok/s, ETA {fmt_duration(p['eta_seconds'])}, workers alive: {alive}, "
-                f"retrying: {len(p['failures'])}, failed: {len(p['dead_letters'])}")
+                + f", ETA {fmt_duration(p['eta_seconds'])}, {p['rate']['tokens']:,.0f} tok/s, "
+                f"failed: {len(p['dead_letters'])}, retrying: {len(p['failures'])}, workers alive: {alive}")
     if p.get("stalled"):
         line += f"; STALLED: {p['stalled']}"
     return printable(line)   # Redis' records: shown, never obeyed
