@@ -48,6 +48,12 @@ def _flags() -> tuple[Flag, ...]:
 
 
 FLAGS = _flags()
+# The variables of the flags `hsx run` sets itself: not passed to its children (HSX_BURST=1 or HSX_DEVICE in this
+# shell would otherwise make an uploader exit when idle, or a worker refuse --gpu).
+NOT_INHERITED = tuple(sorted({name for flags, skip in ((produce.FLAGS, NOT_PASSED), (worker.FLAGS, WORKER_NOT_PASSED),
+                                                       (upload.FLAGS, NOT_PASSED))
+                              for flag in flags if flag.name in skip and flag is not REDIS_URL
+                              for name in (flag.env_name, *flag.aliases)}))
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,7 @@ def run(cfg: RunConfig) -> int:
     from hsx_tools.launch import Signals, Stopped, launch
     from hsx_tools.statedir import StateLock, private_redis
 
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
     with Signals() as signals, StateLock(cfg.state_dir):
         local = None
         try:

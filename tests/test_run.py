@@ -41,12 +41,12 @@ def _argv(dataset: Path, model: Path, store: Path, *extra: str) -> list[str]:
             "--token-budget", "512", "--max-length", "512", "--dtype", "float32", "--log-every-seconds", "2", *extra]
 
 
-def _env() -> dict:
-    return {k: v for k, v in os.environ.items() if k not in ("HSX_REDIS_URL", "REDIS_URL")}   # its own Redis
+def _env(**extra: str) -> dict:
+    return {**{k: v for k, v in os.environ.items() if k not in ("HSX_REDIS_URL", "REDIS_URL")}, **extra}  # own Redis
 
 
-def _hsx_run(argv: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=scaled(timeout))
+def _hsx_run(argv: list[str], timeout: float = 240, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, env=_env(**env), timeout=scaled(timeout))
 
 
 def _stored_sample_ids(store: Path, run: str) -> Counter:
@@ -68,7 +68,7 @@ def test_run_completes_verified_and_a_second_call_says_so(tmp_path, tiny_model):
     dataset, ids = _dataset(tmp_path, 12)
     store = tmp_path / "store"
     argv = _argv(dataset, tiny_model, store, "--verify", "full")
-    out = _hsx_run(argv)
+    out = _hsx_run(argv, HSX_BURST="1", HSX_GPU="3")   # a shell's settings for one role: not the children's
     assert out.returncode == 0, _say(out)
     assert "run r1: " in out.stdout and "batches verified, 12 samples" in out.stdout and "; OK" in out.stdout
     assert "run r1 is complete and verified (full)" in out.stdout
