@@ -105,9 +105,12 @@ def devices(text: str) -> list[str]:
 
 
 def config(v) -> RunConfig:
+    from hsx.prep import resolve_dataset, resolve_model, resolve_store_url
+    from hsx.store import layout
     from hsx_tools.launch import Launch
     from hsx_tools.statedir import default_state_dir
 
+    layout.check_run_name(v["run"])   # it names a folder of logs
     produce.check_flags(v)   # the dataset, the budgets: refused here, before any process starts
     produce.template_kwargs(v)
     produce.columns(v)
@@ -122,8 +125,6 @@ def config(v) -> RunConfig:
     workers = tuple((f"worker-{d.replace('cuda:', 'gpu')}",
                      ("--device", "cpu") if d == "cpu" else ("--gpu", d.split(":")[1]))
                     for d in devs)
-    from hsx.prep import resolve_dataset, resolve_model, resolve_store_url
-
     launch = Launch(
         run=v["run"], produce=tuple(passed(produce.FLAGS, v, NOT_PASSED)),
         workers=tuple((name, (*dev, "--wait-for-plan", "--exit-when-complete", *role)) for name, dev in workers),

@@ -152,11 +152,12 @@ def test_sigterm_mid_run_then_the_same_command_resumes_every_sample_once(tmp_pat
     print(f"extracted {extracted} of {total} batches over the two calls; {done_after_stop} done at the stop")
 
 
-@pytest.mark.parametrize("gpus, said", [("0,0", "distinct GPU indexes"), ("x", "give all, cpu")])
-def test_a_wrong_gpus_is_one_line_before_anything_starts(tmp_path, gpus, said):
+@pytest.mark.parametrize("flags, said", [(("--gpus", "0,0"), "distinct GPU indexes"),
+                                         (("--gpus", "cpu", "--run", "../up"), "run name '../up' must be")])
+def test_a_wrong_flag_is_one_line_before_anything_starts(tmp_path, flags, said):
     dataset, _ = _dataset(tmp_path, 2)
     out = subprocess.run([sys.executable, "-m", "hsx_cli.main", "run", "--dataset", str(dataset), "--model", "m",
-                          "--store", str(tmp_path / "store"), "--gpus", gpus], capture_output=True, text=True,
+                          "--store", str(tmp_path / "store"), *flags], capture_output=True, text=True,
                          env=_env(), timeout=scaled(60))
     assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert not (tmp_path / "store").exists()    # nothing created, no Redis started
+    assert not (tmp_path / "store").exists() and not (tmp_path / "up").exists()   # nothing created, no Redis
