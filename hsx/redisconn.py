@@ -258,7 +258,9 @@ class LocalRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> LocalRedis:
+    def start(self, timeout: float = 10.0, **popen) -> LocalRedis:
+        """``popen``: more Popen arguments (hsx_tools.processes.child_options: a session of its own, SIGTERM when
+        the parent dies)."""
         if not self.binary:
             raise RuntimeError("redis-server is not installed and no Redis is reachable. Install it "
                                "(apt-get install redis-server) or point HSX_REDIS_URL at a running Redis.")
@@ -267,7 +269,7 @@ class LocalRedis:
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
              "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
              "--save", "", "--protected-mode", "yes"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, **popen)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

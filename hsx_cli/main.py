@@ -19,11 +19,12 @@ from redis.exceptions import OutOfMemoryError
 from hsx import __version__
 from hsx.errors import HsxError
 from hsx.printable import PrintableFormatter, printable
-from hsx_cli import dashboard, demo, evaluate, export, inspect, produce, reset, retry_failed, show, status, upload, verify, worker
+from hsx_cli import dashboard, demo, evaluate, export, inspect, produce, reset, retry_failed, run, show, status, upload, verify, worker
 from hsx_cli.command import Command
 from hsx_cli.flags import Flag, resolve
 
 COMMANDS: tuple[Command, ...] = (
+    run.COMMAND,
     produce.COMMAND, inspect.COMMAND, worker.COMMAND, upload.COMMAND, status.COMMAND, retry_failed.COMMAND, reset.COMMAND,
     dashboard.COMMAND, verify.COMMAND, show.COMMAND, export.COMMAND, evaluate.COMMAND, demo.DEMO, demo.ASSETS,
 )

@@ -1,8 +1,9 @@
-"""The embedded default: the whole pipeline on one machine, as real processes.
+"""The embedded default: the whole pipeline on one machine, as real processes, started as `hsx run` starts
+them (hsx_tools/launch.py).
 
 private redis-server (if none reachable) -> tiny Qwen3 + tokenizer built here
--> `hsx produce` on the shipped sample -> one CPU `hsx worker` + two
-`hsx upload` -> a local-directory store. Prints where the output is and the next
+-> `hsx produce` on the shipped sample, one CPU `hsx worker` and two
+`hsx upload` (their logs in WORKDIR/logs/demo) -> a local-directory store, verified. Prints where the output is and the next
 commands: read a sample (`hsx show`), look at the run (`hsx demo --look`, or
 `hsx status` / `hsx dashboard` where the demo used a Redis of yours), train.
 
@@ -16,14 +17,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from importlib import resources
 from pathlib import Path
 
-from hsx.printable import printable
-from hsx.redisconn import LocalRedis, reachable, redact
-from hsx_tools.processes import stop_all
+from hsx.redisconn import reachable, redact
+from hsx_tools.launch import Launch, Signals, Stopped, launch
+from hsx_tools.processes import hsx_argv
+from hsx_tools.statedir import StateLock, private_redis
 
 RUN = "demo"
 
@@ -32,8 +33,15 @@ def sample_dataset() -> Path:
     return Path(str(resources.files("hsx_tools") / "data" / "sample_conversations.jsonl"))
 
 
-def _hsx(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hsx_cli.main", *args]
+def demo_launch(dataset: Path, model: Path, store: Path, workdir: Path) -> Launch:
+    """The demo's run as `hsx run` would start it: one CPU worker and two uploaders of host "demo"."""
+    roles = ("--spool-dir", str(workdir / "spool"), "--host", "demo")
+    return Launch(
+        run=RUN,
+        produce=("--run", RUN, "--dataset", str(dataset), "--model", str(model), "--layers", "dflash:3",
+                 "--store", str(store), "--token-budget", "2048", "--max-length", "2048", "--dtype", "float32"),
+        workers=(("worker-cpu", ("--run", RUN, "--device", "cpu", "--wait-for-plan", "--exit-when-complete", *roles)),),
+        upload=roles, uploaders=2, logs=workdir / "logs" / RUN, verify="full", same_plan={"dataset": str(dataset.resolve())})
 
 
 def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:
@@ -47,70 +55,35 @@ def run_demo(store: Path, workdir: Path, samples: int | None = None) -> int:
     env = dict(os.environ)
     local = None
     url = env.get("HSX_REDIS_URL") or env.get("REDIS_URL")
-    if not url or not reachable(url):
-        local = private_redis(workdir)
-        url = local.url
-        print(f"started a private redis-server at {url} (data in {workdir / 'redis'})")
-    env["HSX_REDIS_URL"] = url
-    dataset = sample_dataset()
-    if samples:
-        dataset = workdir / f"sample-{samples}.jsonl"
-        dataset.write_text("".join(sample_dataset().read_text().splitlines(keepends=True)[:samples]))
-    model = build_tiny_model(workdir / "tiny-qwen3", sample_path=sample_dataset())
-    spool = workdir / "spool"
-    procs: list[subprocess.Popen] = []
-    try:
-        subprocess.run(_hsx("produce", "--run", RUN, "--dataset", str(dataset), "--model", str(model),
-                            "--layers", "dflash:3", "--store", str(store), "--token-budget", "2048",
-                            "--max-length", "2048",
-                            "--dtype", "float32"), env=env, check=True)
-        procs.append(subprocess.Popen(_hsx("worker", "--run", RUN, "--device", "cpu", "--spool-dir", str(spool),
-                                           "--host", "demo", "--burst"), env=env))
-        for _ in range(2):
-            procs.append(subprocess.Popen(_hsx("upload", "--spool-dir", str(spool), "--host", "demo"), env=env))
-        r = connect(url)
-        while True:
-            p = run_progress(r, RUN)
-            if p["complete"] and p["index_written"]:
-                break
-            if procs[0].poll() not in (None, 0):
-                print("the worker failed; see its log above", file=sys.stderr)
-                return 1
-            if (procs[0].poll() == 0 and p["extract_queue"] == 0 and p["dead_letters"]
-                    and not any(w.get("alive") for w in p["workers"])):  # a stopped worker stays listed
-                break
-            time.sleep(0.5)
-    except subprocess.CalledProcessError as exc:
-        print(f"hsx demo: a step failed: {printable(exc, lines=True)}", file=sys.stderr)
-        return 1
-    finally:
-        stop_all(procs)
-        if local:
-            local.stop()
+    with Signals() as signals, StateLock(workdir):
+        try:
+            if not url or not reachable(url):
+                local = private_redis(workdir)
+                url = local.url
+                print(f"started a private redis-server at {url} (data in {workdir / 'redis'})", flush=True)
+            env["HSX_REDIS_URL"] = url
+            dataset = sample_dataset()
+            if samples:
+                dataset = workdir / f"sample-{samples}.jsonl"
+                dataset.write_text("".join(sample_dataset().read_text().splitlines(keepends=True)[:samples]))
+            model = build_tiny_model(workdir / "tiny-qwen3", sample_path=sample_dataset())
+            rc = launch(demo_launch(dataset, model, store, workdir), url, env, signals)
+            p = run_progress(connect(url), RUN) if rc == 0 else None
+        except Stopped as stop:
+            return 128 + stop.signum
+        finally:
+            if local:
+                signals.stopping = True
+                local.stop()
+    if p is None:
+        return rc
     d = p["done"]
     print(f"\noutput: {store / RUN}  (manifest.json, index.jsonl, batches/)")
     print(f"done: {d['batches']}/{p['totals']['batches']} batches, {d['samples']} samples, {d['tokens']} tokens, "
           f"{fmt_bytes(d['bytes'])} verified in {time.monotonic() - started:.1f}s; "
           f"{len(p['dead_letters'])} failed batches")
     print("\n".join(next_steps(store, workdir, model, None if local else url)))
-    return 0 if p["complete"] else 1
-
-
-def private_redis(workdir: Path) -> LocalRedis:
-    """The demo's own redis-server, data in WORKDIR/redis, on the port it had before where that is free."""
-    from hsx.redisconn import free_port
-
-    data = workdir / "redis"
-    port_file = data / "port"
-    port = int(port_file.read_text()) if port_file.exists() else None
-    try:
-        local = LocalRedis(data, port=port or free_port()).start()
-    except RuntimeError:
-        if port is None:
-            raise
-        local = LocalRedis(data).start()                  # the old port is taken: any free one, same data
-    port_file.write_text(str(local.port))
-    return local
+    return 0
 
 
 def next_steps(store: Path, workdir: Path, model: Path, redis_url: str | None) -> list[str]:
@@ -136,17 +109,18 @@ def look(workdir: Path, serve=None) -> int:
 
         raise ConfigError(f"no demo Redis in {workdir / 'redis'}: run `hsx demo --workdir {workdir}` first "
                           "(a demo that used your own Redis left its run there: hsx status --run demo)")
-    local = private_redis(workdir)
-    env = dict(os.environ, HSX_REDIS_URL=local.url)
-    try:
-        print(f"the demo's Redis is up again at {local.url} (data in {workdir / 'redis'}); in another shell:\n"
-              f"  HSX_REDIS_URL={local.url} hsx status --run {RUN}", flush=True)
-        subprocess.run(_hsx("status", "--run", RUN), env=env, check=False)
-        if serve is not None:
-            return serve(env)
+    with StateLock(workdir):
+        local = private_redis(workdir)
+        env = dict(os.environ, HSX_REDIS_URL=local.url)
         try:
-            return subprocess.run(_hsx("dashboard"), env=env, check=False).returncode
-        except KeyboardInterrupt:
-            return 0
-    finally:
-        local.stop()
+            print(f"the demo's Redis is up again at {local.url} (data in {workdir / 'redis'}); in another shell:\n"
+                  f"  HSX_REDIS_URL={local.url} hsx status --run {RUN}", flush=True)
+            subprocess.run(hsx_argv("status", "--run", RUN), env=env, check=False)
+            if serve is not None:
+                return serve(env)
+            try:
+                return subprocess.run(hsx_argv("dashboard"), env=env, check=False).returncode
+            except KeyboardInterrupt:
+                return 0
+        finally:
+            local.stop()

@@ -1,4 +1,5 @@
-"""`hsx status --watch`: the dashboard's overview in the terminal, live (rich; ``watch_plain`` off a terminal).
+"""`hsx status --watch`: the dashboard's overview in the terminal, live (rich; ``watch_plain`` off a terminal);
+``status_line``: the same run in one line (`hsx run`).
 
 Redraws every ``interval`` seconds from ``hsx.monitor.progress.run_progress``: progress
 bars (samples, tokens, batches extracted, batches uploaded and verified), rate
@@ -74,6 +75,25 @@ def _failures(p: dict) -> Text:
     for bid, rec in sorted(p["dead_letters"].items())[:10]:
         lines.append(printable(f"  {bid}: {rec['attempts']} attempts: {rec['last_error'][:160]}"))
     return Text("\n".join(lines), style="red" if p["dead_letters"] else "")
+
+
+def status_line(p: dict) -> str:
+    """The run in one line (`hsx run`'s live view): batches, samples, ETA, rate, failures, workers, a stall (what a
+    narrow terminal cuts off last first)."""
+    t, d = p["totals"], p["done"]
+    samples = t.get("samples", 0)
+    alive = sum(1 for w in p["workers"] if w.get("alive"))
+    if not t.get("batches"):
+        line = f"run {p['run']}: planning (no batch planned yet), workers alive: {alive}"
+    else:
+        line = (f"run {p['run']}: {d['batches']}/{t['batches']} batches, {d['samples']:,}/{samples:,} samples"
+                + (f" ({100 * d['samples'] / samples:.0f}%)" if samples else "")
+                + (" of the plan so far" if p.get("planning") else "")
+                + f", ETA {fmt_duration(p['eta_seconds'])}, {p['rate']['tokens']:,.0f} tok/s, "
+                f"failed: {len(p['dead_letters'])}, retrying: {len(p['failures'])}, workers alive: {alive}")
+    if p.get("stalled"):
+        line += f"; STALLED: {p['stalled']}"
+    return printable(line)   # Redis' records: shown, never obeyed
 
 
 def _poll(r: redis.Redis, run: str, interval: float, max_iterations: int | None, show, say) -> int:

@@ -9,7 +9,7 @@ from gpu_worker.devices import GpuProbe
 from hsx.runspec.config import ConfigError
 from hsx_cli.main import build_parser
 
-COMMANDS = ["produce", "inspect", "worker", "upload", "status", "retry-failed", "reset", "dashboard", "verify", "show", "export",
+COMMANDS = ["run", "produce", "inspect", "worker", "upload", "status", "retry-failed", "reset", "dashboard", "verify", "show", "export",
             "evaluate",
             "demo", "demo-assets"]
 
@@ -100,6 +100,9 @@ def test_demo_runs_end_to_end(tmp_path, redis_env):
     assert manifest["layer_ids"] == [1, 2, 3]
     status = hsx("status", "--run", "demo", "--json")
     assert json.loads(status.stdout)["complete"] is True
+    logs = {p.name: p.read_text() for p in (tmp_path / "work" / "logs" / "demo").glob("*.log")}  # hsx_tools/launch.py
+    assert set(logs) == {"produce.log", "worker-cpu.log", "upload-0.log", "upload-1.log"}, sorted(logs)
+    assert not [name for name, text in logs.items() if "unexpected error" in text or "Traceback" in text], logs
 
 
 def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
