@@ -127,7 +127,8 @@ class ChatTokeniser:
         self.tok = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
         self.columns = columns or ColumnMapping()
-        self.shape: TemplateShape = probe_shape(self.render)
+        specials = tuple(t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special)
+        self.shape: TemplateShape = probe_shape(self.render, specials)
         # A template that reads message.thinking and not message.reasoning_content (gpt-oss style) gets the
         # reasoning under that name.
         source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(tokenizer.chat_template)
