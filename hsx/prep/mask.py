@@ -120,7 +120,9 @@ def probe_shape(render: Render, specials: tuple[str, ...] = ()) -> TemplateShape
         raise TemplateError(f"the chat template fails on a plain user/assistant conversation: {exc}") from exc
     if not all(m in t for t, ms in ((one, (u1, a1)), (two, (u1, a1, u2)), (three, (u1, a1, u2, a2))) for m in ms):
         raise TemplateError("the chat template does not render message contents verbatim; cannot place a loss mask")
-    generation_prompt = prompted[len(bare):] if prompted.startswith(bare) else ""
+    specials = tuple(sorted({s for s in specials if s.strip()}, key=len, reverse=True))
+    # after the user turn; a bare render may end otherwise (an EOS after the whole conversation, Phi-3 style)
+    generation_prompt = prompted[agreement(prompted, bare, specials):] if prompted != bare else ""
     opening = one[one.index(u1) + len(u1):one.index(a1)]
     opening = opening[len(commonprefix([opening, bare[bare.index(u1) + len(u1):]])):]
     if prompted == bare and opening.strip():
@@ -136,7 +138,6 @@ def probe_shape(render: Render, specials: tuple[str, ...] = ()) -> TemplateShape
     headers = tuple(sorted({h for h in {last, earlier} | lines if h.strip()}, key=len, reverse=True)) \
         if generation_prompt.strip() else ()
     tail, between = one[one.index(a1) + len(a1):], two[two.index(a1) + len(a1):two.index(u2)]
-    specials = tuple(sorted({s for s in specials if s.strip()}, key=len, reverse=True))
     end = tail[:agreement(tail, between, specials)]    # e.g. "<|im_end|>\n": what every assistant turn ends with
     if not end.strip():     # no end-of-turn marker: the next turn's special token ends it (GLM style)
         if not any(between.lstrip().startswith(s) for s in specials):
