@@ -16,7 +16,11 @@ Held-out review (written from each family's behaviour, not from its file):
   tokenizer's post-processor), kimi_sections, fullwidth_outputs (DeepSeek-V3.1-like, multi-byte special
   tokens), plain_roles (no special token but the EOS);
 - glm_observation: no end-of-turn token, the next role marker (<|user|>, <|observation|>) ends the turn;
-- phi3_eos: an EOS after the conversation whose text shares "<|" with the next turn's marker.
+- phi3_eos: an EOS after the conversation whose text shares "<|" with the next turn's marker;
+- glm_functions: older GLM-like, no end-of-turn token, each call its own <|assistant|>NAME\nARGS;
+- escaped_html: texts HTML-escaped, the last assistant turn left open (no end marker when it ends the text);
+- recipient_prompt (a generation prompt ending in the >>> the model's recipient follows), tool_args_marker
+  (Devstral-like [TOOL_CALLS]NAME[ARGS]ARGS, no generation prompt), role_tokens_m2 (MiniMax-M2-like).
 """
 
 import json
@@ -95,6 +99,8 @@ FULLWIDTH_SPECIAL = ("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assis
                      "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
                      "<｜tool▁calls▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
 PHI3_SPECIAL = ("<|user|>", "<|assistant|>", "<|system|>", "<|tool|>", "<|end|>")
+DEVSTRAL_SPECIAL = MISTRAL_SPECIAL + ("[ARGS]",)
+M2_SPECIAL = ("]~!b[", "]~b]", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>")
 
 # family -> (template file, special tokens, bos, row transform, arguments: "object" | "text" | "text only", eos)
 FAMILIES = {
@@ -118,6 +124,11 @@ FAMILIES = {
                           "text only", "<｜end▁of▁sentence｜>"),
     "plain_roles": ("plain_roles.jinja", (), None, None, "object", "</s>"),
     "phi3_eos": ("phi3_eos.jinja", PHI3_SPECIAL, None, None, "object", "<|endoftext|>"),
+    "glm_functions": ("glm_functions.jinja", GLM_SPECIAL, None, None, "object", "<|user|>"),
+    "escaped_html": ("escaped_html.jinja", (), None, _inline_reasoning, "object", "<|im_end|>"),
+    "recipient_prompt": ("recipient_prompt.jinja", LLAMA_SPECIAL, None, None, "object", "<|eot_id|>"),
+    "tool_args_marker": ("tool_args_marker.jinja", DEVSTRAL_SPECIAL, "<s>", _serialised_arguments, "text", "</s>"),
+    "role_tokens_m2": ("role_tokens_m2.jinja", M2_SPECIAL, None, None, "object", "[e~["),
 }
 REFUSED_BY_TEMPLATE = {"llama_system_tools": 30}    # rows with several calls in a turn: the template raises
 

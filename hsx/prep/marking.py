@@ -7,7 +7,7 @@ copy), and one value of each tool call (its first non-blank string argument, the
 the arguments are a string, else the name). Other turns are left as they are: a template may branch on them.
 The markers cut the copy's rendering into the template's own text (skeleton pieces S0 .. Sn); ``align``
 finds each piece's offset in the real rendering, which must read S0 V1 S1 .. Vn Sn. Also the text helpers
-mask.py's turn location uses (agreement, after_marker, context_end).
+mask.py's turn location uses (agreement, splits_special, after_marker, context_end).
 """
 
 from __future__ import annotations
@@ -185,6 +185,11 @@ def agreement(a: str, b: str, specials: tuple[str, ...]) -> int:
     n = len(commonprefix([a, b]))
     back = min((i for t in (a, b) for s in specials if 0 <= (i := t.find(s, max(0, n - len(s) + 1))) < n), default=n)
     return back if a[:back].strip() else n
+
+
+def splits_special(text: str, at: int, specials: tuple[str, ...]) -> bool:
+    """Whether offset ``at`` falls strictly inside a special token of ``text``."""
+    return any(0 <= text.find(s, max(0, at - len(s) + 1)) < at for s in specials)
 
 
 def after_marker(text: str, pattern: re.Pattern, previous: int | None) -> str | None:

@@ -55,6 +55,7 @@ from hsx.prep.marking import (
     first_mismatch,
     marked_copy,
     marker_base,
+    splits_special,
 )
 from hsx.prep.rows import RowRejected
 
@@ -139,6 +140,10 @@ def probe_shape(render: Render, specials: tuple[str, ...] = ()) -> TemplateShape
         if generation_prompt.strip() else ()
     tail, between = one[one.index(a1) + len(a1):], two[two.index(a1) + len(a1):two.index(u2)]
     end = tail[:agreement(tail, between, specials)]    # e.g. "<|im_end|>\n": what every assistant turn ends with
+    if not end.strip():     # the last turn renders none: what comes before the next turn's own opening, if any
+        opening = render(convo[2:3], None, False)
+        opening = opening[:opening.index(u2)] if u2 in opening else ""
+        end = between[:len(between) - len(commonprefix([between[::-1], opening[::-1]]))]
     if not end.strip():     # no end-of-turn marker: the next turn's special token ends it (GLM style)
         if not any(between.lstrip().startswith(s) for s in specials):
             raise TemplateError("the chat template renders nothing after an assistant turn and the next turn opens "
@@ -278,7 +283,11 @@ def _rendered_end(render: Render, marked: list[dict[str, Any]], tools, index: in
     if at < 0:
         raise RowRejected("turn_not_located", f"turn {index} (assistant): the template does not render it when "
                                               "the conversation ends with it; cannot tell where it ends")
-    length = agreement(cut[at + len(last_marker):], piece, shape.specials)
+    after = cut[at + len(last_marker):]
+    length = agreement(after, piece, shape.specials)
+    if (length == len(after) and shape.end and piece.startswith(shape.end, length)
+            and not splits_special(piece, length + len(shape.end), shape.specials)):
+        length += len(shape.end)    # a last turn left open (no end marker when it ends the text): its end follows
     if not shape.end:
         rest = piece[length:]
         stop = next((s for s in shape.specials if rest.lstrip().startswith(s)), None)
