@@ -266,3 +266,28 @@ def test_a_template_ignoring_the_generation_prompt_is_refused_in_one_line(tmp_pa
              "{%- if add_generation_prompt -%}{{- 'assistant: ' -}}{%- endif -%}")
     with pytest.raises(TemplateError, match="renders nothing after an assistant turn and the next turn opens with no special token"):
         ChatTokeniser(build_tokenizer(tmp_path / "b", chat_template=plain))
+
+
+def test_text_parts_reach_a_template_that_renders_parts_as_given(tmp_path):
+    """A Llama-4-like template writes a string as is and trims each text part: a tool result the row gives as
+    [{"type": "text", "text": "...\\n"}] renders without its newline. The ids equal the template's rendering
+    of the row as given (its parts); on main hsx joined the parts first: 3 of 48 rows with wrong ids."""
+    tok = build_tokenizer(tmp_path, chat_template=(TEMPLATES / "parts_trimmed.jinja").read_text(),
+                          special_tokens=("<|begin_of_text|>", "<|header_start|>", "<|header_end|>", "<|eot|>"),
+                          bos_token="<|begin_of_text|>", eos_token="<|eot|>", sample_path=sample_dataset())
+    chat = ChatTokeniser(tok)
+    assert "text parts passed as given" in chat.locating
+    given = 0
+    for index, row in enumerate(agentic_rows(ROWS, seed=23)):
+        got = chat.encode_row(row, index)
+        conv = read_conversation(row)
+        messages = _as_given(row, [{**m, "content": m["content"] or ""} for m in conv.messages], "object")
+        for msg, raw in zip(messages, row.get("messages", []), strict=False):
+            if isinstance(raw.get("content"), list):
+                msg["content"] = raw["content"]
+                given += 1
+        want = tok.apply_chat_template(messages, tools=conv.tools, tokenize=True, return_dict=True,
+                                       return_assistant_tokens_mask=True)
+        assert got.input_ids.tolist() == list(want["input_ids"]), row["id"]
+        assert got.loss_mask.tolist() == list(want["assistant_masks"]), row["id"]
+    assert given >= 20
