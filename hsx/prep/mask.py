@@ -23,7 +23,8 @@ turns' reasoning do not), so every offset is taken in the one rendering of the w
 5. Its end: the first end-of-turn marker (TemplateShape.end) in the piece after its last marker, for the
    final turn and wherever the probes show tool-call turns end alike; else as far as the marked conversation
    rendered cut after the turn agrees with the piece (the template's own end: <|eom_id|>, <|call|>, ...),
-   never ending inside a special token (<|end|>\n, not <|end|>\n<| of a next <|tool|>). A template with no
+   never ending inside a special token (<|end|>\n, not <|end|>\n<| of a next <|tool|>); a turn the cut
+   conversation leaves open (no end marker when last) takes the end marker that follows it. A template with no
    end-of-turn marker (GLM style: the next role marker ends the turn) ends it after the special token that
    opens the next turn (the model writes <|user|> or <|observation|> to stop); its last turn at the text's end.
    A template that ignores add_generation_prompt while a finished answer opens with a header is refused:
