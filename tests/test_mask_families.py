@@ -268,10 +268,26 @@ def test_a_template_ignoring_the_generation_prompt_is_refused_in_one_line(tmp_pa
         ChatTokeniser(build_tokenizer(tmp_path / "b", chat_template=plain))
 
 
-def test_text_parts_reach_a_template_that_renders_parts_as_given(tmp_path):
+def _assistant_parts(row):
+    """Each assistant content as two text parts, split at its first space (the template trims each)."""
+    if "messages" not in row:
+        return row
+    out = []
+    for msg in row["messages"]:
+        if msg["role"] == "assistant" and isinstance(msg.get("content"), str) and " " in msg["content"].strip():
+            head, rest = msg["content"].split(" ", 1)
+            msg = {**msg, "content": [{"type": "text", "text": head + " "}, {"type": "text", "text": rest}]}
+        out.append(msg)
+    return {**row, "messages": out}
+
+
+@pytest.mark.parametrize("transform", [None, _assistant_parts])
+def test_text_parts_reach_a_template_that_renders_parts_as_given(transform, tmp_path):
     """A Llama-4-like template writes a string as is and trims each text part: a tool result the row gives as
-    [{"type": "text", "text": "...\\n"}] renders without its newline. The ids equal the template's rendering
-    of the row as given (its parts); on main hsx joined the parts first: 3 of 48 rows with wrong ids."""
+    [{"type": "text", "text": "...\\n"}] renders without its newline, an answer in two parts without the space
+    between them. The ids equal the template's rendering of the row as given (its parts), the mask its
+    generation blocks; on main hsx joined the parts first: 3 of 48 rows with wrong ids (tool results in parts),
+    36 of 48 with the answers in parts too."""
     tok = build_tokenizer(tmp_path, chat_template=(TEMPLATES / "parts_trimmed.jinja").read_text(),
                           special_tokens=("<|begin_of_text|>", "<|header_start|>", "<|header_end|>", "<|eot|>"),
                           bos_token="<|begin_of_text|>", eos_token="<|eot|>", sample_path=sample_dataset())
@@ -279,6 +295,7 @@ def test_text_parts_reach_a_template_that_renders_parts_as_given(tmp_path):
     assert "text parts passed as given" in chat.locating
     given = 0
     for index, row in enumerate(agentic_rows(ROWS, seed=23)):
+        row = transform(row) if transform else row
         got = chat.encode_row(row, index)
         conv = read_conversation(row)
         messages = _as_given(row, [{**m, "content": m["content"] or ""} for m in conv.messages], "object")

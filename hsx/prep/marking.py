@@ -78,6 +78,8 @@ def marked_copy(messages: list[dict[str, Any]], base: str):
                 copy[key] = mark_text(msg[key], index)
         if isinstance(msg["content"], str):
             copy["content"] = mark_text(msg["content"], index)
+        elif isinstance(msg["content"], list):      # text parts, for a template that renders parts
+            copy["content"] = [{**part, "text": mark_text(part["text"], index)} for part in msg["content"]]
         if msg.get("tool_calls"):
             copy["tool_calls"] = [_marked_call(call, mark, index) for call in msg["tool_calls"]]
         marked.append(copy)
