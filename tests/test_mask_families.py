@@ -20,7 +20,8 @@ Held-out review (written from each family's behaviour, not from its file):
 - glm_functions: older GLM-like, no end-of-turn token, each call its own <|assistant|>NAME\nARGS;
 - escaped_html: texts HTML-escaped, the last assistant turn left open (no end marker when it ends the text);
 - recipient_prompt (a generation prompt ending in the >>> the model's recipient follows), tool_args_marker
-  (Devstral-like [TOOL_CALLS]NAME[ARGS]ARGS, no generation prompt), role_tokens_m2 (MiniMax-M2-like).
+  (Devstral-like [TOOL_CALLS]NAME[ARGS]ARGS, no generation prompt), role_tokens_m2 (MiniMax-M2-like);
+- reminder_prompt: the generation prompt puts a reminder turn before the header, finished turns never do.
 """
 
 import json
@@ -129,6 +130,7 @@ FAMILIES = {
     "recipient_prompt": ("recipient_prompt.jinja", LLAMA_SPECIAL, None, None, "object", "<|eot_id|>"),
     "tool_args_marker": ("tool_args_marker.jinja", DEVSTRAL_SPECIAL, "<s>", _serialised_arguments, "text", "</s>"),
     "role_tokens_m2": ("role_tokens_m2.jinja", M2_SPECIAL, None, None, "object", "[e~["),
+    "reminder_prompt": ("reminder_prompt.jinja", (), None, None, "object", "<|im_end|>"),
 }
 REFUSED_BY_TEMPLATE = {"llama_system_tools": 30}    # rows with several calls in a turn: the template raises
 

@@ -260,7 +260,12 @@ def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int,
                 return context + shared, how    # past the prompt, the rest the model's; or less of it rendered
             while shared > 0 and piece[context + shared - 1] not in BOUNDARY:
                 shared -= 1             # parted mid-text (a prompt "<think>" against a call's "<tool_call>")
-            return context + shared, how
+            # a prompt that writes more before the header than a finished turn (a reminder turn put before the
+            # prompt only): the longest end of it, from a line or a special token on, that opens the turn
+            ends = (len(generation) - k for k in range(1, len(generation))
+                    if (generation[k - 1] == "\n" or any(generation.startswith(t, k) for t in shape.specials))
+                    and piece.startswith(generation[k:], context))
+            return context + max(shared, next(ends, 0)), how
     at = next((at + len(h) for h in shape.headers if (at := piece.rfind(h)) >= 0), -1)
     if at < 0:
         raise RowRejected("turn_not_located", f"turn {index} (assistant): neither the generation prompt rendered "
