@@ -7,7 +7,7 @@ copy), and one value of each tool call (its first non-blank string argument, the
 the arguments are a string, else the name). Other turns are left as they are: a template may branch on them.
 The markers cut the copy's rendering into the template's own text (skeleton pieces S0 .. Sn); ``align``
 finds each piece's offset in the real rendering, which must read S0 V1 S1 .. Vn Sn. Also the text helpers
-mask.py's turn location uses (agreement, splits_special, after_marker, context_end).
+mask.py's turn location uses (agreement, splits_special, after_marker, context_end, header_in).
 """
 
 from __future__ import annotations
@@ -219,3 +219,11 @@ def context_end(piece: str, bare: str, previous_content) -> int:
     if lo < enough:
         return -1
     return piece.rfind(bare[len(bare) - lo:]) + lo
+
+
+def header_in(generation_prompt: str, before_answer: str) -> str:
+    """The longest non-blank prefix of the generation prompt rendered before an answer (else that text)."""
+    for n in range(len(generation_prompt), 0, -1):
+        if generation_prompt[:n].strip() and generation_prompt[:n] in before_answer:
+            return generation_prompt[:n]
+    return before_answer

@@ -54,6 +54,7 @@ from hsx.prep.marking import (
     context_end,
     escaped,
     first_mismatch,
+    header_in,
     marked_copy,
     marker_base,
     splits_special,
@@ -97,13 +98,6 @@ class TemplateShape:
                 f"turn) leaves off (per-turn prompt renders); turns end at {ends}")
 
 
-def _header_in(generation_prompt: str, before_answer: str) -> str:
-    """The longest non-blank prefix of the generation prompt rendered before an answer (else that text)."""
-    for n in range(len(generation_prompt), 0, -1):
-        if generation_prompt[:n].strip() and generation_prompt[:n] in before_answer:
-            return generation_prompt[:n]
-    return before_answer
-
 
 def probe_shape(render: Render, specials: tuple[str, ...] = ()) -> TemplateShape:
     """Learn the assistant headers and end-of-turn marker from renders of tiny conversations. ``specials``:
@@ -130,8 +124,8 @@ def probe_shape(render: Render, specials: tuple[str, ...] = ()) -> TemplateShape
     if prompted == bare and opening.strip():
         raise TemplateError(f"the chat template ignores add_generation_prompt, yet a finished answer opens with "
                             f"'{escaped(opening)}': whether the model writes that is undefined; cannot place a loss mask")
-    last = _header_in(generation_prompt, one[one.index(u1) + len(u1):one.index(a1)])
-    earlier = _header_in(generation_prompt, three[three.index(u1) + len(u1):three.index(a1)])
+    last = header_in(generation_prompt, one[one.index(u1) + len(u1):one.index(a1)])
+    earlier = header_in(generation_prompt, three[three.index(u1) + len(u1):three.index(a1)])
     # Also every line of the generation prompt beyond the shortest header: a turn renders as much of the
     # prompt as it renders (a thinking turn "<think>\n" + reasoning where the prompt is an empty block).
     lines = {generation_prompt[:n + 1] for n, ch in enumerate(generation_prompt)
