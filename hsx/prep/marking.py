@@ -6,7 +6,8 @@ non-blank core of each content and reasoning field (its surrounding whitespace, 
 copy), and one value of each tool call (its first non-blank string argument, the whole argument text when
 the arguments are a string, else the name). Other turns are left as they are: a template may branch on them.
 The markers cut the copy's rendering into the template's own text (skeleton pieces S0 .. Sn); ``align``
-finds each piece's offset in the real rendering, which must read S0 V1 S1 .. Vn Sn.
+finds each piece's offset in the real rendering, which must read S0 V1 S1 .. Vn Sn. Also the text helpers
+mask.py's turn location uses (agreement, splits_special, after_marker, context_end, header_in).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hsx.prep.rows import RowRejected
 MAX_BACKTRACK = 256             # alignment attempts beyond the first before a row is rejected
 REASONING_FIELDS = ("reasoning_content", "thinking")
 THINK_TAGS = re.compile(r"(<think>|</think>)")
+CONTEXT_ANCHOR = 16             # characters of a turn's context that must match where the context differs
 CONTEXT_CHARS = 48              # characters either side of a place quoted in a rejection
 
 
@@ -76,6 +78,8 @@ def marked_copy(messages: list[dict[str, Any]], base: str):
                 copy[key] = mark_text(msg[key], index)
         if isinstance(msg["content"], str):
             copy["content"] = mark_text(msg["content"], index)
+        elif isinstance(msg["content"], list):      # text parts, for a template that renders parts
+            copy["content"] = [{**part, "text": mark_text(part["text"], index)} for part in msg["content"]]
         if msg.get("tool_calls"):
             copy["tool_calls"] = [_marked_call(call, mark, index) for call in msg["tool_calls"]]
         marked.append(copy)
@@ -176,3 +180,50 @@ def first_mismatch(real: str, pieces: list[str], values: list[str]) -> tuple[int
     return max(len(values) - 1, 0), pos
 
 
+def agreement(a: str, b: str, specials: tuple[str, ...]) -> int:
+    """Length of the common prefix of ``a`` and ``b``, backed off to the start of a special token it ends
+    inside (``<|end|>\n<|`` of ``<|end|>\n<|endoftext|>`` and ``<|end|>\n<|tool|>``), unless that leaves
+    nothing but blanks (the template swaps one end token for another: ``<|return|>`` for ``<|end|>``)."""
+    n = len(commonprefix([a, b]))
+    back = min((i for t in (a, b) for s in specials if 0 <= (i := t.find(s, max(0, n - len(s) + 1))) < n), default=n)
+    return back if a[:back].strip() else n
+
+
+def splits_special(text: str, at: int, specials: tuple[str, ...]) -> bool:
+    """Whether offset ``at`` falls strictly inside a special token of ``text``."""
+    return any(0 <= text.find(s, max(0, at - len(s) + 1)) < at for s in specials)
+
+
+def after_marker(text: str, pattern: re.Pattern, previous: int | None) -> str | None:
+    """``text`` after its last marker, when that marker is ``previous`` (None: no marker); else None."""
+    found = next(iter(reversed(list(pattern.finditer(text)))), None)
+    if (int(found.group(1)) if found else None) != previous:
+        return None
+    return text[found.end():] if found else text
+
+
+def context_end(piece: str, bare: str, previous_content) -> int:
+    """End offset in ``piece`` of the longest end of ``bare`` (the context rendered without the prompt) that the
+    piece holds: at least CONTEXT_ANCHOR characters, or all of ``bare``, or the previous message's content
+    and all the template writes after it; -1 when none is."""
+    lo, hi = 0, min(len(bare), len(piece))      # the longest suffix found: a suffix of a found one is found too
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if bare[len(bare) - mid:] in piece:
+            lo = mid
+        else:
+            hi = mid - 1
+    enough = min(CONTEXT_ANCHOR, len(bare))
+    if isinstance(previous_content, str) and previous_content.strip() and previous_content in bare:
+        enough = min(enough, len(bare) - bare.rindex(previous_content) - len(previous_content) + 1)
+    if lo < enough:
+        return -1
+    return piece.rfind(bare[len(bare) - lo:]) + lo
+
+
+def header_in(generation_prompt: str, before_answer: str) -> str:
+    """The longest non-blank prefix of the generation prompt rendered before an answer (else that text)."""
+    for n in range(len(generation_prompt), 0, -1):
+        if generation_prompt[:n].strip() and generation_prompt[:n] in before_answer:
+            return generation_prompt[:n]
+    return before_answer

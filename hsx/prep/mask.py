@@ -22,7 +22,13 @@ turns' reasoning do not), so every offset is taken in the one rendering of the w
    is the learned role header looked for instead (TemplateShape.headers, the longest found in that piece).
 5. Its end: the first end-of-turn marker (TemplateShape.end) in the piece after its last marker, for the
    final turn and wherever the probes show tool-call turns end alike; else as far as the marked conversation
-   rendered cut after the turn agrees with the piece (the template's own end: <|eom_id|>, <|call|>, ...).
+   rendered cut after the turn agrees with the piece (the template's own end: <|eom_id|>, <|call|>, ...),
+   never ending inside a special token (<|end|>\n, not <|end|>\n<| of a next <|tool|>); a turn the cut
+   conversation leaves open (no end marker when last) takes the end marker that follows it. A template with no
+   end-of-turn marker (GLM style: the next role marker ends the turn) ends it after the special token that
+   opens the next turn (the model writes <|user|> or <|observation|> to stop); its last turn at the text's end.
+   A template that ignores add_generation_prompt while a finished answer opens with a header is refused:
+   whether the model writes that header is undefined.
    Inside: its rendered reasoning, content, tool calls and end-of-turn marker; outside: the generation
    prompt, other turns, the tools list. A turn whose reasoning the template does not render has none in it.
 
@@ -40,12 +46,23 @@ from os.path import commonprefix
 from typing import Any
 
 from hsx.errors import HsxError
-from hsx.prep.marking import align, around, escaped, first_mismatch, marked_copy, marker_base
+from hsx.prep.marking import (
+    after_marker,
+    agreement,
+    align,
+    around,
+    context_end,
+    escaped,
+    first_mismatch,
+    header_in,
+    marked_copy,
+    marker_base,
+    splits_special,
+)
 from hsx.prep.rows import RowRejected
 
 Render = Callable[..., str]      # render(messages, tools, add_generation_prompt) -> text
 BOUNDARY = frozenset(">]}\n \t")  # a prompt and a finished turn that part mid-text part after the last of these
-CONTEXT_ANCHOR = 16             # characters of a turn's context that must match where the context differs
 LOCATED_BY = {"prompt": "the generation prompt rendered after their context",
               "anchored": "the generation prompt, their context anchored by its end (it renders otherwise cut)",
               "header": "the learned role header (the template refused the cut conversation)"}
@@ -65,26 +82,26 @@ class TemplateShape:
     calls_end_alike: bool = False  # a tool-call turn followed by a tool result also ends at the first ``end``
                                    # (probed); else each turn's end is found by rendering the cut conversation
     generation_prompt: str = ""    # after one user turn, e.g. "<|im_start|>assistant\n"; "" (Mistral style)
+    specials: tuple[str, ...] = ()  # the tokenizer's special tokens, longest first: texts agree up to a whole
+                                    # one; with no end-of-turn marker (``end`` empty, GLM style) the one that
+                                    # opens the next turn ends the turn (the model writes it to stop: <|user|>)
 
     def describe(self) -> str:
         """How turns are located with this template, in words (hsx inspect prints it)."""
         prompt = escaped(self.generation_prompt) if self.generation_prompt else "empty"
         ends = (f"'{escaped(self.end)}'" + (" (tool-call turns too)" if self.calls_end_alike else
                                              "; tool-call turns where the conversation cut after them ends"))
+        if not self.end:
+            ends = ("the special token that opens the next turn (no end-of-turn marker; the model writes it to "
+                    "stop), the last turn at the text's end")
         return (f"turns start where the generation prompt rendered after their context ('{prompt}' after a user "
                 f"turn) leaves off (per-turn prompt renders); turns end at {ends}")
 
 
-def _header_in(generation_prompt: str, before_answer: str) -> str:
-    """The longest non-blank prefix of the generation prompt rendered before an answer (else that text)."""
-    for n in range(len(generation_prompt), 0, -1):
-        if generation_prompt[:n].strip() and generation_prompt[:n] in before_answer:
-            return generation_prompt[:n]
-    return before_answer
 
-
-def probe_shape(render: Render) -> TemplateShape:
-    """Learn the assistant headers and end-of-turn marker from renders of tiny conversations.
+def probe_shape(render: Render, specials: tuple[str, ...] = ()) -> TemplateShape:
+    """Learn the assistant headers and end-of-turn marker from renders of tiny conversations. ``specials``:
+    the tokenizer's special tokens (a template with no end-of-turn marker ends a turn at the next one's).
 
     The header of a turn is what the generation prompt renders before an answer: the part of it found
     before the last answer (after the last user turn), and the part found before an earlier answer.
@@ -99,9 +116,16 @@ def probe_shape(render: Render) -> TemplateShape:
         raise TemplateError(f"the chat template fails on a plain user/assistant conversation: {exc}") from exc
     if not all(m in t for t, ms in ((one, (u1, a1)), (two, (u1, a1, u2)), (three, (u1, a1, u2, a2))) for m in ms):
         raise TemplateError("the chat template does not render message contents verbatim; cannot place a loss mask")
-    generation_prompt = prompted[len(bare):] if prompted.startswith(bare) else ""
-    last = _header_in(generation_prompt, one[one.index(u1) + len(u1):one.index(a1)])
-    earlier = _header_in(generation_prompt, three[three.index(u1) + len(u1):three.index(a1)])
+    specials = tuple(sorted({s for s in specials if s.strip()}, key=len, reverse=True))
+    # after the user turn; a bare render may end otherwise (an EOS after the whole conversation, Phi-3 style)
+    generation_prompt = prompted[agreement(prompted, bare, specials):] if prompted != bare else ""
+    opening = one[one.index(u1) + len(u1):one.index(a1)]
+    opening = opening[len(commonprefix([opening, bare[bare.index(u1) + len(u1):]])):]
+    if prompted == bare and opening.strip():
+        raise TemplateError(f"the chat template ignores add_generation_prompt, yet a finished answer opens with "
+                            f"'{escaped(opening)}': whether the model writes that is undefined; cannot place a loss mask")
+    last = header_in(generation_prompt, one[one.index(u1) + len(u1):one.index(a1)])
+    earlier = header_in(generation_prompt, three[three.index(u1) + len(u1):three.index(a1)])
     # Also every line of the generation prompt beyond the shortest header: a turn renders as much of the
     # prompt as it renders (a thinking turn "<think>\n" + reasoning where the prompt is an empty block).
     lines = {generation_prompt[:n + 1] for n, ch in enumerate(generation_prompt)
@@ -110,14 +134,21 @@ def probe_shape(render: Render) -> TemplateShape:
     headers = tuple(sorted({h for h in {last, earlier} | lines if h.strip()}, key=len, reverse=True)) \
         if generation_prompt.strip() else ()
     tail, between = one[one.index(a1) + len(a1):], two[two.index(a1) + len(a1):two.index(u2)]
-    end = commonprefix([tail, between])     # e.g. "<|im_end|>\n": what every assistant turn ends with
-    if not end.strip():
-        raise TemplateError("the chat template renders nothing after an assistant turn; cannot tell where it ends")
-    return TemplateShape(headers=headers, end=end, calls_end_alike=_calls_end_alike(render, end),
-                         generation_prompt=generation_prompt)
+    end = tail[:agreement(tail, between, specials)]    # e.g. "<|im_end|>\n": what every assistant turn ends with
+    if not end.strip():     # the last turn renders none: what comes before the next turn's own opening, if any
+        opening = render(convo[2:3], None, False)
+        opening = opening[:opening.index(u2)] if u2 in opening else ""
+        end = between[:len(between) - len(commonprefix([between[::-1], opening[::-1]]))]
+    if not end.strip():     # no end-of-turn marker: the next turn's special token ends it (GLM style)
+        if not any(between.lstrip().startswith(s) for s in specials):
+            raise TemplateError("the chat template renders nothing after an assistant turn and the next turn opens "
+                                f"with no special token ('{escaped(between[:40])}'); cannot tell where it ends")
+        end = ""
+    return TemplateShape(headers=headers, end=end, generation_prompt=generation_prompt, specials=specials,
+                         calls_end_alike=bool(end) and _calls_end_alike(render, end, specials))
 
 
-def _calls_end_alike(render: Render, end: str) -> bool:
+def _calls_end_alike(render: Render, end: str, specials: tuple[str, ...] = ()) -> bool:
     """Whether a tool-call turn, followed by its result, ends at the first ``end`` after its call as the
     template itself says (the conversation rendered cut after the call turn). False when it ends otherwise
     (e.g. <|eom_id|> or <|call|>) or the template will not render the probe (with object arguments, nor
@@ -136,7 +167,7 @@ def _calls_end_alike(render: Render, end: str) -> bool:
         if value not in cut or result not in whole:
             return False
         after = whole[whole.index(value) + len(value):whole.index(result)]
-        length = len(commonprefix([cut[cut.index(value) + len(value):], after]))
+        length = agreement(cut[cut.index(value) + len(value):], after, specials)
         at = after.find(end)
         return at >= 0 and at + len(end) == length
     return False
@@ -180,12 +211,12 @@ def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Re
             located[how] += 1
         lo, hi = starts[last], starts[last] + len(pieces[last])
         if index == len(messages) - 1:
-            at = real.find(shape.end, lo, hi)
+            at = real.find(shape.end, lo, hi) if shape.end else -1
             end = at + len(shape.end) if at >= 0 else hi   # the final turn: its end marker, else the text's end
         elif shape.calls_end_alike and (at := real.find(shape.end, lo, hi)) >= 0:
             end = at + len(shape.end)
         else:
-            end = lo + _rendered_end(render, marked, tools, index, f"{base}{order[last - 1]}Q", pieces[last])
+            end = lo + _rendered_end(render, marked, tools, index, f"{base}{order[last - 1]}Q", pieces[last], shape)
         spans.append((start, end))
     return spans
 
@@ -201,7 +232,7 @@ def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int,
     except Exception:       # a template that refuses a conversation ending before an assistant turn
         prompt = None
     if prompt is not None:
-        tail = _after_marker(prompt, pattern, previous)     # the turn's context after `previous`, and the prompt
+        tail = after_marker(prompt, pattern, previous)     # the turn's context after `previous`, and the prompt
         if tail is not None and piece.startswith(tail):
             return len(tail), "prompt"  # the piece runs on past the prompt: the rest is the model's
         try:
@@ -210,12 +241,12 @@ def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int,
             bare = ""
     if prompt is not None and bare and prompt.startswith(bare):
         generation = prompt[len(bare):]
-        before = _after_marker(bare, pattern, previous)
+        before = after_marker(bare, pattern, previous)
         how = "prompt"
         if before is not None and piece.startswith(before):
             context = len(before)       # the turn's context renders as in the whole conversation
         else:       # it does not (a tools list or system text put before the last user turn only): anchor the end
-            context = _context_end(piece, bare, marked[index - 1].get("content") if index else None)
+            context = context_end(piece, bare, marked[index - 1].get("content") if index else None)
             how = "anchored"
         if context >= 0:
             shared = len(commonprefix([piece[context:], generation]))
@@ -223,7 +254,12 @@ def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int,
                 return context + shared, how    # past the prompt, the rest the model's; or less of it rendered
             while shared > 0 and piece[context + shared - 1] not in BOUNDARY:
                 shared -= 1             # parted mid-text (a prompt "<think>" against a call's "<tool_call>")
-            return context + shared, how
+            # a prompt that writes more before the header than a finished turn (a reminder turn put before the
+            # prompt only): the longest end of it, from a line or a special token on, that opens the turn
+            ends = (len(generation) - k for k in range(1, len(generation))
+                    if (generation[k - 1] == "\n" or any(generation.startswith(t, k) for t in shape.specials))
+                    and piece.startswith(generation[k:], context))
+            return context + max(shared, next(ends, 0)), how
     at = next((at + len(h) for h in shape.headers if (at := piece.rfind(h)) >= 0), -1)
     if at < 0:
         raise RowRejected("turn_not_located", f"turn {index} (assistant): neither the generation prompt rendered "
@@ -233,45 +269,32 @@ def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int,
     return at, "header"
 
 
-def _after_marker(text: str, pattern: re.Pattern, previous: int | None) -> str | None:
-    """``text`` after its last marker, when that marker is ``previous`` (None: no marker); else None."""
-    found = next(iter(reversed(list(pattern.finditer(text)))), None)
-    if (int(found.group(1)) if found else None) != previous:
-        return None
-    return text[found.end():] if found else text
-
-
-def _context_end(piece: str, bare: str, previous_content) -> int:
-    """End offset in ``piece`` of the longest end of ``bare`` (the context rendered without the prompt) that the
-    piece holds: at least CONTEXT_ANCHOR characters, or all of ``bare``, or the previous message's content
-    and all the template writes after it; -1 when none is."""
-    lo, hi = 0, min(len(bare), len(piece))      # the longest suffix found: a suffix of a found one is found too
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if bare[len(bare) - mid:] in piece:
-            lo = mid
-        else:
-            hi = mid - 1
-    enough = min(CONTEXT_ANCHOR, len(bare))
-    if isinstance(previous_content, str) and previous_content.strip() and previous_content in bare:
-        enough = min(enough, len(bare) - bare.rindex(previous_content) - len(previous_content) + 1)
-    if lo < enough:
-        return -1
-    return piece.rfind(bare[len(bare) - lo:]) + lo
 
 
 def _rendered_end(render: Render, marked: list[dict[str, Any]], tools, index: int, last_marker: str,
-                  piece: str) -> int:
+                  piece: str, shape: TemplateShape) -> int:
     """Length of the part of ``piece`` (the text after turn ``index``'s last marker, up to the next marker)
     that still belongs to the turn: what the template renders after that marker when the conversation
     ends with the turn, as far as it agrees with ``piece``. The template itself says where the turn ends,
-    whatever its end token (<|eot_id|>, <|eom_id|> after a call, <|call|>, ...)."""
+    whatever its end token (<|eot_id|>, <|eom_id|> after a call, <|call|>, ...). With no end-of-turn
+    marker (``shape.end`` empty), the special token that then opens the next turn is the turn's too."""
     cut = render(marked[:index + 1], tools, False)
     at = cut.rfind(last_marker)
     if at < 0:
         raise RowRejected("turn_not_located", f"turn {index} (assistant): the template does not render it when "
                                               "the conversation ends with it; cannot tell where it ends")
-    length = len(commonprefix([cut[at + len(last_marker):], piece]))
+    after = cut[at + len(last_marker):]
+    length = agreement(after, piece, shape.specials)
+    if (length == len(after) and shape.end and piece.startswith(shape.end, length)
+            and not splits_special(piece, length + len(shape.end), shape.specials)):
+        length += len(shape.end)    # a last turn left open (no end marker when it ends the text): its end follows
+    if not shape.end:
+        rest = piece[length:]
+        stop = next((s for s in shape.specials if rest.lstrip().startswith(s)), None)
+        if stop is None:
+            raise RowRejected("turn_not_located", f"turn {index} (assistant): no special token opens the turn after "
+                                                  f"it, and the template has no end-of-turn marker: '{escaped(rest[:40])}'")
+        return length + len(rest) - len(rest.lstrip()) + len(stop)
     if not piece[:length].strip():
         raise RowRejected("turn_not_located", f"turn {index} (assistant): the template renders nothing after it "
                                               "that it also renders when the turn is last; cannot tell where it ends")

@@ -17,7 +17,9 @@ Normal form handed to ``apply_chat_template`` (the dict form Hugging Face templa
    [, "tool_calls": [{"type": "function", ["id": str,] "function": {"name": str, "arguments": dict | str}}]]}
   tools: None or [{"type": "function", "function": {...}}, ...] (a bare {"name", ...} entry is wrapped).
   Arguments stay as the row gives them: an object, or the JSON text of one, byte for byte (the tokeniser
-  parses the text only for a template that needs an object: hsx/prep/tokenise.py).
+  parses the text only for a template that needs an object: hsx/prep/tokenise.py). A content
+  given as text parts reaches a template that renders parts as given (``given_parts``; Llama-4-like
+  templates trim each part, which the joined string would not show).
 A row that cannot be used raises RowRejected with a stable reason code and a message naming the turn.
 """
 
@@ -260,3 +262,18 @@ def read_conversation(data: dict[str, Any], mapping: ColumnMapping | None = None
         messages, fmt = _instruction_messages(data, preset), "instruction"
     _check(messages)
     return Conversation(messages, normalise_tools(data.get(mapping.tools)), fmt)
+
+
+def given_parts(messages: list[dict[str, Any]], raw) -> list[dict[str, Any]]:
+    """The normal form with each content that the row gives as text parts given so (the marked copy marks
+    each part's text). Rows in ``messages`` form map one message to one."""
+    if isinstance(raw, str):
+        raw = json.loads(raw)
+    out = []
+    for msg, given in zip(messages, raw, strict=True):
+        parts = given.get("content") if isinstance(given, dict) else None
+        if (isinstance(parts, list) and parts
+                and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts)):
+            msg = {**msg, "content": parts}
+        out.append(msg)
+    return out

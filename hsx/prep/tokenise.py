@@ -21,7 +21,7 @@ import numpy as np
 from hsx.errors import HsxError
 from hsx.prep.columns import ColumnMapping
 from hsx.prep.mask import LOCATED_BY, TemplateError, TemplateShape, assistant_spans, probe_shape
-from hsx.prep.rows import RowRejected, read_conversation
+from hsx.prep.rows import RowRejected, given_parts, read_conversation
 
 __all__ = ["ChatTokeniser", "RowProblem", "RowRejected", "TemplateArgsError", "TemplateError", "Tokenised",
            "parse_template_kwargs"]
@@ -108,6 +108,20 @@ def probe_arguments(render) -> tuple[bool, bool, bool]:
     return as_text, objects_fail, null_content
 
 
+def probe_parts(render) -> bool:
+    """Whether the template renders a content given as a list of text parts as its text (at most its blanks
+    otherwise than the string, no part's repr): then a row's parts reach it as given (Llama-4-like templates
+    trim each part, not a string)."""
+    def rendered(content):
+        return render([{"role": "user", "content": content}, {"role": "assistant", "content": "HsXprobeA1Q"}], None, False)
+
+    try:
+        text, parts = rendered(" HsXprobeU1Q\n"), rendered([{"type": "text", "text": " HsXprobeU1Q\n"}])
+    except Exception:
+        return False
+    return "HsXprobeU1Q" in parts and "".join(parts.split()) == "".join(text.split())
+
+
 def sample_id_of(data: dict[str, Any], index: int, mapping: ColumnMapping) -> str:
     """The row's stable id: its id column when present, else its 0-based position in the dataset."""
     value = data.get(mapping.id)
@@ -127,13 +141,15 @@ class ChatTokeniser:
         self.tok = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
         self.columns = columns or ColumnMapping()
-        self.shape: TemplateShape = probe_shape(self.render)
+        specials = tuple(t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special)
+        self.shape: TemplateShape = probe_shape(self.render, specials)
         # A template that reads message.thinking and not message.reasoning_content (gpt-oss style) gets the
         # reasoning under that name.
         source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(tokenizer.chat_template)
         self.reasoning_key = ("thinking" if "reasoning_content" not in source and re.search(r"\bthinking\b", source)
                               else "reasoning_content")
         self.text_arguments, self.objects_as_text, self.null_content = probe_arguments(self.render)
+        self.takes_parts = probe_parts(self.render)
         self.located: Counter = Counter()   # how each assistant turn's start was found (mask.LOCATED_BY's keys)
 
     @property
@@ -146,6 +162,8 @@ class ChatTokeniser:
             args = "string tool-call arguments parsed to objects (the template needs objects)"
         if self.null_content:
             args += "; a call turn's null content passed as None (the template tells it from \"\")"
+        if self.takes_parts:
+            args += "; other turns' text parts passed as given (the template renders parts)"
         return f"{self.shape.describe()}; {args}"
 
     def located_counts(self) -> str:
@@ -237,7 +255,10 @@ class ChatTokeniser:
         if data.get("input_ids") is not None:
             return Tokenised(sample_id, *self._pretokenised(data), "pretokenised")
         conversation = read_conversation(data, self.columns)
-        ids, mask = self.encode_chat(conversation.messages, conversation.tools)
+        messages = conversation.messages
+        if self.takes_parts and conversation.source_format == "openai":
+            messages = given_parts(messages, data.get(self.columns.messages))
+        ids, mask = self.encode_chat(messages, conversation.tools)
         if not mask.any():
             raise RowRejected("no_assistant_tokens", "the assistant turns are empty after tokenisation")
         return Tokenised(sample_id, ids, mask, conversation.source_format)
