@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.waiting import wait_until
+from tests.waiting import scaled, wait_until
 
 
 def _free_port() -> int:
@@ -54,7 +54,9 @@ class SlurmCluster:
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory",
             "MpiDefault=none", "SwitchType=switch/none", "ReturnToService=2", "JobRequeue=1",
-            "KillWait=15", "SchedulerType=sched/backfill", "SchedulerParameters=bf_interval=5,sched_interval=5", "MinJobAge=600",
+            f"KillWait={int(scaled(15))}", "SchedulerType=sched/backfill",
+            "SchedulerParameters=bf_interval=5,sched_interval=5", "MinJobAge=600",
+            # KillWait: SIGTERM to SIGKILL; a cancelled task drains its spool and logs in it (slower when loaded)
             # a requeued job waits cred_expire + 1 s before it may start again (120 s by default)
             "AuthInfo=cred_expire=10",
             f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={_memory_mb()} State=UNKNOWN",
