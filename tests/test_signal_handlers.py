@@ -11,6 +11,7 @@ from rq.worker import SimpleWorker
 
 from tests.pipeline import upload_config
 from tests.toyrole.runtime import TallyConfig, TallyRuntime
+from tests.waiting import scaled
 from uploader.worker import run_uploader
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -77,6 +78,6 @@ def test_a_role_served_in_another_thread_leaves_the_handlers_alone(r, own_handle
 
     thread = threading.Thread(target=serve)
     thread.start()
-    thread.join(timeout=60)
+    thread.join(timeout=scaled(60))
     assert not thread.is_alive() and raised == []
     assert handlers() == own_handlers
