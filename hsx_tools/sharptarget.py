@@ -31,6 +31,9 @@ ALPHABET = 17         # prime: every step 1..KEYS walks a cycle without repeatin
 FILLER = 32
 FIRST_ID = 64          # alphabet, keys, filler and the separator are ids FIRST_ID... of the tiny tokenizer (512)
 BUILD_THREADS = 1      # torch threads of the build: a thread count changes the float sums, so it is part of the build
+SHARP_LOSS = 0.01      # trained until the mean loss over the training rows' answers is at most this (nats a token)
+CHECK_EVERY = 25       # steps between two looks at that loss (and at the answers' greedy accuracy)
+MAX_STEPS = 1500
 
 
 def _layout(seed: int) -> dict:
@@ -66,12 +69,13 @@ def write_rows(path: Path, count: int, eos_id: int, seed: int) -> Path:
     return path
 
 
-def _settings(num_layers: int, hidden_size: int, steps: int, seed: int, threads: int) -> dict:
-    return {"num_layers": num_layers, "hidden_size": hidden_size, "steps": steps, "seed": seed, "threads": threads,
-            "keys": KEYS, "answers": "latin", "answer_length": ANSWER_LENGTH, "alphabet": ALPHABET}
+def _settings(num_layers: int, hidden_size: int, max_steps: int, seed: int, threads: int) -> dict:
+    return {"num_layers": num_layers, "hidden_size": hidden_size, "max_steps": max_steps, "seed": seed,
+            "threads": threads, "sharp_loss": SHARP_LOSS, "check_every": CHECK_EVERY, "keys": KEYS, "answers": "latin",
+            "answer_length": ANSWER_LENGTH, "alphabet": ALPHABET}
 
 
-def build_key(num_layers: int = 6, hidden_size: int = 64, steps: int = 300, seed: int = 0,
+def build_key(num_layers: int = 6, hidden_size: int = 64, max_steps: int = MAX_STEPS, seed: int = 0,
               threads: int = BUILD_THREADS) -> str:
     """16 hex digits naming one build: SHA-256 over the settings, the source of this module and of
     hsx_tools/tinymodel.py (the code that builds it), and torch's and transformers' versions."""
@@ -79,7 +83,7 @@ def build_key(num_layers: int = 6, hidden_size: int = 64, steps: int = 300, seed
     import transformers
 
     here = Path(__file__).resolve()
-    digest = hashlib.sha256(json.dumps(_settings(num_layers, hidden_size, steps, seed, threads), sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps(_settings(num_layers, hidden_size, max_steps, seed, threads), sort_keys=True).encode())
     for source in (here, here.with_name("tinymodel.py")):
         digest.update(source.read_bytes())
     digest.update(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
@@ -101,15 +105,20 @@ def _pinned(threads: int):
         torch.use_deterministic_algorithms(before[1])
 
 
-def build_sharp_target(out_dir: Path, num_layers: int = 6, hidden_size: int = 64, steps: int = 300, seed: int = 0,
-                       threads: int = BUILD_THREADS) -> Path:
-    """Train the tiny Qwen3 on ``rows`` (loss on the answers) for ``steps`` AdamW steps, on ``threads`` torch threads
-    with deterministic algorithms; save it to ``out_dir``. ``out_dir/sharp_target.json`` records the settings,
-    ``build_key`` and the last loss; a folder whose record matches is reused. Built in a folder beside ``out_dir``
-    and renamed into place, so a build stopped half way, or one racing another process's, leaves no half target."""
+def build_sharp_target(out_dir: Path, num_layers: int = 6, hidden_size: int = 64, max_steps: int = MAX_STEPS,
+                       seed: int = 0, threads: int = BUILD_THREADS) -> Path:
+    """Train the tiny Qwen3 on ``rows`` (loss on the answers), on ``threads`` torch threads with deterministic
+    algorithms, until it is sharp: every answer token of the training rows is its greedy next token and their mean
+    loss is at most SHARP_LOSS (looked at every CHECK_EVERY AdamW steps), or for ``max_steps``; save it to
+    ``out_dir``. ``out_dir/sharp_target.json`` records the settings, ``build_key``, the steps taken, the loss, the
+    answers' greedy accuracy and whether it is ``sharp``; a folder whose record matches is reused. A fixed step
+    count left builds of other seeds or thread counts at losses 0.001-0.1, and a drafter has less to learn from a
+    target whose greedy answers are not the data's. Built in a folder beside ``out_dir`` and renamed into place, so
+    a build stopped half way, or one racing another process's, leaves no half target (a killed build's folder is
+    removed by the next build)."""
     out_dir = Path(out_dir)
-    settings = _settings(num_layers, hidden_size, steps, seed, threads)
-    key = build_key(num_layers, hidden_size, steps, seed, threads)
+    settings = _settings(num_layers, hidden_size, max_steps, seed, threads)
+    key = build_key(num_layers, hidden_size, max_steps, seed, threads)
 
     def built(folder: Path) -> bool:
         path = folder / "sharp_target.json"
@@ -118,11 +127,15 @@ def build_sharp_target(out_dir: Path, num_layers: int = 6, hidden_size: int = 64
     if built(out_dir):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_builds(out_dir)
     work = out_dir.with_name(f".{out_dir.name}.{os.getpid()}")
-    shutil.rmtree(work, ignore_errors=True)
-    with _pinned(threads):
-        loss = _train(work, settings)
-    (work / "sharp_target.json").write_text(json.dumps({"settings": settings, "key": key, "last_loss": loss}))
+    try:
+        with _pinned(threads):
+            trained = _train(work, settings)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    (work / "sharp_target.json").write_text(json.dumps({"settings": settings, "key": key, **trained}))
     if not built(out_dir):
         shutil.rmtree(out_dir, ignore_errors=True)   # an older build (other code or settings)
         with contextlib.suppress(OSError):           # fails only where another process renamed its build first
@@ -133,7 +146,19 @@ def build_sharp_target(out_dir: Path, num_layers: int = 6, hidden_size: int = 64
     return out_dir
 
 
-def _train(out_dir: Path, settings: dict) -> float:
+def _remove_dead_builds(out_dir: Path) -> None:
+    """The work folders (``.<name>.<pid>``) of builds of ``out_dir`` whose process is gone."""
+    for folder in out_dir.parent.glob(f".{out_dir.name}.*"):
+        pid = folder.name.rsplit(".", 1)[1]
+        try:
+            os.kill(int(pid), 0)
+        except (ValueError, ProcessLookupError):
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:   # alive, another user's
+            pass
+
+
+def _train(out_dir: Path, settings: dict) -> dict:
     import torch
 
     from hsx_tools.tinymodel import build_tokenizer, random_qwen3
@@ -152,14 +177,28 @@ def _train(out_dir: Path, settings: dict) -> float:
         labels[i, :n] = torch.where(torch.tensor(row["loss_mask"]) == 1, torch.tensor(row["input_ids"]), -100)
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
+
+    def look() -> dict:   # the whole training set: mean answer loss, and the share of answer tokens predicted greedily
+        model.eval()
+        with torch.no_grad():
+            out = model(input_ids=ids, labels=labels)
+        model.train()
+        predicted, wanted = out.logits[:, :-1].argmax(-1), labels[:, 1:]
+        accuracy = (predicted == wanted)[wanted != -100].float().mean().item()
+        return {"loss": out.loss.item(), "answer_accuracy": accuracy,
+                "sharp": out.loss.item() <= settings["sharp_loss"] and accuracy == 1.0}
+
     model.train()
-    loss = None
-    for _ in range(settings["steps"]):
+    seen, steps = {"sharp": False}, 0
+    while steps < settings["max_steps"] and not seen["sharp"]:
         pick = torch.randint(0, len(train), (128,), generator=generator)
         loss = model(input_ids=ids[pick], labels=labels[pick]).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        steps += 1
+        if steps % settings["check_every"] == 0 or steps == settings["max_steps"]:
+            seen = look()
     model.eval()
     model.save_pretrained(out_dir)
-    return loss.item()
+    return {"steps": steps, **seen}

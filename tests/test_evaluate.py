@@ -51,7 +51,10 @@ def sharp_target(test_cache):
 
     settings = {"seed": int(os.environ.get("HSX_SHARP_TARGET_SEED", "0")),
                 "threads": int(os.environ.get("HSX_SHARP_TARGET_THREADS", str(BUILD_THREADS)))}
-    return _specforge_target(build_sharp_target(test_cache / f"sharp-target-{build_key(**settings)}", **settings))
+    target = build_sharp_target(test_cache / f"sharp-target-{build_key(**settings)}", **settings)
+    record = json.loads((target / "sharp_target.json").read_text())
+    assert record["sharp"], f"the sharp target is not sharp after {record['steps']} steps: {record}"
+    return _specforge_target(target)
 
 
 def controls_failed(tau: dict, forced: dict) -> list[str]:

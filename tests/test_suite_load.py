@@ -84,7 +84,7 @@ def test_sharp_target_is_the_same_at_any_caller_thread_count(tmp_path, outside):
     try:
         for i, threads in enumerate(outside):
             torch.set_num_threads(threads)
-            built.append(build_sharp_target(tmp_path / f"t{i}", num_layers=2, steps=2))
+            built.append(build_sharp_target(tmp_path / f"t{i}", num_layers=2, max_steps=2))
             assert torch.get_num_threads() == threads and not torch.are_deterministic_algorithms_enabled()
     finally:
         torch.set_num_threads(before)
@@ -94,14 +94,16 @@ def test_sharp_target_is_the_same_at_any_caller_thread_count(tmp_path, outside):
 def test_sharp_target_folder_is_reused_only_for_its_own_build(tmp_path):
     from hsx_tools.sharptarget import build_key
 
-    folder = build_sharp_target(tmp_path / "t", num_layers=2, steps=1)
+    folder = build_sharp_target(tmp_path / "t", num_layers=2, max_steps=1)
     record = folder / "sharp_target.json"
     kept = json.loads(record.read_text())
-    assert kept["key"] == build_key(num_layers=2, steps=1)
+    assert kept["key"] == build_key(num_layers=2, max_steps=1)
     stamp = record.stat().st_mtime_ns
-    assert build_sharp_target(folder, num_layers=2, steps=1) == folder and record.stat().st_mtime_ns == stamp
+    assert build_sharp_target(folder, num_layers=2, max_steps=1) == folder and record.stat().st_mtime_ns == stamp
     record.write_text(json.dumps({**kept, "key": "built-by-other-code"}))   # same settings, other builder
-    build_sharp_target(folder, num_layers=2, steps=1)
+    (tmp_path / ".t.4194305").mkdir()   # a killed build's work folder (no process has that id: above pid_max)
+    build_sharp_target(folder, num_layers=2, max_steps=1)
     assert json.loads(record.read_text())["key"] == kept["key"]
-    assert len({build_key(), build_key(seed=1), build_key(threads=2), build_key(steps=1)}) == 4
+    assert len({build_key(), build_key(seed=1), build_key(threads=2), build_key(max_steps=1)}) == 4
     assert not list(tmp_path.glob(".t.*")), "a build's work folder was left behind"
+    assert kept["steps"] == 1 and set(kept) >= {"loss", "answer_accuracy", "sharp"}
