@@ -14,8 +14,14 @@ from hsx.redisconn import LocalRedis, connect
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model
 from tests.test_reader_fixtures import dflash_run, eagle3_run  # noqa: F401 (fixtures shared by the reader and export tests)
+from tests.threads import pin_threads
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
+
+def pytest_configure(config):
+    """One compute thread a test process (tests/threads.py): this one, and every subprocess through the environment."""
+    pin_threads()
 
 
 def _child_redis_pids() -> set[int]:
@@ -179,6 +185,16 @@ def tiny8_model(tmp_path_factory) -> Path:
 def other_checkpoint(tmp_path_factory, tiny_model) -> Path:
     """The tiny model's config with other weights (another checkpoint of the same config): built once a session."""
     return build_tiny_model(tmp_path_factory.mktemp("model-b") / "tiny-qwen3", seed=1, sample_path=sample_dataset())
+
+
+@pytest.fixture(scope="session")
+def test_cache() -> Path:
+    """Where expensive, deterministic fixtures (the sharp target) are kept between sessions and clones on this
+    machine, each in a folder named by the code that builds it: ``HSX_TEST_CACHE``, else
+    ``${XDG_CACHE_HOME:-~/.cache}/hsx/test-cache`` (beside scripts/peers.sh's venvs, which survive a fresh clone)."""
+    where = os.environ.get("HSX_TEST_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hsx" / "test-cache"
+    Path(where).mkdir(parents=True, exist_ok=True)
+    return Path(where)
 
 
 @pytest.fixture(scope="session")

@@ -35,6 +35,8 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from tests.waiting import scaled
+
 _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
 
 
@@ -78,7 +80,7 @@ class LyingStoreProxy:
                 return self.rfile.read(int(self.headers.get("Content-Length", 0)))
 
             def _forward(self, method: str, body: bytes | None) -> tuple[int, list[tuple[str, str]], bytes]:
-                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
+                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=scaled(30))
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP and k.lower() != "expect"
                            and (body is not None or not k.lower().startswith(("content-", "x-amz-meta-")))
                            and not (proxy.strip_md5 and k.lower() == "content-md5")}

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.threads import thread_env
+from tests.waiting import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / ".peers"
 SCRIPTS = Path(__file__).resolve().parent / "peers"
@@ -33,14 +36,14 @@ def peer_env(home: Path | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     if home is not None:
         env["HOME"] = str(home)
-    env.update(PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'peers'}", OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false",
+    env.update(thread_env(), PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'peers'}", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
     return env
 
 
-def run_peer(name: str, script: str, *args, cwd: Path | None = None) -> dict:
-    """Run tests/peers/<script> in the peer's venv; its last stdout line is a JSON report."""
+def run_peer(name: str, script: str, *args, cwd: Path | None = None, seconds: float = 600) -> dict:
+    """Run tests/peers/<script> in the peer's venv, within ``scaled(seconds)``; its last stdout line is a JSON report."""
     proc = subprocess.run([str(peer_python(name)), str(SCRIPTS / script), *map(str, args)], capture_output=True,
-                          text=True, timeout=600, env=peer_env(), cwd=cwd)
+                          text=True, timeout=scaled(seconds), env=peer_env(), cwd=cwd)
     assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])

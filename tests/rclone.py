@@ -16,7 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-START_SECONDS = 60.0  # s rclone may take to listen on a loaded machine
+from tests.waiting import scaled
+
+START_SECONDS = 60.0  # s rclone may take to listen on a quiet machine (scaled on a loaded one)
 
 
 def rclone_binary() -> str:
@@ -68,23 +70,23 @@ class RcloneS3:
             self.proc = subprocess.Popen([rclone_binary(), "serve", "s3", "--addr", f"127.0.0.1:{self.port}",
                                           *self.extra_args, str(self.root)], env=env, stdout=log,
                                          stderr=subprocess.STDOUT, preexec_fn=pin)
-        deadline = time.monotonic() + START_SECONDS
+        deadline = time.monotonic() + scaled(START_SECONDS)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"rclone serve s3 exited {self.proc.returncode}: {self.log_path.read_text()[-500:]}")
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                socket.create_connection(("127.0.0.1", self.port), timeout=scaled(1)).close()
                 return self
             except OSError:
                 time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"rclone serve s3 did not listen on {self.url} within {START_SECONDS:.0f} s")
+        raise RuntimeError(f"rclone serve s3 did not listen on {self.url} within {scaled(START_SECONDS):.0f} s")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=scaled(10))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

@@ -74,15 +74,15 @@ class SlurmCluster:
         wait_until("the SLURM node idle", lambda: self.node_state() in ("idle", "mixed", "allocated"), 60)
         return self
 
-    def run(self, *args: str, check: bool = True, timeout: float = 60, env: dict | None = None) -> str:
-        out = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env or self.env)
+    def run(self, *args: str, check: bool = True, seconds: float = 60, env: dict | None = None) -> str:
+        out = subprocess.run(list(args), capture_output=True, text=True, timeout=scaled(seconds), env=env or self.env)
         if check and out.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} exited {out.returncode}: {out.stderr.strip()}")
         return out.stdout
 
     def node_state(self) -> str:
         try:
-            return self.run("sinfo", "-h", "-N", "-o", "%T", check=False, timeout=10).strip().rstrip("*")
+            return self.run("sinfo", "-h", "-N", "-o", "%T", check=False, seconds=10).strip().rstrip("*")
         except subprocess.TimeoutExpired:
             return ""
 
@@ -101,7 +101,7 @@ class SlurmCluster:
     def stop(self) -> None:
         if self.procs and self.procs[0].poll() is None:
             subprocess.run(["scancel", "--full", "--user", os.environ.get("USER", "root")], env=self.env,
-                           capture_output=True, timeout=30)
+                           capture_output=True, timeout=scaled(30))
             try:
                 wait_until("SLURM jobs gone", lambda: not self.jobs(), 40)
             except Exception:
@@ -111,10 +111,10 @@ class SlurmCluster:
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in reversed(self.procs):
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=scaled(20))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+                proc.wait(timeout=scaled(10))
 
 
 def available() -> bool:

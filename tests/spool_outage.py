@@ -33,7 +33,7 @@ from hsx.runspec import spool
 from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all
 from tests.faultproxy import FaultProxy
-from tests.waiting import scaled
+from tests.waiting import scaled, wait_until
 
 RUN, HOST, WORKER = "fullspool", "h1", "gpu-fixed"
 SETTLE_SECONDS = 4  # from "full" by the file system's room to "no job taken": 1 s heartbeats and 1 s room polls
@@ -95,12 +95,8 @@ class OutageReport:
 
 
 def _wait(what, predicate, timeout, step=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    """Poll for ``what``; ``timeout`` is a stall limit on a quiet machine, stretched on a loaded one."""
+    return wait_until(what, predicate, timeout, interval=step)
 
 
 def run_outage(work: Path, model: Path, s3_endpoint: str, bucket: str, outage_seconds: float,
@@ -141,7 +137,7 @@ def run_outage(work: Path, model: Path, s3_endpoint: str, bucket: str, outage_se
         def batches_run() -> int:
             """The worker's batch count from its heartbeat, waiting out a heartbeat that lapsed under load
             (never a -1 for "no heartbeat" taken as a count)."""
-            return _wait("the worker's heartbeat", lambda: (n := live_batches()) is not None and (n,), scaled(30))[0]
+            return _wait("the worker's heartbeat", lambda: (n := live_batches()) is not None and (n,), 30)[0]
 
         _wait("the worker's first jobs", lambda: batches_run() >= 2, 120)
         proxy.set_mode("down")

@@ -26,6 +26,7 @@ from hsx.life.queues import UploadJob
 from hsx.life.uploadpolicy import UploadFailure
 from tests.manifests import example_manifest
 from tests.pipeline import produce_config, upload_config, worker_config
+from tests.waiting import scaled
 
 RUN = "life"
 BID, OTHER = "b0000000", "b0000001"
@@ -386,7 +387,7 @@ def test_jobs_queued_with_the_old_attempt_field_still_run(r, redis_server, tiny_
     extract = Queue(queues.extract_queue_name(run), connection=r, serializer=JSONSerializer)
     for bid in bids:  # as hsx 0.x wrote them
         extract.enqueue_call(queues.EXTRACT_FUNC, kwargs={"run": run, "batch_id": bid, "attempt": 1},
-                             job_id=queues.extract_job_id(run, bid, 1), timeout=600)
+                             job_id=queues.extract_job_id(run, bid, 1), timeout=scaled(600))
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run=run))
     assert {extract.fetch_job(queues.extract_job_id(run, bid, 1)).get_status() for bid in bids} == {"finished"}
 
@@ -396,6 +397,6 @@ def test_jobs_queued_with_the_old_attempt_field_still_run(r, redis_server, tiny_
     upload.empty()
     for n, job in enumerate(new_jobs):  # the same uploads, as an older hsx queued them
         upload.enqueue_call(queues.UPLOAD_FUNC, kwargs={**job.kwargs, "attempt": 1001 + n},
-                            job_id=queues.upload_job_id(run, job.kwargs["batch_id"], 1001 + n), timeout=600)
+                            job_id=queues.upload_job_id(run, job.kwargs["batch_id"], 1001 + n), timeout=scaled(600))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     assert ledger.done_ids(r, run) == set(bids) and ledger.dead_letters(r, run) == {} and ledger.failures(r, run) == {}

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.waiting import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -21,7 +23,7 @@ def test_import_hsx_from_the_parent_of_a_checkout_named_hsx(tmp_path):
     code = ("import hsx, hsx.runspec.config, hsx_reader; from hsx import __version__; "
             "print(__version__, hsx.__file__)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=scaled(120))
     assert proc.returncode == 0, proc.stderr[-2000:]
     version, where = proc.stdout.split()
     assert version and Path(where).resolve() == (ROOT / "hsx" / "__init__.py").resolve()

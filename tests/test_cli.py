@@ -8,15 +8,16 @@ import pytest
 from gpu_worker.devices import GpuProbe
 from hsx.runspec.config import ConfigError
 from hsx_cli.main import build_parser
+from tests.waiting import scaled
 
 COMMANDS = ["run", "produce", "inspect", "worker", "upload", "status", "retry-failed", "reset", "dashboard", "verify", "show", "export",
             "evaluate",
             "demo", "demo-assets"]
 
 
-def hsx(*args, env=None, timeout=120):
+def hsx(*args, env=None, seconds=120):
     return subprocess.run([sys.executable, "-m", "hsx_cli.main", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+                          timeout=scaled(seconds))
 
 
 def test_every_subcommand_has_help():
@@ -92,7 +93,7 @@ def test_no_gpu_is_reported_not_raised():
 
 @pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path, redis_env):
-    out = hsx("demo", "--store", str(tmp_path / "out"), "--workdir", str(tmp_path / "work"), timeout=300)
+    out = hsx("demo", "--store", str(tmp_path / "out"), "--workdir", str(tmp_path / "work"), seconds=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "done: 13/13 batches, 160 samples" in out.stdout
     assert "unexpected error" not in out.stdout + out.stderr, out.stderr[-3000:]  # issue 41 item 4: StopRequested

@@ -13,11 +13,12 @@ import pytest
 from hsx_cli.main import build_parser, main
 from hsx_tools.demo import sample_dataset
 from tests.manifests import example_manifest
+from tests.waiting import scaled
 
 
-def hsx(*args, env=None, timeout=120):
+def hsx(*args, env=None, seconds=120):
     return subprocess.run([sys.executable, "-m", "hsx_cli.main", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+                          env={**os.environ, **(env or {})}, timeout=scaled(seconds))
 
 
 def free_port() -> int:
@@ -36,7 +37,7 @@ def one_error_line(capsys, command: str) -> str:
 
 def test_unreachable_redis_fails_in_seconds_with_the_masked_url():
     port = free_port()  # nothing listens here
-    out = hsx("status", env={"HSX_REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0"}, timeout=60)
+    out = hsx("status", env={"HSX_REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0"}, seconds=60)
     assert out.returncode == 2, out.stderr
     assert f"cannot reach Redis at redis://:***@127.0.0.1:{port}/0" in out.stderr
     assert "check that redis-server runs there, the host name and port, and HSX_REDIS_URL" in out.stderr
@@ -165,7 +166,7 @@ def test_every_subcommand_has_a_description():
 def test_hub_retry_lines_are_logged_once():
     code = ("from hsx_cli.main import _quiet_libraries; _quiet_libraries(False); import logging; "
             "logging.getLogger('huggingface_hub.utils._http').warning('Retrying in 1s [Retry 1/5].')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(120))
     assert out.stderr.count("Retrying in 1s [Retry 1/5].") == 1, out.stderr
 
 

@@ -20,6 +20,8 @@ import pytest
 import yaml
 
 from hsx.redisconn import redact
+from tests.threads import thread_env
+from tests.waiting import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "docker-compose.yml"
@@ -69,7 +71,7 @@ def compose_config(project: Path, *files: str) -> dict:
     args = [docker_compose()]
     for name in files:
         args += ["-f", name]
-    proc = subprocess.run(args + ["config"], cwd=project, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(args + ["config"], cwd=project, capture_output=True, text=True, timeout=scaled(60))
     assert proc.returncode == 0, f"docker-compose {' '.join(files)} config failed:\n{proc.stderr}"
     return yaml.safe_load(proc.stdout)
 
@@ -151,13 +153,13 @@ def test_compose_files_validate(tmp_path):
     for files in ((BASE,), (BASE, CPU_OVERRIDE)):
         args = [docker_compose()] + [a for f in files for a in ("-f", f)]
         for extra in (["config", "-q"], ["--profile", "minio", "config", "-q"]):
-            proc = subprocess.run(args + extra, cwd=project, capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(args + extra, cwd=project, capture_output=True, text=True, timeout=scaled(60))
             assert proc.returncode == 0, f"{' '.join(files)} {' '.join(extra)}:\n{proc.stderr}"
 
 
 def test_missing_host_name_is_refused(tmp_path):
     project = write_project(tmp_path, {"HSX_HOST": ""})
-    proc = subprocess.run([docker_compose(), "config", "-q"], cwd=project, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([docker_compose(), "config", "-q"], cwd=project, capture_output=True, text=True, timeout=scaled(60))
     assert proc.returncode != 0 and "HSX_HOST" in proc.stderr
 
 
@@ -172,7 +174,7 @@ def test_every_command_is_a_real_hsx_subcommand(base_config, cpu_config):
     for cmd in sorted(commands):
         parser.parse_args(list(cmd))  # every flag exists and parses (SystemExit otherwise)
     for name in sorted(roles):
-        proc = subprocess.run([str(HSX_BIN), name, "--help"], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([str(HSX_BIN), name, "--help"], capture_output=True, text=True, timeout=scaled(60))
         assert proc.returncode == 0, f"hsx {name} --help: {proc.stderr}"
 
 
@@ -336,10 +338,10 @@ def test_redis_healthcheck_passes_with_and_without_a_password(tmp_path):
                     break
                 time.sleep(0.05)
             env = {"PATH": "/usr/bin:/bin", **{k: str(v) for k, v in svc["environment"].items()}}
-            return subprocess.run(["sh", "-c", _healthcheck_shell(svc, port)], env=env, timeout=30).returncode == 0
+            return subprocess.run(["sh", "-c", _healthcheck_shell(svc, port)], env=env, timeout=scaled(30)).returncode == 0
         finally:
             server.terminate()
-            server.wait(timeout=10)
+            server.wait(timeout=scaled(10))
 
     assert healthy(plain, None)
     assert healthy(secured, ODD_PASSWORD)
@@ -355,26 +357,26 @@ def test_redis_password_reaches_every_role_from_one_setting(tmp_path):
                                "--requirepass", ODD_PASSWORD], stdout=subprocess.DEVNULL, cwd=tmp_path)
     try:
         env = {"PATH": f"{HSX_BIN.parent}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
-               "HSX_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+               "HSX_REDIS_URL": f"redis://127.0.0.1:{port}/0", **thread_env()}
         for _ in range(100):
             if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode == 0:
                 break
             time.sleep(0.05)
-        without = subprocess.run([str(HSX_BIN), "status"], env=env, capture_output=True, text=True, timeout=120)
+        without = subprocess.run([str(HSX_BIN), "status"], env=env, capture_output=True, text=True, timeout=scaled(120))
         assert without.returncode != 0 and "no runs" not in without.stdout, without.stdout + without.stderr
         ok = subprocess.run([str(HSX_BIN), "status"], env=dict(env, HSX_REDIS_PASSWORD=ODD_PASSWORD),
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=scaled(120))
         assert "no runs in this Redis" in ok.stdout and not ok.stderr, ok.stdout + ok.stderr
         assert ODD_PASSWORD not in ok.stdout + ok.stderr
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        server.wait(timeout=scaled(10))
 
 
 def test_minio_credentials_are_in_no_url(tmp_path):
     project = write_project(tmp_path, {"MINIO_ROOT_USER": "hsx-admin", "MINIO_ROOT_PASSWORD": ODD_PASSWORD})
     args = [docker_compose(), "--profile", "minio", "config"]
-    proc = subprocess.run(args, cwd=project, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(args, cwd=project, capture_output=True, text=True, timeout=scaled(60))
     assert proc.returncode == 0, proc.stderr
     for name, svc in yaml.safe_load(proc.stdout)["services"].items():
         for key, value in (svc.get("environment") or {}).items():

@@ -41,7 +41,7 @@ from hsx.redisconn import free_port
 from hsx_tools.demo import sample_dataset
 from tests.test_compose import BASE, CPU_OVERRIDE, MOUNTED_FILES, ROOT, read_env_file
 from tests.test_wheel import build_context
-from tests.waiting import wait_until
+from tests.waiting import scaled, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -101,10 +101,10 @@ def engine(tmp_path_factory):
     log = tmp_path_factory.mktemp("engine") / "offline-base-images.log"
     started = time.monotonic()
     with log.open("w") as err:
-        proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, stderr=err, text=True, timeout=3000)
+        proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, stderr=err, text=True, timeout=scaled(3000))
     if proc.returncode != 0:
         if not was_running and our_dockerd_running():
-            subprocess.run(["bash", str(script), "--stop"], capture_output=True, timeout=120)
+            subprocess.run(["bash", str(script), "--stop"], capture_output=True, timeout=scaled(120))
         pytest.fail(f"{script} exited {proc.returncode}: no engine or base images\n{log.read_text()[-4000:]}")
     env = dict(os.environ, COMPOSE_DOCKER_CLI_BUILD="1", DOCKER_BUILDKIT="1")
     for line in proc.stdout.splitlines():  # export NAME=VALUE lines, the only thing on its stdout
@@ -113,11 +113,11 @@ def engine(tmp_path_factory):
             value = m.group(2).strip().strip('"').strip("'").replace("$PATH", env.get("PATH", ""))
             env[m.group(1)] = value
     version = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], env=env,
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=scaled(60))
     assert version.returncode == 0, f"the engine does not answer: {version.stderr}"
     yield {"env": env, "engine_seconds": time.monotonic() - started, "server": version.stdout.strip()}
     if not was_running and our_dockerd_running():
-        subprocess.run(["bash", str(script), "--stop"], capture_output=True, timeout=120)
+        subprocess.run(["bash", str(script), "--stop"], capture_output=True, timeout=scaled(120))
         assert not our_dockerd_running(), "the dockerd this test started is still running"
 
 
@@ -128,21 +128,21 @@ class Stack:
         self.project, self.name, self.env = project, name, env
         self.files = [BASE, CPU_OVERRIDE, TEST_OVERRIDE]
 
-    def compose(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    def compose(self, *args: str, check: bool = True, seconds: float = 900) -> subprocess.CompletedProcess:
         cmd = ["docker-compose", "-p", self.name] + [a for f in self.files for a in ("-f", f)] + list(args)
-        proc = subprocess.run(cmd, cwd=self.project, env=self.env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=self.project, env=self.env, capture_output=True, text=True, timeout=scaled(seconds))
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(cmd[3:])} exited {proc.returncode}\n{proc.stdout[-3000:]}\n"
                                  f"{proc.stderr[-3000:]}\n{self.logs()}")
         return proc
 
-    def docker(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+    def docker(self, *args: str, seconds: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True, timeout=scaled(seconds))
 
     def logs(self) -> str:
         cmd = ["docker-compose", "-p", self.name] + [a for f in self.files for a in ("-f", f)]
         proc = subprocess.run(cmd + ["logs", "--no-color", "--tail", "40"], cwd=self.project, env=self.env,
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=scaled(120))
         return proc.stdout[-12000:]
 
     def containers(self, service: str) -> list[str]:
@@ -258,7 +258,7 @@ def test_compose_stack_on_a_real_engine(engine, tmp_path, capsys):
     finally:
         with capsys.disabled():
             print(f"\n{t.line()} (engine {engine['server']})", flush=True)
-        stack.compose("down", "-v", "--remove-orphans", "-t", "30", check=False, timeout=600)
+        stack.compose("down", "-v", "--remove-orphans", "-t", "30", check=False, seconds=600)
         stack.docker("rmi", "-f", f"{image}:cpu")
         left = stack.docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={stack.name}").stdout.split()
         vols = stack.docker("volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={stack.name}").stdout.split()
@@ -268,7 +268,7 @@ def test_compose_stack_on_a_real_engine(engine, tmp_path, capsys):
 def _scenario(stack: Stack, ports: dict[str, int], t: Timings, tmp_path: Path) -> None:
     # ---- images: cold (whatever the engine's cache holds), then warm (nothing changed)
     start = time.monotonic()
-    stack.compose("build", "cpu_worker", timeout=1800)
+    stack.compose("build", "cpu_worker", seconds=1800)
     t["build cold"] = time.monotonic() - start
     start = time.monotonic()
     stack.compose("build", "cpu_worker")
@@ -290,13 +290,13 @@ def _scenario(stack: Stack, ports: dict[str, int], t: Timings, tmp_path: Path) -
 
     # ---- scale up: a second worker joins and takes jobs
     (first_worker,) = stack.containers("cpu_worker")
-    scaled = time.monotonic()
+    scaled_up = time.monotonic()
     stack.compose("up", "-d", "--no-build", "--no-recreate", "--scale", "cpu_worker=2", "cpu_worker")
     (newcomer,) = [c for c in stack.containers("cpu_worker") if c != first_worker]
     names = wait_for(lambda: rq_workers_on(r, newcomer), 120, "the new worker to register", stack)
     wait_for(lambda: any(took_a_job(r, n) for n in rq_workers_on(r, newcomer)), 120,
              "the new worker's first job", stack, interval=0.1)
-    t["scale-up -> first job"] = time.monotonic() - scaled
+    t["scale-up -> first job"] = time.monotonic() - scaled_up
 
     # ---- kill the newcomer mid-batch: its batch is reclaimed after its lease and finished by another
     victim_batch = wait_for(lambda: next((b for n in names if (b := fresh_batch_in_hand(r, n))), None),
@@ -319,7 +319,7 @@ def _scenario(stack: Stack, ports: dict[str, int], t: Timings, tmp_path: Path) -
     assert spool.stat().st_uid != IMAGE_UID
     start = time.monotonic()
     refused = stack.compose("run", "--rm", "--no-deps", "-e", f"HSX_SPOOL_DIR={REFUSED_SPOOL}",
-                            "-v", f"{spool}:{REFUSED_SPOOL}", "uploader", check=False, timeout=180)
+                            "-v", f"{spool}:{REFUSED_SPOOL}", "uploader", check=False, seconds=180)
     t["root-owned spool refused"] = time.monotonic() - start
     out = refused.stdout + refused.stderr
     assert refused.returncode == 2 and REFUSED_SPOOL in out and f"install -d -o {IMAGE_UID} {REFUSED_SPOOL}" in out, out[-3000:]
@@ -357,12 +357,12 @@ def _scenario(stack: Stack, ports: dict[str, int], t: Timings, tmp_path: Path) -
 
     # ---- the dashboard: its page and rq-dashboard's queue depths
     base = f"http://127.0.0.1:{ports['dashboard']}"
-    page = wait_for(lambda: urllib.request.urlopen(f"{base}/", timeout=10), 60, "the dashboard", stack)
+    page = wait_for(lambda: urllib.request.urlopen(f"{base}/", timeout=scaled(10)), 60, "the dashboard", stack)
     assert page.status == 200
-    rq_page = urllib.request.urlopen(f"{base}/rq/", timeout=10)
+    rq_page = urllib.request.urlopen(f"{base}/rq/", timeout=scaled(10))
     body = rq_page.read().decode(errors="replace")
     assert rq_page.status == 200
     assert PASSWORD not in body and quote(PASSWORD, safe="") not in body, "the Redis password is on /rq"
-    depth = json.load(urllib.request.urlopen(f"{base}/rq/0/data/queues.json", timeout=10))
+    depth = json.load(urllib.request.urlopen(f"{base}/rq/0/data/queues.json", timeout=scaled(10)))
     counts = {q["name"]: q["count"] for q in depth["queues"]}
     assert counts.get(queues.extract_queue_name(RUN)) == 0, counts

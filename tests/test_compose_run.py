@@ -33,7 +33,8 @@ from hsx.monitor.progress import run_progress
 from hsx.redisconn import free_port
 from hsx_tools.demo import sample_dataset
 from tests.test_compose import BASE, CPU_OVERRIDE, HSX_BIN, active_services, compose_config, mounts, role, write_project
-from tests.waiting import wait_until
+from tests.threads import thread_env
+from tests.waiting import scaled, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +85,8 @@ class ComposeAsProcesses:
         return [str(HSX_BIN), *cmd]
 
     def env(self, service: str) -> dict[str, str]:
-        env = {"PATH": f"{HSX_BIN.parent}:/usr/bin:/bin", "HOME": str(self.workdir / "home"), "LANG": "C.UTF-8"}
+        env = {"PATH": f"{HSX_BIN.parent}:/usr/bin:/bin", "HOME": str(self.workdir / "home"), "LANG": "C.UTF-8",
+               **thread_env()}
         for key, value in (self.services[service].get("environment") or {}).items():
             env[key] = self._localise(service, "" if value is None else str(value))
         return env
@@ -100,10 +102,10 @@ class ComposeAsProcesses:
     def run_once(self, service: str, timeout: float = 120) -> str:
         proc = self.start(service)
         try:
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=scaled(timeout))
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise AssertionError(f"{service} did not finish in {timeout}s\n{self.logs()}") from None
+            raise AssertionError(f"{service} did not finish in {scaled(timeout):.0f}s\n{self.logs()}") from None
         assert proc.returncode == 0, f"{service} exited {proc.returncode}\n{self.logs()}"
         return self.procs[-1][2].read_text()
 
@@ -121,7 +123,7 @@ class ComposeAsProcesses:
         codes = {}
         for _, proc, _ in self.procs:
             try:
-                codes[proc.pid] = proc.wait(timeout=timeout)
+                codes[proc.pid] = proc.wait(timeout=scaled(timeout))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 codes[proc.pid] = proc.wait()
@@ -211,7 +213,7 @@ def test_compose_run_adds_a_worker_mid_run(tmp_path, r, redis_server, s3_server,
         phase("run complete")
         if dashboard:
             url = f"http://127.0.0.1:{cp.ports['dashboard']}/rq"
-            wait_for(lambda: urllib.request.urlopen(url, timeout=5).status == 200, 30, url, cp, interval=0.5)
+            wait_for(lambda: urllib.request.urlopen(url, timeout=scaled(5)).status == 200, 30, url, cp, interval=0.5)
         # Re-running the producer is safe: same plan, nothing enqueued again.
         phase("producer again")
         again = cp.run_once("producer")

@@ -42,6 +42,7 @@ from producer.produce import produce
 from tests.manifests import example_manifest
 from tests.pipeline import produce_config, run_pipeline, worker_config
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.waiting import scaled
 
 LAYERS = [1, 3]
 
@@ -235,7 +236,7 @@ def test_dashboard_page_shows_compute_next_to_storage_per_layer(r, redis_server)
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             page = browser.new_page()
             page.goto(f"{base}/?run=fp8page")
-            expect(page.locator("#fidelity")).to_be_visible(timeout=60_000)
+            expect(page.locator("#fidelity")).to_be_visible(timeout=scaled(60) * 1000)
             rows = page.locator("#fidelity-layers tbody tr")
             expect(rows).to_have_count(3)
             cells = [rows.nth(i).locator("td").all_inner_texts() for i in range(3)]
@@ -247,7 +248,7 @@ def test_dashboard_page_shows_compute_next_to_storage_per_layer(r, redis_server)
             assert page.locator("#fidelity img").count() == 0
             assert "computed in float8" in page.locator("#storage").inner_text()
             page.goto(f"{base}/?run=bf16page")
-            expect(page.locator("#run-state")).not_to_have_text("loading", timeout=60_000)
+            expect(page.locator("#run-state")).not_to_have_text("loading", timeout=scaled(60) * 1000)
             expect(page.locator("#fidelity")).to_be_hidden()
             browser.close()
     finally:

@@ -21,7 +21,7 @@ import pytest
 
 from hsx.redisconn import free_port
 from tests.pipeline import produce_config
-from tests.waiting import ProgressDeadline
+from tests.waiting import ProgressDeadline, scaled
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -37,11 +37,12 @@ def _hsx() -> list[str]:
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> dict:
-    """The JSON at ``url`` once the server answers; fails at once if ``proc`` (the server) exits."""
-    deadline = time.monotonic() + timeout
+    """The JSON at ``url`` once the server answers (within ``scaled(timeout)``); fails at once if ``proc`` (the
+    server) exits."""
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=5) as res:
+            with urllib.request.urlopen(url, timeout=scaled(5)) as res:
                 return json.load(res)
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -66,7 +67,7 @@ def procs():
         if proc.poll() is None:
             proc.terminate()
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=scaled(10))
             except subprocess.TimeoutExpired:
                 proc.kill()
 
@@ -104,7 +105,7 @@ def test_page_follows_a_real_run(r, redis_server, tiny_model, tmp_path, artifact
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 1500})
         page.goto(f"{base}/?run={RUN}")
-        expect(page.locator("#bar-batches_uploaded")).to_have_attribute("data-total", "27", timeout=60_000)
+        expect(page.locator("#bar-batches_uploaded")).to_have_attribute("data-total", "27", timeout=scaled(60) * 1000)
         assert _bar(page, "batches_extracted")[0] == 0 and _bar(page, "samples") == (0, 160)
         expect(page.locator("#shards tbody tr")).to_have_count(7)
 
@@ -142,7 +143,7 @@ def test_page_follows_a_real_run(r, redis_server, tiny_model, tmp_path, artifact
         page.screenshot(path=str(artifacts / "dashboard-finished.png"), full_page=True)
 
         page.goto(f"{base}/rq/")
-        expect(page.get_by_text(f"extract:{RUN}").first).to_be_visible(timeout=60_000)
+        expect(page.get_by_text(f"extract:{RUN}").first).to_be_visible(timeout=scaled(60) * 1000)
         page.screenshot(path=str(artifacts / "dashboard-rq.png"), full_page=True)
         browser.close()
     assert (artifacts / "dashboard-finished.png").stat().st_size > 10_000

@@ -23,6 +23,7 @@ from hsx.life.ledger import BatchSpec
 from hsx.redisconn import LocalRedis, connect
 from tests.manifests import example_manifest
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.waiting import scaled
 
 RUN = "out"
 SPECS = [BatchSpec(batch_id="b0000000", index=0, shard="00000", samples=2, tokens=10, padded=16, padded_len=8,
@@ -50,10 +51,10 @@ def test_a_redis_outage_is_one_line_on_the_page_and_two_in_the_log(tmp_path, cap
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             page = browser.new_page()
             page.goto(f"{base}/?run={RUN}")
-            expect(page.locator("#bar-batches_uploaded")).to_have_attribute("data-total", "1", timeout=60_000)
+            expect(page.locator("#bar-batches_uploaded")).to_have_attribute("data-total", "1", timeout=scaled(60) * 1000)
 
             redis_server.stop()
-            expect(page.locator("#error")).to_contain_text("Redis unreachable since", timeout=60_000)
+            expect(page.locator("#error")).to_contain_text("Redis unreachable since", timeout=scaled(60) * 1000)
             assert "HTTP 500" not in page.locator("#error").inner_text()
             for _ in range(3):
                 res = client.get(f"/api/status?run={RUN}")
@@ -63,7 +64,7 @@ def test_a_redis_outage_is_one_line_on_the_page_and_two_in_the_log(tmp_path, cap
             assert metrics.status_code == 503 and metrics.data.startswith(b"Redis unreachable since")
 
             redis_server.start()
-            expect(page.locator("#error")).to_be_hidden(timeout=60_000)
+            expect(page.locator("#error")).to_be_hidden(timeout=scaled(60) * 1000)
             browser.close()
         assert client.get(f"/api/status?run={RUN}").status_code == 200
     finally:

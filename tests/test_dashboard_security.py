@@ -241,7 +241,7 @@ def password_redis(tmp_path):
         yield port, password
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=scaled(10))
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -280,7 +280,7 @@ def test_token_login_and_query_password_stay_out_of_logs_pages_and_banner(passwo
         deadline = time.monotonic() + scaled(30)
         while True:
             try:
-                urllib.request.urlopen(f"{base}/metrics", timeout=2)
+                urllib.request.urlopen(f"{base}/metrics", timeout=scaled(2))
             except urllib.error.HTTPError as exc:
                 assert exc.code == 401
                 break
@@ -290,18 +290,18 @@ def test_token_login_and_query_password_stay_out_of_logs_pages_and_banner(passwo
                 time.sleep(0.2)
         opener = urllib.request.build_opener(_NoRedirect)
         with pytest.raises(urllib.error.HTTPError) as redirected:
-            opener.open(f"{base}/?run={RUN}&token={TOKEN}", timeout=5)
+            opener.open(f"{base}/?run={RUN}&token={TOKEN}", timeout=scaled(5))
         assert redirected.value.code == 302
         cookie = redirected.value.headers["Set-Cookie"].split(";")[0]
         for path in ("/", f"/api/status?run={RUN}", "/rq/", "/rq/0/view/workers", "/rq/0/data/queues.json",
                      "/metrics", f"/rq/0/view/jobs/{queues.extract_queue_name(RUN)}/queued/8/asc/1"):
             with urllib.request.urlopen(urllib.request.Request(base + path, headers={"Cookie": cookie}),
-                                        timeout=5) as res:
+                                        timeout=scaled(5)) as res:
                 assert res.status == 200, path
                 bodies.append((path, res.read().decode()))
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=scaled(10))
     logged = log_path.read_text()
     assert "GET /?run=" in logged and "token=***" in logged  # the access log is on, the token masked
     assert TOKEN not in logged and password not in logged, logged
@@ -315,7 +315,7 @@ def test_token_login_and_query_password_stay_out_of_logs_pages_and_banner(passwo
 def test_query_password_on_the_command_line_is_refused(tmp_path):
     secret = "cli-pw-42e1a0"
     res = subprocess.run([*_hsx(), "status", "--redis-url", f"redis://127.0.0.1:1/0?password={secret}"],
-                         capture_output=True, text=True, timeout=60,
+                         capture_output=True, text=True, timeout=scaled(60),
                          env={k: v for k, v in os.environ.items() if k not in ("HSX_REDIS_URL", "REDIS_URL")})
     assert res.returncode != 0 and "password" in res.stderr, res.stderr
     assert secret not in res.stdout + res.stderr

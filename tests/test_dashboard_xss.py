@@ -34,6 +34,7 @@ from hsx.life.keys import RunKeys
 from hsx.life.ledger import BatchSpec
 from tests.manifests import example_manifest
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.waiting import scaled
 
 RUN = "xss"
 SPECS = [BatchSpec(batch_id=f"b{i:07d}", index=i, shard="00000", samples=2, tokens=10, padded=16, padded_len=8,
@@ -108,12 +109,12 @@ def test_planted_markup_never_runs_in_a_real_browser(r, live_dashboard):
         page.on("console", lambda m: csp_errors.append((page.url, m.text))
                 if "Content Security Policy" in m.text else None)
         for path, (scope, shown) in pages.items():
-            with page.expect_response(lambda res: "/data/" in res.url or "/api/status" in res.url, timeout=60_000):
+            with page.expect_response(lambda res: "/data/" in res.url or "/api/status" in res.url, timeout=scaled(60) * 1000):
                 page.goto(base + path)  # each view fills itself from one JSON endpoint
             page.wait_for_timeout(500)  # rendered, and an onerror fires as soon as the broken image is tried
             assert page.evaluate("window.__hsx_xss === undefined"), f"planted script ran on {path}"
             # The payload is on the page as text: the view rendered (under its CSP) and escaped it.
-            expect(page.locator(scope).get_by_text(shown, exact=False).first).to_be_visible(timeout=60_000)
+            expect(page.locator(scope).get_by_text(shown, exact=False).first).to_be_visible(timeout=scaled(60) * 1000)
         browser.close()
     assert not dialogs and not retries, (dialogs, retries)
     assert ledger.dead_letters(r, RUN), "a planted script retried the dead letter"
@@ -121,7 +122,7 @@ def test_planted_markup_never_runs_in_a_real_browser(r, live_dashboard):
     assert not hsx_page_violations, hsx_page_violations  # the hsx page runs whole under its strict CSP
 
     for path in [*pages, "/api/status", "/metrics", "/static/dashboard.js", "/rq/0/data/queues.json"]:
-        with urllib.request.urlopen(base + path, timeout=30) as res:
+        with urllib.request.urlopen(base + path, timeout=scaled(30)) as res:
             missing = [h for h in SECURITY_HEADERS if not res.headers.get(h)]
             assert not missing, (path, missing)
             csp = res.headers["Content-Security-Policy"]

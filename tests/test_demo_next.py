@@ -12,12 +12,14 @@ import sys
 
 import pytest
 
+from tests.waiting import scaled
+
 pytestmark = pytest.mark.slow
 
 
-def hsx(*args, env=None, timeout=300):
+def hsx(*args, env=None, seconds=300):
     return subprocess.run([sys.executable, "-m", "hsx_cli.main", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+                          timeout=scaled(seconds))
 
 
 def test_demo_prints_next_commands_and_its_run_can_be_looked_at_afterwards(tmp_path, tiny_model):

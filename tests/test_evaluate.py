@@ -1,22 +1,24 @@
 """The whole road on the CPU, through real Redis and the store: a target trained until its next tokens are sharp
-(hsx_tools/sharptarget.py, built once and cached in test-artifacts/), `hsx produce` / worker / uploader extract
-it, SpecForge 0.2.0's own trainer trains DFlash drafters in place (``hsx://R``, its venv, as in
-tests/test_specforge_train.py), and `hsx evaluate` measures their acceptance length (tau) by greedy speculative
-decoding (SpecForge's ``spec_generate``) on held-out prompts.
+(hsx_tools/sharptarget.py, built once a machine and cached by its builder's code: conftest's test_cache), `hsx
+produce` / worker / uploader extract it, SpecForge 0.2.0's own trainer trains DFlash drafters in place (``hsx://R``,
+its venv, as in tests/test_specforge_train.py), and `hsx evaluate` measures their acceptance length (tau) by greedy
+speculative decoding (SpecForge's ``spec_generate``) on held-out prompts.
 
-Asserted: the trained drafter's tau is at least the untrained one's plus MARGIN; a drafter trained the same way
-on a run whose stored hidden states are all zeros (the hybrid-target bug of vLLM #46301 / speculators #613: the
-run is otherwise whole, digests and all) is no better than the untrained one in the teacher-forced figure (within
-FORCED_SLACK) and gains under ZERO_GAIN_SHARE of the real run's gain in decoded tau, so wrong data that a falling
-loss hides fails here; every speculative output equals target-only greedy token for token (all
-three drafters, so both many rejections and many acceptances are checked); the evaluation is kept with the run
-and `hsx status` prints it. The CLI's refusals are checked without SpecForge.
+Asserted: the trained drafter's tau is at least the untrained one's plus MARGIN; a drafter trained the same way on a
+run whose stored hidden states are all zeros (the hybrid-target bug of vLLM #46301 / speculators #613: the run is
+otherwise whole, digests and all) gains at most ZERO_GAIN_SHARE of the real run's gain over the untrained drafter,
+in decoded tau and in the teacher-forced accepted prefix, so wrong data that a falling loss hides fails here. The
+bounds are shares of the trained drafter's gain, never fixed slacks: the target trains to other weights on another
+CPU (its kernels round otherwise), and so does every figure measured on it; every speculative output equals
+target-only greedy token for token (all three drafters, so both many rejections and many acceptances are checked);
+the evaluation is kept with the run and `hsx status` prints it. The CLI's refusals are checked without SpecForge.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 
 import pytest
@@ -27,26 +29,50 @@ from hsx.batch.hidden import sample_hidden_crcs
 from hsx.batch.meta import SAMPLE_HIDDEN_DIGESTS, crcs_json
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
-from hsx_tools.sharptarget import build_sharp_target, write_rows
+from hsx_tools.sharptarget import BUILD_THREADS, build_key, build_sharp_target, write_rows
 from tests.peerenv import peer_env, peer_python, run_peer
 from tests.pipeline import run_pipeline
 
-STEPS = 200           # SpecForge optimizer steps a drafter (batch = the whole 64-sample run, one epoch a step)
+STEPS = 400           # SpecForge optimizer steps a drafter (batch = the whole 64-sample run, one epoch a step); at 200
+                      # one build in four stopped at loss 1.23 and tau 1.85
 SEED = 0
-# Measured (docs/training.md, "In CI"): untrained tau 1.000, trained 3.939 (block 4: at most 4), zero states 1.185;
-# teacher-forced accepted prefix 0.000 / 2.578 / 0.016.
-MARGIN = 1.5          # trained tau >= untrained tau + MARGIN
+# Measured (docs/training.md, "In CI"), untrained / trained / zero states, four builds of the target (seeds 0 and 1,
+# 1 and 2 threads): tau 1.000 / 3.853-4.000 / 1.067-1.085, teacher-forced accepted prefix 0.000 / 2.562-2.641 /
+# 0.062-0.125; zero-state gain shares 0.023-0.029 (tau) and 0.024-0.047 (prefix). Earlier builds: 3.939 / 1.185
+# and 2.578 / 0.016 here, 2.769 / 1.066 and 2.172 / 0.078 on an AMD EPYC (shares 0.06 / 0.01 and 0.04 / 0.04).
+MARGIN = 1.5          # trained tau >= untrained tau + MARGIN (half the most a block of 4 can gain)
 ZERO_GAIN_SHARE = 0.15   # the zero-state drafter gains at most this share of the trained one's gain over untrained
-FORCED_SLACK = 0.05   # teacher-forced: the zero-state drafter's accepted prefix <= the untrained one's + this
 
 
 @pytest.fixture(scope="session")
-def sharp_target(artifacts):
-    """The trained tiny target, cached across sessions (its folder records the settings it was built with), with
-    the ``*.index.json`` SpecForge's target head reads (tests/test_specforge_train.py)."""
+def sharp_target(test_cache):
+    """The trained tiny target, built once a machine (test_cache, a folder named by sharptarget.build_key), with
+    the ``*.index.json`` SpecForge's target head reads (tests/test_specforge_train.py). HSX_SHARP_TARGET_SEED and
+    HSX_SHARP_TARGET_THREADS build another one (the check that the bounds hold on other builds)."""
     from tests.test_specforge_train import _specforge_target
 
-    return _specforge_target(build_sharp_target(artifacts / "sharp-target"))
+    settings = {"seed": int(os.environ.get("HSX_SHARP_TARGET_SEED", "0")),
+                "threads": int(os.environ.get("HSX_SHARP_TARGET_THREADS", str(BUILD_THREADS)))}
+    target = build_sharp_target(test_cache / f"sharp-target-{build_key(**settings)}", **settings)
+    record = json.loads((target / "sharp_target.json").read_text())
+    assert record["sharp"], f"the sharp target is not sharp after {record['steps']} steps: {record}"
+    return _specforge_target(target)
+
+
+def controls_failed(tau: dict, forced: dict) -> list[str]:
+    """The bounds the drafters' figures (``untrained``, ``trained``, ``zeros``) break, stated relative to the
+    trained drafter's gain over the untrained one; [] when all hold."""
+    failed = []
+    if not tau["trained"] >= tau["untrained"] + MARGIN:
+        failed.append(f"trained tau {tau['trained']:.3f} < untrained {tau['untrained']:.3f} + {MARGIN}")
+    for name, figure in (("tau", tau), ("teacher-forced prefix", forced)):
+        gain, zero_gain = figure["trained"] - figure["untrained"], figure["zeros"] - figure["untrained"]
+        if not gain > 0:
+            failed.append(f"{name}: the trained drafter gains nothing ({figure['trained']:.3f} vs {figure['untrained']:.3f})")
+        elif zero_gain > ZERO_GAIN_SHARE * gain:
+            failed.append(f"{name}: the zero-state drafter gains {zero_gain:.3f}, over {ZERO_GAIN_SHARE} of the trained "
+                          f"one's {gain:.3f}")
+    return failed
 
 
 def _zero_hidden_states(store, run: str) -> int:
@@ -143,9 +169,7 @@ def test_acceptance_length_catches_wrong_data(redis_server, redis_env, sharp_tar
         assert d["identical_prompts"] == d["prompts"] == 8, (name, [p["first_difference"] for p in d["per_prompt"]])
         assert sum(d["tau_distribution"].values()) == d["verify_steps"] > 0, name
     assert losses["zeros"][-1] < losses["zeros"][0], losses   # the wrong run's loss falls too: it looks like training
-    assert tau["trained"] >= tau["untrained"] + MARGIN, tau
-    assert tau["zeros"] - tau["untrained"] <= ZERO_GAIN_SHARE * (tau["trained"] - tau["untrained"]), tau
-    assert forced["zeros"] <= forced["untrained"] + FORCED_SLACK < forced["trained"], forced
+    assert not controls_failed(tau, forced), (controls_failed(tau, forced), tau, forced)
     # kept with the run: evaluation.json beside it, and hsx status prints the summary
     kept = json.loads((store / "held-out" / "evaluation.json").read_text())
     assert kept["decode"]["tau"] == tau["zeros"]   # the last evaluation made
@@ -153,6 +177,23 @@ def test_acceptance_length_catches_wrong_data(redis_server, redis_env, sharp_tar
     assert main(["status", "--run", "held-out"]) == 0
     status = capsys.readouterr().out
     assert f"tau {tau['zeros']:.2f}" in status and "zeros-step" in status, status
+
+
+@pytest.mark.parametrize("tau, forced, broken", [
+    ((1.0, 3.939, 1.185), (0.0, 2.578, 0.016), []),          # docs/training.md's machine
+    ((1.0, 2.769, 1.066), (0.0, 2.172, 0.078), []),          # the AMD EPYC's build (failed a fixed slack of 0.05)
+    ((1.0, 4.0, 1.085), (0.0, 2.641, 0.125), []),            # seed 0, 2 threads, here (so did this one)
+    ((1.0, 2.769, 1.066), (0.0, 2.172, 0.500), ["teacher-forced prefix: the zero-state drafter gains 0.500"]),
+    ((1.0, 3.0, 1.5), (0.0, 2.0, 0.1), ["tau: the zero-state drafter gains 0.500"]),
+    ((1.0, 1.8, 1.0), (0.0, 1.0, 0.0), ["trained tau 1.800 < untrained 1.000 + 1.5"]),
+    ((1.0, 2.5, 1.0), (0.3, 0.2, 0.2), ["teacher-forced prefix: the trained drafter gains nothing"]),
+])
+def test_controls_are_shares_of_the_trained_gain(tau, forced, broken):
+    """Another machine's build passes on its own numbers; a zero-state drafter that learned, or a trained one that
+    did not, fails at any scale of figures."""
+    names = ("untrained", "trained", "zeros")
+    failed = controls_failed(dict(zip(names, tau, strict=True)), dict(zip(names, forced, strict=True)))
+    assert len(failed) == len(broken) and all(f.startswith(b) for f, b in zip(failed, broken, strict=True)), failed
 
 
 @pytest.mark.parametrize("args, says", [

@@ -29,7 +29,7 @@ from hsx.life.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect, int_hash, zset_members
 from hsx_tools.demo import sample_dataset
 from tests.faultproxy import FaultProxy
-from tests.waiting import wait_until
+from tests.waiting import scaled, wait_until
 
 RUN, HOST = "faults", "h1"
 SAMPLES = 480
@@ -79,7 +79,7 @@ class Roles:
                 p.send_signal(signal.SIGTERM)
         for p in self.procs:
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=scaled(30))
             except subprocess.TimeoutExpired:
                 p.kill()
 
@@ -105,7 +105,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
                               "--layers", "dflash:3", "--store", f"s3://{s3_bucket}/runs", "--token-budget", "512",
                               "--dtype", "float32", "--max-length", "512", "--overlong", "truncate",
                               "--lease-seconds", str(LEASE)],
-                             env=env, capture_output=True, text=True, timeout=120)
+                             env=env, capture_output=True, text=True, timeout=scaled(120))
         assert out.returncode == 0, out.stderr
         totals = ledger.run_totals(r, RUN)
         assert totals["samples"] == SAMPLES and totals["batches"] >= 100
@@ -231,11 +231,11 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         # 6. SIGTERM (docker compose stop): the worker finishes its batch and exits 0 within the grace period.
         w2.send_signal(signal.SIGTERM)
         t_term = time.monotonic()
-        assert w2.wait(timeout=30) == 0
+        assert w2.wait(timeout=scaled(30)) == 0
         table.append(("GPU worker SIGTERM", "docker compose stop", time.monotonic() - t_term,
                       "finished its batch, wrote it, exited 0"))
         u2.send_signal(signal.SIGTERM)
-        assert u2.wait(timeout=60) == 0
+        assert u2.wait(timeout=scaled(60)) == 0
         w2, u2 = roles.worker("w2-restarted"), roles.uploader("u2-restarted")
 
         _wait("run complete", lambda: ledger.run_totals(r, RUN)["batches"] == done()
@@ -247,7 +247,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         proxy.set_mode("up")
 
     verify = subprocess.run([sys.executable, "-m", "hsx_cli.main", "verify", "--run", RUN], env=env,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=scaled(120))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     # Direct scan of the store: every sample exactly once, nothing corrupt.
     s3 = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")

@@ -25,6 +25,7 @@ from hsx_tools.processes import stop_all
 from producer.produce import produce
 from tests import followsampler
 from tests.pipeline import produce_config, run_pipeline
+from tests.waiting import scaled
 
 RUN = "follow"
 
@@ -74,7 +75,7 @@ def test_trainer_follows_a_running_extraction_and_resumes_from_its_cursor(r, red
         rest = [s["sample_id"] for s in resumed]          # ends by itself once the run is COMPLETE
         assert resumed.complete()
         seen_at.update(resumed.stats.seen_at)
-        procs[0].wait(timeout=60)    # the burst worker exits once its queue is drained
+        procs[0].wait(timeout=scaled(60))    # the burst worker exits once its queue is drained
     finally:
         _stop(procs)
     assert procs[0].returncode == 0, (logs / "worker.log").read_text()[-2000:]
@@ -214,11 +215,11 @@ def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkp
         procs += _roles({**os.environ, "HSX_TEST_MIN_BATCH_SECONDS": "3"}, tmp_path / "spool", logs, run="fspec")
         worker = procs[1]
         state = save / "0" / "training_state.json"
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + scaled(300)
         while not state.exists() and first_trainer.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         first_trainer.kill()                                    # dies after its first mid-epoch checkpoint
-        first_trainer.wait(timeout=30)
+        first_trainer.wait(timeout=scaled(30))
         assert state.exists(), (logs / "first.log").read_text()[-4000:]
         checkpoint_step = json.loads(state.read_text())["local_step"]
         assert r.scard(keys.done) < report.batches, "extraction ended before the checkpoint"
@@ -233,15 +234,15 @@ def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkp
             worker.send_signal(signal.SIGSTOP)
             try:
                 # one run batch a step here: the trainer resumes at position checkpoint_step of done_seq
-                _caught_up(r, keys, tmp_path / "second.jsonl", second_trainer, checkpoint_step, timeout=300)
+                _caught_up(r, keys, tmp_path / "second.jsonl", second_trainer, checkpoint_step, timeout=scaled(300))
                 time.sleep(5)                                   # the last step is trained; the sampler waits
             finally:
                 worker.send_signal(signal.SIGCONT)
             done = r.llen(keys.done_seq)
             while r.llen(keys.done_seq) == done and worker.poll() is None:
                 time.sleep(0.1)
-        assert second_trainer.wait(timeout=600) == 0, (logs / "second.log").read_text()[-4000:]
-        assert worker.wait(timeout=120) == 0, (logs / "worker.log").read_text()[-2000:]
+        assert second_trainer.wait(timeout=scaled(600)) == 0, (logs / "second.log").read_text()[-4000:]
+        assert worker.wait(timeout=scaled(120)) == 0, (logs / "worker.log").read_text()[-2000:]
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -302,7 +303,7 @@ def test_follow_sampler_packs_long_batches_and_refuses_a_resume_on_a_rebuilt_led
 
     def sampler(start):
         out = subprocess.run([str(python), "-c", followsampler.SCRIPT, redis_server.url, "fpack", str(state), str(start)],
-                             env=peer_env(tmp_path), capture_output=True, text=True, timeout=300)
+                             env=peer_env(tmp_path), capture_output=True, text=True, timeout=scaled(300))
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 

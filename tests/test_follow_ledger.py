@@ -18,6 +18,7 @@ from hsx_reader import Cursor, ReaderError, RunFollower
 from producer.produce import produce
 from tests import followsampler
 from tests.pipeline import produce_config, run_pipeline
+from tests.waiting import scaled
 
 RUN = "fledger"
 
@@ -193,7 +194,7 @@ def test_speculators_follow_sampler_refuses_a_resume_after_a_rollback(r, redis_s
 
     def sampler(start):
         out = subprocess.run([str(python), "-c", followsampler.SCRIPT, redis_server.url, RUN, str(state), str(start)],
-                             env=peer_env(tmp_path), capture_output=True, text=True, timeout=300)
+                             env=peer_env(tmp_path), capture_output=True, text=True, timeout=scaled(300))
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 from hsx_tools.demo import sample_dataset
+from tests.waiting import scaled
 
 
 def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_when_piped(tiny_model, tmp_path):
@@ -15,7 +16,7 @@ def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_whe
                           str(tiny_model), "--layers", "dflash:3", "--samples", "2", "--tokenise-workers", "1",
                           "--gpu-usd-per-hour", "3", "--storage-usd-per-tb-month", "20",
                           "--store-dtype", "float8_e4m3", "--codec", "zstd", "--compute-dtype", "float8"],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=scaled(300))
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "\x1b[" not in text                                   # piped: no terminal colours

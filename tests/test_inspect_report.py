@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hsx_tools.prefixshare import prefix_share
+from tests.waiting import scaled
 
 SYSTEM = "You are a careful assistant that answers questions about speculative decoding in detail."
 
@@ -27,7 +28,7 @@ def instruction_report(tiny_model, tmp_path_factory):
     out = subprocess.run([sys.executable, "-m", "hsx_cli.main", "inspect", "--dataset", str(data), "--model",
                           str(tiny_model), "--layers", "dflash:3", "--samples", "0", "--tokenise-workers", "1",
                           "--token-budget", "2048", "--max-length", "2048"],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=scaled(300))
     assert out.returncode == 0, out.stderr
     return out.stdout
 

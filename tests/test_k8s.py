@@ -27,7 +27,7 @@ from hsx.batch import batchfile
 from hsx.life import heartbeat, ledger, queues
 from hsx.life.keys import RunKeys
 from hsx_tools.demo import sample_dataset
-from tests.waiting import wait_until
+from tests.waiting import scaled, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
@@ -37,7 +37,7 @@ KUBERNETES = "1.37.0"  # the schemas kubernetes-validate pins
 
 def render(overlay: str) -> list[dict]:
     out = subprocess.run([str(BIN / "kubectl"), "kustomize", str(K8S / "overlays" / overlay)], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=scaled(60))
     assert out.returncode == 0, out.stderr
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
@@ -364,7 +364,7 @@ def test_workers_scaled_like_keda_lose_and_double_nothing(redis_server, r, tiny_
     out = subprocess.run([str(BIN / "hsx"), "produce", "--run", RUN, "--dataset", str(data), "--model", str(tiny_model),
                           "--layers", "dflash:3", "--store", str(store), "--dtype", "float32", "--token-budget", "512",
                           "--max-length", "512", "--overlong", "truncate", "--lease-seconds", "8"],
-                         env=env, capture_output=True, text=True, timeout=300)
+                         env=env, capture_output=True, text=True, timeout=scaled(300))
     assert out.returncode == 0, out.stderr
     keys, listname = RunKeys(RUN), "rq:queue:" + queues.extract_queue_name(RUN)
     pods: list[Pod] = []
@@ -385,7 +385,7 @@ def test_workers_scaled_like_keda_lose_and_double_nothing(redis_server, r, tiny_
                     if w["worker"] == f"gpu-{pod.name}" and w.get("alive") and w.get("current_batch")]
             if held and r.zscore(keys.extract_leases, held[0]) is not None:
                 evicted_holding.append(held[0])
-            pod.evict(timeout=120)
+            pod.evict(timeout=scaled(120))
             counts["SIGTERMs (worker + sidecar)"] += 2
 
     def busy(name: str) -> bool:
@@ -417,7 +417,7 @@ def test_workers_scaled_like_keda_lose_and_double_nothing(redis_server, r, tiny_
     assert len(seen) == SAMPLES and max(seen.values()) == 1
     assert all(r.sismember(keys.done, bid) for bid in evicted_holding)
     assert [p for p in (tmp_path / "spool").rglob("*") if p.is_file()] == []
-    verify = subprocess.run([str(BIN / "hsx"), "verify", "--run", RUN], env=env, capture_output=True, text=True, timeout=300)
+    verify = subprocess.run([str(BIN / "hsx"), "verify", "--run", RUN], env=env, capture_output=True, text=True, timeout=scaled(300))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     handed_back = sum((tmp_path / "logs" / f.name).read_text().count("handed") for f in (tmp_path / "logs").glob("*-worker.log"))
     report = {**counts, "evictions holding a batch": len(evicted_holding), "batches handed back": handed_back,

@@ -16,6 +16,7 @@ from hsx.redisconn import OUTAGES, LocalRedis, connect
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
 from tests.test_cli_errors import free_port, hsx, one_error_line
+from tests.waiting import scaled
 
 
 def test_abbreviated_flag_is_refused_with_the_near_flag(capsys):
@@ -42,14 +43,14 @@ def test_status_into_a_closed_pipe_is_not_an_error(r, redis_env, tmp_path):
         r.set(f"hsx:run{n}:manifest", json.dumps({"run": f"run{n}"}))
     proc = subprocess.Popen(f"{sys.executable} -m hsx_cli.main status | head -1", shell=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=os.environ)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=scaled(120))
     assert out.strip(), err
     assert "unexpected error" not in err and "BrokenPipe" not in err and "Traceback" not in err, err
 
 
 def test_unreachable_redis_answers_within_10_seconds_of_wall_time():
     t0 = time.monotonic()
-    out = hsx("status", env={"HSX_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}, timeout=60)
+    out = hsx("status", env={"HSX_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}, seconds=60)
     took = time.monotonic() - t0
     assert out.returncode == 2 and "cannot reach Redis" in out.stderr, out.stderr
     assert took < 10.5, f"answered after {took:.1f} s"
@@ -128,7 +129,7 @@ def test_a_role_client_rides_out_a_redis_outage_with_one_line_each_way(tmp_path,
         time.sleep(25)  # past the 20 retries (about 3 minutes at full backoff) of a plain client's first tries
         assert worker.is_alive() and "v" not in got
         server = LocalRedis(tmp_path / "redis", port=port).start()
-        worker.join(timeout=30)
+        worker.join(timeout=scaled(30))
         assert got.get("v") == 2  # the AOF kept k; the call in hand went through
         # Just back: leases and heartbeats of live processes look expired; no reaping for a lease's length.
         assert OUTAGES.settling(server.url, 60) and not OUTAGES.settling(server.url, 0)
@@ -229,7 +230,7 @@ def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_pa
         chaos = threading.Thread(target=stop_and_restart, daemon=True)
         chaos.start()
         run_worker(worker_config(url, tmp_path / "spool", run="out", min_batch_seconds=1.0, heartbeat_seconds=1.0))
-        chaos.join(timeout=60)
+        chaos.join(timeout=scaled(60))
         assert outage.get("restarted"), "the worker returned before Redis came back"
         run_uploader(upload_config(url, tmp_path / "spool"))
         r = connect(url)

@@ -21,6 +21,7 @@ from hsx_reader import (
     collate_padded,
 )
 from tests.test_reader_fixtures import assert_sample_matches
+from tests.waiting import scaled
 
 
 def test_map_dataset_equals_hf_forward(dflash_run):
@@ -187,7 +188,7 @@ def test_disk_cache_folders_are_removed_at_exit_and_stale_ones_swept(dflash_run,
         (folder / "0123abcd").write_bytes(b"x" * 1000)
     (stale / OWNER_FILE).touch()                        # its process died without unlocking: no lock held
     out = subprocess.run([sys.executable, "-c", CACHE_SCRIPT, str(dflash_run.store), dflash_run.run, str(cache_dir)],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=scaled(300))
     assert out.returncode == 0, out.stderr
     seen = eval(out.stdout.strip().splitlines()[-1])
     assert len(seen) == 3 and all(name.startswith("p") for name in seen)  # the main process's and 2 workers' folders

@@ -7,6 +7,7 @@ from hsx.store import open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce
 from tests.pipeline import produce_config, upload_config, worker_config
+from tests.waiting import scaled
 
 
 def _finish(redis_url, spool, run):
@@ -89,7 +90,7 @@ def test_a_job_rq_handed_out_but_not_yet_leased_is_not_lost(r, redis_server, tin
     worker = SimpleWorker([q], connection=r, name="slow-starter", serializer=JSONSerializer, job_class=queues.HsxJob)
     worker.register_birth()
     try:
-        job, _ = worker.dequeue_job_and_maintain_ttl(timeout=1)
+        job, _ = worker.dequeue_job_and_maintain_ttl(timeout=scaled(1))
         worker.prepare_execution(job)
         worker.prepare_job_execution(job)   # rq's bookkeeping done; the job function has not taken its lease yet
         bid = queues.batch_of_job(job.id)[1]

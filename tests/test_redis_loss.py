@@ -99,7 +99,7 @@ def test_worker_process_stops_when_its_run_vanishes(r, redis_server, tiny_model,
             time.sleep(0.2)
         r.flushall()
         t0 = time.monotonic()
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=scaled(60))
         stopped_after = time.monotonic() - t0
     finally:
         if proc.poll() is None:

@@ -11,6 +11,7 @@ import pytest
 
 from hsx.fleet import evictionpolicy
 from hsx.redisconn import LocalRedis, connect
+from tests.waiting import scaled
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def lru_redis(tmp_path):
 ])
 def test_roles_refuse_an_evicting_redis(lru_redis, tmp_path, role):
     args = [a.format(spool=tmp_path / "spool") for a in role]
-    out = subprocess.run([sys.executable, "-m", "hsx_cli.main", *args], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-m", "hsx_cli.main", *args], capture_output=True, text=True, timeout=scaled(120),
                          env={**os.environ, "HSX_REDIS_URL": lru_redis.url})
     assert out.returncode == 2, out.stdout + out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
@@ -79,7 +80,7 @@ def test_a_role_stops_when_the_policy_turns_evicting_while_it_runs(tmp_path):
                        check=lambda: proc.poll() is None)
             r.config_set("maxmemory-policy", "allkeys-lru")
             wait_until("the tally to stop", lambda: proc.poll() is not None, 60)
-            _, err = proc.communicate(timeout=30)
+            _, err = proc.communicate(timeout=scaled(30))
         finally:
             if proc.poll() is None:
                 proc.kill()

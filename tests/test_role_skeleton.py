@@ -20,7 +20,7 @@ from rq.worker import Worker
 from hsx.life import heartbeat, queues
 from hsx.life.keys import RunKeys
 from tests.toyrole.runtime import ADD_FUNC, TallyRuntime
-from tests.waiting import wait_until
+from tests.waiting import scaled, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 IDLE = "INFO hsx.fleet.role: idle: tally tally-1 waits for jobs on tally:toy"
@@ -67,7 +67,7 @@ def test_a_toy_role_heartbeats_logs_and_stops_on_sigterm(r, redis_server, tmp_pa
         assert "tally-1" in {w.name for w in Worker.all(connection=r)}
 
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=scaled(60))
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -14,6 +14,7 @@ import pytest
 from hsx.monitor.progressline import Progress
 from hsx_tools.demo import sample_dataset
 from tests.pipeline import run_pipeline
+from tests.waiting import scaled
 
 RUN = "showrun"
 
@@ -43,7 +44,7 @@ def small_run(redis_server, tiny_model, tmp_path_factory):
 
 
 def hsx(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "hsx_cli.main", *args], capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-m", "hsx_cli.main", *args], capture_output=True, text=True, timeout=scaled(300),
                           env=env)
 
 

@@ -14,6 +14,7 @@ from hsx import retry
 from hsx.life import RunKeys
 from tests.pipeline import upload_config
 from tests.toyrole.runtime import TallyConfig, TallyRuntime
+from tests.waiting import scaled
 from uploader.worker import run_uploader
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -80,7 +81,7 @@ def test_a_role_served_in_another_thread_leaves_the_handlers_alone(r, own_handle
 
     thread = threading.Thread(target=serve)
     thread.start()
-    thread.join(timeout=60)
+    thread.join(timeout=scaled(60))
     assert not thread.is_alive() and raised == []
     assert handlers() == own_handlers
 

@@ -27,7 +27,7 @@ from hsx.life import heartbeat, ledger
 from hsx.life.keys import RunKeys
 from hsx_tools.demo import sample_dataset
 from tests.slurmcluster import SlurmCluster, available
-from tests.waiting import wait_until
+from tests.waiting import scaled, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBMIT = ROOT / "deploy" / "slurm" / "submit.sh"
@@ -88,7 +88,7 @@ def _logs(tmp: Path, tail: int | None = None) -> str:
 
 def _verify(env_file: Path, run: str, redis_url: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hsx_cli.main", "verify", "--run", run],
-                          env={**os.environ, "HSX_REDIS_URL": redis_url}, capture_output=True, text=True, timeout=300)
+                          env={**os.environ, "HSX_REDIS_URL": redis_url}, capture_output=True, text=True, timeout=scaled(300))
 
 
 def test_a_stopping_task_signals_each_worker_once(tmp_path):

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.threads import thread_env
+from tests.waiting import scaled
+
 HSX_BIN = Path(sys.executable).with_name("hsx")
 IMAGE_UID = 10001  # the user of the Docker images (Dockerfile): owner of the folder in the test
 
@@ -35,9 +38,9 @@ def test_role_exits_with_the_fix_on_a_spool_of_another_owner(tmp_path, redis_ser
     spool.mkdir(mode=0o755)
     os.chown(spool, IMAGE_UID, IMAGE_UID)  # someone else's folder, like the root-owned one Docker creates
     env = {"PATH": f"{HSX_BIN.parent}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
-           "HSX_REDIS_URL": redis_server.url, "HSX_HOST": "testbox", "HSX_RUN": "fs-check"}
+           "HSX_REDIS_URL": redis_server.url, "HSX_HOST": "testbox", "HSX_RUN": "fs-check", **thread_env()}
     proc = subprocess.run([str(HSX_BIN), *role, "--burst", "--spool-dir", str(spool)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, preexec_fn=_without_root_file_powers)
+                          capture_output=True, text=True, timeout=scaled(120), preexec_fn=_without_root_file_powers)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     err = proc.stderr
     uid = os.getuid()

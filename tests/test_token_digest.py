@@ -15,6 +15,7 @@ import torch
 from hsx.batch import batchfile
 from hsx_reader import CorruptBatch, RunDataset
 from tests.pipeline import run_pipeline
+from tests.waiting import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "tokdigest"
@@ -80,7 +81,7 @@ def test_speculators_tokens_command_refuses_a_changed_token(changed_run, tmp_pat
     try:
         out = subprocess.run([str(peer_python("speculators")), "-m", "hsx_peers.speculators", "tokens", "--store",
                               str(store), "--run", RUN, "--out", str(tmp_path / "tok")], env=peer_env(tmp_path),
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=scaled(300))
     finally:
         path.write_bytes(original)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-3000:]

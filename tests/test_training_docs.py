@@ -20,6 +20,7 @@ import pytest
 from hsx.redisconn import LocalRedis
 from hsx_tools.demo import sample_dataset
 from tests.pipeline import run_pipeline
+from tests.waiting import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "<!-- run by tests/test_training_docs.py -->"
@@ -60,7 +61,7 @@ def test_python_blocks_run_as_written_and_the_stand_in_drafter_learns(demo_folde
     assert blocks
     for code in blocks:
         out = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True,
-                             timeout=300)
+                             timeout=scaled(300))
         assert out.returncode == 0, out.stderr[-3000:]
         losses = [float(x) for x in re.findall(r"epoch \d+ step \d+ loss ([\d.]+)", out.stdout)]
         assert len(losses) >= 4 and all(math.isfinite(x) for x in losses), out.stdout
@@ -73,7 +74,7 @@ def test_shell_blocks_run_as_written(demo_folder):
     assert blocks
     for code in blocks:
         out = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=folder, env=env, capture_output=True,
-                             text=True, timeout=300)
+                             text=True, timeout=scaled(300))
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
         assert "run demo: 16 samples" in out.stdout and "[[" in out.stdout and "non-finite" in out.stdout
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
 
@@ -44,7 +46,7 @@ def test_cpu_and_bytes_read_come_from_proc(bench, tmp_path):
         assert bench.proc_cpu_seconds(child.pid) >= 0.29
         assert bench.proc_rchar(child.pid) >= 8 * MiB
     finally:
-        child.communicate("", timeout=30)
+        child.communicate("", timeout=scaled(30))
     assert bench.proc_cpu_seconds(child.pid) == 0.0 and bench.proc_rchar(child.pid) == 0  # gone: nothing
 
 

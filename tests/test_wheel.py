@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from tests.threads import thread_env
+from tests.waiting import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 NOT_SHIPPED = {"tests", "bench", "scripts", "docs", "docker"}  # folders of the repo that are not packages of the wheel
 
@@ -71,7 +74,7 @@ def test_wheel_installs_all_of_itself(tmp_path):
     ctx = build_context(tmp_path / "ctx")
     dist = tmp_path / "dist"
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(dist), str(ctx)], capture_output=True, text=True, timeout=600)
+                           "-w", str(dist), str(ctx)], capture_output=True, text=True, timeout=scaled(600))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = dist.glob("hsx-*.whl")
     with zipfile.ZipFile(wheel) as zf:
@@ -87,35 +90,35 @@ def test_wheel_installs_all_of_itself(tmp_path):
 
     # ---- a fresh venv that sees this venv's third-party packages but not the source tree
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=scaled(120))
     py = venv / "bin" / "python"
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     (site / "zz_reuse_test_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8", **thread_env()}
     proc = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--ignore-installed", "-q", str(wheel)],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=scaled(300))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     # ---- every module imports, from the installed copy
     where = subprocess.run([str(py), "-c", "import hsx, hsx_cli, dashboard; print(hsx.__file__, hsx_cli.__file__, dashboard.__file__)"],
-                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=scaled(120))
     assert where.returncode == 0, where.stderr
     for path in where.stdout.split():
         assert Path(path).is_relative_to(site), f"{path}: imported from outside the fresh venv"
     check = subprocess.run([str(py), str(ROOT / "docker" / "importcheck.py")], capture_output=True, text=True,
-                           env=env, cwd=tmp_path, timeout=300)
+                           env=env, cwd=tmp_path, timeout=scaled(300))
     assert check.returncode == 0, check.stdout + check.stderr
     assert "packages " + " ".join(sorted(source_packages())) in check.stdout, check.stdout
     print(check.stdout.strip())
 
     # ---- the console script of the installed wheel
     hsx = venv / "bin" / "hsx"
-    version = subprocess.run([str(hsx), "--version"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    version = subprocess.run([str(hsx), "--version"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=scaled(120))
     assert version.returncode == 0 and "0.1.0" in version.stdout + version.stderr, version.stdout + version.stderr
     demo_env = dict(env, PATH=f"{venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}")
     demo_env.pop("HSX_REDIS_URL", None)
     demo = subprocess.run([str(hsx), "demo", "--store", str(tmp_path / "out"), "--workdir", str(tmp_path / "work"),
-                           "--samples", "24"], capture_output=True, text=True, env=demo_env, cwd=tmp_path, timeout=600)
+                           "--samples", "24"], capture_output=True, text=True, env=demo_env, cwd=tmp_path, timeout=scaled(600))
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert (tmp_path / "out" / "demo" / "index.jsonl").is_file() or list((tmp_path / "out").rglob("index.jsonl")), demo.stdout

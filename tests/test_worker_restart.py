@@ -12,6 +12,7 @@ from hsx.life import heartbeat, ledger
 from hsx.monitor.progress import run_progress
 from producer.produce import produce
 from tests.pipeline import produce_config
+from tests.waiting import scaled
 
 NAME = "gpu-fixed-0"
 
@@ -28,7 +29,7 @@ def test_killed_named_worker_restarts_at_once_and_sweeps_its_temp_file(r, redis_
     env = {**os.environ, "HSX_REDIS_URL": redis_server.url, "HSX_TEST_MIN_BATCH_SECONDS": "3"}
     first = _worker(env, spool)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + scaled(90)
         while not any(w.get("current_batch") for w in heartbeat.read_workers(r, "t1") if w.get("worker") == NAME):
             assert time.monotonic() < deadline and first.poll() is None, "the worker never took a batch"
             time.sleep(0.1)
@@ -37,13 +38,13 @@ def test_killed_named_worker_restarts_at_once_and_sweeps_its_temp_file(r, redis_
         leftover.parent.mkdir(parents=True, exist_ok=True)
         leftover.write_bytes(b"partial")
         first.send_signal(signal.SIGKILL)
-        first.wait(timeout=10)
+        first.wait(timeout=scaled(10))
     finally:
         if first.poll() is None:
             first.kill()
     started = time.monotonic()
     again = _worker({**env, "HSX_TEST_MIN_BATCH_SECONDS": "0"}, spool, burst=True)
-    out, _ = again.communicate(timeout=300)
+    out, _ = again.communicate(timeout=scaled(300))
     assert again.returncode == 0, out[-3000:]
     assert "active worker named" not in out
     assert not leftover.exists()

@@ -16,6 +16,7 @@ from hsx.store import LocalStore, Store
 from hsx_reader import RunDataset
 from tests.peerenv import peer_env, peer_python, run_peer
 from tests.pipeline import run_pipeline
+from tests.waiting import scaled
 
 
 class CountingStore(Store):
@@ -82,7 +83,7 @@ def test_speculators_dataset_reads_in_place_through_the_hsx_backend(eagle3_run, 
     py, env = peer_python("speculators"), peer_env(tmp_path)
     tokens = tmp_path / "tokens"
     out = subprocess.run([str(py), "-m", "hsx_peers.speculators", "tokens", "--store", str(eagle3_run.store),
-                          "--run", eagle3_run.run, "--out", str(tokens)], env=env, capture_output=True, text=True, timeout=300)
+                          "--run", eagle3_run.run, "--out", str(tokens)], env=env, capture_output=True, text=True, timeout=scaled(300))
     assert out.returncode == 0, out.stdout + out.stderr
     # token_freq.pt beside the token table, as the export writes it: token id -> count over loss-masked tokens
     freq, run_ds = torch.load(tokens / "token_freq.pt", weights_only=True), RunDataset(str(eagle3_run.store), eagle3_run.run)
@@ -106,7 +107,7 @@ ds = ArrowDataset(max_len=4096, datapath=sys.argv[3], transfer=transfer, on_miss
 item = ds[3]
 print(json.dumps({"n": len(ds), "hs": list(item["hidden_states"].shape), "last": list(item["verifier_last_hidden_states"].shape),
                   "ids": item["input_ids"].tolist(), "mask": item["loss_mask"].tolist(), "hs0": item["hidden_states"][0, :4].tolist()}))
-""", str(eagle3_run.store), eagle3_run.run, str(tokens)], env=env, capture_output=True, text=True, timeout=300)
+""", str(eagle3_run.store), eagle3_run.run, str(tokens)], env=env, capture_output=True, text=True, timeout=scaled(300))
     assert check.returncode == 0, check.stdout + check.stderr
     got = json.loads(check.stdout.strip().splitlines()[-1])
     want = RunDataset(str(eagle3_run.store), eagle3_run.run)[3]
@@ -135,7 +136,7 @@ def test_speculators_trainer_trains_in_place_on_the_cpu(redis_server, eagle3_run
         tokens = tmp_path / f"tokens-{run}"
         out = subprocess.run([str(peer_python("speculators")), "-m", "hsx_peers.speculators", "tokens", "--store", url,
                               "--run", run, "--out", str(tokens), *(["--s3-endpoint-url", s3_server] if endpoint else [])],
-                             env=peer_env(tmp_path), capture_output=True, text=True, timeout=300)
+                             env=peer_env(tmp_path), capture_output=True, text=True, timeout=scaled(300))
         assert out.returncode == 0, out.stdout + out.stderr
         flag_lists.append([
             "--verifier-name-or-path", str(eagle3_run.model), "--speculator-type", "eagle3", "--data-path", str(tokens),
@@ -183,7 +184,7 @@ def test_specforge_loader_reads_in_place_through_the_feature_store(which, eagle3
     run = eagle3_run if which == "eagle3" else dflash_run
     py, env = peer_python("specforge"), peer_env(tmp_path)
     out = subprocess.run([str(py), "-c", SPECFORGE_LOADER, str(run.store), run.run, which], env=env,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=scaled(300))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["refs"] == 160 and got["batches"] == 4, got
