@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.waiting import scaled
+
 PR_SET_PDEATHSIG = 1   # prctl option (linux/prctl.h)
 START_SECONDS = 60.0  # s weed may take to answer S3 on a loaded machine (about 1 s on a quiet one)
 # Every listener of `weed mini` (the gRPC ones too: their defaults are the HTTP port + 10000, shared by every run).
@@ -108,7 +110,7 @@ class SeaweedS3:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=scaled(20))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

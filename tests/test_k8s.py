@@ -296,7 +296,7 @@ def test_redis_requires_the_secret_password_and_roles_read_it_only_through_their
         assert proc.poll() is None
         probe = redis_pod["containers"][0]["readinessProbe"]["exec"]["command"]
         assert subprocess.run(probe[:-1] + [probe[-1].replace("redis-cli", f"redis-cli -p {port}")],
-                              env={"PATH": os.environ["PATH"], **env}, timeout=30).returncode == 0
+                              env={"PATH": os.environ["PATH"], **env}, timeout=scaled(30)).returncode == 0
         for name in HSX_PODS:
             for c in _containers(_pod_specs(docs)[name]):
                 where = f"{name}/{c['name']}"
@@ -312,7 +312,7 @@ def test_redis_requires_the_secret_password_and_roles_read_it_only_through_their
                 assert connect(url, wait_seconds=5).ping(), where
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=scaled(30))
     settings = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("hsx-settings"))["data"]
     assert "HSX_REDIS_URL" not in settings  # a password-less URL in the ConfigMap would be the one a shell sees
     auth = _by(docs, "TriggerAuthentication", "hsx-redis")["spec"]["secretTargetRef"]

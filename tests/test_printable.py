@@ -16,6 +16,7 @@ from hsx.printable import PrintableFormatter, printable
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
 from tests.pipeline import run_pipeline
+from tests.waiting import scaled
 
 RUN = "escrun"
 TITLE, CLIPBOARD, CLEAR = "\x1b]0;pwned-title\x07", "\x1b]52;c;cHduZWQ=\x07", "\x1b[2J"
@@ -63,7 +64,7 @@ def test_log_lines_show_data_and_keep_a_tracebacks_lines():
 
     probe = ("import logging, sys; from hsx_cli.main import _quiet_libraries; _quiet_libraries(False); "
              "logging.getLogger('hsx.probe').warning('sample %s failed', sys.argv[1])")
-    err = subprocess.run([sys.executable, "-c", probe, EVIL], capture_output=True, text=True, timeout=120).stderr
+    err = subprocess.run([sys.executable, "-c", probe, EVIL], capture_output=True, text=True, timeout=scaled(120)).stderr
     assert "WARNING hsx.probe: sample \\x1b]0;pwned-title\\x07" in err and _obeyed(err) == [], err
 
 

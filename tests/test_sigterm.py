@@ -204,7 +204,7 @@ def test_the_producer_and_the_dashboard_stop_in_bound(tmp_path, tiny_model, r, r
         roles.stop("produce")
         port = free_port()
         roles.start("dashboard", "dashboard", "--port", str(port))
-        wait_until("the dashboard listens", lambda: socket.create_connection(("127.0.0.1", port), timeout=2).close() or True,
+        wait_until("the dashboard listens", lambda: socket.create_connection(("127.0.0.1", port), timeout=scaled(2)).close() or True,
                    60, retry_on=(OSError,), check=lambda: roles.alive("dashboard"))
         roles.stop("dashboard")
     finally:

@@ -107,7 +107,7 @@ def test_a_stopping_task_signals_each_worker_once(tmp_path):
         hsx_slurm_on_signal "time limit"
         wait
     """
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=scaled(60))
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "signals").read_text().splitlines() == ["kill -TERM 111 222"], out.stdout
 
@@ -123,7 +123,7 @@ def test_submit_fits_each_request_to_the_partition_or_says_which_variable_does_n
     base = f"HSX_RUN=fit\nHSX_SLURM_DEVICE=cpu\nHSX_SLURM_GPUS=1\nHSX_SLURM_LOG_DIR={tmp_path / 'logs'}\n"
     env_file.write_text(base + f"HSX_SLURM_PRODUCER_CPUS={cpus + 1}\n")
     before = slurm.jobs()
-    out = subprocess.run(["bash", str(SUBMIT), "run"], capture_output=True, text=True, timeout=60,
+    out = subprocess.run(["bash", str(SUBMIT), "run"], capture_output=True, text=True, timeout=scaled(60),
                          env={**slurm.env, "HSX_SLURM_ENV": str(env_file)})
     assert out.returncode == 2 and not out.stdout, out.stdout + out.stderr
     assert out.stderr.count("\n") == 1 and f"HSX_SLURM_PRODUCER_CPUS={cpus + 1}" in out.stderr, out.stderr
@@ -131,7 +131,7 @@ def test_submit_fits_each_request_to_the_partition_or_says_which_variable_does_n
     assert slurm.jobs() == before  # nothing submitted
 
     env_file.write_text(base + 'HSX_SLURM_EXTRA="--hold"\n')   # the defaults: 8 CPUs a job
-    out = subprocess.run(["bash", str(SUBMIT), "run"], capture_output=True, text=True, timeout=60,
+    out = subprocess.run(["bash", str(SUBMIT), "run"], capture_output=True, text=True, timeout=scaled(60),
                          env={**slurm.env, "HSX_SLURM_ENV": str(env_file)})
     jobs = dict(line.split() for line in out.stdout.splitlines())
     try:
