@@ -13,12 +13,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.waiting import scaled
+from hsx_tools.processes import stop_all
+from tests.waiting import exits_fail, scaled, wait_until
 
-START_SECONDS = 60.0  # s rclone may take to listen on a quiet machine (scaled on a loaded one)
+START_SECONDS = 60.0  # s rclone may take to listen on a quiet machine (wait_until scales it on a loaded one)
 
 
 def rclone_binary() -> str:
@@ -70,23 +70,21 @@ class RcloneS3:
             self.proc = subprocess.Popen([rclone_binary(), "serve", "s3", "--addr", f"127.0.0.1:{self.port}",
                                           *self.extra_args, str(self.root)], env=env, stdout=log,
                                          stderr=subprocess.STDOUT, preexec_fn=pin)
-        deadline = time.monotonic() + scaled(START_SECONDS)
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"rclone serve s3 exited {self.proc.returncode}: {self.log_path.read_text()[-500:]}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=scaled(1)).close()
-                return self
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"rclone serve s3 did not listen on {self.url} within {scaled(START_SECONDS):.0f} s")
+        try:
+            wait_until(f"rclone serve s3 listening on {self.url}", self._listening, START_SECONDS,
+                       interval=0.1, check=exits_fail(self.proc, "rclone serve s3", self.log_path))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _listening(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=scaled(1)).close()
+            return True
+        except OSError:
+            return False
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=scaled(10))
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_all([self.proc], scaled(10))

@@ -15,21 +15,18 @@ line. Stopped by PID (and by the kernel when the process that started it dies); 
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.waiting import scaled
+from hsx_tools.processes import child_options, stop_all
+from tests.waiting import exits_fail, scaled, wait_until
 
-PR_SET_PDEATHSIG = 1   # prctl option (linux/prctl.h)
-START_SECONDS = 60.0  # s weed may take to answer S3 on a loaded machine (about 1 s on a quiet one)
+START_SECONDS = 60.0  # s weed may take to answer S3 (about 1 s on a quiet machine; wait_until scales it)
 # Every listener of `weed mini` (the gRPC ones too: their defaults are the HTTP port + 10000, shared by every run).
 PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
               "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc")
@@ -49,12 +46,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the process that started it dies, even by SIGKILL (Linux
-    PR_SET_PDEATHSIG), so no weed outlives a killed test run."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class SeaweedS3:
@@ -91,29 +82,25 @@ class SeaweedS3:
         env = {**os.environ, **self.env()}   # the key pair: weed mini's admin identity
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=self.root, preexec_fn=_die_with_parent)
+                                         cwd=self.root, **child_options())   # dies with its parent
         client = boto3.client("s3", endpoint_url=self.url, region_name="us-east-1",
                               config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5))
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited {self.proc.returncode}: {self.log_path.read_text()[-500:]}")
-            try:
-                client.list_buckets()   # signed: the S3 gateway answers with its filer behind it
-                return self
-            except Exception:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"weed mini did not answer S3 on {self.url} within {START_SECONDS:.0f} s")
+
+        def answers() -> bool:
+            client.list_buckets()   # signed: the S3 gateway answers with its filer behind it
+            return True
+
+        try:
+            wait_until(f"weed mini answering S3 on {self.url}", answers, START_SECONDS, interval=0.1,
+                       check=exits_fail(self.proc, "weed mini", self.log_path), retry_on=(Exception,))
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=scaled(20))
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_all([self.proc], scaled(20))
         # a killed weed leaves its gRPC sockets in /tmp (a stopped one removes them)
         for port in self.ports.values():
             for path in glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):

@@ -12,6 +12,7 @@ import functools
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -81,6 +82,14 @@ def wait_until(what: str, predicate: Callable[[], T], stall_seconds: float, *, i
                                  f"(time scale {time_scale():.1f}, {now - started:.0f}s in all{moving}; "
                                  f"last error: {last_error}){extra}")
         time.sleep(interval)
+
+
+def exits_fail(proc, what: str, log_path) -> Callable[[], None]:
+    """A ``check`` for wait_until: raise, with the end of its log, once the process ``proc`` has exited."""
+    def check() -> None:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited {proc.returncode}: {Path(log_path).read_text()[-500:]}")
+    return check
 
 
 class ProgressDeadline:
