@@ -69,19 +69,22 @@ class KernelSet:
     gated_delta_rule: Callable  # (q, k, v, a, b, A_log, dt_bias) -> o [B, T, HV, V]; l2-normed q, k inside
 
 
+FLA_MIN = (0, 6)   # fla-core 0.6: chunk_gated_delta_rule takes use_gate_in_kernel, A_log, dt_bias and beta logits
+
+
 def fla_kernels() -> KernelSet:
-    """flash-linear-attention's Triton kernels; ImportError/TypeError when this fla lacks what is used here."""
-    import inspect
+    """flash-linear-attention's Triton kernels; ImportError (or PackageNotFoundError) where fla-core is missing,
+    TypeError where it is older than FLA_MIN (its chunk kernel takes the in-kernel gate as **kwargs, so an older
+    one would not refuse the arguments: it would ignore them)."""
+    version = importlib.metadata.version("fla-core")
+    if tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < FLA_MIN:
+        raise TypeError(f"fla-core {version} is older than {'.'.join(map(str, FLA_MIN))}: no in-kernel gate")
 
     from fla.modules.activations import swiglu
     from fla.modules.causal_conv1d import causal_conv1d
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
     from fla.modules.norm.layernorm import rms_norm
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-    source = inspect.getsource(inspect.unwrap(chunk_gated_delta_rule))
-    if "use_gate_in_kernel" not in source or "use_beta_sigmoid_in_kernel" not in source:
-        raise TypeError("this fla's chunk_gated_delta_rule has no in-kernel gate (fla-core >= 0.6 has)")
 
     def norm(x, weight, residual, eps):
         return rms_norm(x, weight, None, residual=residual, eps=eps, prenorm=residual is not None)
@@ -96,7 +99,7 @@ def fla_kernels() -> KernelSet:
         return chunk_gated_delta_rule(q, k, v, g=a, beta=b, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                                       A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)[0]
 
-    return KernelSet(f"fla {importlib.metadata.version('fla-core')}", norm, gated, swiglu, conv, delta_rule)
+    return KernelSet(f"fla {version}", norm, gated, swiglu, conv, delta_rule)
 
 
 def reference_kernels(chunk_rule: Callable) -> KernelSet:

@@ -151,3 +151,10 @@ def test_describe_names_the_kernels_run():
     assert line.startswith("GDN: reference (torch) conv + in-kernel gating + gated norm (48 layers)")
     assert "RMSNorm: reference (torch), residual add fused (64 layers)" in line and "SwiGLU" in line
     assert kernels.describe(ks, {"norm": 0, "layer": 0, "mlp": 0, "gated_deltanet": 0}, "").startswith("transformers'")
+
+
+def test_an_fla_older_than_the_in_kernel_gate_is_refused_not_trusted(monkeypatch):
+    """fla-core < 0.6 takes ``use_gate_in_kernel`` into **kwargs and ignores it: it must not be used at all."""
+    monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: "0.5.2")
+    kernel_set, why = kernels.choose("auto", torch.device("cuda:0"))
+    assert kernel_set is None and "fla-core 0.5.2 is older than 0.6" in why
