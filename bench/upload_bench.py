@@ -28,7 +28,7 @@ plus the part size and parts in flight hsx used. A short table is printed last; 
 Here (2 cores, shared):
   .venv/bin/python bench/upload_bench.py --uploaders 1,2 --batch bf16 --rate 0 --out /tmp/upload.json
 
-On the H200 host (16 cores; no internet: .whl/ and .redis/ from bench/prepare_offline.sh carried), the
+On the H200 host (16 cores; no internet: .whl/ and .redis/ from `EXTRA=1 bash bench/prepare_offline.sh` carried), the
 server pinned to cores 8-15, uploaders (and the bench, Redis) on 0-7, one call (run with carry [".whl", ".redis"]):
   source bench/install_offline.sh && export PYTHONPATH=$PWD:$PYTHONPATH && nproc && df -h /dev/shm && \
   python bench/upload_bench.py --uploaders 1,4,8,12 --batch bf16 --rate 4.2 --server-cpus 8-15 \
