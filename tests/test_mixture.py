@@ -6,6 +6,7 @@ import json
 import pytest
 
 from hsx.life import ledger, window_records
+from hsx.monitor.planstate import resume_command  # what status prints to resume a half-planned run
 from hsx.prep import MixtureError
 from hsx.runspec import Manifest
 from hsx.runspec.manifest import ManifestMismatch
@@ -49,6 +50,7 @@ def test_two_sources_with_the_same_ids_do_not_collide(r, redis_server, tiny_mode
     manifest = ledger.get_manifest(r, "mix2")
     assert [(s["name"], s["dataset"]) for s in manifest.mixture] == [("a", str(a)), ("b", str(b))]
     assert manifest.dataset == str(a)
+    assert f"--dataset {a} --dataset {b} --model" in resume_command(manifest, "mix2")
     # every batch holds one source's samples (each source starts a window)
     for spec in ledger.all_specs(r, "mix2").values():
         assert len({sid.split("/")[0] for sid in spec.sample_ids}) == 1, spec.sample_ids
@@ -77,6 +79,7 @@ def test_a_mixture_file_caps_shares_columns_and_template_kwargs(r, redis_server,
     assert report.tokenise.rows == 3 + 4 + 4 and len(by_source["glaive"]) + report.tokenise.rejected_rows == 4
     manifest = Manifest.load(open_store(str(tmp_path / "store")), "mixf")
     assert manifest.dataset == str(mix.resolve())
+    assert f"--mixture {mix.resolve()} --model" in resume_command(manifest, "mixf")
     sources = {s["name"]: dict(s) for s in manifest.mixture}
     assert sources["chat"]["rows"] == 3 and sources["chat"]["seed"] == 7
     assert sources["alpaca"]["columns"] == {"user": ["instruction"], "assistant": ["output"]}
@@ -136,3 +139,21 @@ def test_a_bad_mixture_is_one_line_naming_the_fix(tmp_path, spec, words):
         load_mixture(tmp_path / "mix.json").resolved()
     assert "\n" not in str(err.value)
     assert isinstance(err.value, MixtureError) or "does not exist" in str(err.value)
+
+
+def test_hsx_run_passes_every_source_to_produce(tmp_path):
+    # Before, `hsx run --dataset a --dataset b` handed produce only b.
+    from hsx_cli import produce as produce_cmd
+    from hsx_cli import run as run_cmd
+
+    a, b = write(tmp_path / "a.jsonl", [chat(0)]), write(tmp_path / "b.jsonl", [chat(1)])
+    common = ["--model", "m", "--store", str(tmp_path / "store"), "--gpus", "cpu", "--state-dir", str(tmp_path / "st")]
+    for given, dataset in ((["--dataset", str(a), "--dataset", str(b)], a),
+                           (["--mixture", str(write(tmp_path / "mix.json", [{"sources": [{"dataset": "a.jsonl"}]}]))],
+                            tmp_path / "mix.json")):
+        cfg = run_cmd.COMMAND.config(resolve(run_cmd.FLAGS, build_parser().parse_args(["run", *given, *common])))
+        argv = list(cfg.launch.produce)
+        assert [argv[i + 1] for i, x in enumerate(argv) if x in ("--dataset", "--mixture")] == given[1::2]
+        assert cfg.launch.same_plan["dataset"] == str(dataset)
+        v = resolve(produce_cmd.FLAGS, build_parser().parse_args(["produce", *argv, "--redis-url", "redis://127.0.0.1:1/0"]))
+        assert produce_cmd.config(v).dataset == dataset
