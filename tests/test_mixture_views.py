@@ -90,3 +90,21 @@ def test_inspect_prints_each_source(tiny_model, tmp_path, capsys):
     a_share = lines[lines.index(next(x for x in lines if x.startswith("source a "))) + 2]
     assert a_share.startswith("  shared prefixes: ") and not a_share.startswith("  shared prefixes: 0.0%")
     assert "rows: 9 read, 8 kept" in out and "row 4 (id b/3): line 4 of b.jsonl is not valid JSON" in out
+
+
+def test_a_mixture_run_extracts_and_reads_back_both_sources_same_ids(r, redis_server, tiny_model, tmp_path):
+    """Through a worker and an uploader (in process, CPU): the stored run holds a/x0 and b/x0, each its own rows'
+    tokens, and the dashboard counts both sources done."""
+    from hsx.prep import mixture_of_datasets
+    from hsx_reader import RunDataset
+    from tests.pipeline import run_pipeline
+
+    a = write(tmp_path / "a.jsonl", [{"id": f"x{i}", **chat(i)} for i in range(3)])
+    b = write(tmp_path / "b.jsonl", [{"id": f"x{i}", **chat(i, "something else entirely")} for i in range(2)])
+    run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="mixe",
+                 mixture=mixture_of_datasets([a, b]), window_rows=4)
+    ds = RunDataset(str(tmp_path / "store"), "mixe")
+    assert sorted(ds.source.index.by_id) == ["a/x0", "a/x1", "a/x2", "b/x0", "b/x1"]
+    assert len(ds.get("b/x0")["input_ids"]) > len(ds.get("a/x0")["input_ids"])   # b's rows are longer
+    assert [(s["source"], s["done"]["samples"], s["samples"]) for s in source_progress(r, "mixe")] == \
+        [("a", 3, 3), ("b", 2, 2)]
