@@ -125,8 +125,9 @@ def identify(cfg: ProduceConfig) -> tuple[Manifest, str]:
     _check_pinned_memory(cfg.token_budget, text_cfg.hidden_size, len(layer_ids) + store_final, store_dtype)
     log.info("fingerprinting %s", cfg.dataset)
     mixture = cfg.mixture.records() if cfg.mixture is not None else []
-    if mixture:   # the run's dataset is its sources, as the manifest's mixture lists them
-        content_fingerprint = named_fingerprint = hashlib.sha256(json.dumps(mixture, sort_keys=True).encode()).hexdigest()
+    if mixture:   # the run's dataset is its sources as the manifest's mixture lists them, less their paths
+        known = [{k: v for k, v in source.items() if k != "dataset"} for source in mixture]
+        content_fingerprint = named_fingerprint = hashlib.sha256(json.dumps(known, sort_keys=True).encode()).hexdigest()
     else:
         content_fingerprint, named_fingerprint = fingerprints(cfg.dataset)
     facts = RunFacts(

@@ -89,6 +89,15 @@ def test_a_mixture_file_caps_shares_columns_and_template_kwargs(r, redis_server,
     again = produce_cli(redis_server.url, tiny_model, tmp_path / "store", "mixf", "--mixture", mix,
                         "--max-reject-share", "0.5")
     assert again.enqueued == 0 and planned_ids(r, "mixf") == ids
+    # a source moved to another folder is the same source (known by its bytes, as one --dataset is)
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "chat.jsonl").rename(tmp_path / "moved" / "chat.jsonl")
+    spec = json.loads(mix.read_text())
+    spec["sources"][0]["dataset"] = "moved/chat.jsonl"
+    mix.write_text(json.dumps(spec))
+    moved = produce_cli(redis_server.url, tiny_model, tmp_path / "store", "mixf", "--mixture", mix,
+                        "--max-reject-share", "0.5")
+    assert moved.enqueued == 0 and planned_ids(r, "mixf") == ids
     # a changed mixture is another run: refused, naming the mixture
     spec = json.loads(mix.read_text())
     spec["sources"][0]["seed"] = 8

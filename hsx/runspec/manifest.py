@@ -385,11 +385,19 @@ def _absolute(run: str, name: str, path: str) -> str:
     return ("file://" + resolved) if path.startswith("file://") else resolved
 
 
+def _identity(name: str, value):
+    """What of a field must agree on resume: a mixture's sources less their paths (a source is known by its
+    bytes, as a single dataset is: the same file under another path resumes the run)."""
+    if name == "mixture" and value:
+        return [{k: v for k, v in source.items() if k != "dataset"} for source in value]
+    return value
+
+
 def check_same_run(existing: Manifest, wanted: Manifest) -> None:
     """ManifestMismatch, listing the differences, unless both define the same output."""
     old, new = existing.to_dict(), wanted.to_dict()
     diffs = [f"{k}: run has {old.get(k)!r}, this call has {new.get(k)!r}"
-             for k in IDENTITY_FIELDS if old.get(k) != new.get(k)]
+             for k in IDENTITY_FIELDS if _identity(k, old.get(k)) != _identity(k, new.get(k))]
     # A manifest an older hsx wrote has no weights fingerprint: it resumes, and records this call's.
     if existing.model_weights and wanted.model_weights and existing.model_weights != wanted.model_weights:
         diffs.insert(0, f"model_weights: run has {existing.model_weights} (model {existing.model}), this call has "
