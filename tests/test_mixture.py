@@ -47,6 +47,9 @@ def test_two_sources_with_the_same_ids_do_not_collide(r, redis_server, tiny_mode
     report = produce_cli(redis_server.url, tiny_model, tmp_path / "store", "mix2", "--dataset", a, "--dataset", b)
     assert report.samples == 6 and report.tokenise.rejected_rows == 0
     assert planned_ids(r, "mix2") == ["a/x0", "a/x1", "a/x2", "b/2", "b/x0", "b/x1"]
+    lines = report.lines()
+    assert [line.split(",")[0] for line in lines if line.startswith("  source ")] == \
+        ["  source a: 3 rows read", "  source b: 3 rows read"]
     manifest = ledger.get_manifest(r, "mix2")
     assert [(s["name"], s["dataset"]) for s in manifest.mixture] == [("a", str(a)), ("b", str(b))]
     assert manifest.dataset == str(a)
