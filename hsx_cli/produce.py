@@ -56,7 +56,7 @@ def columns(v):
 DATASET = Flag("--dataset", "JSONL, Parquet or a `datasets` folder; given several times, a mixture: one source each, "
                "named by its file, sample ids as NAME/ID (docs/data.md); the variable takes a comma-separated list",
                repeat=True)
-MIXTURE = Flag("--mixture", "a mixture file (JSON, instead of --dataset): its sources, each with its own columns, "
+MIXTURE = Flag("--mixture", "a mixture file (JSON, or YAML for .yaml/.yml; instead of --dataset): its sources, each with its own columns, "
                "template arguments, a cap or share of rows and a seed (docs/data.md, \"A mixture\")")
 MODEL = Flag("--model", "target model: local path or hub id", required=True)
 LAYERS = Flag("--layers", "dflash, dflash:N, eagle3 or a list like 1,9,17; +final also stores the final state",

@@ -139,6 +139,8 @@ def test_one_dataset_keeps_its_ids_manifest_and_window_records(r, redis_server, 
     ({"sources": [{"dataset": "a.jsonl", "weight": 2}]}, "unknown key 'weight'"),
     ({"sources": [{"dataset": "a.jsonl", "columns": "user"}]}, "is not key=column"),
     ({"sources": [{"dataset": "missing.jsonl"}]}, "source missing: dataset .* does not exist"),
+    ("sources: [dataset: a.jsonl", "not YAML"),
+    ("sources:\n  - !!python/object/apply:os.system [echo hi]", "not YAML"),
 ])
 def test_a_bad_mixture_is_one_line_naming_the_fix(tmp_path, spec, words):
     from hsx.prep import load_mixture
@@ -146,11 +148,24 @@ def test_a_bad_mixture_is_one_line_naming_the_fix(tmp_path, spec, words):
     write(tmp_path / "a.jsonl", [chat(0)])
     (tmp_path / "sub").mkdir()
     write(tmp_path / "sub" / "a.jsonl", [chat(0)])
-    (tmp_path / "mix.json").write_text(json.dumps(spec))
+    name = "mix.yaml" if isinstance(spec, str) else "mix.json"
+    (tmp_path / name).write_text(spec if isinstance(spec, str) else json.dumps(spec))
     with pytest.raises(Exception, match=words) as err:
-        load_mixture(tmp_path / "mix.json").resolved()
+        load_mixture(tmp_path / name).resolved()
     assert "\n" not in str(err.value)
     assert isinstance(err.value, MixtureError) or "does not exist" in str(err.value)
+
+
+def test_a_yaml_mixture_is_the_same_mixture(tmp_path):
+    from hsx.prep import load_mixture
+
+    write(tmp_path / "a.jsonl", [chat(0)])
+    (tmp_path / "mix.json").write_text(json.dumps({"sources": [{"name": "x", "dataset": "a.jsonl", "rows": 1,
+                                                                "template_kwargs": {"enable_thinking": False}}]}))
+    (tmp_path / "mix.yaml").write_text("sources:\n  - name: x\n    dataset: a.jsonl\n    rows: 1\n"
+                                       "    template_kwargs: {enable_thinking: false}\n")
+    from_json, from_yaml = load_mixture(tmp_path / "mix.json"), load_mixture(tmp_path / "mix.yaml")
+    assert from_yaml.sources == from_json.sources and from_yaml.sources[0].template_kwargs == {"enable_thinking": False}
 
 
 def test_hsx_run_passes_every_source_to_produce(tmp_path):

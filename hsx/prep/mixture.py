@@ -2,7 +2,7 @@
 share of rows.
 
 Given as ``--dataset`` repeated (sources named by their file names, the run's --columns and --template-kwargs for
-all) or as a mixture file (``--mixture mix.json``), one JSON object::
+all) or as a mixture file (``--mixture mix.json``, or ``mix.yaml``: the same in YAML), one JSON object::
 
     {"sources": [
       {"name": "orca", "dataset": "orca.parquet", "rows": 100000, "seed": 1},
@@ -197,14 +197,24 @@ def of_datasets(paths: list[str | Path]) -> Mixture:
 
 
 def load(path: str | Path) -> Mixture:
-    """A mixture file (JSON: ``{"sources": [...]}`` or the list alone); MixtureError naming what is wrong."""
+    """A mixture file (JSON, or YAML for a .yaml / .yml file: ``{"sources": [...]}`` or the list alone);
+    MixtureError naming what is wrong."""
     path = Path(path).expanduser()
+    as_yaml = path.suffix in (".yaml", ".yml")
     try:
-        spec = json.loads(path.read_text())
+        text = path.read_text()
+        if as_yaml:
+            import yaml
+
+            spec = yaml.safe_load(text)   # plain data only: no tags, no objects
+        else:
+            spec = json.loads(text)
     except OSError as exc:
         raise MixtureError(f"mixture file {path}: {exc.strerror}") from None
     except ValueError as exc:
         raise MixtureError(f"mixture file {path}: not JSON ({exc})") from None
+    except Exception as exc:   # yaml.YAMLError: its message names the line and column
+        raise MixtureError(f"mixture file {path}: not YAML ({' '.join(str(exc).split())})") from None
     entries = spec.get("sources") if isinstance(spec, dict) else spec
     if not isinstance(entries, list):
         raise MixtureError(f"mixture file {path}: want {{\"sources\": [{{\"dataset\": ...}}, ...]}}")
