@@ -103,6 +103,10 @@ def test_a_mixture_run_extracts_and_reads_back_both_sources_same_ids(r, redis_se
     b = write(tmp_path / "b.jsonl", [{"id": f"x{i}", **chat(i, "something else entirely")} for i in range(2)])
     run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="mixe",
                  mixture=mixture_of_datasets([a, b]), window_rows=4)
+    from hsx_tools.verify import verify_run
+
+    report = verify_run(r, open_store(str(tmp_path / "store")), "mixe")   # every object read: ids, digests, tokens
+    assert report.ok and report.samples == 5, report.lines()
     ds = RunDataset(str(tmp_path / "store"), "mixe")
     assert sorted(ds.source.index.by_id) == ["a/x0", "a/x1", "a/x2", "b/x0", "b/x1"]
     assert len(ds.get("b/x0")["input_ids"]) > len(ds.get("a/x0")["input_ids"])   # b's rows are longer
