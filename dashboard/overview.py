@@ -122,6 +122,8 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
         "extract_queue": p["extract_queue"],
         "series": throughput_series(r, run, plan.tokens, now, p["complete"], config.series_span_seconds,
                                     config.series_bucket_seconds),
+        # a mixture's sources: rows, rejected, samples, tokens, batches planned and done each ([] for one dataset)
+        "sources": monitor.source_progress(r, run, plan.samples, plan.tokens),
         "shards": [{"shard": s, "done": p["shards"].get(s, {}).get("done", 0), "total": n}
                    for s, n in sorted(plan.shard_batches.items())],
         "workers": sorted((_worker_row(w, now, config.stale_after_seconds, reclaimed)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hsx_cli.command import Command
 from hsx_cli.flags import Flag
-from hsx_cli.produce import BATCH_FLAGS, DATASET, LAYERS, MODEL, ROW_FLAGS, TOKEN_BUDGET, check_flags, columns, template_kwargs
+from hsx_cli.produce import (
+    BATCH_FLAGS,
+    DATASET,
+    LAYERS,
+    MIXTURE,
+    MODEL,
+    ROW_FLAGS,
+    TOKEN_BUDGET,
+    check_flags,
+    columns,
+    dataset_of,
+    template_kwargs,
+)
 
 # The run's flags are produce's own declarations (hsx_cli/produce.py), so both refuse and default alike.
 FLAGS = (
-    DATASET, MODEL, LAYERS,
+    DATASET, MIXTURE, MODEL, LAYERS,
     *ROW_FLAGS,
     TOKEN_BUDGET,
     *BATCH_FLAGS,
@@ -28,11 +38,11 @@ FLAGS = (
 
 
 def config(v):
-    check_flags(v)
+    mix = check_flags(v)
     from hsx_tools.inspect import InspectConfig
 
     return InspectConfig(
-        dataset=Path(v["dataset"]), model=v["model"], layers=v["layers"], template_kwargs=template_kwargs(v),
+        dataset=dataset_of(v, mix), mixture=mix, model=v["model"], layers=v["layers"], template_kwargs=template_kwargs(v),
         columns=columns(v), max_length=v["max_length"], overlong=v["overlong"], max_reject_share=v["max_reject_share"],
         tokenise_workers=v["tokenise_workers"], window_rows=v["window_rows"], token_budget=v["token_budget"],
         max_batch_rows=v["max_batch_rows"], pad_multiple=v["pad_multiple"], dtype=v["dtype"],

@@ -53,7 +53,11 @@ def columns(v):
 
 
 # What a run is planned from: declared once, shared with `hsx inspect` (same limits, same help).
-DATASET = Flag("--dataset", "JSONL, Parquet or a `datasets` folder", required=True)
+DATASET = Flag("--dataset", "JSONL, Parquet or a `datasets` folder; given several times, a mixture: one source each, "
+               "named by its file, sample ids as NAME/ID (docs/data.md); the variable takes a comma-separated list",
+               repeat=True)
+MIXTURE = Flag("--mixture", "a mixture file (JSON, or YAML for .yaml/.yml; instead of --dataset): its sources, each with its own columns, "
+               "template arguments, a cap or share of rows and a seed (docs/data.md, \"A mixture\")")
 MODEL = Flag("--model", "target model: local path or hub id", required=True)
 LAYERS = Flag("--layers", "dflash, dflash:N, eagle3 or a list like 1,9,17; +final also stores the final state",
               default="dflash")
@@ -80,7 +84,7 @@ BATCH_FLAGS = (
 )
 
 FLAGS = (
-    DATASET, MODEL, LAYERS,
+    DATASET, MIXTURE, MODEL, LAYERS,
     RUN,
     Flag("--store", "s3://bucket/prefix or a local directory", required=True),
     *STORE_FLAGS,
@@ -103,19 +107,44 @@ FLAGS = (
 )
 
 
-def check_flags(v) -> None:
-    """The checks `hsx produce` and `hsx inspect` share, made before any heavy import (seconds, not tens)."""
-    from hsx.prep import check_budget, check_row_settings, resolve_dataset
+def mixture(v):
+    """The run's mixture (hsx.prep.Mixture, paths resolved): --mixture, or --dataset given several times; None for
+    one --dataset (ids and manifest as before mixtures)."""
+    from hsx.prep import load_mixture, mixture_of_datasets
+
+    datasets = v["dataset"]
+    if v["mixture"] and datasets:
+        raise ConfigError("give --dataset (once or several times) or --mixture FILE, not both")
+    if not v["mixture"] and not datasets:
+        raise ConfigError("--dataset is required (or set HSX_DATASET), or --mixture FILE")
+    if v["mixture"]:
+        return load_mixture(v["mixture"]).resolved()
+    return mixture_of_datasets(datasets).resolved() if len(datasets) > 1 else None
+
+
+def dataset_of(v, mix) -> Path:
+    """The run's ``dataset`` (the manifest's): the one --dataset, the mixture file, or the first source."""
+    from hsx.prep import resolve_dataset
+
+    return mix.dataset if mix is not None else resolve_dataset(v["dataset"][0])
+
+
+def check_flags(v):
+    """The checks `hsx produce` and `hsx inspect` share, made before any heavy import (seconds, not tens).
+    Returns the mixture (None for one --dataset)."""
+    from hsx.prep import check_budget, check_row_settings
 
     check_row_settings(v["overlong"], v["max_reject_share"])
     check_budget(v["max_length"], v["token_budget"], v["pad_multiple"])
-    resolve_dataset(v["dataset"])
+    mix = mixture(v)
+    dataset_of(v, mix)
+    return mix
 
 
 def config(v) -> ProduceConfig:
-    check_flags(v)
+    mix = check_flags(v)
     return ProduceConfig(
-        run=v["run"], dataset=Path(v["dataset"]), model=v["model"], layers=v["layers"], store=store_settings(v),
+        run=v["run"], dataset=dataset_of(v, mix), mixture=mix, model=v["model"], layers=v["layers"], store=store_settings(v),
         redis_url=redis_url(v), token_budget=v["token_budget"], max_length=v["max_length"], overlong=v["overlong"],
         max_batch_rows=v["max_batch_rows"], pad_multiple=v["pad_multiple"], dtype=v["dtype"],
         batches_per_shard=v["batches_per_shard"], tokenise_workers=v["tokenise_workers"],

@@ -75,6 +75,8 @@ def passed(flags, values, skip, **override) -> list[str]:
             continue
         if flag.type is bool:
             argv.append(flag.name)
+        elif isinstance(value, list):   # a repeated flag (--dataset a --dataset b)
+            argv += [part for item in value for part in (flag.name, str(item))]
         elif isinstance(value, bool):
             argv += [flag.name, "yes" if value else "no"]
         else:
@@ -105,13 +107,13 @@ def devices(text: str) -> list[str]:
 
 
 def config(v) -> RunConfig:
-    from hsx.prep import resolve_dataset, resolve_model, resolve_store_url
+    from hsx.prep import resolve_model, resolve_store_url
     from hsx.store import layout
     from hsx_tools.launch import Launch
     from hsx_tools.statedir import default_state_dir
 
     layout.check_run_name(v["run"])   # it names a folder of logs
-    produce.check_flags(v)   # the dataset, the budgets: refused here, before any process starts
+    mix = produce.check_flags(v)   # the dataset or mixture, the budgets: refused here, before any process starts
     produce.template_kwargs(v)
     produce.columns(v)
     store = store_settings(v)
@@ -131,7 +133,7 @@ def config(v) -> RunConfig:
         upload=tuple(passed(upload.FLAGS, v, NOT_PASSED, spool_dir=spool)), uploaders=per_worker * len(devs),
         logs=state / "logs" / v["run"], verify=v["verify"],
         stop_seconds=v["grace_seconds"] + D.STOP_DEADLINE_MARGIN_SECONDS + D.STOP_SECONDS,
-        same_plan={"dataset": str(resolve_dataset(v["dataset"])), "model": resolve_model(v["model"]),
+        same_plan={"dataset": str(produce.dataset_of(v, mix)), "model": resolve_model(v["model"]),
                    "store_url": resolve_store_url(store.url), "layer_preset": v["layers"],
                    "token_budget": v["token_budget"], "max_length": v["max_length"]},
         retry_failed=v["retry_failed"], every_s=v["log_every_seconds"])

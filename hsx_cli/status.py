@@ -33,7 +33,7 @@ def config(v) -> StatusConfig:
 
 def run(cfg: StatusConfig) -> int:
     from hsx import life
-    from hsx.monitor import run_progress, summary_lines
+    from hsx.monitor import run_progress, source_lines, source_progress, summary_lines
     from hsx.printable import printable
     from hsx.redisconn import connect
 
@@ -51,12 +51,15 @@ def run(cfg: StatusConfig) -> int:
 
         # Live bars only on a terminal; a log file or pipe gets one summary per interval.
         return (watch if sys.stdout.isatty() else watch_plain)(r, runs[0], cfg.interval)
-    reports = [run_progress(r, run) for run in runs]
+    reports = [{**run_progress(r, run), "sources": source_progress(r, run)} for run in runs]  # sources: a mixture's
     if cfg.json:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, default=str))
     else:
         for p in reports:
-            print("\n".join(printable(line) for line in summary_lines(p)))   # Redis' records: shown, never obeyed
+            lines = summary_lines(p)
+            at = next((i + 1 for i, line in enumerate(lines) if line.startswith("  tokens ")), len(lines))
+            lines[at:at] = source_lines(p["sources"])   # after the run's totals
+            print("\n".join(printable(line) for line in lines))   # Redis' records: shown, never obeyed
     return 0
 
 

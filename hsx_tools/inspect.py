@@ -54,6 +54,7 @@ from hsx.runspec import load_model_config, text_config
 from hsx_tools.columnuse import column_lines, column_use
 from hsx_tools.prefixshare import prefix_share
 from hsx_tools.rates import RateRange, cpu_rate, gpu_rate
+from hsx_tools.sourcereport import source_lines, tally
 
 DEFAULT_STORAGE_USD_PER_TB_MONTH = 23.0
 PREFIX_SHARE_TOKENS = 20_000_000  # tokens of rows kept for the shared-prefix share (~160 MB with the sort's copy)
@@ -89,6 +90,7 @@ class InspectConfig:
     gpu_tokens_per_s: float | None  # None: the default rate for the model's size
     gpu_usd_per_hour: float | None
     storage_usd_per_tb_month: float
+    mixture: object = None          # hsx.prep.Mixture (dataset: its file or first source), or None: one dataset
 
 
 @dataclass
@@ -188,6 +190,11 @@ def precision_lines(store_dtype: str, compute_dtype: str, accumulation: str = "f
     return lines
 
 
+def first_rows(cfg: InspectConfig) -> Path:
+    """The rows the template and column lines read: the dataset, or a mixture's first source."""
+    return cfg.mixture.sources[0].path if cfg.mixture else cfg.dataset
+
+
 def template_lines(tokenizer, cfg: InspectConfig) -> list[str]:
     """How the chat template's assistant turns are located (and tool-call arguments passed), and how the
     turns of the dataset's first TEMPLATE_ROWS rows were located."""
@@ -201,7 +208,7 @@ def template_lines(tokenizer, cfg: InspectConfig) -> list[str]:
     except HsxError as exc:
         return [f"template: {exc}"]
     rows = 0
-    for row in iter_rows(cfg.dataset):
+    for row in iter_rows(first_rows(cfg)):
         if rows == TEMPLATE_ROWS:
             break
         rows += 1
@@ -227,18 +234,22 @@ def run_inspect(cfg: InspectConfig) -> int:
     check_row_settings(cfg.overlong, cfg.max_reject_share)
     check_budget(cfg.max_length, cfg.token_budget, cfg.pad_multiple)
     check_fp8_accumulation(cfg.fp8_accumulation, check_compute_dtype(cfg.compute_dtype))
-    cfg = replace(cfg, dataset=resolve_dataset(cfg.dataset), model=resolve_model(cfg.model))
+    cfg = replace(cfg, dataset=cfg.mixture.dataset if cfg.mixture else resolve_dataset(cfg.dataset),
+                  model=resolve_model(cfg.model))
     config = load_model_config(cfg.model)
     text_cfg = text_config(config)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
-    settings = TokeniseSettings(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns)
+    settings = TokeniseSettings.of(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns,
+                                   cfg.mixture)
     window_rows = cfg.window_rows
     rng = random.Random(cfg.seed)
     report, lengths, picked, kept_seen, every_ids, kept_tokens = TokeniseReport(), [], [], 0, [], 0
-    with WindowTokeniser(cfg.dataset, settings, cfg.tokenise_workers or default_workers(cfg.dataset), window_rows) as windows:
+    dataset, by_source = cfg.mixture or cfg.dataset, {}
+    with WindowTokeniser(dataset, settings, cfg.tokenise_workers or default_workers(dataset), window_rows) as windows:
         for window in windows:
             report.merge(window.report)
+            tally(by_source, window)
             for sample in window.samples:          # reservoir: N samples uniformly over the kept rows
                 lengths.append(len(sample.input_ids))
                 if kept_tokens < PREFIX_SHARE_TOKENS:   # the shared-prefix share is measured over these rows
@@ -260,12 +271,14 @@ def run_inspect(cfg: InspectConfig) -> int:
           f"{report.dropped_overlong} over {cfg.max_length} tokens dropped, {report.rejected_rows} rejected "
           f"({report.reject_share():.2%}; produce fails above {cfg.max_reject_share:.2%})")
     print("  by format: " + ", ".join(f"{k} {v}" for k, v in sorted(report.formats.items())))
-    for line in column_lines(*column_use(cfg.dataset, cfg.columns)):
+    for line in column_lines(*column_use(first_rows(cfg), cfg.columns)):
         print(printable(line))      # column names are the dataset's
     for code, n in report.rejected.most_common():
         print(f"  rejected {n} x {code}")
     for example in report.examples[:10]:
         print(f"    {printable(example)}")
+    for line in source_lines(cfg.mixture, by_source) if cfg.mixture else []:
+        print(line)
     print("token lengths (kept samples):")
     print("\n".join(histogram_lines(lengths_np)))
     if every_ids:

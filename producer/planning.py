@@ -44,8 +44,15 @@ class Planning:
     padded_tokens: int = 0
     enqueued: int = 0
     manifest_saved: bool = False
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)   # a mixture's: name -> rows, rejected, samples, tokens, batches
 
     def add(self, rec: WindowRecord, resumed: bool) -> None:
+        if rec.source:
+            counts = self.sources.setdefault(rec.source, dict.fromkeys(("rows", "rejected", "samples", "tokens",
+                                                                        "batches"), 0))
+            for name, n in (("rows", rec.report.rows), ("rejected", rec.report.rejected_rows),
+                            ("samples", rec.samples), ("tokens", rec.tokens), ("batches", rec.batches)):
+                counts[name] += n
         self.batches += rec.batches
         self.samples += rec.samples
         self.tokens += rec.tokens
@@ -70,4 +77,4 @@ class Planning:
                              self.padded_tokens, len(self.done), self.first_pending, self.enqueued, self.repaired,
                              windows=self.resumed_windows + self.new_windows, resumed_windows=self.resumed_windows,
                              rebuilt=len(self.rebuild.rebuilt) if self.rebuild is not None else 0,
-                             planned_only=self.planned_only)
+                             planned_only=self.planned_only, sources=self.sources)

@@ -18,6 +18,7 @@ existing run is refused.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -104,7 +105,9 @@ def check(cfg: ProduceConfig) -> tuple[ProduceConfig, redis.Redis]:
     check_row_settings(cfg.overlong, cfg.max_reject_share)
     check_budget(cfg.max_length, cfg.token_budget, cfg.pad_multiple)
     # Paths are resolved once, here: the manifest holds them absolute for roles started anywhere (docs/architecture.md, rule 8).
-    cfg = replace(cfg, dataset=resolve_dataset(cfg.dataset), model=resolve_model(cfg.model),
+    mixture = cfg.mixture.resolved() if cfg.mixture is not None else None
+    cfg = replace(cfg, dataset=mixture.dataset if mixture else resolve_dataset(cfg.dataset), mixture=mixture,
+                  model=resolve_model(cfg.model),
                   store=replace(cfg.store, url=resolve_store_url(cfg.store.url)))
     cfg.store.check_writable()
     r = connect(cfg.redis_url)
@@ -121,14 +124,19 @@ def identify(cfg: ProduceConfig) -> tuple[Manifest, str]:
     store_dtype = check_store_dtype(cfg.store_dtype or cfg.dtype)   # the one place a run's store dtype is chosen
     _check_pinned_memory(cfg.token_budget, text_cfg.hidden_size, len(layer_ids) + store_final, store_dtype)
     log.info("fingerprinting %s", cfg.dataset)
-    content_fingerprint, named_fingerprint = fingerprints(cfg.dataset)
+    mixture = cfg.mixture.records() if cfg.mixture is not None else []
+    if mixture:   # the run's dataset is its sources as the manifest's mixture lists them, less their paths
+        known = [{k: v for k, v in source.items() if k != "dataset"} for source in mixture]
+        content_fingerprint = named_fingerprint = hashlib.sha256(json.dumps(known, sort_keys=True).encode()).hexdigest()
+    else:
+        content_fingerprint, named_fingerprint = fingerprints(cfg.dataset)
     facts = RunFacts(
         model_config_hash=cfg_hash, model_type=text_cfg.model_type, num_layers=text_cfg.num_hidden_layers,
         hidden_size=text_cfg.hidden_size, layer_ids=tuple(layer_ids), store_final=store_final,
         store_dtype=store_dtype, dataset_fingerprint=content_fingerprint,
         chat_template_hash=hashlib.sha256(str(tokenizer.chat_template or "").encode()).hexdigest(),
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-        model_weights=weights_fingerprint(cfg.model))
+        model_weights=weights_fingerprint(cfg.model), mixture=tuple(mixture))
     return plan_manifest(cfg, facts), named_fingerprint
 
 
@@ -182,12 +190,14 @@ def resume(planning: Planning, resumed: bool) -> Planning:
 def plan_windows(planning: Planning, manifest: Manifest, event: Callable[[str, int], None]) -> None:
     """Tokenise the windows after the resumed ones; plan, write, enqueue and record each as it comes."""
     cfg = planning.cfg
-    settings = TokeniseSettings(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns)
-    workers = cfg.tokenise_workers or default_workers(cfg.dataset)
+    settings = TokeniseSettings.of(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns,
+                                   cfg.mixture)
+    dataset = cfg.mixture if cfg.mixture is not None else cfg.dataset
+    workers = cfg.tokenise_workers or default_workers(dataset)
     log.info("tokenising %s with %s's chat template on %d processes, %d rows a window",
              cfg.dataset, cfg.model, workers, cfg.window_rows)
     progress = Progress(f"tokenise {cfg.dataset.name} for run {cfg.run}", None, "rows")  # bar or log line
-    with WindowTokeniser(cfg.dataset, settings, workers, cfg.window_rows, first_window=planning.resumed_windows,
+    with WindowTokeniser(dataset, settings, workers, cfg.window_rows, first_window=planning.resumed_windows,
                          seen=planning.seen, on_event=event, on_rows=progress.advance) as tokenised, progress:
         for window in tokenised:
             planning.report.merge(window.report)
@@ -291,7 +301,8 @@ def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> Wind
     enqueued = _enqueue(planning, specs)
     return WindowRecord(first_batch=first_batch, batches=len(specs), samples=len(samples),
                         tokens=sum(s.tokens for s in specs), padded_tokens=sum(s.padded for s in specs),
-                        padding=padding_fraction(planned), enqueued=enqueued, report=window.report)
+                        padding=padding_fraction(planned), enqueued=enqueued, report=window.report,
+                        source=window.source)
 
 
 def _enqueue(planning: Planning, specs: list[life.BatchSpec]) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hsx.prep import TokeniseReport
 from hsx.runspec import Manifest
@@ -25,6 +25,7 @@ class ProduceReport:
     resumed_windows: int = 0
     rebuilt: int = 0
     planned_only: bool = False
+    sources: dict = field(default_factory=dict)   # a mixture's: name -> {rows, rejected, samples, tokens, batches}
 
     def lines(self) -> list[str]:
         t = self.tokenise
@@ -39,6 +40,9 @@ class ProduceReport:
                + (f", {self.repaired} recorded done but missing from the store (re-enqueued)" if self.repaired else "")
                + (f", {self.rebuilt} recorded done from verified objects in the store (ledger rebuilt)"
                   if self.rebuilt else "")]
+        for name, c in self.sources.items():
+            out.append(f"  source {name}: {c['rows']} rows read, {c['rejected']} rejected, {c['samples']} samples, "
+                       f"{c['tokens']} tokens, {c['batches']} batches")
         if self.planned_only:
             out.append(f"planned only: no process enqueues run {self.run} until you start it with this `hsx produce` "
                        "command without --no-enqueue")

@@ -9,7 +9,8 @@ batch ids (deterministic), and its jobs already queued are not queued again.
 
 A record is compact JSON, keys sorted (every hsx since windows wrote these bytes):
 ``{"batches":4,"enqueued":4,"first_batch":0,"padded_tokens":...,"padding":0.01,"report":{...},
-"samples":...,"tokens":...}``, ``report`` being TokeniseReport.to_dict().
+"samples":...,"tokens":...}``, ``report`` being TokeniseReport.to_dict(); a mixture's windows add ``"source"``
+(its name: hsx status and the dashboard count each source's rows, samples and batches from these records).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class WindowRecord:
     padding: float        # share of padded_tokens that is padding
     enqueued: int         # batches this window put on the queue (neither done nor pending before)
     report: TokeniseReport  # the counts of the window's rows
+    source: str = ""        # a mixture's source (every row of a window is of one); "" (left out) for one dataset
 
     @property
     def end_batch(self) -> int:
@@ -44,7 +46,8 @@ class WindowRecord:
     def to_json(self) -> str:
         return json.dumps({"first_batch": self.first_batch, "batches": self.batches, "samples": self.samples,
                            "tokens": self.tokens, "padded_tokens": self.padded_tokens, "padding": self.padding,
-                           "enqueued": self.enqueued, "report": self.report.to_dict()},
+                           "enqueued": self.enqueued, "report": self.report.to_dict(),
+                           **({"source": self.source} if self.source else {})},
                           separators=(",", ":"), sort_keys=True)
 
     @classmethod
@@ -52,7 +55,7 @@ class WindowRecord:
         d = json.loads(raw)
         return cls(first_batch=d["first_batch"], batches=d["batches"], samples=d["samples"], tokens=d["tokens"],
                    padded_tokens=d["padded_tokens"], padding=d["padding"], enqueued=d["enqueued"],
-                   report=TokeniseReport.from_dict(d["report"]))
+                   report=TokeniseReport.from_dict(d["report"]), source=str(d.get("source") or ""))
 
 
 def load(r: redis.Redis, run: str) -> list[WindowRecord]:

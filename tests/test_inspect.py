@@ -59,7 +59,7 @@ def test_inspect_takes_produces_own_flag_declarations_and_refuses_alike(capsys):
     from hsx_cli.main import main
 
     shared = {f.name for f in inspect.FLAGS} & {f.name for f in produce.FLAGS}
-    assert shared == {"--dataset", "--model", "--layers", "--token-budget", "--max-batch-rows", "--pad-multiple",
+    assert shared == {"--dataset", "--mixture", "--model", "--layers", "--token-budget", "--max-batch-rows", "--pad-multiple",
                       "--dtype", "--store-dtype", "--codec", "--compute-dtype", "--fp8-accumulation", "--template-kwargs",
                       "--columns", "--max-length",
                       "--overlong", "--max-reject-share", "--tokenise-workers", "--window-rows"}

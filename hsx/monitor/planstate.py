@@ -38,7 +38,10 @@ def resume_command(manifest: Manifest | None, run: str) -> str:
     if manifest is None:
         return f"hsx produce --run {shlex.quote(run)} (with the dataset, model and settings it was planned with)"
     m = manifest
-    args = ["hsx", "produce", "--run", run, "--dataset", m.dataset, "--model", m.model, "--layers", m.layer_preset,
+    sources = [s["dataset"] for s in m.mixture]
+    given = (["--dataset", m.dataset] if not sources else   # a mixture: its file, or each --dataset given
+             [x for path in sources for x in ("--dataset", path)] if m.dataset == sources[0] else ["--mixture", m.dataset])
+    args = ["hsx", "produce", "--run", run, *given, "--model", m.model, "--layers", m.layer_preset,
             "--store", m.store_url]
     optional = [("--s3-endpoint-url", m.store.endpoint_url, None), ("--s3-region", m.store.region, None),
                 ("--s3-addressing-style", m.store.addressing_style, "auto"),

@@ -18,6 +18,8 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "resolve_model",
         "resolve_store_url",
     ],
+    "mixture": {"Mixture": None, "MixtureError": None, "Source": None, "load": "load_mixture",
+                "of_datasets": "mixture_of_datasets"},
     "planning": ["PlannedBatch", "cut_batches", "padding_fraction"],
     "report": ["Sample", "TokeniseReport", "Window"],
     "rows": ["RowRejected"],

@@ -22,6 +22,7 @@ class TokenisedRow(NamedTuple):
     input_ids: np.ndarray    # int32
     loss_mask: np.ndarray    # uint8
     source_format: str       # openai | sharegpt | pretokenised | ... (rows by format)
+    source: str = ""         # a mixture's source (hsx.prep.mixture); "" for a single dataset
 
 
 class RejectedRow(NamedTuple):
@@ -32,6 +33,7 @@ class RejectedRow(NamedTuple):
     code: str                # the short reason (counted)
     message: str             # the reason in words (quoted in the report's examples)
     source_format: str
+    source: str = ""         # a mixture's source; "" for a single dataset
 
 
 @dataclass(frozen=True)
@@ -99,3 +101,4 @@ class Window:
     number: int              # rows [number * window_rows, (number + 1) * window_rows)
     samples: list[Sample]
     report: TokeniseReport
+    source: str = ""         # a mixture's source: every row of a window is of one source; "" for a single dataset

@@ -8,6 +8,8 @@ A row is one of (first match wins):
                 ``thinking``), ``tool_calls`` (or legacy ``function_call``); tool ``tool_call_id``, ``name``.
   sharegpt      ``conversations``: from human|user|gpt|assistant|model|system|function_call|observation|
                 tool, text in ``value``; optional ``system`` column.
+  glaive        ``chat`` (a string of USER: / ASSISTANT: / <functioncall> / FUNCTION RESPONSE: turns) and
+                ``system`` (with the function list): Glaive function calling v2 as it ships (hsx/prep/glaive.py).
 Any format may carry ``tools`` (a list, or a JSON string of one); ``messages`` / ``conversations`` may
 also be a JSON string of the list.
 
@@ -254,6 +256,13 @@ def read_conversation(data: dict[str, Any], mapping: ColumnMapping | None = None
         raw = _turn_list(data, mapping.conversations)
         system = data.get(mapping.system[0]) if mapping.system else data.get("system")
         messages, fmt = _sharegpt_messages(raw, system), "sharegpt"
+    elif isinstance(data.get("chat"), str):   # Glaive function calling v2 as it ships: system + chat strings
+        from hsx.prep.glaive import glaive_messages
+
+        raw, tools = glaive_messages(data)
+        messages = [_openai_message(t, m) for t, m in enumerate(raw)]
+        _check(messages)
+        return Conversation(messages, normalise_tools(tools), "glaive")
     else:
         preset = preset_for(data)
         if preset is None:

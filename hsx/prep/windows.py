@@ -12,6 +12,7 @@ while the consumer plans, writes and enqueues the previous window.
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -20,13 +21,14 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hsx.prep.dataset import Row, RowError, iter_rows
+from hsx.prep.mixture import MixedRow, Mixture
 from hsx.prep.report import RejectedRow, Sample, TokenisedRow, TokeniseReport, Window
 from hsx.prep.tokenise import sample_id_of
 
@@ -47,8 +49,9 @@ def default_workers(dataset=None) -> int:
         cores = max(1, os.cpu_count() or 1)
     if dataset is None:
         return cores
-    path = Path(dataset)
-    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+    paths = [s.path for s in dataset.sources] if isinstance(dataset, Mixture) else [Path(dataset)]
+    size = sum(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+               for path in paths)
     return max(1, min(cores, size // BYTES_A_WORKER))
 
 
@@ -59,25 +62,49 @@ class TokeniseSettings:
     overlong: str                               # drop | truncate
     template_kwargs: dict | None = None         # passed to the chat template of every row
     columns: Any = None                         # hsx.prep.columns.ColumnMapping (picklable), or None
+    # A mixture's sources: (name, template kwargs, columns) each, the run's merged in (hsx.prep.mixture)
+    sources: tuple = ()
+
+    @classmethod
+    def of(cls, model: str, max_length: int, overlong: str, template_kwargs, columns, mixture=None):
+        """The settings of a run; a mixture's sources get the run's template arguments and columns unless
+        they give their own (template arguments merged over the run's)."""
+        sources = tuple((s.name, {**(template_kwargs or {}), **(s.template_kwargs or {})} or None,
+                         s.columns if s.columns is not None else columns)
+                        for s in (mixture.sources if mixture is not None else ()))
+        return cls(model, max_length, overlong, template_kwargs, columns, sources)
 
 
 # --- in each tokenising process -------------------------------------------------------------
 
 _tokeniser = None
+_source_tokenisers: dict = {}   # a mixture's source name -> its ChatTokeniser (one a distinct setting)
 
 
-def _init(settings: TokeniseSettings) -> None:
-    global _tokeniser
-    from transformers import AutoTokenizer
-
+def _chat(tokenizer, template_kwargs, columns):
     from hsx.prep.tokenise import ChatTokeniser
 
     extra = {}
-    if settings.template_kwargs:
-        extra["template_kwargs"] = settings.template_kwargs
-    if settings.columns is not None:
-        extra["columns"] = settings.columns
-    _tokeniser = ChatTokeniser(AutoTokenizer.from_pretrained(settings.model), **extra)
+    if template_kwargs:
+        extra["template_kwargs"] = template_kwargs
+    if columns is not None:
+        extra["columns"] = columns
+    return ChatTokeniser(tokenizer, **extra)
+
+
+def _init(settings: TokeniseSettings) -> None:
+    global _tokeniser, _source_tokenisers
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(settings.model)
+    _tokeniser = _chat(tokenizer, settings.template_kwargs, settings.columns)
+    made: dict = {}
+    _source_tokenisers = {}
+    for name, kwargs, columns in settings.sources:
+        key = (json.dumps(kwargs, sort_keys=True, default=str), repr(columns))
+        if key not in made:
+            made[key] = _chat(tokenizer, kwargs, columns)
+        _source_tokenisers[name] = made[key]
 
 
 def reason_code(exc: Exception) -> str:
@@ -98,21 +125,25 @@ def source_format(data: dict, tokenised=None) -> str:
     return "other"
 
 
-def _encode_one(item: Row | RowError) -> TokenisedRow | RejectedRow:
+def _encode_one(item: Row | RowError | MixedRow) -> TokenisedRow | RejectedRow:
+    source, tokeniser, prefix = "", _tokeniser, ""
+    if isinstance(item, MixedRow):   # a mixture's row: its source's settings, its id namespaced by the source
+        source, tokeniser, prefix, item = item.source, _source_tokenisers[item.source], item.source + "/", item.item
     if isinstance(item, RowError):
         code = getattr(item, "code", None) or reason_code(ValueError(item.reason))
-        return RejectedRow(item.index, None, code, str(item.reason), "unreadable")
+        return RejectedRow(item.index, f"{prefix}{item.index}" if prefix else None, code, str(item.reason),
+                           "unreadable", source)
     data = item.data
-    row_id = sample_id_of(data, item.index, _tokeniser.columns)
+    row_id = prefix + sample_id_of(data, item.index, tokeniser.columns)
     try:
-        t = _tokeniser.encode_row(data, item.index)
+        t = tokeniser.encode_row(data, item.index)
     except Exception as exc:  # a row must never take the run down; name it and go on
         if isinstance(exc, ValueError):   # RowRejected (RowProblem): a bad row; anything else is a bug, still counted
-            return RejectedRow(item.index, row_id, reason_code(exc), str(exc), source_format(data))
+            return RejectedRow(item.index, row_id, reason_code(exc), str(exc), source_format(data), source)
         return RejectedRow(item.index, row_id, "internal_error", f"cannot tokenise ({type(exc).__name__}: {exc})",
-                           source_format(data))
-    return TokenisedRow(item.index, t.sample_id, np.asarray(t.input_ids, np.int32),
-                        np.asarray(t.loss_mask, np.uint8), source_format(data, t))
+                           source_format(data), source)
+    return TokenisedRow(item.index, prefix + t.sample_id, np.asarray(t.input_ids, np.int32),
+                        np.asarray(t.loss_mask, np.uint8), source_format(data, t), source)
 
 
 def _encode_chunk(chunk: list) -> list[TokenisedRow | RejectedRow]:
@@ -130,6 +161,8 @@ class _WindowBuilder:
 
     def add(self, result: TokenisedRow | RejectedRow) -> None:
         report, s = self.window.report, self.settings
+        if result.source != self.window.source:   # a mixture's windows hold one source each (hsx.prep.mixture)
+            self.window = replace(self.window, source=result.source)
         report.rows += 1
         report.formats[result.source_format] += 1
         if isinstance(result, RejectedRow):
@@ -188,7 +221,8 @@ class WindowTokeniser:
             raise ValueError(f"window rows must be >= 1, got {window_rows}")
         if workers < 1:
             raise ValueError(f"tokenise workers must be >= 1, got {workers}")
-        self.rows = iter_rows(dataset)      # opens the dataset now: a missing file fails here, not in the thread
+        # opens the dataset now: a missing file fails here, not in the thread
+        self.rows = dataset.iter_rows(window_rows) if isinstance(dataset, Mixture) else iter_rows(dataset)
         self.settings, self.workers, self.window_rows = settings, workers, window_rows
         self.first_window, self.seen = first_window, seen if seen is not None else set()
         self.on_event = on_event or (lambda name, window: None)

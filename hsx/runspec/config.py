@@ -50,6 +50,7 @@ class ProduceConfig:
     lease_seconds: int = D.DEFAULT_LEASE_SECONDS    # run limit (manifest): lease life without a refresh
     template_kwargs: dict | None = None     # chat-template arguments, e.g. {"enable_thinking": true}; in the manifest
     columns: object = None                  # hsx.prep.columns.ColumnMapping: instruction columns -> turns; in the manifest
+    mixture: object = None                  # hsx.prep.Mixture: several sources (dataset: the mixture file or the first); in the manifest
     window_rows: int = D.DEFAULT_WINDOW_ROWS      # dataset rows planned (sorted + cut) together; in the manifest
     max_reject_share: float = D.DEFAULT_MAX_REJECT_SHARE  # fail, nothing enqueued, when more rows than this share are rejected
     lock_wait_seconds: float = 0.0          # wait this long for another producer of the run, then refuse

@@ -26,7 +26,7 @@ FP8 = D.STORE_DTYPES[-1]   # "float8_e4m3": one byte a value plus a float32 scal
 IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "store_dtype", "codec", "hidden_size", "num_layers",
                    "max_length", "overlong", "token_budget", "pad_multiple", "max_batch_rows", "batches_per_shard",
                    "dataset_fingerprint", "chat_template_hash", "store_url", "template_kwargs", "columns",
-                   "window_rows", "compute_dtype", "fp8_accumulation")
+                   "window_rows", "compute_dtype", "fp8_accumulation", "mixture")
 log = logging.getLogger(__name__)
 _warned: set[tuple[str, str]] = set()   # (run, field) whose relative path was reported: once a process
 
@@ -64,7 +64,8 @@ REQUIRED = {"run": _STR, "model": _STR, "model_config_hash": _STR, "model_type":
             "batches_per_shard": _INT, "dataset": _STR, "dataset_fingerprint": _STR, "chat_template_hash": _STR,
             "pad_token_id": _INT, "store_url": _STR, "store": _DICT, "hsx_version": _STR, "created": _STR}
 OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "fp8_accumulation": _STR, "limits": _DICT, "template_kwargs": _DICT,
-            "columns": _DICT, "window_rows": _INT, "format": _STR, "incarnation": _STR, "model_weights": _STR}
+            "columns": _DICT, "window_rows": _INT, "format": _STR, "incarnation": _STR, "model_weights": _STR,
+            "mixture": (list,)}
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,9 @@ class Manifest:
     # weights_fingerprint() of the model's weight files; "" in manifests older hsx wrote (the first `hsx produce`
     # of this hsx records it: docs/reliability.md).
     model_weights: str = ""
+    # A mixture's sources (hsx.prep.mixture), in order: {name, dataset (absolute), fingerprint, and the columns,
+    # template_kwargs, rows / share + seed it was given}; () for one --dataset, left out of the JSON as before.
+    mixture: tuple = ()
     extra: Mapping = field(default_factory=lambda: MappingProxyType({}))  # keys of a newer hsx, kept as read
 
     def __post_init__(self):
@@ -214,6 +218,7 @@ class Manifest:
                 limits=RunLimits(limits["max_attempts"], limits["lease_seconds"]),
                 hsx_version=data["hsx_version"], created=data["created"],
                 incarnation=data.get("incarnation") or "", model_weights=data.get("model_weights") or "",
+                mixture=_mixture(data.get("mixture") or []),
                 extra=MappingProxyType({k: v for k, v in data.items() if k not in known}))
         except ManifestError as exc:
             raise ManifestError(f"{where}: {exc}") from None
@@ -232,14 +237,14 @@ class Manifest:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "extra" or (f.name == "window_rows" and value is None) or (
-                    f.name in ("incarnation", "model_weights") and not value):   # as older hsx wrote it
+                    f.name in ("incarnation", "model_weights", "mixture") and not value):   # as older hsx wrote it
                 continue
             if isinstance(value, (StoreSettings, RunLimits)):
                 value = value.to_dict()
             elif isinstance(value, Mapping):
                 value = dict(value)
             elif isinstance(value, tuple):
-                value = list(value)
+                value = [dict(v) for v in value] if f.name == "mixture" else list(value)
             out[f.name] = value
         return out
 
@@ -340,6 +345,18 @@ def check_values(m: Manifest) -> None:
         size = len(json.dumps(dict(getattr(m, name)), default=str))
         if size > 64 * 1024:
             raise ManifestError(f"{name} is {size} bytes of JSON, at most 65536")
+    size = len(json.dumps([dict(x) for x in m.mixture], default=str))
+    if size > 64 * 1024:
+        raise ManifestError(f"mixture is {size} bytes of JSON, at most 65536")
+
+
+def _mixture(sources: list) -> tuple:
+    """A mixture's sources as read: objects, each with a name, an absolute dataset path and a fingerprint."""
+    for i, s in enumerate(sources):
+        if not (isinstance(s, dict) and all(isinstance(s.get(k), str) and s.get(k) for k in
+                                            ("name", "dataset", "fingerprint"))):
+            raise ManifestError(f"mixture source {i} is {s!r:.60}, not an object with name, dataset and fingerprint")
+    return tuple(MappingProxyType(dict(s)) for s in sources)
 
 
 def new_manifest(**fields_) -> Manifest:
@@ -368,11 +385,19 @@ def _absolute(run: str, name: str, path: str) -> str:
     return ("file://" + resolved) if path.startswith("file://") else resolved
 
 
+def _identity(name: str, value):
+    """What of a field must agree on resume: a mixture's sources less their paths (a source is known by its
+    bytes, as a single dataset is: the same file under another path resumes the run)."""
+    if name == "mixture" and value:
+        return [{k: v for k, v in source.items() if k != "dataset"} for source in value]
+    return value
+
+
 def check_same_run(existing: Manifest, wanted: Manifest) -> None:
     """ManifestMismatch, listing the differences, unless both define the same output."""
     old, new = existing.to_dict(), wanted.to_dict()
     diffs = [f"{k}: run has {old.get(k)!r}, this call has {new.get(k)!r}"
-             for k in IDENTITY_FIELDS if old.get(k) != new.get(k)]
+             for k in IDENTITY_FIELDS if _identity(k, old.get(k)) != _identity(k, new.get(k))]
     # A manifest an older hsx wrote has no weights fingerprint: it resumes, and records this call's.
     if existing.model_weights and wanted.model_weights and existing.model_weights != wanted.model_weights:
         diffs.insert(0, f"model_weights: run has {existing.model_weights} (model {existing.model}), this call has "

@@ -35,6 +35,7 @@ class RunFacts:
     chat_template_hash: str     # SHA-256 of the tokenizer's chat template ("" template: of "")
     pad_token_id: int           # the tokenizer's, 0 if it has none
     model_weights: str          # weights_fingerprint() of the model's weight files
+    mixture: tuple = ()         # a mixture's sources as the manifest keeps them (hsx.prep.Mixture.records)
 
 
 def plan_manifest(cfg: ProduceConfig, facts: RunFacts) -> Manifest:
@@ -55,7 +56,7 @@ def plan_manifest(cfg: ProduceConfig, facts: RunFacts) -> Manifest:
         columns=MappingProxyType(cfg.columns.to_dict() if cfg.columns is not None else {}),
         pad_token_id=facts.pad_token_id, store_url=cfg.store.url, store=cfg.store,
         limits=RunLimits(cfg.max_attempts, cfg.lease_seconds), model_weights=facts.model_weights,
-        incarnation=uuid.uuid4().hex,
+        incarnation=uuid.uuid4().hex, mixture=tuple(MappingProxyType(s) for s in facts.mixture),
     )
 
 

@@ -1,0 +1,114 @@
+"""A mixture's sources in `hsx inspect` (rows, rejects, tokens, prefix share each), `hsx status` and the
+dashboard's /api/status (rows, samples, tokens, batches planned and done each), with Redis holding nothing
+more per sample or per batch than a one-dataset run."""
+
+import json
+
+from dashboard.app import create_app
+from dashboard.config import DashboardConfig
+from hsx.life import ledger
+from hsx.monitor import source_progress
+from hsx.store import open_store
+from tests.test_mixture import chat, produce_cli, write
+
+
+def mixture_run(redis_url, model, tmp_path, run):
+    a = write(tmp_path / "a.jsonl", [chat(i) for i in range(6)])
+    b = write(tmp_path / "b.jsonl", [chat(i, "other") for i in range(3)] + ["{bad json"])
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps({"sources": [{"dataset": "a.jsonl"}, {"dataset": "b.jsonl"}]}))
+    produce_cli(redis_url, model, tmp_path / "store", run, "--mixture", mix, "--max-reject-share", "0.5")
+    return a, b, mix
+
+
+def done(r, store, run, *bids):
+    for bid in bids:
+        spec = ledger.get_spec(r, run, bid)
+        key = f"{run}/batches/{spec.shard}/{bid}.safetensors"
+        info = store.put_bytes(key, b"0123456789")
+        ledger.mark_done(r, run, spec, key, info.size, info.sha256, by="test")
+
+
+def test_status_and_dashboard_count_each_source_planned_and_done(r, redis_server, tiny_model, tmp_path, capsys):
+    mixture_run(redis_server.url, tiny_model, tmp_path, "mixv")
+    specs = sorted(ledger.all_specs(r, "mixv").values(), key=lambda s: s.index)
+    of = {s.batch_id: s.sample_ids[0].split("/")[0] for s in specs}
+    a_batches = [s for s in specs if of[s.batch_id] == "a"]
+    b_batches = [s for s in specs if of[s.batch_id] == "b"]
+    assert a_batches and b_batches
+    before = source_progress(r, "mixv")
+    assert [(s["source"], s["rows"], s["rejected"], s["samples"], s["done"]["batches"]) for s in before] == \
+        [("a", 6, 0, 6, 0), ("b", 4, 1, 3, 0)]
+    assert before[0]["tokens"] == sum(s.tokens for s in a_batches) and before[0]["batches"] == len(a_batches)
+    # all of a's batches done, and b's first
+    done(r, open_store(str(tmp_path / "store")), "mixv", *[s.batch_id for s in a_batches], b_batches[0].batch_id)
+    after = {s["source"]: s["done"] for s in source_progress(r, "mixv")}
+    assert after["a"] == {"batches": len(a_batches), "samples": 6, "tokens": before[0]["tokens"]}
+    assert after["b"] == {"batches": 1, "samples": b_batches[0].samples, "tokens": b_batches[0].tokens}
+
+    from hsx_cli import status
+
+    assert status.run(status.StatusConfig(redis_server.url, "mixv", False, False, 1.0)) == 0
+    out = capsys.readouterr().out
+    assert "  sources  (done/planned)" in out
+    assert f"    a: rows 6 read, 0 rejected; batches {len(a_batches)}/{len(a_batches)} (100.0%), samples 6/6 (100.0%)" in out
+    assert "    b: rows 4 read, 1 rejected; batches 1/" in out
+    assert status.run(status.StatusConfig(redis_server.url, "mixv", True, False, 1.0)) == 0
+    assert json.loads(capsys.readouterr().out)["sources"][1]["done"] == after["b"]
+
+    client = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client()
+    o = client.get("/api/status?run=mixv").json["overview"]
+    assert [(s["source"], s["samples"], s["done"]) for s in o["sources"]] == \
+        [("a", 6, after["a"]), ("b", 3, after["b"])]
+
+
+def test_one_dataset_runs_show_no_sources(r, redis_server, tiny_model, tmp_path):
+    a = write(tmp_path / "a.jsonl", [chat(i) for i in range(3)])
+    produce_cli(redis_server.url, tiny_model, tmp_path / "store", "onev", "--dataset", a)
+    assert source_progress(r, "onev") == []
+    client = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client()
+    assert client.get("/api/status?run=onev").json["overview"]["sources"] == []
+
+
+def test_inspect_prints_each_source(tiny_model, tmp_path, capsys):
+    from hsx_cli import inspect
+    from hsx_cli.flags import resolve
+    from hsx_cli.main import build_parser
+
+    write(tmp_path / "a.jsonl", [{"messages": [{"role": "system", "content": "shared system prompt " * 8},
+                                               *chat(i)["messages"]]} for i in range(5)])
+    write(tmp_path / "b.jsonl", [chat(i, "other") for i in range(3)] + ["{bad json"])
+    argv = ["inspect", "--dataset", str(tmp_path / "a.jsonl"), "--dataset", str(tmp_path / "b.jsonl"), "--model",
+            str(tiny_model), "--layers", "dflash:3", "--samples", "1", "--tokenise-workers", "1", "--max-reject-share", "0.5",
+            "--plain"]
+    cfg = inspect.COMMAND.config(resolve(inspect.FLAGS, build_parser().parse_args(argv)))
+    assert inspect.run(cfg) == 0
+    out = capsys.readouterr().out
+    assert "source a (a.jsonl): 5 rows read, 5 kept, 0 rejected (0.00%)" in out
+    assert "source b (b.jsonl): 4 rows read, 3 kept, 1 rejected (25.00%): bad_json 1" in out
+    lines = out.splitlines()
+    a_share = lines[lines.index(next(x for x in lines if x.startswith("source a "))) + 2]
+    assert a_share.startswith("  shared prefixes: ") and not a_share.startswith("  shared prefixes: 0.0%")
+    assert "rows: 9 read, 8 kept" in out and "row 4 (id b/3): line 4 of b.jsonl is not valid JSON" in out
+
+
+def test_a_mixture_run_extracts_and_reads_back_both_sources_same_ids(r, redis_server, tiny_model, tmp_path):
+    """Through a worker and an uploader (in process, CPU): the stored run holds a/x0 and b/x0, each its own rows'
+    tokens, and the dashboard counts both sources done."""
+    from hsx.prep import mixture_of_datasets
+    from hsx_reader import RunDataset
+    from tests.pipeline import run_pipeline
+
+    a = write(tmp_path / "a.jsonl", [{"id": f"x{i}", **chat(i)} for i in range(3)])
+    b = write(tmp_path / "b.jsonl", [{"id": f"x{i}", **chat(i, "something else entirely")} for i in range(2)])
+    run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="mixe",
+                 mixture=mixture_of_datasets([a, b]), window_rows=4)
+    from hsx_tools.verify import verify_run
+
+    report = verify_run(r, open_store(str(tmp_path / "store")), "mixe")   # every object read: ids, digests, tokens
+    assert report.ok and report.samples == 5, report.lines()
+    ds = RunDataset(str(tmp_path / "store"), "mixe")
+    assert sorted(ds.source.index.by_id) == ["a/x0", "a/x1", "a/x2", "b/x0", "b/x1"]
+    assert len(ds.get("b/x0")["input_ids"]) > len(ds.get("a/x0")["input_ids"])   # b's rows are longer
+    assert [(s["source"], s["done"]["samples"], s["samples"]) for s in source_progress(r, "mixe")] == \
+        [("a", 3, 3), ("b", 2, 2)]
