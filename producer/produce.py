@@ -182,7 +182,8 @@ def resume(planning: Planning, resumed: bool) -> Planning:
 def plan_windows(planning: Planning, manifest: Manifest, event: Callable[[str, int], None]) -> None:
     """Tokenise the windows after the resumed ones; plan, write, enqueue and record each as it comes."""
     cfg = planning.cfg
-    settings = TokeniseSettings(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns)
+    settings = TokeniseSettings(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns,
+                                cfg.per_turn)
     workers = cfg.tokenise_workers or default_workers(cfg.dataset)
     log.info("tokenising %s with %s's chat template on %d processes, %d rows a window",
              cfg.dataset, cfg.model, workers, cfg.window_rows)

@@ -18,6 +18,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "resolve_model",
         "resolve_store_url",
     ],
+    "perturn": ["split_turn_id", "turn_id"],
     "planning": ["PlannedBatch", "cut_batches", "padding_fraction"],
     "report": ["Sample", "TokeniseReport", "Window"],
     "rows": ["RowRejected"],

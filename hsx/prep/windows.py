@@ -59,15 +59,17 @@ class TokeniseSettings:
     overlong: str                               # drop | truncate
     template_kwargs: dict | None = None         # passed to the chat template of every row
     columns: Any = None                         # hsx.prep.columns.ColumnMapping (picklable), or None
+    per_turn: bool = False                      # one sample a turn of each row (hsx/prep/perturn.py)
 
 
 # --- in each tokenising process -------------------------------------------------------------
 
 _tokeniser = None
+_per_turn = False
 
 
 def _init(settings: TokeniseSettings) -> None:
-    global _tokeniser
+    global _tokeniser, _per_turn
     from transformers import AutoTokenizer
 
     from hsx.prep.tokenise import ChatTokeniser
@@ -78,6 +80,7 @@ def _init(settings: TokeniseSettings) -> None:
     if settings.columns is not None:
         extra["columns"] = settings.columns
     _tokeniser = ChatTokeniser(AutoTokenizer.from_pretrained(settings.model), **extra)
+    _per_turn = settings.per_turn
 
 
 def reason_code(exc: Exception) -> str:
@@ -98,21 +101,23 @@ def source_format(data: dict, tokenised=None) -> str:
     return "other"
 
 
-def _encode_one(item: Row | RowError) -> TokenisedRow | RejectedRow:
+def _encode_one(item: Row | RowError) -> TokenisedRow | list[TokenisedRow] | RejectedRow:
+    """The row's sample, or (--per-turn) its samples, one a turn; or why it was rejected."""
     if isinstance(item, RowError):
         code = getattr(item, "code", None) or reason_code(ValueError(item.reason))
         return RejectedRow(item.index, None, code, str(item.reason), "unreadable")
     data = item.data
     row_id = sample_id_of(data, item.index, _tokeniser.columns)
     try:
-        t = _tokeniser.encode_row(data, item.index)
+        encoded = _tokeniser.encode_turns(data, item.index) if _per_turn else [_tokeniser.encode_row(data, item.index)]
     except Exception as exc:  # a row must never take the run down; name it and go on
         if isinstance(exc, ValueError):   # RowRejected (RowProblem): a bad row; anything else is a bug, still counted
             return RejectedRow(item.index, row_id, reason_code(exc), str(exc), source_format(data))
         return RejectedRow(item.index, row_id, "internal_error", f"cannot tokenise ({type(exc).__name__}: {exc})",
                            source_format(data))
-    return TokenisedRow(item.index, t.sample_id, np.asarray(t.input_ids, np.int32),
-                        np.asarray(t.loss_mask, np.uint8), source_format(data, t))
+    rows = [TokenisedRow(item.index, t.sample_id, np.asarray(t.input_ids, np.int32),
+                         np.asarray(t.loss_mask, np.uint8), source_format(data, t)) for t in encoded]
+    return rows if _per_turn else rows[0]
 
 
 def _encode_chunk(chunk: list) -> list[TokenisedRow | RejectedRow]:
@@ -128,13 +133,23 @@ class _WindowBuilder:
         self.window = Window(number, [], TokeniseReport())
         self.settings, self.seen = settings, seen
 
-    def add(self, result: TokenisedRow | RejectedRow) -> None:
-        report, s = self.window.report, self.settings
+    def add(self, result: TokenisedRow | list[TokenisedRow] | RejectedRow) -> None:
+        """One row's result: a sample, the samples of its turns (--per-turn), or its rejection."""
+        report = self.window.report
         report.rows += 1
-        report.formats[result.source_format] += 1
         if isinstance(result, RejectedRow):
+            report.formats[result.source_format] += 1
             report.reject(result.index, result.row_id, result.code, result.message)
             return
+        samples = result if isinstance(result, list) else [result]
+        report.formats[samples[0].source_format] += 1
+        if isinstance(result, list):
+            report.turn_rows += 1
+        for sample in samples:
+            self._add_sample(sample)
+
+    def _add_sample(self, result: TokenisedRow) -> None:
+        report, s = self.window.report, self.settings
         index, sample_id, ids, mask = result.index, result.sample_id, result.input_ids, result.loss_mask
         if len(ids) > s.max_length:
             if s.overlong == "drop":
