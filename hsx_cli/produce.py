@@ -126,7 +126,7 @@ def config(v) -> ProduceConfig:
         template_kwargs=template_kwargs(v), columns=columns(v), window_rows=v["window_rows"],
         max_reject_share=v["max_reject_share"], lock_wait_seconds=v["lock_wait"],
         store_dtype=v["store_dtype"], codec=v["codec"], compute_dtype=v["compute_dtype"],
-        fp8_accumulation=v["fp8_accumulation"], per_turn=v["per_turn"])
+        fp8_accumulation=v["fp8_accumulation"], per_turn=bool(v["per_turn"]))
 
 
 def run(cfg: ProduceConfig) -> int:

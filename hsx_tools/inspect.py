@@ -194,9 +194,9 @@ def per_turn_lines(report: TokeniseReport, tokens: int, whole: tuple[int, int]) 
              f"{whole_tokens:,} for the {whole_samples} whole rows (x{tokens / max(whole_tokens, 1):.2f}, "
              f"{tokens - whole_tokens:+,})"]
     if report.kept == report.turn_rows:
-        lines.append("  every row is one turn here: the template renders earlier turns as when they are last (their "
-                     "reasoning kept), so the whole rows already train every turn as generated; --per-turn adds "
-                     "nothing but the ids' #t0 (and cuts messages after the last assistant turn)")
+        lines.append("  every row is one turn here: the template renders each earlier turn as when the conversation ends "
+                     "with it (no reasoning dropped), so the whole rows already train every turn as generated; "
+                     "--per-turn adds nothing but the ids' #t0 (and cuts messages after the last assistant turn)")
     return lines
 
 

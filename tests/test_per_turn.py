@@ -22,7 +22,6 @@ from hsx.prep import TokeniseSettings, WindowTokeniser
 from hsx.prep.perturn import split_turn_id, turn_id
 from hsx.prep.rows import RowRejected, read_conversation
 from hsx.prep.tokenise import ChatTokeniser
-from hsx.runspec import ManifestMismatch
 from hsx_tools.demo import sample_dataset
 from hsx_tools.samples import agentic_rows
 from hsx_tools.tinymodel import CHAT_TEMPLATE, build_tokenizer
@@ -192,23 +191,31 @@ def test_windows_count_rows_in_and_samples_out(tiny_model):
     assert len({s.sample_id for s in samples}) == len(samples)
 
 
-def test_produce_records_per_turn_and_a_resume_without_it_is_refused(r, redis_server, tiny_model, tmp_path):
+def test_produce_records_per_turn_and_a_resume_without_it_is_refused(r, redis_env, tiny_model, tmp_path, capsys):
+    """`hsx produce --per-turn` plans the turns' samples and records per_turn; the same run without the flag is
+    refused, naming it; a run without it writes no per_turn (its manifest as before). `hsx run` passes it on."""
     from hsx.life import ledger
-    from producer.produce import produce
-    from tests.pipeline import produce_config
+    from hsx.runspec import Manifest
+    from hsx.store import open_store
+    from hsx_cli import produce as produce_cli
+    from hsx_cli import run as run_cli
+    from hsx_cli.main import main
 
     data = tmp_path / "agentic.jsonl"
     data.write_text("".join(line + "\n" for line in AGENTIC.read_text().splitlines()[:6]))
-    cfg = produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="turns", dataset=data,
-                         max_length=4096, token_budget=8192, per_turn=True)
-    report = produce(cfg)
-    assert report.manifest.per_turn and json.loads(report.manifest.to_json())["per_turn"] is True
-    assert report.tokenise.turn_rows == 6 and report.samples == report.tokenise.kept > 6
+    store = tmp_path / "store"
+    args = ["produce", "--dataset", str(data), "--model", str(tiny_model), "--store", str(store), "--layers",
+            "dflash:3", "--token-budget", "8192", "--max-length", "4096", "--tokenise-workers", "1"]
+    assert main([*args, "--run", "turns", "--per-turn"]) == 0
+    manifest = Manifest.load(open_store(str(store)), "turns")
+    assert manifest.per_turn and json.loads(manifest.to_json())["per_turn"] is True
     planned = [sid for spec in ledger.all_specs(r, "turns").values() for sid in spec.sample_ids]
-    assert sorted(planned) == sorted({sid for sid in planned}) and all(split_turn_id(sid) for sid in planned)
-    with pytest.raises(ManifestMismatch, match="per_turn: run has True, this call has False"):
-        produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="turns", dataset=data,
-                               max_length=4096, token_budget=8192))
-    assert "per_turn" not in json.loads(produce(produce_config(
-        redis_server.url, tiny_model, str(tmp_path / "store"), run="whole", dataset=data, max_length=4096,
-        token_budget=8192)).manifest.to_json())
+    assert len(planned) == len(set(planned)) > 6 and {split_turn_id(sid)[0] for sid in planned} == {
+        json.loads(line)["id"] for line in data.read_text().splitlines()}
+    capsys.readouterr()
+    assert main([*args, "--run", "turns"]) == 2
+    assert "per_turn: run has True, this call has False" in capsys.readouterr().err
+    assert main([*args, "--run", "whole"]) == 0
+    assert "per_turn" not in json.loads(Manifest.load(open_store(str(store)), "whole").to_json())
+    values = {f.dest: None for f in produce_cli.FLAGS} | {"per_turn": True}
+    assert "--per-turn" in {f.name for f in run_cli.FLAGS} and "--per-turn" in run_cli.passed(produce_cli.FLAGS, values, ())

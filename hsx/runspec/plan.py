@@ -55,7 +55,7 @@ def plan_manifest(cfg: ProduceConfig, facts: RunFacts) -> Manifest:
         columns=MappingProxyType(cfg.columns.to_dict() if cfg.columns is not None else {}),
         pad_token_id=facts.pad_token_id, store_url=cfg.store.url, store=cfg.store,
         limits=RunLimits(cfg.max_attempts, cfg.lease_seconds), model_weights=facts.model_weights,
-        incarnation=uuid.uuid4().hex, per_turn=cfg.per_turn,
+        incarnation=uuid.uuid4().hex, per_turn=bool(cfg.per_turn),
     )
 
 
