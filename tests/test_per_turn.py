@@ -177,13 +177,19 @@ def test_ids_are_stable_distinct_and_split_back_into_row_and_turn(tmp_path):
     assert turn_id("a#t1", 0) == "a#t1#t0" and split_turn_id("a#t1#t0") == ("a#t1", 0) and split_turn_id("a#tx") is None
 
 
-def test_windows_count_rows_in_and_samples_out(tiny_model):
+def test_windows_count_rows_in_and_samples_out(tiny_model, tmp_path):
+    """The shipped agentic rows, and the first again (a duplicate id: rejected once, as a row, not once a turn)."""
+    lines = AGENTIC.read_text().splitlines()
+    data = tmp_path / "agentic.jsonl"
+    data.write_text("\n".join([*lines, lines[0]]) + "\n")
     settings = TokeniseSettings(str(tiny_model), 32768, "drop", {}, None, per_turn=True)
-    with WindowTokeniser(AGENTIC, settings, 1, 15) as windows:
+    with WindowTokeniser(data, settings, 1, 15) as windows:
         got = list(windows)
     rows = sum(w.report.turn_rows for w in got)
     samples = [s for w in got for s in w.samples]
     assert rows == 40 and len(samples) == sum(w.report.kept for w in got) > 60
+    report = got[-1].report
+    assert report.rejected == {"duplicate_sample_id": 1} and report.duplicate_ids == 1 and report.rows == 11
     # a row's samples are adjacent, in turn order, in its window: the planner sees a conversation's turns together
     split = [split_turn_id(s.sample_id) for s in samples]
     for (row, turn), (before, previous) in zip(split[1:], split[:-1], strict=True):

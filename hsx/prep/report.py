@@ -52,7 +52,8 @@ class TokeniseReport:
     truncated: int = 0
     dropped_overlong: int = 0
     duplicate_ids: int = 0
-    turn_rows: int = 0          # --per-turn: rows made into one sample a turn (kept, truncated, ... count samples)
+    turn_rows: int = 0          # --per-turn: rows made into one sample a turn (kept, truncated, dropped_overlong
+                                # and no_assistant_token_after_truncation then count samples)
     rejected: Counter = field(default_factory=Counter)
     formats: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)      # "row 12 (id x): reason", row numbers 1-based; printable

@@ -144,6 +144,11 @@ class _WindowBuilder:
         samples = result if isinstance(result, list) else [result]
         report.formats[samples[0].source_format] += 1
         if isinstance(result, list):
+            if samples[0].sample_id in self.seen:     # a row id seen before: the row is rejected once, not a turn at a time
+                report.duplicate_ids += 1
+                report.reject(samples[0].index, samples[0].sample_id, "duplicate_sample_id",
+                              f"duplicate sample id {samples[0].sample_id!r} (a row id seen before)")
+                return
             report.turn_rows += 1
         for sample in samples:
             self._add_sample(sample)
