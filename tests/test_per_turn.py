@@ -7,12 +7,17 @@ tool calls, on generated agentic rows:
 - its mask is the template's {% generation %} blocks of that turn's assistant messages only;
 - every assistant message's reasoning is in exactly one sample's mask (the whole row misses those the template drops);
 - ids ``<row id>#t<j>`` are stable across tokenisers and distinct; a one-turn row is today's row, id aside;
-- a row without an assistant turn is rejected as today; the producer records per_turn and refuses a resume without it.
+- a row without an assistant turn is rejected as today; the producer records per_turn and refuses a resume without it;
+- windows count rows in and samples out, a duplicated row id once; `hsx inspect --per-turn` prints both, the tokens
+  against the whole rows', and says when every row is one turn;
+- every family of test_mask_families: each sample is the rendering of a cut conversation (found by trying every
+  cut), its mask the generation blocks since the previous cut: every assistant message trained once.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +30,7 @@ from hsx.prep.tokenise import ChatTokeniser
 from hsx_tools.demo import sample_dataset
 from hsx_tools.samples import agentic_rows
 from hsx_tools.tinymodel import CHAT_TEMPLATE, build_tokenizer
-from tests.test_mask_families import FAMILIES, TEMPLATES, _as_given
+from tests.test_mask_families import FAMILIES, REFUSED_BY_TEMPLATE, TEMPLATES, _as_given
 
 ROWS = 24
 AGENTIC = Path(sample_dataset()).with_name("sample_agentic.jsonl")
@@ -225,3 +230,82 @@ def test_produce_records_per_turn_and_a_resume_without_it_is_refused(r, redis_en
     assert "per_turn" not in json.loads(Manifest.load(open_store(str(store)), "whole").to_json())
     values = {f.dest: None for f in produce_cli.FLAGS} | {"per_turn": True}
     assert "--per-turn" in {f.name for f in run_cli.FLAGS} and "--per-turn" in run_cli.passed(produce_cli.FLAGS, values, ())
+
+
+def test_inspect_reports_rows_in_and_out_tokens_and_says_when_the_expansion_adds_nothing(tiny_model, tmp_path, capsys):
+    """Agentic rows with reasoning split into turns (the tiny model's template drops reasoning from history);
+    the shipped chat rows, without reasoning, render alike in history: one turn a row, and inspect says so."""
+    from hsx_tools.inspect import InspectConfig, run_inspect
+
+    agentic, chat = tmp_path / "agentic.jsonl", tmp_path / "chat.jsonl"
+    agentic.write_text("\n".join(AGENTIC.read_text().splitlines()[:6]) + "\n")
+    chat.write_text("\n".join(sample_dataset().read_text().splitlines()[:6]) + "\n")
+    outputs = {}
+    for data in (agentic, chat):
+        cfg = InspectConfig(dataset=data, model=str(tiny_model), layers="dflash:3", template_kwargs={}, columns=None,
+                            max_length=4096, overlong="drop", max_reject_share=0.01, tokenise_workers=1,
+                            window_rows=100, token_budget=8192, max_batch_rows=64, pad_multiple=1, dtype="bfloat16",
+                            store_dtype=None, codec="none", compute_dtype="bfloat16", fp8_accumulation="fp32",
+                            per_turn=True, samples=0, seed=0, sample_chars=100, plain=True, limit_rows=0,
+                            gpu_tokens_per_s=None, gpu_usd_per_hour=None, storage_usd_per_tb_month=23.0)
+        assert run_inspect(cfg) == 0
+        outputs[data.stem] = capsys.readouterr().out
+    split = re.search(r"per-turn: 6 rows -> (\d+) samples .*, ([\d,]+) tokens stored against ([\d,]+) for the 6 whole "
+                      r"rows \(x([\d.]+), \+([\d,]+)\)", outputs["agentic"])
+    assert split, outputs["agentic"]
+    samples, stored, whole = int(split.group(1)), int(split.group(2).replace(",", "")), int(split.group(3).replace(",", ""))
+    assert samples > 6 and stored > whole and stored - whole == int(split.group(5).replace(",", ""))
+    assert "shared prefixes (agentic.jsonl, one sample a turn, ids after the template): " in outputs["agentic"]
+    assert f"({samples} rows) lie in a prefix" in outputs["agentic"] and "every row is one turn" not in outputs["agentic"]
+    assert "per-turn: 6 rows -> 6 samples" in outputs["chat"] and "(x1.00, +0)" in outputs["chat"]
+    assert "every row is one turn here" in outputs["chat"]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_each_sample_is_a_cut_conversation_and_every_message_is_trained_once(name, tmp_path):
+    """Every held-out family of test_mask_families, 8 agentic rows: each sample's ids are the template's rendering
+    of the conversation cut after some assistant message (found by trying each, in order: not by hsx's rule),
+    the cuts rise to the last assistant message, and each sample's mask is the generation blocks of the
+    assistant messages since the previous cut: every assistant message in exactly one sample's mask."""
+    from tests.test_mask_families import _bos_from_post_processor
+
+    template, special, bos, transform, arguments, eos = FAMILIES[name]
+    tok = build_tokenizer(tmp_path, chat_template=(TEMPLATES / template).read_text(), special_tokens=special,
+                          bos_token=bos, eos_token=eos, sample_path=sample_dataset())
+    if name == "bos_post":
+        _bos_from_post_processor(tok, bos)
+    chat = ChatTokeniser(tok)
+    stored = refused = 0
+    for index, row in enumerate(agentic_rows(8, seed=37)):
+        row = transform(row) if transform else row
+        conv = read_conversation(row)
+        given = _as_given(row, [{**m, "content": m["content"] or ""} for m in conv.messages], arguments)
+        assistants = [i for i, m in enumerate(conv.messages) if m["role"] == "assistant"]
+        try:
+            whole = tok.apply_chat_template(given, tools=conv.tools, tokenize=True, return_dict=True)
+        except Exception:       # the template refuses the row: so does --per-turn
+            with pytest.raises(RowRejected, match="template"):
+                chat.encode_turns(row, index)
+            refused += 1
+            continue
+        assert whole
+        candidates, start = iter(assistants), 0
+        for sample in chat.encode_turns(row, index):
+            for end in candidates:
+                want = tok.apply_chat_template(given[:end + 1], tools=conv.tools, tokenize=True, return_dict=True,
+                                               return_assistant_tokens_mask=True)
+                if list(want["input_ids"]) == sample.input_ids.tolist():
+                    break
+            else:
+                pytest.fail(f"{row['id']} {sample.sample_id}: not the rendering of a cut after an assistant message")
+            runs = _runs(want["assistant_masks"])
+            before = [i for i in assistants if i <= end]
+            assert len(runs) == len(before), (row["id"], sample.sample_id)
+            expected = np.zeros(len(sample.input_ids), np.uint8)
+            for k, i in enumerate(before):
+                if i >= start:
+                    expected[runs[k][0]:runs[k][1]] = 1
+            assert sample.loss_mask.tolist() == expected.tolist(), (row["id"], sample.sample_id)
+            start, stored = end + 1, stored + 1
+        assert start == assistants[-1] + 1, row["id"]
+    assert bool(refused) == (name in REFUSED_BY_TEMPLATE) and stored >= 8 - refused
