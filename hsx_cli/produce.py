@@ -27,6 +27,9 @@ ROW_FLAGS = (
          "rejected", type=float, default=D.DEFAULT_MAX_REJECT_SHARE, min=0, max=1),
     Flag("--tokenise-workers", "processes tokenising in parallel; 0 = every core (one per 2 MB of a small dataset)",
          type=int, default=0, min=0, max=1024),
+    Flag("--per-turn", "one sample per assistant turn, each the conversation up to that turn as the template renders "
+         "it, its mask on that turn: every turn's reasoning trained where the template drops it from history "
+         "(docs/data.md); sample ids <row id>#t<j>; recorded in the manifest", type=bool),
     Flag("--window-rows", "dataset rows sorted and cut into batches together; each window is enqueued as soon as it "
          "is planned, while the next is tokenised", type=int, default=D.DEFAULT_WINDOW_ROWS, min=1),
 )
@@ -152,7 +155,7 @@ def config(v) -> ProduceConfig:
         template_kwargs=template_kwargs(v), columns=columns(v), window_rows=v["window_rows"],
         max_reject_share=v["max_reject_share"], lock_wait_seconds=v["lock_wait"],
         store_dtype=v["store_dtype"], codec=v["codec"], compute_dtype=v["compute_dtype"],
-        fp8_accumulation=v["fp8_accumulation"])
+        fp8_accumulation=v["fp8_accumulation"], per_turn=bool(v["per_turn"]))
 
 
 def run(cfg: ProduceConfig) -> int:

@@ -20,7 +20,9 @@ Estimates (units in the names):
   at this machine's cores beside it.
 - instruction rows: which --columns mapping or built-in preset reads them, and the non-empty columns left
   out (hsx_tools/columnuse.py).
-- shared-prefix share: the tokens lying in a prefix another row shares (hsx_tools/prefixshare.py).
+- shared-prefix share: the tokens lying in a prefix another row shares (hsx_tools/prefixshare.py); with
+  --per-turn, of the expanded samples, beside rows in and out and the tokens the whole rows would store (the
+  dataset tokenised a second time without the expansion).
 - storage cost / month = stored bytes (decimal TB) x --storage-usd-per-tb-month
   (default 23: S3 Standard's list price; set your own).
 """
@@ -82,6 +84,7 @@ class InspectConfig:
     codec: str                      # none | zstd
     compute_dtype: str              # bfloat16 | float8: the target's linear layers
     fp8_accumulation: str           # fp32 | fast: how float8 GEMMs accumulate
+    per_turn: bool                  # one sample a turn of each row (hsx/prep/perturn.py)
     samples: int                    # random samples printed with their loss mask
     seed: int
     sample_chars: int               # characters of a printed sample (plain output)
@@ -169,6 +172,36 @@ def render_sample(segments: list[tuple[str, bool]], console=None) -> str | None:
     return None
 
 
+def whole_rows(cfg: InspectConfig, settings: TokeniseSettings) -> tuple[int, int]:
+    """(samples, tokens) of the same rows without --per-turn: what the expansion is measured against."""
+    from dataclasses import replace
+
+    samples = tokens = rows = 0
+    with WindowTokeniser(cfg.dataset, replace(settings, per_turn=False),
+                         cfg.tokenise_workers or default_workers(cfg.dataset), cfg.window_rows) as windows:
+        for window in windows:
+            rows += window.report.rows
+            samples += len(window.samples)
+            tokens += sum(len(s.input_ids) for s in window.samples)
+            if cfg.limit_rows and rows >= cfg.limit_rows:
+                break
+    return samples, tokens
+
+
+def per_turn_lines(report: TokeniseReport, tokens: int, whole: tuple[int, int]) -> list[str]:
+    """--per-turn: rows in and out, the tokens stored against the whole rows', and whether it adds anything."""
+    whole_samples, whole_tokens = whole
+    lines = [f"per-turn: {report.turn_rows} rows -> {report.kept} samples (one a turn, as the template renders "
+             f"history; {report.kept / max(report.turn_rows, 1):.2f} a row), {tokens:,} tokens stored against "
+             f"{whole_tokens:,} for the {whole_samples} whole rows (x{tokens / max(whole_tokens, 1):.2f}, "
+             f"{tokens - whole_tokens:+,})"]
+    if report.kept == report.turn_rows:
+        lines.append("  every row is one turn here: the template renders each earlier turn as when the conversation ends "
+                     "with it (no reasoning dropped), so the whole rows already train every turn as generated; "
+                     "--per-turn adds nothing but the ids' #t0 (and cuts messages after the last assistant turn)")
+    return lines
+
+
 # rel L2 a stored layer of FP8 compute against bf16 compute, by accumulation (docs/benchmarks.md, bench/fp8_fidelity.py)
 COMPUTE_ERROR = {"fp32": "~1.1 %", "fast": "~1.5 %"}
 
@@ -214,7 +247,7 @@ def template_lines(tokenizer, cfg: InspectConfig) -> list[str]:
         rows += 1
         if not isinstance(row, RowError):
             try:
-                chat.encode_row(row.data, row.index)
+                (chat.encode_turns if cfg.per_turn else chat.encode_row)(row.data, row.index)
             except Exception:   # counted and quoted by the tokenising report below
                 pass
     lines = [f"template: {chat.locating}"]
@@ -241,7 +274,7 @@ def run_inspect(cfg: InspectConfig) -> int:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
     settings = TokeniseSettings.of(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns,
-                                   cfg.mixture)
+                                   cfg.mixture, cfg.per_turn)
     window_rows = cfg.window_rows
     rng = random.Random(cfg.seed)
     report, lengths, picked, kept_seen, every_ids, kept_tokens = TokeniseReport(), [], [], 0, [], 0
@@ -283,7 +316,10 @@ def run_inspect(cfg: InspectConfig) -> int:
     print("\n".join(histogram_lines(lengths_np)))
     if every_ids:
         over = f", first {len(every_ids):,} kept rows" if len(every_ids) < len(lengths) else ""
-        print(prefix_share(every_ids).line(f"shared prefixes ({cfg.dataset.name}{over}, ids after the template)"))
+        print(prefix_share(every_ids).line(f"shared prefixes ({cfg.dataset.name}{over}"
+                                           + (", one sample a turn" if cfg.per_turn else "") + ", ids after the template)"))
+    if cfg.per_turn:
+        print("\n".join(per_turn_lines(report, int(lengths_np.sum()), whole_rows(cfg, settings))))
     console = None
     if tty:
         from rich.console import Console

@@ -16,8 +16,10 @@ the row before it. O(total tokens) memory, one sort.
     python -m hsx_tools.prefixshare --model MODEL FILE [FILE ...]   # per file and over all files together
     python -m hsx_tools.prefixshare --model MODEL --per-turn OUT.jsonl FILE ...   # + a one-row-per-turn expansion
 
-``--per-turn`` also writes the files' chat rows expanded one row per assistant turn (row k: the conversation up
-to and including its k-th assistant turn, as datasets built for per-turn training are) and measures that.
+``--per-turn`` also writes the files' chat rows expanded one row per assistant message (row k: the conversation up
+to and including its k-th assistant message, as datasets built for per-turn training are) and measures that.
+hsx's own expansion (``hsx produce --per-turn``, hsx/prep/perturn.py) cuts by turns as the template renders
+history; ``hsx inspect --per-turn`` measures that one.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def plan_windows(planning: Planning, manifest: Manifest, event: Callable[[str, i
     """Tokenise the windows after the resumed ones; plan, write, enqueue and record each as it comes."""
     cfg = planning.cfg
     settings = TokeniseSettings.of(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns,
-                                   cfg.mixture)
+                                   cfg.mixture, cfg.per_turn)
     dataset = cfg.mixture if cfg.mixture is not None else cfg.dataset
     workers = cfg.tokenise_workers or default_workers(dataset)
     log.info("tokenising %s with %s's chat template on %d processes, %d rows a window",

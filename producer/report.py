@@ -29,7 +29,8 @@ class ProduceReport:
 
     def lines(self) -> list[str]:
         t = self.tokenise
-        out = [f"run {self.run}: {t.rows} rows read, {t.kept} samples kept, {t.truncated} truncated, "
+        out = [f"run {self.run}: {t.rows} rows read, {t.kept} samples kept"
+               + (f" (one a turn of {t.turn_rows} rows, --per-turn)" if t.turn_rows else "") + f", {t.truncated} truncated, "
                f"{t.dropped_overlong} dropped as over-long, {t.rejected_rows} rejected ({t.reject_share():.2%})",
                "rows by format: " + ", ".join(f"{k} {v}" for k, v in sorted(t.formats.items())),
                f"plan: {self.batches} batches, {self.tokens} tokens, padding {1 - self.tokens / max(self.padded_tokens, 1):.2%} "

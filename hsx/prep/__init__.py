@@ -20,6 +20,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     ],
     "mixture": {"Mixture": None, "MixtureError": None, "Source": None, "load": "load_mixture",
                 "of_datasets": "mixture_of_datasets"},
+    "perturn": ["split_turn_id", "turn_id"],
     "planning": ["PlannedBatch", "cut_batches", "padding_fraction"],
     "report": ["Sample", "TokeniseReport", "Window"],
     "rows": ["RowRejected"],

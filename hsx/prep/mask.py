@@ -174,9 +174,10 @@ def _calls_end_alike(render: Render, end: str, specials: tuple[str, ...] = ()) -
 
 
 def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Render, shape: TemplateShape,
-                    located: Counter | None = None) -> list[tuple[int, int]]:
+                    located: Counter | None = None, trained: range | None = None) -> list[tuple[int, int]]:
     """(start, end) character spans of every assistant turn's body in ``real``, in turn order. ``located``:
-    counts how each turn's start was found (LOCATED_BY's keys)."""
+    counts how each turn's start was found (LOCATED_BY's keys). ``trained``: the message indexes whose spans
+    are wanted (--per-turn: one turn's; hsx/prep/perturn.py), None for every assistant message."""
     base = marker_base(real)
     marked, values, owner = marked_copy(messages, base)
     pattern = re.compile(re.escape(base) + r"(\d+)Q")
@@ -195,7 +196,7 @@ def assistant_spans(real: str, messages: list[dict[str, Any]], tools, render: Re
         occurrences.setdefault(owner[marker], []).append(position)
     spans = []
     for index, msg in enumerate(messages):
-        if msg["role"] != "assistant":
+        if msg["role"] != "assistant" or (trained is not None and index not in trained):
             continue
         where = occurrences.get(index)
         if not where:

@@ -54,6 +54,8 @@ class TokeniseReport:
     truncated: int = 0
     dropped_overlong: int = 0
     duplicate_ids: int = 0
+    turn_rows: int = 0          # --per-turn: rows made into one sample a turn (kept, truncated, dropped_overlong
+                                # and no_assistant_token_after_truncation then count samples)
     rejected: Counter = field(default_factory=Counter)
     formats: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)      # "row 12 (id x): reason", row numbers 1-based; printable
@@ -75,7 +77,7 @@ class TokeniseReport:
         self.note(index, row_id, message)
 
     def merge(self, other: TokeniseReport) -> None:
-        for name in ("rows", "kept", "truncated", "dropped_overlong", "duplicate_ids"):
+        for name in ("rows", "kept", "truncated", "dropped_overlong", "duplicate_ids", "turn_rows"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.rejected.update(other.rejected)
         self.formats.update(other.formats)
@@ -84,12 +86,13 @@ class TokeniseReport:
     def to_dict(self) -> dict:
         return {"rows": self.rows, "kept": self.kept, "truncated": self.truncated,
                 "dropped_overlong": self.dropped_overlong, "duplicate_ids": self.duplicate_ids,
+                **({"turn_rows": self.turn_rows} if self.turn_rows else {}),
                 "rejected": dict(self.rejected), "formats": dict(self.formats), "examples": self.examples}
 
     @classmethod
     def from_dict(cls, d: dict) -> TokeniseReport:
         return cls(rows=d["rows"], kept=d["kept"], truncated=d["truncated"], dropped_overlong=d["dropped_overlong"],
-                   duplicate_ids=d.get("duplicate_ids", 0), rejected=Counter(d.get("rejected", {})),
+                   duplicate_ids=d.get("duplicate_ids", 0), turn_rows=d.get("turn_rows", 0), rejected=Counter(d.get("rejected", {})),
                    formats=Counter(d.get("formats", {})),
                    examples=[printable(x) for x in d.get("examples", [])])   # from Redis: untrusted
 

@@ -21,6 +21,7 @@ import numpy as np
 from hsx.errors import HsxError
 from hsx.prep.columns import ColumnMapping
 from hsx.prep.mask import LOCATED_BY, TemplateError, TemplateShape, assistant_spans, probe_shape
+from hsx.prep.perturn import turn_id, turns
 from hsx.prep.rows import RowRejected, given_parts, read_conversation
 
 __all__ = ["ChatTokeniser", "RowProblem", "RowRejected", "TemplateArgsError", "TemplateError", "Tokenised",
@@ -227,10 +228,12 @@ class ChatTokeniser:
         self.text_arguments = self.objects_as_text = True
         return prepared, text
 
-    def encode_chat(self, messages: list[dict[str, Any]], tools=None) -> tuple[np.ndarray, np.ndarray]:
-        """(input_ids int32, loss_mask uint8) of a conversation in normal form."""
+    def encode_chat(self, messages: list[dict[str, Any]], tools=None,
+                    trained: range | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids int32, loss_mask uint8) of a conversation in normal form; ``trained``: the messages whose
+        assistant turns are in the mask (None: every assistant turn)."""
         messages, real = self._render_real(messages, tools)
-        spans = assistant_spans(real, messages, tools, self._render_row, self.shape, self.located)
+        spans = assistant_spans(real, messages, tools, self._render_row, self.shape, self.located, trained)
         ids, offsets = self._encode(real)
         return ids, spans_to_mask(offsets, spans)
 
@@ -254,14 +257,35 @@ class ChatTokeniser:
         sample_id = sample_id_of(data, index, self.columns)
         if data.get("input_ids") is not None:
             return Tokenised(sample_id, *self._pretokenised(data), "pretokenised")
-        conversation = read_conversation(data, self.columns)
-        messages = conversation.messages
-        if self.takes_parts and conversation.source_format == "openai":
-            messages = given_parts(messages, data.get(self.columns.messages))
+        messages, conversation = self._conversation(data)
         ids, mask = self.encode_chat(messages, conversation.tools)
         if not mask.any():
             raise RowRejected("no_assistant_tokens", "the assistant turns are empty after tokenisation")
         return Tokenised(sample_id, ids, mask, conversation.source_format)
+
+    def encode_turns(self, data: dict[str, Any], index: int) -> list[Tokenised]:
+        """``--per-turn``: one sample a turn of the row, ids ``<row id>#t<j>`` (hsx/prep/perturn.py)."""
+        row_id = sample_id_of(data, index, self.columns)
+        if data.get("input_ids") is not None:
+            return [Tokenised(turn_id(row_id, 0), *self._pretokenised(data), "pretokenised")]
+        messages, conversation = self._conversation(data)
+        prepared, _ = self._render_real(messages, conversation.tools)   # the arguments as the whole row needs them
+        out = []
+        for j, turn in enumerate(turns(prepared, conversation.tools, self._render_row, self.tok.eos_token)):
+            ids, mask = self.encode_chat(messages[:turn.stop], conversation.tools, trained=turn)
+            if not mask.any():
+                raise RowRejected("no_assistant_tokens", f"turn {j} (messages {turn.start}-{turn.stop - 1}): its "
+                                                         "assistant messages are empty after tokenisation")
+            out.append(Tokenised(turn_id(row_id, j), ids, mask, conversation.source_format))
+        return out
+
+    def _conversation(self, data: dict[str, Any]):
+        """(messages in normal form, as this template takes them; the row's Conversation)."""
+        conversation = read_conversation(data, self.columns)
+        messages = conversation.messages
+        if self.takes_parts and conversation.source_format == "openai":
+            messages = given_parts(messages, data.get(self.columns.messages))
+        return messages, conversation
 
     def _pretokenised(self, data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         ids, mask = data["input_ids"], data.get("loss_mask")

@@ -64,21 +64,24 @@ class TokeniseSettings:
     columns: Any = None                         # hsx.prep.columns.ColumnMapping (picklable), or None
     # A mixture's sources: (name, template kwargs, columns) each, the run's merged in (hsx.prep.mixture)
     sources: tuple = ()
+    per_turn: bool = False                      # one sample a turn of each row (hsx/prep/perturn.py)
 
     @classmethod
-    def of(cls, model: str, max_length: int, overlong: str, template_kwargs, columns, mixture=None):
+    def of(cls, model: str, max_length: int, overlong: str, template_kwargs, columns, mixture=None,
+           per_turn: bool = False):
         """The settings of a run; a mixture's sources get the run's template arguments and columns unless
         they give their own (template arguments merged over the run's)."""
         sources = tuple((s.name, {**(template_kwargs or {}), **(s.template_kwargs or {})} or None,
                          s.columns if s.columns is not None else columns)
                         for s in (mixture.sources if mixture is not None else ()))
-        return cls(model, max_length, overlong, template_kwargs, columns, sources)
+        return cls(model, max_length, overlong, template_kwargs, columns, sources, bool(per_turn))
 
 
 # --- in each tokenising process -------------------------------------------------------------
 
 _tokeniser = None
 _source_tokenisers: dict = {}   # a mixture's source name -> its ChatTokeniser (one a distinct setting)
+_per_turn = False
 
 
 def _chat(tokenizer, template_kwargs, columns):
@@ -93,7 +96,7 @@ def _chat(tokenizer, template_kwargs, columns):
 
 
 def _init(settings: TokeniseSettings) -> None:
-    global _tokeniser, _source_tokenisers
+    global _tokeniser, _source_tokenisers, _per_turn
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(settings.model)
@@ -105,6 +108,7 @@ def _init(settings: TokeniseSettings) -> None:
         if key not in made:
             made[key] = _chat(tokenizer, kwargs, columns)
         _source_tokenisers[name] = made[key]
+    _per_turn = settings.per_turn
 
 
 def reason_code(exc: Exception) -> str:
@@ -125,7 +129,8 @@ def source_format(data: dict, tokenised=None) -> str:
     return "other"
 
 
-def _encode_one(item: Row | RowError | MixedRow) -> TokenisedRow | RejectedRow:
+def _encode_one(item: Row | RowError | MixedRow) -> TokenisedRow | list[TokenisedRow] | RejectedRow:
+    """The row's sample, or (--per-turn) its samples, one a turn; or why it was rejected."""
     source, tokeniser, prefix = "", _tokeniser, ""
     if isinstance(item, MixedRow):   # a mixture's row: its source's settings, its id namespaced by the source
         source, tokeniser, prefix, item = item.source, _source_tokenisers[item.source], item.source + "/", item.item
@@ -136,14 +141,15 @@ def _encode_one(item: Row | RowError | MixedRow) -> TokenisedRow | RejectedRow:
     data = item.data
     row_id = prefix + sample_id_of(data, item.index, tokeniser.columns)
     try:
-        t = tokeniser.encode_row(data, item.index)
+        encoded = tokeniser.encode_turns(data, item.index) if _per_turn else [tokeniser.encode_row(data, item.index)]
     except Exception as exc:  # a row must never take the run down; name it and go on
         if isinstance(exc, ValueError):   # RowRejected (RowProblem): a bad row; anything else is a bug, still counted
             return RejectedRow(item.index, row_id, reason_code(exc), str(exc), source_format(data), source)
         return RejectedRow(item.index, row_id, "internal_error", f"cannot tokenise ({type(exc).__name__}: {exc})",
                            source_format(data), source)
-    return TokenisedRow(item.index, prefix + t.sample_id, np.asarray(t.input_ids, np.int32),
-                        np.asarray(t.loss_mask, np.uint8), source_format(data, t), source)
+    rows = [TokenisedRow(item.index, prefix + t.sample_id, np.asarray(t.input_ids, np.int32),
+                         np.asarray(t.loss_mask, np.uint8), source_format(data, t), source) for t in encoded]
+    return rows if _per_turn else rows[0]
 
 
 def _encode_chunk(chunk: list) -> list[TokenisedRow | RejectedRow]:
@@ -159,15 +165,31 @@ class _WindowBuilder:
         self.window = Window(number, [], TokeniseReport())
         self.settings, self.seen = settings, seen
 
-    def add(self, result: TokenisedRow | RejectedRow) -> None:
-        report, s = self.window.report, self.settings
-        if result.source != self.window.source:   # a mixture's windows hold one source each (hsx.prep.mixture)
-            self.window = replace(self.window, source=result.source)
+    def add(self, result: TokenisedRow | list[TokenisedRow] | RejectedRow) -> None:
+        """One row's result: a sample, the samples of its turns (--per-turn), or its rejection."""
+        report = self.window.report
+        source = result[0].source if isinstance(result, list) else result.source
+        if source != self.window.source:   # a mixture's windows hold one source each (hsx.prep.mixture)
+            self.window = replace(self.window, source=source)
         report.rows += 1
-        report.formats[result.source_format] += 1
         if isinstance(result, RejectedRow):
+            report.formats[result.source_format] += 1
             report.reject(result.index, result.row_id, result.code, result.message)
             return
+        samples = result if isinstance(result, list) else [result]
+        report.formats[samples[0].source_format] += 1
+        if isinstance(result, list):
+            if samples[0].sample_id in self.seen:     # a row id seen before: the row is rejected once, not a turn at a time
+                report.duplicate_ids += 1
+                report.reject(samples[0].index, samples[0].sample_id, "duplicate_sample_id",
+                              f"duplicate sample id {samples[0].sample_id!r} (a row id seen before)")
+                return
+            report.turn_rows += 1
+        for sample in samples:
+            self._add_sample(sample)
+
+    def _add_sample(self, result: TokenisedRow) -> None:
+        report, s = self.window.report, self.settings
         index, sample_id, ids, mask = result.index, result.sample_id, result.input_ids, result.loss_mask
         if len(ids) > s.max_length:
             if s.overlong == "drop":

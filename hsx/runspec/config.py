@@ -58,6 +58,7 @@ class ProduceConfig:
     codec: str = "none"              # lossless codec of the hidden states: none | zstd (hsx/batch/codec.py)
     compute_dtype: str = "bfloat16"  # the target's linear layers: bfloat16 | float8 (gpu_worker/fp8compute.py)
     fp8_accumulation: str = D.DEFAULT_FP8_ACCUMULATION  # float8 GEMMs: fp32 | fast (gpu_worker/fp8linear.py)
+    per_turn: bool = False           # one sample a turn of each row (hsx/prep/perturn.py); in the manifest
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,9 @@ FP8 = D.STORE_DTYPES[-1]   # "float8_e4m3": one byte a value plus a float32 scal
 IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "store_dtype", "codec", "hidden_size", "num_layers",
                    "max_length", "overlong", "token_budget", "pad_multiple", "max_batch_rows", "batches_per_shard",
                    "dataset_fingerprint", "chat_template_hash", "store_url", "template_kwargs", "columns",
-                   "window_rows", "compute_dtype", "fp8_accumulation", "mixture")
+                   "window_rows", "compute_dtype", "fp8_accumulation", "mixture", "per_turn")
+# Fields written only when they differ from this value (the value of every manifest written before them).
+OMITTED_AT = {"per_turn": False}
 log = logging.getLogger(__name__)
 _warned: set[tuple[str, str]] = set()   # (run, field) whose relative path was reported: once a process
 
@@ -65,7 +67,7 @@ REQUIRED = {"run": _STR, "model": _STR, "model_config_hash": _STR, "model_type":
             "pad_token_id": _INT, "store_url": _STR, "store": _DICT, "hsx_version": _STR, "created": _STR}
 OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "fp8_accumulation": _STR, "limits": _DICT, "template_kwargs": _DICT,
             "columns": _DICT, "window_rows": _INT, "format": _STR, "incarnation": _STR, "model_weights": _STR,
-            "mixture": (list,)}
+            "mixture": (list,), "per_turn": _BOOL}
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class Manifest:
     # A mixture's sources (hsx.prep.mixture), in order: {name, dataset (absolute), fingerprint, and the columns,
     # template_kwargs, rows / share + seed it was given}; () for one --dataset, left out of the JSON as before.
     mixture: tuple = ()
+    per_turn: bool = False      # one sample a turn of each row (hsx/prep/perturn.py); absent (False) in older ones
     extra: Mapping = field(default_factory=lambda: MappingProxyType({}))  # keys of a newer hsx, kept as read
 
     def __post_init__(self):
@@ -219,6 +222,7 @@ class Manifest:
                 hsx_version=data["hsx_version"], created=data["created"],
                 incarnation=data.get("incarnation") or "", model_weights=data.get("model_weights") or "",
                 mixture=_mixture(data.get("mixture") or []),
+                per_turn=bool(data.get("per_turn")),
                 extra=MappingProxyType({k: v for k, v in data.items() if k not in known}))
         except ManifestError as exc:
             raise ManifestError(f"{where}: {exc}") from None
@@ -237,7 +241,8 @@ class Manifest:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "extra" or (f.name == "window_rows" and value is None) or (
-                    f.name in ("incarnation", "model_weights", "mixture") and not value):   # as older hsx wrote it
+                    f.name in ("incarnation", "model_weights", "mixture") and not value) or (
+                    f.name in OMITTED_AT and value == OMITTED_AT[f.name]):   # as older hsx wrote it
                 continue
             if isinstance(value, (StoreSettings, RunLimits)):
                 value = value.to_dict()
@@ -396,8 +401,9 @@ def _identity(name: str, value):
 def check_same_run(existing: Manifest, wanted: Manifest) -> None:
     """ManifestMismatch, listing the differences, unless both define the same output."""
     old, new = existing.to_dict(), wanted.to_dict()
-    diffs = [f"{k}: run has {old.get(k)!r}, this call has {new.get(k)!r}"
-             for k in IDENTITY_FIELDS if _identity(k, old.get(k)) != _identity(k, new.get(k))]
+    diffs = [f"{k}: run has {old.get(k, OMITTED_AT.get(k))!r}, this call has {new.get(k, OMITTED_AT.get(k))!r}"
+             for k in IDENTITY_FIELDS
+             if _identity(k, old.get(k, OMITTED_AT.get(k))) != _identity(k, new.get(k, OMITTED_AT.get(k)))]
     # A manifest an older hsx wrote has no weights fingerprint: it resumes, and records this call's.
     if existing.model_weights and wanted.model_weights and existing.model_weights != wanted.model_weights:
         diffs.insert(0, f"model_weights: run has {existing.model_weights} (model {existing.model}), this call has "

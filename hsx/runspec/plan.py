@@ -57,6 +57,7 @@ def plan_manifest(cfg: ProduceConfig, facts: RunFacts) -> Manifest:
         pad_token_id=facts.pad_token_id, store_url=cfg.store.url, store=cfg.store,
         limits=RunLimits(cfg.max_attempts, cfg.lease_seconds), model_weights=facts.model_weights,
         incarnation=uuid.uuid4().hex, mixture=tuple(MappingProxyType(s) for s in facts.mixture),
+        per_turn=bool(cfg.per_turn),
     )
 
 
