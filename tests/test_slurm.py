@@ -184,8 +184,8 @@ def test_a_run_on_slurm_survives_scancel_time_limits_and_added_workers(slurm, re
                  f"batch {victim}, in hand {in_hand:.1f} s at scancel, batches >= 1 s")
         # Issue 41 item 6: what this figure is. The cancelled worker finishes the batch in hand (rq's warm stop,
         # within HSX_GRACE_SECONDS) and another task's uploader on this node uploads it: the figure is the rest
-        # of that batch plus one upload, so it scales with the batch's length (here >= 1 s; a CPU batch of the
-        # default 32k-token budget lasts tens of seconds), never the lease's way (SIGKILL, then HSX_LEASE_SECONDS).
+        # of that batch plus one upload, so it scales with the batch's length (here >= 1 s), never the lease's way
+        # (SIGKILL at KillWait, then HSX_LEASE_SECONDS and the batch again: ~45 s here, the issue's 44.7 s).
 
         def cancelled_worker():
             [record] = [w for w in heartbeat.read_workers(r, run) if w["worker"].endswith(f"-{array}-1")]
