@@ -14,7 +14,7 @@ import sys
 import redis
 from flask import Flask
 
-from dashboard import api, auth, headers, metrics, outage, pages, rq_mount
+from dashboard import api, auth, firstview, headers, metrics, outage, pages, rq_mount
 from dashboard.config import DashboardConfig
 from dashboard.plan_cache import PlanCache
 from dashboard.state import EXTENSION, AppState
@@ -36,6 +36,7 @@ def create_app(config: DashboardConfig, r: redis.Redis | None = None) -> Flask:
     auth.install(app, config)
     headers.install(app, RQ_PREFIX)
     outage.install(app, outage.RedisOutage(config.redis_url))
+    firstview.install(app)
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(metrics.bp)

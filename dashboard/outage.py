@@ -13,15 +13,16 @@ import logging
 import threading
 import time
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, current_app, jsonify, request
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hsx.redisconn import redact
 
 log = logging.getLogger(__name__)
-# Endpoints whose success proves Redis answers (the page and static files do not read it).
-READS_REDIS = frozenset({"api.status", "api.runs", "metrics.metrics", "rq_dashboard.list_queues",
+EXTENSION = "hsx_outage"
+# Endpoints whose success proves Redis answers (static files do not read it; the page reads it for its first view).
+READS_REDIS = frozenset({"pages.index", "api.status", "api.runs", "metrics.metrics", "rq_dashboard.list_queues",
                          "rq_dashboard.list_workers", "rq_dashboard.list_jobs", "rq_dashboard.job_info"})
 
 
@@ -59,7 +60,14 @@ def _reason(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
+def current_outage() -> RedisOutage:
+    """The app's outage record (for a view that catches the Redis error itself, as the page does)."""
+    return current_app.extensions[EXTENSION]
+
+
 def install(app: Flask, outage: RedisOutage) -> None:
+    app.extensions[EXTENSION] = outage
+
     @app.errorhandler(RedisConnectionError)
     @app.errorhandler(RedisTimeoutError)
     def _redis_down(exc):

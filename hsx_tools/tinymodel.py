@@ -54,12 +54,30 @@ def build_tiny_model(out_dir: Path, num_layers: int = 6, hidden_size: int = 64, 
     """Write a tiny Qwen3 (config + random weights + tokenizer) to ``out_dir``; return it."""
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists() and (out_dir / "tokenizer.json").exists():
+        write_weight_index(out_dir)  # a model built by an earlier hsx, without one
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir, sample_path=sample_path)
     model = random_qwen3(tokenizer, num_layers, hidden_size, max_positions=8192, seed=seed)
     model.save_pretrained(out_dir)
+    write_weight_index(out_dir)
     return out_dir
+
+
+def write_weight_index(out_dir: Path) -> None:
+    """``model.safetensors.index.json`` beside the single ``model.safetensors`` (issue 41 item 5): SpecForge 0.2.0
+    reads a target's LM head only through a ``*.index.json`` (real checkpoints are sharded and ship one; its
+    TargetHead refuses a folder without: "No index.json file found"). transformers and hsx still read the single
+    file; the index maps every tensor to it. Written once (kept if there)."""
+    from safetensors import safe_open
+
+    index, weights = out_dir / "model.safetensors.index.json", out_dir / "model.safetensors"
+    if index.exists() or not weights.exists():
+        return
+    with safe_open(str(weights), "pt") as fh:
+        weight_map = dict.fromkeys(fh.keys(), weights.name)
+    index.write_text(json.dumps({"metadata": {"total_size": weights.stat().st_size}, "weight_map": weight_map},
+                                indent=2) + "\n")
 
 
 def random_qwen3(tokenizer, num_layers: int, hidden_size: int, max_positions: int, seed: int):

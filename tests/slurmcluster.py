@@ -1,5 +1,6 @@
 """A real one-node SLURM cluster for tests: Debian's slurm-wlm (slurmctld + slurmd in the foreground, auth/none,
-select/cons_tres, private ports, state in a temp folder), started once per session and stopped by PID."""
+select/cons_tres, private ports, state in a temp folder), started once per session and stopped by PID. Its
+slurm.conf is the one docs/deploy.md gives a user (deploy/slurm/one-node.sh)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,13 @@ from pathlib import Path
 
 from tests.waiting import scaled, wait_until
 
+ONE_NODE = Path(__file__).resolve().parents[1] / "deploy" / "slurm" / "one-node.sh"
+
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _memory_mb() -> int:
-    with open("/proc/meminfo") as fh:
-        total_kb = int(next(line for line in fh if line.startswith("MemTotal")).split()[1])
-    return int(total_kb / 1024 * 0.8)
 
 
 class SlurmCluster:
@@ -38,31 +35,14 @@ class SlurmCluster:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def write_conf(self) -> None:
-        for sub in ("state", "spool", "log"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-        cpus = os.cpu_count() or 2
-        self.conf.write_text("\n".join([
-            "ClusterName=hsxtest",
-            f"SlurmctldHost={self.node}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
-            "AuthType=auth/none", "CredType=cred/none",
-            "SlurmUser=root", "SlurmdUser=root",
-            f"StateSaveLocation={self.root / 'state'}", f"SlurmdSpoolDir={self.root / 'spool'}",
-            f"SlurmctldPidFile={self.root / 'slurmctld.pid'}", f"SlurmdPidFile={self.root / 'slurmd.pid'}",
-            f"SlurmctldLogFile={self.root / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={self.root / 'log' / 'slurmd.log'}",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory",
-            "MpiDefault=none", "SwitchType=switch/none", "ReturnToService=2", "JobRequeue=1",
-            f"KillWait={int(scaled(15))}", "SchedulerType=sched/backfill",
-            "SchedulerParameters=bf_interval=5,sched_interval=5", "MinJobAge=600",
-            # KillWait: SIGTERM to SIGKILL; a cancelled task drains its spool and logs in it (slower when loaded)
-            # a requeued job waits cred_expire + 1 s before it may start again (120 s by default)
-            "AuthInfo=cred_expire=10",
-            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={_memory_mb()} State=UNKNOWN",
-            # Tasks share the cores (CPU workers of a test spend most of their time waiting)
-            "PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4",
-        ]) + "\n")
+        """The slurm.conf docs/deploy.md gives ("SLURM on one machine"): deploy/slurm/one-node.sh's, with private
+        ports, a KillWait scaled as the test's waits are, and the partition named "test"."""
+        env = {**os.environ, "HSX_SLURM_CONF_PORTS": f"{_free_port()} {_free_port()}",
+               "HSX_SLURM_CONF_KILL_WAIT": str(int(scaled(15))), "HSX_SLURM_CONF_PARTITION": "test",
+               "HSX_SLURM_CONF_GPUS": "0"}
+        out = subprocess.run(["bash", str(ONE_NODE), str(self.root)], capture_output=True, text=True, env=env,
+                             timeout=scaled(30), check=True)
+        self.conf.write_text(out.stdout)
 
     def start(self) -> SlurmCluster:
         self.write_conf()

@@ -17,13 +17,12 @@ import json
 import math
 
 import pytest
-from safetensors import safe_open
 
 from hsx.runspec.config import StoreSettings
 from hsx_cli.main import main
 from hsx_reader import RunDataset
 from hsx_tools.demo import sample_dataset
-from hsx_tools.tinymodel import build_tiny_model
+from hsx_tools.tinymodel import build_tiny_model, write_weight_index
 from tests.conftest import _new_bucket
 from tests.peerenv import run_peer
 from tests.pipeline import run_pipeline
@@ -39,11 +38,11 @@ ALGORITHMS = {  # strategy -> config changes (the draft config is the one hsx wr
 
 def _specforge_target(model):
     """The tiny model as SpecForge 0.2.0 reads a target: its TargetHead loads the LM head through a
-    ``*.index.json`` (real checkpoints are sharded; the tiny one is a single file), so one is written beside
-    it (hsx reads the single file, as before); the run's manifest names this folder, as does the printed line."""
-    with safe_open(str(model / "model.safetensors"), "pt") as f:
-        weight_map = dict.fromkeys(f.keys(), "model.safetensors")
-    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    ``*.index.json`` (real checkpoints are sharded; the tiny one is a single file). build_tiny_model writes one
+    (hsx_tools.tinymodel.write_weight_index, issue 41 item 5: a newcomer wrote it by hand); a target trained
+    elsewhere (tests/test_evaluate.py's sharp one) gets it from the same function. hsx reads the single file."""
+    write_weight_index(model)
+    assert "model.embed_tokens.weight" in json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
     return model
 
 
@@ -78,6 +77,7 @@ def test_specforge_trains_on_hsx_data(redis_server, rclone_server, tmp_path, cap
     """SpecForge's own trainer on hsx runs, exported and in place; the S3 run on `rclone serve s3`, a real S3 server
     (issue 28: a trainer in place on the server hsx's checks must hold on)."""
     model = build_tiny_model(tmp_path / "tiny8", num_layers=8, sample_path=sample_dataset())
+    assert (model / "model.safetensors.index.json").is_file()  # written by hsx, not by this test
     target = _specforge_target(model)
     dataset = tmp_path / "conversations.jsonl"
     dataset.write_text("".join(sample_dataset().read_text().splitlines(keepends=True)[:SAMPLES]))
