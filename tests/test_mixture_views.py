@@ -60,6 +60,10 @@ def test_status_and_dashboard_count_each_source_planned_and_done(r, redis_server
     o = client.get("/api/status?run=mixv").json["overview"]
     assert [(s["source"], s["samples"], s["done"]) for s in o["sources"]] == \
         [("a", 6, after["a"]), ("b", 3, after["b"])]
+    page = client.get("/?run=mixv").get_data(as_text=True)   # the first view, rendered on the server
+    for name, samples in (("a", 6), ("b", 3)):
+        row = page.split(f'<tr data-source="{name}">', 1)[1].split("</tr>", 1)[0]
+        assert f"{after[name]['samples']} / {samples}" in row, row
 
 
 def test_one_dataset_runs_show_no_sources(r, redis_server, tiny_model, tmp_path):
@@ -68,6 +72,7 @@ def test_one_dataset_runs_show_no_sources(r, redis_server, tiny_model, tmp_path)
     assert source_progress(r, "onev") == []
     client = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client()
     assert client.get("/api/status?run=onev").json["overview"]["sources"] == []
+    assert 'id="sources-section" hidden' in client.get("/?run=onev").get_data(as_text=True)
 
 
 def test_inspect_prints_each_source(tiny_model, tmp_path, capsys):

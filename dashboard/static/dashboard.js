@@ -124,6 +124,16 @@
       "no plan yet", 3);
   }
 
+  function renderSources(o) {
+    const sources = o.sources || [];
+    $("sources-section").hidden = sources.length === 0;
+    fill($("sources").tBodies[0], sources.map((s) => el("tr", {"data-source": s.source}, el("td", {}, s.source),
+      el("td", {class: "num"}, fmtInt(s.rows)), el("td", {class: "num"}, fmtInt(s.rejected)),
+      el("td", {class: "num"}, `${fmtInt(s.done.samples)} / ${fmtInt(s.samples)}`),
+      el("td", {class: "num"}, `${fmtInt(s.done.tokens)} / ${fmtInt(s.tokens)}`),
+      el("td", {}, bar(s.done.samples, s.samples, "uploaded small")))), "one dataset", 6);
+  }
+
   async function retry(batchIds) {
     const res = await fetch(RETRY, {method: "POST", headers: {"Content-Type": "application/json"}, credentials: "same-origin",
                                     body: JSON.stringify({run, batch_ids: batchIds})});
@@ -208,7 +218,7 @@
       if (o) {
         run = o.run;
         renderRuns(data.runs); renderProgress(o); renderChart(o.series); renderWorkers(o); renderHosts(o);
-        renderShards(o); renderFailures(o); renderMalformed(o.malformed || []); renderProblems(o);
+        renderShards(o); renderSources(o); renderFailures(o); renderMalformed(o.malformed || []); renderProblems(o);
         renderFidelity(o);
       }
       $("updated").textContent = `updated ${new Date().toLocaleTimeString()} · Redis ${data.redis}`;
