@@ -177,8 +177,9 @@ def whole_rows(cfg: InspectConfig, settings: TokeniseSettings) -> tuple[int, int
     from dataclasses import replace
 
     samples = tokens = rows = 0
-    with WindowTokeniser(cfg.dataset, replace(settings, per_turn=False),
-                         cfg.tokenise_workers or default_workers(cfg.dataset), cfg.window_rows) as windows:
+    dataset = cfg.mixture if cfg.mixture is not None else cfg.dataset   # every source of a mixture
+    with WindowTokeniser(dataset, replace(settings, per_turn=False),
+                         cfg.tokenise_workers or default_workers(dataset), cfg.window_rows) as windows:
         for window in windows:
             rows += window.report.rows
             samples += len(window.samples)
@@ -297,7 +298,9 @@ def run_inspect(cfg: InspectConfig) -> int:
                 break
     lengths_np = np.asarray(lengths, dtype=np.int64)
     tty = sys.stdout.isatty() and not cfg.plain
-    print(f"dataset {cfg.dataset} for {cfg.model}"
+    named = (f"mixture of {', '.join(src.name for src in cfg.mixture.sources)}" if cfg.mixture is not None
+             else f"dataset {cfg.dataset}")
+    print(f"{named} for {cfg.model}"
           + (f", template arguments {cfg.template_kwargs}" if cfg.template_kwargs else ""))
     print("\n".join(template_lines(tokenizer, cfg)))
     print(f"rows: {report.rows} read, {report.kept} kept, {report.truncated} truncated, "
@@ -316,7 +319,8 @@ def run_inspect(cfg: InspectConfig) -> int:
     print("\n".join(histogram_lines(lengths_np)))
     if every_ids:
         over = f", first {len(every_ids):,} kept rows" if len(every_ids) < len(lengths) else ""
-        print(prefix_share(every_ids).line(f"shared prefixes ({cfg.dataset.name}{over}"
+        named = f"{len(cfg.mixture.sources)} sources" if cfg.mixture is not None else cfg.dataset.name
+        print(prefix_share(every_ids).line(f"shared prefixes ({named}{over}"
                                            + (", one sample a turn" if cfg.per_turn else "") + ", ids after the template)"))
     if cfg.per_turn:
         print("\n".join(per_turn_lines(report, int(lengths_np.sum()), whole_rows(cfg, settings))))

@@ -97,6 +97,24 @@ def test_inspect_prints_each_source(tiny_model, tmp_path, capsys):
     assert "rows: 9 read, 8 kept" in out and "row 4 (id b/3): line 4 of b.jsonl is not valid JSON" in out
 
 
+def test_inspect_per_turn_of_a_mixture_measures_every_source(tiny_model, tmp_path, capsys):
+    """--per-turn over two sources: the whole rows it is measured against are both sources' rows (was: the first
+    source's only), and the lines name the mixture, not its first file."""
+    from hsx_cli import inspect
+    from hsx_cli.flags import resolve
+    from hsx_cli.main import build_parser
+
+    write(tmp_path / "a.jsonl", [chat(i) for i in range(2)])
+    write(tmp_path / "b.jsonl", [chat(i, "other") for i in range(3)])
+    argv = ["inspect", "--dataset", str(tmp_path / "a.jsonl"), "--dataset", str(tmp_path / "b.jsonl"), "--model",
+            str(tiny_model), "--layers", "dflash:3", "--samples", "0", "--tokenise-workers", "1", "--per-turn", "--plain"]
+    assert inspect.run(inspect.COMMAND.config(resolve(inspect.FLAGS, build_parser().parse_args(argv)))) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("mixture of a, b for ")
+    assert "per-turn: 5 rows -> 5 samples" in out and "for the 5 whole rows" in out, out
+    assert "shared prefixes (2 sources, one sample a turn" in out
+
+
 def test_a_mixture_run_extracts_and_reads_back_both_sources_same_ids(r, redis_server, tiny_model, tmp_path):
     """Through a worker and an uploader (in process, CPU): the stored run holds a/x0 and b/x0, each its own rows'
     tokens, and the dashboard counts both sources done."""
