@@ -57,6 +57,8 @@ class ProduceConfig:
     codec: str = "none"              # lossless codec of the hidden states: none | zstd (hsx/batch/codec.py)
     compute_dtype: str = "bfloat16"  # the target's linear layers: bfloat16 | float8 (gpu_worker/fp8compute.py)
     fp8_accumulation: str = D.DEFAULT_FP8_ACCUMULATION  # float8 GEMMs: fp32 | fast (gpu_worker/fp8linear.py)
+    prefix_reuse: str = "auto"       # auto: shared prefixes computed once where exact (hsx/prep/prefixplan.py) | off
+    prefix_min_tokens: int = D.DEFAULT_PREFIX_MIN_TOKENS   # tokens a spine has at least
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,8 @@ REQUIRED = {"run": _STR, "model": _STR, "model_config_hash": _STR, "model_type":
             "batches_per_shard": _INT, "dataset": _STR, "dataset_fingerprint": _STR, "chat_template_hash": _STR,
             "pad_token_id": _INT, "store_url": _STR, "store": _DICT, "hsx_version": _STR, "created": _STR}
 OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "fp8_accumulation": _STR, "limits": _DICT, "template_kwargs": _DICT,
-            "columns": _DICT, "window_rows": _INT, "format": _STR, "incarnation": _STR, "model_weights": _STR}
+            "columns": _DICT, "window_rows": _INT, "format": _STR, "incarnation": _STR, "model_weights": _STR,
+            "prefix_reuse": _STR, "prefix_min_tokens": _INT, "prefix_cache_tokens": _INT}
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,11 @@ class Manifest:
     # weights_fingerprint() of the model's weight files; "" in manifests older hsx wrote (the first `hsx produce`
     # of this hsx records it: docs/reliability.md).
     model_weights: str = ""
+    # Shared prefixes computed once (issue 40; hsx/prep/prefixplan.py): "on" or "off" (manifests older hsx wrote,
+    # written only when on); spines of at least prefix_min_tokens, at most prefix_cache_tokens cached a batch.
+    prefix_reuse: str = "off"
+    prefix_min_tokens: int = 0
+    prefix_cache_tokens: int = 0
     extra: Mapping = field(default_factory=lambda: MappingProxyType({}))  # keys of a newer hsx, kept as read
 
     def __post_init__(self):
@@ -214,6 +220,8 @@ class Manifest:
                 limits=RunLimits(limits["max_attempts"], limits["lease_seconds"]),
                 hsx_version=data["hsx_version"], created=data["created"],
                 incarnation=data.get("incarnation") or "", model_weights=data.get("model_weights") or "",
+                prefix_reuse=data.get("prefix_reuse") or "off", prefix_min_tokens=data.get("prefix_min_tokens") or 0,
+                prefix_cache_tokens=data.get("prefix_cache_tokens") or 0,
                 extra=MappingProxyType({k: v for k, v in data.items() if k not in known}))
         except ManifestError as exc:
             raise ManifestError(f"{where}: {exc}") from None
@@ -232,7 +240,8 @@ class Manifest:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "extra" or (f.name == "window_rows" and value is None) or (
-                    f.name in ("incarnation", "model_weights") and not value):   # as older hsx wrote it
+                    f.name in ("incarnation", "model_weights") and not value) or (   # as older hsx wrote it
+                    f.name.startswith("prefix_") and self.prefix_reuse == "off"):
                 continue
             if isinstance(value, (StoreSettings, RunLimits)):
                 value = value.to_dict()
@@ -315,7 +324,7 @@ def check_values(m: Manifest) -> None:
         raise _bad("layer_ids", ids, "not distinct and rising (low to high, each layer once)")
     choices = {"dtype": tuple(D.STORE_DTYPES[:-1]), "store_dtype": (m.dtype, FP8), "codec": D.CODECS,
                "compute_dtype": D.COMPUTE_DTYPES, "fp8_accumulation": D.FP8_ACCUMULATIONS,
-               "overlong": ("drop", "truncate")}
+               "overlong": ("drop", "truncate"), "prefix_reuse": ("on", "off")}
     for name, allowed in choices.items():
         if getattr(m, name) not in allowed:
             raise _bad(name, getattr(m, name), f"not one of {', '.join(dict.fromkeys(allowed))}")
@@ -323,7 +332,8 @@ def check_values(m: Manifest) -> None:
 
     bounds = {"max_length": (1, MAX_TOKEN_BUDGET), "token_budget": (max(m.max_length, 1), MAX_TOKEN_BUDGET),
               "pad_multiple": (1, 4096), "max_batch_rows": (1, MAX_TOKEN_BUDGET), "batches_per_shard": (1, 10**6),
-              "window_rows": (1, 2**40), "pad_token_id": (0, 2**31 - 1)}
+              "window_rows": (1, 2**40), "pad_token_id": (0, 2**31 - 1),
+              "prefix_min_tokens": (0, MAX_TOKEN_BUDGET), "prefix_cache_tokens": (0, 2**40)}
     for name, (low, high) in bounds.items():
         value = getattr(m, name)
         if value is not None and not low <= value <= high:
