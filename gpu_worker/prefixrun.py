@@ -2,22 +2,26 @@
 
 A causal target's states at a token do not depend on what follows it, so samples that start with the same
 ``spine`` tokens need the spine computed once. A batch's plan (``BatchSpec.prefix_groups``, hsx/prep/prefixplan.py)
-names groups of consecutive samples ``(first, count, spine)``; every other sample is computed alone, as before.
-For a group:
+names groups of consecutive samples ``(first, count, spine)``; a group inside another's range nests in it (its
+spine continues the outer one: per-turn rows of one conversation make a chain). Every other sample is computed
+alone, as before. For a group:
 
-1. the spine runs once (one row, no padding) with a transformers cache, in pieces of at most ``chunk_tokens``
-   (a spine longer than a batch's budget is continued piece by piece, exactly): the cache then holds the
-   attention layers' keys and values and the Gated DeltaNet layers' conv window and recurrent state at the
-   branch point, wherever it falls (mid-chunk too: transformers' chunk rule starts from the cached state);
-2. the cache is expanded to the members that go on (``reorder_cache`` with index 0 for each), and their
-   remainders (the leaves) run in one forward, right-padded, at positions spine .. spine + leaf - 1: no mask
-   is needed, a real token never sees the padding after it, and nothing reads the padded rows' final states;
-3. every member's stored rows are the spine's rows followed by its leaf's (a member that is the spine itself,
-   a strict prefix of the others, has no leaf).
+1. its spine runs once (one row, no padding) with a transformers cache, from its parent's spine on (its
+   parent's states copied) or from token 0, in pieces of at most ``chunk_tokens`` (a spine longer than a
+   batch's budget is continued piece by piece, exactly): the cache then holds the attention layers' keys and
+   values and the Gated DeltaNet layers' conv window and recurrent state at the branch point, wherever it falls
+   (mid-chunk too: transformers' chunk rule starts from the cached state);
+2. its child groups go on from a copy of those states;
+3. the cache is expanded to its leaves (members in no child; ``reorder_cache`` with index 0 for each), and
+   their remainders run in one forward, right-padded, at positions spine .. spine + leaf - 1: no mask is
+   needed, a real token never sees the padding after it, and nothing reads the padded rows' final states;
+4. every member's stored rows are its groups' spine rows followed by its leaf's (a member that is the spine
+   itself, a strict prefix of the others, has no leaf).
 
-Memory a group holds beyond a plain batch: the cache expanded to its leaves, ``leaves x spine`` tokens of keys
-and values plus a conv window and a recurrent state a leaf and GDN layer; the planner caps ``leaves x spine``
-(hsx/prep/prefixplan.py ``cache_tokens``) and the worker says the bound at start (``snapshot_bytes``).
+Memory a batch holds beyond a plain one: a one-row cache per open group on the path from the root (spine
+tokens of keys and values, one conv window and recurrent state a GDN layer), and the cache expanded to one
+group's leaves, ``leaves x spine`` tokens of keys and values plus a GDN state a leaf; the planner caps
+``leaves x spine`` (``cache_tokens``) and the worker says the bound at start (``snapshot_bytes``).
 
 The fused kernels (gpu_worker/kernels.py) keep their Gated DeltaNet forward for calls without a cache only: a
 spine or a leaf (they carry a cache) runs transformers' GDN forward, the norms and MLPs stay fused.
@@ -25,6 +29,7 @@ spine or a leaf (they carry a cache) runs transformers' GDN forward, the norms a
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -41,6 +46,27 @@ def _cache_for(model):
 
 def _position_ids(start: int, length: int, rows: int, device) -> torch.Tensor:
     return (torch.arange(start, start + length, device=device)).unsqueeze(0).expand(rows, -1)
+
+
+def _forest(groups: Sequence[PrefixGroup], rows: int) -> list[tuple[PrefixGroup, list]]:
+    """The groups as trees (group, children): a group inside another's range nests in it (a longer spine),
+    others are disjoint; ValueError for anything else."""
+    ordered = sorted(groups, key=lambda g: (g.first, -g.count, g.spine))
+    roots: list = []
+    path: list = []   # the open groups containing the current one, outermost first
+    for g in ordered:
+        if g.count < 1 or g.spine < 1 or g.first < 0 or g.first + g.count > rows:
+            raise ValueError(f"prefix group {tuple(g)}: not a range of the batch's {rows} samples with a spine")
+        while path and g.first >= path[-1][0].first + path[-1][0].count:
+            path.pop()
+        if path:
+            parent = path[-1][0]
+            if g.first + g.count > parent.first + parent.count or g.spine <= parent.spine:
+                raise ValueError(f"prefix group {tuple(g)} overlaps {tuple(parent)} without nesting in it")
+        node = (g, [])
+        (path[-1][1] if path else roots).append(node)
+        path.append(node)
+    return roots
 
 
 def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, groups: Sequence[PrefixGroup],
@@ -60,33 +86,41 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
         if final is not None:
             final.index_copy_(0, index, got[1])
 
-    grouped = set()
+    forest = _forest(groups, len(cu) - 1)
     for g in groups:
         members = range(g.first, g.first + g.count)
-        grouped.update(members)
-        if any(cu[b + 1] - cu[b] < g.spine for b in members) or g.spine < 1:
+        if any(cu[b + 1] - cu[b] < g.spine for b in members):
             raise ValueError(f"prefix group {tuple(g)}: a member is shorter than its spine")
         if any(not torch.equal(ids[cu[b]:cu[b] + g.spine], ids[cu[g.first]:cu[g.first] + g.spine]) for b in members):
             raise ValueError(f"prefix group {tuple(g)}: its members do not share the spine's tokens")
-        _run_group(ex, ids, cu, g, chunk_tokens, put)
+    for node in forest:
+        _run_group(ex, ids, cu, node, None, 0, chunk_tokens, put)
+    grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
     alone = [b for b in range(len(cu) - 1) if b not in grouped]
     if alone:
         _run_rows(ex, ids, cu, alone, 0, None, put)
     return hidden, final
 
 
-def _run_group(ex, ids: torch.Tensor, cu: list[int], g: PrefixGroup, chunk_tokens: int, put) -> None:
+def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, chunk_tokens: int, put) -> None:
+    """A group's spine from ``start`` (its parent's spine; ``cache``: the parent's states there, kept), then its
+    child groups from a copy of its own states, then its leaves from its states expanded to them."""
+    g, children = node
     device = ex.device
-    cache = _cache_for(ex.model)
+    cache = _cache_for(ex.model) if cache is None else copy.deepcopy(cache)
     spine = ids[cu[g.first]:cu[g.first] + g.spine].to(device)
     members = range(g.first, g.first + g.count)
-    for start in range(0, g.spine, max(1, chunk_tokens)):
-        end = min(g.spine, start + chunk_tokens)
-        got = ex.forward_packed(spine[start:end].unsqueeze(0), torch.arange(end - start, device=device), end - start,
-                                cache=cache, use_cache=True, position_ids=_position_ids(start, end - start, 1, device))
-        for b in members:   # every member's rows start with the spine's
-            put(list(range(cu[b] + start, cu[b] + end)), got)
-    leaves = [b for b in members if cu[b + 1] - cu[b] > g.spine]
+    for at in range(start, g.spine, max(1, chunk_tokens)):
+        end = min(g.spine, at + chunk_tokens)
+        got = ex.forward_packed(spine[at:end].unsqueeze(0), torch.arange(end - at, device=device), end - at,
+                                cache=cache, use_cache=True, position_ids=_position_ids(at, end - at, 1, device))
+        put([cu[b] + t for b in members for t in range(at, end)], (got[0].repeat(g.count, 1),
+                                                                   None if got[1] is None else got[1].repeat(g.count, 1)))
+    inside = set()
+    for child in children:
+        _run_group(ex, ids, cu, child, cache, g.spine, chunk_tokens, put)
+        inside.update(range(child[0].first, child[0].first + child[0].count))
+    leaves = [b for b in members if b not in inside and cu[b + 1] - cu[b] > g.spine]
     if leaves:
         cache.reorder_cache(torch.zeros(len(leaves), dtype=torch.int64, device=device))
         _run_rows(ex, ids, cu, leaves, g.spine, cache, put)

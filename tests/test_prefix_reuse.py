@@ -57,14 +57,20 @@ def _lone_error(model, rows, hidden, final, cu) -> float:
 
 
 def _rows(seed: int, vocab: int = 200):
-    """Two groups (spines of 70 and 45 tokens: mid-chunk for the GDN's 64-token chunks) and two rows alone
-    (branch point 0). Group A holds its spine itself (a strict prefix of the others) and a one-token leaf."""
+    """Two groups (spines of 70 and 45 tokens: mid-chunk for the GDN's 64-token chunks), two rows alone (branch
+    point 0) and a chain of three turns (a group of spine 35 holding one of spine 61, each turn a strict prefix of
+    the next). Group A holds its spine itself (a strict prefix of the others) and a one-token leaf."""
     g = torch.Generator().manual_seed(seed)
     rand = lambda n: torch.randint(0, vocab, (n,), generator=g)   # noqa: E731
     a, b = rand(70), rand(45)
     rows = [torch.cat([a, rand(n)]) for n in (0, 5, 30, 1)] + [torch.cat([b, rand(n)]) for n in (9, 12)]
     rows += [rand(33), rand(64)]
-    return rows, [PrefixGroup(0, 4, 70), PrefixGroup(4, 2, 45)]
+    chain = rand(20)                                 # a chain: turn k+1 continues turn k's states (nested groups)
+    for n in (15, 26, 9):
+        chain = torch.cat([chain, rand(n)])
+        rows.append(chain)
+    groups = [PrefixGroup(0, 4, 70), PrefixGroup(4, 2, 45), PrefixGroup(8, 3, 35), PrefixGroup(9, 2, 61)]
+    return rows, groups
 
 
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
@@ -204,6 +210,18 @@ def test_a_per_turn_run_stores_every_sample_exact_with_spines_across_windows(r, 
     assert stored == report.tokens and computed == report.computed_tokens < 0.75 * stored
     totals = ledger.run_totals(r, "pt")
     assert totals["computed_tokens"] == computed
+    # hsx status, the dashboard's /api/status and /metrics: tokens stored against tokens computed
+    from dashboard.app import create_app
+    from dashboard.config import DashboardConfig
+    from hsx.monitor import progress
+    from tests.test_dashboard_api import metrics, status
+
+    line = [x for x in progress.summary_lines(progress.run_progress(r, "pt")) if "computed" in x]
+    assert line == [f"  computed {computed} tokens planned for {stored} stored (shared prefixes once, padding in; "
+                    f"{stored / computed:.2f} stored a computed token)"]
+    client = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client()
+    assert status(client, "pt")["prefix"] == {"reuse": "on", "stored_tokens": stored, "computed_tokens": computed}
+    assert metrics(client)[("hsx_planned_computed_tokens", (("run", "pt"),))] == computed
     print(f"per-turn agentic rows: {stored} tokens stored, {computed} computed; max |reused - lone| {worst:.1e}")
 
 

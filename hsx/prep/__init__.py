@@ -19,7 +19,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "resolve_store_url",
     ],
     "planning": ["PlannedBatch", "cut_batches", "padding_fraction"],
-    "prefixplan": ["PrefixGroup", "cut_prefix_batches", "find_groups"],
+    "prefixplan": ["PrefixGroup", "cut_prefix_batches", "find_groups", "find_trees"],
     "report": ["Sample", "TokeniseReport", "Window"],
     "rows": ["RowRejected"],
     "tokenise": ["ChatTokeniser", "parse_template_kwargs"],

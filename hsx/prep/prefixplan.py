@@ -1,37 +1,69 @@
-"""Planning shared prefixes (issue 40): rows that start with the same tokens share one computed spine.
+"""Planning shared prefixes (issue 40): rows that start with the same tokens share computed spines.
 
 Rows of a window are sorted by their token ids; neighbours in that order share their longest common prefix
-(lcp). A run of neighbours whose lcp is at least ``min_prefix`` tokens can be one group: its spine is the
-run's smallest lcp, computed once, and each member computes only its remainder (its leaf). A run may instead be
-split where its lcp is smallest into sub-runs with longer spines; the split is kept where it saves more tokens
-((members - 1) x spine, summed): e.g. rows of one system prompt that are also turns of one conversation group
-by conversation, their spine the whole shared history. Groups are one level deep: a leaf is computed from its
-group's spine, never from another leaf.
+(lcp). A run of neighbours whose lcp is at least ``min_prefix`` tokens is a tree of groups: its root's spine is
+the run's smallest lcp, computed once; where the run splits (at that smallest lcp) into sub-runs that share
+at least ``min_prefix`` more tokens, each sub-run is a child group whose spine continues its parent's; every
+row in no child is a leaf of its group, computing only its remainder. Per-turn rows of one conversation make a
+chain of groups (turn k's history is the spine of turns k+1..), rows of one system prompt a root over them.
 
-A group becomes one or more ``PrefixGroup`` entries of batches: a batch's cost is what it computes (spine +
-leaves x their padded length, for each group; rows x padded length for rows computed alone), at most the
-token budget; ``leaves x spine`` (the cache expanded to the leaves: gpu_worker/prefixrun.py) at most
-``cache_tokens``. A group too large for one batch is cut into several, each computing the spine again.
-A batch holds groups only, or rows computed alone only (``cut_batches``).
+A tree's cost is what it computes: each group's spine beyond its parent's, plus its leaves x their padded
+length; a batch holds trees whose costs sum to at most the token budget, whose leaves x spine (the cache
+expanded to a group's leaves: gpu_worker/prefixrun.py) stay under ``cache_tokens``. A tree too large for one
+batch is cut: its child groups become trees of their own (their spines computed again from token 0) and its
+own leaves are cut into pieces that each compute the spine again. A batch holds trees only, or rows computed
+alone only (``cut_batches``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 from hsx.prep.planning import PlannedBatch, cut_batches, round_up
 
-MAX_SPLIT_DEPTH = 200   # nested splits of one run tried at most (deeper: the run is kept as one group)
+MAX_DEPTH = 200   # groups nested at most (deeper sub-runs stay leaves of the deepest group)
 
 
 class PrefixGroup(NamedTuple):
-    """Samples ``first`` .. ``first + count - 1`` of a batch start with the same ``spine`` tokens."""
+    """Samples ``first`` .. ``first + count - 1`` of a batch start with the same ``spine`` tokens. Groups of a
+    batch nest (a group inside another's range has a longer spine and continues it) or are disjoint."""
 
     first: int
     count: int
     spine: int
+
+
+@dataclass
+class Tree:
+    """A group of rows (positions into the window) sharing ``spine`` tokens, its child groups and its leaves."""
+
+    spine: int
+    children: list[Tree] = field(default_factory=list)
+    leaves: list[int] = field(default_factory=list)
+
+    def rows(self) -> list[int]:
+        """Members in batch order: each child's, then the leaves (every group's members contiguous)."""
+        return [i for c in self.children for i in c.rows()] + self.leaves
+
+    def cost(self, lengths, pad_multiple: int, parent: int = 0) -> int:
+        going = [lengths[i] - self.spine for i in self.leaves if lengths[i] > self.spine]
+        return (self.spine - parent + len(going) * round_up(max(going, default=0), pad_multiple)
+                + sum(c.cost(lengths, pad_multiple, self.spine) for c in self.children))
+
+    def cached(self, lengths) -> int:
+        """The most tokens of cache a group holds expanded to its leaves."""
+        return max([self.spine * sum(lengths[i] > self.spine for i in self.leaves)]
+                   + [c.cached(lengths) for c in self.children])
+
+    def groups(self, first: int = 0) -> list[PrefixGroup]:
+        out, at = [PrefixGroup(first, len(self.rows()), self.spine)], first
+        for c in self.children:
+            out += c.groups(at)
+            at += len(c.rows())
+        return out
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:
@@ -40,53 +72,75 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def find_groups(sequences, min_prefix: int) -> list[tuple[list[int], int]]:
-    """Groups of ``sequences`` (token ids of each row) sharing at least ``min_prefix`` tokens:
-    (positions into ``sequences``, spine tokens) each, spine = the members' longest common prefix."""
+def find_trees(sequences, min_prefix: int) -> list[Tree]:
+    """The groups of ``sequences`` (token ids of each row) sharing at least ``min_prefix`` tokens, as trees."""
     seqs = [np.asarray(s, dtype=">u4") for s in sequences]   # big-endian: byte order = token order
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].tobytes())
     lcp = [0] + [_common(seqs[order[k - 1]], seqs[order[k]]) for k in range(1, len(order))]
-    groups: list[tuple[list[int], int]] = []
 
-    def best(lo: int, hi: int, depth: int) -> tuple[int, list[tuple[int, int, int]]]:
-        """Sorted positions lo..hi-1 (hi - lo >= 2, all lcp >= min_prefix inside): (saved, [(lo, hi, spine)])."""
-        spine = min(lcp[lo + 1:hi])
-        whole = ((hi - lo - 1) * spine, [(lo, hi, spine)])
-        if depth >= MAX_SPLIT_DEPTH:
-            return whole
-        saved, parts, start = 0, [], lo
-        for k in [k for k in range(lo + 1, hi) if lcp[k] == spine] + [hi]:
-            if k - start >= 2:
-                s, p = best(start, k, depth + 1)
-                saved, parts = saved + s, parts + p
-            start = k
-        return (saved, parts) if saved > whole[0] else whole
+    def subruns(lo: int, hi: int, spine: int) -> list[tuple[int, int]]:
+        cuts = [k for k in range(lo + 1, hi) if lcp[k] == spine]
+        bounds = [lo, *cuts, hi]
+        return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b - a >= 2]
 
-    start = 0
+    def grow(node: Tree, lo: int, hi: int, depth: int) -> None:
+        """Children of ``node`` over sorted positions lo..hi-1 (they share node.spine); the rest leaves."""
+        stack, inside = subruns(lo, hi, node.spine) if depth < MAX_DEPTH else [], set()
+        while stack:
+            a, b = stack.pop()
+            spine = min(lcp[a + 1:b])
+            if spine - node.spine >= min_prefix:
+                child = Tree(spine)
+                grow(child, a, b, depth + 1)
+                node.children.append(child)
+                inside.update(range(a, b))
+            else:   # too little more shared to be worth a group of its own: look deeper
+                stack += subruns(a, b, spine)
+        node.children.sort(key=lambda c: min(c.rows()))
+        node.leaves = sorted(order[k] for k in range(lo, hi) if k not in inside)
+
+    trees, start = [], 0
     for k in range(1, len(order) + 1):
         if k == len(order) or lcp[k] < min_prefix:
             if k - start >= 2:
-                for lo, hi, spine in best(start, k, 0)[1]:
-                    groups.append((sorted(order[lo:hi]), spine))
+                tree = Tree(min(lcp[start + 1:k]))
+                grow(tree, start, k, 0)
+                trees.append(tree)
             start = k
-    return groups
+    return trees
 
 
-def _chunks(members: list[int], lengths, spine: int, token_budget: int, max_rows: int, pad_multiple: int,
-            cache_tokens: int) -> list[tuple[list[int], int]]:
-    """A group cut into pieces that each fit a batch: (members, computed tokens) each; longest leaf first."""
-    members = sorted(members, key=lambda i: -lengths[i])
-    out, piece = [], []
-    for i in members + [None]:
+def find_groups(sequences, min_prefix: int) -> list[tuple[list[int], int]]:
+    """Every group of ``find_trees``, flat: (its rows, its spine)."""
+    out = []
+
+    def walk(t: Tree) -> None:
+        out.append((sorted(t.rows()), t.spine))
+        for c in t.children:
+            walk(c)
+
+    for t in find_trees(sequences, min_prefix):
+        walk(t)
+    return out
+
+
+def _fit(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: int, cache_tokens: int) -> list[Tree]:
+    """``tree`` as trees that each fit one batch (children cut loose, leaves cut into pieces)."""
+    if (tree.cost(lengths, pad_multiple) <= token_budget and len(tree.rows()) <= max_rows
+            and tree.cached(lengths) <= cache_tokens):
+        return [tree]
+    out = []
+    for child in tree.children:
+        out += _fit(child, lengths, token_budget, max_rows, pad_multiple, cache_tokens)
+    piece: list[int] = []
+    for i in sorted(tree.leaves, key=lambda i: -lengths[i]) + [None]:
         if i is not None:
-            trial = piece + [i]
-            leaves = [lengths[j] - spine for j in trial if lengths[j] > spine]
-            cost = spine + len(leaves) * round_up(max(leaves, default=0), pad_multiple)
-            if cost <= token_budget and len(trial) <= max_rows and len(leaves) * spine <= cache_tokens or not piece:
-                piece = trial
+            trial = Tree(tree.spine, leaves=piece + [i])
+            if not piece or (trial.cost(lengths, pad_multiple) <= token_budget and len(trial.leaves) <= max_rows
+                             and trial.cached(lengths) <= cache_tokens):
+                piece = trial.leaves
                 continue
-        leaves = [lengths[j] - spine for j in piece if lengths[j] > spine]
-        out.append((piece, spine + len(leaves) * round_up(max(leaves, default=0), pad_multiple)))
+        out.append(Tree(tree.spine, leaves=piece))
         piece = [i] if i is not None else []
     return out
 
@@ -95,39 +149,35 @@ def cut_prefix_batches(sequences, token_budget: int, max_rows: int, pad_multiple
                        cache_tokens: int) -> list[PlannedBatch]:
     """Batches over ``sequences`` with shared prefixes computed once; rows sharing none: ``cut_batches``."""
     lengths = [len(s) for s in sequences]
-    pieces: list[tuple[list[int], int, int]] = []   # members, spine, computed
-    alone: list[int] = []
-    for members, spine in find_groups(sequences, min_prefix):
-        for piece, computed in _chunks(members, lengths, spine, token_budget, max_rows, pad_multiple, cache_tokens):
-            if len(piece) > 1:
-                pieces.append((piece, spine, computed))
-            else:
-                alone += piece
-    grouped = {i for piece, _, _ in pieces for i in piece}
-    alone = sorted(set(alone) | (set(range(len(sequences))) - grouped))
+    trees, alone = [], []
+    for tree in find_trees(sequences, min_prefix):
+        for t in _fit(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens):
+            (trees if len(t.rows()) > 1 else alone).append(t)
+    grouped = {i for t in trees for i in t.rows()}
+    alone_rows = sorted(set(range(len(sequences))) - grouped)
     batches: list[PlannedBatch] = []
-    current: list[tuple[list[int], int, int]] = []
+    current: list[Tree] = []
 
     def close() -> None:
-        members, groups, first = [], [], 0
-        for piece, spine, _ in current:
-            groups.append(PrefixGroup(first, len(piece), spine))
-            members += piece
-            first += len(piece)
+        members, groups = [], []
+        for t in current:
+            groups += t.groups(len(members))
+            members += t.rows()
         padded_len = round_up(max(lengths[i] for i in members), pad_multiple)
         batches.append(PlannedBatch(members, padded_len, sum(lengths[i] for i in members), len(members) * padded_len,
-                                    computed=sum(c for _, _, c in current), groups=tuple(groups)))
+                                    computed=sum(t.cost(lengths, pad_multiple) for t in current),
+                                    groups=tuple(groups)))
         current.clear()
 
-    for piece in sorted(pieces, key=lambda p: -p[2]):
-        trial = current + [piece]
-        fits = (sum(c for _, _, c in trial) <= token_budget and sum(len(p) for p, _, _ in trial) <= max_rows
-                and sum(s * sum(lengths[i] > s for i in p) for p, s, _ in trial) <= cache_tokens)
+    costs = {id(t): t.cost(lengths, pad_multiple) for t in trees}
+    for tree in sorted(trees, key=lambda t: -costs[id(t)]):
+        trial = current + [tree]
+        fits = (sum(costs[id(t)] for t in trial) <= token_budget and sum(len(t.rows()) for t in trial) <= max_rows)
         if current and not fits:
             close()
-        current.append(piece)
+        current.append(tree)
     if current:
         close()
-    planned = cut_batches([lengths[i] for i in alone], token_budget, max_rows, pad_multiple)
-    batches += [PlannedBatch([alone[j] for j in b.members], b.padded_len, b.tokens, b.padded) for b in planned]
+    planned = cut_batches([lengths[i] for i in alone_rows], token_budget, max_rows, pad_multiple)
+    batches += [PlannedBatch([alone_rows[j] for j in b.members], b.padded_len, b.tokens, b.padded) for b in planned]
     return batches
