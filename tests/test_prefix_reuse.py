@@ -125,12 +125,12 @@ def test_a_group_whose_rows_do_not_share_the_spine_is_refused(tiny_model):
 
 def _seqs(seed=0):
     rng = np.random.default_rng(seed)
-    system = list(rng.integers(0, 500, 100))
+    system = list(rng.integers(0, 500, 400))
     convs = []
     for _conv in range(6):                   # 6 conversations of one system prompt, 4 turns each (per-turn rows)
-        history = system + list(rng.integers(0, 500, 20))
+        history = system + list(rng.integers(0, 500, 50))
         for _ in range(4):
-            history = history + list(rng.integers(0, 500, int(rng.integers(10, 60))))
+            history = history + list(rng.integers(0, 500, int(rng.integers(100, 300))))
             convs.append(list(history))
     convs += [list(rng.integers(0, 500, int(n))) for n in rng.integers(5, 200, 10)]   # rows sharing nothing
     return convs
@@ -138,19 +138,20 @@ def _seqs(seed=0):
 
 def test_the_plan_computes_each_spine_once_and_counts_what_it_computes():
     seqs = _seqs()
-    planned = cut_prefix_batches(seqs, 1024, 64, 8, 16, 2048)
+    planned = cut_prefix_batches(seqs, 4096, 64, 8, 16, 8192)
     members = sorted(i for b in planned for i in b.members)
     assert members == list(range(len(seqs)))                      # every row once
     stored = sum(len(s) for s in seqs)
     computed = sum(b.computed for b in planned)
     for b in planned:
-        assert b.computed <= 1024 and len(b.members) <= 64            # the budget counts computed tokens
+        assert b.computed <= 4096 and len(b.members) <= 64            # the budget counts computed tokens
         for g in b.groups:
             rows = [seqs[b.members[k]] for k in range(g.first, g.first + g.count)]
             assert g.spine >= 16 and all(r[:g.spine] == rows[0][:g.spine] for r in rows)
-    assert computed < 0.7 * stored, (computed, stored)
+    assert computed < 0.5 * stored, (computed, stored)
     # per conversation: its turns share their whole common history, more than the system prompt alone
-    assert max(g.spine for b in planned for g in b.groups) > 120
+    assert max(g.spine for b in planned for g in b.groups) > 600
+    print(f"plan: {stored} tokens stored, {computed} computed")
 
 
 def test_a_group_too_large_for_one_batch_recomputes_its_spine_in_each():

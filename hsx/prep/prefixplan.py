@@ -25,6 +25,11 @@ import numpy as np
 from hsx.prep.planning import PlannedBatch, cut_batches, round_up
 
 MAX_DEPTH = 200   # groups nested at most (deeper sub-runs stay leaves of the deepest group)
+# tokens: what one more forward costs beside its tokens (launches, weights read once a forward), counted against
+# what a tree saves: a tree whose computed tokens plus this a forward it runs are not below its rows' own tokens
+# is not made. A guess to be measured on the GPU (bench/prefix_reuse.py): on whole conversations with short
+# shared prompts, trees of 2-3 rows cost forwards and save little.
+FORWARD_TOKENS = 256
 
 
 class PrefixGroup(NamedTuple):
@@ -53,6 +58,11 @@ class Tree:
         return (self.spine - parent + len(going) * round_up(max(going, default=0), pad_multiple)
                 + sum(c.cost(lengths, pad_multiple, self.spine) for c in self.children))
 
+    def forwards(self, lengths) -> int:
+        """Forwards the worker runs for this group and its children (a spine, and its leaves if any go on)."""
+        return (1 + any(lengths[i] > self.spine for i in self.leaves)
+                + sum(c.forwards(lengths) for c in self.children))
+
     def cached(self, lengths) -> int:
         """The most tokens of cache a group holds expanded to its leaves."""
         return max([self.spine * sum(lengths[i] > self.spine for i in self.leaves)]
@@ -75,6 +85,7 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
 def find_trees(sequences, min_prefix: int) -> list[Tree]:
     """The groups of ``sequences`` (token ids of each row) sharing at least ``min_prefix`` tokens, as trees."""
     seqs = [np.asarray(s, dtype=">u4") for s in sequences]   # big-endian: byte order = token order
+    lengths = [len(s) for s in seqs]
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].tobytes())
     lcp = [0] + [_common(seqs[order[k - 1]], seqs[order[k]]) for k in range(1, len(order))]
 
@@ -92,20 +103,40 @@ def find_trees(sequences, min_prefix: int) -> list[Tree]:
             if spine - node.spine >= min_prefix:
                 child = Tree(spine)
                 grow(child, a, b, depth + 1)
-                node.children.append(child)
-                inside.update(range(a, b))
+                if len(child.rows()) >= 2:   # else its rows are candidate leaves of this group
+                    node.children.append(child)
+                    inside.update(k for k in range(a, b) if order[k] in set(child.rows()))
             else:   # too little more shared to be worth a group of its own: look deeper
                 stack += subruns(a, b, spine)
         node.children.sort(key=lambda c: min(c.rows()))
-        node.leaves = sorted(order[k] for k in range(lo, hi) if k not in inside)
+        node.leaves = _worth_padding([order[k] for k in range(lo, hi) if k not in inside], node.spine)
+
+    def _worth_padding(leaves: list[int], spine: int) -> list[int]:
+        """The leaves worth continuing together: they are padded to the longest kept one (L), so a leaf of l
+        tokens costs L in the group against spine + l alone; the L keeping the most saved tokens is chosen."""
+        going = sorted((len(seqs[i]) - spine, i) for i in leaves)
+        best, kept = 0, [i for left, i in going if left <= 0]
+        for j in range(len(going) - 1, -1, -1):
+            top = going[j][0]
+            if top <= 0:
+                break
+            members = [(left, i) for left, i in going[:j + 1] if left > max(0, top - spine)]
+            saved = sum(spine + left - top for left, _ in members)
+            if saved > best:
+                best, kept = saved, [i for left, i in going if left <= 0] + [i for _, i in members]
+        return sorted(kept)
 
     trees, start = [], 0
     for k in range(1, len(order) + 1):
         if k == len(order) or lcp[k] < min_prefix:
+            spine = min(lcp[start + 1:k], default=0)
             if k - start >= 2:
-                tree = Tree(min(lcp[start + 1:k]))
+                tree = Tree(spine)
                 grow(tree, start, k, 0)
-                trees.append(tree)
+                rows = tree.rows()
+                alone = sum(len(seqs[i]) for i in rows)
+                if len(rows) >= 2 and tree.cost(lengths, 1) + FORWARD_TOKENS * tree.forwards(lengths) < alone:
+                    trees.append(tree)
             start = k
     return trees
 
