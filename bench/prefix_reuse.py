@@ -190,7 +190,7 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", help="tiny dense + tiny hybrid on the CPU (float32)")
     ap.add_argument("--shape", default="hybrid27b", choices=shapes.SHAPES)
     ap.add_argument("--tokens", type=int, default=0, help="tokens a mix (default: 30k on the CPU, 300k on a GPU)")
-    ap.add_argument("--token-budget", type=int, default=0, help="default: 4096 on the CPU, 32768 on a GPU")
+    ap.add_argument("--token-budget", type=int, default=0, help="default: 8192 on the CPU, 32768 on a GPU")
     ap.add_argument("--max-length", type=int, default=0, help="default: the token budget")
     ap.add_argument("--max-batch-rows", type=int, default=512)
     ap.add_argument("--pad-multiple", type=int, default=8)
@@ -203,7 +203,7 @@ def main() -> int:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     args.tokens = args.tokens or (30_000 if args.cpu else 300_000)
-    args.token_budget = args.token_budget or (4096 if args.cpu else 32768)
+    args.token_budget = args.token_budget or (8192 if args.cpu else 32768)
     args.max_length = args.max_length or args.token_budget
     args.layers = args.layers or ("dflash:3" if args.cpu else "dflash")
     with tempfile.TemporaryDirectory(prefix="hsx-prefix-bench-") as tmp:

@@ -113,6 +113,29 @@ def test_a_leaf_continued_from_another_rows_state_fails_the_check(kind, tiny_mod
     _lone_error(model, rows, *ex.run_shared(ids, cu, [[0, 2, 40], [2, 2, 40]], 4096), cu)
 
 
+def test_with_the_fused_glue_installed_a_cached_forward_is_still_exact():
+    """gpu_worker/kernels.py's forwards (reference kernels: the fused maths in torch) with spines and leaves:
+    the GDN layers take transformers' forward when a cache is passed, norms and MLPs stay fused. Tolerance:
+    tests/test_kernels.py's for the fused glue against transformers (2e-5)."""
+    from gpu_worker import kernels
+    from gpu_worker.extractor import _decoder
+    from tests.test_kernels import _reference
+
+    model = _tiny_hybrid()
+    lone = _tiny_hybrid()   # the same weights (seed 0), transformers' own forward
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    counts = kernels.install(_decoder(model), _reference(model))
+    assert counts["gated_deltanet"] == 3 and counts["norm"] > 0
+    rows, groups = _rows(4)
+    ids, cu = _batch(rows)
+    hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], 4096)
+    for b, row in enumerate(rows):
+        with torch.no_grad():
+            out = lone(input_ids=row.unsqueeze(0), output_hidden_states=True)
+        want = torch.cat([out.hidden_states[i + 1][0] for i in LAYERS], dim=-1)
+        torch.testing.assert_close(hidden[int(cu[b]):int(cu[b + 1])], want, rtol=2e-5, atol=2e-5)
+
+
 def test_a_group_whose_rows_do_not_share_the_spine_is_refused(tiny_model):
     ex = Extractor(_model("dense", tiny_model), LAYERS, store_final=True, out_dtype="float32")
     rows, _ = _rows(3)
@@ -144,7 +167,8 @@ def test_the_plan_computes_each_spine_once_and_counts_what_it_computes():
     stored = sum(len(s) for s in seqs)
     computed = sum(b.computed for b in planned)
     for b in planned:
-        assert b.computed <= 4096 and len(b.members) <= 64            # the budget counts computed tokens
+        assert b.computed <= 4096 and len(b.members) <= 64            # the budget counts computed tokens,
+        assert b.tokens <= 4096                                       # and stored ones (the worker's buffers)
         for g in b.groups:
             rows = [seqs[b.members[k]] for k in range(g.first, g.first + g.count)]
             assert g.spine >= 16 and all(r[:g.spine] == rows[0][:g.spine] for r in rows)
@@ -156,8 +180,8 @@ def test_the_plan_computes_each_spine_once_and_counts_what_it_computes():
 
 def test_a_group_too_large_for_one_batch_recomputes_its_spine_in_each():
     seqs = [[7] * 300 + [i, i + 1] * 20 for i in range(20)]        # 20 rows, spine 300, leaves 40
-    planned = cut_prefix_batches(seqs, 700, 64, 8, 16, 10_000)
-    assert len(planned) > 1 and all(b.groups and b.computed <= 700 for b in planned)
+    planned = cut_prefix_batches(seqs, 3000, 64, 8, 16, 10_000)
+    assert len(planned) > 1 and all(b.groups and b.computed <= 3000 and b.tokens <= 3000 for b in planned)
     assert all(g.spine == 300 for b in planned for g in b.groups)
     assert sum(b.computed for b in planned) == 300 * len(planned) + 20 * 40
 
@@ -202,7 +226,7 @@ def test_a_per_turn_run_stores_every_sample_exact_with_spines_across_windows(r, 
     """Windows of 16 rows: turns of one conversation fall in two windows, each computing the spine once."""
     dataset = _per_turn(tmp_path)
     report = run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="pt",
-                          dataset=dataset, max_length=4096, token_budget=4096, window_rows=16)
+                          dataset=dataset, max_length=4096, token_budget=8192, window_rows=16)
     manifest = ledger.get_manifest(r, "pt")
     assert manifest.prefix_reuse == "on" and json.loads(manifest.to_json())["prefix_min_tokens"] == 32
     specs = ledger.all_specs(r, "pt").values()
@@ -249,7 +273,7 @@ def test_a_resumed_run_plans_the_same_groups_and_stays_exact(r, redis_server, ti
             raise Killed()
 
     dataset, store = _per_turn(tmp_path), str(tmp_path / "store")
-    settings = dict(dataset=dataset, max_length=4096, token_budget=4096, window_rows=16)
+    settings = dict(dataset=dataset, max_length=4096, token_budget=8192, window_rows=16)
     ref = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "ref"), run="ref", enqueue=False,
                                  **settings))
     cfg = produce_config(redis_server.url, tiny_model, store, run="res", **settings)

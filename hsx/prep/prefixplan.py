@@ -8,8 +8,9 @@ row in no child is a leaf of its group, computing only its remainder. Per-turn r
 chain of groups (turn k's history is the spine of turns k+1..), rows of one system prompt a root over them.
 
 A tree's cost is what it computes: each group's spine beyond its parent's, plus its leaves x their padded
-length; a batch holds trees whose costs sum to at most the token budget, whose leaves x spine (the cache
-expanded to a group's leaves: gpu_worker/prefixrun.py) stay under ``cache_tokens``. A tree too large for one
+length; a batch holds trees whose costs sum to at most the token budget, and whose stored tokens do too (the
+worker's output and pinned buffers, and the batch file, hold a budget's tokens), whose leaves x spine (the
+cache expanded to a group's leaves: gpu_worker/prefixrun.py) stay under ``cache_tokens``. A tree too large for one
 batch is cut: its child groups become trees of their own (their spines computed again from token 0) and its
 own leaves are cut into pieces that each compute the spine again. A batch holds trees only, or rows computed
 alone only (``cut_batches``).
@@ -155,10 +156,17 @@ def find_groups(sequences, min_prefix: int) -> list[tuple[list[int], int]]:
     return out
 
 
+def _fits(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: int, cache_tokens: int) -> bool:
+    """Computed and stored tokens within the budget (the worker's output and pinned buffers hold a budget's
+    tokens), rows within max_rows, the expanded cache within cache_tokens."""
+    rows = tree.rows()
+    return (tree.cost(lengths, pad_multiple) <= token_budget and sum(lengths[i] for i in rows) <= token_budget
+            and len(rows) <= max_rows and tree.cached(lengths) <= cache_tokens)
+
+
 def _fit(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: int, cache_tokens: int) -> list[Tree]:
     """``tree`` as trees that each fit one batch (children cut loose, leaves cut into pieces)."""
-    if (tree.cost(lengths, pad_multiple) <= token_budget and len(tree.rows()) <= max_rows
-            and tree.cached(lengths) <= cache_tokens):
+    if _fits(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens):
         return [tree]
     out = []
     for child in tree.children:
@@ -167,8 +175,7 @@ def _fit(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: in
     for i in sorted(tree.leaves, key=lambda i: -lengths[i]) + [None]:
         if i is not None:
             trial = Tree(tree.spine, leaves=piece + [i])
-            if not piece or (trial.cost(lengths, pad_multiple) <= token_budget and len(trial.leaves) <= max_rows
-                             and trial.cached(lengths) <= cache_tokens):
+            if not piece or _fits(trial, lengths, token_budget, max_rows, pad_multiple, cache_tokens):
                 piece = trial.leaves
                 continue
         out.append(Tree(tree.spine, leaves=piece))
@@ -203,7 +210,8 @@ def cut_prefix_batches(sequences, token_budget: int, max_rows: int, pad_multiple
     costs = {id(t): t.cost(lengths, pad_multiple) for t in trees}
     for tree in sorted(trees, key=lambda t: -costs[id(t)]):
         trial = current + [tree]
-        fits = (sum(costs[id(t)] for t in trial) <= token_budget and sum(len(t.rows()) for t in trial) <= max_rows)
+        fits = (sum(costs[id(t)] for t in trial) <= token_budget and sum(len(t.rows()) for t in trial) <= max_rows
+                and sum(lengths[i] for t in trial for i in t.rows()) <= token_budget)
         if current and not fits:
             close()
         current.append(tree)
