@@ -289,3 +289,31 @@ def test_a_resumed_run_plans_the_same_groups_and_stays_exact(r, redis_server, ti
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     stored, computed, _ = _check_stored(r, open_store(store), "res", tiny_model)
     assert (stored, computed) == (ref.tokens, ref.computed_tokens)
+
+
+def test_inspect_predicts_the_plans_stored_and_computed_tokens(r, redis_server, tiny_model, tmp_path, capsys):
+    from hsx_cli.main import main
+    from producer.produce import produce
+
+    dataset = _per_turn(tmp_path)
+    report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="ins", dataset=dataset,
+                                    max_length=4096, token_budget=8192, window_rows=16, enqueue=False))
+    capsys.readouterr()
+    assert main(["inspect", "--dataset", str(dataset), "--model", str(tiny_model), "--layers", "dflash:3",
+                 "--samples", "0", "--tokenise-workers", "1", "--max-length", "4096", "--token-budget", "8192",
+                 "--window-rows", "16", "--max-batch-rows", "64", "--pad-multiple", "1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "shared prefixes (--prefix-reuse auto" in x)
+    assert f"{report.tokens:,} tokens stored, {report.computed_tokens:,} computed in {report.batches:,} batches" in line
+    assert report.computed_tokens < report.tokens
+
+
+def test_the_worker_says_the_snapshot_bound_at_start():
+    from types import SimpleNamespace
+
+    ex = Extractor(_tiny_hybrid(), LAYERS, store_final=True, out_dtype="float32")
+    on = SimpleNamespace(prefix_reuse="on", prefix_min_tokens=32, prefix_cache_tokens=8192, max_batch_rows=64)
+    # keys and values: 1 attention layer x 2 x 2 heads x 16 x 4 bytes x 8192 tokens = 2,097,152; GDN: 3 layers x
+    # (recurrent 4 x 16 x 16 x 4 bytes + conv 128 channels x 3 taps x 4 bytes) x 64 rows = 1,081,344
+    assert prefixrun.snapshot_bytes(ex.model.config, 8192, 64, 4) == 2_097_152 + 1_081_344
+    assert ex.prefix_line(on) == "on, spines of >= 32 tokens computed once; snapshots at most 3.0 MiB a batch (8192 cached tokens)"
+    assert ex.prefix_line(SimpleNamespace(prefix_reuse="off")).startswith("off (--prefix-reuse off")
