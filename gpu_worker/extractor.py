@@ -227,8 +227,7 @@ class Extractor:
             return "off (--prefix-reuse off: every sample computed alone)"
         nbytes = snapshot_bytes(self.model.config, manifest.prefix_cache_tokens, manifest.max_batch_rows,
                                 torch.finfo(next(self.model.parameters()).dtype).bits // 8)
-        gdn = "" if "GDN:" not in self.kernels_line else (
-            "; a spine or leaf runs transformers' Gated DeltaNet forward (the fused one takes no cache)")
+        gdn = "" if "GDN:" not in self.kernels_line else "; the fused GDN continues cached states"
         return (f"on, spines of >= {manifest.prefix_min_tokens} tokens computed once; snapshots at most "
                 f"{nbytes / 2**20:.1f} MiB a batch ({manifest.prefix_cache_tokens} cached tokens){gdn}")
 

@@ -23,8 +23,9 @@ tokens of keys and values, one conv window and recurrent state a GDN layer), and
 group's leaves, ``leaves x spine`` tokens of keys and values plus a GDN state a leaf; the planner caps
 ``leaves x spine`` (``cache_tokens``) and the worker says the bound at start (``snapshot_bytes``).
 
-The fused kernels (gpu_worker/kernels.py) keep their Gated DeltaNet forward for calls without a cache only: a
-spine or a leaf (they carry a cache) runs transformers' GDN forward, the norms and MLPs stay fused.
+The fused kernels (gpu_worker/kernels.py) continue a cache too: their Gated DeltaNet forward puts the cached conv
+window before a call's inputs and starts the delta rule from the cached recurrent state (fla's kernels take
+``initial_state`` / ``output_final_state``), as transformers' forward does; the caches are interchangeable.
 """
 
 from __future__ import annotations

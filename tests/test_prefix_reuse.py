@@ -113,22 +113,29 @@ def test_a_leaf_continued_from_another_rows_state_fails_the_check(kind, tiny_mod
     _lone_error(model, rows, *ex.run_shared(ids, cu, [[0, 2, 40], [2, 2, 40]], 4096), cu)
 
 
-def test_with_the_fused_glue_installed_a_cached_forward_is_still_exact():
-    """gpu_worker/kernels.py's forwards (reference kernels: the fused maths in torch) with spines and leaves:
-    the GDN layers take transformers' forward when a cache is passed, norms and MLPs stay fused. Tolerance:
-    tests/test_kernels.py's for the fused glue against transformers (2e-5)."""
+@pytest.mark.parametrize("chunk_tokens", [4096, 16])
+def test_the_fused_gated_deltanet_continues_a_cache_exactly(chunk_tokens):
+    """gpu_worker/kernels.py's forwards (reference kernels: the fused maths in torch) with spines and leaves: the
+    fused GDN reads and writes the cached conv window and recurrent state (every GDN call of the batch is fused,
+    none falls back). Tolerance: tests/test_kernels.py's for the fused glue against transformers (2e-5)."""
     from gpu_worker import kernels
     from gpu_worker.extractor import _decoder
-    from tests.test_kernels import _reference
+    from tests.test_kernels import _counting, _reference
 
     model = _tiny_hybrid()
     lone = _tiny_hybrid()   # the same weights (seed 0), transformers' own forward
     ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
-    counts = kernels.install(_decoder(model), _reference(model))
+    calls: dict = {}
+    counts = kernels.install(_decoder(model), _counting(_reference(model), calls))
     assert counts["gated_deltanet"] == 3 and counts["norm"] > 0
+    eager_calls = []
+    for m in _decoder(model).modules():
+        if hasattr(m, "_hsx_eager") and type(m).__name__ in kernels.GATED_DELTANETS:
+            m._hsx_eager = (lambda f: lambda *a, **k: eager_calls.append(1) or f(*a, **k))(m._hsx_eager)
     rows, groups = _rows(4)
     ids, cu = _batch(rows)
-    hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], 4096)
+    hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], chunk_tokens)
+    assert not eager_calls and calls["gated_delta_rule"] >= 3 * 6   # 4 groups' spines + leaves + rows alone
     for b, row in enumerate(rows):
         with torch.no_grad():
             out = lone(input_ids=row.unsqueeze(0), output_hidden_states=True)
