@@ -16,8 +16,8 @@ keeps earlier turns' reasoning; ids < 512 fit any vocabulary):
   the >= +5 % goal.
 
 Per mix and mode: stored tok/s (the samples' tokens over the wall time of every batch) and computed tok/s
-(what the plan computes: padding in, each shared prefix once), one batch of each padded length run untimed
-first (fla compiles per shape), the modes timed alternately ``--repeats`` times and the fastest kept.
+(what the plan computes: padding in, each shared prefix once), a few batches run untimed first (fla compiles
+per shape), the modes timed alternately ``--repeats`` times and the fastest kept.
 Fidelity: up to ``--fidelity-samples`` samples of prefix groups, each stored by ``run_shared`` and computed
 alone by ``run`` on the same extractor: max relative L2 error per stored layer and max |difference|.
 The plan's FORWARD_TOKENS (hsx/prep/prefixplan.py, what a forward costs beside its tokens) is a guess this
@@ -40,6 +40,8 @@ import torch  # noqa: E402
 
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.prep import cut_batches, cut_prefix_batches  # noqa: E402
+
+WARM_BATCHES = 3   # batches of each mode run untimed before each timed pass
 
 
 def _tokenised(rows: list[dict], tokenizer_dir: Path, work: Path, per_turn: bool, max_length: int) -> list:
@@ -96,11 +98,8 @@ def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int) -> float:
         else:
             ex.run(pad_batch(ids, cu, batch.padded_len, pad_id, pin=ex.device.type == "cuda"))
 
-    seen = set()
-    for batch in planned:   # warm: one batch of each padded length (fla compiles per shape)
-        if batch.padded_len not in seen:
-            seen.add(batch.padded_len)
-            one(batch)
+    for batch in planned[:WARM_BATCHES]:   # untimed (fla compiles per shape; the fastest pass is kept anyway)
+        one(batch)
     _sync(ex.device)
     t = time.perf_counter()
     for batch in planned:

@@ -98,7 +98,7 @@ for step in "${STEPS[@]}"; do
     fidelity)     timeout "${T_FID:-240}" python bench/fp8_fidelity.py --minutes "${FID_MIN:-1.5}" \
                     --fp8-accumulation "${ACCUM:-fp32}" --out "$OUTDIR" ;;
     prefix)       PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PREFIX:-540}" python bench/prefix_reuse.py --shape hybrid27b \
-                    --compute-dtype "${CD:-float8}" --tokens "${TOKENS_PREFIX:-300000}" --out "$OUTDIR" ;;
+                    --compute-dtype "${CD:-float8}" --tokens "${TOKENS_PREFIX:-200000}" --out "$OUTDIR" ;;
     *)            echo "unknown step $step" ;;
   esac
   echo "=== $step exit $?"
