@@ -113,19 +113,25 @@ def find_trees(sequences, min_prefix: int) -> list[Tree]:
         node.leaves = _worth_padding([order[k] for k in range(lo, hi) if k not in inside], node.spine)
 
     def _worth_padding(leaves: list[int], spine: int) -> list[int]:
-        """The leaves worth continuing together: they are padded to the longest kept one (L), so a leaf of l
-        tokens costs L in the group against spine + l alone; the L keeping the most saved tokens is chosen."""
-        going = sorted((len(seqs[i]) - spine, i) for i in leaves)
-        best, kept = 0, [i for left, i in going if left <= 0]
-        for j in range(len(going) - 1, -1, -1):
-            top = going[j][0]
-            if top <= 0:
-                break
-            members = [(left, i) for left, i in going[:j + 1] if left > max(0, top - spine)]
-            saved = sum(spine + left - top for left, _ in members)
+        """The leaves worth continuing together: they are padded to the longest kept one (top), so a leaf of l
+        tokens costs top in the group against spine + l alone; the top keeping the most saved tokens is chosen
+        (members: the leaves with top - spine < l <= top, a contiguous range by length). O(n log n)."""
+        import bisect
+
+        done = [i for i in leaves if lengths[i] <= spine]   # strict prefixes of the spine: nothing to compute
+        going = sorted((lengths[i] - spine, i) for i in leaves if lengths[i] > spine)
+        lefts = [left for left, _ in going]
+        csum = [0, *np.cumsum(lefts).tolist()]
+        best, pick = 0, (0, 0)
+        for j in range(len(going)):
+            top = lefts[j]
+            if j + 1 < len(going) and lefts[j + 1] == top:
+                continue   # the last of equal lengths: its range holds them all
+            lo = bisect.bisect_right(lefts, top - spine)
+            saved = (j + 1 - lo) * (spine - top) + csum[j + 1] - csum[lo]
             if saved > best:
-                best, kept = saved, [i for left, i in going if left <= 0] + [i for _, i in members]
-        return sorted(kept)
+                best, pick = saved, (lo, j + 1)
+        return sorted(done + [i for _, i in going[pick[0]:pick[1]]])
 
     trees, start = [], 0
     for k in range(1, len(order) + 1):
