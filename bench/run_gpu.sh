@@ -23,6 +23,9 @@
 #                 default float8; KERNELS: which)
 #   8b-kernels    issue 39: the 8B shape the same way
 #   profile       issue 39: bench/forward_profile.py on hybrid27b (GPU time by kernel kind, each lever, module parity)
+#   prefix        issue 40: shared prefixes computed once, hybrid27b (CD: compute dtype, default float8), fla on the
+#                 path: stored and computed tok/s with and without reuse on a per-turn agentic mix and a seeds-like mix,
+#                 reused vs lone fidelity (bench/prefix_reuse.py; no Redis)
 #   fidelity      issue 22: FP8 compute vs bf16 hidden states per layer on a model trained on the GPU (bench/fp8_fidelity.py)
 # The padding table of 1M planned samples (target 3) runs beside them on the CPU.
 # Results: one JSON per step under $OUT (or ./bench-out); the table is printed last.
@@ -94,6 +97,8 @@ for step in "${STEPS[@]}"; do
     producer)     timeout "${T_PROD:-240}" python bench/producer_e2e.py --rows "${PROD_ROWS:-1000000}" --out "$OUTDIR" ;;
     fidelity)     timeout "${T_FID:-240}" python bench/fp8_fidelity.py --minutes "${FID_MIN:-1.5}" \
                     --fp8-accumulation "${ACCUM:-fp32}" --out "$OUTDIR" ;;
+    prefix)       PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PREFIX:-540}" python bench/prefix_reuse.py --shape hybrid27b \
+                    --compute-dtype "${CD:-float8}" --tokens "${TOKENS_PREFIX:-200000}" --out "$OUTDIR" ;;
     *)            echo "unknown step $step" ;;
   esac
   echo "=== $step exit $?"

@@ -33,6 +33,8 @@ class OverviewCollector:
             return CounterMetricFamily(name, doc, labels=list(labels))
 
         planned = {k: gauge(f"hsx_planned_{k}", f"{k} in the run's plan") for k in ("batches", "samples", "tokens")}
+        computed = gauge("hsx_planned_computed_tokens", "tokens the GPU computes for the run's plan (padding in, each "
+                         "shared prefix once); against hsx_planned_tokens, those stored")
         done = {k: counter(f"hsx_uploaded_{k}", f"{k} verified in the store and recorded done")
                 for k in ("batches", "samples", "tokens", "bytes")}
         extracted = counter("hsx_extracted_batches", "batches that reached a spool at least once")
@@ -74,6 +76,7 @@ class OverviewCollector:
             planned["batches"].add_metric([run], p["batches_uploaded"]["total"])
             planned["samples"].add_metric([run], p["samples"]["total"])
             planned["tokens"].add_metric([run], p["tokens"]["total"])
+            computed.add_metric([run], o["prefix"]["computed_tokens"])
             done["batches"].add_metric([run], p["batches_uploaded"]["done"])
             done["samples"].add_metric([run], p["samples"]["done"])
             done["tokens"].add_metric([run], p["tokens"]["done"])
@@ -110,6 +113,7 @@ class OverviewCollector:
                     value = h["upload_bytes_per_s"] if field == "upload_bytes_per_second" else h[field]
                     family.add_metric([run, h["host"]], value)
         yield from planned.values()
+        yield computed
         yield from done.values()
         yield from (extracted, written, per_token, *rate.values(), extract_rate, eta, complete, queue, dead, retrying,
                     malformed, refusing, shard_planned, shard_done, w_up, w_age, w_batches, w_busy, *gpu.values(), *host.values())

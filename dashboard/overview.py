@@ -108,6 +108,7 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
         "store_dtype": p["store_dtype"],
         "codec": p["codec"],
         "compute_dtype": p["compute_dtype"],
+        "prefix": p["prefix"],   # {reuse: on|off, stored_tokens, computed_tokens}: planned (hsx.monitor.progress)
         "fidelity": p["fidelity"],  # {layer_ids, compute, store}: FP8's measured error per stored layer (hsx.progress)
         "rate": {"window_seconds": p["rate_span_seconds"], "samples_per_s": p["rate"]["samples"],
                  "tokens_per_s": p["rate"]["tokens"],

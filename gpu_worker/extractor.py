@@ -208,17 +208,49 @@ class Extractor:
         return hidden, final, error, reference
 
     @torch.inference_mode()
+    def run_shared(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, groups,
+                   chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``run`` for a batch planned with prefix groups ([first, count, spine] each): every shared spine computed
+        once, every sample stored whole (gpu_worker/prefixrun.py)."""
+        from gpu_worker.prefixrun import run_prefix_batch
+        from hsx.prep import PrefixGroup
+
+        if self.fp8_pending:
+            self.convert_to_fp8()
+        return run_prefix_batch(self, input_ids, cu_seqlens, [PrefixGroup(*g) for g in groups], chunk_tokens)
+
+    def prefix_line(self, manifest) -> str:
+        """The start line's words for shared prefixes: on or off, and the snapshot memory a batch may hold."""
+        from gpu_worker.prefixrun import snapshot_bytes
+
+        if manifest.prefix_reuse == "off":
+            return "off (--prefix-reuse off: every sample computed alone)"
+        nbytes = snapshot_bytes(self.model.config, manifest.prefix_cache_tokens, manifest.max_batch_rows,
+                                torch.finfo(next(self.model.parameters()).dtype).bits // 8)
+        gdn = "" if "GDN:" not in self.kernels_line else "; the fused GDN continues cached states"
+        return (f"on, spines of >= {manifest.prefix_min_tokens} tokens computed once; snapshots at most "
+                f"{nbytes / 2**20:.1f} MiB a batch ({manifest.prefix_cache_tokens} cached tokens){gdn}")
+
+    @torch.inference_mode()
     def run(self, batch: PaddedBatch, convert: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Return (hidden_states [N, n*H], final_hidden_states [N, H] or None) on the device.
         A float8 model whose linears are still kept for a measurement converts them first, unless ``convert``
         is False (``run_measured``'s reference pass)."""
         if convert and self.fp8_pending:
             self.convert_to_fp8()
-        ids = batch.input_ids.to(self.device, non_blocking=True)
-        self._flat_index = batch.flat_index.to(self.device, non_blocking=True)
-        self._out = torch.empty((batch.n_tokens, self.width), dtype=self.out_dtype, device=self.device)
+        return self.forward_packed(batch.input_ids.to(self.device, non_blocking=True),
+                                   batch.flat_index.to(self.device, non_blocking=True), batch.n_tokens)
+
+    def forward_packed(self, ids: torch.Tensor, flat_index: torch.Tensor, n_tokens: int,
+                       **decoder_kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One decoder forward of ``ids`` [B, T] on the device; the stored layers of the positions ``flat_index``
+        (b*T + t, in that order) as (hidden [n_tokens, n*H], final [n_tokens, H] or None). ``decoder_kwargs``: a
+        cache and position ids (gpu_worker/prefixrun.py continues a shared prefix); none: ``use_cache=False``."""
+        self._flat_index = flat_index
+        self._out = torch.empty((n_tokens, self.width), dtype=self.out_dtype, device=self.device)
+        decoder_kwargs.setdefault("use_cache", False)
         try:
-            result = self.decoder(input_ids=ids, use_cache=False)
+            result = self.decoder(input_ids=ids, **decoder_kwargs)
             final = None
             if self.use_final_norm:
                 H = self.hidden_size

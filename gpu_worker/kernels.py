@@ -29,7 +29,9 @@ against an fp32 forward.
 
 When anything is missing (no CUDA, no fla, an fla whose kernels lack the arguments used here, a model class not
 in the tables below), that module keeps transformers' forward: the fallback is exactly today's path. A forward
-with a cache or a padding mask (not hsx's: right-padded, no mask, ``use_cache=False``) takes the eager forward too.
+with a padding mask (not hsx's: right-padded, no mask) takes the eager forward too; one with a cache (a shared prefix
+continued, issue 40) runs the fused GDN from the cached conv window and recurrent state (fla's kernels take
+``initial_state`` / ``output_final_state``), a one-token decode step the eager one.
 """
 
 from __future__ import annotations
@@ -66,7 +68,9 @@ class KernelSet:
     rms_norm_gated: Callable    # (x, gate, weight, eps) -> norm(x) * weight * silu(gate)
     swiglu: Callable            # (gate, up) -> silu(gate) * up
     causal_conv1d: Callable     # (x [B, T, D], weight [D, W], bias | None, activation) -> [B, T, D]
-    gated_delta_rule: Callable  # (q, k, v, a, b, A_log, dt_bias) -> o [B, T, HV, V]; l2-normed q, k inside
+    # (q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False) -> (o [B, T, HV, V], final
+    # state [B, HV, K, V] fp32 or None); l2-normed q, k inside; initial_state: a cached prefix's state (issue 40)
+    gated_delta_rule: Callable
 
 
 FLA_MIN = (0, 6)   # fla-core 0.6: chunk_gated_delta_rule takes use_gate_in_kernel, A_log, dt_bias and beta logits
@@ -95,9 +99,10 @@ def fla_kernels() -> KernelSet:
     def conv(x, weight, bias, activation):
         return causal_conv1d(x, weight=weight, bias=bias, activation=activation)[0]
 
-    def delta_rule(q, k, v, a, b, A_log, dt_bias):
+    def delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False):
         return chunk_gated_delta_rule(q, k, v, g=a, beta=b, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                                      A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)[0]
+                                      A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True,
+                                      initial_state=initial_state, output_final_state=output_final_state)
 
     return KernelSet(f"fla {version}", norm, gated, swiglu, conv, delta_rule)
 
@@ -124,11 +129,12 @@ def reference_kernels(chunk_rule: Callable) -> KernelSet:
                        groups=x.shape[-1])[..., : x.shape[1]]
         return (F.silu(out) if activation in ("silu", "swish") else out).transpose(1, 2)
 
-    def delta_rule(q, k, v, a, b, A_log, dt_bias):
+    def delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False):
         g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
         group = v.shape[2] // q.shape[2]
         q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
-        return chunk_rule(q, k, v, g=g, beta=b.float().sigmoid().to(v.dtype), use_qk_l2norm_in_kernel=True)[0]
+        return chunk_rule(q, k, v, g=g, beta=b.float().sigmoid().to(v.dtype), use_qk_l2norm_in_kernel=True,
+                          initial_state=initial_state, output_final_state=output_final_state)
 
     return KernelSet("reference (torch)", norm, gated, swiglu, conv, delta_rule)
 
@@ -162,8 +168,13 @@ def _layer_forward(self, hidden_states, position_embeddings=None, attention_mask
 
 
 def _gdn_forward(self, hidden_states, attention_mask=None, **kwargs):
+    """The fused Gated DeltaNet. With a cache (a shared prefix continued: gpu_worker/prefixrun.py) it reads and
+    writes the layer's states as transformers' forward does: the conv window (the last kernel-size inputs, layout
+    [B, D, W]) is put before this call's inputs, and the recurrent state is the delta rule's initial state and
+    is replaced by its final one. A single-token decode step (``seq_len == 1`` with a state) stays eager."""
+    cache = kwargs.get("cache_params", kwargs.get("cache"))
     if (attention_mask is not None or kwargs.get("cu_seq_lens_q") is not None
-            or kwargs.get("cache_params", kwargs.get("cache")) is not None):
+            or (cache is not None and (hidden_states.shape[1] == 1 or cache.is_recording_past(self.layer_idx)))):
         return self._hsx_eager(hidden_states, attention_mask=attention_mask, **kwargs)
     kernels = self._hsx_kernels
     batch, seq_len, _ = hidden_states.shape
@@ -171,12 +182,23 @@ def _gdn_forward(self, hidden_states, attention_mask=None, **kwargs):
     z = self.in_proj_z(hidden_states)                    # the FP8 path quantises it once
     b = self.in_proj_b(hidden_states)
     a = self.in_proj_a(hidden_states)
-    mixed_qkv = kernels.causal_conv1d(mixed_qkv, self._hsx_conv_weight, self.conv1d.bias, self.activation)
+    initial = None
+    if cache is not None:   # the recurrent state first: updating the conv window marks the layer as started
+        initial = cache.get_recurrent_state(self.layer_idx)
+        full = cache.update_conv_state(mixed_qkv.transpose(1, 2), self.layer_idx,
+                                       conv_kernel_size=self.conv_kernel_size)       # [B, D, W + T] (or padded)
+        mixed_qkv = kernels.causal_conv1d(full.transpose(1, 2).contiguous(), self._hsx_conv_weight, self.conv1d.bias,
+                                          self.activation)[:, -seq_len:]
+    else:
+        mixed_qkv = kernels.causal_conv1d(mixed_qkv, self._hsx_conv_weight, self.conv1d.bias, self.activation)
     query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
     query = query.reshape(batch, seq_len, -1, self.head_k_dim)
     key = key.reshape(batch, seq_len, -1, self.head_k_dim)
     value = value.reshape(batch, seq_len, -1, self.head_v_dim)
-    out = kernels.gated_delta_rule(query, key, value, a, b, self.A_log, self.dt_bias)
+    out, final = kernels.gated_delta_rule(query, key, value, a, b, self.A_log, self.dt_bias, initial_state=initial,
+                                          output_final_state=cache is not None)
+    if cache is not None:
+        cache.update_recurrent_state(final, self.layer_idx)
     out = kernels.rms_norm_gated(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
                                  self.norm.weight, self.norm.variance_epsilon)
     return self.out_proj(out.reshape(batch, seq_len, -1))

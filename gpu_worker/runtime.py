@@ -37,7 +37,7 @@ class WorkerRuntime(Role):
                  loaded_from: str | None = None):
         super().__init__(cfg, r)
         self.loaded_from = loaded_from   # the folder the weights were read from (the ready line names it)
-        self.batches_run = self.tokens_run = 0
+        self.batches_run = self.tokens_run = self.tokens_computed = 0
         self.store, self.manifest, self.extractor = store, manifest, extractor
         self.run, self.worker_name = cfg.run, cfg.worker_name
         self.limits = manifest.limits   # attempts and lease length: the run's, not this process's
@@ -78,6 +78,7 @@ class WorkerRuntime(Role):
         log.info("ready: model %s%s loaded on %s, taking jobs from extract:%s as %s", loaded, other,
                  self.extractor.device, self.run, self.worker_name)
         log.info("forward: %s", self.extractor.kernels_line)
+        log.info("shared prefixes: %s", self.extractor.prefix_line(self.manifest))
         why = self.cfg.memory_spool_why
         log.info("spool: %s%s", self.tiers.describe(), f" (memory tier: {why})" if why else "")
 
@@ -186,7 +187,7 @@ class WorkerRuntime(Role):
 
     # ---- heartbeat and leases -------------------------------------------
     def totals(self) -> dict[str, int]:
-        return {"batches": self.batches_run, "tokens": self.tokens_run}
+        return {"batches": self.batches_run, "tokens": self.tokens_run, "computed": self.tokens_computed}
 
     def stats(self) -> dict:
         usage = self.tiers.usage()
@@ -196,7 +197,8 @@ class WorkerRuntime(Role):
                         "budget_bytes": self.tiers.get(name).budget_bytes,
                         "write_bytes_per_s": w.rates.write_rate(name, len(w._threads))} for name, u in usage.items()}
         return {**super().stats(), "device": str(self.extractor.device), "current_batch": self.current_batch,
-                "tokens_per_s": self.tokens_run / elapsed, "spooled": w.written,
+                "tokens_per_s": self.tokens_run / elapsed, "computed_tokens_per_s": self.tokens_computed / elapsed,
+                "spooled": w.written,
                 "spool_bytes": sum(u.bytes for u in usage.values()), "spool_files": sum(u.files for u in usage.values()),
                 "spool_tiers": tiers, "emit_bytes_per_s": w.rates.emit_rate(),
                 "bytes_written": w.bytes_written, "codec_ratio": (w.stored_bytes / w.raw_bytes) if w.raw_bytes else None,
@@ -296,11 +298,14 @@ class WorkerRuntime(Role):
             self._hint_next()
             started = time.monotonic()
             compute_error = reference = None
-            if self.measure_compute:  # once a process: one extra forward, for the one worker that wins the claim
-                self.measure_compute = False
+            if self.measure_compute and not spec.prefix_groups:  # once a process, on a plain batch: one extra
+                self.measure_compute = False                      # forward, for the one worker that wins the claim
                 if life.claim_compute_error(self.r, self.run, self.worker_name, self.limits.lease_seconds):
                     hidden, final, compute_error, reference = self.extractor.run_measured(padded)
-            if reference is None:
+            if spec.prefix_groups:
+                hidden, final = self.extractor.run_shared(contents.input_ids, contents.cu_seqlens, spec.prefix_groups,
+                                                          self.manifest.token_budget)
+            elif reference is None:
                 hidden, final = self.extractor.run(padded)
             if self.cfg.min_batch_seconds:  # fault-injection tests: make "mid-batch" last long enough to hit
                 time.sleep(max(0.0, self.cfg.min_batch_seconds - (time.monotonic() - started)))
@@ -320,6 +325,7 @@ class WorkerRuntime(Role):
             self.current_batch = None
         self.batches_run += 1
         self.tokens_run += spec.tokens
+        self.tokens_computed += spec.computed_tokens
         self.after_batch()
         return f"{bid}: {spec.samples} samples, {spec.tokens} tokens"
 

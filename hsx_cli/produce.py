@@ -84,6 +84,11 @@ BATCH_FLAGS = (
     Flag("--fp8-accumulation", "how --compute-dtype float8's GEMMs accumulate: fp32 (partial sums promoted to fp32, "
          "the default) or fast (the tensor cores' own accumulator: ~3 % faster on an H200, ~35 % more error on "
          "trained weights; docs/benchmarks.md)", choices=D.FP8_ACCUMULATIONS, default=D.DEFAULT_FP8_ACCUMULATION),
+    Flag("--prefix-reuse", "auto: rows sharing a prefix of at least --prefix-min-tokens tokens compute it once, every "
+         "sample still stored whole (on for the model types shown exact: docs/data.md); off: each sample computed "
+         "alone. Recorded in the manifest", choices=D.PREFIX_REUSE, default="auto"),
+    Flag("--prefix-min-tokens", "tokens rows must share for --prefix-reuse to compute them once", type=int,
+         default=D.DEFAULT_PREFIX_MIN_TOKENS, min=1),
 )
 
 FLAGS = (
@@ -155,7 +160,8 @@ def config(v) -> ProduceConfig:
         template_kwargs=template_kwargs(v), columns=columns(v), window_rows=v["window_rows"],
         max_reject_share=v["max_reject_share"], lock_wait_seconds=v["lock_wait"],
         store_dtype=v["store_dtype"], codec=v["codec"], compute_dtype=v["compute_dtype"],
-        fp8_accumulation=v["fp8_accumulation"], per_turn=bool(v["per_turn"]))
+        fp8_accumulation=v["fp8_accumulation"], per_turn=bool(v["per_turn"]), prefix_reuse=v["prefix_reuse"],
+        prefix_min_tokens=v["prefix_min_tokens"])
 
 
 def run(cfg: ProduceConfig) -> int:

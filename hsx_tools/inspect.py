@@ -54,7 +54,7 @@ from hsx.prep import (
 from hsx.printable import printable
 from hsx.runspec import load_model_config, text_config
 from hsx_tools.columnuse import column_lines, column_use
-from hsx_tools.prefixshare import prefix_share
+from hsx_tools.prefixshare import PrefixPrediction, prefix_share
 from hsx_tools.rates import RateRange, cpu_rate, gpu_rate
 from hsx_tools.sourcereport import source_lines, tally
 
@@ -85,6 +85,8 @@ class InspectConfig:
     compute_dtype: str              # bfloat16 | float8: the target's linear layers
     fp8_accumulation: str           # fp32 | fast: how float8 GEMMs accumulate
     per_turn: bool                  # one sample a turn of each row (hsx/prep/perturn.py)
+    prefix_reuse: str               # auto | off: shared prefixes computed once (hsx/prep/prefixplan.py)
+    prefix_min_tokens: int
     samples: int                    # random samples printed with their loss mask
     seed: int
     sample_chars: int               # characters of a printed sample (plain output)
@@ -280,10 +282,12 @@ def run_inspect(cfg: InspectConfig) -> int:
     rng = random.Random(cfg.seed)
     report, lengths, picked, kept_seen, every_ids, kept_tokens = TokeniseReport(), [], [], 0, [], 0
     dataset, by_source = cfg.mixture or cfg.dataset, {}
+    reuse = PrefixPrediction.of(cfg, text_cfg.model_type)
     with WindowTokeniser(dataset, settings, cfg.tokenise_workers or default_workers(dataset), window_rows) as windows:
         for window in windows:
             report.merge(window.report)
             tally(by_source, window)
+            reuse.add(window.samples)
             for sample in window.samples:          # reservoir: N samples uniformly over the kept rows
                 lengths.append(len(sample.input_ids))
                 if kept_tokens < PREFIX_SHARE_TOKENS:   # the shared-prefix share is measured over these rows
@@ -345,6 +349,7 @@ def run_inspect(cfg: InspectConfig) -> int:
                    cfg.pad_multiple, window_rows, cfg.gpu_tokens_per_s, cfg.storage_usd_per_tb_month, cfg.codec)
     print(f"plan: {est.batches} batches of <= {cfg.token_budget} tokens, {est.tokens} tokens, padding {est.padding:.2%} "
           f"({est.padded_tokens} computed)")
+    print(reuse.line(est.tokens, est.padded_tokens))
     print(f"  store: layers {layer_ids}{' + final' if store_final else ''} x {text_cfg.hidden_size} x {stored_dtype}"
           + (f" + {cfg.codec}" if cfg.codec != "none" else "") + " = "
           f"{fmt_bytes(est.bytes_per_token)} a token -> {fmt_bytes(est.stored_bytes)}, "

@@ -52,6 +52,47 @@ class PrefixShare:
                 f"row shares; computing each shared prefix once would skip {self.saved:.1%}")
 
 
+@dataclass
+class PrefixPrediction:
+    """What `hsx produce --prefix-reuse` will plan, window by window (hsx/prep/prefixplan.py): tokens computed."""
+
+    on: bool
+    why: str                 # off: why, in words
+    token_budget: int
+    max_rows: int
+    pad_multiple: int
+    min_tokens: int
+    cache_tokens: int = 0
+    computed: int = 0
+    batches: int = 0
+
+    @classmethod
+    def of(cls, cfg, model_type: str) -> PrefixPrediction:
+        from hsx.defaults import DEFAULT_PREFIX_CACHE_BUDGETS
+        from hsx.runspec import PREFIX_EXACT_MODEL_TYPES
+
+        why = ("--prefix-reuse off" if cfg.prefix_reuse == "off" else "" if model_type in PREFIX_EXACT_MODEL_TYPES
+               else f"model type {model_type} is not one shown exact")
+        return cls(not why, why, cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple, cfg.prefix_min_tokens,
+                   DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget)
+
+    def add(self, samples) -> None:
+        if self.on:
+            from hsx.prep import cut_prefix_batches
+
+            planned = cut_prefix_batches([s.input_ids for s in samples], self.token_budget, self.max_rows,
+                                         self.pad_multiple, self.min_tokens, self.cache_tokens)
+            self.computed += sum(b.computed for b in planned)
+            self.batches += len(planned)
+
+    def line(self, stored: int, padded: int) -> str:
+        if not self.on:
+            return f"  shared prefixes: off ({self.why}): {stored:,} tokens stored, {padded:,} computed"
+        return (f"  shared prefixes (--prefix-reuse auto, spines of >= {self.min_tokens} tokens): {stored:,} tokens "
+                f"stored, {self.computed:,} computed in {self.batches:,} batches ({padded / max(self.computed, 1):.2f}x "
+                f"fewer than the {padded:,} of --prefix-reuse off)")
+
+
 def _common(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])

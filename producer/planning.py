@@ -42,6 +42,7 @@ class Planning:
     samples: int = 0
     tokens: int = 0
     padded_tokens: int = 0
+    computed_tokens: int = 0         # what the GPU computes: padded tokens, each shared prefix once
     enqueued: int = 0
     manifest_saved: bool = False
     sources: dict[str, dict[str, int]] = field(default_factory=dict)   # a mixture's: name -> rows, rejected, samples, tokens, batches
@@ -57,6 +58,7 @@ class Planning:
         self.samples += rec.samples
         self.tokens += rec.tokens
         self.padded_tokens += rec.padded_tokens
+        self.computed_tokens += rec.computed_tokens or rec.padded_tokens
         if resumed:
             self.report.merge(rec.report)
             self.resumed_windows += 1
@@ -68,7 +70,7 @@ class Planning:
         """The run's totals (Redis ``hsx:<run>:totals``); ``planning``: 1 while windows are still to come."""
         report = self.report
         return {"batches": self.batches, "samples": self.samples, "tokens": self.tokens,
-                "padded_tokens": self.padded_tokens, "planning": planning, "rows": report.rows,
+                "padded_tokens": self.padded_tokens, "computed_tokens": self.computed_tokens, "planning": planning, "rows": report.rows,
                 "truncated": report.truncated, "dropped_overlong": report.dropped_overlong,
                 "rejected": report.rejected_rows}
 
@@ -77,4 +79,5 @@ class Planning:
                              self.padded_tokens, len(self.done), self.first_pending, self.enqueued, self.repaired,
                              windows=self.resumed_windows + self.new_windows, resumed_windows=self.resumed_windows,
                              rebuilt=len(self.rebuild.rebuilt) if self.rebuild is not None else 0,
-                             planned_only=self.planned_only, sources=self.sources)
+                             planned_only=self.planned_only, sources=self.sources,
+                             computed_tokens=self.computed_tokens)

@@ -40,6 +40,7 @@ from hsx.prep import (
     check_budget,
     check_row_settings,
     cut_batches,
+    cut_prefix_batches,
     default_workers,
     fingerprints,
     padding_fraction,
@@ -214,9 +215,9 @@ def plan_windows(planning: Planning, manifest: Manifest, event: Callable[[str, i
             planning.enqueued += rec.enqueued
             life.save_plan(planning.r, cfg.run, manifest, [], planning.totals(planning=1))
             event("recorded", window.number)
-            log.info("window %d: %d rows, %d batches (padding %.2f%%), %d enqueued; %d rows so far",
-                     window.number, window.report.rows, rec.batches, 100 * rec.padding, rec.enqueued,
-                     planning.report.rows)
+            log.info("window %d: %d rows, %d batches (padding %.2f%%), %d tokens stored, %d computed, %d enqueued; "
+                     "%d rows so far", window.number, window.report.rows, rec.batches, 100 * rec.padding, rec.tokens,
+                     rec.computed_tokens, rec.enqueued, planning.report.rows)
 
 
 def seal(planning: Planning, manifest: Manifest) -> Manifest:
@@ -286,14 +287,20 @@ def _check_reject_share(planning: Planning) -> None:
 def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> WindowRecord:
     """Cut, write inputs, save the plan and enqueue one window's batches; the window's record."""
     cfg, samples, first_batch = planning.cfg, window.samples, planning.batches
-    planned = cut_batches([len(s.input_ids) for s in samples], cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple)
+    if manifest.prefix_reuse == "on":   # shared prefixes computed once (hsx/prep/prefixplan.py)
+        planned = cut_prefix_batches([s.input_ids for s in samples], cfg.token_budget, cfg.max_batch_rows,
+                                     cfg.pad_multiple, manifest.prefix_min_tokens, manifest.prefix_cache_tokens)
+    else:
+        planned = cut_batches([len(s.input_ids) for s in samples], cfg.token_budget, cfg.max_batch_rows,
+                              cfg.pad_multiple)
     specs = []
     for offset, batch in enumerate(planned):
         index = first_batch + offset
         specs.append(life.BatchSpec(
             batch_id=layout.batch_id(index), index=index, shard=layout.shard_of(index, cfg.batches_per_shard),
             samples=len(batch.members), tokens=batch.tokens, padded=batch.padded, padded_len=batch.padded_len,
-            sample_ids=[samples[i].sample_id for i in batch.members]))
+            sample_ids=[samples[i].sample_id for i in batch.members],
+            prefix_groups=[list(g) for g in batch.groups], computed=batch.computed if batch.groups else 0))
     if planning.rebuild is not None:
         planning.rebuild.check(specs)
     specs = write_inputs(planning.store, cfg.run, samples, planned, specs, planning.done, planning.suspect)
@@ -301,6 +308,7 @@ def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> Wind
     enqueued = _enqueue(planning, specs)
     return WindowRecord(first_batch=first_batch, batches=len(specs), samples=len(samples),
                         tokens=sum(s.tokens for s in specs), padded_tokens=sum(s.padded for s in specs),
+                        computed_tokens=sum(s.computed_tokens for s in specs),
                         padding=padding_fraction(planned), enqueued=enqueued, report=window.report,
                         source=window.source)
 

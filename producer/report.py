@@ -26,6 +26,7 @@ class ProduceReport:
     rebuilt: int = 0
     planned_only: bool = False
     sources: dict = field(default_factory=dict)   # a mixture's: name -> {rows, rejected, samples, tokens, batches}
+    computed_tokens: int = 0   # what the GPU computes, each shared prefix once (0: padded_tokens)
 
     def lines(self) -> list[str]:
         t = self.tokenise
@@ -34,7 +35,10 @@ class ProduceReport:
                f"{t.dropped_overlong} dropped as over-long, {t.rejected_rows} rejected ({t.reject_share():.2%})",
                "rows by format: " + ", ".join(f"{k} {v}" for k, v in sorted(t.formats.items())),
                f"plan: {self.batches} batches, {self.tokens} tokens, padding {1 - self.tokens / max(self.padded_tokens, 1):.2%} "
-               f"of {self.padded_tokens} computed tokens",
+               f"of {self.padded_tokens} padded tokens; {self.tokens} stored, "
+               f"{self.computed_tokens or self.padded_tokens} computed"
+               + (f" (shared prefixes once, spines of >= {self.manifest.prefix_min_tokens} tokens)"
+                  if self.manifest.prefix_reuse == "on" else " (--prefix-reuse off)"),
                f"windows: {self.windows}" + (f" ({self.resumed_windows} done by an earlier producer, skipped)"
                                              if self.resumed_windows else ""),
                f"queue: {self.enqueued} batches enqueued, {self.already_done} already done, {self.already_pending} already pending"

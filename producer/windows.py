@@ -37,6 +37,7 @@ class WindowRecord:
     enqueued: int         # batches this window put on the queue (neither done nor pending before)
     report: TokeniseReport  # the counts of the window's rows
     source: str = ""        # a mixture's source (every row of a window is of one); "" (left out) for one dataset
+    computed_tokens: int = 0  # what the GPU computes, shared prefixes once (0 in older records: padded_tokens)
 
     @property
     def end_batch(self) -> int:
@@ -47,7 +48,9 @@ class WindowRecord:
         return json.dumps({"first_batch": self.first_batch, "batches": self.batches, "samples": self.samples,
                            "tokens": self.tokens, "padded_tokens": self.padded_tokens, "padding": self.padding,
                            "enqueued": self.enqueued, "report": self.report.to_dict(),
-                           **({"source": self.source} if self.source else {})},
+                           **({"source": self.source} if self.source else {}),
+                           **({"computed_tokens": self.computed_tokens}
+                              if self.computed_tokens not in (0, self.padded_tokens) else {})},
                           separators=(",", ":"), sort_keys=True)
 
     @classmethod
@@ -55,7 +58,8 @@ class WindowRecord:
         d = json.loads(raw)
         return cls(first_batch=d["first_batch"], batches=d["batches"], samples=d["samples"], tokens=d["tokens"],
                    padded_tokens=d["padded_tokens"], padding=d["padding"], enqueued=d["enqueued"],
-                   report=TokeniseReport.from_dict(d["report"]), source=str(d.get("source") or ""))
+                   report=TokeniseReport.from_dict(d["report"]), source=str(d.get("source") or ""),
+                   computed_tokens=d.get("computed_tokens") or d["padded_tokens"])
 
 
 def load(r: redis.Redis, run: str) -> list[WindowRecord]:

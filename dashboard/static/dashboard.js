@@ -59,6 +59,8 @@
     $("storage").textContent = `${o.store_dtype || "-"}, codec ${o.codec || "none"}` +
       (o.compute_dtype && o.compute_dtype !== "bfloat16" ? `, computed in ${o.compute_dtype}` : "") +
       `; ${fmtBytes(o.written_bytes || 0)} written`;
+    $("prefix-tokens").textContent = o.prefix ? `${fmtInt(o.prefix.stored_tokens)} / ${fmtInt(o.prefix.computed_tokens)}` +
+      ` tokens (shared prefixes ${o.prefix.reuse})` : "-";
     $("extract-queue").textContent = fmtInt(o.extract_queue);
     $("failure-count").textContent = `${o.dead_letters.length} dead, ${o.retrying} retrying`;
     const badge = $("run-state");

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import redis
 
@@ -85,9 +85,21 @@ class BatchSpec:
     padded_len: int          # tokens a row is padded to (the longest row, rounded up to the pad multiple)
     sample_ids: list[str]
     input_sha256: str = ""  # SHA-256 of the batch's input object as the producer wrote it ("" = not recorded)
+    # Shared prefixes (issue 40; hsx/prep/prefixplan.py): [first, count, spine] a group of consecutive samples whose
+    # first ``spine`` tokens are computed once; ``computed``: tokens the GPU computes (0: ``padded``).
+    prefix_groups: list = field(default_factory=list)
+    computed: int = 0
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        fields = asdict(self)
+        if not self.prefix_groups:   # a plan without shared prefixes keeps the bytes older hsx wrote and reads
+            del fields["prefix_groups"], fields["computed"]
+        return json.dumps(fields, separators=(",", ":"))
+
+    @property
+    def computed_tokens(self) -> int:
+        """Tokens the GPU computes for this batch: ``padded``, less the spines its prefix groups share."""
+        return self.computed or self.padded
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> BatchSpec:

@@ -107,6 +107,13 @@ def _manifest(raw: bytes, where: str, malformed: list[str]) -> Manifest | None:
         return None
 
 
+def _prefix_line(prefix: dict) -> str:
+    stored, computed = prefix["stored_tokens"], prefix["computed_tokens"]
+    how = ("shared prefixes once" if prefix["reuse"] == "on" else "--prefix-reuse off") + ", padding in"
+    return (f"  computed {computed} tokens planned for {stored} stored ({how}"
+            + (f"; {stored / computed:.2f} stored a computed token)" if computed else ")"))
+
+
 def run_progress(r: redis.Redis, run: str, now: float | None = None, window: float = RATE_WINDOW_SECONDS) -> dict:
     """The run's progress. A record that is not what hsx writes is skipped (a failure record is kept as
     a placeholder) and named under ``"malformed"`` (hsx.life.records): one bad record never fails the read."""
@@ -146,6 +153,9 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "store_dtype": manifest.store_dtype if manifest else None,
         "codec": manifest.codec if manifest else "none",
         "compute_dtype": manifest.compute_dtype if manifest else "bfloat16",
+        # planned tokens stored against what the GPU computes (padding in, each shared prefix once: issue 40)
+        "prefix": {"reuse": manifest.prefix_reuse if manifest else "off", "stored_tokens": totals.get("tokens", 0),
+                   "computed_tokens": totals.get("computed_tokens") or totals.get("padded_tokens", 0)},
         "evaluation": evaluation.read(r, run, malformed),  # the last `hsx evaluate` of a drafter of this run, or None
         "fidelity": fp8,  # FP8 compute and storage error per stored layer (None: a bf16 run, or not measured yet)
         "rate": rate["per_s"],
@@ -246,6 +256,7 @@ def summary_lines(p: dict) -> list[str]:
         f"{p['spooled_batches']} extracted, {p['extract_queue']} queued",
         f"  samples  {d['samples']}/{t.get('samples', 0)} ({pct(d['samples'], t.get('samples', 0))})",
         f"  tokens   {d['tokens']}/{t.get('tokens', 0)} ({pct(d['tokens'], t.get('tokens', 0))})",
+        *([_prefix_line(p["prefix"])] if p.get("prefix") else []),
         f"  uploaded {fmt_bytes(d['bytes'])}, {fmt_bytes(p['written_bytes'])} written to spools; "
         + (f"{p['bytes_per_token']:.0f} bytes/token" if p["bytes_per_token"] else "bytes/token not known yet")
         + f" ({p['store_dtype']}, codec {p['codec']}"

@@ -22,6 +22,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
                 "of_datasets": "mixture_of_datasets"},
     "perturn": ["split_turn_id", "turn_id"],
     "planning": ["PlannedBatch", "cut_batches", "padding_fraction"],
+    "prefixplan": ["PrefixGroup", "cut_prefix_batches", "find_groups", "find_trees"],
     "report": ["Sample", "TokeniseReport", "Window"],
     "rows": ["RowRejected"],
     "tokenise": ["ChatTokeniser", "parse_template_kwargs"],

@@ -25,7 +25,13 @@ class PlannedBatch:
     members: list[int]   # positions into the caller's sample list, longest first
     padded_len: int      # tokens a row, after rounding up
     tokens: int          # real tokens
-    padded: int          # rows x padded_len: what the GPU computes
+    padded: int          # rows x padded_len: what the GPU computes without shared prefixes
+    computed: int = 0    # tokens the GPU computes (0: ``padded``); less where prefix groups share a spine
+    groups: tuple = ()   # PrefixGroup (hsx/prep/prefixplan.py) of positions into ``members``; () = every row alone
+
+    def __post_init__(self):
+        if not self.computed:
+            object.__setattr__(self, "computed", self.padded)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -58,5 +64,7 @@ def cut_batches(lengths, token_budget: int, max_rows: int, pad_multiple: int = 1
 
 
 def padding_fraction(batches: list[PlannedBatch]) -> float:
-    padded = sum(b.padded for b in batches)
-    return 1 - sum(b.tokens for b in batches) / padded if padded else 0.0
+    """Padding's share of the rows computed alone (a prefix group's padding is in its ``computed``)."""
+    alone = [b for b in batches if not b.groups]
+    padded = sum(b.padded for b in alone)
+    return 1 - sum(b.tokens for b in alone) / padded if padded else 0.0

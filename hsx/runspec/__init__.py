@@ -11,7 +11,7 @@ from hsx.face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
     "hostcheck": ["ModelMismatch", "check_host", "check_weights"],
-    "plan": ["RunFacts", "plan_manifest", "resumed_manifest"],
+    "plan": ["PREFIX_EXACT_MODEL_TYPES", "RunFacts", "plan_manifest", "prefix_settings", "resumed_manifest"],
     "compute": ["ComputeDtypeError", "check_compute_dtype", "check_fp8_accumulation"],
     "config": ["ProduceConfig", "UploadConfig", "WorkerConfig", "with_redis_password"],
     "manifest": [

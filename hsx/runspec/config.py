@@ -59,6 +59,8 @@ class ProduceConfig:
     compute_dtype: str = "bfloat16"  # the target's linear layers: bfloat16 | float8 (gpu_worker/fp8compute.py)
     fp8_accumulation: str = D.DEFAULT_FP8_ACCUMULATION  # float8 GEMMs: fp32 | fast (gpu_worker/fp8linear.py)
     per_turn: bool = False           # one sample a turn of each row (hsx/prep/perturn.py); in the manifest
+    prefix_reuse: str = "auto"       # auto: shared prefixes computed once where exact (hsx/prep/prefixplan.py) | off
+    prefix_min_tokens: int = D.DEFAULT_PREFIX_MIN_TOKENS   # tokens a spine has at least
 
 
 @dataclass(frozen=True)

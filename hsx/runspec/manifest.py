@@ -67,7 +67,8 @@ REQUIRED = {"run": _STR, "model": _STR, "model_config_hash": _STR, "model_type":
             "pad_token_id": _INT, "store_url": _STR, "store": _DICT, "hsx_version": _STR, "created": _STR}
 OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "fp8_accumulation": _STR, "limits": _DICT, "template_kwargs": _DICT,
             "columns": _DICT, "window_rows": _INT, "format": _STR, "incarnation": _STR, "model_weights": _STR,
-            "mixture": (list,), "per_turn": _BOOL}
+            "mixture": (list,), "per_turn": _BOOL, "prefix_reuse": _STR, "prefix_min_tokens": _INT,
+            "prefix_cache_tokens": _INT}
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,11 @@ class Manifest:
     # template_kwargs, rows / share + seed it was given}; () for one --dataset, left out of the JSON as before.
     mixture: tuple = ()
     per_turn: bool = False      # one sample a turn of each row (hsx/prep/perturn.py); absent (False) in older ones
+    # Shared prefixes computed once (issue 40; hsx/prep/prefixplan.py): "on" or "off" (manifests older hsx wrote,
+    # written only when on); spines of at least prefix_min_tokens, at most prefix_cache_tokens cached a batch.
+    prefix_reuse: str = "off"
+    prefix_min_tokens: int = 0
+    prefix_cache_tokens: int = 0
     extra: Mapping = field(default_factory=lambda: MappingProxyType({}))  # keys of a newer hsx, kept as read
 
     def __post_init__(self):
@@ -223,6 +229,8 @@ class Manifest:
                 incarnation=data.get("incarnation") or "", model_weights=data.get("model_weights") or "",
                 mixture=_mixture(data.get("mixture") or []),
                 per_turn=bool(data.get("per_turn")),
+                prefix_reuse=data.get("prefix_reuse") or "off", prefix_min_tokens=data.get("prefix_min_tokens") or 0,
+                prefix_cache_tokens=data.get("prefix_cache_tokens") or 0,
                 extra=MappingProxyType({k: v for k, v in data.items() if k not in known}))
         except ManifestError as exc:
             raise ManifestError(f"{where}: {exc}") from None
@@ -242,7 +250,8 @@ class Manifest:
             value = getattr(self, f.name)
             if f.name == "extra" or (f.name == "window_rows" and value is None) or (
                     f.name in ("incarnation", "model_weights", "mixture") and not value) or (
-                    f.name in OMITTED_AT and value == OMITTED_AT[f.name]):   # as older hsx wrote it
+                    f.name in OMITTED_AT and value == OMITTED_AT[f.name]) or (   # as older hsx wrote it
+                    f.name.startswith("prefix_") and self.prefix_reuse == "off"):
                 continue
             if isinstance(value, (StoreSettings, RunLimits)):
                 value = value.to_dict()
@@ -325,7 +334,7 @@ def check_values(m: Manifest) -> None:
         raise _bad("layer_ids", ids, "not distinct and rising (low to high, each layer once)")
     choices = {"dtype": tuple(D.STORE_DTYPES[:-1]), "store_dtype": (m.dtype, FP8), "codec": D.CODECS,
                "compute_dtype": D.COMPUTE_DTYPES, "fp8_accumulation": D.FP8_ACCUMULATIONS,
-               "overlong": ("drop", "truncate")}
+               "overlong": ("drop", "truncate"), "prefix_reuse": ("on", "off")}
     for name, allowed in choices.items():
         if getattr(m, name) not in allowed:
             raise _bad(name, getattr(m, name), f"not one of {', '.join(dict.fromkeys(allowed))}")
@@ -333,7 +342,8 @@ def check_values(m: Manifest) -> None:
 
     bounds = {"max_length": (1, MAX_TOKEN_BUDGET), "token_budget": (max(m.max_length, 1), MAX_TOKEN_BUDGET),
               "pad_multiple": (1, 4096), "max_batch_rows": (1, MAX_TOKEN_BUDGET), "batches_per_shard": (1, 10**6),
-              "window_rows": (1, 2**40), "pad_token_id": (0, 2**31 - 1)}
+              "window_rows": (1, 2**40), "pad_token_id": (0, 2**31 - 1),
+              "prefix_min_tokens": (0, MAX_TOKEN_BUDGET), "prefix_cache_tokens": (0, 2**40)}
     for name, (low, high) in bounds.items():
         value = getattr(m, name)
         if value is not None and not low <= value <= high:

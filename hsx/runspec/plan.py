@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from hsx.batch import check_codec
+from hsx.defaults import DEFAULT_PREFIX_CACHE_BUDGETS, PREFIX_REUSE
 from hsx.runspec.compute import check_compute_dtype, check_fp8_accumulation
 from hsx.runspec.config import ProduceConfig
 from hsx.runspec.manifest import Manifest, RunLimits, check_same_run, new_manifest
@@ -57,8 +58,26 @@ def plan_manifest(cfg: ProduceConfig, facts: RunFacts) -> Manifest:
         pad_token_id=facts.pad_token_id, store_url=cfg.store.url, store=cfg.store,
         limits=RunLimits(cfg.max_attempts, cfg.lease_seconds), model_weights=facts.model_weights,
         incarnation=uuid.uuid4().hex, mixture=tuple(MappingProxyType(s) for s in facts.mixture),
-        per_turn=bool(cfg.per_turn),
+        per_turn=bool(cfg.per_turn), **prefix_settings(cfg, facts),
     )
+
+
+PREFIX_EXACT_MODEL_TYPES = ("qwen3", "qwen3_5_text", "qwen3_5")   # shown equal to lone forwards: tests/test_prefix_reuse.py
+
+
+def prefix_settings(cfg: ProduceConfig, facts: RunFacts) -> dict:
+    """The manifest's prefix fields for ``--prefix-reuse`` (hsx/prep/prefixplan.py): auto is on where reuse is
+    shown exact (the model types above), said in one line where it is not."""
+    if cfg.prefix_reuse not in PREFIX_REUSE:
+        raise ValueError(f"--prefix-reuse {cfg.prefix_reuse!r}: expected one of {', '.join(PREFIX_REUSE)}")
+    if cfg.prefix_reuse == "off":
+        return {"prefix_reuse": "off"}
+    if facts.model_type not in PREFIX_EXACT_MODEL_TYPES:
+        log.warning("--prefix-reuse auto: off for model type %s (a cached prefix is shown exact for %s only); every "
+                    "sample is computed alone", facts.model_type, ", ".join(PREFIX_EXACT_MODEL_TYPES))
+        return {"prefix_reuse": "off"}
+    return {"prefix_reuse": "on", "prefix_min_tokens": max(1, cfg.prefix_min_tokens),
+            "prefix_cache_tokens": DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget}
 
 
 def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerprint: str,
@@ -86,5 +105,10 @@ def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerp
                 else "the weights not compared: one side has no fingerprint")
         log.warning("run %s: its model path changes from %s to %s (same config, %s)", planned.run, existing.model,
                     planned.model, same)
+    if (existing.prefix_reuse, existing.prefix_min_tokens) != (planned.prefix_reuse, planned.prefix_min_tokens):
+        log.warning("run %s keeps shared prefixes %s as planned (this call asked %s): a resumed run is planned as "
+                    "it began", planned.run, existing.prefix_reuse, planned.prefix_reuse)
+    planned = replace(planned, prefix_reuse=existing.prefix_reuse, prefix_min_tokens=existing.prefix_min_tokens,
+                      prefix_cache_tokens=existing.prefix_cache_tokens)
     return replace(planned, created=existing.created, incarnation=existing.incarnation,
                    model_weights=planned.model_weights or existing.model_weights)

@@ -1,0 +1,163 @@
+"""A batch whose samples share prefixes (issue 40): each shared spine computed once, every sample stored whole.
+
+A causal target's states at a token do not depend on what follows it, so samples that start with the same
+``spine`` tokens need the spine computed once. A batch's plan (``BatchSpec.prefix_groups``, hsx/prep/prefixplan.py)
+names groups of consecutive samples ``(first, count, spine)``; a group inside another's range nests in it (its
+spine continues the outer one: per-turn rows of one conversation make a chain). Every other sample is computed
+alone, as before. For a group:
+
+1. its spine runs once (one row, no padding) with a transformers cache, from its parent's spine on (its
+   parent's states copied) or from token 0, in pieces of at most ``chunk_tokens`` (a spine longer than a
+   batch's budget is continued piece by piece, exactly): the cache then holds the attention layers' keys and
+   values and the Gated DeltaNet layers' conv window and recurrent state at the branch point, wherever it falls
+   (mid-chunk too: transformers' chunk rule starts from the cached state);
+2. its child groups go on from a copy of those states;
+3. the cache is expanded to its leaves (members in no child; ``reorder_cache`` with index 0 for each), and
+   their remainders run in one forward, right-padded, at positions spine .. spine + leaf - 1: no mask is
+   needed, a real token never sees the padding after it, and nothing reads the padded rows' final states;
+4. every member's stored rows are its groups' spine rows followed by its leaf's (a member that is the spine
+   itself, a strict prefix of the others, has no leaf).
+
+Memory a batch holds beyond a plain one: a one-row cache per open group on the path from the root (spine
+tokens of keys and values, one conv window and recurrent state a GDN layer), and the cache expanded to one
+group's leaves, ``leaves x spine`` tokens of keys and values plus a GDN state a leaf; the planner caps
+``leaves x spine`` (``cache_tokens``) and the worker says the bound at start (``snapshot_bytes``).
+
+The fused kernels (gpu_worker/kernels.py) continue a cache too: their Gated DeltaNet forward puts the cached conv
+window before a call's inputs and starts the delta rule from the cached recurrent state (fla's kernels take
+``initial_state`` / ``output_final_state``), as transformers' forward does; the caches are interchangeable.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+
+from hsx.prep import PrefixGroup
+from hsx.runspec import text_config
+
+
+def _cache_for(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _position_ids(start: int, length: int, rows: int, device) -> torch.Tensor:
+    return (torch.arange(start, start + length, device=device)).unsqueeze(0).expand(rows, -1)
+
+
+def _forest(groups: Sequence[PrefixGroup], rows: int) -> list[tuple[PrefixGroup, list]]:
+    """The groups as trees (group, children): a group inside another's range nests in it (a longer spine),
+    others are disjoint; ValueError for anything else."""
+    ordered = sorted(groups, key=lambda g: (g.first, -g.count, g.spine))
+    roots: list = []
+    path: list = []   # the open groups containing the current one, outermost first
+    for g in ordered:
+        if g.count < 1 or g.spine < 1 or g.first < 0 or g.first + g.count > rows:
+            raise ValueError(f"prefix group {tuple(g)}: not a range of the batch's {rows} samples with a spine")
+        while path and g.first >= path[-1][0].first + path[-1][0].count:
+            path.pop()
+        if path:
+            parent = path[-1][0]
+            if g.first + g.count > parent.first + parent.count or g.spine <= parent.spine:
+                raise ValueError(f"prefix group {tuple(g)} overlaps {tuple(parent)} without nesting in it")
+        node = (g, [])
+        (path[-1][1] if path else roots).append(node)
+        path.append(node)
+    return roots
+
+
+def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, groups: Sequence[PrefixGroup],
+                     chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The stored tensors of a batch (packed ``input_ids`` [N], ``cu_seqlens`` [B + 1]) planned with ``groups``:
+    (hidden [N, n*H], final [N, H] or None) on the extractor's device, in sample order, as ``Extractor.run``."""
+    ex, device = extractor, extractor.device
+    ids = input_ids.to(torch.int64)
+    cu = [int(x) for x in cu_seqlens]
+    n_tokens = cu[-1]
+    hidden = torch.empty((n_tokens, ex.width), dtype=ex.out_dtype, device=device)
+    final = (torch.empty((n_tokens, ex.hidden_size), dtype=ex.out_dtype, device=device) if ex.store_final else None)
+
+    def put(dest: list[int], got: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        index = torch.tensor(dest, dtype=torch.int64, device=device)
+        hidden.index_copy_(0, index, got[0])
+        if final is not None:
+            final.index_copy_(0, index, got[1])
+
+    forest = _forest(groups, len(cu) - 1)
+    for g in groups:
+        members = range(g.first, g.first + g.count)
+        if any(cu[b + 1] - cu[b] < g.spine for b in members):
+            raise ValueError(f"prefix group {tuple(g)}: a member is shorter than its spine")
+        if any(not torch.equal(ids[cu[b]:cu[b] + g.spine], ids[cu[g.first]:cu[g.first] + g.spine]) for b in members):
+            raise ValueError(f"prefix group {tuple(g)}: its members do not share the spine's tokens")
+    for node in forest:
+        _run_group(ex, ids, cu, node, None, 0, chunk_tokens, put)
+    grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
+    alone = [b for b in range(len(cu) - 1) if b not in grouped]
+    if alone:
+        _run_rows(ex, ids, cu, alone, 0, None, put)
+    return hidden, final
+
+
+def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, chunk_tokens: int, put) -> None:
+    """A group's spine from ``start`` (its parent's spine; ``cache``: the parent's states there, kept), then its
+    child groups from a copy of its own states, then its leaves from its states expanded to them."""
+    g, children = node
+    device = ex.device
+    cache = _cache_for(ex.model) if cache is None else copy.deepcopy(cache)
+    spine = ids[cu[g.first]:cu[g.first] + g.spine].to(device)
+    members = range(g.first, g.first + g.count)
+    for at in range(start, g.spine, max(1, chunk_tokens)):
+        end = min(g.spine, at + chunk_tokens)
+        got = ex.forward_packed(spine[at:end].unsqueeze(0), torch.arange(end - at, device=device), end - at,
+                                cache=cache, use_cache=True, position_ids=_position_ids(at, end - at, 1, device))
+        put([cu[b] + t for b in members for t in range(at, end)], (got[0].repeat(g.count, 1),
+                                                                   None if got[1] is None else got[1].repeat(g.count, 1)))
+    inside = set()
+    for child in children:
+        _run_group(ex, ids, cu, child, cache, g.spine, chunk_tokens, put)
+        inside.update(range(child[0].first, child[0].first + child[0].count))
+    leaves = [b for b in members if b not in inside and cu[b + 1] - cu[b] > g.spine]
+    if leaves:
+        cache.reorder_cache(torch.zeros(len(leaves), dtype=torch.int64, device=device))
+        _run_rows(ex, ids, cu, leaves, g.spine, cache, put)
+
+
+def _run_rows(ex, ids: torch.Tensor, cu: list[int], rows: list[int], skip: int, cache, put) -> None:
+    """Rows ``rows``' tokens from ``skip`` on, right-padded in one forward (continuing ``cache`` if given)."""
+    device = ex.device
+    lengths = [cu[b + 1] - cu[b] - skip for b in rows]
+    width = max(lengths)
+    padded = torch.zeros((len(rows), width), dtype=torch.int64)   # padding: never seen by a real token
+    flat, dest = [], []
+    for r, b in enumerate(rows):
+        padded[r, :lengths[r]] = ids[cu[b] + skip:cu[b + 1]]
+        flat.extend(range(r * width, r * width + lengths[r]))
+        dest.extend(range(cu[b] + skip, cu[b + 1]))
+    kwargs = {}
+    if cache is not None:
+        kwargs = {"cache": cache, "use_cache": True, "position_ids": _position_ids(skip, width, len(rows), device)}
+    got = ex.forward_packed(padded.to(device), torch.tensor(flat, dtype=torch.int64, device=device), len(dest),
+                            **kwargs)
+    put(dest, got)
+
+
+def snapshot_bytes(model_config, cache_tokens: int, max_rows: int, dtype_bytes: int) -> int:
+    """The most a batch's prefix groups hold beyond a plain batch: ``cache_tokens`` tokens of keys and values of
+    every attention layer, and ``max_rows`` conv windows and recurrent states of every Gated DeltaNet layer."""
+    c = text_config(model_config)
+    types = list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
+    attention = sum(t != "linear_attention" for t in types)
+    linear = len(types) - attention
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv = 2 * c.num_key_value_heads * head_dim * attention * dtype_bytes * cache_tokens
+    if not linear:
+        return kv
+    k, v = c.linear_key_head_dim, c.linear_value_head_dim
+    conv_dim = 2 * c.linear_num_key_heads * k + c.linear_num_value_heads * v
+    state = c.linear_num_value_heads * k * v * 4 + conv_dim * (c.linear_conv_kernel_dim - 1) * dtype_bytes
+    return kv + linear * state * max_rows

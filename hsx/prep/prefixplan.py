@@ -1,0 +1,228 @@
+"""Planning shared prefixes (issue 40): rows that start with the same tokens share computed spines.
+
+Rows of a window are sorted by their token ids; neighbours in that order share their longest common prefix
+(lcp). A run of neighbours whose lcp is at least ``min_prefix`` tokens is a tree of groups: its root's spine is
+the run's smallest lcp, computed once; where the run splits (at that smallest lcp) into sub-runs that share
+at least ``min_prefix`` more tokens, each sub-run is a child group whose spine continues its parent's; every
+row in no child is a leaf of its group, computing only its remainder. Per-turn rows of one conversation make a
+chain of groups (turn k's history is the spine of turns k+1..), rows of one system prompt a root over them.
+
+A tree's cost is what it computes: each group's spine beyond its parent's, plus its leaves x their padded
+length; a batch holds trees whose costs sum to at most the token budget, and whose stored tokens do too (the
+worker's output and pinned buffers, and the batch file, hold a budget's tokens), whose leaves x spine (the
+cache expanded to a group's leaves: gpu_worker/prefixrun.py) stay under ``cache_tokens``. A tree too large for one
+batch is cut: its child groups become trees of their own (their spines computed again from token 0) and its
+own leaves are cut into pieces that each compute the spine again. A batch holds trees only, or rows computed
+alone only (``cut_batches``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from hsx.prep.planning import PlannedBatch, cut_batches, round_up
+
+MAX_DEPTH = 200   # groups nested at most (deeper sub-runs stay leaves of the deepest group)
+# tokens: what one more forward costs beside its tokens (launches, weights read once a forward), counted against
+# what a tree saves: a tree whose computed tokens plus this a forward it runs are not below its rows' own tokens
+# is not made. A guess to be measured on the GPU (bench/prefix_reuse.py): on whole conversations with short
+# shared prompts, trees of 2-3 rows cost forwards and save little.
+FORWARD_TOKENS = 256
+
+
+class PrefixGroup(NamedTuple):
+    """Samples ``first`` .. ``first + count - 1`` of a batch start with the same ``spine`` tokens. Groups of a
+    batch nest (a group inside another's range has a longer spine and continues it) or are disjoint."""
+
+    first: int
+    count: int
+    spine: int
+
+
+@dataclass
+class Tree:
+    """A group of rows (positions into the window) sharing ``spine`` tokens, its child groups and its leaves."""
+
+    spine: int
+    children: list[Tree] = field(default_factory=list)
+    leaves: list[int] = field(default_factory=list)
+
+    def rows(self) -> list[int]:
+        """Members in batch order: each child's, then the leaves (every group's members contiguous)."""
+        return [i for c in self.children for i in c.rows()] + self.leaves
+
+    def cost(self, lengths, pad_multiple: int, parent: int = 0) -> int:
+        going = [lengths[i] - self.spine for i in self.leaves if lengths[i] > self.spine]
+        return (self.spine - parent + len(going) * round_up(max(going, default=0), pad_multiple)
+                + sum(c.cost(lengths, pad_multiple, self.spine) for c in self.children))
+
+    def forwards(self, lengths) -> int:
+        """Forwards the worker runs for this group and its children (a spine, and its leaves if any go on)."""
+        return (1 + any(lengths[i] > self.spine for i in self.leaves)
+                + sum(c.forwards(lengths) for c in self.children))
+
+    def cached(self, lengths) -> int:
+        """The most tokens of cache a group holds expanded to its leaves."""
+        return max([self.spine * sum(lengths[i] > self.spine for i in self.leaves)]
+                   + [c.cached(lengths) for c in self.children])
+
+    def groups(self, first: int = 0) -> list[PrefixGroup]:
+        out, at = [PrefixGroup(first, len(self.rows()), self.spine)], first
+        for c in self.children:
+            out += c.groups(at)
+            at += len(c.rows())
+        return out
+
+
+def _common(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+def find_trees(sequences, min_prefix: int) -> list[Tree]:
+    """The groups of ``sequences`` (token ids of each row) sharing at least ``min_prefix`` tokens, as trees."""
+    seqs = [np.asarray(s, dtype=">u4") for s in sequences]   # big-endian: byte order = token order
+    lengths = [len(s) for s in seqs]
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].tobytes())
+    lcp = [0] + [_common(seqs[order[k - 1]], seqs[order[k]]) for k in range(1, len(order))]
+
+    def subruns(lo: int, hi: int, spine: int) -> list[tuple[int, int]]:
+        cuts = [k for k in range(lo + 1, hi) if lcp[k] == spine]
+        bounds = [lo, *cuts, hi]
+        return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b - a >= 2]
+
+    def grow(node: Tree, lo: int, hi: int, depth: int) -> None:
+        """Children of ``node`` over sorted positions lo..hi-1 (they share node.spine); the rest leaves."""
+        stack, inside = subruns(lo, hi, node.spine) if depth < MAX_DEPTH else [], set()
+        while stack:
+            a, b = stack.pop()
+            spine = min(lcp[a + 1:b])
+            if spine - node.spine >= min_prefix:
+                child = Tree(spine)
+                grow(child, a, b, depth + 1)
+                if len(child.rows()) >= 2:   # else its rows are candidate leaves of this group
+                    node.children.append(child)
+                    inside.update(k for k in range(a, b) if order[k] in set(child.rows()))
+            else:   # too little more shared to be worth a group of its own: look deeper
+                stack += subruns(a, b, spine)
+        node.children.sort(key=lambda c: min(c.rows()))
+        node.leaves = _worth_padding([order[k] for k in range(lo, hi) if k not in inside], node.spine)
+
+    def _worth_padding(leaves: list[int], spine: int) -> list[int]:
+        """The leaves worth continuing together: they are padded to the longest kept one (top), so a leaf of l
+        tokens costs top in the group against spine + l alone; the top keeping the most saved tokens is chosen
+        (members: the leaves with top - spine < l <= top, a contiguous range by length). O(n log n)."""
+        import bisect
+
+        done = [i for i in leaves if lengths[i] <= spine]   # strict prefixes of the spine: nothing to compute
+        going = sorted((lengths[i] - spine, i) for i in leaves if lengths[i] > spine)
+        lefts = [left for left, _ in going]
+        csum = [0, *np.cumsum(lefts).tolist()]
+        best, pick = 0, (0, 0)
+        for j in range(len(going)):
+            top = lefts[j]
+            if j + 1 < len(going) and lefts[j + 1] == top:
+                continue   # the last of equal lengths: its range holds them all
+            lo = bisect.bisect_right(lefts, top - spine)
+            saved = (j + 1 - lo) * (spine - top) + csum[j + 1] - csum[lo]
+            if saved > best:
+                best, pick = saved, (lo, j + 1)
+        return sorted(done + [i for _, i in going[pick[0]:pick[1]]])
+
+    trees, start = [], 0
+    for k in range(1, len(order) + 1):
+        if k == len(order) or lcp[k] < min_prefix:
+            spine = min(lcp[start + 1:k], default=0)
+            if k - start >= 2:
+                tree = Tree(spine)
+                grow(tree, start, k, 0)
+                rows = tree.rows()
+                alone = sum(len(seqs[i]) for i in rows)
+                if len(rows) >= 2 and tree.cost(lengths, 1) + FORWARD_TOKENS * tree.forwards(lengths) < alone:
+                    trees.append(tree)
+            start = k
+    return trees
+
+
+def find_groups(sequences, min_prefix: int) -> list[tuple[list[int], int]]:
+    """Every group of ``find_trees``, flat: (its rows, its spine)."""
+    out = []
+
+    def walk(t: Tree) -> None:
+        out.append((sorted(t.rows()), t.spine))
+        for c in t.children:
+            walk(c)
+
+    for t in find_trees(sequences, min_prefix):
+        walk(t)
+    return out
+
+
+def _fits(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: int, cache_tokens: int) -> bool:
+    """Computed and stored tokens within the budget (the worker's output and pinned buffers hold a budget's
+    tokens), rows within max_rows, the expanded cache within cache_tokens."""
+    rows = tree.rows()
+    return (tree.cost(lengths, pad_multiple) <= token_budget and sum(lengths[i] for i in rows) <= token_budget
+            and len(rows) <= max_rows and tree.cached(lengths) <= cache_tokens)
+
+
+def _fit(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: int, cache_tokens: int) -> list[Tree]:
+    """``tree`` as trees that each fit one batch (children cut loose, leaves cut into pieces)."""
+    if _fits(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens):
+        return [tree]
+    out = []
+    for child in tree.children:
+        out += _fit(child, lengths, token_budget, max_rows, pad_multiple, cache_tokens)
+    piece: list[int] = []
+    for i in sorted(tree.leaves, key=lambda i: -lengths[i]) + [None]:
+        if i is not None:
+            trial = Tree(tree.spine, leaves=piece + [i])
+            if not piece or _fits(trial, lengths, token_budget, max_rows, pad_multiple, cache_tokens):
+                piece = trial.leaves
+                continue
+        out.append(Tree(tree.spine, leaves=piece))
+        piece = [i] if i is not None else []
+    return out
+
+
+def cut_prefix_batches(sequences, token_budget: int, max_rows: int, pad_multiple: int, min_prefix: int,
+                       cache_tokens: int) -> list[PlannedBatch]:
+    """Batches over ``sequences`` with shared prefixes computed once; rows sharing none: ``cut_batches``."""
+    lengths = [len(s) for s in sequences]
+    trees, alone = [], []
+    for tree in find_trees(sequences, min_prefix):
+        for t in _fit(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens):
+            (trees if len(t.rows()) > 1 else alone).append(t)
+    grouped = {i for t in trees for i in t.rows()}
+    alone_rows = sorted(set(range(len(sequences))) - grouped)
+    batches: list[PlannedBatch] = []
+    current: list[Tree] = []
+
+    def close() -> None:
+        members, groups = [], []
+        for t in current:
+            groups += t.groups(len(members))
+            members += t.rows()
+        padded_len = round_up(max(lengths[i] for i in members), pad_multiple)
+        batches.append(PlannedBatch(members, padded_len, sum(lengths[i] for i in members), len(members) * padded_len,
+                                    computed=sum(t.cost(lengths, pad_multiple) for t in current),
+                                    groups=tuple(groups)))
+        current.clear()
+
+    costs = {id(t): t.cost(lengths, pad_multiple) for t in trees}
+    for tree in sorted(trees, key=lambda t: -costs[id(t)]):
+        trial = current + [tree]
+        fits = (sum(costs[id(t)] for t in trial) <= token_budget and sum(len(t.rows()) for t in trial) <= max_rows
+                and sum(lengths[i] for t in trial for i in t.rows()) <= token_budget)
+        if current and not fits:
+            close()
+        current.append(tree)
+    if current:
+        close()
+    planned = cut_batches([lengths[i] for i in alone_rows], token_budget, max_rows, pad_multiple)
+    batches += [PlannedBatch([alone_rows[j] for j in b.members], b.padded_len, b.tokens, b.padded) for b in planned]
+    return batches

@@ -1,0 +1,326 @@
+"""Shared prefixes computed once (issue 40): every stored sample equals a lone Hugging Face forward of it.
+
+The runner (gpu_worker/prefixrun.py) on the tiny dense Qwen3 and the tiny Qwen3.5 hybrid (Gated DeltaNet +
+attention), the planner (hsx/prep/prefixplan.py), and whole runs through produce -> worker -> uploader, fresh
+and resumed. Tolerance: tests/test_reference.py's for float32 (atol 1e-5, rtol 1e-4). The negative test gives
+a group's leaves another group's states and must see the check fail.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel
+
+from gpu_worker import prefixrun
+from gpu_worker.extractor import Extractor
+from hsx.batch import batchfile
+from hsx.life import ledger
+from hsx.prep import PrefixGroup, cut_prefix_batches, find_groups
+from hsx.store import open_store
+from hsx_tools.demo import sample_dataset
+from hsx_tools.prefixshare import expand_per_turn
+from tests.pipeline import produce_config, run_pipeline, upload_config, worker_config
+from tests.test_kernels import _tiny_hybrid
+
+TOLERANCE = dict(atol=1e-5, rtol=1e-4)   # tests/test_reference.py, float32
+LAYERS = [0, 1, 3]
+
+
+def _model(kind: str, tiny_model):
+    if kind == "hybrid":
+        return _tiny_hybrid()
+    return AutoModel.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
+
+
+def _batch(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat(rows), torch.tensor([0, *np.cumsum([len(r) for r in rows])])
+
+
+def _lone_error(model, rows, hidden, final, cu) -> float:
+    """Largest |stored - lone forward| over every sample, layers and final state; asserts the tolerance."""
+    worst = 0.0
+    for b, row in enumerate(rows):
+        with torch.no_grad():
+            out = model(input_ids=row.unsqueeze(0), output_hidden_states=True)
+        want = torch.cat([out.hidden_states[i + 1][0] for i in LAYERS], dim=-1)
+        got = hidden[int(cu[b]):int(cu[b + 1])]
+        worst = max(worst, float((got - want).abs().max()), float((final[int(cu[b]):int(cu[b + 1])]
+                                                                    - out.last_hidden_state[0]).abs().max()))
+        torch.testing.assert_close(got, want, **TOLERANCE, msg=f"sample {b}")
+        torch.testing.assert_close(final[int(cu[b]):int(cu[b + 1])], out.last_hidden_state[0], **TOLERANCE)
+    return worst
+
+
+def _rows(seed: int, vocab: int = 200):
+    """Two groups (spines of 70 and 45 tokens: mid-chunk for the GDN's 64-token chunks), two rows alone (branch
+    point 0) and a chain of three turns (a group of spine 35 holding one of spine 61, each turn a strict prefix of
+    the next). Group A holds its spine itself (a strict prefix of the others) and a one-token leaf."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda n: torch.randint(0, vocab, (n,), generator=g)   # noqa: E731
+    a, b = rand(70), rand(45)
+    rows = [torch.cat([a, rand(n)]) for n in (0, 5, 30, 1)] + [torch.cat([b, rand(n)]) for n in (9, 12)]
+    rows += [rand(33), rand(64)]
+    chain = rand(20)                                 # a chain: turn k+1 continues turn k's states (nested groups)
+    for n in (15, 26, 9):
+        chain = torch.cat([chain, rand(n)])
+        rows.append(chain)
+    groups = [PrefixGroup(0, 4, 70), PrefixGroup(4, 2, 45), PrefixGroup(8, 3, 35), PrefixGroup(9, 2, 61)]
+    return rows, groups
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+@pytest.mark.parametrize("chunk_tokens", [4096, 16])   # 16: each spine longer than the piece a forward may take
+def test_every_sample_equals_its_lone_forward(kind, chunk_tokens, tiny_model):
+    model = _model(kind, tiny_model)
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    rows, groups = _rows(1)
+    ids, cu = _batch(rows)
+    hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], chunk_tokens)
+    worst = _lone_error(model, rows, hidden, final, cu)
+    print(f"{kind}, pieces of {chunk_tokens}: max |reused - lone| = {worst:.2e}")
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_a_leaf_continued_from_another_rows_state_fails_the_check(kind, tiny_model, monkeypatch):
+    """The check above can fail: group B's leaves continue from group A's states at its branch point (both
+    spines 40 tokens, two leaves each), everything else as in a real batch."""
+    model = _model(kind, tiny_model)
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    g = torch.Generator().manual_seed(2)
+    rand = lambda n: torch.randint(0, 200, (n,), generator=g)   # noqa: E731
+    a, b = rand(40), rand(40)
+    rows = [torch.cat([a, rand(n)]) for n in (7, 3)] + [torch.cat([b, rand(n)]) for n in (6, 11)]
+    ids, cu = _batch(rows)
+    real_run_rows, first = prefixrun._run_rows, []
+
+    def leaves_from_group_a(ex_, ids_, cu_, rows_, skip, cache, put):
+        if cache is not None:
+            if not first:
+                first.append(copy.deepcopy(cache))   # group A's states at its branch point
+            cache = copy.deepcopy(first[0])
+        real_run_rows(ex_, ids_, cu_, rows_, skip, cache, put)
+
+    monkeypatch.setattr(prefixrun, "_run_rows", leaves_from_group_a)
+    hidden, final = ex.run_shared(ids, cu, [[0, 2, 40], [2, 2, 40]], 4096)
+    with pytest.raises(AssertionError, match="sample 2"):
+        _lone_error(model, rows, hidden, final, cu)
+    monkeypatch.setattr(prefixrun, "_run_rows", real_run_rows)   # the same batch, untouched, passes
+    _lone_error(model, rows, *ex.run_shared(ids, cu, [[0, 2, 40], [2, 2, 40]], 4096), cu)
+
+
+@pytest.mark.parametrize("chunk_tokens", [4096, 16])
+def test_the_fused_gated_deltanet_continues_a_cache_exactly(chunk_tokens):
+    """gpu_worker/kernels.py's forwards (reference kernels: the fused maths in torch) with spines and leaves: the
+    fused GDN reads and writes the cached conv window and recurrent state (every GDN call of the batch is fused,
+    none falls back). Tolerance: tests/test_kernels.py's for the fused glue against transformers (2e-5)."""
+    from gpu_worker import kernels
+    from gpu_worker.extractor import _decoder
+    from tests.test_kernels import _counting, _reference
+
+    model = _tiny_hybrid()
+    lone = _tiny_hybrid()   # the same weights (seed 0), transformers' own forward
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    calls: dict = {}
+    counts = kernels.install(_decoder(model), _counting(_reference(model), calls))
+    assert counts["gated_deltanet"] == 3 and counts["norm"] > 0
+    eager_calls = []
+    for m in _decoder(model).modules():
+        if hasattr(m, "_hsx_eager") and type(m).__name__ in kernels.GATED_DELTANETS:
+            m._hsx_eager = (lambda f: lambda *a, **k: eager_calls.append(1) or f(*a, **k))(m._hsx_eager)
+    rows, groups = _rows(4)
+    ids, cu = _batch(rows)
+    hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], chunk_tokens)
+    assert not eager_calls and calls["gated_delta_rule"] >= 3 * 6   # 4 groups' spines + leaves + rows alone
+    for b, row in enumerate(rows):
+        with torch.no_grad():
+            out = lone(input_ids=row.unsqueeze(0), output_hidden_states=True)
+        want = torch.cat([out.hidden_states[i + 1][0] for i in LAYERS], dim=-1)
+        torch.testing.assert_close(hidden[int(cu[b]):int(cu[b + 1])], want, rtol=2e-5, atol=2e-5)
+
+
+def test_a_group_whose_rows_do_not_share_the_spine_is_refused(tiny_model):
+    ex = Extractor(_model("dense", tiny_model), LAYERS, store_final=True, out_dtype="float32")
+    rows, _ = _rows(3)
+    ids, cu = _batch(rows)
+    with pytest.raises(ValueError, match="do not share the spine"):
+        ex.run_shared(ids, cu, [[3, 3, 40]], 4096)
+
+
+# ---- the plan -------------------------------------------------------------------------------------------------
+
+def _seqs(seed=0):
+    rng = np.random.default_rng(seed)
+    system = list(rng.integers(0, 500, 400))
+    convs = []
+    for _conv in range(6):                   # 6 conversations of one system prompt, 4 turns each (per-turn rows)
+        history = system + list(rng.integers(0, 500, 50))
+        for _ in range(4):
+            history = history + list(rng.integers(0, 500, int(rng.integers(100, 300))))
+            convs.append(list(history))
+    convs += [list(rng.integers(0, 500, int(n))) for n in rng.integers(5, 200, 10)]   # rows sharing nothing
+    return convs
+
+
+def test_the_plan_computes_each_spine_once_and_counts_what_it_computes():
+    seqs = _seqs()
+    planned = cut_prefix_batches(seqs, 4096, 64, 8, 16, 8192)
+    members = sorted(i for b in planned for i in b.members)
+    assert members == list(range(len(seqs)))                      # every row once
+    stored = sum(len(s) for s in seqs)
+    computed = sum(b.computed for b in planned)
+    for b in planned:
+        assert b.computed <= 4096 and len(b.members) <= 64            # the budget counts computed tokens,
+        assert b.tokens <= 4096                                       # and stored ones (the worker's buffers)
+        for g in b.groups:
+            rows = [seqs[b.members[k]] for k in range(g.first, g.first + g.count)]
+            assert g.spine >= 16 and all(r[:g.spine] == rows[0][:g.spine] for r in rows)
+    assert computed < 0.5 * stored, (computed, stored)
+    # per conversation: its turns share their whole common history, more than the system prompt alone
+    assert max(g.spine for b in planned for g in b.groups) > 600
+    print(f"plan: {stored} tokens stored, {computed} computed")
+
+
+def test_a_group_too_large_for_one_batch_recomputes_its_spine_in_each():
+    seqs = [[7] * 300 + [i, i + 1] * 20 for i in range(20)]        # 20 rows, spine 300, leaves 40
+    planned = cut_prefix_batches(seqs, 3000, 64, 8, 16, 10_000)
+    assert len(planned) > 1 and all(b.groups and b.computed <= 3000 and b.tokens <= 3000 for b in planned)
+    assert all(g.spine == 300 for b in planned for g in b.groups)
+    assert sum(b.computed for b in planned) == 300 * len(planned) + 20 * 40
+
+
+def test_rows_sharing_less_than_the_threshold_stay_alone():
+    seqs = [[1] * 10 + [i] * 50 for i in range(5)]
+    assert find_groups(seqs, 16) == []
+    assert all(not b.groups for b in cut_prefix_batches(seqs, 4096, 64, 8, 16, 8192))
+
+
+# ---- whole runs -------------------------------------------------------------------------------------------------
+
+def _check_stored(r, store, run, model_path) -> tuple[int, int, float]:
+    """Every stored sample against a lone forward of its stored ids; (stored tokens, computed tokens, max error)."""
+    manifest = ledger.get_manifest(r, run)
+    ref = AutoModel.from_pretrained(str(model_path), dtype=torch.float32).eval()
+    layer_ids = list(manifest.layer_ids)
+    worst, stored, computed = 0.0, 0, 0
+    for spec in ledger.all_specs(r, run).values():
+        key = f"{run}/batches/{spec.shard}/{spec.batch_id}.safetensors"
+        got = batchfile.read_bytes(store.get_bytes(key), where=key)
+        stored, computed = stored + spec.tokens, computed + spec.computed_tokens
+        for b in range(len(got.sample_ids)):
+            lo, hi = int(got.cu_seqlens[b]), int(got.cu_seqlens[b + 1])
+            with torch.no_grad():
+                out = ref(input_ids=got.input_ids[lo:hi].long().unsqueeze(0), output_hidden_states=True)
+            want = torch.cat([out.hidden_states[i + 1][0] for i in layer_ids], dim=-1)
+            torch.testing.assert_close(got.hidden_states[lo:hi].float(), want, **TOLERANCE)
+            worst = max(worst, float((got.hidden_states[lo:hi].float() - want).abs().max()))
+    return stored, computed, worst
+
+
+def _per_turn(tmp_path, rows: int = 40):
+    """The first ``rows`` rows of the shipped agentic sample expanded one row per assistant turn."""
+    out = tmp_path / "per_turn.jsonl"
+    expand_per_turn([sample_dataset().with_name("sample_agentic.jsonl")], out)
+    out.write_text("".join(out.read_text().splitlines(keepends=True)[:rows]))
+    return out
+
+
+def test_a_per_turn_run_stores_every_sample_exact_with_spines_across_windows(r, redis_server, tiny_model, tmp_path):
+    """Windows of 16 rows: turns of one conversation fall in two windows, each computing the spine once."""
+    dataset = _per_turn(tmp_path)
+    report = run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="pt",
+                          dataset=dataset, max_length=4096, token_budget=8192, window_rows=16)
+    manifest = ledger.get_manifest(r, "pt")
+    assert manifest.prefix_reuse == "on" and json.loads(manifest.to_json())["prefix_min_tokens"] == 32
+    specs = ledger.all_specs(r, "pt").values()
+    assert any(s.prefix_groups for s in specs) and any(not s.prefix_groups for s in specs)
+    stored, computed, worst = _check_stored(r, open_store(str(tmp_path / "store")), "pt", tiny_model)
+    assert stored == report.tokens and computed == report.computed_tokens < 0.75 * stored
+    totals = ledger.run_totals(r, "pt")
+    assert totals["computed_tokens"] == computed
+    # hsx status, the dashboard's /api/status and /metrics: tokens stored against tokens computed
+    from dashboard.app import create_app
+    from dashboard.config import DashboardConfig
+    from hsx.monitor import progress
+    from tests.test_dashboard_api import metrics, status
+
+    line = [x for x in progress.summary_lines(progress.run_progress(r, "pt")) if "computed" in x]
+    assert line == [f"  computed {computed} tokens planned for {stored} stored (shared prefixes once, padding in; "
+                    f"{stored / computed:.2f} stored a computed token)"]
+    client = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client()
+    assert status(client, "pt")["prefix"] == {"reuse": "on", "stored_tokens": stored, "computed_tokens": computed}
+    assert metrics(client)[("hsx_planned_computed_tokens", (("run", "pt"),))] == computed
+    print(f"per-turn agentic rows: {stored} tokens stored, {computed} computed; max |reused - lone| {worst:.1e}")
+
+
+def test_prefix_reuse_off_computes_every_sample_alone(r, redis_server, tiny_model, tmp_path):
+    run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="off",
+                 dataset=_per_turn(tmp_path), max_length=4096, token_budget=4096, prefix_reuse="off")
+    manifest = ledger.get_manifest(r, "off")
+    assert manifest.prefix_reuse == "off" and "prefix_reuse" not in json.loads(manifest.to_json())
+    assert not any(s.prefix_groups for s in ledger.all_specs(r, "off").values())
+
+
+def test_a_resumed_run_plans_the_same_groups_and_stays_exact(r, redis_server, tiny_model, tmp_path):
+    """The producer is killed after its second window is queued; the worker extracts what is queued; the
+    producer resumes, and the rest is extracted: the plan is the uninterrupted one and every sample exact."""
+    from gpu_worker.worker import run_worker
+    from producer.produce import produce
+    from uploader.worker import run_uploader
+
+    class Killed(Exception):
+        pass
+
+    def die(name, window):
+        if (name, window) == ("enqueued", 1):
+            raise Killed()
+
+    dataset, store = _per_turn(tmp_path), str(tmp_path / "store")
+    settings = dict(dataset=dataset, max_length=4096, token_budget=8192, window_rows=16)
+    ref = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "ref"), run="ref", enqueue=False,
+                                 **settings))
+    cfg = produce_config(redis_server.url, tiny_model, store, run="res", **settings)
+    with pytest.raises(Killed):
+        produce(cfg, on_event=die)
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="res"))
+    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
+    report = produce(cfg)
+    assert report.resumed_windows == 1 and report.computed_tokens == ref.computed_tokens < ref.tokens
+    assert ({bid: (s.sample_ids, s.prefix_groups) for bid, s in ledger.all_specs(r, "res").items()}
+            == {bid: (s.sample_ids, s.prefix_groups) for bid, s in ledger.all_specs(r, "ref").items()})
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="res"))
+    run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
+    stored, computed, _ = _check_stored(r, open_store(store), "res", tiny_model)
+    assert (stored, computed) == (ref.tokens, ref.computed_tokens)
+
+
+def test_inspect_predicts_the_plans_stored_and_computed_tokens(r, redis_server, tiny_model, tmp_path, capsys):
+    from hsx_cli.main import main
+    from producer.produce import produce
+
+    dataset = _per_turn(tmp_path)
+    report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="ins", dataset=dataset,
+                                    max_length=4096, token_budget=8192, window_rows=16, enqueue=False))
+    capsys.readouterr()
+    assert main(["inspect", "--dataset", str(dataset), "--model", str(tiny_model), "--layers", "dflash:3",
+                 "--samples", "0", "--tokenise-workers", "1", "--max-length", "4096", "--token-budget", "8192",
+                 "--window-rows", "16", "--max-batch-rows", "64", "--pad-multiple", "1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "shared prefixes (--prefix-reuse auto" in x)
+    assert f"{report.tokens:,} tokens stored, {report.computed_tokens:,} computed in {report.batches:,} batches" in line
+    assert report.computed_tokens < report.tokens
+
+
+def test_the_worker_says_the_snapshot_bound_at_start():
+    from types import SimpleNamespace
+
+    ex = Extractor(_tiny_hybrid(), LAYERS, store_final=True, out_dtype="float32")
+    on = SimpleNamespace(prefix_reuse="on", prefix_min_tokens=32, prefix_cache_tokens=8192, max_batch_rows=64)
+    # keys and values: 1 attention layer x 2 x 2 heads x 16 x 4 bytes x 8192 tokens = 2,097,152; GDN: 3 layers x
+    # (recurrent 4 x 16 x 16 x 4 bytes + conv 128 channels x 3 taps x 4 bytes) x 64 rows = 1,081,344
+    assert prefixrun.snapshot_bytes(ex.model.config, 8192, 64, 4) == 2_097_152 + 1_081_344
+    assert ex.prefix_line(on) == "on, spines of >= 32 tokens computed once; snapshots at most 3.0 MiB a batch (8192 cached tokens)"
+    assert ex.prefix_line(SimpleNamespace(prefix_reuse="off")).startswith("off (--prefix-reuse off")
