@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 from redis.exceptions import OutOfMemoryError
@@ -91,6 +92,27 @@ def _unknown_flags(command: Command, extra: list[str]) -> str:
             f"; flags are never abbreviated (hsx {command.name} --help lists them)")
 
 
+# Roles a scheduler (Kubernetes, SLURM, compose, `hsx run`) may stop at any moment, loading included.
+STOPPABLE_WHILE_STARTING = ("worker", "upload")
+
+
+class StoppedWhileStarting(BaseException):   # not an Exception: no `except Exception` on the way swallows it
+    """SIGTERM / SIGINT before the role took its first job: nothing is held, so it exits 0 and says so."""
+
+
+def _stop_while_starting(signum, frame) -> None:
+    raise StoppedWhileStarting(signal.Signals(signum).name)
+
+
+def _install_start_handlers(command: Command) -> None:
+    """Until rq's work loop installs its own (hsx/fleet/role.py restores these after it), a role's first SIGTERM
+    ends it at once with exit 0: importing torch and loading a model take seconds to minutes, and a pod evicted
+    then (KEDA scaling down) died by the signal's default action (exit -15) instead of stopping."""
+    if command.name in STOPPABLE_WHILE_STARTING:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _stop_while_starting)
+
+
 def main(argv: list[str] | None = None) -> int:
     args, extra = build_parser().parse_known_args(argv)
     command: Command = args.hsx_command
@@ -103,9 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hsx: error: {printable(exc, lines=True)}", file=sys.stderr)
         return 2
     _quiet_libraries(verbose)
+    _install_start_handlers(command)
     try:
         cfg = command.config(resolve(command.flags, args))
         return command.run(cfg) or 0
+    except StoppedWhileStarting as exc:
+        print(f"hsx {command.name}: stopped while starting ({exc}): no job was taken", file=sys.stderr)
+        return 0
     except HsxError as exc:
         if verbose:
             log.debug("expected error", exc_info=True)
