@@ -24,12 +24,25 @@ def pytest_configure(config):
     pin_threads()
 
 
+def _children() -> list[str]:
+    """Ids of processes whose parent may be this one: its threads' /proc children lists (a few small reads, not a
+    scan of every process), or every process where the kernel has no such lists (the caller checks the parent)."""
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+        return [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as fh:
+                found += fh.read().split()
+        except OSError:   # a thread that ended meanwhile: its children went to another thread of this process
+            continue
+    return found
+
+
 def _child_redis_pids() -> set[int]:
     """Live redis-server processes started by this test process (from /proc; zombies excluded)."""
     me, found = str(os.getpid()), set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for entry in _children():
         try:
             with open(f"/proc/{entry}/stat") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()

@@ -16,10 +16,14 @@ the evaluation is kept with the run and `hsx status` prints it. The CLI's refusa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from safetensors import safe_open
@@ -32,6 +36,7 @@ from hsx_tools.demo import sample_dataset
 from hsx_tools.sharptarget import BUILD_THREADS, build_key, build_sharp_target, write_rows
 from tests.peerenv import peer_env, peer_python, run_peer
 from tests.pipeline import run_pipeline
+from tests.waiting import scaled
 
 STEPS = 400           # SpecForge optimizer steps a drafter (batch = the whole 64-sample run, one epoch a step); at 200
                       # one build in four stopped at loss 1.23 and tau 1.85
@@ -98,7 +103,7 @@ def _train_config(tmp_path, target, run: str):
     config = {
         "model": {"target_model_path": str(target), "lm_head_key": "model.embed_tokens.weight", "draft_block_size": 4},
         "data": {"hidden_states_path": f"hsx://{run}", "max_length": 512, "dataloader_num_workers": 0,
-                 "cache_dir": str(tmp_path / "cache")},
+                 "cache_dir": str(tmp_path / f"cache-{run}")},
         "training": {"strategy": "dflash", "batch_size": 64, "num_epochs": STEPS, "max_steps": STEPS,
                      "learning_rate": 3e-3, "lr_scheduler": "constant", "attention_backend": "sdpa",
                      "fsdp_sharding": "NO_SHARD", "num_anchors": 16, "log_interval": 1, "seed": SEED,
@@ -110,17 +115,31 @@ def _train_config(tmp_path, target, run: str):
     return path
 
 
-def _evaluate(capsys, target, drafter, held_out, store, draft_config=None) -> dict:
-    capsys.readouterr()
-    argv = ["evaluate", "--model", str(target), "--drafter", str(drafter), "--dataset", str(held_out),
-            "--limit", "8", "--max-new-tokens", "20", "--run", "held-out", "--store", str(store), "--held-out", "8",
-            "--peer-python", str(peer_python("specforge")), "--json"]
-    if draft_config:
-        argv += ["--draft-config", str(draft_config)]
-    rc = main(argv)
-    out = capsys.readouterr()
-    assert rc == 0, out.err[-3000:]
-    return json.loads(out.out)
+def _in_parallel(*calls):
+    """Each call at once, in a thread of its own (each runs a process and waits for it: a core each on an idle
+    2-core machine); their results in order."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [future.result() for future in [pool.submit(call) for call in calls]]
+
+
+def _train(tmp_path, target, store, run: str) -> list[float]:
+    """SpecForge's trainer on ``run`` read in place, in its venv: the loss of each step."""
+    work = tmp_path / f"train-{run}"
+    work.mkdir()
+    got = run_peer("specforge", "train_specforge.py", json.dumps([
+        {"argv": ["train", "-c", str(_train_config(tmp_path, target, run))], "hsx_store": {"store": str(store)}}]),
+        cwd=work)
+    return got["losses"][0]
+
+
+def _evaluate(target, drafter, held_out, store) -> dict:
+    """`hsx evaluate --json` (its own process, this environment: the test's Redis) on the held-out run."""
+    argv = [sys.executable, "-m", "hsx_cli.main", "evaluate", "--model", str(target), "--drafter", str(drafter),
+            "--dataset", str(held_out), "--limit", "8", "--max-new-tokens", "20", "--run", "held-out", "--store",
+            str(store), "--held-out", "8", "--peer-python", str(peer_python("specforge")), "--json"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(600))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
 
 
 @pytest.mark.slow
@@ -136,19 +155,19 @@ def test_acceptance_length_catches_wrong_data(redis_server, redis_env, sharp_tar
                      layers="dflash:3", dtype="bfloat16")
     assert _zero_hidden_states(store, "zeros") >= 1
     extracted = time.monotonic()
-    got = run_peer("specforge", "train_specforge.py", json.dumps([
-        {"argv": ["train", "-c", str(_train_config(tmp_path, sharp_target, run))], "hsx_store": {"store": str(store)}}
-        for run in ("good", "zeros")]), cwd=tmp_path)
+    # the two drafters train side by side, each in its own process (seeded, one thread each: the same steps)
+    losses = dict(zip(("good", "zeros"), _in_parallel(*[functools.partial(_train, tmp_path, sharp_target, store, run)
+                                                        for run in ("good", "zeros")]), strict=True))
     trained = time.monotonic()
-    losses = dict(zip(("good", "zeros"), got["losses"], strict=True))
     untrained = tmp_path / "untrained.json"   # the draft config the trainer used, at the block size it trained
     untrained.write_text(json.dumps(json.loads((tmp_path / "ckpt-good" / "draft_config.json").read_text())
                                     | {"block_size": 4}))
-    reports = {
-        "untrained": _evaluate(capsys, sharp_target, untrained, held_out, store),
-        "trained": _evaluate(capsys, sharp_target, tmp_path / "ckpt-good" / f"good-step{STEPS}", held_out, store),
-        "zeros": _evaluate(capsys, sharp_target, tmp_path / "ckpt-zeros" / f"zeros-step{STEPS}", held_out, store),
-    }
+    reports = dict(zip(("untrained", "trained"), _in_parallel(
+        functools.partial(_evaluate, sharp_target, untrained, held_out, store),
+        functools.partial(_evaluate, sharp_target, tmp_path / "ckpt-good" / f"good-step{STEPS}", held_out, store)),
+        strict=True))
+    # the zero-state drafter's evaluation comes last: the one kept with the run (checked below)
+    reports["zeros"] = _evaluate(sharp_target, tmp_path / "ckpt-zeros" / f"zeros-step{STEPS}", held_out, store)
     evaluated = time.monotonic()
     tau = {name: r["decode"]["tau"] for name, r in reports.items()}
     forced = {name: r["teacher_forced"]["accepted_prefix_mean"] for name, r in reports.items()}

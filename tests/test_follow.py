@@ -21,6 +21,7 @@ from hsx.life import donesequence, ledger
 from hsx.life.keys import RunKeys
 from hsx.redisconn import text
 from hsx_reader import Cursor, ReaderError, RunDataset, RunFollower, collate_packed
+from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all
 from producer.produce import produce
 from tests import followsampler
@@ -30,13 +31,20 @@ from tests.waiting import scaled
 RUN = "follow"
 
 
+def _common(spool):
+    return ["--spool-dir", str(spool), "--host", "followhost", "--heartbeat-seconds", "1"]
+
+
+def _worker(env, spool, log, run=RUN):
+    """A `--burst` worker of host followhost: it exits once the run's queue is drained."""
+    return subprocess.Popen([sys.executable, "-m", "hsx_cli.main", "worker", "--run", run, "--device", "cpu",
+                             "--burst", *_common(spool)], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
 def _roles(env, spool, logs, run=RUN):
-    common = ["--spool-dir", str(spool), "--host", "followhost", "--heartbeat-seconds", "1"]
-    worker = subprocess.Popen([sys.executable, "-m", "hsx_cli.main", "worker", "--run", run, "--device", "cpu",
-                               "--burst", *common], env=env, stdout=open(logs / "worker.log", "w"), stderr=subprocess.STDOUT)
-    uploader = subprocess.Popen([sys.executable, "-m", "hsx_cli.main", "upload", *common], env=env,
+    uploader = subprocess.Popen([sys.executable, "-m", "hsx_cli.main", "upload", *_common(spool)], env=env,
                                 stdout=open(logs / "upload.log", "w"), stderr=subprocess.STDOUT)
-    return [worker, uploader]
+    return [_worker(env, spool, logs / "worker.log", run), uploader]
 
 
 def _stop(procs):
@@ -45,8 +53,9 @@ def _stop(procs):
 
 @pytest.mark.slow
 def test_trainer_follows_a_running_extraction_and_resumes_from_its_cursor(r, redis_server, tiny_model, tmp_path):
-    store = tmp_path / "store"
-    report = produce(produce_config(redis_server.url, tiny_model, str(store), run=RUN, token_budget=512,
+    store, rows = tmp_path / "store", tmp_path / "rows.jsonl"
+    rows.write_text("".join(sample_dataset().read_text().splitlines(keepends=True)[:80]))   # about 29 batches
+    report = produce(produce_config(redis_server.url, tiny_model, str(store), run=RUN, dataset=rows, token_budget=512,
                                     max_length=512, overlong="truncate"))
     assert report.batches >= 8
     logs = tmp_path / "logs"
@@ -241,8 +250,12 @@ def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkp
             done = r.llen(keys.done_seq)
             while r.llen(keys.done_seq) == done and worker.poll() is None:
                 time.sleep(0.1)
+        # the pauses are over: a second worker extracts the rest at the CPU's pace beside the paced one (over half
+        # the run was left here, 3 s a batch), and the trainer trains that tail from its backlog
+        procs.append(_worker(os.environ, tmp_path / "spool", logs / "worker-unpaced.log", run="fspec"))
         assert second_trainer.wait(timeout=scaled(600)) == 0, (logs / "second.log").read_text()[-4000:]
         assert worker.wait(timeout=scaled(120)) == 0, (logs / "worker.log").read_text()[-2000:]
+        assert procs[-1].wait(timeout=scaled(120)) == 0, (logs / "worker-unpaced.log").read_text()[-2000:]
     finally:
         for proc in procs:
             if proc.poll() is None:

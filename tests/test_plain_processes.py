@@ -16,7 +16,7 @@ from hsx.redisconn import OUTAGES, LocalRedis, connect
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
 from tests.test_cli_errors import free_port, hsx, one_error_line
-from tests.waiting import scaled
+from tests.waiting import scaled, wait_until
 
 
 def test_abbreviated_flag_is_refused_with_the_near_flag(capsys):
@@ -205,6 +205,7 @@ def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_pa
     batch; each process logs one line when Redis is lost and one when it is back."""
     from gpu_worker.worker import run_worker
     from hsx.life import ledger
+    from hsx.life.keys import RunKeys
     from producer.produce import produce
     from tests.pipeline import produce_config, upload_config, worker_config
     from uploader.worker import run_uploader
@@ -213,9 +214,12 @@ def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_pa
     servers = [LocalRedis(tmp_path / "redis", port=port).start()]
     url = servers[0].url
     outage = {}
+    dataset = tmp_path / "data.jsonl"   # 24 rows: 15 batches of 256 tokens, each stretched to 1 s
+    dataset.write_text("".join(sample_dataset().read_text().splitlines(keepends=True)[:24]))
 
     def stop_and_restart():  # rq runs only in the main thread: the outage is made from this one
-        time.sleep(3)  # mid-run, a batch in hand
+        watch, leases = connect(url), RunKeys("out").extract_leases   # mid-run: once the worker holds a batch
+        wait_until("the worker holding a batch (its lease)", lambda: watch.zcard(leases), 60, interval=0.05)
         servers[0].stop()
         outage["stopped"] = time.monotonic()
         time.sleep(20)
@@ -223,7 +227,7 @@ def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_pa
         outage["restarted"] = time.monotonic()
 
     try:
-        produce(produce_config(url, tiny_model, str(tmp_path / "store"), run="out", token_budget=256,
+        produce(produce_config(url, tiny_model, str(tmp_path / "store"), run="out", dataset=dataset, token_budget=256,
                                max_length=256))
         batches = len(ledger.all_specs(connect(url), "out"))
         caplog.set_level(logging.INFO)

@@ -29,6 +29,7 @@ from hsx.store import PermanentStoreError, StoreError, layout
 from hsx.store.quirks import EndpointQuirks
 from hsx.store.s3 import S3Settings, S3Store
 from hsx_reader import RunDataset, RunFollower
+from hsx_tools.demo import sample_dataset
 from hsx_tools.verify import verify_run
 from producer.produce import produce
 from tests.lyingstore import LyingStoreProxy
@@ -208,7 +209,9 @@ def test_a_whole_run_on_each_server(s3_endpoint, s3_endpoint_bucket, r, redis_se
     settings = StoreSettings(url=f"s3://{s3_endpoint_bucket}/runs", endpoint_url=proxy.url, region="us-east-1",
                              addressing_style="path")
     spool_dir = tmp_path / "spool"
-    produce(produce_config(redis_server.url, tiny_model, settings, run="rs", max_attempts=5))
+    rows = tmp_path / "rows.jsonl"   # the sample's first 48 conversations: 9 batches of 1024 tokens
+    rows.write_text("".join(sample_dataset().read_text().splitlines(keepends=True)[:48]))
+    produce(produce_config(redis_server.url, tiny_model, settings, run="rs", dataset=rows, max_attempts=5))
     run_worker(worker_config(redis_server.url, spool_dir, run="rs"))
     proxy.corrupt, proxy.corrupt_left, proxy.corrupt_match = "flip", 2, "/batches/"
     caplog.set_level("INFO")

@@ -115,18 +115,20 @@ def test_a_worker_stops_in_bound_idle_mid_batch_in_burst_with_its_folders_remove
     url = redis_server.url
     roles = Roles(tmp_path, _env(url))
     try:
-        # idle: the run complete, its queue empty
+        # the four workers start together (each is stopped in its own state below, one at a time)
         _plan(url, tmp_path, tiny_model, "sig-idle", samples=8)
         keys = RunKeys("sig-idle")
         r.delete(queues.queue(r, queues.extract_queue_name("sig-idle")).key)
         r.hset(keys.counters, "batches", ledger.run_totals(r, "sig-idle")["batches"])
+        _plan(url, tmp_path, tiny_model, "sig-busy")
         _worker(roles, "idle", "sig-idle", tmp_path / "spool-idle")
+        _worker(roles, "busy", "sig-busy", tmp_path / "spool-busy")
+        _worker(roles, "burst", "sig-busy", tmp_path / "spool-burst", "--burst")
+        _worker(roles, "plan", "sig-never", tmp_path / "spool-plan", "--wait-for-plan")
+        # idle: the run complete, its queue empty
         roles.said("idle", "complete, idle")
         roles.stop("idle")
         # mid-batch, and a --burst worker whose spool folder was removed under it (issue 37 item 9), side by side
-        _plan(url, tmp_path, tiny_model, "sig-busy")
-        _worker(roles, "busy", "sig-busy", tmp_path / "spool-busy")
-        _worker(roles, "burst", "sig-busy", tmp_path / "spool-burst", "--burst")
         wait_until("both holding a batch", lambda: _holding(r, "sig-busy", "busy") and _holding(r, "sig-busy", "burst"),
                    60, check=roles.alive)
         held = _holding(r, "sig-busy", "burst")
@@ -137,7 +139,6 @@ def test_a_worker_stops_in_bound_idle_mid_batch_in_burst_with_its_folders_remove
         wait_until("busy holding a batch", lambda: _holding(r, "sig-busy", "busy"), 30, check=roles.alive, interval=0.05)
         roles.stop("busy", extra=BATCH_SECONDS)
         # waiting for a plan that never comes
-        _worker(roles, "plan", "sig-never", tmp_path / "spool-plan", "--wait-for-plan")
         roles.said("plan", "not planned yet")
         roles.stop("plan")
     finally:

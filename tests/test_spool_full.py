@@ -1,8 +1,11 @@
 """A full spool file system is backpressure, not failure (issue 23 item 1).
 
 Real processes (tests/spool_outage.py): the spool on a 1 MiB tmpfs while the
-default byte budget is 64 GiB, the store down for 20 s. Before the fix every
-write met ENOSPC, counted against its batch and dead-lettered it after three.
+default byte budget is 64 GiB, the store down for at least 10 s and until the
+full spool has been watched past its settle time (tests/spool_outage.py: 4 s,
+load-scaled, then 6 s), 48 samples (18 batches of 512 tokens; a few fill the
+spool). Before the fix every write met ENOSPC, counted against its batch and
+dead-lettered it after three.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def test_tier_budget_is_capped_by_the_file_system(tmp_path):
 @pytest.mark.slow
 def test_store_outage_with_spool_on_a_small_file_system(tmp_path, tiny_model, s3_server, s3_bucket):
     try:
-        report = run_outage(tmp_path, tiny_model, s3_server, s3_bucket, outage_seconds=20)
+        report = run_outage(tmp_path, tiny_model, s3_server, s3_bucket, outage_seconds=10, samples=48)
     except CannotMount as exc:
         pytest.skip(str(exc))
     print("\n".join(report.lines()))

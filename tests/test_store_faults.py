@@ -2,6 +2,7 @@
 lies caught by the read-back check, incomplete multipart uploads of a killed uploader found and aborted."""
 
 import hashlib
+from pathlib import Path
 
 import boto3
 import pytest
@@ -10,6 +11,7 @@ from hsx.life import UploadJob, batchlife, ledger
 from hsx.monitor.progress import run_progress
 from hsx.runspec.config import StoreSettings
 from hsx.store import layout, open_store
+from hsx_tools.demo import sample_dataset
 from hsx_tools.verify import verify_run
 from producer.produce import produce
 from tests.pipeline import produce_config, upload_config, worker_config
@@ -21,6 +23,13 @@ def _settings(endpoint: str, bucket: str) -> StoreSettings:
 
 def _s3(endpoint: str):
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+
+def _rows(tmp_path) -> Path:
+    """The sample's first 48 conversations: 9 batches of 1024 tokens (every input and batch object goes to S3)."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(sample_dataset().read_text().splitlines(keepends=True)[:48]))
+    return rows
 
 
 def test_corrupt_inputs_on_s3_are_rewritten_by_their_bytes(r, redis_server, tiny_model, s3_server, s3_bucket, tmp_path):
@@ -75,7 +84,8 @@ def test_a_store_whose_head_lies_is_caught_by_read_back(r, redis_server, tiny_mo
     settings = _settings(lying_store.url, s3_bucket)
     direct = open_store(settings.url, s3_server, "us-east-1", "path")
     # HEAD-only verification (the default): the store loses 3 objects, HEAD answers for them, all "done".
-    produce(produce_config(redis_server.url, tiny_model, settings, run="lh1"))
+    rows = _rows(tmp_path)
+    produce(produce_config(redis_server.url, tiny_model, settings, run="lh1", dataset=rows))
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="lh1"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     planned = ledger.run_totals(r, "lh1")["batches"]
@@ -87,7 +97,7 @@ def test_a_store_whose_head_lies_is_caught_by_read_back(r, redis_server, tiny_mo
     assert all("missing from the store" in problem for problem in report.problems.values())
     # --verify-readback: each object is read back before it is recorded done; the lost ones are uploaded again.
     lying_store.lies_left, heads = 3, lying_store.lied_heads
-    produce(produce_config(redis_server.url, tiny_model, settings, run="lh2"))
+    produce(produce_config(redis_server.url, tiny_model, settings, run="lh2", dataset=rows))
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="lh2"))
     rt = run_uploader(upload_config(redis_server.url, tmp_path / "spool", verify_readback=True))
     assert lying_store.lied_heads - heads >= 3 and rt.failures == 3
@@ -103,7 +113,8 @@ def test_incomplete_multipart_uploads_are_reported_and_stale_ones_aborted(r, red
 
     lying_store.lies_left = 0  # an honest store; the proxy gives each upload its true start time
     settings = _settings(lying_store.url, s3_bucket)
-    produce(produce_config(redis_server.url, tiny_model, settings, run="mp", enqueue=False, lease_seconds=5))
+    produce(produce_config(redis_server.url, tiny_model, settings, run="mp", dataset=_rows(tmp_path), enqueue=False,
+                           lease_seconds=5))
     s3 = _s3(lying_store.url)
     specs = ledger.all_specs(r, "mp")
 

@@ -19,6 +19,7 @@ from hsx.life import ledger
 from hsx.monitor.progress import run_progress, summary_lines
 from hsx.runspec import spool
 from hsx.runspec.config import StoreSettings
+from hsx_tools.demo import sample_dataset
 from producer.produce import produce
 from tests.faultproxy import FaultProxy
 from tests.pipeline import produce_config, worker_config
@@ -45,7 +46,9 @@ def test_permanent_store_errors_dead_letter_and_show(r, redis_server, tiny_model
     try:
         store = StoreSettings(url=f"s3://{s3_bucket}/runs", endpoint_url=proxy.url, region="us-east-1",
                               addressing_style="path")
-        produce(produce_config(redis_server.url, tiny_model, store, run="t1", max_attempts=2))
+        rows = tmp_path / "rows.jsonl"   # the sample's first 48 conversations: 9 batches, each refused twice
+        rows.write_text("".join(sample_dataset().read_text().splitlines(keepends=True)[:48]))
+        produce(produce_config(redis_server.url, tiny_model, store, run="t1", dataset=rows, max_attempts=2))
         run_worker(worker_config(redis_server.url, tmp_path / "spool"))
         batches = ledger.run_totals(r, "t1")["batches"]
         proxy.set_mode(mode)

@@ -126,25 +126,35 @@ def test_speculators_trainer_trains_in_place_on_the_cpu(redis_server, eagle3_run
     in a local store and an FP8-stored one (e4m3 + per-token scales) on S3 (moto), a few steps each."""
     s3 = StoreSettings(url=f"s3://{s3_bucket}/runs", endpoint_url=s3_server, region="us-east-1")
     cases = {"bf16 local": ("bfloat16", str(tmp_path / "store")), "fp8 e4m3 on S3 (moto)": ("float8_e4m3", s3)}
-    flag_lists = []
-    for i, (store_dtype, store) in enumerate(cases.values()):
-        run = f"zc{i}"
-        run_pipeline(redis_server.url, eagle3_run.model, store, tmp_path / f"spool-{run}", run=run, layers="eagle3",
-                     dtype="bfloat16", store_dtype=store_dtype)
-        url = store.url if isinstance(store, StoreSettings) else store
-        endpoint = ["--hsx-s3-endpoint-url", s3_server] if isinstance(store, StoreSettings) else []
-        tokens = tmp_path / f"tokens-{run}"
-        out = subprocess.run([str(peer_python("speculators")), "-m", "hsx_peers.speculators", "tokens", "--store", url,
-                              "--run", run, "--out", str(tokens), *(["--s3-endpoint-url", s3_server] if endpoint else [])],
-                             env=peer_env(tmp_path), capture_output=True, text=True, timeout=scaled(300))
-        assert out.returncode == 0, out.stdout + out.stderr
-        flag_lists.append([
-            "--verifier-name-or-path", str(eagle3_run.model), "--speculator-type", "eagle3", "--data-path", str(tokens),
-            "--hidden-states-backend", "hsx", "--hsx-store", url, "--hsx-run", run, "--hsx-fetch", "range", *endpoint,
-            "--target-layer-ids", *[str(x + 1) for x in eagle3_run.layer_ids], "--on-missing", "raise",
-            "--max-steps", str(STEPS), "--epochs", "1", "--num-workers", "0", "--total-seq-len", "256",
-            "--save-path", str(tmp_path / f"ckpt-{run}"), "--lr", "1e-2", "--log-freq", "1",
-            "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--seed", "0"])
+    flag_lists, token_commands = [], []
+    try:
+        for i, (store_dtype, store) in enumerate(cases.values()):
+            run = f"zc{i}"
+            run_pipeline(redis_server.url, eagle3_run.model, store, tmp_path / f"spool-{run}", run=run, layers="eagle3",
+                         dtype="bfloat16", store_dtype=store_dtype)
+            url = store.url if isinstance(store, StoreSettings) else store
+            endpoint = ["--hsx-s3-endpoint-url", s3_server] if isinstance(store, StoreSettings) else []
+            tokens = tmp_path / f"tokens-{run}"
+            # the run's tokens, in the peer's process, while the next run is extracted here
+            token_commands.append(subprocess.Popen(
+                [str(peer_python("speculators")), "-m", "hsx_peers.speculators", "tokens", "--store", url, "--run", run,
+                 "--out", str(tokens), *(["--s3-endpoint-url", s3_server] if endpoint else [])],
+                env=peer_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            flag_lists.append([
+                "--verifier-name-or-path", str(eagle3_run.model), "--speculator-type", "eagle3", "--data-path", str(tokens),
+                "--hidden-states-backend", "hsx", "--hsx-store", url, "--hsx-run", run, "--hsx-fetch", "range", *endpoint,
+                "--target-layer-ids", *[str(x + 1) for x in eagle3_run.layer_ids], "--on-missing", "raise",
+                "--max-steps", str(STEPS), "--epochs", "1", "--num-workers", "0", "--total-seq-len", "256",
+                "--save-path", str(tmp_path / f"ckpt-{run}"), "--lr", "1e-2", "--log-freq", "1",
+                "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--seed", "0"])
+        for command in token_commands:
+            said, _ = command.communicate(timeout=scaled(300))
+            assert command.returncode == 0, said
+    finally:
+        for command in token_commands:
+            if command.poll() is None:
+                command.kill()
+                command.wait()
     got = run_peer("speculators", "train_speculators.py", json.dumps(flag_lists), cwd=tmp_path)
     report = dict(zip(cases, got["losses"], strict=True))
     print("\nspeculators train, reading hsx runs in place (hsx backend, CPU):")
