@@ -10,7 +10,6 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rq import Worker
-from rq.registry import FinishedJobRegistry
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
@@ -59,9 +58,8 @@ def mid_run(r):
     heartbeat.publish_heartbeat(r, RUN, "gpu-hostA-0", H200, ttl_seconds=30)
     heartbeat.publish_host(r, RUN, "hostA", {"spool_bytes": 2500, "spool_files": 1, "spool_budget_bytes": 10000})
     Worker([queues.queue(r, queues.upload_queue_name("hostA"))], connection=r, name="upload-hostA-1").register_birth()
-    finished = FinishedJobRegistry(queues.upload_queue_name("hostA"), connection=r)
-    r.zadd(finished.key, {queues.upload_job_id(RUN, b, 1): int(time.time()) + queues.RESULT_TTL
-                          for b in ("b0000", "b0001")})
+    for b in ("b0000", "b0001"):   # recorded done by hostA's uploaders (b0004 by a host gone since)
+        ledger.note_uploaded(r, RUN, "hostA", b)
 
 
 @pytest.fixture

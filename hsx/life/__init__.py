@@ -79,6 +79,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "list_runs",
         "require_manifest",
         "save_plan",
+        "uploaded_since",
     ],
     "provenance": ["INCARNATION", "file_mismatch"],
     "queues": [

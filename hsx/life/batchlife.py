@@ -295,10 +295,15 @@ def uploading(r: redis.Redis, run: str, bid: str, job: UploadJob, lease_seconds:
 
 
 # ---- done ------------------------------------------------------------------------------------------
-def finish(r: redis.Redis, run: str, spec: ledger.BatchSpec, key: str, size: int, sha256: str, by: str) -> bool:
+def finish(r: redis.Redis, run: str, spec: ledger.BatchSpec, key: str, size: int, sha256: str, by: str,
+           host: str | None = None) -> bool:
     """-> done. Call only after the store verified the object: the last write. True if newly recorded
-    (a batch done already stays as it is; its failure and dead-letter records go either way)."""
-    return ledger.mark_done(r, run, spec, key, size, sha256, by)
+    (a batch done already stays as it is; its failure and dead-letter records go either way). ``host``: the
+    uploader's host, whose ``uploaded`` record (the last UPLOADED_SECONDS, its upload rate) gains the batch."""
+    recorded = ledger.mark_done(r, run, spec, key, size, sha256, by)
+    if recorded and host:
+        ledger.note_uploaded(r, run, host, spec.batch_id)
+    return recorded
 
 
 def reopen(r: redis.Redis, run: str, spec: ledger.BatchSpec, requeue: bool = True) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RUNS = "hsx:runs"  # SET of run names, no TTL
+UPLOADED_SECONDS = 3600  # how long a host's ``uploaded`` ZSET remembers a batch (s): longer than any rate window
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,10 @@ class RunKeys:
     @property
     def hosts(self) -> str:  # HASH host -> JSON spool stats {bytes, files, budget, ts}; no TTL
         return self._k("hosts")
+
+    def uploaded(self, host: str) -> str:  # ZSET batch_id scored by unix time ``host``'s uploaders recorded it done;
+        # trimmed to the last UPLOADED_SECONDS on each write (the host's upload rate); no TTL
+        return self._k(f"uploaded:{host}")
 
     @property
     def upload_refused(self) -> str:  # HASH host -> JSON {cause, message, jobs, ts}: uploads a host refuses; no TTL

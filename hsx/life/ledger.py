@@ -21,7 +21,7 @@ import redis
 
 from hsx.errors import HsxError
 from hsx.life import errorlog, records
-from hsx.life.keys import RUNS, RunKeys
+from hsx.life.keys import RUNS, UPLOADED_SECONDS, RunKeys
 from hsx.redisconn import int_hash, json_hash, text
 from hsx.runspec import Manifest
 
@@ -176,6 +176,21 @@ def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sh
                       keys.failures, keys.dead, keys.done_seq, keys.done_seq_pos,
                       spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now)
     return bool(recorded)
+
+
+def note_uploaded(r: redis.Redis, run: str, host: str, bid: str) -> None:
+    """``host``'s uploaders recorded ``bid`` done now: its ``uploaded`` record gains it and forgets what is older
+    than UPLOADED_SECONDS (one pipeline; the record holds a window of the host's rate, never the run)."""
+    key, now = RunKeys(run).uploaded(host), time.time()
+    pipe = r.pipeline(transaction=False)
+    pipe.zadd(key, {bid: now})
+    pipe.zremrangebyscore(key, "-inf", now - UPLOADED_SECONDS)
+    pipe.execute()
+
+
+def uploaded_since(r: redis.Redis, run: str, host: str, since: float) -> list[str]:
+    """Batches ``host``'s uploaders recorded done since ``since`` (unix s; at most UPLOADED_SECONDS back)."""
+    return [text(b) for b in r.zrangebyscore(RunKeys(run).uploaded(host), since, "+inf")]
 
 
 WRITTEN_BYTES = "written_bytes"  # field of the counters HASH: bytes of batch files written to spools (rewrites too)
