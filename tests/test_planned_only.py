@@ -116,6 +116,7 @@ def test_a_reconcile_pass_aborts_when_the_run_is_marked_during_it(r, redis_serve
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="race", enqueue=False,
                            lease_seconds=LEASE))
     r.delete(RunKeys("race").planned_only)        # orphans, as a producer killed before enqueueing leaves them
+    r.set(RunKeys("race").fed, r.hget(RunKeys("race").totals, "batches"))   # ... once fed (else a pass feeds them)
     assert reconcile.reconcile(r, "race", grace=0) == []   # first sighting
     real_orphans = reconcile.orphans
 

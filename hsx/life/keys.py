@@ -128,6 +128,12 @@ class RunKeys:
         return self._k("resetting")
 
     @property
+    def fed(self) -> str:  # STRING int: batches 0 .. fed-1 were given their first extract job (the queue is fed
+        # QUEUE_AHEAD jobs ahead, never the whole plan: hsx.life.batchlife.feed); absent: every planned batch was
+        # (a run planned by an hsx before issue 42); no TTL
+        return self._k("fed")
+
+    @property
     def job_seq(self) -> str:  # STRING counter: unique suffix of re-enqueued job ids; no TTL
         return self._k("job_seq")
 

@@ -68,7 +68,8 @@ def handed_out(r: redis.Redis, run: str, bids: set[str]) -> set[str]:
 
 
 def orphans(r: redis.Redis, run: str) -> set[str]:
-    """Planned batches neither done, queued, leased nor dead (one pipelined read + one of EXISTS)."""
+    """Planned batches already fed (hsx.life.batchlife.feed) neither done, queued, leased nor dead (one pipelined
+    read + one of EXISTS)."""
     keys = RunKeys(run)
     queue_names = _queue_names(r, run)
     pipe = r.pipeline(transaction=False)
@@ -79,8 +80,10 @@ def orphans(r: redis.Redis, run: str) -> set[str]:
     pipe.zrange(keys.upload_leases, 0, -1)
     for name in queue_names:
         pipe.lrange(queues.queue(r, name).key, 0, -1)
-    plan, done, dead, xl, ul, *lists = pipe.execute()
-    left = {text(b) for b in plan} - {text(b) for b in done} - {text(b) for b in dead}
+    pipe.get(keys.fed)
+    plan, done, dead, xl, ul, *lists, fed = pipe.execute()
+    fed = None if fed is None else int(fed)
+    left = {b for b in map(text, plan) if not batchlife.unfed(b, fed)} - {text(b) for b in done} - {text(b) for b in dead}
     left -= {text(b) for b in xl} | {text(b) for b in ul}
     if not left:
         return set()
@@ -146,6 +149,7 @@ def reconcile(r: redis.Redis, run: str, grace: float) -> list[str]:
             pipe.execute()
         except redis.WatchError:
             return []  # reset, planned only or being planned since the read: the next pass looks again
+    batchlife.feed(r, run)   # the queue topped up from the plan (nothing while it holds QUEUE_AHEAD jobs)
     if due:
         log.warning("reconciler: re-enqueued %d batches of run %s that were in no queue, lease or dead letter: %s",
                     len(due), run, due[:10])

@@ -204,6 +204,11 @@ def stall_reason(r: redis.Redis, run: str, now: float, totals: dict, done: dict,
     left = totals["batches"] - done.get("batches", 0)
     alive = sum(1 for w in workers if w.get("alive"))
     lost = len(life.orphans(r, run))
+    fed = life.fed_count(r, run)
+    unfed = totals["batches"] - fed if fed is not None else 0
+    if not lost and not extract_queue and unfed > 0:
+        return (f"{unfed} of {left} batches left are not fed to the queue yet; a running worker or uploader feeds "
+                "them within 2 x its lease" + ("" if alive else " (no live worker of this run now)"))
     if lost:
         return (f"{lost} of {left} batches left are in no queue, lease or dead letter; a running worker or uploader "
                 "re-enqueues them within 2 x its lease" + ("" if alive else " (no live worker of this run now)"))
