@@ -120,8 +120,8 @@ def test_a_reconcile_pass_aborts_when_the_run_is_marked_during_it(r, redis_serve
     assert reconcile.reconcile(r, "race", grace=0) == []   # first sighting
     real_orphans = reconcile.orphans
 
-    def orphans_then_reset_starts(client, run):
-        found = real_orphans(client, run)
+    def orphans_then_reset_starts(client, run, **how):
+        found = real_orphans(client, run, **how)
         r.set(RunKeys(run).resetting, "1")
         return found
 

@@ -17,6 +17,7 @@ from rq.serializers import JSONSerializer
 
 from hsx.life import batchlife, ledger, queues, reconcile
 from hsx.life.keys import RunKeys
+from hsx.redisconn import text
 from hsx.store import open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce
@@ -90,3 +91,35 @@ def test_the_queue_is_fed_ahead_not_with_the_whole_plan(r, redis_server, tiny_mo
     _finish(redis_server.url, tmp_path / "spool", "fed")
     assert len(ledger.done_ids(r, "fed")) == total and batchlife.fed_count(r, "fed") == total
     assert verify_run(r, open_store(str(store_dir)), "fed").ok
+
+
+def test_a_reconcile_pass_of_a_fed_run_reads_no_whole_key_and_still_finds_every_orphan(r, redis_server, tiny_model,
+                                                                                        tmp_path, monkeypatch):
+    monkeypatch.setattr(batchlife, "QUEUE_AHEAD", 2)
+    monkeypatch.setattr(reconcile, "RECONCILE_CHUNK", 4)
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="ch", enqueue=False))
+    keys = RunKeys("ch")
+    total = ledger.run_totals(r, "ch")["batches"]
+    r.delete(keys.planned_only)
+    r.set(keys.fed, total)   # every batch fed and none queued: all orphans (jobs lost)
+    r.config_set("slowlog-log-slower-than", 0)   # every command of the pass, with its keys
+    r.slowlog_reset()
+    try:
+        one = reconcile.orphans(r, "ch", advance=True)
+        commands = [[text(a) for a in e["command"].split()] for e in r.slowlog_get(1000)]
+    finally:
+        r.config_set("slowlog-log-slower-than", 10000)
+        r.slowlog_reset()
+    assert 0 < len(one) <= 4 + 2 * 2   # one chunk and the last 2 x QUEUE_AHEAD fed
+    run_sized = {keys.plan, keys.done, keys.dead, keys.done_info, keys.done_seq, keys.done_log}
+    whole = [c for c in commands if c[0].lower() in ("hkeys", "hgetall", "hvals", "smembers", "lrange", "zrange",
+                                                      "hscan", "sscan") and len(c) > 1 and c[1] in run_sized]
+    assert not whole, f"a pass read whole keys of the run: {whole}"
+    found = set(one)
+    for _ in range(total // 4 + 1):   # the cursor goes round the run
+        found |= reconcile.orphans(r, "ch", advance=True)
+    assert found == set(ledger.all_specs(r, "ch"))
+    for _ in range(2 * (total // 4 + 2)):   # and passes queue every one of them again, each once
+        reconcile.reconcile(r, "ch", grace=0)
+    assert queues.pending_extract(r, "ch") == set(ledger.all_specs(r, "ch"))
+    assert len(queues.queue(r, queues.extract_queue_name("ch"))) == total

@@ -179,6 +179,11 @@ class RunKeys:
         return self._k("orphans")
 
     @property
+    def reconcile_cursor(self) -> str:  # STRING int: the next batch index a reconciler pass checks of a run fed in
+        # steps (it goes round [0, fed), RECONCILE_CHUNK a pass); no TTL
+        return self._k("reconcile_cursor")
+
+    @property
     def reconcile_lock(self) -> str:  # STRING "1": a reconciler pass was made; TTL the reconcile interval (PX)
         return self._k("reconcile_lock")
 

@@ -203,7 +203,7 @@ def stall_reason(r: redis.Redis, run: str, now: float, totals: dict, done: dict,
         return None
     left = totals["batches"] - done.get("batches", 0)
     alive = sum(1 for w in workers if w.get("alive"))
-    lost = len(life.orphans(r, run))
+    lost = len(life.orphans(r, run))   # a run fed in steps: among the batches a pass would check now
     fed = life.fed_count(r, run)
     unfed = totals["batches"] - fed if fed is not None else 0
     if not lost and not extract_queue and unfed > 0:
