@@ -155,6 +155,10 @@ def test_mid_run(client, r):
 def test_rates_of_an_old_run_cover_the_last_five_minutes(client, r):
     mid_run(r)
     r.zadd(RunKeys(RUN).spooled_log, {"b0000": time.time() - 3600})  # started an hour ago, b0 out of the window
+    now, then = int(time.time() // 60), int((time.time() - 3600) // 60)   # ... in the per-minute counts too
+    for what, n in (("b", 1), ("s", BY_ID["b0000"].samples), ("t", BY_ID["b0000"].tokens)):
+        r.hincrby(RunKeys(RUN).rate_minutes, f"spooled:{now}:{what}", -n)
+        r.hincrby(RunKeys(RUN).rate_minutes, f"spooled:{then}:{what}", n)
     o = status(client)
     assert o["rate"]["window_seconds"] == RATE_WINDOW_SECONDS
     assert o["rate"]["tokens_per_s"] == pytest.approx(800 / RATE_WINDOW_SECONDS)

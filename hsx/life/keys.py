@@ -64,6 +64,11 @@ class RunKeys:
         return self._k("done_log")
 
     @property
+    def rate_minutes(self) -> str:  # HASH "<spooled|done>:<unix minute>:<b|s|t>" -> batches, samples, tokens first
+        # spooled / recorded done in that minute: the rates read in O(minutes), not O(batches in the window); no TTL
+        return self._k("rate_minutes")
+
+    @property
     def spooled_log(self) -> str:  # ZSET batch_id scored by unix time it reached a spool; no TTL
         return self._k("spooled_log")
 

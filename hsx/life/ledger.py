@@ -25,8 +25,8 @@ from hsx.life.keys import RUNS, UPLOADED_SECONDS, RunKeys
 from hsx.redisconn import int_hash, json_hash, text
 from hsx.runspec import Manifest
 
-# KEYS: done, done_info, counters, shard_done, done_log, failures, dead, done_seq, done_seq_pos
-# ARGV: batch_id, info_json, samples, tokens, bytes, shard, now
+# KEYS: done, done_info, counters, shard_done, done_log, failures, dead, done_seq, done_seq_pos, rate_minutes
+# ARGV: batch_id, info_json, samples, tokens, bytes, shard, now, unix minute
 # Returns 1 if this call recorded the batch, 0 if it was already done. Either way the batch is no
 # longer a failure or a dead letter: a batch done is done (a dead letter left from before a Redis loss,
 # or by an upload that ran while the plan was being saved again, must not outlive it). A batch recorded
@@ -46,6 +46,29 @@ redis.call('HINCRBY', KEYS[3], 'tokens', ARGV[4])
 redis.call('HINCRBY', KEYS[3], 'bytes', ARGV[5])
 redis.call('HINCRBY', KEYS[4], ARGV[6], 1)
 redis.call('ZADD', KEYS[5], ARGV[7], ARGV[1])
+redis.call('HINCRBY', KEYS[10], 'done:' .. ARGV[8] .. ':b', 1)
+redis.call('HINCRBY', KEYS[10], 'done:' .. ARGV[8] .. ':s', ARGV[3])
+redis.call('HINCRBY', KEYS[10], 'done:' .. ARGV[8] .. ':t', ARGV[4])
+return 1
+"""
+
+# KEYS: spooled_log, rate_minutes, plan ; ARGV: batch_id, now, unix minute
+# A batch reaching a spool for the first time: its time in spooled_log, and its minute's counts (samples and tokens
+# from its plan entry; 0 where that is not one) in rate_minutes. Returns 1 if first.
+_MARK_SPOOLED = """
+if redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1]) == 0 then return 0 end
+local samples, tokens = 0, 0
+local raw = redis.call('HGET', KEYS[3], ARGV[1])
+if raw then
+  local ok, spec = pcall(cjson.decode, raw)
+  if ok and type(spec) == 'table' then
+    samples = tonumber(spec['samples']) or 0
+    tokens = tonumber(spec['tokens']) or 0
+  end
+end
+redis.call('HINCRBY', KEYS[2], 'spooled:' .. ARGV[3] .. ':b', 1)
+redis.call('HINCRBY', KEYS[2], 'spooled:' .. ARGV[3] .. ':s', samples)
+redis.call('HINCRBY', KEYS[2], 'spooled:' .. ARGV[3] .. ':t', tokens)
 return 1
 """
 
@@ -172,9 +195,9 @@ def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sh
     keys = RunKeys(run)
     now = time.time()
     info = json.dumps({"key": key, "size": size, "sha256": sha256, "by": by, "ts": now}, separators=(",", ":"))
-    recorded = r.eval(_MARK_DONE, 9, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
-                      keys.failures, keys.dead, keys.done_seq, keys.done_seq_pos,
-                      spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now)
+    recorded = r.eval(_MARK_DONE, 10, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
+                      keys.failures, keys.dead, keys.done_seq, keys.done_seq_pos, keys.rate_minutes,
+                      spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now, int(now // 60))
     return bool(recorded)
 
 
@@ -197,8 +220,10 @@ WRITTEN_BYTES = "written_bytes"  # field of the counters HASH: bytes of batch fi
 
 
 def mark_spooled(r: redis.Redis, run: str, bid: str, pipe=None, nbytes: int = 0) -> None:
-    """Note when a batch reached a spool (first time only): feeds the extraction-rate chart; count its bytes."""
-    (pipe or r).zadd(RunKeys(run).spooled_log, {bid: time.time()}, nx=True)
+    """Note when a batch reached a spool (first time only): feeds the extraction-rate chart and the minute's
+    counts of the rate; count its bytes."""
+    keys, now = RunKeys(run), time.time()
+    (pipe or r).eval(_MARK_SPOOLED, 3, keys.spooled_log, keys.rate_minutes, keys.plan, bid, now, int(now // 60))
     if nbytes:
         (pipe or r).hincrby(RunKeys(run).counters, WRITTEN_BYTES, nbytes)
 

@@ -29,8 +29,34 @@ def rate_span(r: redis.Redis, run: str, now: float, window: float = RATE_WINDOW_
     return min(window, max(now - min(firsts), MIN_RATE_SPAN_SECONDS))
 
 
+def _minutes(r: redis.Redis, run: str, kind: str, now: float, window: float) -> dict | None:
+    """Batches, samples and tokens ``kind`` (spooled | done) in the last ``window`` s from the run's per-minute
+    counts (one HMGET of 3 fields a minute; the oldest minute counted by the share of it inside the window); None
+    for a run without them (recorded by an hsx before issue 42)."""
+    key = RunKeys(run).rate_minutes
+    if not r.exists(key):
+        return None
+    start = now - window
+    minutes = range(int(start // 60), int(now // 60) + 1)
+    raw = r.hmget(key, [f"{kind}:{m}:{what}" for m in minutes for what in "bst"])
+    totals = [0.0, 0.0, 0.0]
+    for i, m in enumerate(minutes):
+        share = min(max(((m + 1) * 60 - start) / 60, 0.0), 1.0)
+        for j in range(3):
+            try:
+                totals[j] += share * int(raw[3 * i + j] or 0)
+            except ValueError:
+                pass   # not a count: adds nothing
+    return dict(zip(("batches", "samples", "tokens"), (round(t) for t in totals), strict=True))
+
+
 def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float, span: float | None = None,
             malformed: list[str] | None = None) -> dict:
+    span = span or window
+    kind = "done" if log_key == RunKeys(run).done_log else "spooled"
+    counted = _minutes(r, run, kind, now, window)
+    if counted is not None:
+        return {**counted, "per_s": {k: v / span for k, v in counted.items()}}
     members = r.zrangebyscore(log_key, now - window, now, withscores=True)
     if not members:
         return {"batches": 0, "samples": 0, "tokens": 0, "per_s": {"batches": 0.0, "samples": 0.0, "tokens": 0.0}}
@@ -46,7 +72,6 @@ def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float, s
             tokens += spec["tokens"]
     if malformed is not None:
         malformed.extend(m for m in seen if m not in malformed)  # the two windows read the same plan entries
-    span = span or window
     return {"batches": len(members), "samples": samples, "tokens": tokens,
             "per_s": {"batches": len(members) / span, "samples": samples / span, "tokens": tokens / span}}
 
