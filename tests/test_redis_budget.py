@@ -123,3 +123,16 @@ def test_a_reconcile_pass_of_a_fed_run_reads_no_whole_key_and_still_finds_every_
         reconcile.reconcile(r, "ch", grace=0)
     assert queues.pending_extract(r, "ch") == set(ledger.all_specs(r, "ch"))
     assert len(queues.queue(r, queues.extract_queue_name("ch"))) == total
+
+
+def test_a_queue_of_done_batches_still_feeds_the_rest(r, redis_server, tiny_model, tmp_path, monkeypatch):
+    # Every job queued is of a batch done meanwhile (a duplicate delivery, a ledger rebuilt from the store): the
+    # worker's leases are refused, and each still tops the queue up, so a burst worker drains the whole plan.
+    monkeypatch.setattr(batchlife, "QUEUE_AHEAD", 4)
+    store_dir = tmp_path / "store"
+    produce(produce_config(redis_server.url, tiny_model, str(store_dir), run="dq"))
+    specs = ledger.all_specs(r, "dq")
+    for bid in sorted(specs)[:4]:   # the four queued ones, recorded done by someone else
+        ledger.mark_done(r, "dq", specs[bid], f"elsewhere/{bid}", 1, "0" * 64, by="test")
+    _finish(redis_server.url, tmp_path / "spool", "dq")
+    assert len(ledger.done_ids(r, "dq")) == len(specs)

@@ -265,12 +265,12 @@ def withdraw(r: redis.Redis, run: str) -> int:
 
 # ---- leased ----------------------------------------------------------------------------------------
 # KEYS: done, plan, extract_leases, extract queue ; ARGV: batch_id, lease_seconds
-# Returns {'done'} (nothing written), {'unplanned'} (nothing written) or {'leased', <spec JSON>, <queue length>}
-# with the lease's expiry at Redis TIME + lease_seconds.
+# Returns {'done', <queue length>} (nothing written), {'unplanned', <queue length>} (nothing written) or
+# {'leased', <spec JSON>, <queue length>} with the lease's expiry at Redis TIME + lease_seconds.
 _LEASE = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {'done'} end
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {'done', redis.call('LLEN', KEYS[4])} end
 local spec = redis.call('HGET', KEYS[2], ARGV[1])
-if not spec then return {'unplanned'} end
+if not spec then return {'unplanned', redis.call('LLEN', KEYS[4])} end
 local t = redis.call('TIME')
 redis.call('ZADD', KEYS[3], tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[2]), ARGV[1])
 return {'leased', spec, redis.call('LLEN', KEYS[4])}
@@ -284,13 +284,11 @@ def lease(r: redis.Redis, run: str, bid: str, lease_seconds: float) -> ledger.Ba
     found = r.eval(_LEASE, 4, keys.done, keys.plan, keys.extract_leases,
                    queues.queue(r, queues.extract_queue_name(run)).key, bid, lease_seconds)
     outcome = text(found[0])
+    if int(found[-1]) < QUEUE_AHEAD // 2:   # the queue runs low: top it up from the plan (whatever this job was)
+        feed(r, run)
     if outcome == "done":
         raise IllegalTransition(run, bid, State.DONE, State.LEASED)
-    if outcome != "leased":
-        return None
-    if int(found[2]) < QUEUE_AHEAD // 2:   # the queue runs low: top it up from the plan
-        feed(r, run)
-    return ledger.BatchSpec.from_json(found[1])
+    return ledger.BatchSpec.from_json(found[1]) if outcome == "leased" else None
 
 
 def release(r: redis.Redis, run: str, bid: str) -> None:
