@@ -61,7 +61,8 @@ BUDGET, MAX_ROWS, PAD = 4096, 64, 8
 WINDOW_ROWS = 20000
 LEASE_SECONDS = 600
 O_RUN = {"hkeys", "hvals", "hgetall", "smembers", "sinter", "sdiff", "sunion", "keys", "lrange", "zrange",
-         "zrangebyscore", "zrevrange", "lrem"}   # commands whose cost grows with the key (a whole-key read is O(run))
+         "zrangebyscore", "zrevrange", "lrem", "hscan", "sscan"}   # commands whose cost grows with the key
+RUN_SIZED = {"plan", "done", "done_info", "done_seq", "done_seq_pos", "done_log", "spooled_log"}  # keys O(run)
 
 
 class Bench:
@@ -213,8 +214,9 @@ def timed(fn, *args, repeat: int = 1, **kwargs):
     return best, out
 
 
-def commands_of(r, fn, *args) -> tuple[float, dict, int, object]:
-    """(seconds, {command: calls}, longest single command in microseconds, result) of ``fn(*args)``."""
+def commands_of(r, fn, *args) -> tuple[float, dict, int, list[str], object]:
+    """(seconds, {command: calls}, longest single command in microseconds, the whole-key reads of keys that grow
+    with the run ("HKEYS hsx:<run>:plan"), result) of ``fn(*args)``."""
     before = {k: v["calls"] for k, v in r.info("commandstats").items()}
     r.config_set("slowlog-log-slower-than", 0)
     r.config_set("slowlog-max-len", 100000)
@@ -233,7 +235,9 @@ def commands_of(r, fn, *args) -> tuple[float, dict, int, object]:
     calls.pop("info", None)
     longest = max((int(e["duration"]) for e in slow if b"slowlog" not in e["command"].lower()
                    and b"config" not in e["command"].lower()), default=0)
-    return took, calls, longest, out
+    o_run = sorted({" ".join(words[:2]) for e in slow for words in [text(e["command"]).split()]
+                    if len(words) > 1 and words[0].lower() in O_RUN and key_kind(words[1]) in RUN_SIZED})
+    return took, calls, longest, o_run, out
 
 
 def readers(r, store, server_url: str) -> dict:
@@ -263,12 +267,11 @@ def readers(r, store, server_url: str) -> dict:
         out["resume_reenqueued"] = planning.enqueued
     r.delete(life.RunKeys(RUN).orphans)
     reconcile.reconcile(r, RUN, grace=0)   # first pass: notes orphans (none expected)
-    took, calls, longest, due = commands_of(r, reconcile.reconcile, r, RUN, 0)
-    out["reconcile"] = {"s": took, "calls": calls, "longest_us": longest, "requeued": len(due),
-                        "o_run": sorted(c for c in calls if c.split("|")[0] in O_RUN)}
-    took, calls, longest, got = commands_of(r, batchlife.reap, r, RUN, 3)
+    took, calls, longest, o_run, due = commands_of(r, reconcile.reconcile, r, RUN, 0)
+    out["reconcile"] = {"s": took, "calls": calls, "longest_us": longest, "requeued": len(due), "o_run": o_run}
+    took, calls, longest, o_run, got = commands_of(r, batchlife.reap, r, RUN, 3)
     out["reap"] = {"s": took, "calls": calls, "longest_us": longest, "reclaimed": sum(map(len, got.values())),
-                   "o_run": sorted(c for c in calls if c.split("|")[0] in O_RUN)}
+                   "o_run": o_run}
     return out
 
 
@@ -345,7 +348,7 @@ def print_report(report: dict) -> None:
         for name in ("reconcile", "reap"):
             p = rd[name]
             print(f"{name} pass {p['s'] * 1000:.1f} ms, longest command {p['longest_us']} us, "
-                  f"O(run) commands: {p['o_run'] or 'none'}; calls {p['calls']}")
+                  f"whole reads of O(run) keys: {p['o_run'] or 'none'}; calls {p['calls']}")
     print("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in report["seconds"].items()))
 
 

@@ -36,7 +36,7 @@ class RunKeys:
         return self._k("done")
 
     @property
-    def done_info(self) -> str:  # HASH batch_id -> JSON {key, size, sha256, ...}; no TTL
+    def done_info(self) -> str:  # HASH batch_id -> JSON {size, sha256} (an older hsx's: + key, by, ts); no TTL
         return self._k("done_info")
 
     @property

@@ -191,10 +191,14 @@ def done_among(r: redis.Redis, run: str, bids: list[str]) -> set[str]:
 
 
 def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sha256: str, by: str) -> bool:
-    """Record a verified batch. Call only after the store verified the object. True if newly recorded."""
+    """Record a verified batch. Call only after the store verified the object. True if newly recorded.
+
+    Its ``done_info`` record is ``{"size", "sha256"}``, what every reader checks an object against (issue 42: the
+    object's key is the run's layout's, ``by`` is in the uploader's log, the time in ``done_log``; an older hsx's
+    record also holds ``key``, ``by`` and ``ts``)."""
     keys = RunKeys(run)
     now = time.time()
-    info = json.dumps({"key": key, "size": size, "sha256": sha256, "by": by, "ts": now}, separators=(",", ":"))
+    info = json.dumps({"size": size, "sha256": sha256}, separators=(",", ":"))
     recorded = r.eval(_MARK_DONE, 10, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
                       keys.failures, keys.dead, keys.done_seq, keys.done_seq_pos, keys.rate_minutes,
                       spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now, int(now // 60))
@@ -323,7 +327,7 @@ def done_info(r: redis.Redis, run: str) -> dict[str, dict]:
 
 
 def done_record(r: redis.Redis, run: str, bid: str) -> dict | None:
-    """The ledger's record of ``bid`` ({key, size, sha256, by, ts}, as ``mark_done`` wrote it); None while it is
-    not done (never was, or a repair took it out)."""
+    """The ledger's record of ``bid`` ({size, sha256}, as ``mark_done`` wrote it; an older hsx's also key, by, ts);
+    None while it is not done (never was, or a repair took it out)."""
     raw = r.hget(RunKeys(run).done_info, bid)
     return json.loads(raw) if raw else None

@@ -107,9 +107,9 @@ def orphans(r: redis.Redis, run: str, also=(), advance: bool = False) -> set[str
     fed = batchlife.fed_count(r, run)
     if fed is not None:
         ids = sorted(set(_fed_candidates(r, run, fed, advance)) | set(also))
-        left = {text(b) for start in range(0, len(ids), 1000) for b in r.eval(
+        left = {text(b) for start in range(0, len(ids), 256) for b in r.eval(   # ~0.5 ms of Redis a script
             _UNACCOUNTED, 5, keys.plan, keys.done, keys.dead, keys.extract_leases, keys.upload_leases,
-            *ids[start:start + 1000])}
+            *ids[start:start + 256])}
         return _not_queued(r, run, left)
     queue_names = _queue_names(r, run)
     pipe = r.pipeline(transaction=False)
