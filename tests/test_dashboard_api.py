@@ -52,6 +52,7 @@ def mid_run(r):
     plan(r)
     upload(r, "b0000", "b0001", "b0004")
     r.zadd(RunKeys(RUN).spooled_log, {"b0000": time.time() - AGE})
+    r.hset(RunKeys(RUN).rate_minutes, "spooled:first", int(time.time() - AGE))   # the run's first, as marked then
     ledger.mark_spooled(r, RUN, "b0002")
     queues.enqueue_upload(r, "hostA", RUN, "b0002", "/spool/dash/b0002.safetensors", BATCH_BYTES, "0" * 64, seq=1)
     queues.enqueue_extract(r, RUN, "b0005", seq=1)
@@ -156,6 +157,7 @@ def test_rates_of_an_old_run_cover_the_last_five_minutes(client, r):
     mid_run(r)
     r.zadd(RunKeys(RUN).spooled_log, {"b0000": time.time() - 3600})  # started an hour ago, b0 out of the window
     now, then = int(time.time() // 60), int((time.time() - 3600) // 60)   # ... in the per-minute counts too
+    r.hset(RunKeys(RUN).rate_minutes, "spooled:first", int(time.time() - 3600))
     for what, n in (("b", 1), ("s", BY_ID["b0000"].samples), ("t", BY_ID["b0000"].tokens)):
         r.hincrby(RunKeys(RUN).rate_minutes, f"spooled:{now}:{what}", -n)
         r.hincrby(RunKeys(RUN).rate_minutes, f"spooled:{then}:{what}", n)

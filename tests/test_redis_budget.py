@@ -10,8 +10,10 @@ once, fails it; 10 MiB is not reached yet: the plan's sample ids and the done le
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
+import pytest
 from rq import Queue
 from rq.serializers import JSONSerializer
 
@@ -136,3 +138,25 @@ def test_a_queue_of_done_batches_still_feeds_the_rest(r, redis_server, tiny_mode
         ledger.mark_done(r, "dq", specs[bid], f"elsewhere/{bid}", 1, "0" * 64, by="test")
     _finish(redis_server.url, tmp_path / "spool", "dq")
     assert len(ledger.done_ids(r, "dq")) == len(specs)
+
+
+def test_the_logs_keep_the_last_hour_and_the_counts_stay_whole(r, monkeypatch):
+    from hsx.life.keys import LOG_SECONDS
+    from hsx.monitor.progress import run_progress
+    from tests.manifests import example_manifest
+
+    specs = [ledger.BatchSpec(f"b{i:07d}", i, "00000", 2, 20, 32, 16, ["a", "b"], "0" * 64) for i in range(3)]
+    ledger.save_plan(r, "lg", example_manifest("lg"), specs, {"batches": 3, "samples": 6, "tokens": 60})
+    now = time.time()
+    for spec, ago in zip(specs, (2 * LOG_SECONDS, 10, 5), strict=True):   # the first one two hours ago
+        monkeypatch.setattr(ledger.time, "time", lambda ago=ago: now - ago)
+        ledger.mark_spooled(r, "lg", spec.batch_id)
+        ledger.mark_done(r, "lg", spec, "k", 1, "0" * 64, by="test")
+    monkeypatch.undo()
+    keys = RunKeys("lg")
+    assert r.zcard(keys.spooled_log) == 2 and r.zcard(keys.done_log) == 2   # the first one trimmed away
+    p = run_progress(r, "lg")
+    assert p["spooled_batches"] == 3 and p["done"]["batches"] == 3
+    assert p["started"] == pytest.approx(now - 2 * LOG_SECONDS, abs=1)
+    assert p["rate_span_seconds"] == 300   # the run is older than the window (its first batch two hours ago)
+    assert p["rate"]["batches"] == pytest.approx(2 / 300)   # the last five minutes: two batches

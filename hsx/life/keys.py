@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RUNS = "hsx:runs"  # SET of run names, no TTL
+LOG_SECONDS = 3600  # how long done_log and spooled_log keep a batch (s): the rate window, the chart, the stall check
 UPLOADED_SECONDS = 3600  # how long a host's ``uploaded`` ZSET remembers a batch (s): longer than any rate window
 
 
@@ -60,16 +61,19 @@ class RunKeys:
         return self._k("done_seq_generation")
 
     @property
-    def done_log(self) -> str:  # ZSET batch_id scored by unix time it was recorded done; no TTL
+    def done_log(self) -> str:  # ZSET batch_id scored by unix time it was recorded done, the last LOG_SECONDS (trimmed
+        # on each write; an older hsx's run: every batch); no TTL
         return self._k("done_log")
 
     @property
     def rate_minutes(self) -> str:  # HASH "<spooled|done>:<unix minute>:<b|s|t>" -> batches, samples, tokens first
-        # spooled / recorded done in that minute: the rates read in O(minutes), not O(batches in the window); no TTL
+        # spooled / recorded done in that minute: the rates read in O(minutes), not O(batches in the window); and
+        # "<spooled|done>:first" (unix s of the run's first), "spooled:count" (batches first spooled); no TTL
         return self._k("rate_minutes")
 
     @property
-    def spooled_log(self) -> str:  # ZSET batch_id scored by unix time it reached a spool; no TTL
+    def spooled_log(self) -> str:  # ZSET batch_id scored by unix time it reached a spool, the last LOG_SECONDS
+        # (trimmed on each write; an older hsx's run: every batch); no TTL
         return self._k("spooled_log")
 
     @property
