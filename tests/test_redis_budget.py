@@ -160,3 +160,16 @@ def test_the_logs_keep_the_last_hour_and_the_counts_stay_whole(r, monkeypatch):
     assert p["started"] == pytest.approx(now - 2 * LOG_SECONDS, abs=1)
     assert p["rate_span_seconds"] == 300   # the run is older than the window (its first batch two hours ago)
     assert p["rate"]["batches"] == pytest.approx(2 / 300)   # the last five minutes: two batches
+
+
+def test_verify_repair_queues_every_orphan_of_a_fed_run_at_once(r, redis_server, tiny_model, tmp_path, monkeypatch):
+    from hsx.life.integrity import requeue_orphans
+
+    monkeypatch.setattr(batchlife, "QUEUE_AHEAD", 2)
+    monkeypatch.setattr(reconcile, "RECONCILE_CHUNK", 4)
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="vr", enqueue=False))
+    total = ledger.run_totals(r, "vr")["batches"]
+    r.delete(RunKeys("vr").planned_only)
+    r.set(RunKeys("vr").fed, total)   # every batch fed, every job lost
+    assert total > 4 + 2 * 2 and len(reconcile.orphans(r, "vr")) < total   # a pass sees a part
+    assert sorted(requeue_orphans(r, "vr")) == sorted(ledger.all_specs(r, "vr"))   # verify --repair: all of them

@@ -95,6 +95,6 @@ def repair_batches(r, store, run: str, bids: list[str], specs: dict[str, ledger.
 def requeue_orphans(r, run: str) -> list[str]:
     """Re-enqueue at once the planned batches in no queue, lease, ledger or dead letter (what the reconciler
     does after its grace period)."""
-    found = sorted(reconcile.orphans(r, run))
+    found = sorted(reconcile.orphans(r, run, whole=True))
     batchlife.enqueue(r, run, found, at_front=True)
     return found

@@ -98,15 +98,17 @@ def _fed_candidates(r: redis.Redis, run: str, fed: int, advance: bool) -> list[s
     return [layout.batch_id(i) for i in sorted(recent | set(range(start, end)))]
 
 
-def orphans(r: redis.Redis, run: str, also=(), advance: bool = False) -> set[str]:
+def orphans(r: redis.Redis, run: str, also=(), advance: bool = False, whole: bool = False) -> set[str]:
     """Planned batches already fed (hsx.life.batchlife.feed) neither done, queued, leased nor dead. A run fed in
     steps: among the batches ``_fed_candidates`` names and ``also`` (one script, O(candidates), and the queues'
-    lists, O(jobs queued)); ``advance``: the reconcile cursor moves on (a pass). An older hsx's run: all of them
-    (one pipelined read of the plan, the ledger, the leases)."""
+    lists, O(jobs queued)); ``advance``: the reconcile cursor moves on (a pass); ``whole``: every fed batch (`hsx
+    verify --repair`, in scripts of 256). An older hsx's run: all of them (one pipelined read of the plan, the
+    ledger, the leases)."""
     keys = RunKeys(run)
     fed = batchlife.fed_count(r, run)
     if fed is not None:
-        ids = sorted(set(_fed_candidates(r, run, fed, advance)) | set(also))
+        ids = ([layout.batch_id(i) for i in range(fed)] if whole
+               else sorted(set(_fed_candidates(r, run, fed, advance)) | set(also)))
         left = {text(b) for start in range(0, len(ids), 256) for b in r.eval(   # ~0.5 ms of Redis a script
             _UNACCOUNTED, 5, keys.plan, keys.done, keys.dead, keys.extract_leases, keys.upload_leases,
             *ids[start:start + 256])}
