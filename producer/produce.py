@@ -158,7 +158,8 @@ def resume(planning: Planning, resumed: bool) -> Planning:
     planning.planned_only = _mark_planned_only(r, planning.cfg, new_run=not resumed)
     if not resumed:
         life.start_feeding(r, run)   # its queue is fed QUEUE_AHEAD jobs ahead, never the whole plan (issue 42)
-    planning.repaired = len(unmark_missing_done(r, planning.store, run)) if resumed else 0
+    specs = life.all_specs(r, run) if resumed else {}   # read once: the check below and the earlier windows' specs
+    planning.repaired = len(unmark_missing_done(r, planning.store, run, specs)) if resumed else 0
     planning.done = life.done_ids(r, run)
     # A re-run: the store is the second copy of the truth (docs/architecture.md, rule 2). Objects not in the ledger
     # (all of them after Redis lost the run) are checked and recorded done window by window.
@@ -171,7 +172,7 @@ def resume(planning: Planning, resumed: bool) -> Planning:
     for rec in records:
         planning.add(rec, resumed=True)
     if records:
-        earlier = [spec for spec in life.all_specs(r, run).values() if spec.index < planning.batches]
+        earlier = [spec for spec in (specs or life.all_specs(r, run)).values() if spec.index < planning.batches]
         planning.seen = {sid for spec in earlier for sid in spec.sample_ids}
         if planning.rebuild is not None:
             planning.rebuild.check(earlier)
