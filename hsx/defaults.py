@@ -54,3 +54,7 @@ DEFAULT_DASHBOARD_PORT = 8787
 # exactly; "eager" always runs transformers' forward.
 KERNEL_MODES = ("auto", "eager")
 DEFAULT_KERNELS = "auto"
+
+# Extract jobs a run keeps queued ahead of its workers (jobs): the plan is fed to the queue in steps
+# (hsx.life.batchlife.feed), so queued rq job hashes (~1.5 KB each) cost O(workers), not O(run) (issue 42).
+QUEUE_AHEAD = 256

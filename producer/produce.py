@@ -165,7 +165,10 @@ def resume(planning: Planning, resumed: bool) -> Planning:
     recorded (their batches neither done nor pending are enqueued again). A fresh run finds none of it."""
     r, run = planning.r, planning.cfg.run
     planning.planned_only = _mark_planned_only(r, planning.cfg, new_run=not resumed)
-    planning.repaired = len(unmark_missing_done(r, planning.store, run)) if resumed else 0
+    if not resumed:
+        life.start_feeding(r, run)   # its queue is fed QUEUE_AHEAD jobs ahead, never the whole plan (issue 42)
+    specs = life.all_specs(r, run) if resumed else {}   # read once: the check below and the earlier windows' specs
+    planning.repaired = len(unmark_missing_done(r, planning.store, run, specs)) if resumed else 0
     planning.done = life.done_ids(r, run)
     # A re-run: the store is the second copy of the truth (docs/architecture.md, rule 2). Objects not in the ledger
     # (all of them after Redis lost the run) are checked and recorded done window by window.
@@ -178,11 +181,11 @@ def resume(planning: Planning, resumed: bool) -> Planning:
     for rec in records:
         planning.add(rec, resumed=True)
     if records:
-        earlier = [spec for spec in life.all_specs(r, run).values() if spec.index < planning.batches]
+        earlier = [spec for spec in (specs or life.all_specs(r, run)).values() if spec.index < planning.batches]
         planning.seen = {sid for spec in earlier for sid in spec.sample_ids}
         if planning.rebuild is not None:
             planning.rebuild.check(earlier)
-        planning.enqueued += _enqueue(planning, sorted(earlier, key=lambda s: s.index))
+        planning.enqueued += _enqueue(planning, sorted(earlier, key=lambda s: s.index), planning.batches)
         log.info("run %s: windows 0-%d were planned by an earlier producer (%d batches; %d of them re-enqueued, "
                  "neither done nor pending)", run, len(records) - 1, planning.batches, planning.enqueued)
     return planning
@@ -305,7 +308,7 @@ def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> Wind
         planning.rebuild.check(specs)
     specs = write_inputs(planning.store, cfg.run, samples, planned, specs, planning.done, planning.suspect)
     life.save_plan(planning.r, cfg.run, manifest, specs, {"planning": 1})
-    enqueued = _enqueue(planning, specs)
+    enqueued = _enqueue(planning, specs, first_batch + len(specs))
     return WindowRecord(first_batch=first_batch, batches=len(specs), samples=len(samples),
                         tokens=sum(s.tokens for s in specs), padded_tokens=sum(s.padded for s in specs),
                         computed_tokens=sum(s.computed_tokens for s in specs),
@@ -313,14 +316,19 @@ def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> Wind
                         source=window.source)
 
 
-def _enqueue(planning: Planning, specs: list[life.BatchSpec]) -> int:
-    """Enqueue the batches neither done nor pending, in one transaction that fails if the lock changed hands."""
+def _enqueue(planning: Planning, specs: list[life.BatchSpec], limit: int) -> int:
+    """Enqueue the batches neither done nor pending, in one transaction that fails if the lock changed hands. A
+    run fed in steps (``life.feed``) gets jobs only for those of its batches fed already (below ``fed``: a job
+    lost), then the queue topped up from the plan up to batch ``limit``; an older hsx's run, one for each."""
     if not planning.cfg.enqueue:
         return 0
-    todo = [spec for spec in specs if spec.batch_id not in planning.done and spec.batch_id not in planning.pending]
-    if todo:
-        pipe = planning.lock.guarded_pipeline()
-        life.enqueue(planning.r, planning.cfg.run, [spec.batch_id for spec in todo], first=True, pipe=pipe)
-        planning.lock.execute(pipe)
-        planning.pending.update(spec.batch_id for spec in todo)
-    return len(todo)
+    r, run = planning.r, planning.cfg.run
+    fed = life.fed_count(r, run)
+    todo = [spec.batch_id for spec in specs if spec.batch_id not in planning.done
+            and spec.batch_id not in planning.pending and (fed is None or spec.index < fed)]
+    pipe = planning.lock.guarded_pipeline()
+    life.enqueue(r, run, todo, first=True, pipe=pipe)
+    fed_now = life.feed(r, run, limit, pipe=pipe) if fed is not None else 0
+    planning.lock.execute(pipe)
+    planning.pending.update(todo)
+    return len(todo) + fed_now

@@ -10,7 +10,6 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rq import Worker
-from rq.registry import FinishedJobRegistry
 
 from dashboard.app import create_app
 from dashboard.config import DashboardConfig
@@ -53,15 +52,15 @@ def mid_run(r):
     plan(r)
     upload(r, "b0000", "b0001", "b0004")
     r.zadd(RunKeys(RUN).spooled_log, {"b0000": time.time() - AGE})
+    r.hset(RunKeys(RUN).rate_minutes, "spooled:first", int(time.time() - AGE))   # the run's first, as marked then
     ledger.mark_spooled(r, RUN, "b0002")
     queues.enqueue_upload(r, "hostA", RUN, "b0002", "/spool/dash/b0002.safetensors", BATCH_BYTES, "0" * 64, seq=1)
     queues.enqueue_extract(r, RUN, "b0005", seq=1)
     heartbeat.publish_heartbeat(r, RUN, "gpu-hostA-0", H200, ttl_seconds=30)
     heartbeat.publish_host(r, RUN, "hostA", {"spool_bytes": 2500, "spool_files": 1, "spool_budget_bytes": 10000})
     Worker([queues.queue(r, queues.upload_queue_name("hostA"))], connection=r, name="upload-hostA-1").register_birth()
-    finished = FinishedJobRegistry(queues.upload_queue_name("hostA"), connection=r)
-    r.zadd(finished.key, {queues.upload_job_id(RUN, b, 1): int(time.time()) + queues.RESULT_TTL
-                          for b in ("b0000", "b0001")})
+    for b in ("b0000", "b0001"):   # recorded done by hostA's uploaders (b0004 by a host gone since)
+        ledger.note_uploaded(r, RUN, "hostA", b)
 
 
 @pytest.fixture
@@ -157,6 +156,11 @@ def test_mid_run(client, r):
 def test_rates_of_an_old_run_cover_the_last_five_minutes(client, r):
     mid_run(r)
     r.zadd(RunKeys(RUN).spooled_log, {"b0000": time.time() - 3600})  # started an hour ago, b0 out of the window
+    now, then = int(time.time() // 60), int((time.time() - 3600) // 60)   # ... in the per-minute counts too
+    r.hset(RunKeys(RUN).rate_minutes, "spooled:first", int(time.time() - 3600))
+    for what, n in (("b", 1), ("s", BY_ID["b0000"].samples), ("t", BY_ID["b0000"].tokens)):
+        r.hincrby(RunKeys(RUN).rate_minutes, f"spooled:{now}:{what}", -n)
+        r.hincrby(RunKeys(RUN).rate_minutes, f"spooled:{then}:{what}", n)
     o = status(client)
     assert o["rate"]["window_seconds"] == RATE_WINDOW_SECONDS
     assert o["rate"]["tokens_per_s"] == pytest.approx(800 / RATE_WINDOW_SECONDS)

@@ -48,6 +48,8 @@ GARBAGE = {
 }
 NOT_NAMED = {"done record not JSON", "run name not UTF-8", "worker id not UTF-8", "done log member not UTF-8",
              "plan field not UTF-8"}  # read only where they add nothing, or read as text
+# `hsx status` reads no plan entry (its rates come from per-minute counts, issue 42): the dashboard names these
+NOT_IN_STATUS = {"plan entry not JSON", "plan entry without tokens"}
 
 
 @pytest.mark.parametrize("case", sorted(GARBAGE))
@@ -73,10 +75,11 @@ def test_one_bad_record_is_named_never_a_500(case, r, client, capsys, redis_env)
     assert main(["status", "--run", RUN]) == 0
     out = capsys.readouterr().out
     assert "batches  3/6 done" in out
-    if o["malformed"]:
+    if o["malformed"] and case not in NOT_IN_STATUS:
         assert "MALFORMED" in out, out
     assert main(["status", "--run", RUN, "--json"]) == 0
-    assert set(json.loads(capsys.readouterr().out)["malformed"]) == set(o["malformed"])
+    named = set(json.loads(capsys.readouterr().out)["malformed"])
+    assert named == (set() if case in NOT_IN_STATUS else set(o["malformed"]))
 
 
 def test_a_malformed_dead_letter_is_still_shown_and_retried(r, client):  # noqa: F811 (client fixture)

@@ -116,11 +116,12 @@ def test_a_reconcile_pass_aborts_when_the_run_is_marked_during_it(r, redis_serve
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="race", enqueue=False,
                            lease_seconds=LEASE))
     r.delete(RunKeys("race").planned_only)        # orphans, as a producer killed before enqueueing leaves them
+    r.set(RunKeys("race").fed, r.hget(RunKeys("race").totals, "batches"))   # ... once fed (else a pass feeds them)
     assert reconcile.reconcile(r, "race", grace=0) == []   # first sighting
     real_orphans = reconcile.orphans
 
-    def orphans_then_reset_starts(client, run):
-        found = real_orphans(client, run)
+    def orphans_then_reset_starts(client, run, **how):
+        found = real_orphans(client, run, **how)
         r.set(RunKeys(run).resetting, "1")
         return found
 

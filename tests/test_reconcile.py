@@ -1,6 +1,6 @@
 """The queue is a cache of the ledger: whatever empties it, the reconciler puts every planned batch back."""
 
-from hsx.life import leases, ledger, queues, reconcile
+from hsx.life import batchlife, leases, ledger, queues, reconcile
 from hsx.life.keys import RunKeys
 from hsx.monitor.progress import run_progress, summary_lines
 from hsx.store import open_store
@@ -47,6 +47,7 @@ def test_producer_killed_before_enqueueing_is_reconciled(r, redis_server, tiny_m
     # (c) the plan was saved, nothing enqueued (the producer died): status says so, the reconciler enqueues all
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="pk", enqueue=False))
     r.delete(RunKeys("pk").planned_only)  # what a producer killed between a window's plan and its enqueue leaves
+    r.delete(RunKeys("pk").fed)  # ... as an hsx before issue 42 left it: every batch should have had a job
     total = ledger.run_totals(r, "pk")["batches"]
     p = run_progress(r, "pk")
     assert p["stalled"].startswith(f"{total} of {total} batches left are in no queue") and p["eta_seconds"] is None
@@ -64,9 +65,25 @@ def test_producer_killed_before_enqueueing_is_reconciled(r, redis_server, tiny_m
     assert run_progress(r, "pk")["complete"]
 
 
+def test_a_plan_not_fed_yet_is_fed_not_reconciled(r, redis_server, tiny_model, tmp_path):
+    # A run is fed to its queue QUEUE_AHEAD jobs ahead (issue 42): batches past ``fed`` are no orphans, a pass feeds
+    # them (and status says they wait to be fed, not that they are lost).
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="pf", enqueue=False))
+    r.delete(RunKeys("pf").planned_only)  # a producer killed between a window's plan and its enqueue
+    total = ledger.run_totals(r, "pf")["batches"]
+    assert batchlife.fed_count(r, "pf") == 0 and reconcile.orphans(r, "pf") == set()
+    assert run_progress(r, "pf")["stalled"].startswith(f"{total} of {total} batches left are not fed to the queue yet")
+    assert reconcile.reconcile(r, "pf", grace=0) == []  # no orphan: fed instead
+    assert queues.pending_extract(r, "pf") == set(ledger.all_specs(r, "pf")) and batchlife.fed_count(r, "pf") == total
+    assert reconcile.reconcile(r, "pf", grace=0) == [] and len(queues.queue(r, queues.extract_queue_name("pf"))) == total
+    _finish(redis_server.url, tmp_path / "spool", "pf")
+    assert run_progress(r, "pf")["complete"]
+
+
 def test_leased_dead_and_done_batches_are_left_alone(r, redis_server, tiny_model, tmp_path):
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="la", enqueue=False))
     keys = RunKeys("la")
+    r.set(keys.fed, ledger.run_totals(r, "la")["batches"])  # every batch fed: each should have a job
     specs = ledger.all_specs(r, "la")
     leases.take(r, keys.extract_leases, "b0000000", lease_seconds=60)
     leases.take(r, keys.upload_leases, "b0000001", lease_seconds=60)

@@ -145,8 +145,9 @@ def test_duplicate_delivery_counts_once(r, redis_server, tiny_model, tmp_path):
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dup"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     assert run_progress(r, "dup")["done"] == before
-    dup_job.refresh()
-    assert dup_job.return_value() == "b0000000 already done"  # the duplicate ran and did nothing
+    # The duplicate ran and did nothing; rq kept nothing of it (life.RESULT_TTL is 0: the ledger says what finished).
+    assert not r.exists(dup_job.key) and not r.exists(f"rq:results:{dup_job.id}")
+    assert queues.queue(r, queues.extract_queue_name("dup")).count == 0
     assert (store_dir / key).read_bytes() == stored
     assert not spool_copy.exists()
     assert verify_run(r, open_store(str(store_dir)), "dup").ok

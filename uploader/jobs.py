@@ -150,7 +150,7 @@ def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, s
         if isinstance(exc, VerifyError) and file_sha256(local) != sha256:
             raise SpoolFileLost(f"spool file {local} is corrupt (sha256 differs from what the worker wrote)") from exc
         raise
-    life.finish(r, run, spec, key, info.size, sha256, by=rt.cfg.worker_name)
+    life.finish(r, run, spec, key, info.size, sha256, by=rt.cfg.worker_name, host=rt.host)
     fleet.clear_store_refusal(r, run)  # the store takes uploads again
     local.unlink(missing_ok=True)
     rt.record_upload(size, run)

@@ -26,8 +26,8 @@ reconciler queues again (an orphan) or a lease the reaper takes back, never a ba
 
 State       What marks it in Redis (``hsx:<run>:`` keys, rq queues)
 ----------  ------------------------------------------------------------------------------------
-planned     a ``plan`` entry, an ``x-<run>-<batch>-<seq>`` job on ``extract:<run>`` (or none: an
-            orphan the reconciler queues again)
+planned     a ``plan`` entry, an ``x-<run>-<batch>-<seq>`` job on ``extract:<run>`` (or none: not fed
+            yet, its index at or past ``fed``; else an orphan the reconciler queues again)
 leased      ``extract_leases`` member: a GPU worker computes it (expiry on Redis' clock)
 spooled     its file in a host's spool, a ``u-<run>-<batch>-<seq>`` job on ``upload@<host>``;
             first time only: ``spooled_log``
@@ -39,6 +39,8 @@ dead        a ``dead`` record: needs a person (``hsx retry-failed``, the dashboa
 Transition                          Function            Who
 ----------------------------------  ------------------  ----------------------------------------------
 -> planned                          ``enqueue``         producer; reconciler (orphans); ``verify --repair``
+-> planned, QUEUE_AHEAD at a time   ``feed``            producer (each window), ``lease`` (a queue run low),
+                                                        the reconciler (each pass)
 planned | failed | dead -> leased   ``lease``           GPU worker (a done batch: IllegalTransition)
 leased -> planned (uncounted)       ``hand_back``       a worker stopping, or one that lost the store
 leased -> (as it was)               ``release``         a worker letting go (done, or ``fail`` follows)
@@ -75,12 +77,14 @@ from typing import NamedTuple
 import redis
 from rq.job import Job
 
+from hsx.defaults import QUEUE_AHEAD
 from hsx.errors import HsxError
 from hsx.life import heartbeat, leases, ledger, queues
 from hsx.life.keys import RunKeys
 from hsx.life.queues import UploadJob
 from hsx.life.uploadpolicy import UPLOAD_FAILURES, UploadFailure, upload_backoff
 from hsx.redisconn import text
+from hsx.store import layout
 
 log = logging.getLogger(__name__)
 FIRST_SEQ = 1          # job-id suffix of a batch's first extract job (the producer's)
@@ -160,6 +164,61 @@ def enqueue(r: redis.Redis, run: str, bids: list[str], at_front: bool = False, f
         p.execute()
 
 
+# KEYS: fed, extract queue, planned_only, resetting, totals ; ARGV: ahead (jobs), limit (batches; -1: the totals')
+# Claims the next batches to feed: as many as the queue lacks of ``ahead``, up to ``limit``. Returns {first, count}
+# ({0, 0}: nothing to feed: a run planned only, being reset, or not fed in steps, an older hsx's, which has no fed).
+_FEED = """
+if redis.call('EXISTS', KEYS[3]) == 1 or redis.call('EXISTS', KEYS[4]) == 1 then return {0, 0} end
+local fed = redis.call('GET', KEYS[1])
+if not fed then return {0, 0} end
+fed = tonumber(fed)
+local limit = tonumber(ARGV[2])
+if limit < 0 then limit = tonumber(redis.call('HGET', KEYS[5], 'batches') or '0') end
+local take = math.min(tonumber(ARGV[1]) - redis.call('LLEN', KEYS[2]), limit - fed)
+if take <= 0 then return {fed, 0} end
+redis.call('SET', KEYS[1], fed + take)
+return {fed, take}
+"""
+
+
+def start_feeding(r: redis.Redis, run: str) -> None:
+    """A new run is fed to its extract queue in steps (``feed``) from its first batch on (SET NX: a run already
+    fed keeps its place; a run an older hsx planned, whose every batch was queued, never gets one)."""
+    r.set(RunKeys(run).fed, 0, nx=True)
+
+
+def fed_count(r: redis.Redis, run: str) -> int | None:
+    """Batches 0 .. n-1 of the run were given their first extract job; None: every planned batch was (a run planned
+    by an hsx before the queue was fed in steps)."""
+    raw = r.get(RunKeys(run).fed)
+    return None if raw is None else int(raw)
+
+
+def feed(r: redis.Redis, run: str, limit: int | None = None, ahead: int | None = None, pipe=None) -> int:
+    """-> planned, in steps: the next batches of the plan (those not done) get their first extract job, as many as
+    the queue lacks of ``ahead`` jobs, up to batch ``limit`` (None: the planned total of the run's whole windows).
+    The producer feeds after each window; every lease tops the queue up when it is below half of ``ahead``, and
+    the reconciler does in each pass. The claim is one script (a fed batch is claimed once); a process dying
+    after it leaves orphans the reconciler queues again. Written in ``pipe`` if given (the caller executes it).
+    Returns the jobs queued. ``ahead``: QUEUE_AHEAD unless given."""
+    keys = RunKeys(run)
+    ahead = QUEUE_AHEAD if ahead is None else ahead
+    first, count = (int(x) for x in r.eval(_FEED, 5, keys.fed, queues.queue(r, queues.extract_queue_name(run)).key,
+                                             keys.planned_only, keys.resetting, keys.totals, ahead,
+                                             -1 if limit is None else limit))
+    if not count:
+        return 0
+    bids = [layout.batch_id(i) for i in range(first, first + count)]
+    todo = [b for b in bids if b not in ledger.done_among(r, run, bids)]
+    enqueue(r, run, todo, first=True, pipe=pipe)
+    return len(todo)
+
+
+def unfed(bid: str, fed: int | None) -> bool:
+    """``bid`` has not been given its first job yet (its index is at or past ``fed``; an older run's never)."""
+    return fed is not None and bid[1:].isdigit() and int(bid[1:]) >= fed
+
+
 # KEYS: extract queue, plan, done, windows, totals, then each job's rq hash ; ARGV: job id, batch id (pairs)
 # Each job still queued (LREM found it: no worker took it) goes, its hash too, and its batch leaves the plan unless
 # done; then the window records go and the totals count the plan again. Returns how many jobs went.
@@ -193,20 +252,28 @@ def withdraw(r: redis.Redis, run: str) -> int:
         withdrawn += int(r.eval(_WITHDRAW, 5 + len(chunk), q.key, keys.plan, keys.done, keys.windows, keys.totals,
                                 *(Job.key_for(job_id) for job_id, _ in chunk),
                                 *(part for pair in chunk for part in pair)))
+    fed = fed_count(r, run)
+    if fed is not None:  # batches not fed yet have no job to take back: they leave the plan too (unless done)
+        later = [text(b) for b in r.hkeys(keys.plan) if unfed(text(b), fed)]
+        later = [b for b in later if b not in ledger.done_among(r, run, later)]
+        for start in range(0, len(later), WITHDRAW_CHUNK):
+            r.hdel(keys.plan, *later[start:start + WITHDRAW_CHUNK])
+        if later:
+            r.hset(keys.totals, mapping={"batches": r.hlen(keys.plan), "planning": 1})
     return withdrawn
 
 
 # ---- leased ----------------------------------------------------------------------------------------
-# KEYS: done, plan, extract_leases ; ARGV: batch_id, lease_seconds
-# Returns {'done'} (nothing written), {'unplanned'} (nothing written) or {'leased', <spec JSON>} with the
-# lease's expiry at Redis TIME + lease_seconds.
+# KEYS: done, plan, extract_leases, extract queue ; ARGV: batch_id, lease_seconds
+# Returns {'done', <queue length>} (nothing written), {'unplanned', <queue length>} (nothing written) or
+# {'leased', <spec JSON>, <queue length>} with the lease's expiry at Redis TIME + lease_seconds.
 _LEASE = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {'done'} end
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {'done', redis.call('LLEN', KEYS[4])} end
 local spec = redis.call('HGET', KEYS[2], ARGV[1])
-if not spec then return {'unplanned'} end
+if not spec then return {'unplanned', redis.call('LLEN', KEYS[4])} end
 local t = redis.call('TIME')
 redis.call('ZADD', KEYS[3], tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[2]), ARGV[1])
-return {'leased', spec}
+return {'leased', spec, redis.call('LLEN', KEYS[4])}
 """
 
 
@@ -214,8 +281,11 @@ def lease(r: redis.Redis, run: str, bid: str, lease_seconds: float) -> ledger.Ba
     """planned | failed | dead -> leased, in one script: the batch's spec, or None if it is not in the plan.
     A done batch is refused (IllegalTransition, state DONE): a duplicate delivery has nothing to compute."""
     keys = RunKeys(run)
-    found = r.eval(_LEASE, 3, keys.done, keys.plan, keys.extract_leases, bid, lease_seconds)
+    found = r.eval(_LEASE, 4, keys.done, keys.plan, keys.extract_leases,
+                   queues.queue(r, queues.extract_queue_name(run)).key, bid, lease_seconds)
     outcome = text(found[0])
+    if int(found[-1]) < QUEUE_AHEAD // 2:   # the queue runs low: top it up from the plan (whatever this job was)
+        feed(r, run)
     if outcome == "done":
         raise IllegalTransition(run, bid, State.DONE, State.LEASED)
     return ledger.BatchSpec.from_json(found[1]) if outcome == "leased" else None
@@ -295,10 +365,15 @@ def uploading(r: redis.Redis, run: str, bid: str, job: UploadJob, lease_seconds:
 
 
 # ---- done ------------------------------------------------------------------------------------------
-def finish(r: redis.Redis, run: str, spec: ledger.BatchSpec, key: str, size: int, sha256: str, by: str) -> bool:
+def finish(r: redis.Redis, run: str, spec: ledger.BatchSpec, key: str, size: int, sha256: str, by: str,
+           host: str | None = None) -> bool:
     """-> done. Call only after the store verified the object: the last write. True if newly recorded
-    (a batch done already stays as it is; its failure and dead-letter records go either way)."""
-    return ledger.mark_done(r, run, spec, key, size, sha256, by)
+    (a batch done already stays as it is; its failure and dead-letter records go either way). ``host``: the
+    uploader's host, whose ``uploaded`` record (the last UPLOADED_SECONDS, its upload rate) gains the batch."""
+    recorded = ledger.mark_done(r, run, spec, key, size, sha256, by)
+    if recorded and host:
+        ledger.note_uploaded(r, run, host, spec.batch_id)
+    return recorded
 
 
 def reopen(r: redis.Redis, run: str, spec: ledger.BatchSpec, requeue: bool = True) -> bool:

@@ -59,9 +59,11 @@ def check_batch(store, run: str, spec: ledger.BatchSpec, info: dict | None, quic
     return None, contents.sample_ids
 
 
-def unmark_missing_done(r, store, run: str) -> list[str]:
-    """Take out of the ledger every done batch whose object is missing or of the wrong size (quick check)."""
-    specs, infos = ledger.all_specs(r, run), ledger.done_info(r, run)
+def unmark_missing_done(r, store, run: str, specs: dict[str, ledger.BatchSpec] | None = None) -> list[str]:
+    """Take out of the ledger every done batch whose object is missing or of the wrong size (quick check).
+    ``specs``: the run's plan, if the caller read it already (read here if None)."""
+    specs = ledger.all_specs(r, run) if specs is None else specs
+    infos = ledger.done_info(r, run)
 
     def one(bid):
         return bid, check_batch(store, run, specs[bid], infos[bid], quick=True)[0]
@@ -95,6 +97,6 @@ def repair_batches(r, store, run: str, bids: list[str], specs: dict[str, ledger.
 def requeue_orphans(r, run: str) -> list[str]:
     """Re-enqueue at once the planned batches in no queue, lease, ledger or dead letter (what the reconciler
     does after its grace period)."""
-    found = sorted(reconcile.orphans(r, run))
+    found = sorted(reconcile.orphans(r, run, whole=True))
     batchlife.enqueue(r, run, found, at_front=True)
     return found

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RUNS = "hsx:runs"  # SET of run names, no TTL
+LOG_SECONDS = 3600  # how long done_log and spooled_log keep a batch (s): the rate window, the chart, the stall check
+UPLOADED_SECONDS = 3600  # how long a host's ``uploaded`` ZSET remembers a batch (s): longer than any rate window
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class RunKeys:
         return self._k("done")
 
     @property
-    def done_info(self) -> str:  # HASH batch_id -> JSON {key, size, sha256, ...}; no TTL
+    def done_info(self) -> str:  # HASH batch_id -> JSON {size, sha256} (an older hsx's: + key, by, ts); no TTL
         return self._k("done_info")
 
     @property
@@ -59,11 +61,19 @@ class RunKeys:
         return self._k("done_seq_generation")
 
     @property
-    def done_log(self) -> str:  # ZSET batch_id scored by unix time it was recorded done; no TTL
+    def done_log(self) -> str:  # ZSET batch_id scored by unix time it was recorded done, the last LOG_SECONDS (trimmed
+        # on each write; an older hsx's run: every batch); no TTL
         return self._k("done_log")
 
     @property
-    def spooled_log(self) -> str:  # ZSET batch_id scored by unix time it reached a spool; no TTL
+    def rate_minutes(self) -> str:  # HASH "<spooled|done>:<unix minute>:<b|s|t>" -> batches, samples, tokens first
+        # spooled / recorded done in that minute: the rates read in O(minutes), not O(batches in the window); and
+        # "<spooled|done>:first" (unix s of the run's first), "spooled:count" (batches first spooled); no TTL
+        return self._k("rate_minutes")
+
+    @property
+    def spooled_log(self) -> str:  # ZSET batch_id scored by unix time it reached a spool, the last LOG_SECONDS
+        # (trimmed on each write; an older hsx's run: every batch); no TTL
         return self._k("spooled_log")
 
     @property
@@ -127,12 +137,22 @@ class RunKeys:
         return self._k("resetting")
 
     @property
+    def fed(self) -> str:  # STRING int: batches 0 .. fed-1 were given their first extract job (the queue is fed
+        # QUEUE_AHEAD jobs ahead, never the whole plan: hsx.life.batchlife.feed); absent: every planned batch was
+        # (a run planned by an hsx before issue 42); no TTL
+        return self._k("fed")
+
+    @property
     def job_seq(self) -> str:  # STRING counter: unique suffix of re-enqueued job ids; no TTL
         return self._k("job_seq")
 
     @property
     def hosts(self) -> str:  # HASH host -> JSON spool stats {bytes, files, budget, ts}; no TTL
         return self._k("hosts")
+
+    def uploaded(self, host: str) -> str:  # ZSET batch_id scored by unix time ``host``'s uploaders recorded it done;
+        # trimmed to the last UPLOADED_SECONDS on each write (the host's upload rate); no TTL
+        return self._k(f"uploaded:{host}")
 
     @property
     def upload_refused(self) -> str:  # HASH host -> JSON {cause, message, jobs, ts}: uploads a host refuses; no TTL
@@ -166,6 +186,11 @@ class RunKeys:
     @property
     def orphans(self) -> str:  # HASH batch_id -> Redis TIME it was first seen in no queue/lease/ledger/dead; no TTL
         return self._k("orphans")
+
+    @property
+    def reconcile_cursor(self) -> str:  # STRING int: the next batch index a reconciler pass checks of a run fed in
+        # steps (it goes round [0, fed), RECONCILE_CHUNK a pass); no TTL
+        return self._k("reconcile_cursor")
 
     @property
     def reconcile_lock(self) -> str:  # STRING "1": a reconciler pass was made; TTL the reconcile interval (PX)

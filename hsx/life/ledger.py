@@ -21,12 +21,12 @@ import redis
 
 from hsx.errors import HsxError
 from hsx.life import errorlog, records
-from hsx.life.keys import RUNS, RunKeys
+from hsx.life.keys import LOG_SECONDS, RUNS, UPLOADED_SECONDS, RunKeys
 from hsx.redisconn import int_hash, json_hash, text
 from hsx.runspec import Manifest
 
-# KEYS: done, done_info, counters, shard_done, done_log, failures, dead, done_seq, done_seq_pos
-# ARGV: batch_id, info_json, samples, tokens, bytes, shard, now
+# KEYS: done, done_info, counters, shard_done, done_log, failures, dead, done_seq, done_seq_pos, rate_minutes
+# ARGV: batch_id, info_json, samples, tokens, bytes, shard, now, unix minute, LOG_SECONDS
 # Returns 1 if this call recorded the batch, 0 if it was already done. Either way the batch is no
 # longer a failure or a dead letter: a batch done is done (a dead letter left from before a Redis loss,
 # or by an upload that ran while the plan was being saved again, must not outlive it). A batch recorded
@@ -46,6 +46,35 @@ redis.call('HINCRBY', KEYS[3], 'tokens', ARGV[4])
 redis.call('HINCRBY', KEYS[3], 'bytes', ARGV[5])
 redis.call('HINCRBY', KEYS[4], ARGV[6], 1)
 redis.call('ZADD', KEYS[5], ARGV[7], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', tonumber(ARGV[7]) - tonumber(ARGV[9]))
+redis.call('HSETNX', KEYS[10], 'done:first', math.floor(tonumber(ARGV[7])))
+redis.call('HINCRBY', KEYS[10], 'done:' .. ARGV[8] .. ':b', 1)
+redis.call('HINCRBY', KEYS[10], 'done:' .. ARGV[8] .. ':s', ARGV[3])
+redis.call('HINCRBY', KEYS[10], 'done:' .. ARGV[8] .. ':t', ARGV[4])
+return 1
+"""
+
+# KEYS: spooled_log, rate_minutes, plan ; ARGV: batch_id, now, unix minute, LOG_SECONDS
+# A batch reaching a spool for the first time (in the last LOG_SECONDS: the log keeps no more): its time in
+# spooled_log, its minute's counts (samples and tokens from its plan entry; 0 where that is not one) and the run's
+# count and first time in rate_minutes. Returns 1 if first.
+_MARK_SPOOLED = """
+if redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1]) == 0 then return 0 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[4]))
+redis.call('HSETNX', KEYS[2], 'spooled:first', math.floor(tonumber(ARGV[2])))
+redis.call('HINCRBY', KEYS[2], 'spooled:count', 1)
+local samples, tokens = 0, 0
+local raw = redis.call('HGET', KEYS[3], ARGV[1])
+if raw then
+  local ok, spec = pcall(cjson.decode, raw)
+  if ok and type(spec) == 'table' then
+    samples = tonumber(spec['samples']) or 0
+    tokens = tonumber(spec['tokens']) or 0
+  end
+end
+redis.call('HINCRBY', KEYS[2], 'spooled:' .. ARGV[3] .. ':b', 1)
+redis.call('HINCRBY', KEYS[2], 'spooled:' .. ARGV[3] .. ':s', samples)
+redis.call('HINCRBY', KEYS[2], 'spooled:' .. ARGV[3] .. ':t', tokens)
 return 1
 """
 
@@ -180,22 +209,45 @@ def done_among(r: redis.Redis, run: str, bids: list[str]) -> set[str]:
 
 
 def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sha256: str, by: str) -> bool:
-    """Record a verified batch. Call only after the store verified the object. True if newly recorded."""
+    """Record a verified batch. Call only after the store verified the object. True if newly recorded.
+
+    Its ``done_info`` record is ``{"size", "sha256"}``, what every reader checks an object against (issue 42: the
+    object's key is the run's layout's, ``by`` is in the uploader's log, the time in ``done_log``; an older hsx's
+    record also holds ``key``, ``by`` and ``ts``)."""
     keys = RunKeys(run)
     now = time.time()
-    info = json.dumps({"key": key, "size": size, "sha256": sha256, "by": by, "ts": now}, separators=(",", ":"))
-    recorded = r.eval(_MARK_DONE, 9, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
-                      keys.failures, keys.dead, keys.done_seq, keys.done_seq_pos,
-                      spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now)
+    info = json.dumps({"size": size, "sha256": sha256}, separators=(",", ":"))
+    recorded = r.eval(_MARK_DONE, 10, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
+                      keys.failures, keys.dead, keys.done_seq, keys.done_seq_pos, keys.rate_minutes,
+                      spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now, int(now // 60),
+                      LOG_SECONDS)
     return bool(recorded)
+
+
+def note_uploaded(r: redis.Redis, run: str, host: str, bid: str) -> None:
+    """``host``'s uploaders recorded ``bid`` done now: its ``uploaded`` record gains it and forgets what is older
+    than UPLOADED_SECONDS (one pipeline; the record holds a window of the host's rate, never the run)."""
+    key, now = RunKeys(run).uploaded(host), time.time()
+    pipe = r.pipeline(transaction=False)
+    pipe.zadd(key, {bid: now})
+    pipe.zremrangebyscore(key, "-inf", now - UPLOADED_SECONDS)
+    pipe.execute()
+
+
+def uploaded_since(r: redis.Redis, run: str, host: str, since: float) -> list[str]:
+    """Batches ``host``'s uploaders recorded done since ``since`` (unix s; at most UPLOADED_SECONDS back)."""
+    return [text(b) for b in r.zrangebyscore(RunKeys(run).uploaded(host), since, "+inf")]
 
 
 WRITTEN_BYTES = "written_bytes"  # field of the counters HASH: bytes of batch files written to spools (rewrites too)
 
 
 def mark_spooled(r: redis.Redis, run: str, bid: str, pipe=None, nbytes: int = 0) -> None:
-    """Note when a batch reached a spool (first time only): feeds the extraction-rate chart; count its bytes."""
-    (pipe or r).zadd(RunKeys(run).spooled_log, {bid: time.time()}, nx=True)
+    """Note when a batch reached a spool (first time only): feeds the extraction-rate chart and the minute's
+    counts of the rate; count its bytes."""
+    keys, now = RunKeys(run), time.time()
+    (pipe or r).eval(_MARK_SPOOLED, 3, keys.spooled_log, keys.rate_minutes, keys.plan, bid, now, int(now // 60),
+                     LOG_SECONDS)
     if nbytes:
         (pipe or r).hincrby(RunKeys(run).counters, WRITTEN_BYTES, nbytes)
 
@@ -295,7 +347,7 @@ def done_info(r: redis.Redis, run: str) -> dict[str, dict]:
 
 
 def done_record(r: redis.Redis, run: str, bid: str) -> dict | None:
-    """The ledger's record of ``bid`` ({key, size, sha256, by, ts}, as ``mark_done`` wrote it); None while it is
-    not done (never was, or a repair took it out)."""
+    """The ledger's record of ``bid`` ({size, sha256}, as ``mark_done`` wrote it; an older hsx's also key, by, ts);
+    None while it is not done (never was, or a repair took it out)."""
     raw = r.hget(RunKeys(run).done_info, bid)
     return json.loads(raw) if raw else None

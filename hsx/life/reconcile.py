@@ -38,6 +38,7 @@ import redis
 from hsx.life import batchlife, leases, queues
 from hsx.life.keys import RunKeys
 from hsx.redisconn import text
+from hsx.store import layout
 
 log = logging.getLogger(__name__)
 HANDED_OUT_GRACES = 3  # graces (lease / 2 each) a handed-out, not yet leased batch waits before it counts as lost
@@ -67,9 +68,51 @@ def handed_out(r: redis.Redis, run: str, bids: set[str]) -> set[str]:
     return found
 
 
-def orphans(r: redis.Redis, run: str) -> set[str]:
-    """Planned batches neither done, queued, leased nor dead (one pipelined read + one of EXISTS)."""
+RECONCILE_CHUNK = 4096  # batches a pass checks of a run fed in steps, besides the last 2 x QUEUE_AHEAD fed
+
+# KEYS: plan, done, dead, extract_leases, upload_leases ; ARGV: batch ids
+# Those of the ids planned and neither done, dead nor leased (each check O(1): the script is O(ids)).
+_UNACCOUNTED = """
+local out = {}
+for _, bid in ipairs(ARGV) do
+  if redis.call('HEXISTS', KEYS[1], bid) == 1 and redis.call('SISMEMBER', KEYS[2], bid) == 0
+     and redis.call('HEXISTS', KEYS[3], bid) == 0 and not redis.call('ZSCORE', KEYS[4], bid)
+     and not redis.call('ZSCORE', KEYS[5], bid) then
+    out[#out + 1] = bid
+  end
+end
+return out
+"""
+
+
+def _fed_candidates(r: redis.Redis, run: str, fed: int, advance: bool) -> list[str]:
+    """The batch ids a pass checks of a run fed in steps: the last 2 x QUEUE_AHEAD fed (where hand-overs happen),
+    and the next RECONCILE_CHUNK from the run's reconcile cursor, which (``advance``) goes round [0, fed) pass by
+    pass: every fed batch is checked within fed / RECONCILE_CHUNK passes, and no pass reads an O(run) key."""
+    recent = set(range(max(fed - 2 * batchlife.QUEUE_AHEAD, 0), fed))
+    start = int(r.get(RunKeys(run).reconcile_cursor) or 0)
+    start = start if start < fed else 0
+    end = min(start + RECONCILE_CHUNK, fed)
+    if advance:
+        r.set(RunKeys(run).reconcile_cursor, end if end < fed else 0)
+    return [layout.batch_id(i) for i in sorted(recent | set(range(start, end)))]
+
+
+def orphans(r: redis.Redis, run: str, also=(), advance: bool = False, whole: bool = False) -> set[str]:
+    """Planned batches already fed (hsx.life.batchlife.feed) neither done, queued, leased nor dead. A run fed in
+    steps: among the batches ``_fed_candidates`` names and ``also`` (one script, O(candidates), and the queues'
+    lists, O(jobs queued)); ``advance``: the reconcile cursor moves on (a pass); ``whole``: every fed batch (`hsx
+    verify --repair`, in scripts of 256). An older hsx's run: all of them (one pipelined read of the plan, the
+    ledger, the leases)."""
     keys = RunKeys(run)
+    fed = batchlife.fed_count(r, run)
+    if fed is not None:
+        ids = ([layout.batch_id(i) for i in range(fed)] if whole
+               else sorted(set(_fed_candidates(r, run, fed, advance)) | set(also)))
+        left = {text(b) for start in range(0, len(ids), 256) for b in r.eval(   # ~0.5 ms of Redis a script
+            _UNACCOUNTED, 5, keys.plan, keys.done, keys.dead, keys.extract_leases, keys.upload_leases,
+            *ids[start:start + 256])}
+        return _not_queued(r, run, left)
     queue_names = _queue_names(r, run)
     pipe = r.pipeline(transaction=False)
     pipe.hkeys(keys.plan)
@@ -82,10 +125,24 @@ def orphans(r: redis.Redis, run: str) -> set[str]:
     plan, done, dead, xl, ul, *lists = pipe.execute()
     left = {text(b) for b in plan} - {text(b) for b in done} - {text(b) for b in dead}
     left -= {text(b) for b in xl} | {text(b) for b in ul}
+    return _discard_listed(run, left, lists)
+
+
+def _not_queued(r: redis.Redis, run: str, left: set[str]) -> set[str]:
+    """Those of ``left`` no queue of the run lists (one pipelined LRANGE a queue)."""
     if not left:
         return set()
+    pipe = r.pipeline(transaction=False)
+    for name in _queue_names(r, run):
+        pipe.lrange(queues.queue(r, name).key, 0, -1)
+    return _discard_listed(run, left, pipe.execute())
+
+
+def _discard_listed(run: str, left: set[str], lists) -> set[str]:
     # A job id whose job hash was deleted by hand stays in the list until a worker pops and skips
     # it; from then on its batch is in no queue and the next passes catch it.
+    if not left:
+        return set()
     for ids in lists:
         for raw in ids:
             parsed = queues.batch_of_job(text(raw))
@@ -126,8 +183,8 @@ def reconcile(r: redis.Redis, run: str, grace: float) -> list[str]:
         r.delete(keys.orphans)
         return []
     now = leases.redis_now(r)
-    found = orphans(r, run)
-    seen = {text(k): float(v) for k, v in r.hgetall(keys.orphans).items()}
+    seen = {text(k): float(v) for k, v in r.hgetall(keys.orphans).items()}   # O(orphans), not O(run)
+    found = orphans(r, run, also=seen, advance=True)   # the ones seen before are checked again
     waiting = handed_out(r, run, {b for b in found if b in seen and seen[b] <= now - grace})
     due = sorted(b for b in found if b in seen
                  and seen[b] <= now - grace * (HANDED_OUT_GRACES if b in waiting else 1))
@@ -146,6 +203,7 @@ def reconcile(r: redis.Redis, run: str, grace: float) -> list[str]:
             pipe.execute()
         except redis.WatchError:
             return []  # reset, planned only or being planned since the read: the next pass looks again
+    batchlife.feed(r, run)   # the queue topped up from the plan (nothing while it holds QUEUE_AHEAD jobs)
     if due:
         log.warning("reconciler: re-enqueued %d batches of run %s that were in no queue, lease or dead letter: %s",
                     len(due), run, due[:10])

@@ -22,15 +22,64 @@ WORKER_COUNTS = ("a worker's count: batches it extracted, as of its last report;
 def rate_span(r: redis.Redis, run: str, now: float, window: float = RATE_WINDOW_SECONDS) -> float:
     """Seconds rates are averaged over: ``window``, or the run's age since its first batch reached a
     spool or the ledger if that is shorter (so a young run's rate and ETA are not diluted)."""
-    keys = RunKeys(run)
-    firsts = [s for key in (keys.spooled_log, keys.done_log) for _, s in r.zrange(key, 0, 0, withscores=True)]
+    firsts = [first for kind in ("spooled", "done") if (first := _first(r, run, kind)) is not None]
     if not firsts:
         return window
     return min(window, max(now - min(firsts), MIN_RATE_SPAN_SECONDS))
 
 
+def _first(r: redis.Redis, run: str, kind: str) -> float | None:
+    """Unix time the run's first batch was ``kind`` (spooled | done): its mark in rate_minutes, else (an older hsx's
+    run, whose logs hold every batch) the log's first entry; None: none yet."""
+    keys = RunKeys(run)
+    mark = r.hget(keys.rate_minutes, f"{kind}:first")
+    try:
+        return float(mark) if mark is not None else None
+    except ValueError:
+        pass   # not a time: the log says
+    log_key = keys.done_log if kind == "done" else keys.spooled_log
+    first = r.zrange(log_key, 0, 0, withscores=True)
+    return first[0][1] if first else None
+
+
+def _spooled_count(r: redis.Redis, run: str) -> int:
+    """Batches of the run that reached a spool: the count in rate_minutes, else (an older hsx's run) its log's."""
+    keys = RunKeys(run)
+    count = r.hget(keys.rate_minutes, "spooled:count")
+    try:
+        return int(count) if count is not None else r.zcard(keys.spooled_log)
+    except ValueError:
+        return r.zcard(keys.spooled_log)
+
+
+def _minutes(r: redis.Redis, run: str, kind: str, now: float, window: float) -> dict | None:
+    """Batches, samples and tokens ``kind`` (spooled | done) in the last ``window`` s from the run's per-minute
+    counts (one HMGET of 3 fields a minute; the oldest minute counted by the share of it inside the window); None
+    for a run without them (recorded by an hsx before issue 42)."""
+    key = RunKeys(run).rate_minutes
+    if not r.exists(key):
+        return None
+    start = now - window
+    minutes = range(int(start // 60), int(now // 60) + 1)
+    raw = r.hmget(key, [f"{kind}:{m}:{what}" for m in minutes for what in "bst"])
+    totals = [0.0, 0.0, 0.0]
+    for i, m in enumerate(minutes):
+        share = min(max(((m + 1) * 60 - start) / 60, 0.0), 1.0)
+        for j in range(3):
+            try:
+                totals[j] += share * int(raw[3 * i + j] or 0)
+            except ValueError:
+                pass   # not a count: adds nothing
+    return dict(zip(("batches", "samples", "tokens"), (round(t) for t in totals), strict=True))
+
+
 def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float, span: float | None = None,
             malformed: list[str] | None = None) -> dict:
+    span = span or window
+    kind = "done" if log_key == RunKeys(run).done_log else "spooled"
+    counted = _minutes(r, run, kind, now, window)
+    if counted is not None:
+        return {**counted, "per_s": {k: v / span for k, v in counted.items()}}
     members = r.zrangebyscore(log_key, now - window, now, withscores=True)
     if not members:
         return {"batches": 0, "samples": 0, "tokens": 0, "per_s": {"batches": 0.0, "samples": 0.0, "tokens": 0.0}}
@@ -46,7 +95,6 @@ def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float, s
             tokens += spec["tokens"]
     if malformed is not None:
         malformed.extend(m for m in seen if m not in malformed)  # the two windows read the same plan entries
-    span = span or window
     return {"batches": len(members), "samples": samples, "tokens": tokens,
             "per_s": {"batches": len(members) / span, "samples": samples / span, "tokens": tokens / span}}
 
@@ -121,14 +169,14 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     now = now or time.time()
     malformed: list[str] = []
     totals, done = records.int_hash(r, keys.totals, malformed), records.int_hash(r, keys.counters, malformed)
-    spooled = r.zcard(keys.spooled_log)
+    spooled = _spooled_count(r, run)
     span = rate_span(r, run, now, window)
     rate = _window(r, run, keys.done_log, now, window, span, malformed)
     remaining_tokens = max(totals.get("tokens", 0) - done.get("tokens", 0), 0)
     tok_rate = rate["per_s"]["tokens"]
     eta = remaining_tokens / tok_rate if tok_rate > 0 else None
     complete = not totals.get("planning", 0) and totals.get("batches", -1) == done.get("batches", 0)
-    first = r.zrange(keys.done_log, 0, 0, withscores=True)
+    started = _first(r, run, "done")
     raw_manifest = r.get(keys.manifest)
     manifest = _manifest(raw_manifest, keys.manifest, malformed) if raw_manifest else None
     workers = life.read_workers(r, run, malformed=malformed)
@@ -164,7 +212,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "eta_seconds": 0.0 if complete else (None if stalled or planning else eta),  # unknown until the plan is whole
         "planning": planning,  # {windows, batches, rows, producer, resume}: the plan is not whole yet (hsx.monitor.planstate)
         "complete": complete,
-        "started": first[0][1] if first else None,
+        "started": started,
         "shards": {k: {"done": v} for k, v in records.int_hash(r, keys.shard_done, malformed).items()},
         "failures": failures,
         "dead_letters": dead,
@@ -213,7 +261,12 @@ def stall_reason(r: redis.Redis, run: str, now: float, totals: dict, done: dict,
         return None
     left = totals["batches"] - done.get("batches", 0)
     alive = sum(1 for w in workers if w.get("alive"))
-    lost = len(life.orphans(r, run))
+    lost = len(life.orphans(r, run))   # a run fed in steps: among the batches a pass would check now
+    fed = life.fed_count(r, run)
+    unfed = totals["batches"] - fed if fed is not None else 0
+    if not lost and not extract_queue and unfed > 0:
+        return (f"{unfed} of {left} batches left are not fed to the queue yet; a running worker or uploader feeds "
+                "them within 2 x its lease" + ("" if alive else " (no live worker of this run now)"))
     if lost:
         return (f"{lost} of {left} batches left are in no queue, lease or dead letter; a running worker or uploader "
                 "re-enqueues them within 2 x its lease" + ("" if alive else " (no live worker of this run now)"))

@@ -1,30 +1,23 @@
 """How fast a host's uploaders finish a run's uploads: what the dashboard's host rows show beside the spool.
 
-Counted from rq's finished-job registry of the host's upload queue (a ZSET scored by finish time + the job's
-result TTL, ``life.RESULT_TTL``), the plan's tokens a batch and the ledger's size a batch (``done_info``).
+Counted from the host's ``uploaded`` record (``life.uploaded_since``: the batches its uploaders recorded done in
+the last hour; rq keeps no finished job, ``life.RESULT_TTL`` is 0), the plan's tokens a batch and the ledger's size
+a batch (``done_info``).
 """
 
 from __future__ import annotations
 
 import redis
-from rq.registry import FinishedJobRegistry
 
 from hsx import life
 from hsx.life import RunKeys, records
-from hsx.redisconn import text
 
 
 def host_upload_rate(r: redis.Redis, run: str, host: str, tokens_of: dict[str, int], now: float,
                      window: float) -> dict:
     """Uploads of ``run`` finished by ``host``'s uploaders in the last ``window`` s (the run's rate span):
     ``{upload_batches_per_s, upload_tokens_per_s, upload_bytes_per_s}``; ``tokens_of``: batch id -> tokens."""
-    registry = FinishedJobRegistry(life.upload_queue_name(host), connection=r)
-    since = now - window + life.RESULT_TTL
-    bids = set()
-    for raw in r.zrangebyscore(registry.key, since, "+inf"):
-        parsed = life.batch_of_job(text(raw))
-        if parsed and parsed[0] == run:
-            bids.add(parsed[1])
+    bids = set(life.uploaded_since(r, run, host, now - window))
     key = RunKeys(run).done_info
     sizes = r.hmget(key, sorted(bids)) if bids else []
     infos = (records.decode(s, key, [], records.DONE_INFO, ("size",)) for s in sizes if s)
