@@ -15,13 +15,14 @@ import subprocess
 from pathlib import Path
 
 from tests.slurmcluster import ONE_NODE, SlurmCluster
+from tests.waiting import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "<!-- checked by tests/test_slurm_one_node.py -->"
 
 
 def conf(tmp: Path, **env) -> dict[str, str]:
-    out = subprocess.run(["bash", str(ONE_NODE), str(tmp)], capture_output=True, text=True, check=True, timeout=30,
+    out = subprocess.run(["bash", str(ONE_NODE), str(tmp)], capture_output=True, text=True, check=True, timeout=scaled(30),
                          env={**os.environ, **env})
     lines = [line for line in out.stdout.splitlines() if line and not line.startswith("#")]
     return {line.split("=", 1)[0]: line.split("=", 1)[1] for line in lines}
