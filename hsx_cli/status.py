@@ -33,7 +33,7 @@ def config(v) -> StatusConfig:
 
 def run(cfg: StatusConfig) -> int:
     from hsx import life
-    from hsx.monitor import run_progress, source_lines, source_progress, summary_lines
+    from hsx.monitor import run_progress, source_progress, summary_lines, with_source_lines
     from hsx.printable import printable
     from hsx.redisconn import connect
 
@@ -56,9 +56,7 @@ def run(cfg: StatusConfig) -> int:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, default=str))
     else:
         for p in reports:
-            lines = summary_lines(p)
-            at = next((i + 1 for i, line in enumerate(lines) if line.startswith("  tokens ")), len(lines))
-            lines[at:at] = source_lines(p["sources"])   # after the run's totals
+            lines = with_source_lines(summary_lines(p), p["sources"])
             print("\n".join(printable(line) for line in lines))   # Redis' records: shown, never obeyed
     return 0
 

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 from rich.table import Table
 from rich.text import Text
 
-from hsx.monitor import fmt_bytes, fmt_duration, host_row, run_progress, summary_lines
+from hsx.monitor import fmt_bytes, fmt_duration, host_row, run_progress, source_lines, source_progress, summary_lines, with_source_lines
 from hsx.printable import printable
 
 BARS = (("samples", "samples"), ("tokens", "tokens"), ("extracted", "batches extracted"),
@@ -126,7 +126,9 @@ def watch(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int |
         def show(p: dict) -> None:
             for key, (done, total) in _bar_values(p).items():
                 bars.update(tasks[key], completed=done, total=total or None)
-            live.update(Group(_header(p), bars, _workers_table(p), _hosts_table(r, p), _failures(p)), refresh=True)
+            sources = source_lines(source_progress(r, run))   # a mixture's; none for one dataset
+            live.update(Group(_header(p), bars, *([Text("\n".join(sources))] if sources else []), _workers_table(p),
+                              _hosts_table(r, p), _failures(p)), refresh=True)
 
         return _poll(r, run, interval, max_iterations, show, console.print)
 
@@ -134,5 +136,6 @@ def watch(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int |
 def watch_plain(r: redis.Redis, run: str, interval: float = 2.0, max_iterations: int | None = None) -> int:
     """``watch`` for a log file or a pipe: the status summary every ``interval`` seconds, no terminal codes."""
     return _poll(r, run, interval, max_iterations,
-                 lambda p: print("\n".join(printable(x) for x in summary_lines(p)), flush=True),
+                 lambda p: print("\n".join(printable(x) for x in with_source_lines(summary_lines(p),
+                                                                                   source_progress(r, run))), flush=True),
                  lambda msg: print(printable(msg), flush=True))

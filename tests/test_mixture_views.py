@@ -40,6 +40,8 @@ def test_status_and_dashboard_count_each_source_planned_and_done(r, redis_server
     assert [(s["source"], s["rows"], s["rejected"], s["samples"], s["done"]["batches"]) for s in before] == \
         [("a", 6, 0, 6, 0), ("b", 4, 1, 3, 0)]
     assert before[0]["tokens"] == sum(s.tokens for s in a_batches) and before[0]["batches"] == len(a_batches)
+    assert [s["computed_tokens"] for s in before] == [sum(s.computed_tokens for s in a_batches),
+                                                      sum(s.computed_tokens for s in b_batches)]
     # all of a's batches done, and b's first
     done(r, open_store(str(tmp_path / "store")), "mixv", *[s.batch_id for s in a_batches], b_batches[0].batch_id)
     after = {s["source"]: s["done"] for s in source_progress(r, "mixv")}
@@ -53,8 +55,14 @@ def test_status_and_dashboard_count_each_source_planned_and_done(r, redis_server
     assert "  sources  (done/planned)" in out
     assert f"    a: rows 6 read, 0 rejected; batches {len(a_batches)}/{len(a_batches)} (100.0%), samples 6/6 (100.0%)" in out
     assert "    b: rows 4 read, 1 rejected; batches 1/" in out
+    assert f"; {before[0]['computed_tokens']:,} tokens computed for them" in out
     assert status.run(status.StatusConfig(redis_server.url, "mixv", True, False, 1.0)) == 0
     assert json.loads(capsys.readouterr().out)["sources"][1]["done"] == after["b"]
+
+    from hsx_tools.watch import watch_plain
+
+    assert watch_plain(r, "mixv", 0.01, max_iterations=1) == 0     # `hsx status --watch` into a log: the same lines
+    assert f"    a: rows 6 read, 0 rejected; batches {len(a_batches)}/" in capsys.readouterr().out
 
     client = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client()
     o = client.get("/api/status?run=mixv").json["overview"]
@@ -64,6 +72,7 @@ def test_status_and_dashboard_count_each_source_planned_and_done(r, redis_server
     for name, samples in (("a", 6), ("b", 3)):
         row = page.split(f'<tr data-source="{name}">', 1)[1].split("</tr>", 1)[0]
         assert f"{after[name]['samples']} / {samples}" in row, row
+        assert f"<td class=\"num\">{before[0 if name == 'a' else 1]['computed_tokens']:,}</td>" in row, row
 
 
 def test_one_dataset_runs_show_no_sources(r, redis_server, tiny_model, tmp_path):

@@ -133,7 +133,8 @@
       el("td", {class: "num"}, fmtInt(s.rows)), el("td", {class: "num"}, fmtInt(s.rejected)),
       el("td", {class: "num"}, `${fmtInt(s.done.samples)} / ${fmtInt(s.samples)}`),
       el("td", {class: "num"}, `${fmtInt(s.done.tokens)} / ${fmtInt(s.tokens)}`),
-      el("td", {}, bar(s.done.samples, s.samples, "uploaded small")))), "one dataset", 6);
+      el("td", {class: "num"}, fmtInt(s.computed_tokens)),
+      el("td", {}, bar(s.done.samples, s.samples, "uploaded small")))), "one dataset", 7);
   }
 
   async function retry(batchIds) {

@@ -16,6 +16,6 @@ __getattr__, __dir__, __all__ = face(__name__, {
     "progress": ["RATE_WINDOW_SECONDS", "fmt_bytes", "fmt_duration", "host_row", "run_progress", "summary_lines"],
     "progressline": ["Progress"],
     "series": ["last_activity", "throughput_series"],
-    "sources": ["source_lines", "source_progress"],
+    "sources": ["source_lines", "source_progress", "with_source_lines"],
     "uploadrate": ["host_upload_rate"],
 })

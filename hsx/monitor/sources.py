@@ -30,15 +30,17 @@ def _manifest(r: redis.Redis, run: str) -> Manifest | None:
 
 def source_progress(r: redis.Redis, run: str, samples_of: dict[str, int] | None = None,
                     tokens_of: dict[str, int] | None = None) -> list[dict]:
-    """One row a source, in the mixture's order: ``{source, dataset, rows, rejected, samples, tokens, batches,
-    done: {batches, samples, tokens}}`` (planned so far while the plan is not whole). ``samples_of`` /
+    """One row a source, in the mixture's order: ``{source, dataset, rows, rejected, samples, tokens, computed_tokens,
+    batches, done: {batches, samples, tokens}}`` (computed_tokens: what the GPU computes for its planned tokens,
+    padding in and each shared prefix once) (planned so far while the plan is not whole). ``samples_of`` /
     ``tokens_of``: batch id -> its samples / tokens, when the caller holds the plan (else done batches' plan
     entries are read, only for sources partly done)."""
     manifest = _manifest(r, run)
     if manifest is None or not manifest.mixture:
         return []
     rows = {s["name"]: {"source": s["name"], "dataset": s["dataset"], "rows": 0, "rejected": 0, "samples": 0,
-                        "tokens": 0, "batches": 0, "done": {"batches": 0, "samples": 0, "tokens": 0}}
+                        "tokens": 0, "computed_tokens": 0, "batches": 0,
+                        "done": {"batches": 0, "samples": 0, "tokens": 0}}
             for s in manifest.mixture}
     ranges: dict[str, list[range]] = {name: [] for name in rows}
     for raw in life.window_records(r, run).values():
@@ -47,10 +49,10 @@ def source_progress(r: redis.Redis, run: str, samples_of: dict[str, int] | None 
             row, report = rows[rec["source"]], rec["report"]
             first, batches = int(rec["first_batch"]), int(rec["batches"])
             counts = (int(report["rows"]), sum(int(n) for n in report["rejected"].values()), int(rec["samples"]),
-                      int(rec["tokens"]))
+                      int(rec["tokens"]), int(rec.get("computed_tokens") or rec["padded_tokens"]))
         except (ValueError, KeyError, TypeError, AttributeError):   # not a record hsx wrote: left out
             continue
-        for key, n in zip(("rows", "rejected", "samples", "tokens"), counts, strict=True):
+        for key, n in zip(("rows", "rejected", "samples", "tokens", "computed_tokens"), counts, strict=True):
             row[key] += n
         row["batches"] += batches
         ranges[rec["source"]].append(range(first, first + batches))
@@ -88,5 +90,12 @@ def source_lines(sources: list[dict]) -> list[str]:
     for s in sources:
         lines.append(f"    {s['source']}: rows {s['rows']:,} read, {s['rejected']:,} rejected; batches "
                      f"{of(s['done']['batches'], s['batches'])}, samples {of(s['done']['samples'], s['samples'])}, "
-                     f"tokens {of(s['done']['tokens'], s['tokens'])}")
+                     f"tokens {of(s['done']['tokens'], s['tokens'])}; {s['computed_tokens']:,} tokens computed "
+                     f"for them (padding in, shared prefixes once)")
     return lines
+
+
+def with_source_lines(lines: list[str], sources: list[dict]) -> list[str]:
+    """`hsx status`'s summary ``lines`` with a mixture's source lines after the run's totals (its tokens line)."""
+    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("  tokens ")), len(lines))
+    return [*lines[:at], *source_lines(sources), *lines[at:]]
