@@ -160,13 +160,20 @@ def _as_given(row, messages, arguments):
     return messages
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_every_agentic_row_stored_with_exact_ids_and_mask(name, tmp_path):
+def family_tokenizer(name: str, folder):
+    """The tokenizer of family ``name`` with its test template (FAMILIES), built in ``folder``."""
     template, special, bos, transform, arguments, eos = FAMILIES[name]
-    tok = build_tokenizer(tmp_path, chat_template=(TEMPLATES / template).read_text(), special_tokens=special,
+    tok = build_tokenizer(folder, chat_template=(TEMPLATES / template).read_text(), special_tokens=special,
                           bos_token=bos, eos_token=eos, sample_path=sample_dataset())
     if name == "bos_post":
         _bos_from_post_processor(tok, bos)
+    return tok
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_agentic_row_stored_with_exact_ids_and_mask(name, tmp_path):
+    template, special, bos, transform, arguments, eos = FAMILIES[name]
+    tok = family_tokenizer(name, tmp_path)
     chat = ChatTokeniser(tok)
     rows = [transform(r) if transform else r for r in agentic_rows(ROWS, seed=23)]
     rejected, wrong_ids, wrong_masks, masked, refused = [], [], [], 0, 0

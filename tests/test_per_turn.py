@@ -268,13 +268,10 @@ def test_every_family_each_sample_is_a_cut_conversation_and_every_message_is_tra
     of the conversation cut after some assistant message (found by trying each, in order: not by hsx's rule),
     the cuts rise to the last assistant message, and each sample's mask is the generation blocks of the
     assistant messages since the previous cut: every assistant message in exactly one sample's mask."""
-    from tests.test_mask_families import _bos_from_post_processor
+    from tests.test_mask_families import family_tokenizer
 
     template, special, bos, transform, arguments, eos = FAMILIES[name]
-    tok = build_tokenizer(tmp_path, chat_template=(TEMPLATES / template).read_text(), special_tokens=special,
-                          bos_token=bos, eos_token=eos, sample_path=sample_dataset())
-    if name == "bos_post":
-        _bos_from_post_processor(tok, bos)
+    tok = family_tokenizer(name, tmp_path)
     chat = ChatTokeniser(tok)
     stored = refused = 0
     for index, row in enumerate(agentic_rows(8, seed=37)):
