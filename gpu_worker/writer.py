@@ -218,8 +218,9 @@ class SpoolWriter:
             path = self.tiers.path(tier.name, self.run, bid)
             started = time.monotonic()
             try:
-                size, sha = write_atomic(path, tensors, metadata, fsync=self.fsync, tmp_tag=self.worker_name,
-                                                   codec=self.codec)
+                # A temp file of this write's own: a duplicate of the batch in the other thread never shares it.
+                size, sha = write_atomic(path, tensors, metadata, fsync=self.fsync,
+                                         tmp_tag=runspec.spool_temp_tag(self.worker_name), codec=self.codec)
                 return tier, path, size, sha, started
             except OSError as exc:
                 if runspec.is_disk_full(exc):

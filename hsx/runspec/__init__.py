@@ -36,6 +36,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "adopt_legacy": "adopt_legacy_spool",
         "complete_files": "spool_files",
         "temp_files": "spool_temp_files",
+        "temp_tag": "spool_temp_tag",
         "usage": "spool_usage",
     },
     "visibility": ["RunNotVisible", "check_model_visible", "open_run_store"],

@@ -21,7 +21,10 @@ A role that stops cleanly removes the memory tier's empty run folders, and the d
 (``remove_empty_folders``): nothing is left in /dev/shm after the roles of a host stopped with their work done.
 
 Inside a tier: ``<tier dir>/<run>/<batch>.safetensors`` and, while being written,
-``<batch>.safetensors.tmp-<writer's worker name>``. Usage counts both: a temp file
+``<batch>.safetensors.tmp-<writer's worker name>+<pid>.<n>`` (``temp_tag``): the worker name is what the sweeps
+read (whose write it is, alive or not); ``+<pid>.<n>`` makes the file one write's own. Two writes of one batch
+in one worker (a duplicate delivery) used to share ``.tmp-<worker name>``: the first's rename moved the file away
+under the second, which failed with FileNotFoundError (tests/test_temp_race.py). Usage counts both: a temp file
 takes the same bytes (issue 13 item 7: leaked temp files escaped the budget).
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import os
 import shutil
 from dataclasses import dataclass
@@ -37,7 +41,8 @@ from pathlib import Path
 from hsx import defaults as D
 from hsx.store import layout
 
-TMP_MARK = ".tmp-"  # <batch>.safetensors.tmp-<writer's worker name>: a write in progress
+TMP_MARK = ".tmp-"  # <batch>.safetensors.tmp-<writer's worker name>+<pid>.<n>: a write in progress
+WRITE_MARK = "+"    # after the worker name: what makes the temp file one write's (no --name holds a '+')
 MEMORY, DISK = "memory", "disk"
 FREE_MARGIN_BYTES = 256 * 2**20  # bytes a spool leaves free on its file system (at most 1/20 of the file system)
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a write that meets these waits for room: backpressure, not failure
@@ -207,12 +212,27 @@ def complete_files(spool_dir: Path, run: str) -> list[Path]:
     return sorted(d.glob("*.safetensors")) if d.exists() else []
 
 
+_writes = itertools.count()  # this process's writes: next() is atomic under the GIL, so one number a write
+
+
+def temp_tag(worker_name: str) -> str:
+    """The tag of one write's temp file (``<batch>.safetensors.tmp-<tag>``): ``<worker name>+<pid>.<n>``, new at
+    every call, so concurrent writes of one batch by one worker never share a file."""
+    return f"{worker_name}{WRITE_MARK}{os.getpid()}.{next(_writes)}"
+
+
+def _writer_of(tag: str) -> str:
+    """The worker name in a temp file's tag; a tag with no per-write part (an older hsx's) is the name itself."""
+    name, mark, _ = tag.rpartition(WRITE_MARK)
+    return name if mark else tag
+
+
 def temp_files(spool_dir: Path, run: str) -> dict[Path, str]:
-    """Temp files of ``run`` -> the tag (writer's worker name) in their name."""
+    """Temp files of ``run`` -> the writer's worker name in their name (``temp_tag``)."""
     d = Path(spool_dir) / run
     if not d.exists():
         return {}
-    return {p: p.name.split(TMP_MARK, 1)[1] for p in sorted(d.iterdir()) if TMP_MARK in p.name}
+    return {p: _writer_of(p.name.split(TMP_MARK, 1)[1]) for p in sorted(d.iterdir()) if TMP_MARK in p.name}
 
 
 @dataclass(frozen=True)

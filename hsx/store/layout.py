@@ -81,5 +81,5 @@ def batch_key(run: str, shard: str, bid: str) -> str:
 
 
 def spool_path(spool_dir: Path, run: str, bid: str) -> Path:
-    """A finished batch file waiting for upload; its temp files share the name plus '.tmp-<pid>'."""
+    """A finished batch file waiting for upload; its temp files share the name plus '.tmp-<tag>' (hsx/runspec/spool.py temp_tag)."""
     return Path(spool_dir) / segment(run, "run") / f"{segment(bid, 'batch id')}.safetensors"
