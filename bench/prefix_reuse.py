@@ -9,9 +9,13 @@ the same token ids into batches under one token budget, and the worker's extract
 ``run_shared``, gpu_worker/prefixrun.py), on random weights of the shape (weights do not change the compute).
 
 Two mixes, token ids after the tiny model's chat template (hsx_tools/data/chatml_thinking_tools.jinja, which
-keeps earlier turns' reasoning; ids < 512 fit any vocabulary):
-- ``agentic-per-turn``: generated agentic rows (hsx_tools/samples.py) expanded one row per assistant turn
-  (hsx_tools/prefixshare.py ``expand_per_turn``): the case the issue's >= 2x goal is about;
+drops earlier turns' reasoning before the last user message, as Qwen's do; ids < 512 fit any vocabulary):
+- ``agentic-per-turn``: generated agentic rows (hsx_tools/samples.py) expanded one sample per assistant turn,
+  the case the issue's >= 2x goal is about. ``--per-turn hsx`` (the default): as `hsx produce --per-turn`
+  makes them (a turn is what the template renders as one: a user message's tool-call steps and answer
+  together); ``--per-turn every-message``: cut after every assistant message (hsx_tools/prefixshare.py
+  ``expand_per_turn``, the cut behind the issue's "64.3 % skippable": tool-call steps are strict prefixes of
+  each other there, so it shares far more than the samples hsx makes);
 - ``seeds-like``: whole rows, agentic and plain conversations (the shipped mix's shape, about 6 % skippable):
   the >= +5 % goal.
 
@@ -44,19 +48,20 @@ from hsx.prep import cut_batches, cut_prefix_batches  # noqa: E402
 WARM_BATCHES = 3   # batches of each mode run untimed before each timed pass
 
 
-def _tokenised(rows: list[dict], tokenizer_dir: Path, work: Path, per_turn: bool, max_length: int) -> list:
+def _tokenised(rows: list[dict], tokenizer_dir: Path, work: Path, per_turn: str, max_length: int) -> list:
+    """Token ids of ``rows``; ``per_turn``: "" (whole rows), "hsx" or "every-message" (see the module's text)."""
     from hsx_tools.prefixshare import expand_per_turn, tokenise_file
 
     whole = work / "rows.jsonl"
     whole.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if per_turn:
+    if per_turn == "every-message":
         expanded = work / "per_turn.jsonl"
         expand_per_turn([whole], expanded)
         whole = expanded
-    return [s for s in tokenise_file(whole, str(tokenizer_dir), max_length) if len(s)]
+    return [s for s in tokenise_file(whole, str(tokenizer_dir), max_length, per_turn=per_turn == "hsx") if len(s)]
 
 
-def mixes(tokens: int, work: Path, max_length: int) -> dict[str, list]:
+def mixes(tokens: int, work: Path, max_length: int, per_turn_how: str = "hsx") -> dict[str, list]:
     """Token ids of each mix, about ``tokens`` tokens each."""
     from hsx_tools.demo import sample_dataset
     from hsx_tools.samples import agentic_rows
@@ -72,7 +77,7 @@ def mixes(tokens: int, work: Path, max_length: int) -> dict[str, list]:
         while True:
             agentic = agentic_rows(n, seed=11)
             rows = agentic if per_turn else agentic + plain[: max(1, 4 * n // 3)]
-            seqs = _tokenised(rows, tok_dir, work, per_turn, max_length)
+            seqs = _tokenised(rows, tok_dir, work, per_turn and per_turn_how, max_length)
             if sum(map(len, seqs)) >= tokens or n >= 20_000:
                 break
             n = int(n * max(1.5, 1.1 * tokens / max(1, sum(map(len, seqs)))))
@@ -199,6 +204,8 @@ def main() -> int:
     ap.add_argument("--kernels", default="auto", choices=("auto", "eager"))
     ap.add_argument("--fidelity-samples", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2, help="timed passes of each mode, alternating; the fastest kept")
+    ap.add_argument("--per-turn", default="hsx", choices=("hsx", "every-message"),
+                    help="how the agentic mix is cut into one sample a turn (see the module's text)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     args.tokens = args.tokens or (30_000 if args.cpu else 300_000)
@@ -207,14 +214,15 @@ def main() -> int:
     args.layers = args.layers or ("dflash:3" if args.cpu else "dflash")
     with tempfile.TemporaryDirectory(prefix="hsx-prefix-bench-") as tmp:
         t = time.perf_counter()
-        seqs = mixes(args.tokens, Path(tmp), args.max_length)
+        seqs = mixes(args.tokens, Path(tmp), args.max_length, args.per_turn)
         print(f"[bench] mixes tokenised in {time.perf_counter() - t:.1f}s: "
               + ", ".join(f"{k} {len(v):,} rows {sum(map(len, v)):,} tokens" for k, v in seqs.items()), flush=True)
         results = [bench_shape(args, shape, seqs) for shape in (("tiny", "tiny-hybrid") if args.cpu else (args.shape,))]
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        name = "prefix_reuse-cpu.json" if args.cpu else f"prefix_reuse-{args.shape}-{args.compute_dtype}.json"
+        name = ("prefix_reuse-cpu" if args.cpu else f"prefix_reuse-{args.shape}-{args.compute_dtype}") + (
+            "-every-message.json" if args.per_turn == "every-message" else ".json")
         (out / name).write_text(json.dumps(results, indent=1))
     return 0
 

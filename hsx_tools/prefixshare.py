@@ -113,11 +113,12 @@ def prefix_share(sequences: list[np.ndarray]) -> PrefixShare:
 
 
 def tokenise_file(dataset: Path, model: str, max_length: int = 32768, template_kwargs: dict | None = None,
-                  workers: int = 1) -> list[np.ndarray]:
-    """The kept rows' token ids, as `hsx produce` tokenises them (overlong rows truncated)."""
+                  workers: int = 1, per_turn: bool = False) -> list[np.ndarray]:
+    """The kept samples' token ids, as `hsx produce` tokenises them (overlong rows truncated; ``per_turn``: one
+    sample a turn, as `hsx produce --per-turn` makes them)."""
     from hsx.prep import TokeniseSettings, WindowTokeniser
 
-    settings = TokeniseSettings(model, max_length, "truncate", template_kwargs or {}, None)
+    settings = TokeniseSettings(model, max_length, "truncate", template_kwargs or {}, None, per_turn=per_turn)
     out: list[np.ndarray] = []
     with WindowTokeniser(Path(dataset), settings, workers, 20_000) as windows:
         for window in windows:
