@@ -25,7 +25,8 @@
 #   profile       issue 39: bench/forward_profile.py on hybrid27b (GPU time by kernel kind, each lever, module parity)
 #   prefix        issue 40: shared prefixes computed once, hybrid27b (CD: compute dtype, default float8), fla on the
 #                 path: stored and computed tok/s with and without reuse on a per-turn agentic mix and a seeds-like mix,
-#                 reused vs lone fidelity (bench/prefix_reuse.py; no Redis)
+#                 reused vs lone fidelity (bench/prefix_reuse.py; no Redis); PER_TURN: hsx (default: hsx's --per-turn
+#                 samples) | every-message (cut after every assistant message: the issue's 2x case)
 #   fidelity      issue 22: FP8 compute vs bf16 hidden states per layer on a model trained on the GPU (bench/fp8_fidelity.py)
 # The padding table of 1M planned samples (target 3) runs beside them on the CPU.
 # Results: one JSON per step under $OUT (or ./bench-out); the table is printed last.
@@ -98,7 +99,8 @@ for step in "${STEPS[@]}"; do
     fidelity)     timeout "${T_FID:-240}" python bench/fp8_fidelity.py --minutes "${FID_MIN:-1.5}" \
                     --fp8-accumulation "${ACCUM:-fp32}" --out "$OUTDIR" ;;
     prefix)       PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PREFIX:-540}" python bench/prefix_reuse.py --shape hybrid27b \
-                    --compute-dtype "${CD:-float8}" --tokens "${TOKENS_PREFIX:-200000}" --out "$OUTDIR" ;;
+                    --compute-dtype "${CD:-float8}" --tokens "${TOKENS_PREFIX:-200000}" --per-turn "${PER_TURN:-hsx}" \
+                    --out "$OUTDIR" ;;
     *)            echo "unknown step $step" ;;
   esac
   echo "=== $step exit $?"
