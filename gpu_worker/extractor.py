@@ -219,6 +219,20 @@ class Extractor:
             self.convert_to_fp8()
         return run_prefix_batch(self, input_ids, cu_seqlens, [PrefixGroup(*g) for g in groups], chunk_tokens)
 
+    @torch.inference_mode()
+    def run_shared_checked(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, groups, chunk_tokens: int,
+                           padded: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``run_shared``, and the same samples computed alone (``run`` of the padded batch): (hidden, final,
+        [2, n] rel L2 and mean cosine of the shared against the lone, per stored layer and the final state)."""
+        from gpu_worker.fp8reference import compare
+
+        hidden, final = self.run_shared(input_ids, cu_seqlens, groups, chunk_tokens)
+        lone, lone_final = self.run(padded)
+        error = compare(lone, hidden, len(self.layer_ids))
+        if final is not None:
+            error = torch.cat([error, compare(lone_final, final, 1)], dim=1)
+        return hidden, final, error
+
     def prefix_line(self, manifest) -> str:
         """The start line's words for shared prefixes: on or off, and the snapshot memory a batch may hold."""
         from gpu_worker.prefixrun import snapshot_bytes

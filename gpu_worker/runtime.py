@@ -57,7 +57,23 @@ class WorkerRuntime(Role):
         # A float8 run with no compute-error record yet: this worker claims the measurement at its first batch.
         self.measure_compute = (manifest.compute_dtype == "float8"
                                 and not life.compute_error_recorded(r, cfg.run))
+        # Shared prefixes on and not yet checked on this run: the first batch with prefix groups this process
+        # runs is computed alone too (hsx/life/prefixerror.py).
+        self.check_prefixes = manifest.prefix_reuse == "on" and not life.prefix_error_recorded(r, cfg.run)
         self.vanished = False                    # the run disappeared from Redis: the worker stops
+
+    def _record_prefix_error(self, spec, error: torch.Tensor) -> None:
+        """Keep (first writer wins) and log how far the batch's shared-prefix samples are from the same alone."""
+        entry = life.record_prefix_error(self.r, self.run, spec.batch_id, self.manifest.stored_layer_names, error,
+                                         len(spec.prefix_groups), spec.tokens, self.worker_name)
+        worst = max(entry["rel_l2"])
+        if worst > life.PREFIX_WARN_REL_L2:
+            log.warning("shared prefixes: batch %s's samples continued from cached states differ from the same "
+                        "samples alone by rel L2 %.2e (> %.0e): check the kernels (`hsx worker --kernels eager`), "
+                        "or plan the run with `--prefix-reuse off`", spec.batch_id, worst, life.PREFIX_WARN_REL_L2)
+        else:
+            log.info("shared prefixes checked on batch %s: rel L2 <= %.2e against every sample alone",
+                     spec.batch_id, worst)
 
     def _cuda_uuid(self) -> str | None:
         try:
@@ -302,7 +318,12 @@ class WorkerRuntime(Role):
                 self.measure_compute = False                      # forward, for the one worker that wins the claim
                 if life.claim_compute_error(self.r, self.run, self.worker_name, self.limits.lease_seconds):
                     hidden, final, compute_error, reference = self.extractor.run_measured(padded)
-            if spec.prefix_groups:
+            if spec.prefix_groups and self.check_prefixes:
+                self.check_prefixes = False
+                hidden, final, error = self.extractor.run_shared_checked(
+                    contents.input_ids, contents.cu_seqlens, spec.prefix_groups, self.manifest.token_budget, padded)
+                self._record_prefix_error(spec, error)
+            elif spec.prefix_groups:
                 hidden, final = self.extractor.run_shared(contents.input_ids, contents.cu_seqlens, spec.prefix_groups,
                                                           self.manifest.token_budget)
             elif reference is None:

@@ -18,6 +18,7 @@ from transformers import AutoModel
 
 from gpu_worker import prefixrun
 from gpu_worker.extractor import Extractor
+from hsx import life
 from hsx.batch import batchfile
 from hsx.life import ledger
 from hsx.prep import PrefixGroup, cut_prefix_batches, find_groups
@@ -251,10 +252,37 @@ def test_a_per_turn_run_stores_every_sample_exact_with_spines_across_windows(r, 
     line = [x for x in progress.summary_lines(progress.run_progress(r, "pt")) if "computed" in x]
     assert line == [f"  computed {computed} tokens planned for {stored} stored (shared prefixes once, padding in; "
                     f"{stored / computed:.2f} stored a computed token)"]
+    # the worker's own check: its first batch with prefix groups computed alone too, kept in Redis, shown
+    check = life.prefix_error(r, "pt")
+    assert check is not None and len(check["rel_l2"]) == len(manifest.layer_ids) and max(check["rel_l2"]) < 1e-5, check
+    assert check["groups"] >= 1 and min(check["cosine"]) > 0.99999
+    assert [x for x in progress.summary_lines(progress.run_progress(r, "pt")) if "shared vs lone" in x] == \
+        [life.prefix_error_line(check)] and "ABOVE" not in life.prefix_error_line(check)
     client = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client()
-    assert status(client, "pt")["prefix"] == {"reuse": "on", "stored_tokens": stored, "computed_tokens": computed}
+    assert status(client, "pt")["prefix"] == {"reuse": "on", "stored_tokens": stored, "computed_tokens": computed,
+                                              "check": check}
     assert metrics(client)[("hsx_planned_computed_tokens", (("run", "pt"),))] == computed
     print(f"per-turn agentic rows: {stored} tokens stored, {computed} computed; max |reused - lone| {worst:.1e}")
+
+
+def test_the_workers_check_warns_when_shared_samples_differ_from_lone_ones(r, redis_server, tiny_model, tmp_path,
+                                                                           monkeypatch, caplog):
+    """A continuation that went wrong on a GPU (here: a perturbed result) is measured on the first batch with
+    prefix groups, recorded above the bound, and warned of in the worker's log."""
+    real = Extractor.run_shared
+
+    def drifted(self, *args, **kwargs):
+        hidden, final = real(self, *args, **kwargs)
+        return hidden * 1.05, final
+
+    monkeypatch.setattr(Extractor, "run_shared", drifted)
+    with caplog.at_level("WARNING", logger="gpu_worker.runtime"):
+        run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="drift",
+                     dataset=_per_turn(tmp_path, rows=12), max_length=4096, token_budget=8192)
+    check = life.prefix_error(r, "drift")
+    assert check is not None and 0.04 < max(check["rel_l2"]) < 0.06, check
+    assert "ABOVE 2 %" in life.prefix_error_line(check)
+    assert any("differ from the same samples alone by rel L2" in m for m in caplog.messages), caplog.messages
 
 
 def test_prefix_reuse_off_computes_every_sample_alone(r, redis_server, tiny_model, tmp_path):

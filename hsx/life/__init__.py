@@ -84,6 +84,8 @@ __getattr__, __dir__, __all__ = face(__name__, {
         "save_plan",
         "uploaded_since",
     ],
+    "prefixerror": {"WARN_REL_L2": "PREFIX_WARN_REL_L2", "line": "prefix_error_line", "read": "prefix_error",
+                    "record": "record_prefix_error", "recorded": "prefix_error_recorded"},
     "provenance": ["INCARNATION", "file_mismatch"],
     "queues": [
         "EXTRACT_FUNC",

@@ -176,6 +176,10 @@ class RunKeys:
         return self._k("evaluation")
 
     @property
+    def prefix_error(self) -> str:  # STRING JSON {rel_l2, cosine, ...} per stored layer, shared-prefix samples vs the
+        return self._k("prefix_error")  # same samples alone (hsx/life/prefixerror.py); SET NX; no TTL
+
+    @property
     def compute_error_claim(self) -> str:  # STRING worker measuring the compute error; TTL the run's lease (EX)
         return self._k("compute_error_claim")
 

@@ -203,7 +203,9 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "compute_dtype": manifest.compute_dtype if manifest else "bfloat16",
         # planned tokens stored against what the GPU computes (padding in, each shared prefix once: issue 40)
         "prefix": {"reuse": manifest.prefix_reuse if manifest else "off", "stored_tokens": totals.get("tokens", 0),
-                   "computed_tokens": totals.get("computed_tokens") or totals.get("padded_tokens", 0)},
+                   "computed_tokens": totals.get("computed_tokens") or totals.get("padded_tokens", 0),
+                   # a worker's check of one batch: its shared-prefix samples against the same alone (or None)
+                   "check": life.prefix_error(r, run, malformed)},
         "evaluation": evaluation.read(r, run, malformed),  # the last `hsx evaluate` of a drafter of this run, or None
         "fidelity": fp8,  # FP8 compute and storage error per stored layer (None: a bf16 run, or not measured yet)
         "rate": rate["per_s"],
@@ -310,6 +312,7 @@ def summary_lines(p: dict) -> list[str]:
         f"  samples  {d['samples']}/{t.get('samples', 0)} ({pct(d['samples'], t.get('samples', 0))})",
         f"  tokens   {d['tokens']}/{t.get('tokens', 0)} ({pct(d['tokens'], t.get('tokens', 0))})",
         *([_prefix_line(p["prefix"])] if p.get("prefix") else []),
+        *([life.prefix_error_line(p["prefix"]["check"])] if (p.get("prefix") or {}).get("check") else []),
         f"  uploaded {fmt_bytes(d['bytes'])}, {fmt_bytes(p['written_bytes'])} written to spools; "
         + (f"{p['bytes_per_token']:.0f} bytes/token" if p["bytes_per_token"] else "bytes/token not known yet")
         + f" ({p['store_dtype']}, codec {p['codec']}"
