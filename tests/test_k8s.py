@@ -341,11 +341,16 @@ class Pod:
                                         stdout=open(self.logs / f"{name}-sidecar.log", "w"), stderr=subprocess.STDOUT)
 
     def evict(self, timeout: float) -> None:
-        """SIGTERM as the kubelet sends it: the worker first; the native sidecar once the worker has exited."""
-        self.worker.send_signal(signal.SIGTERM)
-        assert self.worker.wait(timeout=timeout) == 0
-        self.sidecar.send_signal(signal.SIGTERM)
-        assert self.sidecar.wait(timeout=timeout) == 0
+        """SIGTERM as the kubelet sends it: the worker first; the native sidecar once the worker has exited. A pod
+        that fails its eviction is killed (it is no longer in the test's list of pods: nothing else would)."""
+        try:
+            self.worker.send_signal(signal.SIGTERM)
+            assert self.worker.wait(timeout=timeout) == 0
+            self.sidecar.send_signal(signal.SIGTERM)
+            assert self.sidecar.wait(timeout=timeout) == 0
+        except BaseException:
+            self.kill()
+            raise
 
     def kill(self) -> None:
         for proc in (self.worker, self.sidecar):
