@@ -75,7 +75,12 @@ def problem(value) -> str | None:
 
 def read(r, run: str, malformed: list[str] | None = None) -> dict | None:
     """The run's record, or None (not measured, or a record hsx did not write: named in ``malformed``)."""
-    key = RunKeys(run).compute_error
+    return read_layer_record(r, RunKeys(run).compute_error, malformed)
+
+
+def read_layer_record(r, key: str, malformed: list[str] | None = None) -> dict | None:
+    """A JSON record of per-layer ``rel_l2`` / ``cosine`` at ``key`` (this one, hsx/life/prefixerror.py's), or None:
+    absent, or not what hsx writes (named in ``malformed``)."""
     raw = r.get(key)
     if raw is None:
         return None

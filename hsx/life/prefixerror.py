@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 
-from hsx.life.computeerror import problem
+from hsx.life.computeerror import read_layer_record
 from hsx.life.keys import RunKeys
 
 # Past this relative L2 on any stored layer a worker warns: numerics of a continued kernel against a lone one
@@ -39,21 +39,7 @@ def record(r, run: str, bid: str, layer_ids, error, groups: int, tokens: int, wo
 
 def read(r, run: str, malformed: list[str] | None = None) -> dict | None:
     """The run's record, or None (not measured, or a record hsx did not write: named in ``malformed``)."""
-    key = RunKeys(run).prefix_error
-    raw = r.get(key)
-    if raw is None:
-        return None
-    try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        value, wrong = None, "not JSON"
-    else:
-        wrong = problem(value)
-    if wrong:
-        if malformed is not None:
-            malformed.append(f"{key}: {wrong}")
-        return None
-    return value
+    return read_layer_record(r, RunKeys(run).prefix_error, malformed)
 
 
 def line(entry: dict) -> str:
