@@ -209,7 +209,8 @@ def feed(r: redis.Redis, run: str, limit: int | None = None, ahead: int | None =
     if not count:
         return 0
     bids = [layout.batch_id(i) for i in range(first, first + count)]
-    todo = [b for b in bids if b not in ledger.done_among(r, run, bids)]
+    done = ledger.done_among(r, run, bids)   # one SMISMEMBER for the whole step
+    todo = [b for b in bids if b not in done]
     enqueue(r, run, todo, first=True, pipe=pipe)
     return len(todo)
 
