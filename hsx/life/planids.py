@@ -55,13 +55,13 @@ def inputs_ids(store, run: str, spec: BatchSpec) -> list[str]:
         return list(spec.sample_ids)
     key = layout.input_key(run, spec.shard, spec.batch_id)
     try:
-        header = read_header(lambda start, length: store.get_bytes(key, start, length), key)
+        header = read_header(lambda start, length: store.get_bytes(key, start, length), key, outputs=False)
     except KeyError:
         raise PlanIdsError(f"the sample ids of {spec.batch_id} are not in the plan and its inputs object {key} is "
                            "missing from the store; re-run hsx produce to write it again") from None
     except BatchFileError as exc:
         raise PlanIdsError(f"the sample ids of {spec.batch_id}: its inputs object is unreadable ({exc})") from None
-    ids = list(header.meta.sample_ids)
+    ids = list(header.sample_ids)
     if not spec.ids_match(ids):
         raise PlanIdsError(f"the inputs object {key} holds other sample ids than the plan of {spec.batch_id}")
     return ids
