@@ -29,9 +29,10 @@ from tests.pipeline import produce_config, upload_config, worker_config
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 # MiB of Redis per million samples, by stage (bench/redis_scale.py at 100k samples measured, main 8defc92 ->
-# rq/feeding/done_info (1cbfb10) -> sample ids in the store: planned 17.7 -> 17.7 -> 10.0, queued 63.0 -> 22.3 ->
-# 14.5, leased 221.8 -> 32.9 -> 25.2, done 377.9 -> 37.9 -> 30.2, completed 378.0 -> 38.1 -> 30.4).
-BOUND_MIB_PER_M = {"planned": 12, "queued": 17, "leased": 29, "done": 34, "completed": 34}
+# rq/feeding/done_info (1cbfb10) -> sample ids in the store -> compact plan entries: planned 17.7 -> 17.7 -> 10.0 ->
+# 7.4, queued 63.0 -> 22.3 -> 14.5 -> 12.0, leased 221.8 -> 32.9 -> 25.2 -> 22.6, done 377.9 -> 37.9 -> 30.2 -> 27.7,
+# completed 378.0 -> 38.1 -> 30.4 -> 27.9).
+BOUND_MIB_PER_M = {"planned": 9, "queued": 14, "leased": 26, "done": 31, "completed": 31}
 
 
 def test_redis_bytes_per_sample_through_a_run():
@@ -187,7 +188,7 @@ def test_the_plan_keeps_the_sample_ids_in_the_store(r, redis_server, tiny_model,
     produce(produce_config(redis_server.url, tiny_model, str(store_dir), run="st"))
     store = open_store(str(store_dir))
     raw = {text(k): text(v) for k, v in r.hgetall(RunKeys("st").plan).items()}
-    assert raw and all('"sample_ids"' not in v and '"ids_sha256"' in v for v in raw.values())
+    assert raw and all('"sample_ids"' not in v and '"d":' in v for v in raw.values())   # the ids' digest only
     specs = ledger.all_specs(r, "st")
     ids = planids.plan_ids(r, store, "st", specs)
     assert sum(len(v) for v in ids.values()) == ledger.run_totals(r, "st")["samples"]
@@ -222,3 +223,25 @@ def test_a_plan_holding_its_sample_ids_still_resumes_finishes_and_verifies(r, re
     assert len(ledger.done_ids(r, "oi")) == len(specs)
     assert verify_run(r, store, "oi").ok
     assert store.get_bytes("oi/index.jsonl").count(b"\n") == sum(len(v) for v in ids.values())
+
+
+def test_a_plan_entry_without_its_ids_is_compact_and_every_form_reads():
+    import dataclasses
+    import hashlib
+
+    ids = [f"row{i}" for i in range(36)]
+    full = ledger.BatchSpec("b0001234", 1234, "00012", 36, 32000, 32768, 1114, ids, hashlib.sha256(b"x").hexdigest(),
+                            prefix_groups=[[0, 3, 50]], computed=30000)
+    planned = full.for_plan()
+    raw = planned.to_json()
+    assert "row1" not in raw and "b0001234" not in raw
+    plain = dataclasses.replace(planned, prefix_groups=[], computed=0).to_json()   # no shared prefixes: most batches
+    assert len(plain) <= 156, plain   # a 160-byte allocation in Redis (the long form: 256)
+    assert ledger.BatchSpec.from_json(raw, "b0001234") == planned and planned.ids_match(ids)
+    assert not planned.ids_match(ids[::-1]) and not planned.ids_match(ids[:-1])
+    with pytest.raises(ValueError, match="without its batch id"):
+        ledger.BatchSpec.from_json(raw)
+    old = full.to_json()   # a plan that holds its ids (an older hsx's) reads as it was written, with or without the field
+    assert '"sample_ids"' in old and ledger.BatchSpec.from_json(old) == full == ledger.BatchSpec.from_json(old, "b0001234")
+    odd = ledger.BatchSpec("b12", 12, "00000", 1, 5, 8, 8, ["a"], "").for_plan()   # not a canonical batch id: long form
+    assert ledger.BatchSpec.from_json(odd.to_json()) == odd

@@ -13,6 +13,7 @@ pipeline. The order batches were recorded done in (``done_seq``, what followers 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import time
@@ -102,6 +103,18 @@ return attempts
 """
 
 
+def _batch_id(index: int) -> str:
+    return f"b{index:07d}"   # hsx.store.layout.batch_id: a plan entry of one leaves out its batch id and index
+
+
+def _b64(hex_digest: str) -> str:
+    return base64.urlsafe_b64encode(bytes.fromhex(hex_digest)).decode().rstrip("=")
+
+
+def _hex(b64: str) -> str:
+    return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
+
+
 def ids_digest(sample_ids) -> str:
     """What a plan without its sample ids (issue 42) keeps of them: the first 16 hex digits of the SHA-256 of the
     ids' compact JSON list. Enough to tell a batch object of other samples from the plan's."""
@@ -132,6 +145,8 @@ class BatchSpec:
     ids_sha256: str = ""     # ids_digest(sample_ids) where the plan keeps the ids in the store ("": an older plan)
 
     def to_json(self) -> str:
+        if self.ids_sha256 and not self.sample_ids and self.batch_id == _batch_id(self.index):
+            return self._compact_json()
         fields = asdict(self)
         if not self.prefix_groups:   # a plan without shared prefixes keeps the bytes older hsx wrote and reads
             del fields["prefix_groups"], fields["computed"]
@@ -139,6 +154,18 @@ class BatchSpec:
             del fields["ids_sha256"]
         if not self.sample_ids and self.ids_sha256:
             del fields["sample_ids"]
+        return json.dumps(fields, separators=(",", ":"))
+
+    def _compact_json(self) -> str:
+        """The entry of a plan that keeps its ids in the store (issue 42): no batch id or index (the hash field
+        names them), short names but for those scripts and monitors read (shard, samples, tokens), the inputs'
+        SHA-256 in base64url: ~140 bytes, a 160-byte allocation where the long form took 256."""
+        fields = {"shard": self.shard, "samples": self.samples, "tokens": self.tokens, "p": self.padded,
+                  "l": self.padded_len, "d": self.ids_sha256}
+        if self.input_sha256:
+            fields["in"] = _b64(self.input_sha256)
+        if self.prefix_groups:
+            fields.update(g=self.prefix_groups, c=self.computed)
         return json.dumps(fields, separators=(",", ":"))
 
     @property
@@ -169,8 +196,18 @@ class BatchSpec:
         return bool(self.ids_sha256) and ids_digest(sample_ids) == self.ids_sha256
 
     @classmethod
-    def from_json(cls, raw: str | bytes) -> BatchSpec:
+    def from_json(cls, raw: str | bytes, batch_id: str | None = None) -> BatchSpec:
+        """``batch_id``: the plan's hash field the entry is of; an entry of a plan that keeps its ids in the store
+        leaves out its batch id and index (they follow from the field), so reading one needs it."""
         fields = json.loads(raw)
+        if "d" in fields:   # the compact entry (_compact_json)
+            index = int(batch_id[1:]) if isinstance(batch_id, str) and batch_id[1:].isdigit() else -1
+            if index < 0 or batch_id != _batch_id(index):
+                raise ValueError(f"a plan entry without its batch id is read with it (got {batch_id!r:.40})")
+            return cls(batch_id=batch_id, index=index, shard=fields["shard"], samples=fields["samples"],
+                       tokens=fields["tokens"], padded=fields["p"], padded_len=fields["l"],
+                       input_sha256=_hex(fields["in"]) if "in" in fields else "", ids_sha256=fields["d"],
+                       prefix_groups=fields.get("g", []), computed=fields.get("c", 0))
         if "max_len" in fields:  # plans recorded before the field was named for what it holds
             fields["padded_len"] = fields.pop("max_len")
         return cls(**fields)
@@ -219,16 +256,16 @@ def save_plan(r: redis.Redis, run: str, manifest: Manifest, specs: list[BatchSpe
 
 def get_spec(r: redis.Redis, run: str, bid: str) -> BatchSpec | None:
     raw = r.hget(RunKeys(run).plan, bid)
-    return BatchSpec.from_json(raw) if raw else None
+    return BatchSpec.from_json(raw, bid) if raw else None
 
 
 def get_specs(r: redis.Redis, run: str, bids: list[str]) -> list[BatchSpec]:
     """The specs of ``bids`` in their order (one HMGET); a batch not in the plan is left out."""
-    return [BatchSpec.from_json(raw) for raw in r.hmget(RunKeys(run).plan, bids) if raw]
+    return [BatchSpec.from_json(raw, bid) for bid, raw in zip(bids, r.hmget(RunKeys(run).plan, bids), strict=True) if raw]
 
 
 def all_specs(r: redis.Redis, run: str) -> dict[str, BatchSpec]:
-    return {text(k): BatchSpec.from_json(v) for k, v in r.hscan_iter(RunKeys(run).plan, count=1000)}
+    return {text(k): BatchSpec.from_json(v, text(k)) for k, v in r.hscan_iter(RunKeys(run).plan, count=1000)}
 
 
 def done_ids(r: redis.Redis, run: str) -> set[str]:
