@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hsx.batch import BatchFileError, read_header
 from hsx.errors import HsxError
-from hsx.life.ledger import BatchSpec
+from hsx.life.batchspec import BatchSpec
 from hsx.life.windowrecords import window_records
 from hsx.store import layout
 
