@@ -170,6 +170,9 @@ def plan(r, store, samples: int, enqueue: bool, seed: int) -> list[int]:
                     samples=len(batch.members), tokens=batch.tokens, padded=batch.padded,
                     padded_len=batch.padded_len, sample_ids=[str(start + i) for i in batch.members],
                     input_sha256=hashlib.sha256(bid.encode()).hexdigest()))
+            if hasattr(life, "write_window_ids"):   # the ids in the store, their digest in the plan (issue 42)
+                life.write_window_ids(store, RUN, number, specs)
+                specs = [spec.for_plan() for spec in specs]
             life.save_plan(r, RUN, manifest, specs, {"planning": 1})
             enqueued = (_enqueue(planning, specs, first + len(specs)) if hasattr(life, "feed")
                         else _enqueue(planning, specs))

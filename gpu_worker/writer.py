@@ -175,9 +175,9 @@ class SpoolWriter:
                    "loss_mask": contents.loss_mask.to(torch.uint8), "cu_seqlens": contents.cu_seqlens.to(torch.int64)}
         if not bool(item.finite):
             raise BatchFileError("hidden states hold NaN/Inf (found on the GPU, before storing)")
-        validate_batch(tensors, spec.sample_ids, check_finite=False)
+        validate_batch(tensors, contents.sample_ids, check_finite=False)   # checked against the plan on reading
         m = self.manifest
-        metadata = BatchMeta(run=self.run, batch_id=spec.batch_id, sample_ids=tuple(spec.sample_ids),
+        metadata = BatchMeta(run=self.run, batch_id=spec.batch_id, sample_ids=tuple(contents.sample_ids),
                              layer_ids=tuple(m.layer_ids), dtype=m.dtype, store_dtype=m.store_dtype, codec=m.codec,
                              model=m.model, hidden_size=m.hidden_size, store_final=m.store_final,
                              incarnation=m.incarnation).to_metadata()   # incarnation: hsx/life/provenance.py

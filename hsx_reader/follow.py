@@ -257,6 +257,14 @@ class RunFollower(IterableDataset):
             raise ReaderError(f"run {self.run!r}: batch {bid} is in the ledger but not in the plan")
         return spec
 
+    def spec_with_ids(self, bid: str) -> life.BatchSpec:
+        """``spec(bid)`` holding its sample ids: a newer plan keeps them in the store (its inputs object's header,
+        one range read; issue 42)."""
+        try:
+            return life.with_ids(self.store, self.run, self.spec(bid))
+        except life.PlanIdsError as exc:
+            raise ReaderError(f"run {self.run!r}: {exc}") from None
+
     def read_batch(self, bid: str) -> tuple[life.BatchSpec, str, BatchContents]:
         """(spec, store URL, decoded contents) of done batch ``bid``: its object fetched whole and checked
         against the size and SHA-256 the ledger recorded (waiting while a repair has taken it out)."""
@@ -268,6 +276,10 @@ class RunFollower(IterableDataset):
         if self.verify:
             check_digest(buf, where, int(info["size"]), str(info["sha256"]))
         contents = decode(buf, where, self.manifest)
+        if not spec.ids_in_plan:   # a newer plan keeps the ids in the store (issue 42): the object's, checked
+            if not spec.ids_match(contents.sample_ids):
+                raise ReaderError(f"{where}: holds other sample ids than the plan of {bid}")
+            spec = spec.with_ids(contents.sample_ids)
         self.stats.batches += 1
         self.stats.bytes_read += buf.numel()
         self.stats.seen_at[bid] = time.time()

@@ -94,6 +94,9 @@ def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, re
     manifest = life.get_manifest(r, run)
     incarnation = manifest.incarnation if manifest is not None else None
 
+    ids = life.plan_ids(r, store, run, specs)   # a newer plan keeps them in the store (issue 42)
+    specs = {bid: spec.with_ids(ids[bid]) for bid, spec in specs.items()}
+
     def one(bid):
         return bid, check_batch(store, run, specs[bid], infos.get(bid), quick, incarnation)
 

@@ -182,6 +182,8 @@ def resume(planning: Planning, resumed: bool) -> Planning:
         planning.add(rec, resumed=True)
     if records:
         earlier = [spec for spec in (specs or life.all_specs(r, run)).values() if spec.index < planning.batches]
+        ids = life.plan_ids(r, planning.store, run, {spec.batch_id: spec for spec in earlier})  # store (issue 42)
+        earlier = [spec.with_ids(ids[spec.batch_id]) for spec in earlier]
         planning.seen = {sid for spec in earlier for sid in spec.sample_ids}
         if planning.rebuild is not None:
             planning.rebuild.check(earlier)
@@ -307,7 +309,9 @@ def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> Wind
     if planning.rebuild is not None:
         planning.rebuild.check(specs)
     specs = write_inputs(planning.store, cfg.run, samples, planned, specs, planning.done, planning.suspect)
-    life.save_plan(planning.r, cfg.run, manifest, specs, {"planning": 1})
+    # The ids stay in the store (the inputs objects and the window's ids object), the plan keeps their digest (issue 42)
+    life.write_window_ids(planning.store, cfg.run, window.number, specs)
+    life.save_plan(planning.r, cfg.run, manifest, [spec.for_plan() for spec in specs], {"planning": 1})
     enqueued = _enqueue(planning, specs, first_batch + len(specs))
     return WindowRecord(first_batch=first_batch, batches=len(specs), samples=len(samples),
                         tokens=sum(s.tokens for s in specs), padded_tokens=sum(s.padded for s in specs),

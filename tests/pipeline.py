@@ -43,3 +43,18 @@ def run_pipeline(redis_url: str, model: Path, store, spool: Path, run: str = "t1
     run_worker(worker_config(redis_url, spool, run=run))
     run_uploader(upload_config(redis_url, spool))
     return report
+
+
+def planned_specs(r, run: str, store=None) -> dict:
+    """The run's plan, batch id -> BatchSpec holding its sample ids: a plan in Redis keeps their digest, the ids
+    are in the store (issue 42; ``life.plan_ids``). ``store``: a Store, or the URL or path of one (None: the
+    manifest's, a local store)."""
+    from hsx import life
+    from hsx.store import open_store
+
+    if store is None:
+        store = life.require_manifest(r, run).store_url
+    store = open_store(str(store)) if isinstance(store, (str, Path)) else store
+    specs = life.all_specs(r, run)
+    ids = life.plan_ids(r, store, run, specs)
+    return {bid: spec.with_ids(ids[bid]) for bid, spec in specs.items()}

@@ -66,7 +66,7 @@ def by_hand(reference: torch.Tensor, x: torch.Tensor, H: int) -> list[tuple[floa
 
 
 def stored_batch(store, run: str, bid: str, r) -> tuple[ledger.BatchSpec, batchfile.BatchContents]:
-    spec = ledger.BatchSpec.from_json(r.hget(RunKeys(run).plan, bid))
+    spec = ledger.BatchSpec.from_json(r.hget(RunKeys(run).plan, bid), bid)
     data = (store / layout.batch_key(run, spec.shard, bid)).read_bytes()
     return spec, batchfile.decode(torch.frombuffer(bytearray(data), dtype=torch.uint8))
 

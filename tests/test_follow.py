@@ -25,7 +25,7 @@ from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all
 from producer.produce import produce
 from tests import followsampler
-from tests.pipeline import produce_config, run_pipeline
+from tests.pipeline import planned_specs, produce_config, run_pipeline
 from tests.waiting import scaled
 
 RUN = "follow"
@@ -92,7 +92,7 @@ def test_trainer_follows_a_running_extraction_and_resumes_from_its_cursor(r, red
     # nothing repeated, nothing skipped, and in the ledger's order
     keys = RunKeys(RUN)
     sequence = [text(b) for b in r.lrange(keys.done_seq, 0, -1)]
-    specs = ledger.all_specs(r, RUN)
+    specs = planned_specs(r, RUN)
     expected = [sid for bid in sequence for sid in specs[bid].sample_ids]
     assert first + rest == expected
     assert len(expected) == report.samples and sorted(sequence) == sorted(specs)
@@ -128,9 +128,9 @@ def test_cursor_is_checked_and_a_finished_run_ends(r, redis_server, tiny_model, 
     assert ids == sorted(ids) and len(ids) == 160
     # a cursor in the middle of a batch resumes at the next row of that batch
     sequence = [text(b) for b in r.lrange(keys.done_seq, 0, -1)]
-    pos = next(i for i, b in enumerate(sequence) if len(ledger.get_spec(r, "fdone", b).sample_ids) >= 3)
+    pos = next(i for i, b in enumerate(sequence) if ledger.get_spec(r, "fdone", b).samples >= 3)
     tail = [s["sample_id"] for s in RunFollower(redis_server.url, "fdone", cursor=Cursor(pos, 2))]
-    assert tail[0] == ledger.get_spec(r, "fdone", sequence[pos]).sample_ids[2]
+    assert tail[0] == planned_specs(r, "fdone")[sequence[pos]].sample_ids[2]
     assert json.loads(r.hget(keys.done_info, sequence[0]))["sha256"]
 
 
@@ -274,7 +274,7 @@ def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkp
     trained = [s for x in first if x["step"] < checkpoint_step for s in x["sample_ids"]]
     trained += [s for x in rest for s in x["sample_ids"]]
     sequence = [text(b) for b in r.lrange(keys.done_seq, 0, -1)]
-    specs = ledger.all_specs(r, "fspec")
+    specs = planned_specs(r, "fspec")
     assert trained == [sid for bid in sequence for sid in specs[bid].sample_ids]
     assert len(trained) == len(set(trained)) == report.samples
     # speculators' own loop trained every step of the second trainer; the loss is finite and falls
@@ -324,7 +324,7 @@ def test_follow_sampler_packs_long_batches_and_refuses_a_resume_on_a_rebuilt_led
     lengths = {}
     for s in RunDataset(store, "fpack"):
         lengths[s["sample_id"]] = len(s["input_ids"])
-    specs = ledger.all_specs(r, "fpack")
+    specs = planned_specs(r, "fpack")
     sequence = [text(b) for b in r.lrange(RunKeys("fpack").done_seq, 0, -1)]
     steps = [[specs[bid].sample_ids[row] for bid, row in step] for step in got["steps"]]
     assert [sid for step in steps for sid in step] == [sid for bid in sequence for sid in specs[bid].sample_ids]

@@ -18,7 +18,7 @@ from hsx.store import layout
 from hsx_reader import Cursor, ReaderError, RunFollower
 from producer.produce import produce
 from tests import followsampler
-from tests.pipeline import produce_config, run_pipeline
+from tests.pipeline import planned_specs, produce_config, run_pipeline
 from tests.waiting import scaled
 
 RUN = "fledger"
@@ -45,7 +45,7 @@ def _plant(r, dumped) -> list[str]:
 
 
 def _expected(r, sequence):
-    specs = ledger.all_specs(r, RUN)
+    specs = planned_specs(r, RUN)
     return [sid for bid in sequence for sid in specs[bid].sample_ids]
 
 

@@ -14,6 +14,7 @@ from hsx.store import open_store
 from hsx_cli.flags import resolve
 from hsx_cli.main import build_parser
 from producer.produce import produce
+from tests.pipeline import planned_specs
 
 
 def chat(i, text="hello"):
@@ -37,7 +38,7 @@ def produce_cli(redis_url, model, store, run, *args):
 
 
 def planned_ids(r, run):
-    return sorted(s for spec in ledger.all_specs(r, run).values() for s in spec.sample_ids)
+    return sorted(s for spec in planned_specs(r, run).values() for s in spec.sample_ids)
 
 
 def test_two_sources_with_the_same_ids_do_not_collide(r, redis_server, tiny_model, tmp_path):
@@ -55,7 +56,7 @@ def test_two_sources_with_the_same_ids_do_not_collide(r, redis_server, tiny_mode
     assert manifest.dataset == str(a)
     assert f"--dataset {a} --dataset {b} --model" in resume_command(manifest, "mix2")
     # every batch holds one source's samples (each source starts a window)
-    for spec in ledger.all_specs(r, "mix2").values():
+    for spec in planned_specs(r, "mix2").values():
         assert len({sid.split("/")[0] for sid in spec.sample_ids}) == 1, spec.sample_ids
     records = [json.loads(raw) for _, raw in sorted(window_records(r, "mix2").items())]
     assert [rec["source"] for rec in records] == ["a", "b"]

@@ -9,6 +9,7 @@ from dashboard.config import DashboardConfig
 from hsx.life import ledger
 from hsx.monitor import source_progress
 from hsx.store import open_store
+from tests.pipeline import planned_specs
 from tests.test_mixture import chat, produce_cli, write
 
 
@@ -31,7 +32,7 @@ def done(r, store, run, *bids):
 
 def test_status_and_dashboard_count_each_source_planned_and_done(r, redis_server, tiny_model, tmp_path, capsys):
     mixture_run(redis_server.url, tiny_model, tmp_path, "mixv")
-    specs = sorted(ledger.all_specs(r, "mixv").values(), key=lambda s: s.index)
+    specs = sorted(planned_specs(r, "mixv").values(), key=lambda s: s.index)
     of = {s.batch_id: s.sample_ids[0].split("/")[0] for s in specs}
     a_batches = [s for s in specs if of[s.batch_id] == "a"]
     b_batches = [s for s in specs if of[s.batch_id] == "b"]

@@ -30,6 +30,7 @@ from hsx.prep.tokenise import ChatTokeniser
 from hsx_tools.demo import sample_dataset
 from hsx_tools.samples import agentic_rows
 from hsx_tools.tinymodel import CHAT_TEMPLATE, build_tokenizer
+from tests.pipeline import planned_specs
 from tests.test_mask_families import FAMILIES, REFUSED_BY_TEMPLATE, TEMPLATES, _as_given
 
 ROWS = 24
@@ -205,7 +206,6 @@ def test_windows_count_rows_in_and_samples_out(tiny_model, tmp_path):
 def test_produce_records_per_turn_and_a_resume_without_it_is_refused(r, redis_env, tiny_model, tmp_path, capsys):
     """`hsx produce --per-turn` plans the turns' samples and records per_turn; the same run without the flag is
     refused, naming it; a run without it writes no per_turn (its manifest as before). `hsx run` passes it on."""
-    from hsx.life import ledger
     from hsx.runspec import Manifest
     from hsx.store import open_store
     from hsx_cli import produce as produce_cli
@@ -220,7 +220,7 @@ def test_produce_records_per_turn_and_a_resume_without_it_is_refused(r, redis_en
     assert main([*args, "--run", "turns", "--per-turn"]) == 0
     manifest = Manifest.load(open_store(str(store)), "turns")
     assert manifest.per_turn and json.loads(manifest.to_json())["per_turn"] is True
-    planned = [sid for spec in ledger.all_specs(r, "turns").values() for sid in spec.sample_ids]
+    planned = [sid for spec in planned_specs(r, "turns").values() for sid in spec.sample_ids]
     assert len(planned) == len(set(planned)) > 6 and {split_turn_id(sid)[0] for sid in planned} == {
         json.loads(line)["id"] for line in data.read_text().splitlines()}
     capsys.readouterr()

@@ -25,7 +25,7 @@ from hsx.prep import PrefixGroup, cut_prefix_batches, find_groups
 from hsx.store import open_store
 from hsx_tools.demo import sample_dataset
 from hsx_tools.prefixshare import expand_per_turn
-from tests.pipeline import produce_config, run_pipeline, upload_config, worker_config
+from tests.pipeline import planned_specs, produce_config, run_pipeline, upload_config, worker_config
 from tests.test_kernels import _tiny_hybrid
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-4)   # tests/test_reference.py, float32
@@ -318,8 +318,8 @@ def test_a_resumed_run_plans_the_same_groups_and_stays_exact(r, redis_server, ti
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     report = produce(cfg)
     assert report.resumed_windows == 1 and report.computed_tokens == ref.computed_tokens < ref.tokens
-    assert ({bid: (s.sample_ids, s.prefix_groups) for bid, s in ledger.all_specs(r, "res").items()}
-            == {bid: (s.sample_ids, s.prefix_groups) for bid, s in ledger.all_specs(r, "ref").items()})
+    assert ({bid: (s.sample_ids, s.prefix_groups) for bid, s in planned_specs(r, "res").items()}
+            == {bid: (s.sample_ids, s.prefix_groups) for bid, s in planned_specs(r, "ref").items()})
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="res"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))
     stored, computed, _ = _check_stored(r, open_store(store), "res", tiny_model)

@@ -6,7 +6,7 @@ from hsx.life import ledger, queues
 from hsx.runspec.manifest import ManifestMismatch
 from hsx.store import open_store
 from producer.produce import PlanError, produce
-from tests.pipeline import produce_config
+from tests.pipeline import planned_specs, produce_config
 
 GOOD = {"messages": [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi, how can I help"}]}
 
@@ -72,7 +72,7 @@ def test_bad_rows_are_named_and_good_rows_kept(r, redis_server, tiny_model, tmp_
                           (13, "duplicate sample id 'dup'"), (14, "tokens > max length 256, dropped")]:
         line = [x for x in text.splitlines() if x.strip().startswith((f"row {index + 1}:", f"row {index + 1} ("))]
         assert len(line) == 1 and reason in line[0], (index, reason)   # rows are quoted 1-based
-    planned = {s for spec in ledger.all_specs(r, "bad").values() for s in spec.sample_ids}
+    planned = {s for spec in planned_specs(r, "bad").values() for s in spec.sample_ids}
     assert planned == {"0", "dup", "15", "16"}
 
 
@@ -116,5 +116,5 @@ def test_a_deeply_nested_row_is_rejected_and_the_good_rows_planned(r, redis_serv
     for row in (2, 4):
         line = [x for x in text.splitlines() if x.strip().startswith(f"row {row}:")]
         assert len(line) == 1 and "nested too deeply" in line[0], text
-    planned = {s for spec in ledger.all_specs(r, "deep").values() for s in spec.sample_ids}
+    planned = {s for spec in planned_specs(r, "deep").values() for s in spec.sample_ids}
     assert planned == {"0", "x", "y"}

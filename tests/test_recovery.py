@@ -12,7 +12,7 @@ from hsx.monitor.progress import run_progress
 from hsx.store import layout, open_store
 from hsx_tools.verify import verify_run
 from producer.produce import produce
-from tests.pipeline import produce_config, run_pipeline, upload_config, worker_config
+from tests.pipeline import planned_specs, produce_config, run_pipeline, upload_config, worker_config
 
 
 def _counters(r, run):
@@ -251,7 +251,7 @@ def test_restart_cleans_dead_writers_temp_files_only(r, redis_server, tiny_model
     manifest = ledger.get_manifest(r, "rs")
 
     def batch_file(path, bid, incarnation):
-        spec = ledger.get_spec(r, "rs", bid)
+        spec = planned_specs(r, "rs")[bid]   # its sample ids from the store (issue 42)
         n = len(spec.sample_ids)
         batchfile.write_atomic(path, {"hidden_states": torch.zeros(n, manifest.width, dtype=torch.float32),
                                       "input_ids": torch.zeros(n, dtype=torch.int32),

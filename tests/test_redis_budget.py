@@ -4,7 +4,8 @@ The budget test runs bench/redis_scale.py at 100,000 samples (~2,800 batches of 
 per-job path) and checks the bytes per sample of each stage. Issue 42 asks <= 10 MiB per million samples; this hsx
 holds the figures of docs/benchmarks.md ("Redis memory per million samples"), and the bounds below are those
 figures with room (a regression of the layout, e.g. rq keeping finished jobs again or the whole plan queued at
-once, fails it; 10 MiB is not reached yet: the plan's sample ids and the done ledger's records are still in Redis).
+once, fails it; 10 MiB is not reached yet: the plan entries (~8 MiB/M, their ids are in the store now) and the done
+ledger's records are still in Redis).
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from tests.pipeline import produce_config, upload_config, worker_config
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 # MiB of Redis per million samples, by stage (bench/redis_scale.py at 100k samples measured, main 8defc92 ->
-# this layout: planned 17.7 -> 17.7, queued 63.0 -> 22.3, leased 221.8 -> 34.2, done 377.9 -> 42.1).
-BOUND_MIB_PER_M = {"planned": 22, "queued": 28, "leased": 42, "done": 50, "completed": 50}
+# rq/feeding/done_info (1cbfb10) -> sample ids in the store -> compact plan entries: planned 17.7 -> 17.7 -> 10.0 ->
+# 7.4, queued 63.0 -> 22.3 -> 14.5 -> 12.0, leased 221.8 -> 32.9 -> 25.2 -> 22.6, done 377.9 -> 37.9 -> 30.2 -> 27.7,
+# completed 378.0 -> 38.1 -> 30.4 -> 27.9).
+BOUND_MIB_PER_M = {"planned": 9, "queued": 14, "leased": 26, "done": 31, "completed": 31}
 
 
 def test_redis_bytes_per_sample_through_a_run():
@@ -174,3 +177,71 @@ def test_verify_repair_queues_every_orphan_of_a_fed_run_at_once(r, redis_server,
     r.set(RunKeys("vr").fed, total)   # every batch fed, every job lost
     assert total > 4 + 2 * 2 and len(reconcile.orphans(r, "vr")) < total   # a pass sees a part
     assert sorted(requeue_orphans(r, "vr")) == sorted(ledger.all_specs(r, "vr"))   # verify --repair: all of them
+
+
+def test_the_plan_keeps_the_sample_ids_in_the_store(r, redis_server, tiny_model, tmp_path):
+    # issue 42: a plan entry holds the digest of its batch's ids; the ids are in the inputs object and the window's
+    # ids object; every reader (worker, index, verify) finds them there.
+    from hsx.life import planids
+
+    store_dir = tmp_path / "store"
+    produce(produce_config(redis_server.url, tiny_model, str(store_dir), run="st"))
+    store = open_store(str(store_dir))
+    raw = {text(k): text(v) for k, v in r.hgetall(RunKeys("st").plan).items()}
+    assert raw and all('"sample_ids"' not in v and '"d":' in v for v in raw.values())   # the ids' digest only
+    specs = ledger.all_specs(r, "st")
+    ids = planids.plan_ids(r, store, "st", specs)
+    assert sum(len(v) for v in ids.values()) == ledger.run_totals(r, "st")["samples"]
+    assert all(planids.inputs_ids(store, "st", specs[b]) == ids[b] for b in specs)   # inputs headers agree
+    assert specs[min(specs)].ids_match(ids[min(specs)]) and not specs[min(specs)].ids_match(ids[min(specs)][::-1] + ["x"])
+    _finish(redis_server.url, tmp_path / "spool", "st")
+    assert verify_run(r, store, "st").ok
+    index = [line for line in store.get_bytes("st/index.jsonl").decode().splitlines() if line]
+    assert len(index) == sum(len(v) for v in ids.values())
+
+
+def test_a_plan_holding_its_sample_ids_still_resumes_finishes_and_verifies(r, redis_server, tiny_model, tmp_path):
+    # A plan written before the ids moved to the store (ids in every spec, no window ids objects): the producer's
+    # resume (its duplicate check), the worker, verify and the index read the ids from the specs.
+    import dataclasses
+
+    from hsx.life import planids
+
+    store_dir = tmp_path / "store"
+    produce(produce_config(redis_server.url, tiny_model, str(store_dir), run="oi", enqueue=False))
+    store = open_store(str(store_dir))
+    specs = ledger.all_specs(r, "oi")
+    ids = planids.plan_ids(r, store, "oi", specs)
+    old = {b: dataclasses.replace(s, sample_ids=ids[b], ids_sha256="") for b, s in specs.items()}
+    r.hset(RunKeys("oi").plan, mapping={b: s.to_json() for b, s in old.items()})
+    for key in store.list_keys("oi/plan/"):
+        store.delete(key)
+    assert all('"sample_ids"' in text(v) for v in r.hvals(RunKeys("oi").plan))
+    produce(produce_config(redis_server.url, tiny_model, str(store_dir), run="oi"))
+    assert all(s.sample_ids for s in ledger.all_specs(r, "oi").values())   # a resumed old plan stays one
+    _finish(redis_server.url, tmp_path / "spool", "oi")
+    assert len(ledger.done_ids(r, "oi")) == len(specs)
+    assert verify_run(r, store, "oi").ok
+    assert store.get_bytes("oi/index.jsonl").count(b"\n") == sum(len(v) for v in ids.values())
+
+
+def test_a_plan_entry_without_its_ids_is_compact_and_every_form_reads():
+    import dataclasses
+    import hashlib
+
+    ids = [f"row{i}" for i in range(36)]
+    full = ledger.BatchSpec("b0001234", 1234, "00012", 36, 32000, 32768, 1114, ids, hashlib.sha256(b"x").hexdigest(),
+                            prefix_groups=[[0, 3, 50]], computed=30000)
+    planned = full.for_plan()
+    raw = planned.to_json()
+    assert "row1" not in raw and "b0001234" not in raw
+    plain = dataclasses.replace(planned, prefix_groups=[], computed=0).to_json()   # no shared prefixes: most batches
+    assert len(plain) <= 156, plain   # a 160-byte allocation in Redis (the long form: 256)
+    assert ledger.BatchSpec.from_json(raw, "b0001234") == planned and planned.ids_match(ids)
+    assert not planned.ids_match(ids[::-1]) and not planned.ids_match(ids[:-1])
+    with pytest.raises(ValueError, match="without its batch id"):
+        ledger.BatchSpec.from_json(raw)
+    old = full.to_json()   # a plan that holds its ids (an older hsx's) reads as it was written, with or without the field
+    assert '"sample_ids"' in old and ledger.BatchSpec.from_json(old) == full == ledger.BatchSpec.from_json(old, "b0001234")
+    odd = ledger.BatchSpec("b12", 12, "00000", 1, 5, 8, 8, ["a"], "").for_plan()   # not a canonical batch id: long form
+    assert ledger.BatchSpec.from_json(odd.to_json()) == odd

@@ -12,7 +12,7 @@ from hsx.prep.rows import read_conversation
 from hsx.runspec.config import StoreSettings
 from hsx.store import open_store
 from hsx_tools.demo import sample_dataset
-from tests.pipeline import run_pipeline
+from tests.pipeline import planned_specs, run_pipeline
 
 AGENTIC = sample_dataset().with_name("sample_agentic.jsonl")
 
@@ -49,7 +49,7 @@ def _check_run(r, store, run, model_path, tolerance, samples=160):
     tok = AutoTokenizer.from_pretrained(model_path)
     num_layers = ref.config.num_hidden_layers
     rows, checked, padded_batches = _rows_by_id(), 0, 0
-    for spec in ledger.all_specs(r, run).values():
+    for spec in planned_specs(r, run, store).values():   # ids from the store (issue 42)
         key = f"{run}/batches/{spec.shard}/{spec.batch_id}.safetensors"
         got = batchfile.read_bytes(store.get_bytes(key), where=key)
         assert got.sample_ids == spec.sample_ids

@@ -28,7 +28,7 @@ from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
 from hsx_tools.verify import verify_run
 from producer.produce import produce
-from tests.pipeline import produce_config, run_pipeline, upload_config, worker_config
+from tests.pipeline import planned_specs, produce_config, run_pipeline, upload_config, worker_config
 from uploader.worker import run_uploader
 
 RUN = "inc"
@@ -93,7 +93,7 @@ def test_another_token_budget_after_a_reset(r, redis_server, redis_env, tiny_mod
     old_spool_then_reset(redis_server.url, tiny_model, store_dir, spool, dataset=rows, token_budget=1024)
     rerun_in_the_order_that_mixed(redis_server.url, tiny_model, store_dir, spool, dataset=rows, token_budget=512,
                                   max_length=512, overlong="truncate")
-    specs = ledger.all_specs(r, RUN)
+    specs = planned_specs(r, RUN, store_dir)   # ids from the store (issue 42)
     got = stored(store_dir, RUN)
     assert set(got) == set(specs), (sorted(set(specs) - set(got)), ledger.failures(r, RUN), ledger.dead_letters(r, RUN),
                                     ledger.run_totals(r, RUN), len(ledger.done_ids(r, RUN)))

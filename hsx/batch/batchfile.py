@@ -429,15 +429,15 @@ def header_length(prefix: bytes) -> int:
     return 8 + struct.unpack("<Q", prefix[:8])[0] if len(prefix) >= 8 else 8
 
 
-def read_header(get_range, key: str) -> Header:
+def read_header(get_range, key: str, outputs: bool = True) -> Header:
     """The header of a stored batch object, in one range read (two when the header is over HEADER_PROBE).
 
     ``get_range(start, length) -> bytes`` reads the object (a store's ``get_bytes`` bound to ``key``); the
     format takes a callable so it never imports a store. Raises BatchFileError on a corrupt header and lets
-    the store's own errors (KeyError: no such object) through.
+    the store's own errors (KeyError: no such object) through. ``outputs=False``: a batch's inputs object.
     """
     prefix = get_range(0, HEADER_PROBE)
     need = header_length(prefix)
     if len(prefix) < need <= MAX_HEADER + 8:
         prefix = get_range(0, need)
-    return parse_header(prefix, key, outputs=True)
+    return parse_header(prefix, key, outputs=outputs)

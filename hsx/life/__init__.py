@@ -86,6 +86,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     ],
     "prefixerror": {"WARN_REL_L2": "PREFIX_WARN_REL_L2", "line": "prefix_error_line", "read": "prefix_error",
                     "record": "record_prefix_error", "recorded": "prefix_error_recorded"},
+    "planids": ["PlanIdsError", "plan_ids", "read_window_ids", "with_ids", "write_window_ids"],
     "provenance": ["INCARNATION", "file_mismatch"],
     "queues": [
         "EXTRACT_FUNC",

@@ -289,7 +289,7 @@ def lease(r: redis.Redis, run: str, bid: str, lease_seconds: float) -> ledger.Ba
         feed(r, run)
     if outcome == "done":
         raise IllegalTransition(run, bid, State.DONE, State.LEASED)
-    return ledger.BatchSpec.from_json(found[1]) if outcome == "leased" else None
+    return ledger.BatchSpec.from_json(found[1], bid) if outcome == "leased" else None
 
 
 def release(r: redis.Redis, run: str, bid: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from hsx.life import computeerror, fp8error, ledger
+from hsx.life import computeerror, fp8error, ledger, planids
 from hsx.life.keys import RunKeys
 from hsx.store import layout
 
@@ -39,7 +39,9 @@ def write_index_if_complete(r, store, run: str) -> bool:
         return True
     fp8error.write_record(r, store, run)
     computeerror.write_record(r, store, run)
-    info = store.put_bytes(layout.index_key(run),
-                           build_index_lines(ledger.all_specs(r, run), run, ledger.done_info(r, run)))
+    specs = ledger.all_specs(r, run)
+    ids = planids.plan_ids(r, store, run, specs)   # a newer plan keeps them in the store (issue 42)
+    specs = {bid: spec.with_ids(ids[bid]) for bid, spec in specs.items()}
+    info = store.put_bytes(layout.index_key(run), build_index_lines(specs, run, ledger.done_info(r, run)))
     r.set(keys.index_written, info.key)
     return True

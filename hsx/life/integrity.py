@@ -47,7 +47,7 @@ def check_batch(store, run: str, spec: ledger.BatchSpec, info: dict | None, quic
         contents = read_batch_bytes(data, where=key)
     except BatchFileError as exc:
         return str(exc), []
-    if contents.sample_ids != spec.sample_ids:
+    if not spec.ids_match(contents.sample_ids):
         return f"object {key} holds other samples than the plan", contents.sample_ids
     foreign = None if incarnation is None else provenance.mismatch(contents.metadata, run, spec, incarnation)
     if foreign:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
 
 import redis
 
 from hsx.errors import HsxError
 from hsx.life import errorlog, records
+from hsx.life.batchspec import BatchSpec  # the plan's record (ledger.BatchSpec, as every reader names it)
 from hsx.life.keys import LOG_SECONDS, RUNS, UPLOADED_SECONDS, RunKeys
 from hsx.redisconn import int_hash, json_hash, text
 from hsx.runspec import Manifest
@@ -101,43 +101,6 @@ return attempts
 """
 
 
-@dataclass(frozen=True)
-class BatchSpec:
-    """One planned batch. ``padded`` = rows x padded row length (what the GPU computes)."""
-
-    batch_id: str
-    index: int
-    shard: str
-    samples: int
-    tokens: int
-    padded: int
-    padded_len: int          # tokens a row is padded to (the longest row, rounded up to the pad multiple)
-    sample_ids: list[str]
-    input_sha256: str = ""  # SHA-256 of the batch's input object as the producer wrote it ("" = not recorded)
-    # Shared prefixes (issue 40; hsx/prep/prefixplan.py): [first, count, spine] a group of consecutive samples whose
-    # first ``spine`` tokens are computed once; ``computed``: tokens the GPU computes (0: ``padded``).
-    prefix_groups: list = field(default_factory=list)
-    computed: int = 0
-
-    def to_json(self) -> str:
-        fields = asdict(self)
-        if not self.prefix_groups:   # a plan without shared prefixes keeps the bytes older hsx wrote and reads
-            del fields["prefix_groups"], fields["computed"]
-        return json.dumps(fields, separators=(",", ":"))
-
-    @property
-    def computed_tokens(self) -> int:
-        """Tokens the GPU computes for this batch: ``padded``, less the spines its prefix groups share."""
-        return self.computed or self.padded
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> BatchSpec:
-        fields = json.loads(raw)
-        if "max_len" in fields:  # plans recorded before the field was named for what it holds
-            fields["padded_len"] = fields.pop("max_len")
-        return cls(**fields)
-
-
 def list_runs(r: redis.Redis) -> list[str]:
     return sorted(text(x) for x in r.smembers(RUNS))
 
@@ -181,16 +144,16 @@ def save_plan(r: redis.Redis, run: str, manifest: Manifest, specs: list[BatchSpe
 
 def get_spec(r: redis.Redis, run: str, bid: str) -> BatchSpec | None:
     raw = r.hget(RunKeys(run).plan, bid)
-    return BatchSpec.from_json(raw) if raw else None
+    return BatchSpec.from_json(raw, bid) if raw else None
 
 
 def get_specs(r: redis.Redis, run: str, bids: list[str]) -> list[BatchSpec]:
     """The specs of ``bids`` in their order (one HMGET); a batch not in the plan is left out."""
-    return [BatchSpec.from_json(raw) for raw in r.hmget(RunKeys(run).plan, bids) if raw]
+    return [BatchSpec.from_json(raw, bid) for bid, raw in zip(bids, r.hmget(RunKeys(run).plan, bids), strict=True) if raw]
 
 
 def all_specs(r: redis.Redis, run: str) -> dict[str, BatchSpec]:
-    return {text(k): BatchSpec.from_json(v) for k, v in r.hscan_iter(RunKeys(run).plan, count=1000)}
+    return {text(k): BatchSpec.from_json(v, text(k)) for k, v in r.hscan_iter(RunKeys(run).plan, count=1000)}
 
 
 def done_ids(r: redis.Redis, run: str) -> set[str]:

@@ -34,8 +34,8 @@ def mismatch(metadata: dict | BatchMeta, run: str, spec: BatchSpec, incarnation:
     if written != incarnation:
         return (f"it was written by incarnation {written or 'none'!s:.40} of run {run}, this run is incarnation "
                 f"{incarnation or 'none'} (the run was reset and planned again since)")
-    if list(meta.sample_ids) != spec.sample_ids:
-        return f"it holds {len(meta.sample_ids)} other sample ids than the plan's {len(spec.sample_ids)} for {spec.batch_id}"
+    if not spec.ids_match(meta.sample_ids):
+        return f"it holds {len(meta.sample_ids)} other sample ids than the plan's {spec.samples} for {spec.batch_id}"
     return None
 
 

@@ -53,7 +53,7 @@ def check_object(store, run: str, spec: ledger.BatchSpec, full: bool) -> tuple[s
     names, wanted = [header.metadata["format"], header.meta.run, header.meta.batch_id], [FORMAT, run, spec.batch_id]
     if names != wanted:
         return f"header names {names}, want {wanted}", head.size, None
-    if list(header.meta.sample_ids) != spec.sample_ids:
+    if not spec.ids_match(header.meta.sample_ids):
         return "holds other samples than the plan", head.size, None
     if full:
         data = store.get_bytes(key)

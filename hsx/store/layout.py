@@ -66,6 +66,11 @@ def evaluation_key(run: str) -> str:
     return f"{run}/evaluation.json"
 
 
+def window_ids_key(run: str, number: int) -> str:
+    """The sample ids of a planned window's batches (hsx/life/planids.py): the plan in Redis keeps their digest."""
+    return f"{segment(run, 'run')}/plan/window-{int(number):06d}.json"
+
+
 def _names(run: str, shard: str, bid: str) -> tuple[str, str, str]:
     return segment(run, "run"), segment(shard, "shard"), segment(bid, "batch id")
 

@@ -216,7 +216,7 @@ class FollowSampler:
             if bid is None:
                 return
             waited = follower.stats.waited_seconds - waited    # > 0: the trainer waited for this batch to be done
-            spec = follower.spec(bid)
+            spec = follower.spec_with_ids(bid)   # its sample ids: the step log names them
             cut = self._rows_per_step(spec)
             if not recording and step + len(cut) > start:     # this position's steps reach the resumed ones
                 recording = True
