@@ -10,6 +10,13 @@ the published FP8 releases are stored. Per layer: relative L2 and mean cosine of
 reference, beside the FP8 storage error (one scale a token a layer) of the bf16 states and max|x|/rms.
 The FP8 GEMMs accumulate as ``--fp8-accumulation`` says (default fp32, as `hsx produce`); the other
 accumulation is a column of its own (what choosing it costs, on the same weights and text).
+
+Second table (issue 39), against an **fp32** forward of the same trained model (transformers' eager code in
+fp32): bf16 and FP8 compute, each through transformers' forward (``--kernels eager``) and the fused kernels
+(``--kernels auto``, gpu_worker/kernels.py), per stored layer. ``--arch hybrid`` trains a small Qwen3.5 text
+model (Gated DeltaNet layers, every 4th full attention: the 27B's layer pattern) instead of the Qwen3, so the
+fused GDN path (fla's conv, in-kernel gating, gated norm) is measured on trained weights; fla must be importable
+for its training and its fused rows (bench/run_gpu.sh's fidelity step puts it on the path).
 """
 
 from __future__ import annotations
@@ -54,8 +61,40 @@ def extract(path: Path, layer_ids, batches, compute: str, accumulation: str = DE
     return torch.cat(outs)
 
 
+def kernel_fidelity(path: Path, layer_ids, batches, device: str) -> tuple[list[str], list[list[float]]]:
+    """(column names, per stored layer the rel L2 of each column against an fp32 eager forward)."""
+    def run(compute: str, kernels: str, dtype: str) -> torch.Tensor:
+        ex = Extractor.load(str(path), layer_ids, False, device, out_dtype=dtype, model_dtype=dtype,
+                            compute_dtype=compute, kernels=kernels)
+        outs = [ex.run(b)[0].float().clone() for b in batches]
+        del ex
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return torch.cat(outs)
+
+    ref = run("bfloat16", "eager", "float32")   # compute_dtype bfloat16 + model dtype float32: an fp32 forward
+    fp8 = device.startswith("cuda") and torch.cuda.get_device_capability(device) >= (8, 9)
+    columns = [("bf16 eager", "bfloat16", "eager"), ("bf16 fused", "bfloat16", "auto")]
+    columns += [("FP8 eager", "float8", "eager"), ("FP8 fused", "float8", "auto")] if fp8 else []
+    errs = [[r for r, _ in compare(ref, run(compute, kernels, "bfloat16"), len(layer_ids))]
+            for _, compute, kernels in columns]
+    return [name for name, _, _ in columns], [list(row) for row in zip(*errs, strict=False)]
+
+
+def hybrid_config(tok, hidden: int, layers: int):
+    """A small Qwen3.5 text model: Gated DeltaNet layers, every 4th layer full attention (the 27B's pattern)."""
+    from transformers import Qwen3_5TextConfig
+
+    heads = max(hidden // 64, 2)
+    return Qwen3_5TextConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=3 * hidden,
+                             num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=2,
+                             head_dim=64, linear_num_key_heads=heads // 2, linear_num_value_heads=heads,
+                             linear_key_head_dim=64, linear_value_head_dim=64, max_position_embeddings=4096,
+                             tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+
 def train_target(model_dir: Path, minutes: float, hidden: int, layers: int, seq: int, batch: int,
-                 device: str = "cuda"):
+                 device: str = "cuda", arch: str = "dense"):
     """Train a small Qwen3 on generated text (bench/activation_stats.texts) for ``minutes``, save it in bf16 to
     ``model_dir`` with its tokenizer; (tokenizer, 64 held-out texts, steps, losses every 100 steps).
     Also bench/drafter_acceptance.py's target."""
@@ -63,10 +102,10 @@ def train_target(model_dir: Path, minutes: float, hidden: int, layers: int, seq:
 
     torch.manual_seed(0)
     tok = build_tokenizer(model_dir, vocab_size=2048, sample_path=sample_dataset())
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=3 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
-                      head_dim=hidden // 8, max_position_embeddings=4096, tie_word_embeddings=True,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = hybrid_config(tok, hidden, layers) if arch == "hybrid" else Qwen3Config(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=hidden // 8, max_position_embeddings=4096,
+        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(device)
     corpus = texts(0, 40000)
     held_out, train = corpus[:64], corpus[64:]
@@ -102,19 +141,36 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--fp8-accumulation", choices=FP8_ACCUMULATIONS, default=DEFAULT_FP8_ACCUMULATION,
                     help="of the FP8 compute and checkpoint columns; the other accumulation is a column of its own")
+    ap.add_argument("--arch", choices=("dense", "hybrid"), default="dense",
+                    help="the trained target: a Qwen3, or a Qwen3.5 text model (Gated DeltaNet + attention)")
+    ap.add_argument("--kernels-only", action="store_true",
+                    help="only the second table (fp32 reference; eager vs fused kernels)")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the bench's code (no FP8 columns)")
     ap.add_argument("--out", default="bench-out")
     args = ap.parse_args()
     out = Path(args.out)
     work = Path("/tmp/hsx-fp8-fidelity")
     tok, held_out, step, losses = train_target(work / "bf16", args.minutes, args.hidden, args.layers, args.seq,
-                                               args.batch)
+                                               args.batch, args.device, args.arch)
     layer_ids, _ = resolve_layers("dflash", args.layers)
-    write_fp8_checkpoint(work / "bf16", work / "fp8")
-    tok.save_pretrained(work / "fp8")
     batches = []
     for text in held_out:
         ids = torch.tensor(tok(text).input_ids[:1024])
         batches.append(pad_batch(ids, torch.tensor([0, len(ids)]), len(ids) + (-len(ids)) % 16, 0, pin=False))
+    names, errs = kernel_fidelity(work / "bf16", layer_ids, batches, args.device)
+    out.mkdir(parents=True, exist_ok=True)
+    kernels_result = {"config": vars(args), "steps": step, "loss_last": losses[-1] if losses else None,
+                      "against": "fp32 eager", "layers": [dict(layer=layer, **dict(zip(names, row, strict=False)))
+                                                          for layer, row in zip(layer_ids, errs, strict=False)]}
+    (out / f"kernel_fidelity-{args.arch}.json").write_text(json.dumps(kernels_result, indent=1))
+    print(f"trained {args.arch} {step} steps, loss {kernels_result['loss_last']}; rel L2 against an fp32 forward:")
+    print(f"{'layer':>5} " + " ".join(f"{n:>11}" for n in names))
+    for layer, row in zip(layer_ids, errs, strict=False):
+        print(f"{layer:>5} " + " ".join(f"{e:>11.2e}" for e in row))
+    if args.kernels_only:
+        return 0
+    write_fp8_checkpoint(work / "bf16", work / "fp8")
+    tok.save_pretrained(work / "fp8")
     ref = extract(work / "bf16", layer_ids, batches, "bfloat16")   # default accumulation: bf16 has no other
     fp8_bf16ckpt = extract(work / "bf16", layer_ids, batches, "float8", args.fp8_accumulation)
     other = "fast" if args.fp8_accumulation == "fp32" else "fp32"   # what the other accumulation costs

@@ -27,6 +27,8 @@
 #                 path: stored and computed tok/s with and without reuse on a per-turn agentic mix and a seeds-like mix,
 #                 reused vs lone fidelity (bench/prefix_reuse.py; no Redis); PER_TURN: hsx (default: hsx's --per-turn
 #                 samples) | every-message (cut after every assistant message: the issue's 2x case)
+#   kernel-fidelity issue 39: a small Qwen3.5 hybrid (ARCH=dense: the Qwen3) trained on the GPU, per stored layer the rel L2
+#                 against its fp32 forward of bf16 and FP8 compute, eager and fused kernels (bench/fp8_fidelity.py --kernels-only)
 #   fidelity      issue 22: FP8 compute vs bf16 hidden states per layer on a model trained on the GPU (bench/fp8_fidelity.py)
 # The padding table of 1M planned samples (target 3) runs beside them on the CPU.
 # Results: one JSON per step under $OUT (or ./bench-out); the table is printed last.
@@ -96,8 +98,10 @@ for step in "${STEPS[@]}"; do
     fp8-checkpoint) timeout "${T_CKPT:-200}" python bench/fp8_checkpoint.py --shape qwen3-8b --tokens "${TOKENS_CKPT:-150000}" \
                     --layers "${CKPT_LAYERS:-0}" --fp8-accumulation "${ACCUM:-fp32}" --out "$OUTDIR" ;;
     producer)     timeout "${T_PROD:-240}" python bench/producer_e2e.py --rows "${PROD_ROWS:-1000000}" --out "$OUTDIR" ;;
-    fidelity)     timeout "${T_FID:-240}" python bench/fp8_fidelity.py --minutes "${FID_MIN:-1.5}" \
-                    --fp8-accumulation "${ACCUM:-fp32}" --out "$OUTDIR" ;;
+    fidelity)     PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_FID:-240}" python bench/fp8_fidelity.py \
+                    --minutes "${FID_MIN:-1.5}" --fp8-accumulation "${ACCUM:-fp32}" --out "$OUTDIR" ;;
+    kernel-fidelity) PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_FID:-240}" python bench/fp8_fidelity.py \
+                    --arch "${ARCH:-hybrid}" --kernels-only --minutes "${FID_MIN:-1.5}" --out "$OUTDIR" ;;
     prefix)       PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PREFIX:-540}" python bench/prefix_reuse.py --shape hybrid27b \
                     --compute-dtype "${CD:-float8}" --tokens "${TOKENS_PREFIX:-200000}" --per-turn "${PER_TURN:-hsx}" \
                     --out "$OUTDIR" ;;
