@@ -62,7 +62,8 @@ def _tokenised(rows: list[dict], tokenizer_dir: Path, work: Path, per_turn: str,
 
 
 def mixes(tokens: int, work: Path, max_length: int, per_turn_how: str = "hsx") -> dict[str, list]:
-    """Token ids of each mix, about ``tokens`` tokens each."""
+    """Token ids of each mix, about ``tokens`` tokens each; ``per_turn_how``: one cut or several, comma-separated
+    (one agentic mix each: ``agentic-per-turn`` for hsx's, ``agentic-every-message``), then seeds-like."""
     from hsx_tools.demo import sample_dataset
     from hsx_tools.samples import agentic_rows
     from hsx_tools.tinymodel import build_tokenizer
@@ -72,12 +73,14 @@ def mixes(tokens: int, work: Path, max_length: int, per_turn_how: str = "hsx") -
         build_tokenizer(tok_dir, sample_path=sample_dataset())
     plain = [json.loads(x) for x in sample_dataset().read_text().splitlines()]
     out = {}
-    for name, per_turn in (("agentic-per-turn", True), ("seeds-like", False)):
+    cuts = per_turn_how.split(",")
+    named = [("agentic-per-turn" if cut == "hsx" or len(cuts) == 1 else f"agentic-{cut}", cut) for cut in cuts]
+    for name, cut in (*named, ("seeds-like", "")):
         rows, seqs, n = [], [], 16
         while True:
             agentic = agentic_rows(n, seed=11)
-            rows = agentic if per_turn else agentic + plain[: max(1, 4 * n // 3)]
-            seqs = _tokenised(rows, tok_dir, work, per_turn and per_turn_how, max_length)
+            rows = agentic if cut else agentic + plain[: max(1, 4 * n // 3)]
+            seqs = _tokenised(rows, tok_dir, work, cut, max_length)
             if sum(map(len, seqs)) >= tokens or n >= 20_000:
                 break
             n = int(n * max(1.5, 1.1 * tokens / max(1, sum(map(len, seqs)))))
@@ -189,6 +192,14 @@ def line(shape: str, row: dict) -> str:
             f"max |d| {fid['max_abs']:.1e} ({fid['samples']} samples)")
 
 
+def per_turn_cuts(value: str) -> str:
+    cuts = [c.strip() for c in value.split(",") if c.strip()]
+    bad = [c for c in cuts if c not in ("hsx", "every-message")]
+    if not cuts or bad or len(set(cuts)) != len(cuts):
+        raise argparse.ArgumentTypeError(f"--per-turn {value!r}: hsx, every-message, or both comma-separated")
+    return ",".join(cuts)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu", action="store_true", help="tiny dense + tiny hybrid on the CPU (float32)")
@@ -204,8 +215,9 @@ def main() -> int:
     ap.add_argument("--kernels", default="auto", choices=("auto", "eager"))
     ap.add_argument("--fidelity-samples", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2, help="timed passes of each mode, alternating; the fastest kept")
-    ap.add_argument("--per-turn", default="hsx", choices=("hsx", "every-message"),
-                    help="how the agentic mix is cut into one sample a turn (see the module's text)")
+    ap.add_argument("--per-turn", default="hsx", type=per_turn_cuts,
+                    help="how the agentic mix is cut into one sample a turn (see the module's text): hsx, "
+                         "every-message, or both comma-separated (an agentic mix each)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     args.tokens = args.tokens or (30_000 if args.cpu else 300_000)
@@ -222,7 +234,7 @@ def main() -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         name = ("prefix_reuse-cpu" if args.cpu else f"prefix_reuse-{args.shape}-{args.compute_dtype}") + (
-            "-every-message.json" if args.per_turn == "every-message" else ".json")
+            "" if args.per_turn == "hsx" else "-" + args.per_turn.replace(",", "-")) + ".json"
         (out / name).write_text(json.dumps(results, indent=1))
     return 0
 
