@@ -115,7 +115,7 @@ def test_a_dead_worker_keeps_who_it_was_and_what_was_reclaimed_from_it(r, redis_
             in capsys.readouterr().out)
     # Swept a day after its last beat: gone from every view, its records too.
     r.zadd(keys.workers, {"gpu-hostW-1": time.time() - 2 * 86400})
-    assert heartbeat.sweep(r, RUN) == ["gpu-hostW-1"]
+    assert heartbeat.sweep_heartbeats(r, RUN) == ["gpu-hostW-1"]
     assert not r.hexists(keys.worker_last, "gpu-hostW-1") and not r.hexists(keys.worker_batch, "gpu-hostW-1")
 
 

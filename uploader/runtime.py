@@ -191,7 +191,7 @@ class UploaderRuntime(Role):
 
     def close(self) -> None:
         """The role's close, then the memory tier's empty run folders go, and the default folder itself once empty
-        (hsx/runspec/spool.py ``remove_empty_folders``): a clean stop leaves nothing in /dev/shm."""
+        (hsx/runspec/spool.py ``remove_empty_spool_folders``): a clean stop leaves nothing in /dev/shm."""
         super().close()
         if self.memory_spool_dir is not None:
             runspec.remove_empty_spool_folders(self.memory_spool_dir, itself=self.memory_default)

@@ -263,6 +263,7 @@ class Role:
     # ---- serving ----------------------------------------------------------------------
     def serve(self, worker_class: type[SimpleWorker] = SimpleWorker, exception_handlers: tuple = ()) -> None:
         """Take jobs until stopped (SIGTERM, SIGINT, ``stop_serving``) or, with ``burst``, until the queues are empty."""
+        life.rq_without_pickle()  # a role's entry: rq's default serializer reads JSON only from here on (rule 5)
         worker = worker_class(self.queue_names(), connection=self.r, name=self.name, serializer=JSONSerializer,
                               job_class=life.job_class(self.jobs), exception_handlers=list(exception_handlers))
         if self.run is not None:  # before prepare(): a role may sweep what its name's predecessor left

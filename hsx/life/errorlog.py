@@ -28,7 +28,7 @@ def append(r: redis.Redis, run: str, bid: str, error: str, attempts: int, now: f
     pipe.execute()
 
 
-def read(r: redis.Redis, run: str, malformed: list[str] | None = None) -> list[dict]:
+def recent_failures(r: redis.Redis, run: str, malformed: list[str] | None = None) -> list[dict]:
     """The entries, newest first; one that is not what hsx writes is skipped and named in ``malformed``."""
     key, out = RunKeys(run).error_log, []
     malformed = [] if malformed is None else malformed

@@ -10,7 +10,7 @@ its final totals, with ``stopped``, its time, and no heartbeat key). A worker's 
   those of its last beat, and a batch it held comes back through its lease.
 
 What the worker was stays until it is swept
-(``sweep``, a day after its last beat): its last heartbeat (``worker_last``: host, device, totals) and the
+(``sweep_heartbeats``, a day after its last beat): its last heartbeat (``worker_last``: host, device, totals) and the
 batch it leased last (``worker_batch``, written when the lease is taken, so ``current_batch`` is never a
 heartbeat old), so a dead worker keeps its name, host, totals and last batch on every view (issue 31 item 2).
 """
@@ -122,7 +122,7 @@ def last_holder(r: redis.Redis, run: str, bid: str) -> str | None:
     return None
 
 
-def sweep(r: redis.Redis, run: str, forget_after_seconds: float = FORGET_AFTER_SECONDS) -> list[str]:
+def sweep_heartbeats(r: redis.Redis, run: str, forget_after_seconds: float = FORGET_AFTER_SECONDS) -> list[str]:
     """Forget workers not seen for ``forget_after_seconds``: their place in ``workers``, last heartbeat and last
     batch. Returns their names."""
     keys = RunKeys(run)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from hsx.life import computeerror, fp8error, ledger, planids
+from hsx.life import computeerror, ledger, planids, storeerror
 from hsx.life.keys import RunKeys
 from hsx.store import layout
 
@@ -37,7 +37,7 @@ def write_index_if_complete(r, store, run: str) -> bool:
         return False
     if r.get(keys.index_written):
         return True
-    fp8error.write_record(r, store, run)
+    storeerror.write_record(r, store, run)
     computeerror.write_record(r, store, run)
     specs = ledger.all_specs(r, run)
     ids = planids.plan_ids(r, store, run, specs)   # a newer plan keeps them in the store (issue 42)

@@ -111,7 +111,7 @@ def _not_done(r: redis.Redis, keys: RunKeys, records_by_batch: dict[str, dict]) 
 def fidelity(r: redis.Redis, run: str, malformed: list[str]) -> dict | None:
     """FP8's measured error against bf16, per stored layer: ``{"layer_ids", "compute", "store"}`` with
     ``compute`` the run's record (hsx/life/computeerror.py: one batch, measured once) and ``store`` the summary
-    of the sampled batches (hsx/life/fp8error.py), each None where not measured; None for a run with neither."""
+    of the sampled batches (hsx/life/storeerror.py), each None where not measured; None for a run with neither."""
     compute, store = life.compute_error(r, run, malformed), life.store_error_summary(r, run, malformed)
     if compute is None and store is None:
         return None

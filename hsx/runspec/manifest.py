@@ -268,12 +268,12 @@ class Manifest:
     @classmethod
     def load(cls, store, run: str) -> Manifest | None:
         """``<run>/manifest.json`` from a store (hsx.store.Store), or None if it has none."""
-        from hsx.store import layout
+        from hsx.store import ObjectNotFound, layout
 
         key = layout.manifest_key(run)
         try:
             raw = store.get_bytes(key)
-        except KeyError:
+        except ObjectNotFound:
             return None
         return cls.from_json(raw, store.url(key))
 
