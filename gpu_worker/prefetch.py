@@ -45,7 +45,7 @@ class Prefetcher:
             raise BatchFileError(f"{key}: inputs of {spec.batch_id} {INPUT_DIGEST_MISMATCH} "
                                            "(changed or corrupt at rest); re-run hsx produce to rewrite them")
         contents = read_batch_bytes(data, where=key)  # names truncation / malformed files
-        if not spec.ids_match(contents.sample_ids):   # the plan's ids, or their digest (issue 42)
+        if not spec.ids_match(contents.sample_ids):   # the plan's ids, or their digest
             raise BatchFileError(f"{key}: sample ids differ from the plan of {spec.batch_id}")
         return pad_batch(contents.input_ids, contents.cu_seqlens, spec.padded_len, self.pad_id, self.pin), contents
 

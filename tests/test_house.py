@@ -366,3 +366,12 @@ def test_a_missing_object_is_caught_as_the_store_s_typed_error():
                     if any(isinstance(t, ast.Name) and t.id == "KeyError" for t in caught):
                         wrong.append(f"{path.relative_to(ROOT)}:{handler.lineno}")
     assert not wrong, f"except KeyError around a store read (catch ObjectNotFound): {wrong}"
+
+
+def test_product_code_cites_no_issue_numbers():
+    """A comment keeps the why (what went wrong, what was measured); which issue it came from is git's history."""
+    import re
+    cited = [f"{path.relative_to(ROOT)}:{n}" for room in ROOMS if room != "peers"
+             for path in sorted((ROOT / room).rglob("*")) if path.suffix in (".py", ".html", ".js", ".css")
+             for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"\bissues? #?\d", line, re.I)]
+    assert not cited, cited

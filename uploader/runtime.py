@@ -74,7 +74,7 @@ class UploaderRuntime(Role):
             except PermanentStoreError:
                 # The store refuses this host for good (403, no such bucket): not a store it cannot see
                 # (those jobs are put back for another uploader) but a refusal each upload meets again,
-                # counts against its batch and shows on the run with the store's words (issue 23 item 4).
+                # counts against its batch and shows on the run with the store's words.
                 store = manifest.store.open()
             ctx = RunContext(store, manifest.limits)
             with self._lock:

@@ -1,4 +1,4 @@
-"""The run's flag for a store that refuses for good (issue 23 item 4).
+"""The run's flag for a store that refuses for good.
 
 An uploader that meets a permanent store error (403 AccessDenied, NoSuchBucket,
 an object whose sha256 metadata the store dropped) records the store's message

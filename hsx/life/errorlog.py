@@ -1,4 +1,4 @@
-"""The run's recent failures, kept after their batch is done (issue 31 item 2).
+"""The run's recent failures, kept after their batch is done.
 
 A failure record (``failures``, ``dead``) goes when its batch is done: right for "what is failing now",
 but a person looking at the page after a worker died must still see that a batch was reclaimed from it.

@@ -2,7 +2,7 @@
 
 A heartbeat key expires on its own when its worker dies. A worker that stops cleanly says so (``publish_stopped``:
 its final totals, with ``stopped``, its time, and no heartbeat key). A worker's state, one word in every view
-(``hsx status``, its --json, the dashboard, /api/status, /metrics; issue 41 item 7):
+(``hsx status``, its --json, the dashboard, /api/status, /metrics):
 
 - ``alive``: its heartbeat key lives;
 - ``stopped``: it stopped cleanly (its record holds ``stopped``): its totals are final;
@@ -12,7 +12,7 @@ its final totals, with ``stopped``, its time, and no heartbeat key). A worker's 
 What the worker was stays until it is swept
 (``sweep_heartbeats``, a day after its last beat): its last heartbeat (``worker_last``: host, device, totals) and the
 batch it leased last (``worker_batch``, written when the lease is taken, so ``current_batch`` is never a
-heartbeat old), so a dead worker keeps its name, host, totals and last batch on every view (issue 31 item 2).
+heartbeat old), so a dead worker keeps its name, host, totals and last batch on every view.
 """
 
 from __future__ import annotations

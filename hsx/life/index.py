@@ -40,7 +40,7 @@ def write_index_if_complete(r, store, run: str) -> bool:
     storeerror.write_record(r, store, run)
     computeerror.write_record(r, store, run)
     specs = ledger.all_specs(r, run)
-    ids = planids.plan_ids(r, store, run, specs)   # a newer plan keeps them in the store (issue 42)
+    ids = planids.plan_ids(r, store, run, specs)   # a newer plan keeps them in the store
     specs = {bid: spec.with_ids(ids[bid]) for bid, spec in specs.items()}
     info = store.put_bytes(layout.index_key(run), build_index_lines(specs, run, ledger.done_info(r, run)))
     r.set(keys.index_written, info.key)

@@ -174,7 +174,7 @@ def done_among(r: redis.Redis, run: str, bids: list[str]) -> set[str]:
 def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sha256: str, by: str) -> bool:
     """Record a verified batch. Call only after the store verified the object. True if newly recorded.
 
-    Its ``done_info`` record is ``{"size", "sha256"}``, what every reader checks an object against (issue 42: the
+    Its ``done_info`` record is ``{"size", "sha256"}``, what every reader checks an object against (the
     object's key is the run's layout's, ``by`` is in the uploader's log, the time in ``done_log``; an older hsx's
     record also holds ``key``, ``by`` and ``ts``)."""
     keys = RunKeys(run)
@@ -223,7 +223,7 @@ def record_failure(r: redis.Redis, run: str, bid: str, error: str, max_attempts:
     attempts = int(r.eval(_RECORD_FAILURE, 4, keys.failures, keys.dead, keys.done, keys.kept_uploads, bid,
                           error[-2000:], time.time(), max_attempts, kept))
     if attempts:
-        errorlog.append(r, run, bid, error, attempts)  # kept after the batch is done (issue 31 item 2)
+        errorlog.append(r, run, bid, error, attempts)  # kept after the batch is done
     return attempts
 
 

@@ -1,4 +1,4 @@
-"""A plan's sample ids, kept in the store rather than Redis (issue 42, step 2).
+"""A plan's sample ids, kept in the store rather than Redis.
 
 A newer producer's plan entry in Redis (``BatchSpec.for_plan``) holds the digest of its batch's sample ids, not
 the ids (~16 MiB of Redis per million samples with 5-character ids). The ids are in the store twice:

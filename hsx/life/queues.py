@@ -38,7 +38,7 @@ EXTRACT_FUNC = "gpu_worker.jobs.extract_batch"
 UPLOAD_FUNC = "uploader.jobs.upload_batch"
 ALLOWED_FUNCS = frozenset({EXTRACT_FUNC, UPLOAD_FUNC})
 RESULT_TTL = 0          # seconds rq keeps a finished job: none. The ledger says what finished; a finished job's
-                        # hash, result stream and registry entry cost ~7 KB a batch for an hour (issue 42)
+                        # hash, result stream and registry entry cost ~7 KB a batch for an hour
 FAILURE_TTL = 7 * 86400  # seconds rq keeps a failed job
 
 

@@ -1,4 +1,4 @@
-"""The run's weights fingerprint as its first worker found it (issue 37 item 3).
+"""The run's weights fingerprint as its first worker found it.
 
 A run planned where the producer could not read the weights (a hub id not downloaded on its host) has no
 fingerprint in its manifest, and one planned by an older hsx has only the sampled one. The first worker that

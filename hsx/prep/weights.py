@@ -1,4 +1,4 @@
-"""A fingerprint of a model's weights: two checkpoints of one config never pass for one run (issues 29 and 37).
+"""A fingerprint of a model's weights: two checkpoints of one config never pass for one run.
 
 ``blake3-v1:<hex>``: BLAKE3 (the ``blake3`` package, pinned in pyproject.toml) of every weight file's name, size
 and the BLAKE3 of all its bytes, files sorted by name. Every byte counts: a checkpoint changed anywhere in a

@@ -9,11 +9,11 @@ The GPU worker stops taking jobs only when every tier is at its budget.
 A tier's budget is the smaller of its flag and what its file system can hold: the free
 space ``statvfs`` reports, less a margin (``free_room``), checked before each write. A full
 disk is backpressure like a full budget: the worker takes no job, and a write that still
-meets ENOSPC waits and is tried again; it never counts against the batch (issue 23 item 1).
+meets ENOSPC waits and is tried again; it never counts against the batch.
 
 The memory tier's default folder is ``/dev/shm/hsx-<uid>-<Redis tag>`` (``default_memory_dir``): one a user and
-Redis server, so two users, or a test run beside a real run, on one host never share it (issue 31 item 13;
-before, every install wrote ``/dev/shm/hsx``). Files an older hsx left in ``/dev/shm/hsx/<run>/`` are this
+Redis server, so two users, or a test run beside a real run, on one host never share it (an older
+hsx wrote ``/dev/shm/hsx`` for every install). Files an older hsx left in ``/dev/shm/hsx/<run>/`` are this
 user's to upload: a worker of the run moves them into its memory folder at start (``adopt_legacy_spool``), and an
 uploader takes an old job naming one there the same way.
 
@@ -25,7 +25,7 @@ Inside a tier: ``<tier dir>/<run>/<batch>.safetensors`` and, while being written
 read (whose write it is, alive or not); ``+<pid>.<n>`` makes the file one write's own. Two writes of one batch
 in one worker (a duplicate delivery) used to share ``.tmp-<worker name>``: the first's rename moved the file away
 under the second, which failed with FileNotFoundError (tests/test_temp_race.py). Usage counts both: a temp file
-takes the same bytes (issue 13 item 7: leaked temp files escaped the budget).
+takes the same bytes (leaked temp files once escaped the budget).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ FREE_MARGIN_BYTES = 256 * 2**20  # bytes a spool leaves free on its file system 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a write that meets these waits for room: backpressure, not failure
 
 
-LEGACY_MEMORY_DIR = Path("/dev/shm/hsx")  # the memory tier's default before issue 31: shared by every install
+LEGACY_MEMORY_DIR = Path("/dev/shm/hsx")  # the memory tier's default of an older hsx: shared by every install
 _LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "")
 
 
@@ -92,8 +92,8 @@ def adopt_legacy_spool(run: str, into: Path, legacy: Path = LEGACY_MEMORY_DIR) -
 
 def remove_empty_spool_folders(tier_dir: Path, itself: bool) -> list[Path]:
     """Remove the empty run folders right under ``tier_dir`` and, with ``itself``, ``tier_dir`` when that leaves it
-    empty; the folders removed. What a role's clean stop does with its memory tier (issue 41 item 10: empty
-    /dev/shm/hsx-* folders stayed after every role had stopped); ``itself`` only for hsx's own default folder,
+    empty; the folders removed. What a role's clean stop does with its memory tier (else empty
+    /dev/shm/hsx-* folders stay after every role had stopped); ``itself`` only for hsx's own default folder,
     never one a person named. rmdir only: a folder holding anything (a batch, another role's temp file) stays,
     and a writer that finds its folder gone makes it again (hsx.batch write_atomic)."""
     removed = []

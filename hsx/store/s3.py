@@ -58,7 +58,7 @@ from hsx.store.quirks import (
 log = logging.getLogger(__name__)
 RETRYABLE = (BotoCoreError, ClientError, ConnectionError, TimeoutError)
 NOT_FOUND = ("404", "NoSuchKey", "NotFound")
-# Answers no retry can change (issue 23 item 4): failed fast with the store's message, counted against the batch.
+# Answers no retry can change: failed fast with the store's message, counted against the batch.
 PERMANENT = ("403", "AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidAccessKeyId", "InvalidBucketName",
              "NoSuchBucket", "NotSignedUp", "SignatureDoesNotMatch", "InvalidObjectState")
 
