@@ -110,15 +110,14 @@ def read_workers(r: redis.Redis, run: str, forget_after_seconds: float = FORGET_
     return out
 
 
-def last_holder(r: redis.Redis, run: str, bid: str) -> str | None:
-    """The worker (``name on host H``) whose last lease was ``bid``, for the reaper's failure message."""
+def last_holder(r: redis.Redis, run: str, bid: str) -> tuple[str, str | None] | None:
+    """(name, host or None) of the worker whose last lease was ``bid``, for the reaper's failure record."""
     keys = RunKeys(run)
     for wid, leased in r.hgetall(keys.worker_batch).items():
         if records.name(leased) == bid:
             name = records.name(wid)
             last = records.decode(r.hget(keys.worker_last, name) or b"{}", keys.worker_last, [], records.HEARTBEAT)
-            host = (last or {}).get("host")
-            return f"{name}{' on host ' + host if host else ''}"
+            return name, (last or {}).get("host")
     return None
 
 
