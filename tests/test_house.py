@@ -375,3 +375,14 @@ def test_product_code_cites_no_issue_numbers():
              for path in sorted((ROOT / room).rglob("*")) if path.suffix in (".py", ".html", ".js", ".css")
              for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"\bissues? #?\d", line, re.I)]
     assert not cited, cited
+
+
+def test_house_stats_runs_without_torch():
+    """scripts/house_stats.py reads the house from the source: it runs where torch and transformers are not."""
+    import subprocess
+    import sys
+    probe = ("import runpy, sys; sys.modules.update(torch=None, transformers=None); "
+             "runpy.run_path('scripts/house_stats.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("kernel: ") and "RunKeys( outside hsx/: " in proc.stdout, proc.stdout
