@@ -246,7 +246,7 @@ class Monitor(threading.Thread):
     def run(self) -> None:
         tick = 0
         while not self.stop_event.wait(self.period):
-            usages = [spool.usage(d) for d in self.spool_dirs]
+            usages = [spool.spool_usage(d) for d in self.spool_dirs]
             self.spool_peak = max(self.spool_peak, sum(u.bytes for u in usages))
             self.spool_files_peak = max(self.spool_files_peak, sum(u.files for u in usages))
             self.rss.append((time.perf_counter(), rss_bytes()))

@@ -28,7 +28,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 def create_app(config: DashboardConfig, r: redis.Redis | None = None) -> Flask:
     """The app for ``config``; ``r`` overrides the Redis client built from ``config.redis_url``."""
-    life.rq_without_pickle()  # done on import already; stated here because this app mounts rq-dashboard
+    life.rq_without_pickle()  # this process's entry: the app mounts rq-dashboard, which fetches jobs with rq's default
     app = Flask(__name__)
     app.json.sort_keys = False
     client = r or connect(config.redis_url, retries=3)

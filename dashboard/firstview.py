@@ -1,4 +1,4 @@
-"""The page's first view, rendered on the server (issue 41 item 8): the HTML as served already shows the run.
+"""The page's first view, rendered on the server: the HTML as served already shows the run.
 
 ``first_view`` reads what /api/status serves (``dashboard.overview``: the same ``pick_run`` and
 ``build_overview``), so fields others add there reach the page by the template. The formatting filters

@@ -32,13 +32,21 @@ def pick_run(r: redis.Redis, requested: str | None) -> tuple[str | None, list[st
 
 
 def _reclaimed(errors: list[dict]) -> dict[str, list[str]]:
-    """worker name -> batches reclaimed from it after it stopped beating (the reaper's error, hsx.life.batchlife)."""
+    """worker name -> batches reclaimed from it after it stopped beating: the reaper's record names it
+    (``lost_worker``, hsx.life.batchlife.reap); a record of an older hsx, without it, in its error's words."""
     out: dict[str, list[str]] = {}
     for e in errors:
-        if e["error"].startswith("worker lost: ") and " stopped beating" in e["error"]:
-            name = e["error"].removeprefix("worker lost: ").split(" ", 1)[0]
-            out.setdefault(name, []).append(e["batch"]) if e["batch"] not in out.get(name, []) else None
+        name = e.get("lost_worker") or _lost_worker_in_words(e["error"])
+        if name and e["batch"] not in out.get(name, []):
+            out.setdefault(name, []).append(e["batch"])
     return out
+
+
+def _lost_worker_in_words(error: str) -> str | None:
+    """The worker an older hsx's reaper named in its error ("worker lost: NAME [on host H] stopped beating ...")."""
+    if error.startswith("worker lost: ") and " stopped beating" in error:
+        return error.removeprefix("worker lost: ").split(" ", 1)[0]
+    return None
 
 
 def _worker_row(w: dict, now: float, stale_after: float, reclaimed: dict[str, list[str]]) -> dict:

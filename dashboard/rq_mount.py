@@ -2,7 +2,7 @@
 
 rq-dashboard is a blueprint that can also delete, requeue, empty and compact, and
 that fetches jobs without a serializer (it would unpickle whatever a job hash
-holds; ``hsx.life.queues`` makes rq's default serializer JSON in this process). Here:
+holds; ``create_app`` makes rq's default serializer JSON in this process first). Here:
 
 - only the endpoints in READ_ONLY keep their view, and each only for GET/HEAD;
   every other endpoint of the blueprint (delete, requeue, requeue-all (which

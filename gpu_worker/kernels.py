@@ -1,4 +1,4 @@
-"""The target's forward on maintained fused kernels where they exist (issue 39), else exactly transformers' own.
+"""The target's forward on maintained fused kernels where they exist, else exactly transformers' own.
 
 A profile of the 27B hybrid FP8 step on an H200 put more than half of the GPU's time outside the GEMMs, in
 transformers' eager code around them: layout copies and fp32 casts of the Gated DeltaNet path, a torch fallback
@@ -30,7 +30,7 @@ against an fp32 forward.
 When anything is missing (no CUDA, no fla, an fla whose kernels lack the arguments used here, a model class not
 in the tables below), that module keeps transformers' forward: the fallback is exactly today's path. A forward
 with a padding mask (not hsx's: right-padded, no mask) takes the eager forward too; one with a cache (a shared prefix
-continued, issue 40) runs the fused GDN from the cached conv window and recurrent state (fla's kernels take
+continued) runs the fused GDN from the cached conv window and recurrent state (fla's kernels take
 ``initial_state`` / ``output_final_state``), a one-token decode step the eager one.
 """
 
@@ -69,7 +69,7 @@ class KernelSet:
     swiglu: Callable            # (gate, up) -> silu(gate) * up
     causal_conv1d: Callable     # (x [B, T, D], weight [D, W], bias | None, activation) -> [B, T, D]
     # (q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False) -> (o [B, T, HV, V], final
-    # state [B, HV, K, V] fp32 or None); l2-normed q, k inside; initial_state: a cached prefix's state (issue 40)
+    # state [B, HV, K, V] fp32 or None); l2-normed q, k inside; initial_state: a cached prefix's state
     gated_delta_rule: Callable
 
 

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from gpu_worker.extractor import PaddedBatch, pad_batch
 from hsx.batch import INPUT_DIGEST_MISMATCH, BatchContents, BatchFileError, read_batch_bytes
 from hsx.life import BatchSpec
-from hsx.store import layout
+from hsx.store import ObjectNotFound, layout
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class Prefetcher:
         key = layout.input_key(self.run, spec.shard, spec.batch_id)
         try:
             data = self.store.get_bytes(key)
-        except KeyError:
+        except ObjectNotFound:
             raise FileNotFoundError(f"inputs of {spec.batch_id} are missing from the store ({key}); re-run hsx produce") from None
         # The digest first: bytes that differ from the plan's are named as such (the producer rewrites
         # them on a re-run) whatever the decoder would make of them.
@@ -45,7 +45,7 @@ class Prefetcher:
             raise BatchFileError(f"{key}: inputs of {spec.batch_id} {INPUT_DIGEST_MISMATCH} "
                                            "(changed or corrupt at rest); re-run hsx produce to rewrite them")
         contents = read_batch_bytes(data, where=key)  # names truncation / malformed files
-        if not spec.ids_match(contents.sample_ids):   # the plan's ids, or their digest (issue 42)
+        if not spec.ids_match(contents.sample_ids):   # the plan's ids, or their digest
             raise BatchFileError(f"{key}: sample ids differ from the plan of {spec.batch_id}")
         return pad_batch(contents.input_ids, contents.cu_seqlens, spec.padded_len, self.pad_id, self.pin), contents
 

@@ -1,4 +1,4 @@
-"""A batch whose samples share prefixes (issue 40): each shared spine computed once, every sample stored whole.
+"""A batch whose samples share prefixes: each shared spine computed once, every sample stored whole.
 
 A causal target's states at a token do not depend on what follows it, so samples that start with the same
 ``spine`` tokens need the spine computed once. A batch's plan (``BatchSpec.prefix_groups``, hsx/prep/prefixplan.py)

@@ -124,9 +124,9 @@ class WorkerRuntime(Role):
         """Remove temp files of writers with no live heartbeat, in every tier; the number removed.
 
         Runs at start and on every HEARTBEATS_PER_SWEEP-th beat: a writer that died within its
-        heartbeat TTL of this worker's start still looked alive then (issue 13 item 7). At start,
+        heartbeat TTL of this worker's start still looked alive then. At start,
         temp files under this worker's own name are a killed predecessor's of the same ``--name``
-        (this process has written nothing yet) and go too (issue 23 item 5).
+        (this process has written nothing yet) and go too.
         """
         removed = 0
         for tier in self.tiers.tiers:

@@ -7,7 +7,7 @@ DEFAULT_MAX_BATCH_ROWS = 512            # samples a batch, cap whatever the budg
 DEFAULT_PAD_MULTIPLE = 8                # tokens: padded row length rounded up to this
 DEFAULT_BATCHES_PER_SHARD = 1000        # batches under one <shard>/ folder of the store
 DEFAULT_WINDOW_ROWS = 20_000            # dataset rows planned together (sorted + cut) and enqueued as one window
-PREFIX_REUSE = ("auto", "off")          # --prefix-reuse: shared prefixes computed once where exact (issue 40), or never
+PREFIX_REUSE = ("auto", "off")          # --prefix-reuse: shared prefixes computed once where exact, or never
 DEFAULT_PREFIX_MIN_TOKENS = 32          # tokens: rows sharing at least this many leading tokens share one spine
 DEFAULT_PREFIX_CACHE_BUDGETS = 2        # token budgets: the most cached spine tokens a batch holds (spine x leaves)
 DEFAULT_MAX_REJECT_SHARE = 0.01         # share of rows that may be rejected before produce fails
@@ -56,5 +56,5 @@ KERNEL_MODES = ("auto", "eager")
 DEFAULT_KERNELS = "auto"
 
 # Extract jobs a run keeps queued ahead of its workers (jobs): the plan is fed to the queue in steps
-# (hsx.life.batchlife.feed), so queued rq job hashes (~1.5 KB each) cost O(workers), not O(run) (issue 42).
+# (hsx.life.batchlife.feed), so queued rq job hashes (~1.5 KB each) cost O(workers), not O(run).
 QUEUE_AHEAD = 256

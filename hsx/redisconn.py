@@ -296,7 +296,7 @@ class LocalRedis:
 # ---- reading replies (clients here do not decode responses: rq needs bytes) ----
 def text(value: bytes | str) -> str:
     """A reply as text. Everything hsx writes is UTF-8; other bytes (planted, or another program's)
-    come out with replacement characters instead of failing the read (issue 23 item 11)."""
+    come out with replacement characters instead of failing the read."""
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 

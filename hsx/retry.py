@@ -2,7 +2,7 @@
 
 ``STOP`` is this process's stop request: a role sets it on its first SIGTERM / SIGINT (hsx/fleet/role.py), and
 every back-off and pause of a role waits on it (``pause``), so a stopping process never sits out a
-back-off (issue 31 item 5: an uploader took 16-27 s to exit during a 30 s pause).
+back-off (an uploader took 16-27 s to exit during a 30 s pause).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import sys
 
 from redis.exceptions import OutOfMemoryError
 
-from hsx import __version__
+from hsx import __version__, life
 from hsx.errors import HsxError
 from hsx.printable import PrintableFormatter, printable
 from hsx_cli import dashboard, demo, evaluate, export, inspect, produce, reset, retry_failed, run, show, status, upload, verify, worker
@@ -116,6 +116,7 @@ def _install_start_handlers(command: Command) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, extra = build_parser().parse_known_args(argv)
     command: Command = args.hsx_command
+    life.rq_without_pickle()  # this process's entry: rq's default serializer reads JSON only (architecture.md, rule 5)
     if extra:
         print(_unknown_flags(command, extra), file=sys.stderr)
         return 2

@@ -259,7 +259,7 @@ class RunFollower(IterableDataset):
 
     def spec_with_ids(self, bid: str) -> life.BatchSpec:
         """``spec(bid)`` holding its sample ids: a newer plan keeps them in the store (its inputs object's header,
-        one range read; issue 42)."""
+        one range read)."""
         try:
             return life.with_ids(self.store, self.run, self.spec(bid))
         except life.PlanIdsError as exc:
@@ -276,7 +276,7 @@ class RunFollower(IterableDataset):
         if self.verify:
             check_digest(buf, where, int(info["size"]), str(info["sha256"]))
         contents = decode(buf, where, self.manifest)
-        if not spec.ids_in_plan:   # a newer plan keeps the ids in the store (issue 42): the object's, checked
+        if not spec.ids_in_plan:   # a newer plan keeps the ids in the store: the object's, checked
             if not spec.ids_match(contents.sample_ids):
                 raise ReaderError(f"{where}: holds other sample ids than the plan of {bid}")
             spec = spec.with_ids(contents.sample_ids)

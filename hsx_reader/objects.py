@@ -37,7 +37,7 @@ from hsx.batch import (  # noqa: F401 (re-exported)
 )
 from hsx.batch import parse_header as parse_batch_header
 from hsx.runspec import Manifest
-from hsx.store import LocalStore, Store
+from hsx.store import LocalStore, ObjectNotFound, Store
 from hsx_reader.run import ReaderError
 
 
@@ -73,7 +73,7 @@ def check_against_run(header: Header, manifest: Manifest) -> None:
 
 
 def decode(buf: torch.Tensor, key: str, manifest: Manifest | None = None) -> BatchContents:
-    """Decode a whole batch object held in a uint8 tensor (see hsx.batch.batchfile.decode)."""
+    """Decode a whole batch object held in a uint8 tensor (see hsx.batch.batchfile.decode_batch)."""
     header = parse_header(memoryview(buf.numpy())[:min(len(buf), MAX_HEADER + 8)], key)
     if manifest is not None:
         check_against_run(header, manifest)
@@ -102,7 +102,7 @@ def fetch_object(store: Store, key: str) -> torch.Tensor:
             raise ReaderError(f"{store.url(key)}: batch object is missing from the store") from None
     try:
         data = store.get_bytes(key)
-    except KeyError:
+    except ObjectNotFound:
         raise ReaderError(f"{store.url(key)}: batch object is missing from the store") from None
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
@@ -137,7 +137,7 @@ def fetch_header(store: Store, key: str) -> Header:
     """Read only the header (one or two range requests)."""
     try:
         return read_header(lambda start, length: store.get_bytes(key, start, length), key)
-    except KeyError:
+    except ObjectNotFound:
         raise ReaderError(f"{store.url(key)}: batch object is missing from the store") from None
     except BatchFileError as exc:
         raise CorruptBatch(str(exc)) from None

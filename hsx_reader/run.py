@@ -16,7 +16,7 @@ from hsx.batch import VALUE_DTYPES as TORCH_DTYPES
 from hsx.batch import dtype_name
 from hsx.errors import HsxError
 from hsx.runspec import Manifest, ManifestError
-from hsx.store import Store, layout
+from hsx.store import ObjectNotFound, Store, layout
 
 
 class ReaderError(HsxError, RuntimeError):
@@ -115,7 +115,7 @@ class RunIndex:
 def _get_json_bytes(store: Store, key: str, what: str) -> bytes:
     try:
         return store.get_bytes(key)
-    except KeyError:
+    except ObjectNotFound:
         raise ReaderError(f"{store.url(key)}: no {what}; is the run name right, and is the run complete "
                           "(the index is written when the last batch is verified)?") from None
 

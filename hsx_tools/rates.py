@@ -9,8 +9,8 @@ A batch costs its compute plus a fixed cost: tokens_per_s = budget / (budget / c
   13-21 ms in docs/benchmarks.md's CPU mode; a GPU does not make it smaller. It bounds a tiny model, whose
   FLOPs alone would claim a billion tokens/s, to budget / 15 ms (a 2,048-token budget: 137k tokens/s; the
   tiny model on the H200 measured 55k, start-up included). For an 8B shape at a 32k budget it costs 1.5 %.
-- on a CPU, a range of computed (padded) tokens/s, this machine's cores over the same FLOPs, float32 (issue 41
-  item 9: one figure, 45-53k, stood where 10-25k was measured):
+- on a CPU, a range of computed (padded) tokens/s, this machine's cores over the same FLOPs, float32 (one
+  figure, 45-53k, once stood where 10-25k was measured):
   - high: CPU_FLOPS_PER_CORE (8 GFLOP/s) a core and BATCH_OVERHEAD_S: a worker alone on its cores
     (docs/benchmarks.md's CPU mode: the tiny model, 36.5k tokens/s on 2 cores at a 4k budget);
   - low: CPU_FLOPS_PER_CORE_SHARED (3 GFLOP/s) a core and CPU_BATCH_OVERHEAD_S (90 ms: the spool write, Redis

@@ -65,7 +65,7 @@ def build_tiny_model(out_dir: Path, num_layers: int = 6, hidden_size: int = 64, 
 
 
 def write_weight_index(out_dir: Path) -> None:
-    """``model.safetensors.index.json`` beside the single ``model.safetensors`` (issue 41 item 5): SpecForge 0.2.0
+    """``model.safetensors.index.json`` beside the single ``model.safetensors``: SpecForge 0.2.0
     reads a target's LM head only through a ``*.index.json`` (real checkpoints are sharded and ship one; its
     TargetHead refuses a folder without: "No index.json file found"). transformers and hsx still read the single
     file; the index maps every tensor to it. Written once (kept if there)."""

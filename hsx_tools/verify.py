@@ -94,7 +94,7 @@ def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, re
     manifest = life.get_manifest(r, run)
     incarnation = manifest.incarnation if manifest is not None else None
 
-    ids = life.plan_ids(r, store, run, specs)   # a newer plan keeps them in the store (issue 42)
+    ids = life.plan_ids(r, store, run, specs)   # a newer plan keeps them in the store
     specs = {bid: spec.with_ids(ids[bid]) for bid, spec in specs.items()}
 
     def one(bid):

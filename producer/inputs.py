@@ -19,7 +19,7 @@ import torch
 from hsx import life
 from hsx.batch import InputsMeta, batch_bytes
 from hsx.prep import PlannedBatch, Sample
-from hsx.store import Store, layout
+from hsx.store import ObjectNotFound, Store, layout
 
 log = logging.getLogger(__name__)
 INPUT_UPLOAD_THREADS = 8   # objects written at once
@@ -74,5 +74,5 @@ def stored_sha256(store, key: str) -> str | None:
     """SHA-256 of the object's bytes as the store returns them now (None if it is gone)."""
     try:
         return hashlib.sha256(store.get_bytes(key)).hexdigest()
-    except KeyError:
+    except ObjectNotFound:
         return None

@@ -166,7 +166,7 @@ def resume(planning: Planning, resumed: bool) -> Planning:
     r, run = planning.r, planning.cfg.run
     planning.planned_only = _mark_planned_only(r, planning.cfg, new_run=not resumed)
     if not resumed:
-        life.start_feeding(r, run)   # its queue is fed QUEUE_AHEAD jobs ahead, never the whole plan (issue 42)
+        life.start_feeding(r, run)   # its queue is fed QUEUE_AHEAD jobs ahead, never the whole plan
     specs = life.all_specs(r, run) if resumed else {}   # read once: the check below and the earlier windows' specs
     planning.repaired = len(unmark_missing_done(r, planning.store, run, specs)) if resumed else 0
     planning.done = life.done_ids(r, run)
@@ -182,7 +182,7 @@ def resume(planning: Planning, resumed: bool) -> Planning:
         planning.add(rec, resumed=True)
     if records:
         earlier = [spec for spec in (specs or life.all_specs(r, run)).values() if spec.index < planning.batches]
-        ids = life.plan_ids(r, planning.store, run, {spec.batch_id: spec for spec in earlier})  # store (issue 42)
+        ids = life.plan_ids(r, planning.store, run, {spec.batch_id: spec for spec in earlier})  # from the store
         earlier = [spec.with_ids(ids[spec.batch_id]) for spec in earlier]
         planning.seen = {sid for spec in earlier for sid in spec.sample_ids}
         if planning.rebuild is not None:
@@ -309,7 +309,7 @@ def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> Wind
     if planning.rebuild is not None:
         planning.rebuild.check(specs)
     specs = write_inputs(planning.store, cfg.run, samples, planned, specs, planning.done, planning.suspect)
-    # The ids stay in the store (the inputs objects and the window's ids object), the plan keeps their digest (issue 42)
+    # The ids stay in the store (the inputs objects and the window's ids object), the plan keeps their digest
     life.write_window_ids(planning.store, cfg.run, window.number, specs)
     life.save_plan(planning.r, cfg.run, manifest, [spec.for_plan() for spec in specs], {"planning": 1})
     enqueued = _enqueue(planning, specs, first_batch + len(specs))

@@ -1,4 +1,4 @@
-"""The run's weights fingerprint as `hsx produce` plans or resumes it (issue 37 items 3 and 4).
+"""The run's weights fingerprint as `hsx produce` plans or resumes it.
 
 - The producer fingerprints the model's weight files when this host has them (hsx/prep/weights.py); where it
   has none (a hub id not downloaded here), it says so in one line: the first worker that loads the weights

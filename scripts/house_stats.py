@@ -4,7 +4,9 @@
 
 An arrow is one kernel module importing another; an import of a wing's face counts one arrow to each private
 module whose names the importer uses. A floor is a module's height over the modules it stands on (a module
-importing nothing of the kernel is on floor 0). docs/architecture.md cites these figures.
+importing nothing of the kernel is on floor 0). A circle is two or more modules importing each other, at import
+time or inside a function. docs/architecture.md cites these figures. Everything is read from the source, nothing
+imported but the faces (which import no torch): the script runs where torch is not installed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import ast
 import importlib
 import re
 import sys
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,11 +32,45 @@ KERNEL = {module_name(p): p for p in (ROOT / "hsx").rglob("*.py")}
 WINGS = sorted(m.split(".")[1] for m, p in KERNEL.items() if p.name == "__init__.py" and m != "hsx")
 
 
+@cache
+def tree(module: str) -> ast.Module:
+    return ast.parse(KERNEL[module].read_text())
+
+
+def top_level(module: str):
+    """The statements at the top of ``module``, those under ``if TYPE_CHECKING:`` too (a face's names on first use)."""
+    for node in tree(module).body:
+        yield from node.body if isinstance(node, ast.If) else (node,)
+
+
 def provider(wing: str, name: str) -> str:
-    """The private module behind ``name`` on ``wing``'s face."""
-    value = getattr(importlib.import_module(f"hsx.{wing}"), name)
-    mod = value.__name__ if hasattr(value, "__file__") else getattr(value, "__module__", f"hsx.{wing}")
-    return mod if mod in KERNEL else f"hsx.{wing}"
+    """The private module behind ``name`` on ``wing``'s face: where the name's function or class is defined, a
+    namespace's own module, or the face itself for a constant (no arrow)."""
+    return defined_in(f"hsx.{wing}", name, f"hsx.{wing}")
+
+
+def defined_in(module: str, name: str, face: str) -> str:
+    """The module that defines ``name`` as found in ``module``, following imports of the kernel's modules."""
+    if f"{module}.{name}" in KERNEL and name not in {n for s in top_level(module) for n in _defined(s)}:
+        return f"{module}.{name}"                                      # a module offered as a namespace
+    for node in top_level(module):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in KERNEL:
+            for a in node.names:
+                if (a.asname or a.name) == name:
+                    return defined_in(node.module, a.name, face)
+        elif name in _defined(node):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                return module
+            value = getattr(node, "value", None)                       # ``Alias = Name``: the name's module
+            return defined_in(module, value.id, face) if isinstance(value, ast.Name) else face
+    return face
+
+
+def _defined(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
 
 
 def kernel_imports(path: Path) -> set[str]:
@@ -81,6 +118,16 @@ def faces_and_ground(path: Path) -> set[str]:
     return out
 
 
+def reach(edges: dict[str, set[str]], start: str) -> set[str]:
+    """The modules ``start`` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for d in edges[todo.pop()] - seen:
+            seen.add(d)
+            todo.append(d)
+    return seen
+
+
 def main() -> None:
     rooms = {m: p for m, p in KERNEL.items() if p.name != "__init__.py" and m != "hsx.face"}
     edges = {m: {d for d in kernel_imports(p) if d in rooms and d != m} for m, p in rooms.items()}
@@ -88,13 +135,15 @@ def main() -> None:
 
     def height(m: str, seen: tuple = ()) -> int:
         if m not in floor:
-            floor[m] = 0 if not edges[m] else 1 + max(height(d, seen + (m,)) for d in edges[m] if d not in seen)
+            floor[m] = 1 + max((height(d, seen + (m,)) for d in edges[m] if d not in seen), default=-1)
         return floor[m]
 
     for m in rooms:
         height(m)
+    circles = sorted({tuple(sorted((a, b))) for a in edges for b in edges[a] if a in reach(edges, b)})
     print(f"kernel: {len(rooms)} modules in {len(WINGS)} wings + ground, {sum(map(len, edges.values()))} arrows, "
-          f"{max(floor.values())} floors")
+          f"{max(floor.values())} floors, {len(circles)} circles"
+          + "".join(f"\n  circle: {a} <-> {b}" for a, b in circles))
     for wing in WINGS:
         inside = [m for m in rooms if m.startswith(f"hsx.{wing}.")]
         arrows = sum(len({d for d in edges[m] if d.startswith(f"hsx.{wing}.")}) for m in inside)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from hsx.life import RunKeys
+from hsx import life
 from hsx.redisconn import LocalRedis, connect
 from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all
@@ -83,13 +83,13 @@ def follow(trainer: subprocess.Popen, workdir: Path, r, stop_at_checkpoint: bool
     log, state = workdir / "follow.jsonl", workdir / "ckpt" / "0" / "training_state.json"
     seen = len(log.read_text().splitlines()) if log.exists() else 0     # lines of an earlier call
     checkpointed = state.read_text() if state.exists() else None
-    keys = RunKeys(RUN)
     while True:
         lines = log.read_text().splitlines() if log.exists() else []
         for line in lines[seen:]:
             record = json.loads(line)
             if "step" in record:
-                done, planned = r.scard(keys.done), int(r.hget(keys.totals, "batches") or 0)
+                left = life.outstanding(r, RUN)
+                done, planned = left.done, left.batches or 0
                 print(f"step {record['step']:3d}  batch {record['batch_id']}  ({len(record['sample_ids'])} samples)  "
                       f"ledger {done}/{planned} batches done  cursor {record['cursor']}", flush=True)
         seen = len(lines)
@@ -140,12 +140,12 @@ def main() -> int:
     trainer_env.update(PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'peers'}", HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
     r, procs = connect(redis.url), []
     try:
-        if args.resume and not r.exists(RunKeys(RUN).manifest):
+        if args.resume and not life.run_exists(r, RUN):
             print(f"nothing extracted in {workdir} yet: run without --resume first", file=sys.stderr)
             return 2
         if not args.resume:
             produce(workdir, env)
-        layer_ids = json.loads(r.get(RunKeys(RUN).manifest))["layer_ids"]
+        layer_ids = list(life.require_manifest(r, RUN).layer_ids)
         trainer = subprocess.Popen(trainer_command(args.python, workdir, layer_ids), cwd=workdir, env=trainer_env,
                                    stdout=open(workdir / "logs" / "trainer.log", "a"), stderr=subprocess.STDOUT)
         procs = [trainer, *start_roles(workdir, env, args.batch_seconds)]   # trainer and extraction together

@@ -155,10 +155,10 @@ def run_outage(work: Path, model: Path, s3_endpoint: str, bucket: str, outage_se
             return t_full_settled is not None and time.monotonic() - t_full_settled >= OBSERVE_SECONDS
 
         while not outage_over():
-            used = spool.usage(spool_dir).bytes
+            used = spool.spool_usage(spool_dir).bytes
             peak = max(peak, used)
             room = spool.free_room(spool_dir)
-            if full_since is None and room < used / max(spool.usage(spool_dir).files, 1):  # no room for one more
+            if full_since is None and room < used / max(spool.spool_usage(spool_dir).files, 1):  # no room for one more
                 full_since = time.monotonic()
             if full_since is not None and at_full is None and time.monotonic() - full_since >= settle:
                 at_full, t_full_settled = batches_run(), time.monotonic()

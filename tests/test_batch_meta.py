@@ -70,14 +70,14 @@ def test_a_record_writes_the_bytes_the_hand_built_dict_wrote(case):
     record, before, hidden = CASES[case]
     meta = record()
     assert list(meta.to_metadata().items()) == list(before().items())   # same keys, same order, same strings
-    assert batchfile.to_bytes(_tensors(hidden), meta.to_metadata()) == batchfile.to_bytes(_tensors(hidden), before())
+    assert batchfile.batch_bytes(_tensors(hidden), meta.to_metadata()) == batchfile.batch_bytes(_tensors(hidden), before())
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_written_header_reads_back_as_its_record(case):
     record, _, hidden = CASES[case]
     meta = record()
-    data = batchfile.to_bytes(_tensors(hidden), meta.to_metadata())
+    data = batchfile.batch_bytes(_tensors(hidden), meta.to_metadata())
     header = batchfile.parse_header(data, "obj", outputs=hidden)
     assert type(header.meta) is type(meta)
     # what the encoder added from the tensors: the token digests; nothing else differs
@@ -101,7 +101,7 @@ def test_a_written_header_reads_back_as_its_record(case):
 def test_headers_of_older_and_newer_files_read():
     """A header without the fields added since (a test's hand-made file, the first workers') reads with None for
     them; a key this hsx does not know (a newer file's) is ignored."""
-    bare = batchfile.to_bytes(_tensors(), {"format": batchfile.FORMAT, "sample_ids": json.dumps(SPEC.sample_ids)})
+    bare = batchfile.batch_bytes(_tensors(), {"format": batchfile.FORMAT, "sample_ids": json.dumps(SPEC.sample_ids)})
     meta = batchfile.parse_header(bare, "bare", outputs=True).meta
     assert meta.sample_ids == tuple(SPEC.sample_ids) and meta.run is None and meta.incarnation is None
     assert meta.layer_ids is None and meta.width is None and meta.store_final is None
@@ -112,7 +112,7 @@ def test_headers_of_older_and_newer_files_read():
 def test_an_older_header_without_the_hidden_crcs_reads_and_keeps_its_bytes():
     """A file written before ``sample_hidden_crc32`` (its header byte for byte as the encoder wrote it then):
     parses with None for it, and its metadata re-encodes to the same bytes; a compressed file has none."""
-    data = batchfile.to_bytes(_tensors(), _worker_meta().to_metadata())
+    data = batchfile.batch_bytes(_tensors(), _worker_meta().to_metadata())
     header_len = int.from_bytes(data[:8], "little")
     raw = json.loads(data[8:8 + header_len])
     assert raw["__metadata__"].pop("sample_hidden_crc32")
@@ -124,7 +124,7 @@ def test_an_older_header_without_the_hidden_crcs_reads_and_keeps_its_bytes():
     assert header.meta.to_metadata() == header.metadata == raw["__metadata__"]
     assert json.dumps({"__metadata__": header.meta.to_metadata(), **{k: v for k, v in raw.items() if k != "__metadata__"}},
                       separators=(",", ":")).encode() == text
-    zstd = batchfile.to_bytes(_tensors(), _worker_meta().to_metadata(), codec="zstd")
+    zstd = batchfile.batch_bytes(_tensors(), _worker_meta().to_metadata(), codec="zstd")
     assert batchfile.parse_header(zstd, "z", outputs=True).meta.sample_hidden_crc32 is None
 
 
@@ -136,7 +136,7 @@ def test_an_fp8_files_hidden_crcs_cover_its_scales():
                 "hidden_scales": torch.arange(10, dtype=torch.float32).reshape(5, 2),
                 "final_hidden_states": torch.full((5, 4), 0.25).to(torch.float8_e4m3fn),
                 "final_scales": torch.ones(5, 1)}
-    meta = batchfile.parse_header(batchfile.to_bytes(tensors, _worker_meta().to_metadata()), "fp8", outputs=True).meta
+    meta = batchfile.parse_header(batchfile.batch_bytes(tensors, _worker_meta().to_metadata()), "fp8", outputs=True).meta
     rows = {name: tensors[name][0:3] for name in ("hidden_states", "hidden_scales", "final_hidden_states", "final_scales")}
     assert meta.sample_hidden_crc(0) == sample_rows_crc32(rows)
     assert meta.sample_hidden_crc(0) != sample_rows_crc32({**rows, "hidden_scales": rows["hidden_scales"] * 2})

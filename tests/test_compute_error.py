@@ -30,9 +30,9 @@ from gpu_worker.fp8linear import Fp8Linear
 from gpu_worker.worker import load_runtime
 from hsx.batch import batchfile
 from hsx.life import computeerror, ledger
-from hsx.life.fp8error import record_store_error
 from hsx.life.keys import RunKeys
 from hsx.life.ledger import BatchSpec
+from hsx.life.storeerror import record_store_error
 from hsx.monitor.progress import fidelity_lines, run_progress, summary_lines
 from hsx.store import layout
 from hsx_cli.main import main
@@ -68,7 +68,7 @@ def by_hand(reference: torch.Tensor, x: torch.Tensor, H: int) -> list[tuple[floa
 def stored_batch(store, run: str, bid: str, r) -> tuple[ledger.BatchSpec, batchfile.BatchContents]:
     spec = ledger.BatchSpec.from_json(r.hget(RunKeys(run).plan, bid), bid)
     data = (store / layout.batch_key(run, spec.shard, bid)).read_bytes()
-    return spec, batchfile.decode(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    return spec, batchfile.decode_batch(torch.frombuffer(bytearray(data), dtype=torch.uint8))
 
 
 def test_float8_run_records_its_compute_error_from_its_own_first_batch(r, redis_server, redis_env, tiny_model,
@@ -163,13 +163,13 @@ def test_one_measurement_a_run_however_many_workers_start(r, redis_server, tiny_
     record = json.loads(r.get(RunKeys(run).compute_error))
     assert (record["batch_id"], record["worker"]) == (bids[0], "w0") and record["accumulation"] == "fast"
     # A later writer (a worker after a crash of the claimant, a duplicate delivery) never replaces it.
-    computeerror.record(r, run, bids[1], ledger.get_manifest(r, run), [[0.5, 0.5], [0.1, 0.1]], 7, "other", "w9")
+    computeerror.record_compute_error(r, run, bids[1], ledger.get_manifest(r, run), [[0.5, 0.5], [0.1, 0.1]], 7, "other", "w9")
     assert json.loads(r.get(RunKeys(run).compute_error)) == record
     # A worker that starts once the run has its record loads FP8 at once and never measures.
     late = load_runtime(worker_config(redis_server.url, tmp_path / "spool2", run=run, host="h2", worker_name="w2"))
     assert not late.measure_compute and not late.extractor.fp8_pending
     assert any(isinstance(m, Fp8Linear) for m in late.extractor.decoder.layers.modules())
-    assert computeerror.claim(r, run, "w3", 60) is False
+    assert computeerror.claim_compute_error(r, run, "w3", 60) is False
 
 
 def test_fp8_checkpoint_is_measured_against_its_dequantised_weights(tmp_path, no_fp8_gate):
@@ -223,7 +223,7 @@ def test_dashboard_page_shows_compute_next_to_storage_per_layer(r, redis_server)
     ledger.save_plan(r, "fp8page", manifest, specs, totals)
     ledger.save_plan(r, "bf16page", example_manifest("bf16page", **{**fp8, "compute_dtype": "bfloat16",
                                                                     "store_dtype": "bfloat16"}), specs, totals)
-    computeerror.record(r, "fp8page", "b0000", manifest, [[0.0127, 0.0146, 0.0201], [0.99992, 0.99989, 0.9998]],
+    computeerror.record_compute_error(r, "fp8page", "b0000", manifest, [[0.0127, 0.0146, 0.0201], [0.99992, 0.99989, 0.9998]],
                         100, "<img src=x> reference", "w0")
     for bid, rel, cos in (("b0000", 0.0263, 0.9997), ("b0001", 0.0265, 0.9996)):
         record_store_error(r, "fp8page", bid, manifest, [[rel] * 3, [cos] * 3], 100)

@@ -188,7 +188,9 @@ def test_workers_page_shows_the_job_a_worker_holds(r, redis_server):
 
 
 def test_rq_job_class_and_default_serializer_never_pickle(r, tmp_path):
-    """Outside the dashboard too: rq's default serializer in an hsx process reads JSON only."""
+    """Outside the dashboard too: rq's default serializer in an hsx process reads JSON only, once the process's
+    entry made it so (each entry does: tests/test_house.py)."""
+    queues.rq_without_pickle()
     marker = tmp_path / "m"
     r.hset("rq:job:p1", mapping={"data": zlib.compress(b"[]"), "meta": pickle.dumps(_Creates(marker)),
                                  "result": pickle.dumps(_Creates(marker)), "status": "finished", "origin": "q"})

@@ -102,7 +102,7 @@ CRAFTED = {
 def test_every_malformed_batch_is_the_one_corrupt_batch_error(case):
     data, named = CRAFTED[case]
     with pytest.raises(BatchFileError, match=rf"^obj\.safetensors: corrupt.*{named}"):
-        batchfile.read_bytes(data, "obj.safetensors")
+        batchfile.read_batch_bytes(data, "obj.safetensors")
     with pytest.raises(CorruptBatch, match=rf"^obj\.safetensors: corrupt.*{named}"):
         decode(torch.frombuffer(bytearray(data), dtype=torch.uint8), "obj.safetensors", MANIFEST)
 
@@ -113,7 +113,7 @@ def test_a_tiny_object_is_refused_before_its_declared_size_is_allocated():
     tracemalloc.start()
     try:
         with pytest.raises(BatchFileError, match=r"hidden_states.*\[8, 8388608\].*4 tokens"):
-            batchfile.read_bytes(bomb, "bomb")
+            batchfile.read_batch_bytes(bomb, "bomb")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -121,11 +121,11 @@ def test_a_tiny_object_is_refused_before_its_declared_size_is_allocated():
     # The right token count but a width the header's layer_ids x hidden_size do not give: refused as well.
     wide = _compressed([N, 32 * 2**20], lambda n: [["zstd", n]], _zstd(bytes(256 * 2**20)))
     with pytest.raises(BatchFileError, match=r"layer_ids x hidden_size say \[4, 8\]"):
-        batchfile.read_bytes(wide, "wide")
+        batchfile.read_batch_bytes(wide, "wide")
 
 
 def test_a_good_object_still_decodes():
-    contents = batchfile.read_bytes(_object(), "good")
+    contents = batchfile.read_batch_bytes(_object(), "good")
     assert contents.hidden_states.shape == (N, 8) and contents.sample_ids == ["s0"]
 
 
@@ -172,11 +172,11 @@ def test_retry_failed_of_an_unknown_run_exits_2(redis_env):
 
 def test_compressed_hidden_states_need_their_declared_width():
     data = _compressed([N, 8], lambda n: [["zstd", n]], _zstd(bytes(64)))
-    assert batchfile.read_bytes(data, "ok").hidden_states.shape == (N, 8)
+    assert batchfile.read_batch_bytes(data, "ok").hidden_states.shape == (N, 8)
     head_len = struct.unpack("<Q", data[:8])[0]
     header = json.loads(data[8:8 + head_len])
     del header["__metadata__"]["layer_ids"], header["__metadata__"]["hidden_size"]
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
     with pytest.raises(BatchFileError, match="compressed hidden states without layer_ids and hidden_size"):
-        batchfile.read_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + head_len:], "bare")
+        batchfile.read_batch_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + head_len:], "bare")

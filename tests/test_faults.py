@@ -260,7 +260,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
             for o in page.get("Contents", [])]
     seen = Counter()
     for key in keys:
-        contents = batchfile.read_bytes(s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read(), where=key)
+        contents = batchfile.read_batch_bytes(s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read(), where=key)
         assert bool(torch.isfinite(contents.hidden_states).all())
         seen.update(contents.sample_ids)
     lost = SAMPLES - len(seen)

@@ -30,7 +30,7 @@ def test_deeply_nested_header_is_a_corrupt_batch_not_a_crash():
     with pytest.raises(batchfile.BatchFileError, match="corrupt"):
         batchfile.parse_header(data, "k")
     with pytest.raises(batchfile.BatchFileError):
-        batchfile.read_bytes(data, "k")
+        batchfile.read_batch_bytes(data, "k")
 
 
 def test_verify_counts_every_missing_sample(r, redis_server, tiny_model, tmp_path):

@@ -418,7 +418,7 @@ def test_workers_scaled_like_keda_lose_and_double_nothing(redis_server, r, tiny_
     assert r.zcard(keys.extract_leases) == 0 and r.zcard(keys.upload_leases) == 0  # scaled to zero: no lease left
     seen = Counter()
     for path in (store / RUN / "batches").rglob("*.safetensors"):
-        seen.update(batchfile.read_bytes(path.read_bytes(), where=str(path)).sample_ids)
+        seen.update(batchfile.read_batch_bytes(path.read_bytes(), where=str(path)).sample_ids)
     assert len(seen) == SAMPLES and max(seen.values()) == 1
     assert all(r.sismember(keys.done, bid) for bid in evicted_holding)
     assert [p for p in (tmp_path / "spool").rglob("*") if p.is_file()] == []

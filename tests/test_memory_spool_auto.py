@@ -102,8 +102,8 @@ def test_default_flags_put_batches_through_the_memory_tier(r, redis_server, tiny
         batches = ledger.run_totals(r, run)["batches"]
         q = queues.queue(r, queues.upload_queue_name("testhost"))
         assert [q.fetch_job(j).kwargs["tier"] for j in q.get_job_ids()] == ["memory"] * batches
-        assert len(spool.complete_files(default_dir, run)) == batches
-        assert not spool.complete_files(disk, run)
+        assert len(spool.spool_files(default_dir, run)) == batches
+        assert not spool.spool_files(disk, run)
         line = next(rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("spool: "))
         assert f"memory {default_dir}" in line and "(memory tier: auto: 0.5 of the" in line
         assert upload_cmd.config(resolve(upload_cmd.FLAGS, build_parser().parse_args(
@@ -111,7 +111,7 @@ def test_default_flags_put_batches_through_the_memory_tier(r, redis_server, tiny
                 worker_cmd.FLAGS, build_parser().parse_args(["worker", "--device", "cpu"]))).memory_spool_dir
         assert main(["upload", "--spool-dir", str(disk), "--host", "testhost", "--burst"]) == 0
         assert run_progress(r, run)["complete"]
-        assert not spool.complete_files(default_dir, run)
+        assert not spool.spool_files(default_dir, run)
         assert not default_dir.exists()  # issue 41 item 10: an empty /dev/shm/hsx-<uid>-<tag>/<run> stayed behind
     finally:
         shutil.rmtree(mem_run, ignore_errors=True)
@@ -124,12 +124,12 @@ def test_a_clean_stop_removes_only_empty_folders_and_the_default_only(tmp_path):
         (named / folder).mkdir(parents=True)
     (named / "run-b" / "b0000001.safetensors.tmp-worker-2").write_bytes(b"another role's write")
     (named / "notes.txt").write_text("not hsx's")
-    assert sorted(p.name for p in spool.remove_empty_folders(named, itself=False)) == ["run-a", "run-c"]
+    assert sorted(p.name for p in spool.remove_empty_spool_folders(named, itself=False)) == ["run-a", "run-c"]
     assert sorted(p.name for p in named.iterdir()) == ["notes.txt", "run-b"]
     default = tmp_path / "hsx-0-abcdef12"
     (default / "run-a").mkdir(parents=True)
-    assert spool.remove_empty_folders(default, itself=True) == [default / "run-a", default]
-    assert not default.exists() and spool.remove_empty_folders(default, itself=True) == []   # gone: nothing to do
+    assert spool.remove_empty_spool_folders(default, itself=True) == [default / "run-a", default]
+    assert not default.exists() and spool.remove_empty_spool_folders(default, itself=True) == []   # gone: nothing to do
     (named / "run-b" / "b0000001.safetensors.tmp-worker-2").unlink()
     (named / "notes.txt").unlink()
-    assert spool.remove_empty_folders(named, itself=False) == [named / "run-b"] and named.is_dir()
+    assert spool.remove_empty_spool_folders(named, itself=False) == [named / "run-b"] and named.is_dir()

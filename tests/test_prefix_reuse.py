@@ -210,7 +210,7 @@ def _check_stored(r, store, run, model_path) -> tuple[int, int, float]:
     worst, stored, computed = 0.0, 0, 0
     for spec in ledger.all_specs(r, run).values():
         key = f"{run}/batches/{spec.shard}/{spec.batch_id}.safetensors"
-        got = batchfile.read_bytes(store.get_bytes(key), where=key)
+        got = batchfile.read_batch_bytes(store.get_bytes(key), where=key)
         stored, computed = stored + spec.tokens, computed + spec.computed_tokens
         for b in range(len(got.sample_ids)):
             lo, hi = int(got.cu_seqlens[b]), int(got.cu_seqlens[b + 1])

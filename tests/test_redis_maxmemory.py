@@ -86,7 +86,7 @@ def test_worker_and_uploader_ride_out_redis_at_maxmemory(tmp_path, tiny_model):
         server.stop()
     seen = Counter()
     for path in (store / RUN / "batches").rglob("*.safetensors"):
-        seen.update(batchfile.read_bytes(path.read_bytes(), where=str(path)).sample_ids)
+        seen.update(batchfile.read_batch_bytes(path.read_bytes(), where=str(path)).sample_ids)
     assert len(seen) == SAMPLES and max(seen.values()) == 1
     assert [p for p in spool.rglob("*") if p.is_file()] == []  # every spooled file was queued and uploaded
     for name, path in logs.items():

@@ -51,7 +51,7 @@ def _check_run(r, store, run, model_path, tolerance, samples=160):
     rows, checked, padded_batches = _rows_by_id(), 0, 0
     for spec in planned_specs(r, run, store).values():   # ids from the store (issue 42)
         key = f"{run}/batches/{spec.shard}/{spec.batch_id}.safetensors"
-        got = batchfile.read_bytes(store.get_bytes(key), where=key)
+        got = batchfile.read_batch_bytes(store.get_bytes(key), where=key)
         assert got.sample_ids == spec.sample_ids
         assert got.hidden_states.shape == (spec.tokens, len(layer_ids) * ref.config.hidden_size)
         padded_batches += spec.padded > spec.tokens

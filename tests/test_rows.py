@@ -188,3 +188,31 @@ def test_bad_json_lines_are_named_with_their_column_once(tmp_path):
                        "line 2 of bad.jsonl is not valid JSON: Expecting value at column 15",
                        "line 3 of bad.jsonl is not valid JSON: Expecting property name enclosed in double quotes "
                        "at column 2"]
+
+
+def test_a_bad_row_is_a_reject_with_its_reason_and_a_bug_in_the_tokeniser_is_not(chat, monkeypatch):
+    """Only a bad row's error (RowRejected) counts as a reject; any other error while tokenising is a bug in hsx
+    or a library, and surfaces naming the row instead of being counted under a made-up reason."""
+    from hsx.prep import windows
+    from hsx.prep.dataset import Row
+
+    monkeypatch.setattr(windows, "_tokeniser", chat)
+    monkeypatch.setattr(windows, "_per_turn", False)
+    bad_args = {"messages": [{"role": "user", "content": "q"},
+                             {"role": "assistant", "content": "", "tool_calls": [{**CALL, "function": {
+                                 "name": "search", "arguments": "{not json"}}]}]}
+    surrogate = {"messages": [{"role": "user", "content": json.loads('"half a pair \\ud800"')},
+                              {"role": "assistant", "content": "a"}]}   # JSON text may hold one; no tokenizer takes it
+    huge = {"input_ids": [1, 2**70], "loss_mask": [0, 1]}
+    for index, (row, code, says) in enumerate([(bad_args, "tool_args_not_json", "arguments are not JSON"),
+                                               (surrogate, "bad_content", "not valid Unicode"),
+                                               (huge, "bad_pretokenised", "outside the vocabulary")]):
+        rejected = windows._encode_one(Row(index, row))
+        assert (rejected.code, rejected.index) == (code, index) and says in rejected.message, rejected
+    assert windows._encode_one(Row(3, GOOD)).sample_id == "3"   # a good row is encoded
+
+    def broken(text):
+        raise ValueError("a bug in the encoder")
+    monkeypatch.setattr(chat, "_encode", broken)
+    with pytest.raises(RuntimeError, match="row 4 .*not a bad row.*ValueError: a bug in the encoder"):
+        windows._encode_one(Row(4, GOOD))

@@ -44,7 +44,7 @@ def rows(tmp_path):
 
 def stored(store_dir, run: str) -> dict[str, batchfile.BatchContents]:
     store = open_store(str(store_dir))
-    return {key.rsplit("/", 1)[1].removesuffix(".safetensors"): batchfile.read_bytes(store.get_bytes(key), key)
+    return {key.rsplit("/", 1)[1].removesuffix(".safetensors"): batchfile.read_batch_bytes(store.get_bytes(key), key)
             for key in store.list_keys(f"{run}/batches/")}
 
 

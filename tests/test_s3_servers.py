@@ -225,7 +225,7 @@ def test_a_whole_run_on_each_server(s3_endpoint, s3_endpoint_bucket, r, redis_se
     said = {"moto": "integrity md5", "rclone": "integrity md5", "seaweedfs": "integrity crc32"}[server]
     assert any(m.startswith("run rs: store s3://") and f"multipart ETag {style} (probed)" in m and f"; {said} (probed"
                in m for m in caplog.messages), caplog.messages
-    assert run_progress(r, "rs")["complete"] and not spool.complete_files(spool_dir, "rs")  # deleted after verify
+    assert run_progress(r, "rs")["complete"] and not spool.spool_files(spool_dir, "rs")  # deleted after verify
     store = settings.open()
     assert verify_run(r, store, "rs").ok
     # the trainer's readers, in place: the follower (ledger order) and the range reader agree

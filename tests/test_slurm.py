@@ -79,7 +79,7 @@ def _submit(slurm: SlurmCluster, env_file: Path, *args: str) -> dict[str, str]:
 def _store_ids(store: Path, run: str) -> Counter:
     seen = Counter()
     for path in (store / run / "batches").rglob("*.safetensors"):
-        seen.update(batchfile.read_bytes(path.read_bytes(), where=str(path)).sample_ids)
+        seen.update(batchfile.read_batch_bytes(path.read_bytes(), where=str(path)).sample_ids)
     return seen
 
 

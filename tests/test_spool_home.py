@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hsx import runspec
 from hsx.runspec import spool
 from hsx.runspec.config import UploadConfig
 from hsx_cli import upload as upload_cmd
@@ -47,21 +48,23 @@ def test_files_left_in_the_old_shared_default_are_adopted(tmp_path):
     (legacy / "run1" / "b0000002.safetensors.tmp-gpu-0").write_bytes(b"half written")
     (legacy / "run2").mkdir()
     (legacy / "run2" / "b0000001.safetensors").write_bytes(b"another run")
-    moved = spool.adopt_legacy("run1", new, legacy=legacy)
+    moved = spool.adopt_legacy_spool("run1", new, legacy=legacy)
     assert moved == [new / "run1" / "b0000001.safetensors"] and moved[0].read_bytes() == b"batch 1"
     assert not (legacy / "run1" / "b0000001.safetensors").exists()
     assert (legacy / "run1" / "b0000002.safetensors.tmp-gpu-0").exists()  # never finished: not a batch
     assert (legacy / "run2" / "b0000001.safetensors").exists()  # another run's: its worker adopts it
-    assert spool.adopt_legacy("run1", legacy, legacy=legacy) == []  # the flag named the old folder itself
+    assert spool.adopt_legacy_spool("run1", legacy, legacy=legacy) == []  # the flag named the old folder itself
 
 
 def test_an_uploader_takes_a_job_an_older_hsx_queued_for_the_old_default(tmp_path, monkeypatch, r, redis_server):
     legacy = tmp_path / "shm-hsx"
-    monkeypatch.setattr(spool, "LEGACY_MEMORY_DIR", legacy)
+    for where in (spool, runspec):  # the module, and the face the roles read it from
+        monkeypatch.setattr(where, "LEGACY_MEMORY_DIR", legacy)
     (legacy / "run1").mkdir(parents=True)
     (legacy / "run1" / "b0000001.safetensors").write_bytes(b"batch 1")
     default = spool.default_memory_dir(redis_server.url, shm=tmp_path)
-    monkeypatch.setattr(spool, "default_memory_dir", lambda url: default)
+    for where in (spool, runspec):  # the module, and the face the roles read it from
+        monkeypatch.setattr(where, "default_memory_dir", lambda url: default)
     cfg = UploadConfig(redis_url=redis_server.url, spool_dir=tmp_path / "disk", host="h", burst=True,
                        worker_name="upload-h", heartbeat_seconds=1.0, memory_spool_dir=default)
     rt = UploaderRuntime(cfg, r)
@@ -76,12 +79,14 @@ def test_a_worker_with_the_default_folder_adopts_its_runs_old_files_and_one_give
     from gpu_worker.runtime import WorkerRuntime
 
     legacy = tmp_path / "shm-hsx"
-    monkeypatch.setattr(spool, "LEGACY_MEMORY_DIR", legacy)
+    for where in (spool, runspec):  # the module, and the face the roles read it from
+        monkeypatch.setattr(where, "LEGACY_MEMORY_DIR", legacy)
     (legacy / "run1").mkdir(parents=True)
     (legacy / "run1" / "b0000001.safetensors").write_bytes(b"batch 1")
     url = "redis://127.0.0.1:6379/0"
     default = spool.default_memory_dir(url, shm=tmp_path)
-    monkeypatch.setattr(spool, "default_memory_dir", lambda redis_url: default)
+    for where in (spool, runspec):  # the module, and the face the roles read it from
+        monkeypatch.setattr(where, "default_memory_dir", lambda redis_url: default)
 
     def worker(memory_dir):  # what adopt_legacy_spool reads of a WorkerRuntime (its model is not needed)
         tiers = spool.SpoolTiers.of(tmp_path / "disk", 2**30, memory_dir, 2**30)
@@ -90,4 +95,4 @@ def test_a_worker_with_the_default_folder_adopts_its_runs_old_files_and_one_give
     assert WorkerRuntime.adopt_legacy_spool(worker(tmp_path / "chosen")) == set()
     assert (legacy / "run1" / "b0000001.safetensors").exists()
     assert WorkerRuntime.adopt_legacy_spool(worker(default)) == {"b0000001"}
-    assert spool.complete_files(default, "run1") == [default / "run1" / "b0000001.safetensors"]
+    assert spool.spool_files(default, "run1") == [default / "run1" / "b0000001.safetensors"]

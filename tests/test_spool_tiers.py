@@ -34,7 +34,7 @@ def test_tier_choice_spills_to_disk_and_comes_back(tmp_path):
     assert tiers.choose(40) is None and tiers.full()
     (tmp_path / "mem" / "run" / "b1.safetensors").unlink()
     assert tiers.choose(40).name == "memory"        # and back once uploads free memory
-    assert spool.usage(tmp_path / "disk") == spool.SpoolUsage(files=0, bytes=100, temp_files=1, temp_bytes=100)
+    assert spool.spool_usage(tmp_path / "disk") == spool.SpoolUsage(files=0, bytes=100, temp_files=1, temp_bytes=100)
 
 
 def test_worker_fills_memory_then_disk_then_memory_again(r, redis_server, tiny_model, tmp_path):
@@ -49,10 +49,10 @@ def test_worker_fills_memory_then_disk_then_memory_again(r, redis_server, tiny_m
         batches = ledger.run_totals(r, run)["batches"]
         assert batches >= 3
         assert sorted(_upload_tiers(r)) == ["disk"] * (batches - 1) + ["memory"]
-        assert len(spool.complete_files(mem, run)) == 1 and len(spool.complete_files(disk, run)) == batches - 1
+        assert len(spool.spool_files(mem, run)) == 1 and len(spool.spool_files(disk, run)) == batches - 1
         run_uploader(upload_config(redis_server.url, disk, memory_spool_dir=mem))
         assert run_progress(r, run)["complete"]
-        assert spool.usage(mem).bytes == 0 and spool.usage(disk).bytes == 0
+        assert spool.spool_usage(mem).bytes == 0 and spool.spool_usage(disk).bytes == 0
         assert verify_run(r, open_store(str(tmp_path / "store")), run).ok
 
 
@@ -77,7 +77,7 @@ def test_wiped_memory_tier_loses_nothing(r, redis_server, tiny_model, tmp_path):
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="wipe"))
     run_worker(worker_config(redis_server.url, disk, run="wipe", memory_spool_dir=mem, memory_spool_budget_bytes=2**30))
     batches = ledger.run_totals(r, "wipe")["batches"]
-    assert len(spool.complete_files(mem, "wipe")) == batches and not r.scard("hsx:wipe:done")
+    assert len(spool.spool_files(mem, "wipe")) == batches and not r.scard("hsx:wipe:done")
     shutil.rmtree(mem)  # the host went down: tmpfs is empty after the reboot; Redis still holds the upload jobs
     run_uploader(upload_config(redis_server.url, disk, memory_spool_dir=mem))  # each job finds its file gone
     assert len(queues.queue(r, queues.extract_queue_name("wipe"))) == batches  # re-enqueued, nothing done
@@ -152,9 +152,9 @@ def test_codec_round_trip_is_exact():
         raise AssertionError("a truncated frame decoded")
     tensors = {"hidden_states": torch.randn(5, 8).bfloat16(), "input_ids": torch.arange(5, dtype=torch.int32),
                "loss_mask": torch.ones(5, dtype=torch.uint8), "cu_seqlens": torch.tensor([0, 2, 5])}
-    data = batchfile.to_bytes(tensors, {"format": batchfile.FORMAT, "sample_ids": '["a","b"]', "dtype": "bfloat16",
+    data = batchfile.batch_bytes(tensors, {"format": batchfile.FORMAT, "sample_ids": '["a","b"]', "dtype": "bfloat16",
                                         "layer_ids": "[0]", "hidden_size": "8"}, codec="zstd")
-    assert torch.equal(batchfile.read_bytes(data).hidden_states, tensors["hidden_states"])
+    assert torch.equal(batchfile.read_batch_bytes(data).hidden_states, tensors["hidden_states"])
 
 
 def test_worker_warns_with_both_rates_when_the_disk_cannot_keep_up(monkeypatch):

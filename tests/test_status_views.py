@@ -106,6 +106,8 @@ def test_a_dead_worker_keeps_who_it_was_and_what_was_reclaimed_from_it(r, redis_
     row = next(w for w in o["workers"] if w["worker"] == "gpu-hostW-1")
     assert row["host"] == "hostW" and row["gpu_name"] == "NVIDIA H200" and row["batches"] == 28
     assert row["last_batch"] == "b0002" and row["reclaimed"] == ["b0002"] and row["state"] == "lost"
+    from hsx.life import errorlog
+    assert [e.get("lost_worker") for e in errorlog.recent_failures(r, RUN) if e["batch"] == "b0002"] == ["gpu-hostW-1"]
     recent = {e["batch_id"]: e for e in o["recent_errors"]}
     assert recent["b0002"]["resolved"] and recent["b0002"]["last_error"] == error  # done since, still in sight
     metrics = client.get("/metrics").get_data(as_text=True)
@@ -115,7 +117,7 @@ def test_a_dead_worker_keeps_who_it_was_and_what_was_reclaimed_from_it(r, redis_
             in capsys.readouterr().out)
     # Swept a day after its last beat: gone from every view, its records too.
     r.zadd(keys.workers, {"gpu-hostW-1": time.time() - 2 * 86400})
-    assert heartbeat.sweep(r, RUN) == ["gpu-hostW-1"]
+    assert heartbeat.sweep_heartbeats(r, RUN) == ["gpu-hostW-1"]
     assert not r.hexists(keys.worker_last, "gpu-hostW-1") and not r.hexists(keys.worker_batch, "gpu-hostW-1")
 
 
@@ -158,3 +160,20 @@ def test_alive_stopped_and_lost_workers_have_one_word_each_in_every_view(r, redi
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'hsx_worker_up{gpu="",host="hostS",run="half",worker="tally-stopped"} 0.0' in metrics, metrics
     assert 'hsx_worker_up{gpu="0",host="hostA",run="half",worker="gpu-hostA-0"} 1.0' in metrics, metrics
+
+
+def test_the_dashboard_reads_who_a_batch_was_reclaimed_from_in_the_record_and_in_an_older_hsx_s_text(r, client):
+    """The reaper's record names the lost worker in a field (``lost_worker``), read as is, whatever its error
+    text says; a record of an older hsx, without the field, still reads from its text."""
+    from hsx.life import errorlog, heartbeat
+
+    keys = RunKeys(RUN)
+    ledger.save_plan(r, RUN, example_manifest(RUN), SPECS, {"batches": 4, "samples": 40, "tokens": 400})
+    for name in ("gpu-new-0", "gpu-old-0"):
+        heartbeat.publish_stopped(r, RUN, name, {"host": "h", "batches": 1, "tokens": 10, "tokens_per_s": 1.0})
+    errorlog.append(r, RUN, "b0000", "lease expired; reclaimed", 1, lost_worker="gpu-new-0")     # any words
+    r.lpush(keys.error_log, json.dumps({"batch": "b0001", "attempts": 1, "ts": 1.0,                 # an older hsx's
+                                        "error": "worker lost: gpu-old-0 on host h stopped beating while it held the "
+                                                 "batch (lease expired without heartbeat); reclaimed"}))
+    rows = {w["worker"]: w["reclaimed"] for w in client.get(f"/api/status?run={RUN}").json["overview"]["workers"]}
+    assert rows == {"gpu-new-0": ["b0000"], "gpu-old-0": ["b0001"]}

@@ -81,7 +81,7 @@ def test_compressed_files_are_smaller_and_decode_with_the_one_decoder(runs):
     for fmt, (store, run) in runs.items():
         files = sorted((store / run / "batches").rglob("*.safetensors"))
         sizes[fmt] = sum(p.stat().st_size for p in files)
-        contents = batchfile.read_bytes(files[0].read_bytes(), where=str(files[0]))
+        contents = batchfile.read_batch_bytes(files[0].read_bytes(), where=str(files[0]))
         assert contents.hidden_states.dtype == torch.bfloat16
         header = batchfile.parse_header(files[0].read_bytes()[:1 << 16], str(files[0]))
         assert (("hidden_states.zstd" in header.tensors) == (fmt[1] == "zstd"))

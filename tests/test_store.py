@@ -5,7 +5,7 @@ import boto3
 import pytest
 
 from hsx.batch import batchfile
-from hsx.store import StoreError, VerifyError, open_store
+from hsx.store import ObjectNotFound, StoreError, VerifyError, open_store
 from hsx.store.quirks import EndpointQuirks
 from hsx.store.s3 import S3Settings, S3Store
 
@@ -70,6 +70,14 @@ def test_a_file_that_differs_from_its_checksum_is_refused(s3_endpoint, s3_endpoi
     assert store.head("k") is None
 
 
+def test_a_missing_object_is_object_not_found_still_a_key_error(s3_endpoint, s3_endpoint_bucket, tmp_path):
+    for store in (_s3(s3_endpoint, s3_endpoint_bucket), open_store(str(tmp_path / "local"))):
+        for span in ((), (0, 8)):   # the whole object, a range
+            with pytest.raises(ObjectNotFound) as missing:
+                store.get_bytes("run/nothing", *span)
+            assert isinstance(missing.value, KeyError) and missing.value.args == (store.url("run/nothing"),)
+
+
 def test_store_down_is_a_clear_error(tmp_path):
     store = S3Store(S3Settings(bucket="nobucket", prefix="", endpoint_url="http://127.0.0.1:9", region="us-east-1",
                                attempts=2))
@@ -95,11 +103,11 @@ def test_local_store_round_trip_and_escape(tmp_path):
 def test_corrupt_batch_bytes_name_the_key():
     import torch
 
-    data = batchfile.to_bytes({"input_ids": torch.arange(4, dtype=torch.int32), "loss_mask": torch.ones(4, dtype=torch.uint8),
+    data = batchfile.batch_bytes({"input_ids": torch.arange(4, dtype=torch.int32), "loss_mask": torch.ones(4, dtype=torch.uint8),
                                "cu_seqlens": torch.tensor([0, 4])}, {"format": batchfile.FORMAT, "sample_ids": '["a"]'})
-    assert batchfile.read_bytes(data).sample_ids == ["a"]
+    assert batchfile.read_batch_bytes(data).sample_ids == ["a"]
     with pytest.raises(batchfile.BatchFileError, match="run/b.safetensors: corrupt or truncated"):
-        batchfile.read_bytes(data[:-5], where="run/b.safetensors")
+        batchfile.read_batch_bytes(data[:-5], where="run/b.safetensors")
 
 
 def test_create_only_writes_hold_where_the_probe_says_they_do(s3_endpoint, s3_endpoint_bucket, request):

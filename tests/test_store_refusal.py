@@ -58,13 +58,13 @@ def test_permanent_store_errors_dead_letter_and_show(r, redis_server, tiny_model
             # item 3): one line naming the credentials, exit 2, nothing counted against any batch, spool kept.
             assert out.returncode == 2 and "refused the credentials (bucket check: 403" in out.stderr
             assert not ledger.dead_letters(r, "t1") and not ledger.failures(r, "t1")
-            assert len(spool.complete_files(tmp_path / "spool", "t1")) == batches
+            assert len(spool.spool_files(tmp_path / "spool", "t1")) == batches
             return
     finally:
         proxy.stop()
     dead = ledger.dead_letters(r, "t1")
     assert len(dead) == batches and all(rec["attempts"] == 2 and words in rec["last_error"] for rec in dead.values())
-    assert len(spool.complete_files(tmp_path / "spool", "t1")) == batches  # nothing deleted
+    assert len(spool.spool_files(tmp_path / "spool", "t1")) == batches  # nothing deleted
     p = run_progress(r, "t1")
     assert words in p["store_refusal"]["error"]
     assert any(line.strip().startswith("STORE REFUSES") and words in line for line in summary_lines(p))

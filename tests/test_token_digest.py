@@ -323,7 +323,7 @@ def test_range_reads_of_an_fp8_object_check_its_scales(tmp_path):
             "store_dtype": "float8_e4m3"}
     store = LocalStore(tmp_path)
     path = tmp_path / "b.safetensors"
-    path.write_bytes(batchfile.to_bytes(tensors, meta))
+    path.write_bytes(batchfile.batch_bytes(tensors, meta))
     header = fetch_header(store, path.name)
     hidden = ["hidden_states", "final_hidden_states"]
     before = [fetch_rows(store, header, hidden, lo, hi, row) for row, (lo, hi) in enumerate([(0, 3), (3, 5)])]

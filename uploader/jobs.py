@@ -65,7 +65,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
             raise  # a forged or stale job (another name, a done batch): refused, not put back
         # This uploader is set up unlike the host's workers (another --spool-dir, a store it cannot see). The job
         # goes back on the queue untouched, for an uploader that can do it: the batch stays queued, so it is
-        # neither failed nor extracted again (issue 23 item 3); the cause is counted and shown by `hsx status`.
+        # neither failed nor extracted again; the cause is counted and shown by `hsx status`.
         life.upload_failed(r, run, batch_id, job, life.UploadFailure.NOT_HERE, str(exc), retry,
                            max_attempts=0, wait=pause)  # nothing counted, no backoff: neither is used
         rt.refuse(run, exc)

@@ -74,7 +74,7 @@ class UploaderRuntime(Role):
             except PermanentStoreError:
                 # The store refuses this host for good (403, no such bucket): not a store it cannot see
                 # (those jobs are put back for another uploader) but a refusal each upload meets again,
-                # counts against its batch and shows on the run with the store's words (issue 23 item 4).
+                # counts against its batch and shows on the run with the store's words.
                 store = manifest.store.open()
             ctx = RunContext(store, manifest.limits)
             with self._lock:
@@ -191,7 +191,7 @@ class UploaderRuntime(Role):
 
     def close(self) -> None:
         """The role's close, then the memory tier's empty run folders go, and the default folder itself once empty
-        (hsx/runspec/spool.py ``remove_empty_folders``): a clean stop leaves nothing in /dev/shm."""
+        (hsx/runspec/spool.py ``remove_empty_spool_folders``): a clean stop leaves nothing in /dev/shm."""
         super().close()
         if self.memory_spool_dir is not None:
             runspec.remove_empty_spool_folders(self.memory_spool_dir, itself=self.memory_default)

@@ -13,7 +13,7 @@ from hsx.runspec import UploadConfig
 from hsx.store import check_integrity, check_store
 
 # Imported now, not inside the first job: it pulls in torch, seconds between rq's hand-over
-# and the job's lease that the reconciler would count as a lost batch (issue 23 item 7).
+# and the job's lease that the reconciler would count as a lost batch.
 from uploader import jobs, runtime  # noqa: F401
 from uploader.runtime import UploaderRuntime, UploadsRefused
 

@@ -8,34 +8,47 @@ hsx/batch/hidden.py.
 Imports no other wing: not a run's spec or life, token preparation (`hsx.prep`) or a store (tests/test_house.py).
 """
 
+# ruff: noqa: F401  (a face imports the names it offers: hsx/face.py)
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from hsx.batch.meta import (
+    FORMAT,
+    INCARNATION,
+    INPUT_FORMAT,
+    SAMPLE_HIDDEN_DIGESTS,
+    SAMPLE_TOKEN_DIGESTS,
+    TOKEN_DIGEST,
+    BatchMeta,
+    InputsMeta,
+    read_meta,
+)
 from hsx.face import face
 
-__getattr__, __dir__, __all__ = face(__name__, {
-    "batchfile": {
-        "INPUT_DIGEST_MISMATCH": None,
-        "MAX_HEADER": None,
-        "BatchContents": None,
-        "BatchFileError": None,
-        "Header": None,
-        "TensorSpec": None,
-        "decode_tensor": None,
-        "hidden_bytes_per_token": None,
-        "parse_header": None,
-        "read_header": None,
-        "stored_bytes_per_token": None,
-        "write_atomic": None,
-        "decode": "decode_batch",
-        "read_bytes": "read_batch_bytes",
-        "to_bytes": "batch_bytes",
-        "validate": "validate_batch",
-        "values": "stored_values",
-    },
-    "meta": ["FORMAT", "INCARNATION", "INPUT_FORMAT", "SAMPLE_HIDDEN_DIGESTS", "SAMPLE_TOKEN_DIGESTS", "TOKEN_DIGEST",
-             "BatchMeta", "InputsMeta", "read_meta"],
-    "tokens": ["TOKEN_COLUMNS", "columns_digest", "sample_token_digest", "token_digest"],
-    "hidden": ["HIDDEN_ROWS", "sample_rows_crc32"],
-    "codec": ["check_codec"],
-    "dtypes": ["FP8", "VALUE_DTYPES", "check_store_dtype", "dtype_name", "fp8_error", "quantise_fp8"],
-})
+if TYPE_CHECKING:  # these modules import torch: loaded on first use (hsx/face.py)
+    from hsx.batch.batchfile import (
+        INPUT_DIGEST_MISMATCH,
+        MAX_HEADER,
+        BatchContents,
+        BatchFileError,
+        Header,
+        TensorSpec,
+        batch_bytes,
+        decode_batch,
+        decode_tensor,
+        hidden_bytes_per_token,
+        parse_header,
+        read_batch_bytes,
+        read_header,
+        stored_bytes_per_token,
+        stored_values,
+        validate_batch,
+        write_atomic,
+    )
+    from hsx.batch.codec import check_codec
+    from hsx.batch.dtypes import FP8, VALUE_DTYPES, check_store_dtype, dtype_name, fp8_error, quantise_fp8
+    from hsx.batch.hidden import HIDDEN_ROWS, sample_rows_crc32
+    from hsx.batch.tokens import TOKEN_COLUMNS, columns_digest, sample_token_digest, token_digest
+
+__getattr__, __dir__, __all__ = face(__name__, __file__)

@@ -42,7 +42,7 @@ sample_hidden_crc32 (per sample, its hidden-state rows' CRC-32: hsx/batch/hidden
 The same layout (without hidden states) carries a batch's *inputs* from the
 producer to the workers (format, run, batch_id, sample_ids, padded_len, token_sha256: ``InputsMeta``).
 This module is the one encoder and the one decoder of the format; the training reader (hsx_reader/objects.py) fetches bytes and
-calls ``parse_header`` / ``decode`` here.
+calls ``parse_header`` / ``decode_batch`` here.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class BatchContents:
         return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).tolist()
 
 
-def validate(tensors: dict[str, torch.Tensor], sample_ids: list[str], check_finite: bool = True) -> None:
+def validate_batch(tensors: dict[str, torch.Tensor], sample_ids: list[str], check_finite: bool = True) -> None:
     """Raise BatchFileError unless the tensors form a consistent batch."""
     cu = tensors["cu_seqlens"]
     n_tokens = tensors["input_ids"].shape[0]
@@ -254,7 +254,7 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
     return size, digest.hexdigest()
 
 
-def to_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str], codec: str = "none") -> bytes:
+def batch_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str], codec: str = "none") -> bytes:
     head, ordered = encode_header(tensors, metadata, codec)
     return head + b"".join(bytes(tensor_bytes(t)) for t in ordered)
 
@@ -299,7 +299,7 @@ class Header:
 
     @property
     def value_dtype(self) -> torch.dtype:
-        """What ``decode`` gives for the hidden states: the run's dtype, also for FP8 files."""
+        """What ``decode_batch`` gives for the hidden states: the run's dtype, also for FP8 files."""
         dtype = self.meta.dtype if isinstance(self.meta, BatchMeta) else None
         return VALUE_DTYPES.get(dtype or "", torch.bfloat16)
 
@@ -363,7 +363,7 @@ def view(buf: torch.Tensor, spec: TensorSpec, base: int = 0) -> torch.Tensor:
     return raw.view(spec.dtype).reshape(spec.shape)
 
 
-def values(header: Header, name: str, stored: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+def stored_values(header: Header, name: str, stored: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
     """A hidden-state tensor as the run's values: FP8 times its scales, in the run's dtype."""
     if stored.dtype == FP8_TORCH:
         if scales is None:
@@ -387,7 +387,7 @@ def decode_tensor(buf: torch.Tensor, header: Header, name: str, base: int = 0) -
     return view(buf, header.tensors[name], base)
 
 
-def decode(buf: torch.Tensor, where: str = "<bytes>", outputs: bool | None = None) -> BatchContents:
+def decode_batch(buf: torch.Tensor, where: str = "<bytes>", outputs: bool | None = None) -> BatchContents:
     """Decode a whole batch object held in a uint8 tensor.
 
     Small tensors (and uncompressed non-FP8 hidden states) are zero-copy views of ``buf``;
@@ -402,9 +402,9 @@ def decode(buf: torch.Tensor, where: str = "<bytes>", outputs: bool | None = Non
     for name, scale_name in (("hidden_states", "hidden_scales"), ("final_hidden_states", "final_scales")):
         if header.has(name):
             scales = decode_tensor(buf, header, scale_name) if header.has(scale_name) else None
-            tensors[name] = values(header, name, decode_tensor(buf, header, name), scales)
+            tensors[name] = stored_values(header, name, decode_tensor(buf, header, name), scales)
     try:
-        validate(tensors, header.sample_ids, check_finite=False)
+        validate_batch(tensors, header.sample_ids, check_finite=False)
     except BatchFileError as exc:
         raise BatchFileError(f"{where}: corrupt batch file: {exc}") from None
     return BatchContents(input_ids=tensors["input_ids"], loss_mask=tensors["loss_mask"],
@@ -413,12 +413,12 @@ def decode(buf: torch.Tensor, where: str = "<bytes>", outputs: bool | None = Non
                          final_hidden_states=tensors.get("final_hidden_states"))
 
 
-def read_bytes(data: bytes | bytearray | memoryview, where: str = "<bytes>") -> BatchContents:
+def read_batch_bytes(data: bytes | bytearray | memoryview, where: str = "<bytes>") -> BatchContents:
     """Decode a batch file held in memory; ``where`` names it in errors."""
     with warnings.catch_warnings():  # read-only bytes: the views are never written
         warnings.simplefilter("ignore", UserWarning)
         buf = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
-    return decode(buf, where)
+    return decode_batch(buf, where)
 
 
 HEADER_PROBE = 64 * 2**10  # bytes: the first read of an object covers the header of any real batch
@@ -434,7 +434,7 @@ def read_header(get_range, key: str, outputs: bool = True) -> Header:
 
     ``get_range(start, length) -> bytes`` reads the object (a store's ``get_bytes`` bound to ``key``); the
     format takes a callable so it never imports a store. Raises BatchFileError on a corrupt header and lets
-    the store's own errors (KeyError: no such object) through. ``outputs=False``: a batch's inputs object.
+    the store's own errors (ObjectNotFound, a KeyError: no such object) through. ``outputs=False``: a batch's inputs object.
     """
     prefix = get_range(0, HEADER_PROBE)
     need = header_length(prefix)

@@ -22,7 +22,7 @@ from hsx.defaults import CODECS
 ZSTD_LEVEL = 1          # levels 1-3 measured within a few % of each other in ratio; 1 is the cheapest
 ZSTD_THREADS = 4        # zstd worker threads a compression (each writer thread compresses one batch)
 # Ratio (stored / raw bytes of a token) assumed for estimates before a run has measured its own, by codec and
-# store dtype: measured on an H200 run of a Qwen3-8B shape (docs/benchmarks.md, issue 15): zstd 28,189 / 40,965
+# store dtype: measured on an H200 run of a Qwen3-8B shape (docs/benchmarks.md): zstd 28,189 / 40,965
 # for bf16, 16,798 / 20,505 for FP8. Real weights may differ.
 ESTIMATED_RATIO = {"none": 1.0, "zstd": 0.69}
 ESTIMATED_RATIO_FP8 = {"none": 1.0, "zstd": 0.82}

@@ -1,4 +1,4 @@
-"""The hidden-state rows' per-sample digests: what lets a range read check a sample's hidden states (issue 29 item 8).
+"""The hidden-state rows' per-sample digests: what lets a range read check a sample's hidden states.
 
 A batch file of hidden states whose tensors are stored raw (no codec) carries, under ``sample_hidden_crc32``
 (hsx/batch/meta.py), per sample b the CRC-32 (zlib's) of the bytes a range read of that sample's hidden states

@@ -1,4 +1,4 @@
-"""The token columns' digests: what lets a reader that reads tokens by byte range check them (issue 29 item 8).
+"""The token columns' digests: what lets a reader that reads tokens by byte range check them.
 
 A batch file's header carries, under the keys named in hsx/batch/meta.py:
 

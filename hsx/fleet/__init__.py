@@ -7,15 +7,19 @@ uploaders and refusals (uploads a host refuses, a store that refuses for good).
 Everything not named in ``__all__`` is private to the wing.
 """
 
+# ruff: noqa: F401  (a face imports the names it offers: hsx/face.py)
 from __future__ import annotations
 
-from hsx.face import face
+from typing import TYPE_CHECKING
 
-__getattr__, __dir__, __all__ = face(__name__, {
-    "evictionpolicy": ["check_eviction_policy"],
-    "housekeeping": ["AFTER_RECONCILE", "BEFORE_RECONCILE", "Chores"],
-    "multipart": {"abort_stale": "abort_stale_uploads", "incomplete_uploads": None},
-    "refused": {"clear": "clear_refused_uploads", "read": "refused_uploads", "record": "record_refused_upload"},
-    "role": ["Role"],
-    "storerefusal": {"clear": "clear_store_refusal", "read": "store_refusal", "record": "record_store_refusal"},
-})
+from hsx.face import face
+from hsx.fleet.evictionpolicy import check_eviction_policy
+from hsx.fleet.multipart import abort_stale_uploads, incomplete_uploads
+from hsx.fleet.refused import clear_refused_uploads, record_refused_upload, refused_uploads
+from hsx.fleet.storerefusal import clear_store_refusal, record_store_refusal, store_refusal
+
+if TYPE_CHECKING:  # these modules import rq: loaded on first use (hsx/face.py)
+    from hsx.fleet.housekeeping import AFTER_RECONCILE, BEFORE_RECONCILE, Chores
+    from hsx.fleet.role import Role
+
+__getattr__, __dir__, __all__ = face(__name__, __file__)

@@ -1,8 +1,8 @@
 """Redis must never evict hsx's keys: the plan, manifest and ledger have no copy elsewhere in Redis.
 
 Under ``allkeys-lru`` (a common default of managed and cache-sized Redis) Redis
-evicted a run's plan and manifest mid-run and the workers blamed a restart
-(issue 23 item 6). Every role checks the policy at start: anything but
+evicted a run's plan and manifest mid-run and the workers blamed a restart.
+Every role checks the policy at start: anything but
 ``noeviction`` is refused with the fix. Where ``CONFIG GET`` is not permitted
 (managed Redis renames or forbids it) the role warns once and goes on.
 """

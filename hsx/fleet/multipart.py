@@ -46,7 +46,7 @@ def incomplete_uploads(r: redis.Redis, store, run: str, lease_seconds: float) ->
     return found
 
 
-def abort_stale(r: redis.Redis, store, run: str, lease_seconds: float) -> list[IncompleteUpload]:
+def abort_stale_uploads(r: redis.Redis, store, run: str, lease_seconds: float) -> list[IncompleteUpload]:
     """Abort the run's stale multipart uploads; returns those aborted."""
     stale = [u for u in incomplete_uploads(r, store, run, lease_seconds) if u.stale]
     for upload in stale:

@@ -7,7 +7,7 @@ hsx knows better whether the predecessor lives: its heartbeat (pid and host
 inside, TTL a few beats). The name is taken over when that heartbeat is gone,
 or names this host and a pid that no longer runs (or our own pid: a container
 restarted with the same pid); a heartbeat of another live process is waited
-for up to its TTL, then the start is refused (issue 23 item 5).
+for up to its TTL, then the start is refused.
 """
 
 from __future__ import annotations

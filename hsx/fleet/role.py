@@ -24,10 +24,10 @@ the last line; while nothing was done, ``idle_line()`` (if any) is said once ins
 Signals: rq's work loop owns SIGTERM and SIGINT (the first: warm shutdown, the job in hand finishes;
 the second: cold). ``stop_serving()`` is the same stop from any thread (the heartbeat's, a job's).
 Once rq's loop is over (its teardown, the role's close()), a first stop request is no StopRequested error but the
-same warm stop (hsx/fleet/stopping.py ``closing_handlers``; issue 41 item 4).
+same warm stop (hsx/fleet/stopping.py ``closing_handlers``).
 rq never gives the handlers back: ``serve()`` puts back those it found once the role is closed (a signal
 during close() meets rq's, as before), so a role served in-process (tests, bench) leaves its host's
-SIGTERM its own (issue 29 item 12: pytest turned `timeout`'s SIGTERM into an rq StopRequested inside a
+SIGTERM its own (pytest turned `timeout`'s SIGTERM into an rq StopRequested inside a
 later test). Only in the main thread, the one where Python sets handlers.
 A stop request also sets hsx.retry.STOP: every back-off and pause of the job in hand ends at once
 (``hsx.retry.pause``), and so does a wait for Redis (hsx/redisconn.py), so the warm shutdown waits for work,
@@ -65,8 +65,8 @@ PUBSUB_POLL_SECONDS = 1.0  # s: rq's command listener thread wakes this often; a
 
 def _subscribe_polling_briefly(worker: SimpleWorker) -> None:
     """rq's ``subscribe`` (its command channel, read by a pubsub thread) with a short poll. rq polls every 60 s,
-    and redis-py's ``stop()`` joins that thread, so rq's teardown waited up to 60 s after the last job (issue 31
-    item 5: a SIGTERMed uploader took 16-27 s to exit, sometimes 60)."""
+    and redis-py's ``stop()`` joins that thread, so rq's teardown waited up to 60 s after the last job (a
+    SIGTERMed uploader took 16-27 s to exit, sometimes 60)."""
     worker.pubsub = worker.connection.pubsub()
     worker.pubsub.subscribe(**{worker.pubsub_channel_name: worker.handle_payload})
     worker.pubsub_thread = worker.pubsub.run_in_thread(sleep_time=PUBSUB_POLL_SECONDS, daemon=True,
@@ -263,6 +263,7 @@ class Role:
     # ---- serving ----------------------------------------------------------------------
     def serve(self, worker_class: type[SimpleWorker] = SimpleWorker, exception_handlers: tuple = ()) -> None:
         """Take jobs until stopped (SIGTERM, SIGINT, ``stop_serving``) or, with ``burst``, until the queues are empty."""
+        life.rq_without_pickle()  # a role's entry: rq's default serializer reads JSON only from here on (rule 5)
         worker = worker_class(self.queue_names(), connection=self.r, name=self.name, serializer=JSONSerializer,
                               job_class=life.job_class(self.jobs), exception_handlers=list(exception_handlers))
         if self.run is not None:  # before prepare(): a role may sweep what its name's predecessor left

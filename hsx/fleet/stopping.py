@@ -7,7 +7,7 @@ finishes and a worker's writes get their --grace-seconds; this is what holds the
 not. It says where each thread was (faulthandler, to stderr) and one line naming the role, then exits 1 at once
 (os._exit: a thread that hangs cannot hold the exit up). Nothing is lost: a batch in hand comes back through its
 lease, as after a SIGKILL. It replaced the SLURM recipe's second SIGTERM, a backstop for a worker hang that had
-never been root-caused (issue 37 item 9): a hang now leaves its stack in the log.
+never been root-caused: a hang now leaves its stack in the log.
 
 closing_handlers: after rq's work loop, a stop request is no error (rq's handler would raise StopRequested
 wherever the role's close() was); a second request is still rq's cold shutdown.
@@ -68,7 +68,7 @@ class StopDeadline:
 
 def closing_handlers(worker, on_stop_request) -> None:
     """After rq's loop (its teardown, then the role's close()): rq's first-signal handler raises StopRequested
-    wherever the main thread is unless a job runs, which there is an error out of serve() (issue 41 item 4: the
+    wherever the main thread is unless a job runs, which there is an error out of serve() (the
     demo's SIGTERM to its burst worker, once the run was complete, met it while closing). In its place: a first
     stop request ends every wait (as in the loop) and the role closes; a second is rq's cold shutdown, as in the
     loop. Handlers that are no longer rq's first (a signal came in the loop, or none were set) stay as they are."""

@@ -1,4 +1,4 @@
-"""The run's flag for a store that refuses for good (issue 23 item 4).
+"""The run's flag for a store that refuses for good.
 
 An uploader that meets a permanent store error (403 AccessDenied, NoSuchBucket,
 an object whose sha256 metadata the store dropped) records the store's message
@@ -16,15 +16,15 @@ import time
 from hsx.life import RunKeys
 
 
-def record(r, run: str, bid: str, error: str, by: str) -> None:
+def record_store_refusal(r, run: str, bid: str, error: str, by: str) -> None:
     r.set(RunKeys(run).store_refusal, json.dumps({"error": error[-1000:], "batch": bid, "ts": time.time(), "by": by}))
 
 
-def clear(r, run: str) -> None:
+def clear_store_refusal(r, run: str) -> None:
     r.delete(RunKeys(run).store_refusal)
 
 
-def read(r, run: str) -> dict | None:
+def store_refusal(r, run: str) -> dict | None:
     raw = r.get(RunKeys(run).store_refusal)
     try:
         value = json.loads(raw) if raw else None

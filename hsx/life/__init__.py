@@ -8,106 +8,120 @@ planning? what is left?) and the producer's window records. ``records`` is a nam
 hsx's Redis records, read without trusting them. Everything not named in ``__all__`` is private to the wing.
 """
 
+# ruff: noqa: F401  (a face imports the names it offers: hsx/face.py)
 from __future__ import annotations
 
-from hsx.face import face
+from typing import TYPE_CHECKING
 
-__getattr__, __dir__, __all__ = face(__name__, {
-    "records": {"records": None},  # a namespace
-    "batchlife": [
-        "IllegalTransition",
-        "State",
-        "enqueue",
-        "fail",
-        "feed",
-        "fed_count",
-        "finish",
-        "hand_back",
-        "lease",
-        "reap",
-        "release",
-        "release_if_done",
-        "requeue_upload",
-        "retry",
-        "spool",
-        "start_feeding",
-        "upload_failed",
-        "uploading",
-        "withdraw",
-    ],
-    "computeerror": {
-        "BF16_REFERENCE": None,
-        "DEQUANTISED_REFERENCE": None,
-        "claim": "claim_compute_error",
-        "read": "compute_error",
-        "record": "record_compute_error",
-        "recorded": "compute_error_recorded",
-    },
-    "donesequence": ["SequenceWindow", "sequence_done", "sequence_generation", "sequence_length", "sequence_window"],
-    "errorlog": {"read": "recent_failures"},
-    "fp8error": {"ERROR_SAMPLE_EVERY": None, "record_store_error": None, "summary": "store_error_summary"},
-    "heartbeat": {
-        "publish_current": None,
-        "publish_heartbeat": None,
-        "publish_host": None,
-        "publish_stopped": None,
-        "read_hosts": None,
-        "read_workers": None,
-        "ttl_seconds": None,
-        "worker_alive": None,
-        "sweep": "sweep_heartbeats",
-    },
-    "idle": ["run_complete"],
-    "index": ["write_index_if_complete"],
-    "integrity": ["check_batch", "repair_batches", "requeue_orphans", "unmark_missing_done"],
-    "keys": ["RunKeys"],
-    "leases": {"redis_now": None, "refresh_extract": "refresh_extract_leases",
-               "refresh_upload": "refresh_upload_leases"},
-    "ledger": [
-        "WRITTEN_BYTES",
-        "BatchSpec",
-        "RunVanished",
-        "all_specs",
-        "dead_letters",
-        "done_among",
-        "done_ids",
-        "done_info",
-        "done_record",
-        "drop_failures_of_done",
-        "failures",
-        "get_manifest",
-        "get_spec",
-        "get_specs",
-        "is_done",
-        "list_runs",
-        "require_manifest",
-        "save_plan",
-        "uploaded_since",
-    ],
-    "prefixerror": {"WARN_REL_L2": "PREFIX_WARN_REL_L2", "line": "prefix_error_line", "read": "prefix_error",
-                    "record": "record_prefix_error", "recorded": "prefix_error_recorded"},
-    "planids": ["PlanIdsError", "plan_ids", "read_window_ids", "with_ids", "write_window_ids"],
-    "provenance": ["INCARNATION", "file_mismatch"],
-    "queues": [
-        "EXTRACT_FUNC",
-        "RESULT_TTL",
-        "UPLOAD_FUNC",
-        "UploadJob",
-        "batch_of_job",
-        "extract_queue_name",
-        "job_class",
-        "pending_extract",
-        "pending_upload",
-        "queue",
-        "rq_without_pickle",
-        "upload_queue_name",
-    ],
-    "rebuild": ["Rebuild", "rebuild_done"],
-    "reconcile": ["maybe_reconcile", "orphans"],
-    "reset": ["apply_reset", "plan_reset"],
-    "runstate": ["Outstanding", "mark_planned_only", "outstanding", "planning_in_progress", "run_exists",
-                 "unmark_planned_only"],
-    "uploadpolicy": ["UPLOAD_FAILURES", "UploadFailure"],
-    "weightsrecord": {"WeightsRecordError": None, "read": "recorded_weights", "record": "record_weights"},
-    "windowrecords": ["forget_windows_from", "save_window", "window_records"],
-})
+from hsx.face import face
+from hsx.life import records
+from hsx.life.computeerror import (
+    BF16_REFERENCE,
+    DEQUANTISED_REFERENCE,
+    claim_compute_error,
+    compute_error,
+    compute_error_recorded,
+    record_compute_error,
+)
+from hsx.life.donesequence import SequenceWindow, sequence_done, sequence_generation, sequence_length, sequence_window
+from hsx.life.errorlog import recent_failures
+from hsx.life.heartbeat import (
+    publish_current,
+    publish_heartbeat,
+    publish_host,
+    publish_stopped,
+    read_hosts,
+    read_workers,
+    sweep_heartbeats,
+    ttl_seconds,
+    worker_alive,
+)
+from hsx.life.idle import run_complete
+from hsx.life.keys import RunKeys
+from hsx.life.leases import redis_now, refresh_extract_leases, refresh_upload_leases
+from hsx.life.ledger import (
+    WRITTEN_BYTES,
+    BatchSpec,
+    RunVanished,
+    all_specs,
+    dead_letters,
+    done_among,
+    done_ids,
+    done_info,
+    done_record,
+    drop_failures_of_done,
+    failures,
+    get_manifest,
+    get_spec,
+    get_specs,
+    is_done,
+    list_runs,
+    require_manifest,
+    save_plan,
+    uploaded_since,
+)
+from hsx.life.prefixerror import (
+    PREFIX_WARN_REL_L2,
+    prefix_error,
+    prefix_error_line,
+    prefix_error_recorded,
+    record_prefix_error,
+)
+from hsx.life.runstate import (
+    Outstanding,
+    mark_planned_only,
+    outstanding,
+    planning_in_progress,
+    run_exists,
+    unmark_planned_only,
+)
+from hsx.life.storeerror import ERROR_SAMPLE_EVERY, record_store_error, store_error_summary
+from hsx.life.uploadpolicy import UPLOAD_FAILURES, UploadFailure
+from hsx.life.weightsrecord import WeightsRecordError, record_weights, recorded_weights
+from hsx.life.windowrecords import forget_windows_from, save_window, window_records
+
+if TYPE_CHECKING:  # these modules import rq or torch: loaded on first use (hsx/face.py)
+    from hsx.life.batchlife import (
+        IllegalTransition,
+        State,
+        enqueue,
+        fail,
+        fed_count,
+        feed,
+        finish,
+        hand_back,
+        lease,
+        reap,
+        release,
+        release_if_done,
+        requeue_upload,
+        retry,
+        spool,
+        start_feeding,
+        upload_failed,
+        uploading,
+        withdraw,
+    )
+    from hsx.life.index import write_index_if_complete
+    from hsx.life.integrity import check_batch, repair_batches, requeue_orphans, unmark_missing_done
+    from hsx.life.planids import PlanIdsError, plan_ids, read_window_ids, with_ids, write_window_ids
+    from hsx.life.provenance import INCARNATION, file_mismatch
+    from hsx.life.queues import (
+        EXTRACT_FUNC,
+        RESULT_TTL,
+        UPLOAD_FUNC,
+        UploadJob,
+        batch_of_job,
+        extract_queue_name,
+        job_class,
+        pending_extract,
+        pending_upload,
+        queue,
+        rq_without_pickle,
+        upload_queue_name,
+    )
+    from hsx.life.rebuild import Rebuild, rebuild_done
+    from hsx.life.reconcile import maybe_reconcile, orphans
+    from hsx.life.reset import apply_reset, plan_reset
+
+__getattr__, __dir__, __all__ = face(__name__, __file__)

@@ -392,14 +392,15 @@ def reopen(r: redis.Redis, run: str, spec: ledger.BatchSpec, requeue: bool = Tru
 
 # ---- failed and dead -------------------------------------------------------------------------------
 def fail(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int, requeue: bool = True,
-         at_front: bool = False, kept_upload: UploadJob | None = None) -> Failure:
+         at_front: bool = False, kept_upload: UploadJob | None = None, lost_worker: str | None = None) -> Failure:
     """leased | uploading -> failed | dead: count a failure (one script); below the run's ``max_attempts``
     the batch is extracted again (``requeue``; False: the caller queues its own next try), at it a dead
     letter. A done batch counts nothing (a late failure of a duplicate copy is no failure of the batch).
     ``kept_upload``: the upload job of a spool file kept (host, path, size, sha256, tier): a dead letter
-    then remembers it, and ``retry`` uploads that file again instead of extracting the batch anew."""
+    then remembers it, and ``retry`` uploads that file again instead of extracting the batch anew.
+    ``lost_worker``: the reaper's, the worker that stopped beating while it held the batch."""
     attempts = ledger.record_failure(r, run, bid, error, max_attempts,
-                                     kept="" if kept_upload is None else kept_upload.to_json())
+                                     kept="" if kept_upload is None else kept_upload.to_json(), lost_worker=lost_worker)
     if attempts == 0:
         return Failure(State.DONE, 0)
     if attempts >= max_attempts:
@@ -443,9 +444,11 @@ def reap(r: redis.Redis, run: str, max_attempts: int, now: float | None = None) 
         if not r.zrem(keys.extract_leases, bid):
             continue  # another reaper took it, or it was refreshed and dropped meanwhile
         holder = heartbeat.last_holder(r, run, bid)
-        why = f"worker lost: {holder} stopped beating while it held the batch" if holder else "worker lost"
+        name, host = holder or (None, None)
+        why = f"worker lost: {name}{' on host ' + host if host else ''} stopped beating while it held the batch" \
+            if name else "worker lost"
         if fail(r, run, bid, f"{why} (lease expired without heartbeat); reclaimed", max_attempts,
-                at_front=True).attempts:
+                at_front=True, lost_worker=name).attempts:
             reclaimed["extract"].append(bid)
     for raw in r.zrangebyscore(keys.upload_leases, "-inf", now):
         bid = text(raw)

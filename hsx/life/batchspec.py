@@ -1,8 +1,8 @@
 """A planned batch's record, ``BatchSpec``: what the plan in Redis (``hsx:<run>:plan``, batch id -> JSON) holds of it.
 
-Two forms read: the long one (every field by name, the sample ids included: what hsx wrote before issue 42's step
-2, and still writes for a spec that holds its ids) and the compact one of a plan that keeps its sample ids in the
-store (``BatchSpec.for_plan``; hsx/life/planids.py): no ids, their digest, no batch id or index, short names.
+Two forms read: the long one (every field by name, the sample ids included: what an older hsx wrote for
+every spec, and hsx still writes for a spec that holds its ids) and the compact one of a plan that keeps its
+sample ids in the store (``BatchSpec.for_plan``; hsx/life/planids.py): no ids, their digest, no batch id or index, short names.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _hex(b64: str) -> str:
 
 
 def ids_digest(sample_ids) -> str:
-    """What a plan without its sample ids (issue 42) keeps of them: the first 16 hex digits of the SHA-256 of the
+    """What a plan without its sample ids keeps of them: the first 16 hex digits of the SHA-256 of the
     ids' compact JSON list. Enough to tell a batch object of other samples from the plan's."""
     return hashlib.sha256(json.dumps(list(sample_ids), separators=(",", ":")).encode()).hexdigest()[:16]
 
@@ -35,7 +35,7 @@ def ids_digest(sample_ids) -> str:
 class BatchSpec:
     """One planned batch. ``padded`` = rows x padded row length (what the GPU computes).
 
-    ``sample_ids``: a plan written by an hsx before issue 42's step 2 holds them in Redis; a newer producer's plan
+    ``sample_ids``: a plan written by an older hsx holds them in Redis; a newer producer's plan
     holds ``ids_sha256`` instead (``for_plan``), the ids living in the store (the batch's inputs object's header and
     the window's ids object: hsx/life/planids.py). ``ids_match`` checks ids found in an object against either."""
 
@@ -48,7 +48,7 @@ class BatchSpec:
     padded_len: int          # tokens a row is padded to (the longest row, rounded up to the pad multiple)
     sample_ids: list[str] = field(default_factory=list)   # [] in a plan that keeps them in the store
     input_sha256: str = ""  # SHA-256 of the batch's input object as the producer wrote it ("" = not recorded)
-    # Shared prefixes (issue 40; hsx/prep/prefixplan.py): [first, count, spine] a group of consecutive samples whose
+    # Shared prefixes (hsx/prep/prefixplan.py): [first, count, spine] a group of consecutive samples whose
     # first ``spine`` tokens are computed once; ``computed``: tokens the GPU computes (0: ``padded``).
     prefix_groups: list = field(default_factory=list)
     computed: int = 0
@@ -67,7 +67,7 @@ class BatchSpec:
         return json.dumps(fields, separators=(",", ":"))
 
     def _compact_json(self) -> str:
-        """The entry of a plan that keeps its ids in the store (issue 42): no batch id or index (the hash field
+        """The entry of a plan that keeps its ids in the store: no batch id or index (the hash field
         names them), short names but for those scripts and monitors read (shard, samples, tokens), the inputs'
         SHA-256 in base64url: ~140 bytes, a 160-byte allocation where the long form took 256."""
         fields = {"shard": self.shard, "samples": self.samples, "tokens": self.tokens, "p": self.padded,

@@ -33,7 +33,7 @@ DEQUANTISED_REFERENCE = ("{dtype} linears of the e4m3 weights dequantised (an FP
                          "the weights' own quantisation is not in this figure")
 
 
-def claim(r, run: str, worker: str, ttl_seconds: int) -> bool:
+def claim_compute_error(r, run: str, worker: str, ttl_seconds: int) -> bool:
     """True when this worker measures: no record yet and the claim is its own (it expires after
     ``ttl_seconds``, so a worker that died measuring leaves the measurement to one that starts later)."""
     keys = RunKeys(run)
@@ -42,11 +42,11 @@ def claim(r, run: str, worker: str, ttl_seconds: int) -> bool:
     return bool(r.set(keys.compute_error_claim, worker, nx=True, ex=max(1, int(ttl_seconds))))
 
 
-def recorded(r, run: str) -> bool:
+def compute_error_recorded(r, run: str) -> bool:
     return bool(r.exists(RunKeys(run).compute_error))
 
 
-def record(r, run: str, bid: str, manifest: Manifest, error, tokens: int, reference: str, worker: str,
+def record_compute_error(r, run: str, bid: str, manifest: Manifest, error, tokens: int, reference: str, worker: str,
            pipe=None) -> dict:
     """Write the run's record unless one exists (first writer wins); the entry this writer offered."""
     rows = error.tolist() if hasattr(error, "tolist") else error
@@ -73,7 +73,7 @@ def problem(value) -> str | None:
     return None
 
 
-def read(r, run: str, malformed: list[str] | None = None) -> dict | None:
+def compute_error(r, run: str, malformed: list[str] | None = None) -> dict | None:
     """The run's record, or None (not measured, or a record hsx did not write: named in ``malformed``)."""
     return read_layer_record(r, RunKeys(run).compute_error, malformed)
 
@@ -100,7 +100,7 @@ def read_layer_record(r, key: str, malformed: list[str] | None = None) -> dict |
 def write_record(r, store, run: str) -> dict | None:
     """Write ``<run>/compute_error.json`` into the store (the Redis record's bytes: idempotent); the record,
     or None if nothing was measured (a bfloat16 run)."""
-    measured = read(r, run)
+    measured = compute_error(r, run)
     if measured is not None:
         store.put_bytes(layout.compute_error_key(run), json.dumps(measured, indent=1).encode())
     return measured

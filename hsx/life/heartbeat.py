@@ -2,7 +2,7 @@
 
 A heartbeat key expires on its own when its worker dies. A worker that stops cleanly says so (``publish_stopped``:
 its final totals, with ``stopped``, its time, and no heartbeat key). A worker's state, one word in every view
-(``hsx status``, its --json, the dashboard, /api/status, /metrics; issue 41 item 7):
+(``hsx status``, its --json, the dashboard, /api/status, /metrics):
 
 - ``alive``: its heartbeat key lives;
 - ``stopped``: it stopped cleanly (its record holds ``stopped``): its totals are final;
@@ -10,9 +10,9 @@ its final totals, with ``stopped``, its time, and no heartbeat key). A worker's 
   those of its last beat, and a batch it held comes back through its lease.
 
 What the worker was stays until it is swept
-(``sweep``, a day after its last beat): its last heartbeat (``worker_last``: host, device, totals) and the
+(``sweep_heartbeats``, a day after its last beat): its last heartbeat (``worker_last``: host, device, totals) and the
 batch it leased last (``worker_batch``, written when the lease is taken, so ``current_batch`` is never a
-heartbeat old), so a dead worker keeps its name, host, totals and last batch on every view (issue 31 item 2).
+heartbeat old), so a dead worker keeps its name, host, totals and last batch on every view.
 """
 
 from __future__ import annotations
@@ -110,19 +110,18 @@ def read_workers(r: redis.Redis, run: str, forget_after_seconds: float = FORGET_
     return out
 
 
-def last_holder(r: redis.Redis, run: str, bid: str) -> str | None:
-    """The worker (``name on host H``) whose last lease was ``bid``, for the reaper's failure message."""
+def last_holder(r: redis.Redis, run: str, bid: str) -> tuple[str, str | None] | None:
+    """(name, host or None) of the worker whose last lease was ``bid``, for the reaper's failure record."""
     keys = RunKeys(run)
     for wid, leased in r.hgetall(keys.worker_batch).items():
         if records.name(leased) == bid:
             name = records.name(wid)
             last = records.decode(r.hget(keys.worker_last, name) or b"{}", keys.worker_last, [], records.HEARTBEAT)
-            host = (last or {}).get("host")
-            return f"{name}{' on host ' + host if host else ''}"
+            return name, (last or {}).get("host")
     return None
 
 
-def sweep(r: redis.Redis, run: str, forget_after_seconds: float = FORGET_AFTER_SECONDS) -> list[str]:
+def sweep_heartbeats(r: redis.Redis, run: str, forget_after_seconds: float = FORGET_AFTER_SECONDS) -> list[str]:
     """Forget workers not seen for ``forget_after_seconds``: their place in ``workers``, last heartbeat and last
     batch. Returns their names."""
     keys = RunKeys(run)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from hsx.life import computeerror, fp8error, ledger, planids
+from hsx.life import computeerror, ledger, planids, storeerror
 from hsx.life.keys import RunKeys
 from hsx.store import layout
 
@@ -37,10 +37,10 @@ def write_index_if_complete(r, store, run: str) -> bool:
         return False
     if r.get(keys.index_written):
         return True
-    fp8error.write_record(r, store, run)
+    storeerror.write_record(r, store, run)
     computeerror.write_record(r, store, run)
     specs = ledger.all_specs(r, run)
-    ids = planids.plan_ids(r, store, run, specs)   # a newer plan keeps them in the store (issue 42)
+    ids = planids.plan_ids(r, store, run, specs)   # a newer plan keeps them in the store
     specs = {bid: spec.with_ids(ids[bid]) for bid, spec in specs.items()}
     info = store.put_bytes(layout.index_key(run), build_index_lines(specs, run, ledger.done_info(r, run)))
     r.set(keys.index_written, info.key)

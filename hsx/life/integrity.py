@@ -15,7 +15,7 @@ import torch
 
 from hsx.batch import BatchFileError, read_batch_bytes
 from hsx.life import batchlife, ledger, provenance, reconcile
-from hsx.store import layout
+from hsx.store import ObjectNotFound, layout
 
 log = logging.getLogger(__name__)
 CHECK_THREADS = 8   # store requests in flight
@@ -37,7 +37,7 @@ def check_batch(store, run: str, spec: ledger.BatchSpec, info: dict | None, quic
         return None, list(spec.sample_ids)
     try:
         data = store.get_bytes(key)
-    except KeyError:
+    except ObjectNotFound:
         return f"object {key} is missing from the store", []
     if len(data) != info["size"]:
         return f"object {key} is {len(data)} bytes, the ledger says {info['size']}", []

@@ -139,7 +139,7 @@ class RunKeys:
     @property
     def fed(self) -> str:  # STRING int: batches 0 .. fed-1 were given their first extract job (the queue is fed
         # QUEUE_AHEAD jobs ahead, never the whole plan: hsx.life.batchlife.feed); absent: every planned batch was
-        # (a run planned by an hsx before issue 42); no TTL
+        # (a run planned by an older hsx); no TTL
         return self._k("fed")
 
     @property

@@ -8,7 +8,7 @@ an uploader leases a batch while it uploads. Heartbeats push the expiry
 forward. ``hsx.life.batchlife.reap`` (run by every worker's heartbeat) takes back
 batches whose lease expired; ZREM decides which reaper wins, so each is taken back once.
 These are the lease primitives; a batch's transitions (hsx/life/batchlife.py) use them, and a worker's and
-an uploader's heartbeat refresh what they hold by run (``refresh_extract``, ``refresh_upload``).
+an uploader's heartbeat refresh what they hold by run (``refresh_extract_leases``, ``refresh_upload_leases``).
 
 One clock: every expiry is written and compared on Redis' clock (``TIME``,
 read inside the Lua scripts below), never a host's: a worker whose clock runs
@@ -56,11 +56,11 @@ def drop(r: redis.Redis, zset: str, bid: str, pipe=None) -> None:
     (pipe or r).zrem(zset, bid)
 
 
-def refresh_extract(r: redis.Redis, run: str, bids, lease_seconds: float, pipe=None) -> None:
+def refresh_extract_leases(r: redis.Redis, run: str, bids, lease_seconds: float, pipe=None) -> None:
     """Push forward the extract leases of ``bids`` a worker still holds (``refresh``)."""
     refresh(r, RunKeys(run).extract_leases, bids, lease_seconds, pipe=pipe)
 
 
-def refresh_upload(r: redis.Redis, run: str, bids, lease_seconds: float, pipe=None) -> None:
+def refresh_upload_leases(r: redis.Redis, run: str, bids, lease_seconds: float, pipe=None) -> None:
     """Push forward the upload leases of ``bids`` an uploader still holds (``refresh``)."""
     refresh(r, RunKeys(run).upload_leases, bids, lease_seconds, pipe=pipe)

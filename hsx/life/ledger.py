@@ -174,7 +174,7 @@ def done_among(r: redis.Redis, run: str, bids: list[str]) -> set[str]:
 def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sha256: str, by: str) -> bool:
     """Record a verified batch. Call only after the store verified the object. True if newly recorded.
 
-    Its ``done_info`` record is ``{"size", "sha256"}``, what every reader checks an object against (issue 42: the
+    Its ``done_info`` record is ``{"size", "sha256"}``, what every reader checks an object against (the
     object's key is the run's layout's, ``by`` is in the uploader's log, the time in ``done_log``; an older hsx's
     record also holds ``key``, ``by`` and ``ts``)."""
     keys = RunKeys(run)
@@ -215,15 +215,16 @@ def mark_spooled(r: redis.Redis, run: str, bid: str, pipe=None, nbytes: int = 0)
         (pipe or r).hincrby(RunKeys(run).counters, WRITTEN_BYTES, nbytes)
 
 
-def record_failure(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int, kept: str = "") -> int:
+def record_failure(r: redis.Redis, run: str, bid: str, error: str, max_attempts: int, kept: str = "",
+                   lost_worker: str | None = None) -> int:
     """Count a failure of ``bid``: its attempt count (a dead letter at ``max_attempts``), or 0 if it is done.
     ``kept``: the JSON of a kept spool file's upload job, written to ``kept_uploads`` if it becomes a dead letter
-    (in the same script)."""
+    (in the same script). ``lost_worker``: the worker the reaper took the batch back from (in the error log)."""
     keys = RunKeys(run)
     attempts = int(r.eval(_RECORD_FAILURE, 4, keys.failures, keys.dead, keys.done, keys.kept_uploads, bid,
                           error[-2000:], time.time(), max_attempts, kept))
     if attempts:
-        errorlog.append(r, run, bid, error, attempts)  # kept after the batch is done (issue 31 item 2)
+        errorlog.append(r, run, bid, error, attempts, lost_worker=lost_worker)  # kept after the batch is done
     return attempts
 
 

@@ -1,4 +1,4 @@
-"""A plan's sample ids, kept in the store rather than Redis (issue 42, step 2).
+"""A plan's sample ids, kept in the store rather than Redis.
 
 A newer producer's plan entry in Redis (``BatchSpec.for_plan``) holds the digest of its batch's sample ids, not
 the ids (~16 MiB of Redis per million samples with 5-character ids). The ids are in the store twice:
@@ -22,7 +22,7 @@ from hsx.batch import BatchFileError, read_header
 from hsx.errors import HsxError
 from hsx.life.batchspec import BatchSpec
 from hsx.life.windowrecords import window_records
-from hsx.store import layout
+from hsx.store import ObjectNotFound, layout
 
 READ_THREADS = 16   # inputs headers read at once where a window's ids object is missing
 
@@ -41,7 +41,7 @@ def read_window_ids(store, run: str, number: int) -> dict[str, list[str]]:
     """Window ``number``'s ids object, batch id -> ids; {} if it is missing or not one (then read inputs)."""
     try:
         found = json.loads(store.get_bytes(layout.window_ids_key(run, number)))
-    except (KeyError, ValueError):
+    except (ObjectNotFound, ValueError):
         return {}
     ids = found.get("ids") if isinstance(found, dict) else None
     if not isinstance(ids, dict):
@@ -56,7 +56,7 @@ def inputs_ids(store, run: str, spec: BatchSpec) -> list[str]:
     key = layout.input_key(run, spec.shard, spec.batch_id)
     try:
         header = read_header(lambda start, length: store.get_bytes(key, start, length), key, outputs=False)
-    except KeyError:
+    except ObjectNotFound:
         raise PlanIdsError(f"the sample ids of {spec.batch_id} are not in the plan and its inputs object {key} is "
                            "missing from the store; re-run hsx produce to write it again") from None
     except BatchFileError as exc:

@@ -21,14 +21,14 @@ from hsx.life.keys import RunKeys
 
 # Past this relative L2 on any stored layer a worker warns: numerics of a continued kernel against a lone one
 # stay near bf16's rounding (trained weights); a state continued from the wrong row is tens of per cent.
-WARN_REL_L2 = 0.02
+PREFIX_WARN_REL_L2 = 0.02
 
 
-def recorded(r, run: str) -> bool:
+def prefix_error_recorded(r, run: str) -> bool:
     return bool(r.exists(RunKeys(run).prefix_error))
 
 
-def record(r, run: str, bid: str, layer_ids, error, groups: int, tokens: int, worker: str) -> dict:
+def record_prefix_error(r, run: str, bid: str, layer_ids, error, groups: int, tokens: int, worker: str) -> dict:
     """Write the run's record unless one exists; the entry this writer offered."""
     rows = error.tolist() if hasattr(error, "tolist") else error
     entry = {"layer_ids": list(layer_ids)[:len(rows[0])], "rel_l2": rows[0], "cosine": rows[1], "batch_id": bid,
@@ -37,14 +37,14 @@ def record(r, run: str, bid: str, layer_ids, error, groups: int, tokens: int, wo
     return entry
 
 
-def read(r, run: str, malformed: list[str] | None = None) -> dict | None:
+def prefix_error(r, run: str, malformed: list[str] | None = None) -> dict | None:
     """The run's record, or None (not measured, or a record hsx did not write: named in ``malformed``)."""
     return read_layer_record(r, RunKeys(run).prefix_error, malformed)
 
 
-def line(entry: dict) -> str:
+def prefix_error_line(entry: dict) -> str:
     """`hsx status`'s line for the record."""
     worst = max(entry["rel_l2"]) if entry["rel_l2"] else 0.0
     return (f"  prefixes shared vs lone: rel L2 <= {worst:.2e}, cosine >= {min(entry['cosine'] or [1.0]):.6f} "
             f"over {len(entry['rel_l2'])} stored layers (batch {entry['batch_id']}, {entry['groups']} prefix "
-            f"groups, {entry['tokens']:,} tokens)" + (" ABOVE 2 %: see the worker's log" if worst > WARN_REL_L2 else ""))
+            f"groups, {entry['tokens']:,} tokens)" + (" ABOVE 2 %: see the worker's log" if worst > PREFIX_WARN_REL_L2 else ""))

@@ -1,7 +1,7 @@
 """Whether a batch file belongs to this plan: the proof every batch file carries in its header.
 
 A spool file is named ``<run>/<batch>.safetensors``, so after `hsx reset` and a new `hsx produce` of the same
-run name the old incarnation's files look like the new run's (issue 29 item 1: another checkpoint's hidden
+run name the old incarnation's files look like the new run's (another checkpoint's hidden
 states, or other sample sets under the same batch ids, uploaded as this run's batches). A file belongs when its
 header names this run, this batch id, exactly the plan's sample ids in order, and the run's incarnation (a random
 id in the manifest, minted when the run is first planned and again after a reset: hsx.runspec.manifest.Manifest).

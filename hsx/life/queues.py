@@ -4,8 +4,8 @@ Jobs carry small JSON kwargs (run, batch id, ...) under rq's JSON
 serializer, never pickle. Whoever can write to Redis must not be able to run
 code in any hsx process (docs/architecture.md, rule 5), so:
 
-- importing this module makes rq's default serializer JSON for the whole process
-  (``rq_without_pickle``): rq and rq-dashboard fall back to that default wherever
+- every hsx process makes rq's default serializer JSON at its entry (``rq_without_pickle``: the CLI's
+  ``main``, a role's ``serve``, the dashboard's ``create_app``): rq and rq-dashboard fall back to that default wherever
   no serializer is passed (``Job.fetch`` in rq-dashboard's job view, ``Worker.all``,
   ``requeue_job``, the group clean-up of every worker), and none of those can
   unpickle Redis data any more; bytes that are not JSON read as unreadable;
@@ -38,7 +38,7 @@ EXTRACT_FUNC = "gpu_worker.jobs.extract_batch"
 UPLOAD_FUNC = "uploader.jobs.upload_batch"
 ALLOWED_FUNCS = frozenset({EXTRACT_FUNC, UPLOAD_FUNC})
 RESULT_TTL = 0          # seconds rq keeps a finished job: none. The ledger says what finished; a finished job's
-                        # hash, result stream and registry entry cost ~7 KB a batch for an hour (issue 42)
+                        # hash, result stream and registry entry cost ~7 KB a batch for an hour
 FAILURE_TTL = 7 * 86400  # seconds rq keeps a failed job
 
 
@@ -77,13 +77,11 @@ log = logging.getLogger(__name__)
 def rq_without_pickle() -> None:
     """Make rq's default serializer (pickle, also reachable as 'pickle') read and write JSON, in this process.
 
-    Idempotent; done on import of this module, which every hsx role and tool imports.
+    Idempotent; called at each process entry (hsx_cli.main.main, hsx.fleet.role.Role.serve,
+    dashboard.app.create_app), never as a side effect of an import.
     """
     rq_serializers.DefaultSerializer.dumps = staticmethod(JSONSerializer.dumps)
     rq_serializers.DefaultSerializer.loads = staticmethod(JSONSerializer.loads)
-
-
-rq_without_pickle()
 
 
 class ForbiddenJob(HsxError, RuntimeError):

@@ -27,7 +27,7 @@ import torch
 
 from hsx.batch import FORMAT, BatchFileError, read_batch_bytes, read_header
 from hsx.life import batchlife, ledger
-from hsx.store import layout
+from hsx.store import ObjectNotFound, layout
 
 log = logging.getLogger(__name__)
 THREADS = 8  # store requests in flight
@@ -44,7 +44,7 @@ def check_object(store, run: str, spec: ledger.BatchSpec, full: bool) -> tuple[s
     try:
         header = read_header(lambda start, length: store.get_bytes(key, start, length), key)
         described = header.size
-    except KeyError:
+    except ObjectNotFound:
         return "missing", 0, None
     except BatchFileError as exc:
         return str(exc), head.size, None

@@ -10,11 +10,11 @@ seconds (so the ms-wide gaps of normal hand-overs, e.g. dequeue -> lease, are
 never mistaken for loss). A batch whose job rq has handed out (in a queue's
 intermediate list or started registry) but that holds no lease yet is given
 ``HANDED_OUT_GRACES`` graces: a fresh process may spend seconds in its first
-job before taking the lease (issue 23 item 7: an uploader importing torch for
+job before taking the lease (an uploader importing torch for
 3.4 s at a 5 s lease re-extracted a batch). A worker that died there is still
 caught, one lease later.
 
-A run no one may enqueue is left alone, whoever reconciles (issue 29 item 5): one planned only
+A run no one may enqueue is left alone, whoever reconciles: one planned only
 (``hsx produce --no-enqueue``, until the user starts it), one being reset, one whose producer is
 writing the plan (it holds the producer lock), one with no manifest. The pass's write is one
 transaction that WATCHes those keys, so a reset or a plan-only mark that lands during the pass

@@ -1,4 +1,4 @@
-"""The run's weights fingerprint as its first worker found it (issue 37 item 3).
+"""The run's weights fingerprint as its first worker found it.
 
 A run planned where the producer could not read the weights (a hub id not downloaded on its host) has no
 fingerprint in its manifest, and one planned by an older hsx has only the sampled one. The first worker that
@@ -37,7 +37,7 @@ class WeightsRecordError(HsxError, ValueError):
     """The run's weights record is not one hsx wrote (or the run is gone)."""
 
 
-def record(r, run: str, fingerprint: str, model: str, worker: str, host: str,
+def record_weights(r, run: str, fingerprint: str, model: str, worker: str, host: str,
            manifest: Manifest | None = None) -> dict:
     """Offer this worker's fingerprint as the run's; the record that holds (this one, or the first worker's).
     ``manifest``: the run's as this worker read it; one without a fingerprint takes this one if it wins (and
@@ -55,7 +55,7 @@ def record(r, run: str, fingerprint: str, model: str, worker: str, host: str,
     return _parse(raw, keys.model_weights)
 
 
-def read(r, run: str) -> dict | None:
+def recorded_weights(r, run: str) -> dict | None:
     """The run's record, None if no worker recorded one; WeightsRecordError if it is not one hsx wrote."""
     key = RunKeys(run).model_weights
     raw = r.get(key)

@@ -6,16 +6,16 @@ It reads the other wings and writes nothing of a batch's life. Everything not na
 to the wing.
 """
 
+# ruff: noqa: F401  (a face imports the names it offers: hsx/face.py)
 from __future__ import annotations
 
 from hsx.face import face
+from hsx.monitor.evaluation import record_evaluation
+from hsx.monitor.planstate import plan_entries, plan_line, planned_batches
+from hsx.monitor.progress import RATE_WINDOW_SECONDS, fmt_bytes, fmt_duration, host_row, run_progress, summary_lines
+from hsx.monitor.progressline import Progress
+from hsx.monitor.series import last_activity, throughput_series
+from hsx.monitor.sources import source_lines, source_progress, with_source_lines
+from hsx.monitor.uploadrate import host_upload_rate
 
-__getattr__, __dir__, __all__ = face(__name__, {
-    "evaluation": {"record": "record_evaluation"},
-    "planstate": ["plan_entries", "plan_line", "planned_batches"],
-    "progress": ["RATE_WINDOW_SECONDS", "fmt_bytes", "fmt_duration", "host_row", "run_progress", "summary_lines"],
-    "progressline": ["Progress"],
-    "series": ["last_activity", "throughput_series"],
-    "sources": ["source_lines", "source_progress", "with_source_lines"],
-    "uploadrate": ["host_upload_rate"],
-})
+__getattr__, __dir__, __all__ = face(__name__, __file__)

@@ -28,7 +28,7 @@ def summary(report: dict) -> dict:
             "ts": report.get("ts")}
 
 
-def record(r, run: str, report: dict) -> dict:
+def record_evaluation(r, run: str, report: dict) -> dict:
     entry = summary(report)
     r.set(RunKeys(run).evaluation, json.dumps(entry))
     return entry

@@ -1,4 +1,4 @@
-"""Whether a run's plan is whole, and if not, who is planning it or how to resume it (issue 31 item 1); the plan
+"""Whether a run's plan is whole, and if not, who is planning it or how to resume it; the plan
 and its planned total, read warily, for the dashboard's plan summary (cached once the plan is whole).
 
 `hsx produce` plans a run window by window and keeps ``planning: 1`` in the run's totals until the last

@@ -14,7 +14,7 @@ from hsx.runspec import Manifest, ManifestError
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
 MIN_RATE_SPAN_SECONDS = 10  # ...or, for a run younger than that, over its age (at least this long)
 STALL_SECONDS = 120  # a run with work left, no lease held and nothing spooled or done this long is "stalled"
-# Two counts that differ (issue 41 item 7: a SLURM task logged 62 batches while status said 51): which is which.
+# Two counts that differ (a SLURM task logged 62 batches while status said 51): which is which.
 WORKER_COUNTS = ("a worker's count: batches it extracted, as of its last report; the run's: batches verified in "
                  "the store")
 
@@ -55,7 +55,7 @@ def _spooled_count(r: redis.Redis, run: str) -> int:
 def _minutes(r: redis.Redis, run: str, kind: str, now: float, window: float) -> dict | None:
     """Batches, samples and tokens ``kind`` (spooled | done) in the last ``window`` s from the run's per-minute
     counts (one HMGET of 3 fields a minute; the oldest minute counted by the share of it inside the window); None
-    for a run without them (recorded by an hsx before issue 42)."""
+    for a run without them (recorded by an older hsx)."""
     key = RunKeys(run).rate_minutes
     if not r.exists(key):
         return None
@@ -111,7 +111,7 @@ def _not_done(r: redis.Redis, keys: RunKeys, records_by_batch: dict[str, dict]) 
 def fidelity(r: redis.Redis, run: str, malformed: list[str]) -> dict | None:
     """FP8's measured error against bf16, per stored layer: ``{"layer_ids", "compute", "store"}`` with
     ``compute`` the run's record (hsx/life/computeerror.py: one batch, measured once) and ``store`` the summary
-    of the sampled batches (hsx/life/fp8error.py), each None where not measured; None for a run with neither."""
+    of the sampled batches (hsx/life/storeerror.py), each None where not measured; None for a run with neither."""
     compute, store = life.compute_error(r, run, malformed), life.store_error_summary(r, run, malformed)
     if compute is None and store is None:
         return None
@@ -201,7 +201,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "store_dtype": manifest.store_dtype if manifest else None,
         "codec": manifest.codec if manifest else "none",
         "compute_dtype": manifest.compute_dtype if manifest else "bfloat16",
-        # planned tokens stored against what the GPU computes (padding in, each shared prefix once: issue 40)
+        # planned tokens stored against what the GPU computes (padding in, each shared prefix once)
         "prefix": {"reuse": manifest.prefix_reuse if manifest else "off", "stored_tokens": totals.get("tokens", 0),
                    "computed_tokens": totals.get("computed_tokens") or totals.get("padded_tokens", 0),
                    # a worker's check of one batch: its shared-prefix samples against the same alone (or None)

@@ -191,12 +191,12 @@ def of_sources(sources: list[Source], file: Path | None = None) -> Mixture:
     return Mixture(tuple(sources), file)
 
 
-def of_datasets(paths: list[str | Path]) -> Mixture:
+def mixture_of_datasets(paths: list[str | Path]) -> Mixture:
     """``--dataset`` given several times: one source a path, named by its file name."""
     return of_sources([Source(default_name(Path(p)), Path(p).expanduser()) for p in paths])
 
 
-def load(path: str | Path) -> Mixture:
+def load_mixture(path: str | Path) -> Mixture:
     """A mixture file (JSON, or YAML for a .yaml / .yml file: ``{"sources": [...]}`` or the list alone);
     MixtureError naming what is wrong."""
     path = Path(path).expanduser()

@@ -1,4 +1,4 @@
-"""Planning shared prefixes (issue 40): rows that start with the same tokens share computed spines.
+"""Planning shared prefixes: rows that start with the same tokens share computed spines.
 
 Rows of a window are sorted by their token ids; neighbours in that order share their longest common prefix
 (lcp). A run of neighbours whose lcp is at least ``min_prefix`` tokens is a tree of groups: its root's spine is

@@ -242,12 +242,16 @@ class ChatTokeniser:
         apply_chat_template(tokenize=True) gives. The Rust tokenizer is called directly when the wrapper adds
         nothing (no split_special_tokens): the same call the wrapper makes, without building its BatchEncoding."""
         backend = getattr(self.tok, "_tokenizer", None)
-        if backend is not None and not getattr(self.tok, "split_special_tokens", False):
-            enc = backend.encode(text, add_special_tokens=False)
-            raw_ids, raw_offsets = enc.ids, enc.offsets
-        else:
-            out = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-            raw_ids, raw_offsets = out["input_ids"], out["offset_mapping"]
+        try:
+            if backend is not None and not getattr(self.tok, "split_special_tokens", False):
+                enc = backend.encode(text, add_special_tokens=False)
+                raw_ids, raw_offsets = enc.ids, enc.offsets
+            else:
+                out = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+                raw_ids, raw_offsets = out["input_ids"], out["offset_mapping"]
+        except TypeError:   # what the Rust tokenizer says of a str it cannot take; the row's text, if it is that
+            _check_unicode(text)
+            raise
         count = len(raw_ids)
         ids = np.fromiter(raw_ids, dtype=np.int32, count=count)
         offsets = np.fromiter(chain.from_iterable(raw_offsets), dtype=np.int64, count=2 * count).reshape(count, 2)
@@ -295,11 +299,24 @@ class ChatTokeniser:
             raise RowRejected("bad_pretokenised", "pre-tokenised row has input_ids but no loss_mask")
         if not isinstance(mask, list) or len(mask) != len(ids) or any(m not in (0, 1) for m in mask):
             raise RowRejected("bad_pretokenised", f"loss_mask must be {len(ids)} values of 0/1")
-        ids_array = np.asarray(ids, dtype=np.int64)
         vocab = len(self.tok)
+        try:
+            ids_array = np.asarray(ids, dtype=np.int64)
+        except OverflowError:   # an id past int64: outside any vocabulary
+            ids_array = np.asarray([-1])
         if ids_array.min() < 0 or ids_array.max() >= vocab:
             raise RowRejected("bad_pretokenised", f"input_ids hold ids outside the vocabulary (size {vocab})")
         return ids_array.astype(np.int32), np.asarray(mask, dtype=np.uint8)
+
+
+def _check_unicode(text: str) -> None:
+    """RowRejected when ``text`` is not valid Unicode: a lone UTF-16 surrogate, which JSON text can hold
+    (``"\\ud800"``) and no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RowRejected("bad_content", f"the row holds text that is not valid Unicode ({exc.reason}: "
+                                         f"{text[exc.start:exc.end]!r} at character {exc.start})") from None
 
 
 def spans_to_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:

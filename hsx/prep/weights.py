@@ -1,4 +1,4 @@
-"""A fingerprint of a model's weights: two checkpoints of one config never pass for one run (issues 29 and 37).
+"""A fingerprint of a model's weights: two checkpoints of one config never pass for one run.
 
 ``blake3-v1:<hex>``: BLAKE3 (the ``blake3`` package, pinned in pyproject.toml) of every weight file's name, size
 and the BLAKE3 of all its bytes, files sorted by name. Every byte counts: a checkpoint changed anywhere in a
@@ -34,12 +34,12 @@ from hsx.prep.sampledweights import SCHEME as SAMPLED_SCHEME
 from hsx.prep.sampledweights import WeightsUnreadable, sampled_fingerprint
 
 log = logging.getLogger(__name__)
-SCHEME = "blake3-v1"    # prefix of every fingerprint: a fingerprint is only ever compared in its own scheme
-SCHEMES = (SCHEME, SAMPLED_SCHEME)
+WEIGHTS_SCHEME = "blake3-v1"    # prefix of every fingerprint: a fingerprint is only ever compared in its own scheme
+SCHEMES = (WEIGHTS_SCHEME, SAMPLED_SCHEME)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 CACHE_NAME = ".hsx-weights-fingerprint.json"   # beside the checkpoint: {"scheme", "files": {name: entry}}
 
-__all__ = ["SCHEME", "SCHEMES", "UnknownScheme", "WeightsUnreadable", "fingerprint_cached", "local_folder",
+__all__ = ["WEIGHTS_SCHEME", "SCHEMES", "UnknownScheme", "WeightsUnreadable", "fingerprint_cached", "local_folder",
            "scheme_of", "weight_files", "weights_fingerprint"]
 
 
@@ -77,7 +77,7 @@ def local_folder(model: str) -> Path | None:
 
 
 def weights_fingerprint(model: str, scheme: str | None = None) -> str:
-    """``<scheme>:<hex>`` of the model's weight files (``SCHEME`` for None), or "" when this host has none of
+    """``<scheme>:<hex>`` of the model's weight files (``WEIGHTS_SCHEME`` for None), or "" when this host has none of
     them to read; UnknownScheme for a scheme this hsx cannot compute."""
     folder = local_folder(model)
     files = weight_files(folder) if folder is not None else []
@@ -85,7 +85,7 @@ def weights_fingerprint(model: str, scheme: str | None = None) -> str:
         return ""
     if scheme == SAMPLED_SCHEME:
         return sampled_fingerprint(files)
-    if scheme not in (None, SCHEME):
+    if scheme not in (None, WEIGHTS_SCHEME):
         scheme_of(f"{scheme}:")  # raises UnknownScheme
     cache = FileHashCache(folder)
     digest = blake3.blake3()
@@ -93,7 +93,7 @@ def weights_fingerprint(model: str, scheme: str | None = None) -> str:
         stat = path.stat()
         digest.update(f"{path.name}\0{stat.st_size}\0{cache.file_hash(path, stat)}\0".encode())
     cache.save()
-    return f"{SCHEME}:{digest.hexdigest()}"
+    return f"{WEIGHTS_SCHEME}:{digest.hexdigest()}"
 
 
 def fingerprint_cached(model: str) -> bool:
@@ -124,7 +124,7 @@ class FileHashCache:
     def _read(path: Path) -> dict:
         try:
             data = json.loads(path.read_bytes())
-            files = data["files"] if data.get("scheme") == SCHEME else {}
+            files = data["files"] if data.get("scheme") == WEIGHTS_SCHEME else {}
             return {name: entry for name, entry in files.items()
                     if isinstance(entry, dict) and isinstance(entry.get("blake3"), str) and len(entry["blake3"]) == 64}
         except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
@@ -157,7 +157,7 @@ class FileHashCache:
         a cache that cannot be written anywhere only costs the next call a full read."""
         if not self.changed:
             return
-        raw = json.dumps({"scheme": SCHEME, "files": self.entries}, indent=1, sort_keys=True).encode()
+        raw = json.dumps({"scheme": WEIGHTS_SCHEME, "files": self.entries}, indent=1, sort_keys=True).encode()
         if not (_write_atomically(self.beside, raw) or _write_atomically(self.private, raw)):
             log.info("weights fingerprint of %s not cached (neither it nor %s is writable)", self.folder,
                      self.private.parent)

@@ -30,6 +30,7 @@ import numpy as np
 from hsx.prep.dataset import Row, RowError, iter_rows
 from hsx.prep.mixture import MixedRow, Mixture
 from hsx.prep.report import RejectedRow, Sample, TokenisedRow, TokeniseReport, Window
+from hsx.prep.rows import RowRejected
 from hsx.prep.tokenise import sample_id_of
 
 log = logging.getLogger(__name__)
@@ -142,11 +143,11 @@ def _encode_one(item: Row | RowError | MixedRow) -> TokenisedRow | list[Tokenise
     row_id = prefix + sample_id_of(data, item.index, tokeniser.columns)
     try:
         encoded = tokeniser.encode_turns(data, item.index) if _per_turn else [tokeniser.encode_row(data, item.index)]
-    except Exception as exc:  # a row must never take the run down; name it and go on
-        if isinstance(exc, ValueError):   # RowRejected (RowProblem): a bad row; anything else is a bug, still counted
-            return RejectedRow(item.index, row_id, reason_code(exc), str(exc), source_format(data), source)
-        return RejectedRow(item.index, row_id, "internal_error", f"cannot tokenise ({type(exc).__name__}: {exc})",
-                           source_format(data), source)
+    except RowRejected as exc:  # a bad row: counted under its reason, named, and the run goes on
+        return RejectedRow(item.index, row_id, reason_code(exc), str(exc), source_format(data), source)
+    except Exception as exc:    # not a bad row's error: a bug in hsx or a library, which no reject count may hide
+        raise RuntimeError(f"row {item.index} (id {row_id!r}): tokenising it failed with an error that is not a bad "
+                           f"row's (a bug): {type(exc).__name__}: {exc}") from exc
     rows = [TokenisedRow(item.index, prefix + t.sample_id, np.asarray(t.input_ids, np.int32),
                          np.asarray(t.loss_mask, np.uint8), source_format(data, t), source) for t in encoded]
     return rows if _per_turn else rows[0]

@@ -5,39 +5,36 @@ inputs, validated, compared on resume), what it computes in, the local spool's t
 host sees what the manifest names. Everything not named in ``__all__`` is private to the wing.
 """
 
+# ruff: noqa: F401  (a face imports the names it offers: hsx/face.py)
 from __future__ import annotations
 
-from hsx.face import face
+from typing import TYPE_CHECKING
 
-__getattr__, __dir__, __all__ = face(__name__, {
-    "hostcheck": ["ModelMismatch", "check_host", "check_weights"],
-    "plan": ["PREFIX_EXACT_MODEL_TYPES", "RunFacts", "plan_manifest", "prefix_settings", "resumed_manifest"],
-    "compute": ["ComputeDtypeError", "check_compute_dtype", "check_fp8_accumulation"],
-    "config": ["ProduceConfig", "UploadConfig", "WorkerConfig", "with_redis_password"],
-    "manifest": [
-        "Manifest",
-        "ManifestError",
-        "ManifestMismatch",
-        "RunLimits",
-        "check_same_run",
-        "new_manifest",
-    ],
-    "targetmodel": ["ModelNotFound", "config_hash", "load_model_config", "text_config"],
-    "spool": {
-        "DISK": "DISK_TIER",
-        "LEGACY_MEMORY_DIR": None,
-        "SpoolTiers": None,
-        "Tier": None,
-        "auto_memory_budget": None,
-        "default_memory_dir": None,
-        "is_disk_full": None,
-        "remove_empty_folders": "remove_empty_spool_folders",
-        "MEMORY": "MEMORY_TIER",
-        "adopt_legacy": "adopt_legacy_spool",
-        "complete_files": "spool_files",
-        "temp_files": "spool_temp_files",
-        "temp_tag": "spool_temp_tag",
-        "usage": "spool_usage",
-    },
-    "visibility": ["RunNotVisible", "check_model_visible", "open_run_store"],
-})
+from hsx.face import face
+from hsx.runspec.compute import ComputeDtypeError, check_compute_dtype, check_fp8_accumulation
+from hsx.runspec.config import ProduceConfig, UploadConfig, WorkerConfig, with_redis_password
+from hsx.runspec.hostcheck import ModelMismatch, check_host, check_weights
+from hsx.runspec.manifest import Manifest, ManifestError, ManifestMismatch, RunLimits, check_same_run, new_manifest
+from hsx.runspec.spool import (
+    DISK_TIER,
+    LEGACY_MEMORY_DIR,
+    MEMORY_TIER,
+    SpoolTiers,
+    Tier,
+    adopt_legacy_spool,
+    auto_memory_budget,
+    default_memory_dir,
+    is_disk_full,
+    remove_empty_spool_folders,
+    spool_files,
+    spool_temp_files,
+    spool_temp_tag,
+    spool_usage,
+)
+from hsx.runspec.targetmodel import ModelNotFound, config_hash, load_model_config, text_config
+from hsx.runspec.visibility import RunNotVisible, check_model_visible, open_run_store
+
+if TYPE_CHECKING:  # these modules import torch: loaded on first use (hsx/face.py)
+    from hsx.runspec.plan import PREFIX_EXACT_MODEL_TYPES, RunFacts, plan_manifest, prefix_settings, resumed_manifest
+
+__getattr__, __dir__, __all__ = face(__name__, __file__)

@@ -122,7 +122,7 @@ class Manifest:
     # template_kwargs, rows / share + seed it was given}; () for one --dataset, left out of the JSON as before.
     mixture: tuple = ()
     per_turn: bool = False      # one sample a turn of each row (hsx/prep/perturn.py); absent (False) in older ones
-    # Shared prefixes computed once (issue 40; hsx/prep/prefixplan.py): "on" or "off" (manifests older hsx wrote,
+    # Shared prefixes computed once (hsx/prep/prefixplan.py): "on" or "off" (manifests older hsx wrote,
     # written only when on); spines of at least prefix_min_tokens, at most prefix_cache_tokens cached a batch.
     prefix_reuse: str = "off"
     prefix_min_tokens: int = 0
@@ -268,12 +268,12 @@ class Manifest:
     @classmethod
     def load(cls, store, run: str) -> Manifest | None:
         """``<run>/manifest.json`` from a store (hsx.store.Store), or None if it has none."""
-        from hsx.store import layout
+        from hsx.store import ObjectNotFound, layout
 
         key = layout.manifest_key(run)
         try:
             raw = store.get_bytes(key)
-        except KeyError:
+        except ObjectNotFound:
             return None
         return cls.from_json(raw, store.url(key))
 
@@ -302,7 +302,7 @@ def check_values(m: Manifest) -> None:
     """ManifestError naming the first field whose value no hsx run can have (types are checked by from_dict).
 
     Called on every Manifest built (read from Redis or the store, or planned): a hand edit or a write by
-    anyone who can reach Redis is refused here, before a worker spools batches with it (issue 29 item 9).
+    anyone who can reach Redis is refused here, before a worker spools batches with it.
     """
     from hsx.store import layout
 
@@ -386,7 +386,7 @@ def _older_fp8_accumulation(data: dict) -> str:
 
 
 def _absolute(run: str, name: str, path: str) -> str:
-    """A local path an older hsx recorded relative (before issue 20): resolved from here, with a warning."""
+    """A local path an older hsx recorded relative (an older hsx did): resolved from here, with a warning."""
     if "://" in path and not path.startswith("file://"):
         return path
     local = Path(path.removeprefix("file://")).expanduser()

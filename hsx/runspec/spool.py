@@ -9,23 +9,23 @@ The GPU worker stops taking jobs only when every tier is at its budget.
 A tier's budget is the smaller of its flag and what its file system can hold: the free
 space ``statvfs`` reports, less a margin (``free_room``), checked before each write. A full
 disk is backpressure like a full budget: the worker takes no job, and a write that still
-meets ENOSPC waits and is tried again; it never counts against the batch (issue 23 item 1).
+meets ENOSPC waits and is tried again; it never counts against the batch.
 
 The memory tier's default folder is ``/dev/shm/hsx-<uid>-<Redis tag>`` (``default_memory_dir``): one a user and
-Redis server, so two users, or a test run beside a real run, on one host never share it (issue 31 item 13;
-before, every install wrote ``/dev/shm/hsx``). Files an older hsx left in ``/dev/shm/hsx/<run>/`` are this
-user's to upload: a worker of the run moves them into its memory folder at start (``adopt_legacy``), and an
+Redis server, so two users, or a test run beside a real run, on one host never share it (an older
+hsx wrote ``/dev/shm/hsx`` for every install). Files an older hsx left in ``/dev/shm/hsx/<run>/`` are this
+user's to upload: a worker of the run moves them into its memory folder at start (``adopt_legacy_spool``), and an
 uploader takes an old job naming one there the same way.
 
 A role that stops cleanly removes the memory tier's empty run folders, and the default folder itself once empty
-(``remove_empty_folders``): nothing is left in /dev/shm after the roles of a host stopped with their work done.
+(``remove_empty_spool_folders``): nothing is left in /dev/shm after the roles of a host stopped with their work done.
 
 Inside a tier: ``<tier dir>/<run>/<batch>.safetensors`` and, while being written,
-``<batch>.safetensors.tmp-<writer's worker name>+<pid>.<n>`` (``temp_tag``): the worker name is what the sweeps
+``<batch>.safetensors.tmp-<writer's worker name>+<pid>.<n>`` (``spool_temp_tag``): the worker name is what the sweeps
 read (whose write it is, alive or not); ``+<pid>.<n>`` makes the file one write's own. Two writes of one batch
 in one worker (a duplicate delivery) used to share ``.tmp-<worker name>``: the first's rename moved the file away
 under the second, which failed with FileNotFoundError (tests/test_temp_race.py). Usage counts both: a temp file
-takes the same bytes (issue 13 item 7: leaked temp files escaped the budget).
+takes the same bytes (leaked temp files once escaped the budget).
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ from hsx.store import layout
 
 TMP_MARK = ".tmp-"  # <batch>.safetensors.tmp-<writer's worker name>+<pid>.<n>: a write in progress
 WRITE_MARK = "+"    # after the worker name: what makes the temp file one write's (no --name holds a '+')
-MEMORY, DISK = "memory", "disk"
+MEMORY_TIER, DISK_TIER = "memory", "disk"
 FREE_MARGIN_BYTES = 256 * 2**20  # bytes a spool leaves free on its file system (at most 1/20 of the file system)
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a write that meets these waits for room: backpressure, not failure
 
 
-LEGACY_MEMORY_DIR = Path("/dev/shm/hsx")  # the memory tier's default before issue 31: shared by every install
+LEGACY_MEMORY_DIR = Path("/dev/shm/hsx")  # the memory tier's default of an older hsx: shared by every install
 _LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "")
 
 
@@ -69,7 +69,7 @@ def default_memory_dir(redis_url: str, shm: Path = Path(D.MEMORY_SPOOL_SHM)) -> 
     return Path(shm) / f"hsx-{os.getuid()}-{redis_tag(redis_url)}"
 
 
-def adopt_legacy(run: str, into: Path, legacy: Path = LEGACY_MEMORY_DIR) -> list[Path]:
+def adopt_legacy_spool(run: str, into: Path, legacy: Path = LEGACY_MEMORY_DIR) -> list[Path]:
     """Move this user's complete batch files of ``run`` from the old shared default ``legacy/<run>/`` into
     ``into/<run>/`` (a rename on the same tmpfs); their new paths. Temp files (a write an older worker never
     finished) and other users' files stay."""
@@ -77,7 +77,7 @@ def adopt_legacy(run: str, into: Path, legacy: Path = LEGACY_MEMORY_DIR) -> list
     if not src.is_dir() or Path(into).resolve() == Path(legacy).resolve():
         return []
     moved = []
-    for path in complete_files(legacy, run):
+    for path in spool_files(legacy, run):
         try:
             if path.is_symlink() or path.stat().st_uid != os.getuid():
                 continue
@@ -90,10 +90,10 @@ def adopt_legacy(run: str, into: Path, legacy: Path = LEGACY_MEMORY_DIR) -> list
     return moved
 
 
-def remove_empty_folders(tier_dir: Path, itself: bool) -> list[Path]:
+def remove_empty_spool_folders(tier_dir: Path, itself: bool) -> list[Path]:
     """Remove the empty run folders right under ``tier_dir`` and, with ``itself``, ``tier_dir`` when that leaves it
-    empty; the folders removed. What a role's clean stop does with its memory tier (issue 41 item 10: empty
-    /dev/shm/hsx-* folders stayed after every role had stopped); ``itself`` only for hsx's own default folder,
+    empty; the folders removed. What a role's clean stop does with its memory tier (else empty
+    /dev/shm/hsx-* folders stay after every role had stopped); ``itself`` only for hsx's own default folder,
     never one a person named. rmdir only: a folder holding anything (a batch, another role's temp file) stays,
     and a writer that finds its folder gone makes it again (hsx.batch write_atomic)."""
     removed = []
@@ -182,7 +182,7 @@ class SpoolUsage:
     temp_bytes: int = 0
 
 
-def usage(spool_dir: Path) -> SpoolUsage:
+def spool_usage(spool_dir: Path) -> SpoolUsage:
     """Batch files (complete and in progress) and their bytes, over every run under ``spool_dir``."""
     files = total = temps = temp_bytes = 0
     root = Path(spool_dir)
@@ -207,7 +207,7 @@ def usage(spool_dir: Path) -> SpoolUsage:
     return SpoolUsage(files, total, temps, temp_bytes)
 
 
-def complete_files(spool_dir: Path, run: str) -> list[Path]:
+def spool_files(spool_dir: Path, run: str) -> list[Path]:
     d = Path(spool_dir) / run
     return sorted(d.glob("*.safetensors")) if d.exists() else []
 
@@ -215,7 +215,7 @@ def complete_files(spool_dir: Path, run: str) -> list[Path]:
 _writes = itertools.count()  # this process's writes: next() is atomic under the GIL, so one number a write
 
 
-def temp_tag(worker_name: str) -> str:
+def spool_temp_tag(worker_name: str) -> str:
     """The tag of one write's temp file (``<batch>.safetensors.tmp-<tag>``): ``<worker name>+<pid>.<n>``, new at
     every call, so concurrent writes of one batch by one worker never share a file."""
     return f"{worker_name}{WRITE_MARK}{os.getpid()}.{next(_writes)}"
@@ -227,8 +227,8 @@ def _writer_of(tag: str) -> str:
     return name if mark else tag
 
 
-def temp_files(spool_dir: Path, run: str) -> dict[Path, str]:
-    """Temp files of ``run`` -> the writer's worker name in their name (``temp_tag``)."""
+def spool_temp_files(spool_dir: Path, run: str) -> dict[Path, str]:
+    """Temp files of ``run`` -> the writer's worker name in their name (``spool_temp_tag``)."""
     d = Path(spool_dir) / run
     if not d.exists():
         return {}
@@ -253,8 +253,8 @@ class SpoolTiers:
            memory_budget: int = 0) -> SpoolTiers:
         tiers = []
         if memory_dir is not None and memory_budget > 0:
-            tiers.append(Tier(MEMORY, Path(memory_dir), memory_budget))
-        tiers.append(Tier(DISK, Path(disk_dir), disk_budget))
+            tiers.append(Tier(MEMORY_TIER, Path(memory_dir), memory_budget))
+        tiers.append(Tier(DISK_TIER, Path(disk_dir), disk_budget))
         return cls(tuple(tiers))
 
     def get(self, name: str) -> Tier:
@@ -264,13 +264,13 @@ class SpoolTiers:
         raise KeyError(f"spool tier {name!r} is not configured on this host ({', '.join(t.name for t in self.tiers)})")
 
     def usage(self) -> dict[str, SpoolUsage]:
-        return {t.name: usage(t.dir) for t in self.tiers}
+        return {t.name: spool_usage(t.dir) for t in self.tiers}
 
     def choose(self, nbytes: int) -> Tier | None:
         """The first tier with room for ``nbytes`` more: under its budget (a tier that is empty takes any
         size) and on a file system with ``nbytes`` of free room."""
         for tier in self.tiers:
-            used = usage(tier.dir).bytes
+            used = spool_usage(tier.dir).bytes
             if ((used + nbytes <= tier.budget_bytes or (used == 0 and tier.budget_bytes > 0))
                     and nbytes <= free_room(tier.dir)):
                 return tier
@@ -279,7 +279,7 @@ class SpoolTiers:
     def full(self, nbytes: int = 0) -> bool:
         """Every tier at or over its budget, or its file system without room for ``nbytes`` (the size of a
         batch, as far as the caller knows; at least one byte): the worker takes no job until uploads free some."""
-        return all(usage(t.dir).bytes >= t.budget_bytes or free_room(t.dir) < max(nbytes, 1) for t in self.tiers)
+        return all(spool_usage(t.dir).bytes >= t.budget_bytes or free_room(t.dir) < max(nbytes, 1) for t in self.tiers)
 
     def describe(self) -> str:
         """Each tier's budget and its file system's free room, for the "spool full" log line."""

@@ -28,6 +28,12 @@ class VerifyError(StoreError):
     """An object in the store does not match the bytes that were sent."""
 
 
+class ObjectNotFound(KeyError):
+    """The store has no object at this key (its address is the argument). A KeyError, as the store's "not
+    found" always was: code that caught KeyError still does; catch this, so that a KeyError of a bug nearby is
+    not taken for a missing object."""
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str
@@ -54,7 +60,7 @@ class Store(ABC):
 
     @abstractmethod
     def get_bytes(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of ``key`` (the whole object by default); KeyError if absent."""
+        """Bytes ``[start, end)`` of ``key`` (the whole object by default); ObjectNotFound if absent."""
 
     def read_back(self, key: str, size: int, sha256: str) -> None:
         """GET ``key`` and check its size and SHA-256 against the bytes sent; VerifyError otherwise.
@@ -64,7 +70,7 @@ class Store(ABC):
         """
         try:
             data = self.get_bytes(key)
-        except KeyError:
+        except ObjectNotFound:
             raise VerifyError(f"{self.url(key)}: read back after upload: the object is missing") from None
         check_read_back(self.url(key), len(data), hashlib.sha256(data).hexdigest(), size, sha256)
 

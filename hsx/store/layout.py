@@ -52,7 +52,7 @@ def index_key(run: str) -> str:
 
 
 def store_error_key(run: str) -> str:
-    """The run-level record of a lossy store dtype's measured error (hsx/life/fp8error.py)."""
+    """The run-level record of a lossy store dtype's measured error (hsx/life/storeerror.py)."""
     return f"{run}/store_error.json"
 
 

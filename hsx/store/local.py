@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from hsx.digest import file_sha256
-from hsx.store.base import ObjectInfo, Store, VerifyError
+from hsx.store.base import ObjectInfo, ObjectNotFound, Store, VerifyError
 
 
 class LocalStore(Store):
@@ -80,7 +80,7 @@ class LocalStore(Store):
     def get_bytes(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         path = self.path(key)
         if not path.is_file():
-            raise KeyError(self.url(key))
+            raise ObjectNotFound(self.url(key))
         with open(path, "rb") as fh:
             if start:
                 fh.seek(start)

@@ -1,6 +1,6 @@
 """Reading a spool file for upload: each byte read once, into reused part buffers, hashed while in cache.
 
-The uploader's CPU per GiB is its cost (issue 28): an 8-GPU host spools ~4 GiB/s. Per part:
+The uploader's CPU per GiB is its cost: an 8-GPU host spools ~4 GiB/s. Per part:
 
     file --readinto HASH_BLOCK--> part buffer (bytearray from the pool, handed to botocore as the body)
                                      |-> the file's SHA-256 (checked against the worker's before completing)

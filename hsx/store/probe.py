@@ -2,7 +2,7 @@
 
 - ``probe_crc32``: does the server check ``x-amz-checksum-crc32``? Only a checksum refusal counts (a 400 whose
   code is one of CHECKSUM_REFUSALS), and it is confirmed: the right CRC32 must then be stored and answered on HEAD,
-  a wrong one on an UploadPart refused the same way and the parts' composite stored (issue 37 item 1). An answer
+  a wrong one on an UploadPart refused the same way and the parts' composite stored. An answer
   that passes (5xx, 429, a throttle, no answer) is asked again, at most PROBE_TRIES times, through a client whose
   own retries are off so that each answer is seen; any other answer (a 403, an unknown 400, acceptance) means md5.
   What was seen, retries included, is the ``why`` said in the uploader's start line.

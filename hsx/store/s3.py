@@ -37,7 +37,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, DEFAULT_UPLOAD_RETRIES
 from hsx.retry import retry_call
-from hsx.store.base import ObjectInfo, PermanentStoreError, Store, StoreError, VerifyError, check_read_back
+from hsx.store.base import ObjectInfo, ObjectNotFound, PermanentStoreError, Store, StoreError, VerifyError, check_read_back
 from hsx.store.parts import BufferPool, Part, ShortFile, read_parts
 from hsx.store.probe import given_profile, probe
 from hsx.store.quirks import (
@@ -58,7 +58,7 @@ from hsx.store.quirks import (
 log = logging.getLogger(__name__)
 RETRYABLE = (BotoCoreError, ClientError, ConnectionError, TimeoutError)
 NOT_FOUND = ("404", "NoSuchKey", "NotFound")
-# Answers no retry can change (issue 23 item 4): failed fast with the store's message, counted against the batch.
+# Answers no retry can change: failed fast with the store's message, counted against the batch.
 PERMANENT = ("403", "AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidAccessKeyId", "InvalidBucketName",
              "NoSuchBucket", "NotSignedUp", "SignatureDoesNotMatch", "InvalidObjectState")
 
@@ -316,7 +316,7 @@ class S3Store(Store):
         try:
             return self._call(f"get {self.url(key)}", lambda: self.client.get_object(**kwargs)["Body"].read())
         except _Missing:
-            raise KeyError(self.url(key)) from None
+            raise ObjectNotFound(self.url(key)) from None
 
     def read_back(self, key: str, size: int, sha256: str) -> None:
         """Stream the object (READ_BACK_CHUNK bytes at a time) and check size and SHA-256."""

@@ -1,7 +1,7 @@
 """The store's start check: an S3 store answers within seconds, or the role says in one line why not.
 
 Like Redis's (hsx/redisconn.py ``check_reachable``): before a role does any work, one short-timeout, no-retry
-look at the store (issue 31 item 3: a wrong ``--s3-endpoint-url`` took 58 s and 7 retry warnings to surface,
+look at the store (a wrong ``--s3-endpoint-url`` took 58 s and 7 retry warnings to surface,
 with a message naming no setting). In order, each answer naming the setting to check:
 
 1. reachable: the endpoint answers at all (``--s3-endpoint-url`` / ``HSX_S3_ENDPOINT_URL``);

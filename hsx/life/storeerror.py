@@ -41,7 +41,7 @@ def _problem(sample) -> str | None:
     return None
 
 
-def summary(r, run: str, malformed: list[str] | None = None) -> dict | None:
+def store_error_summary(r, run: str, malformed: list[str] | None = None) -> dict | None:
     """The run-level record (None when nothing was measured: a lossless store dtype). A sample that is not
     what ``record_store_error`` writes is skipped and named in ``malformed`` (when given)."""
     key = RunKeys(run).store_error
@@ -75,7 +75,7 @@ def summary(r, run: str, malformed: list[str] | None = None) -> dict | None:
 
 def write_record(r, store, run: str) -> dict | None:
     """Write ``<run>/store_error.json`` into the store (idempotent); the record, or None if nothing was measured."""
-    record = summary(r, run)
+    record = store_error_summary(r, run)
     if record is not None:
         store.put_bytes(layout.store_error_key(run), json.dumps(record, indent=1).encode())
     return record
