@@ -16,6 +16,7 @@ from pathlib import Path
 from hsx import fleet, life
 from hsx.batch import BatchFileError
 from hsx.digest import file_sha256
+from hsx.errors import NotPlanned
 from hsx.life import RunVanished
 from hsx.retry import pause
 from hsx.runspec import RunNotVisible
@@ -32,10 +33,6 @@ class SpoolFileLost(RuntimeError):
 class ForeignSpoolFile(SpoolFileLost):
     """The spool file is not of this plan (another incarnation of the run, other samples): never uploaded; the
     batch is extracted again (hsx/life/provenance.py)."""
-
-
-class NotPlanned(RuntimeError):
-    """The batch is not in its run's plan: a permanent error (dead letter), never retried."""
 
 
 # Which kind of upload failure an exception is (the first match); what each kind does is batchlife's table
