@@ -1,7 +1,8 @@
 """What a run is: the face of the wing.
 
-Each role's frozen config, the run's manifest (built from `hsx produce`'s settings and what it found about the
-inputs, validated, compared on resume), what it computes in, the local spool's tiers and files, and whether this
+Each role's frozen config, what the target makes of a run's settings (``identify``: layers, store dtype; for
+`hsx produce` and `hsx inspect`), the run's manifest (built from `hsx produce`'s settings and what it found about
+the inputs, validated, compared on resume), what it computes in, the local spool's tiers and files, and whether this
 host sees what the manifest names. Everything not named in ``__all__`` is private to the wing.
 """
 
@@ -11,6 +12,7 @@ from hsx.face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
     "hostcheck": ["ModelMismatch", "check_host", "check_weights"],
+    "identity": ["TargetIdentity", "identify"],
     "plan": ["PREFIX_EXACT_MODEL_TYPES", "RunFacts", "plan_manifest", "prefix_settings", "resumed_manifest"],
     "compute": ["ComputeDtypeError", "check_compute_dtype", "check_fp8_accumulation"],
     "config": ["ProduceConfig", "UploadConfig", "WorkerConfig", "with_redis_password"],
