@@ -69,7 +69,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
         return f"{batch_id}: refused here ({exc}); put back on upload@{rt.host}"
     except RunVanished as exc:
         # Redis lost the run: no retry loop. The spool file stays; after `hsx produce` rebuilds the
-        # ledger from the store, a restarted worker of this host re-enqueues its upload (recover_spool).
+        # ledger from the store, a restarted worker of this host re-enqueues its upload (SpoolRecovery.recover).
         log.error("%s: upload of %s stopped, spool file %s kept. Re-run `hsx produce` for the run (it rebuilds "
                   "the ledger from the store), then restart this host's workers", exc, batch_id, local)
         raise
