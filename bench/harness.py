@@ -328,7 +328,7 @@ def plan(svc: Services, run: str, dataset: Path, token_budget: int, dtype: str, 
 def run_pipeline(svc: Services, run: str, extractor: TimedExtractor, specs, warm: int,
                  spool_budget_bytes: int, timeout: float = 60, memory_budget_bytes: int = 0) -> dict:
     """Worker (rq, burst) in this thread + the uploaders already running; measured until the ledger is complete."""
-    from gpu_worker.runtime import WorkerRuntime
+    from gpu_worker.runtime import WorkerRuntime, measures_compute
     from gpu_worker.worker import run_worker
     from hsx.batch import codec
 
@@ -336,12 +336,12 @@ def run_pipeline(svc: Services, run: str, extractor: TimedExtractor, specs, warm
     cfg = make(WorkerConfig, run=run, redis_url=svc.redis_url, device=str(svc.device), spool_dir=svc.spool_dir,
                spool_budget_bytes=spool_budget_bytes, host=svc.host, model_override=None, burst=True,
                worker_name=f"bench-gpu-{run}", heartbeat_seconds=5.0,
-               grace_seconds=600.0, min_batch_seconds=0.0,
+               grace_seconds=600.0,
                memory_spool_dir=svc.memory_spool_dir if memory_budget_bytes else None,
                memory_spool_budget_bytes=memory_budget_bytes)
     store = StoreSettings(url=svc.store_url).open()
     extractor.store_dtype = manifest.store_dtype
-    rt = WorkerRuntime(cfg, svc.r, store, manifest, extractor)
+    rt = WorkerRuntime(cfg, svc.r, store, manifest, extractor, measure_compute=measures_compute(svc.r, run, manifest))
     monitor = Monitor([t.dir for t in cfg.tiers.tiers], Path(svc.store_url) / run / "batches",
                       gpu_index=svc.device.index if svc.clock.cuda else None)
     codec_before = (codec.STATS.seconds, codec.STATS.raw_bytes, codec.STATS.stored_bytes)

@@ -2,7 +2,8 @@
 
 rq calls ``gpu_worker.jobs.extract_batch`` in this same process (no fork), so
 the model is loaded once; the job finds this object through ``WorkerRuntime.current()``.
-Slot, heartbeat thread, progress log and rq set-up: hsx/fleet/role.py.
+Slot, heartbeat thread, progress log and rq set-up: hsx/fleet/role.py; the spool after a restart:
+gpu_worker/spoolrecovery.py.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import torch
 from gpu_worker.devices import GpuProbe
 from gpu_worker.extractor import Extractor
 from gpu_worker.prefetch import Prefetcher
+from gpu_worker.spoolrecovery import SpoolRecovery
 from gpu_worker.writer import Finished, PinnedPool, SpoolWriter
 from hsx import life, runspec
-from hsx.batch import BatchFileError
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
-from hsx.digest import file_sha256
+from hsx.errors import NotPlanned
 from hsx.fleet import BEFORE_RECONCILE, Chores, Role
 from hsx.life import ERROR_SAMPLE_EVERY, run_complete
 from hsx.monitor import fmt_bytes
@@ -30,11 +31,19 @@ log = logging.getLogger(__name__)
 HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files and rq workers (one heartbeat TTL)
 
 
+def measures_compute(r, run: str, manifest: Manifest) -> bool:
+    """A float8 run with no compute-error record yet: a starting worker may claim the measurement at its first
+    plain batch (a bf16 checkpoint's linears are kept until then). Decided once a process, before the model loads."""
+    return manifest.compute_dtype == "float8" and not life.compute_error_recorded(r, run)
+
+
 class WorkerRuntime(Role):
     noun, command, jobs = "worker", "hsx worker", (life.EXTRACT_FUNC,)
 
     def __init__(self, cfg: WorkerConfig, r, store, manifest: Manifest, extractor: Extractor,
-                 loaded_from: str | None = None):
+                 loaded_from: str | None = None, measure_compute: bool = False):
+        """``measure_compute``: this process claims the float8 compute-error measurement at its first plain batch
+        (``measures_compute``, decided once, before the model is loaded: ``Extractor.load`` takes it too)."""
         super().__init__(cfg, r)
         self.loaded_from = loaded_from   # the folder the weights were read from (the ready line names it)
         self.batches_run = self.tokens_run = self.tokens_computed = 0
@@ -54,13 +63,12 @@ class WorkerRuntime(Role):
         self.copy_stream = torch.cuda.Stream(device=extractor.device) if self.cuda else None
         self.probe = GpuProbe(extractor.device.index if self.cuda else None, self._cuda_uuid() if self.cuda else None)
         self.current_batch: str | None = None
-        # A float8 run with no compute-error record yet: this worker claims the measurement at its first batch.
-        self.measure_compute = (manifest.compute_dtype == "float8"
-                                and not life.compute_error_recorded(r, cfg.run))
+        self.measure_compute = measure_compute   # until the first plain batch, which claims the measurement
         # Shared prefixes on and not yet checked on this run: the first batch with prefix groups this process
         # runs is computed alone too (hsx/life/prefixerror.py).
         self.check_prefixes = manifest.prefix_reuse == "on" and not life.prefix_error_recorded(r, cfg.run)
         self.vanished = False                    # the run disappeared from Redis: the worker stops
+        self.recovery = SpoolRecovery(r, cfg, self.tiers)
 
     def _record_prefix_error(self, spec, error: torch.Tensor) -> None:
         """Keep (first writer wins) and log how far the batch's shared-prefix samples are from the same alone."""
@@ -86,7 +94,7 @@ class WorkerRuntime(Role):
         return [life.extract_queue_name(self.run)]
 
     def prepare(self) -> None:
-        self.recover_spool()
+        self.recovery.recover()
 
     def say_ready(self) -> None:
         loaded = self.loaded_from or self.manifest.model
@@ -119,87 +127,6 @@ class WorkerRuntime(Role):
             runspec.remove_empty_spool_folders(memory.dir, itself=(
                 Path(memory.dir).resolve() == runspec.default_memory_dir(self.cfg.redis_url).resolve()))
         return drained
-
-    def sweep_temp_files(self, at_start: bool = False) -> int:
-        """Remove temp files of writers with no live heartbeat, in every tier; the number removed.
-
-        Runs at start and on every HEARTBEATS_PER_SWEEP-th beat: a writer that died within its
-        heartbeat TTL of this worker's start still looked alive then. At start,
-        temp files under this worker's own name are a killed predecessor's of the same ``--name``
-        (this process has written nothing yet) and go too.
-        """
-        removed = 0
-        for tier in self.tiers.tiers:
-            for tmp, writer in runspec.spool_temp_files(tier.dir, self.run).items():
-                if writer == self.worker_name:
-                    if not at_start:
-                        continue
-                elif life.worker_alive(self.r, self.run, writer):
-                    continue
-                log.info("removing unfinished temp file %s (its writer %s has no heartbeat)", tmp, writer)
-                tmp.unlink(missing_ok=True)
-                removed += 1
-        return removed
-
-    def recover_spool(self) -> int:
-        """After a restart: drop dead writers' temp files, re-enqueue uploads of complete files not yet done.
-
-        The spool may be shared with other live workers of this host: a temp file whose writer
-        still heartbeats is a write in progress and stays (until a later sweep finds it dead).
-
-        Only a file that proves it is of this plan is re-enqueued (hsx/life/provenance.py): one of another
-        incarnation of the run (it was reset since) or with other samples is removed, its batch is extracted
-        again; one whose batch is not planned (yet: a plan being written again) or whose header cannot be read
-        is left alone, not enqueued (a re-extraction overwrites it).
-        """
-        self.sweep_temp_files(at_start=True)
-        adopted = self.adopt_legacy_spool()
-        pending = life.pending_upload(self.r, self.cfg.host, self.run) - adopted  # adopted: queued at old paths
-        incarnation = life.require_manifest(self.r, self.run).incarnation  # now: the run may have been reset
-        requeued, foreign = 0, []
-        for tier in self.tiers.tiers:
-            for path in runspec.spool_files(tier.dir, self.run):
-                bid = path.name.removesuffix(".safetensors")
-                if life.is_done(self.r, self.run, bid):
-                    path.unlink(missing_ok=True)  # uploaded and verified; the delete was what got lost
-                    continue
-                if bid in pending:
-                    continue
-                spec = life.get_spec(self.r, self.run, bid)
-                if spec is None:
-                    log.warning("spool file %s: batch %s is not in run %s's plan; left, not uploaded", path, bid,
-                                self.run)
-                    continue
-                try:
-                    why = life.file_mismatch(path, self.run, spec, incarnation)
-                except BatchFileError as exc:  # left for a re-extraction to overwrite
-                    log.warning("spool file %s not uploaded: %s", path, exc)
-                    continue
-                if why:
-                    path.unlink(missing_ok=True)
-                    foreign.append(f"{bid} ({why})")
-                    continue
-                life.requeue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size,
-                                         file_sha256(path), tier.name)
-                requeued += 1
-        if requeued:
-            log.info("re-enqueued uploads of %d spool files left from before", requeued)
-        if foreign:
-            log.warning("removed %d spool files of run %s that are not of this plan (they are extracted again): %s",
-                        len(foreign), self.run, "; ".join(foreign[:3]))
-        return requeued
-
-    def adopt_legacy_spool(self) -> set[str]:
-        """Batch files an older hsx left in the old shared default /dev/shm/hsx/<run>/ (hsx.runspec.spool.LEGACY_MEMORY_DIR),
-        moved into this worker's first tier when its memory folder is the default one; their batch ids."""
-        if self.cfg.memory_spool_dir is None or \
-                Path(self.cfg.memory_spool_dir) != runspec.default_memory_dir(self.cfg.redis_url):
-            return set()  # a folder given by flag: the person chose it (compose gives /dev/shm/hsx itself)
-        moved = runspec.adopt_legacy_spool(self.run, self.tiers.tiers[0].dir, runspec.LEGACY_MEMORY_DIR)
-        if moved:
-            log.warning("moved %d spool files of run %s from the old shared memory folder %s to %s; their uploads "
-                        "are queued again", len(moved), self.run, runspec.LEGACY_MEMORY_DIR, self.tiers.tiers[0].dir)
-        return {p.name.removesuffix(".safetensors") for p in moved}
 
     # ---- heartbeat and leases -------------------------------------------
     def totals(self) -> dict[str, int]:
@@ -245,13 +172,13 @@ class WorkerRuntime(Role):
             return []
         if self.beats % HEARTBEATS_PER_SWEEP:
             return [Chores(self.run, self.limits)]
-        return [Chores(self.run, self.limits, clean_rq=BEFORE_RECONCILE, tidy=self.sweep_temp_files)]
+        return [Chores(self.run, self.limits, clean_rq=BEFORE_RECONCILE, tidy=self.recovery.sweep_temp_files)]
 
     def run_vanished(self) -> None:
         """The run's manifest is gone from a reachable Redis (restarted empty, flushed): stop, do not spin.
 
         Batch files already spooled stay on disk; after `hsx produce` rebuilds the ledger from the store,
-        a restarted worker re-enqueues their uploads (``recover_spool``).
+        a restarted worker re-enqueues their uploads (``SpoolRecovery.recover``).
         """
         if self.vanished:
             return
@@ -306,30 +233,13 @@ class WorkerRuntime(Role):
             if not life.run_exists(self.r, self.run):
                 self.run_vanished()
                 return f"{bid}: run {self.run} vanished from Redis; not extracted"
-            raise KeyError(f"batch {bid} is not in the plan of run {self.run}")
+            raise NotPlanned(f"batch {bid} is not in the plan of run {self.run}")
         self.current_batch = bid
         life.publish_current(self.r, self.run, self.worker_name, bid)  # now, not at the next beat
         try:
             padded, contents = self.prefetcher.take(spec)
             self._hint_next()
-            started = time.monotonic()
-            compute_error = reference = None
-            if self.measure_compute and not spec.prefix_groups:  # once a process, on a plain batch: one extra
-                self.measure_compute = False                      # forward, for the one worker that wins the claim
-                if life.claim_compute_error(self.r, self.run, self.worker_name, self.limits.lease_seconds):
-                    hidden, final, compute_error, reference = self.extractor.run_measured(padded)
-            if spec.prefix_groups and self.check_prefixes:
-                self.check_prefixes = False
-                hidden, final, error = self.extractor.run_shared_checked(
-                    contents.input_ids, contents.cu_seqlens, spec.prefix_groups, self.manifest.token_budget, padded)
-                self._record_prefix_error(spec, error)
-            elif spec.prefix_groups:
-                hidden, final = self.extractor.run_shared(contents.input_ids, contents.cu_seqlens, spec.prefix_groups,
-                                                          self.manifest.token_budget)
-            elif reference is None:
-                hidden, final = self.extractor.run(padded)
-            if self.cfg.min_batch_seconds:  # fault-injection tests: make "mid-batch" last long enough to hit
-                time.sleep(max(0.0, self.cfg.min_batch_seconds - (time.monotonic() - started)))
+            hidden, final, compute_error, reference = self._forward(spec, padded, contents)
             measure = self.batches_run % ERROR_SAMPLE_EVERY == 0
             stored = self.extractor.stored(hidden, final, measure_error=measure)
             if compute_error is not None:
@@ -349,6 +259,27 @@ class WorkerRuntime(Role):
         self.tokens_computed += spec.computed_tokens
         self.after_batch()
         return f"{bid}: {spec.samples} samples, {spec.tokens} tokens"
+
+    def _forward(self, spec, padded, contents) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, str | None]:
+        """The batch's forward: (hidden, final, compute error or None, its reference or None).
+
+        Once a process, on its first plain batch, a float8 run's worker that wins the claim runs one extra forward
+        (the compute error); the first batch with prefix groups is checked against its samples computed alone."""
+        if self.measure_compute and not spec.prefix_groups:
+            self.measure_compute = False
+            if life.claim_compute_error(self.r, self.run, self.worker_name, self.limits.lease_seconds):
+                return self.extractor.run_measured(padded)
+        if spec.prefix_groups and self.check_prefixes:
+            self.check_prefixes = False
+            hidden, final, error = self.extractor.run_shared_checked(
+                contents.input_ids, contents.cu_seqlens, spec.prefix_groups, self.manifest.token_budget, padded)
+            self._record_prefix_error(spec, error)
+        elif spec.prefix_groups:
+            hidden, final = self.extractor.run_shared(contents.input_ids, contents.cu_seqlens, spec.prefix_groups,
+                                                      self.manifest.token_budget)
+        else:
+            hidden, final = self.extractor.run(padded)
+        return hidden, final, None, None
 
     def _hint_next(self) -> None:
         """Start fetching the inputs of the next jobs in the queue (two Redis round trips)."""

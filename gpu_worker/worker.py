@@ -9,14 +9,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from rq.exceptions import AbandonedJobError
-from rq.worker import SimpleWorker
 
 from gpu_worker.extractor import Extractor
 from gpu_worker.fp8compute import require_fp8_device
-from gpu_worker.runtime import WorkerRuntime
+from gpu_worker.runtime import WorkerRuntime, measures_compute
 from hsx import life, retry, runspec
 from hsx.errors import HsxError
-from hsx.fleet import check_eviction_policy
+from hsx.fleet import RqWorker, check_eviction_policy
 from hsx.life import RunVanished, run_complete
 from hsx.localdirs import ensure_dir
 from hsx.prep import fingerprint_cached, local_folder, weights_fingerprint
@@ -36,15 +35,13 @@ class RunAlreadyComplete(Exception):
     """--exit-when-complete and the run is complete at start: nothing to load, nothing to do."""
 
 
-class ExtractWorker(SimpleWorker):
+class ExtractWorker(RqWorker):
     """Takes a job only while the host spool is under its byte budget (backpressure, never failure)."""
 
-    store_lost: str | None = None   # why this worker stopped taking jobs: the run's store vanished from this host
-
-    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+    def before_dequeue(self) -> None:
         rt = WorkerRuntime.installed()
         waited = False
-        while rt is not None and rt.spool_full() and not self._stop_requested:
+        while rt is not None and rt.spool_full() and not self.stop_requested:
             if not waited:
                 log.warning("spool full (%s): waiting for uploads before taking a job", rt.tiers.describe())
                 waited = True
@@ -52,7 +49,6 @@ class ExtractWorker(SimpleWorker):
             retry.pause(1.0)
         if waited:
             log.warning("spool has room again: taking jobs")
-        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
 
 def _on_failure(job, exc_type, exc_value, tb):
@@ -60,15 +56,13 @@ def _on_failure(job, exc_type, exc_value, tb):
         return True  # rq's sweep of a dead worker's job: leases or the reconciler already re-enqueued the batch
     parsed = life.batch_of_job(job.id)
     rt = WorkerRuntime.installed()
-    if parsed and rt is not None and exc_type is FileNotFoundError and _store_unseen(rt):
+    lost = store_lost(rt, parsed[1], exc_type, exc_value) if parsed and rt is not None else None
+    if lost is not None:
         # Inputs missing because the store itself is gone from this host (an unmounted share): no batch is at
         # fault. Hand it back uncounted and take no more jobs, rather than dead-letter the run batch by batch.
         life.hand_back(rt.r, rt.run, parsed[1], leased=False)  # the job let go of its lease already
-        ExtractWorker.store_lost = (f"this worker cannot see the run's store {rt.store.url()} from host {rt.cfg.host} "
-                                    f"any more (reading inputs of {parsed[1]}: {exc_value}): mount it at that path "
-                                    "or use S3, then restart the worker; the batch was handed back, no failure counted")
-        log.error("%s", ExtractWorker.store_lost)
-        rt.stop_serving()
+        log.error("%s", lost)
+        rt.refuse(RunNotVisible(lost))
         return True
     if parsed and rt is not None and retry.STOP.is_set():
         # Stopping: the waits of the job in hand ended at once (a store or Redis away), not its batch's fault.
@@ -84,11 +78,19 @@ def _on_failure(job, exc_type, exc_value, tb):
     return True
 
 
-def _store_unseen(rt: WorkerRuntime) -> bool:
+def store_lost(rt: WorkerRuntime, bid: str, exc_type, exc_value) -> str | None:
+    """Why this worker must take no more jobs, when batch ``bid``'s inputs are missing because the run's store
+    itself is gone from this host (its manifest is not there either); None otherwise."""
+    if exc_type is not FileNotFoundError:
+        return None
     try:
-        return rt.store.head(layout.manifest_key(rt.run)) is None
+        if rt.store.head(layout.manifest_key(rt.run)) is not None:
+            return None
     except Exception:  # the store answers with errors: not this rule's case, count the failure as usual
-        return False
+        return None
+    return (f"this worker cannot see the run's store {rt.store.url()} from host {rt.cfg.host} any more (reading "
+            f"inputs of {bid}: {exc_value}): mount it at that path or use S3, then restart the worker; the batch was "
+            "handed back, no failure counted")
 
 
 def check_device(device: str) -> None:
@@ -153,14 +155,14 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     if folder is not None and fingerprint_cached(model_path):   # no read needed: refused before a long load
         manifest = check_run_weights(r, store, manifest, str(folder.resolve()), cfg)
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, list(manifest.layer_ids))
+    measure = measures_compute(r, cfg.run, manifest)
     extractor = Extractor.load(model_path, list(manifest.layer_ids), manifest.store_final, cfg.device, manifest.dtype,
                                store_dtype=manifest.store_dtype, compute_dtype=manifest.compute_dtype,
-                               fp8_accumulation=manifest.fp8_accumulation, kernels=cfg.kernels,
-                               measure_compute=manifest.compute_dtype == "float8" and not life.compute_error_recorded(r, cfg.run))
+                               fp8_accumulation=manifest.fp8_accumulation, kernels=cfg.kernels, measure_compute=measure)
     folder = local_folder(model_path)   # after the load: a hub id's snapshot is on this host now
     loaded = str(folder.resolve()) if folder is not None else model_path
     manifest = check_run_weights(r, store, manifest, loaded, cfg)
-    return WorkerRuntime(cfg, r, store, manifest, extractor, loaded_from=loaded)
+    return WorkerRuntime(cfg, r, store, manifest, extractor, loaded_from=loaded, measure_compute=measure)
 
 
 def check_run_weights(r, store, manifest, loaded: str, cfg: WorkerConfig):
@@ -195,10 +197,7 @@ def run_worker(cfg: WorkerConfig, rt: WorkerRuntime | None = None) -> WorkerRunt
     except RunAlreadyComplete:
         log.info("run %s is complete: nothing to do (--exit-when-complete)", cfg.run)
         return None
-    rt.serve(ExtractWorker, exception_handlers=(_on_failure,))
-    if ExtractWorker.store_lost:
-        why, ExtractWorker.store_lost = ExtractWorker.store_lost, None
-        raise RunNotVisible(why)
+    rt.serve(ExtractWorker, exception_handlers=(_on_failure,))  # raises RunNotVisible when the store was lost
     if rt.vanished:
         raise RunVanished(f"run {cfg.run!r} vanished from Redis at {redact(cfg.redis_url)} while this worker ran "
                           "(restarted empty or flushed?): re-run `hsx produce` for it (the ledger is rebuilt from the "

@@ -15,3 +15,8 @@ class HsxError(Exception):
 
 class ConfigError(HsxError, ValueError):
     """A setting is missing or wrong; the message names it."""
+
+
+class NotPlanned(HsxError, LookupError):
+    """A job names a batch its run's plan does not hold: a permanent error (a dead letter), never retried. The
+    worker's and the uploader's jobs raise this one class."""

@@ -46,8 +46,6 @@ FLAGS = (
          "forward always", choices=D.KERNEL_MODES, default=D.DEFAULT_KERNELS, env="HSX_KERNELS"),
     Flag("--grace-seconds", "on SIGTERM, seconds to finish writing computed batches before handing the rest back",
          type=float, default=D.DEFAULT_GRACE_SECONDS, min=0),
-    Flag("--test-min-batch-seconds", "fault-injection tests only: stretch each batch to this wall time",
-         type=float, default=0.0, min=0),
     REDIS_URL,
 )
 
@@ -69,7 +67,7 @@ def config(v) -> WorkerConfig:
         spool_budget_bytes=int(v["spool_budget_gb"] * 2**30), host=host(v), model_override=v["model"],
         burst=v["burst"], worker_name=v["name"] or worker_name("gpu", host(v), device.replace(":", "")),
         heartbeat_seconds=v["heartbeat_seconds"], grace_seconds=v["grace_seconds"],
-        min_batch_seconds=v["test_min_batch_seconds"], wait_for_plan=v["wait_for_plan"],
+        wait_for_plan=v["wait_for_plan"],
         exit_when_complete=v["exit_when_complete"],
         log_every_seconds=v["log_every_seconds"], memory_spool_dir=memory_dir,
         memory_spool_budget_bytes=memory_budget, memory_spool_why=why, kernels=v["kernels"])

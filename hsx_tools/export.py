@@ -13,11 +13,8 @@ every export with the peers' own code (scripts/peers.sh makes their venvs) and t
 - SpecForge (``specforge-eagle3|dflash|dspark``): ``OUT/rows_{g}-{g+2000}/data_{i}.ckpt``,
   g = (i // 2000) * 2000, every number zero-padded to 9 digits (SpecForge lists its files sorted as text,
   so the export trains in the run's order only when text order is number order), one ``torch.save``d dict
-  each, the keys its offline readers ask for
-  (``specforge/algorithms/*/data.py``): all have ``input_ids`` [T] int64 and ``loss_mask`` [T] int64; eagle3
-  ``aux_hidden_state`` [1, T, n*H] + ``hidden_state`` [1, T, H] (the final state, after the norm, as SpecForge
-  stores it); dflash ``hidden_states`` [1, T, n*H]; dspark (DFlash + target supervision) ``hidden_states``
-  + ``target_last_hidden_states`` [1, T, H] (the final state). hsx layer ids = SpecForge's. Beside the files,
+  each, the record its offline readers ask for (hsx_tools/specforgerecord.py, the one definition, which
+  hsx_peers.specforge serves in place too). Beside the files,
   ``OUT/draft_config.json``: the draft model config SpecForge trains with (hsx_tools.draftconfig: the target's
   sizes, the run's layer ids where SpecForge reads them), and the printed ``specforge train`` line that uses it.
 - speculators (``speculators-eagle3|dflash``; both read the same files): ``OUT/hs_{i}.safetensors`` with
@@ -65,6 +62,7 @@ from hsx.monitor import Progress
 from hsx.store import StoreSettings
 from hsx_reader.run import ReaderError, RunIndex, SampleRef
 from hsx_reader.source import Source, sample_of
+from hsx_tools.specforgerecord import specforge_record
 
 log = logging.getLogger(__name__)
 SPECFORGE_GROUP = 2000  # samples a SpecForge rows_* folder
@@ -170,19 +168,6 @@ def _unpadded_specforge_files(out: Path) -> list[Path]:
 
 def speculators_path(out: Path, position: int) -> Path:
     return out / f"hs_{position}.safetensors"
-
-
-def specforge_record(sample: dict, target: str) -> dict:
-    """The dict SpecForge's offline reader for ``target`` loads; fresh copies (a view would save its whole batch)."""
-    record = {"input_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
-    if target == "specforge-eagle3":
-        record["aux_hidden_state"] = sample["hidden_states"].clone()[None]
-        record["hidden_state"] = sample["final_hidden_states"].clone()[None]
-    else:
-        record["hidden_states"] = sample["hidden_states"].clone()[None]
-    if target == "specforge-dspark":
-        record["target_last_hidden_states"] = sample["final_hidden_states"].clone()[None]
-    return record
 
 
 def speculators_record(sample: dict, hidden_size: int, gain: torch.Tensor, stored: dict | None = None) -> dict:
@@ -344,7 +329,7 @@ def export_run(settings: StoreSettings, run: str, fmt: str, out: Path, limit: in
         for ref in todo:
             sample = sample_of(contents, ref, source.store.url(key))
             if trainer == "specforge":
-                record = specforge_record(sample, target)
+                record = specforge_record(sample, target.removeprefix("specforge-"))
             else:
                 lo, hi = int(contents.cu_seqlens[ref.row]), int(contents.cu_seqlens[ref.row + 1])
                 rows = None if codes is None else {name: t[lo:hi] for name, t in codes.items()}

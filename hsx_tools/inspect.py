@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hsx.layers import TARGETS, feeds, resolve_layers
+from hsx.layers import TARGETS, feeds
 from hsx.monitor import fmt_bytes
 from hsx.prep import (
     SettingsError,
@@ -52,7 +52,6 @@ from hsx.prep import (
     resolve_model,
 )
 from hsx.printable import printable
-from hsx.runspec import load_model_config, text_config
 from hsx_tools.columnuse import column_lines, column_use
 from hsx_tools.prefixshare import PrefixPrediction, prefix_share
 from hsx_tools.rates import RateRange, cpu_rate, gpu_rate
@@ -259,31 +258,24 @@ def template_lines(tokenizer, cfg: InspectConfig) -> list[str]:
     return lines
 
 
-def run_inspect(cfg: InspectConfig) -> int:
-    """Print the report; the checks `hsx produce` makes fail the same way (HsxError: one line, exit 2)."""
-    from dataclasses import replace
+@dataclass
+class Seen:
+    """What tokenising the rows gave: the report, each kept sample's length, the samples printed, the ids the
+    shared-prefix share is measured over, the tally by source and the prefix-reuse prediction."""
+    report: TokeniseReport
+    lengths: np.ndarray
+    picked: list
+    every_ids: list
+    by_source: dict
+    reuse: PrefixPrediction
 
-    from transformers import AutoTokenizer
 
-    from hsx.runspec import check_compute_dtype, check_fp8_accumulation
-
-    check_row_settings(cfg.overlong, cfg.max_reject_share)
-    check_budget(cfg.max_length, cfg.token_budget, cfg.pad_multiple)
-    check_fp8_accumulation(cfg.fp8_accumulation, check_compute_dtype(cfg.compute_dtype))
-    cfg = replace(cfg, dataset=cfg.mixture.dataset if cfg.mixture else resolve_dataset(cfg.dataset),
-                  model=resolve_model(cfg.model))
-    config = load_model_config(cfg.model)
-    text_cfg = text_config(config)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
-    settings = TokeniseSettings.of(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns,
-                                   cfg.mixture, cfg.per_turn)
-    window_rows = cfg.window_rows
+def read_rows(cfg: InspectConfig, settings: TokeniseSettings, reuse: PrefixPrediction) -> Seen:
+    """Tokenise the rows as `hsx produce` would, window by window (up to --limit-rows)."""
     rng = random.Random(cfg.seed)
     report, lengths, picked, kept_seen, every_ids, kept_tokens = TokeniseReport(), [], [], 0, [], 0
     dataset, by_source = cfg.mixture or cfg.dataset, {}
-    reuse = PrefixPrediction.of(cfg, text_cfg.model_type)
-    with WindowTokeniser(dataset, settings, cfg.tokenise_workers or default_workers(dataset), window_rows) as windows:
+    with WindowTokeniser(dataset, settings, cfg.tokenise_workers or default_workers(dataset), cfg.window_rows) as windows:
         for window in windows:
             report.merge(window.report)
             tally(by_source, window)
@@ -300,7 +292,36 @@ def run_inspect(cfg: InspectConfig) -> int:
                     picked[j] = sample
             if cfg.limit_rows and report.rows >= cfg.limit_rows:
                 break
-    lengths_np = np.asarray(lengths, dtype=np.int64)
+    return Seen(report, np.asarray(lengths, dtype=np.int64), picked, every_ids, by_source, reuse)
+
+
+def run_inspect(cfg: InspectConfig) -> int:
+    """Print the report; the checks `hsx produce` makes fail the same way (HsxError: one line, exit 2): its
+    settings' checks, then the same identify step (hsx.runspec.identify: layers, store dtype)."""
+    from dataclasses import replace
+
+    from hsx.runspec import identify
+
+    check_row_settings(cfg.overlong, cfg.max_reject_share)
+    check_budget(cfg.max_length, cfg.token_budget, cfg.pad_multiple)
+    cfg = replace(cfg, dataset=cfg.mixture.dataset if cfg.mixture else resolve_dataset(cfg.dataset),
+                  model=resolve_model(cfg.model))
+    target = identify(cfg)
+    settings = TokeniseSettings.of(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns,
+                                   cfg.mixture, cfg.per_turn)
+    seen = read_rows(cfg, settings, PrefixPrediction.of(cfg, target.text_cfg.model_type))
+    print_rows(cfg, target.tokenizer, settings, seen)
+    if not len(seen.lengths):
+        print("plan: nothing to plan (no usable rows)")
+        raise SettingsError(f"{cfg.dataset}: no usable rows out of {seen.report.rows}; nothing to plan (hsx produce "
+                            "would fail the same way)")
+    print_plan(cfg, target, seen)
+    return 0
+
+
+def print_rows(cfg: InspectConfig, tokenizer, settings: TokeniseSettings, seen: Seen) -> None:
+    """The rows: template, formats, rejections, sources, lengths, shared prefixes, per-turn, the samples."""
+    report, lengths = seen.report, seen.lengths
     tty = sys.stdout.isatty() and not cfg.plain
     named = (f"mixture of {', '.join(src.name for src in cfg.mixture.sources)}" if cfg.mixture is not None
              else f"dataset {cfg.dataset}")
@@ -317,44 +338,45 @@ def run_inspect(cfg: InspectConfig) -> int:
         print(f"  rejected {n} x {code}")
     for example in report.examples[:10]:
         print(f"    {printable(example)}")
-    for line in source_lines(cfg.mixture, by_source) if cfg.mixture else []:
+    for line in source_lines(cfg.mixture, seen.by_source) if cfg.mixture else []:
         print(line)
     print("token lengths (kept samples):")
-    print("\n".join(histogram_lines(lengths_np)))
-    if every_ids:
-        over = f", first {len(every_ids):,} kept rows" if len(every_ids) < len(lengths) else ""
+    print("\n".join(histogram_lines(lengths)))
+    if seen.every_ids:
+        over = f", first {len(seen.every_ids):,} kept rows" if len(seen.every_ids) < len(lengths) else ""
         named = f"{len(cfg.mixture.sources)} sources" if cfg.mixture is not None else cfg.dataset.name
-        print(prefix_share(every_ids).line(f"shared prefixes ({named}{over}"
-                                           + (", one sample a turn" if cfg.per_turn else "") + ", ids after the template)"))
+        print(prefix_share(seen.every_ids).line(f"shared prefixes ({named}{over}"
+                                                + (", one sample a turn" if cfg.per_turn else "") + ", ids after the template)"))
     if cfg.per_turn:
-        print("\n".join(per_turn_lines(report, int(lengths_np.sum()), whole_rows(cfg, settings))))
+        print("\n".join(per_turn_lines(report, int(lengths.sum()), whole_rows(cfg, settings))))
     console = None
     if tty:
         from rich.console import Console
 
         console = Console(highlight=False)
     marker = "in the loss mask: bold green" if tty else "in the loss mask: [[...]]"
-    for n, sample in enumerate(picked, 1):
-        print(f"--- sample {n}/{len(picked)}: id {printable(sample.sample_id)}, {len(sample.input_ids)} tokens, "
+    for n, sample in enumerate(seen.picked, 1):
+        print(f"--- sample {n}/{len(seen.picked)}: id {printable(sample.sample_id)}, {len(sample.input_ids)} tokens, "
               f"{int(sample.loss_mask.sum())} in the loss mask ({marker})")
         text = render_sample(sample_segments(tokenizer, sample.input_ids, sample.loss_mask), console)
         if text is not None:
             print(text if len(text) <= cfg.sample_chars else text[:cfg.sample_chars] + f" ... [{len(text)} chars]")
-    if not len(lengths_np):
-        print("plan: nothing to plan (no usable rows)")
-        raise SettingsError(f"{cfg.dataset}: no usable rows out of {report.rows}; nothing to plan (hsx produce "
-                            "would fail the same way)")
-    stored_dtype = cfg.store_dtype or cfg.dtype
-    est = estimate(lengths_np, text_cfg, layer_ids, store_final, stored_dtype, cfg.token_budget, cfg.max_batch_rows,
-                   cfg.pad_multiple, window_rows, cfg.gpu_tokens_per_s, cfg.storage_usd_per_tb_month, cfg.codec)
+
+
+def print_plan(cfg: InspectConfig, target, seen: Seen) -> None:
+    """The plan's estimate: batches, padding, what is stored and what it costs, the trainers it feeds, GPU and CPU time."""
+    layer_ids, store_final, text_cfg = list(target.layer_ids), target.store_final, target.text_cfg
+    est = estimate(seen.lengths, text_cfg, layer_ids, store_final, target.store_dtype, cfg.token_budget,
+                   cfg.max_batch_rows, cfg.pad_multiple, cfg.window_rows, cfg.gpu_tokens_per_s,
+                   cfg.storage_usd_per_tb_month, cfg.codec)
     print(f"plan: {est.batches} batches of <= {cfg.token_budget} tokens, {est.tokens} tokens, padding {est.padding:.2%} "
           f"({est.padded_tokens} computed)")
-    print(reuse.line(est.tokens, est.padded_tokens))
-    print(f"  store: layers {layer_ids}{' + final' if store_final else ''} x {text_cfg.hidden_size} x {stored_dtype}"
+    print(seen.reuse.line(est.tokens, est.padded_tokens))
+    print(f"  store: layers {layer_ids}{' + final' if store_final else ''} x {text_cfg.hidden_size} x {target.store_dtype}"
           + (f" + {cfg.codec}" if cfg.codec != "none" else "") + " = "
           f"{fmt_bytes(est.bytes_per_token)} a token -> {fmt_bytes(est.stored_bytes)}, "
           f"${est.storage_usd_month:,.2f} a month at ${cfg.storage_usd_per_tb_month:g}/TB-month")
-    for line in precision_lines(stored_dtype, cfg.compute_dtype, cfg.fp8_accumulation):
+    for line in precision_lines(target.store_dtype, cfg.compute_dtype, cfg.fp8_accumulation):
         print(line)
     can = feeds(layer_ids, store_final)
     cannot = [t for t in TARGETS if t not in can]
@@ -368,4 +390,3 @@ def run_inspect(cfg: InspectConfig) -> int:
           f"~{est.cpu.low:,.0f}-{est.cpu.high:,.0f} computed tokens/s ({est.cpu.low * useful:,.0f}-"
           f"{est.cpu.high * useful:,.0f} useful at this plan's padding, the rate a worker logs); an estimate: "
           f"{est.cpu.source}")
-    return 0

@@ -1,8 +1,9 @@
 """Plan a run and enqueue its batches, in five steps: ``produce()`` calls them in order.
 
 - ``check``: the settings, Redis and the store, before anything is created;
-- ``identify``: what the model, the layers and the dataset are: the run's manifest
-  (hsx.runspec.plan_manifest), then reconciled with an existing run's (resumed_manifest);
+- ``identify``: what the model and the layers are (hsx.runspec.identify, which `hsx inspect` calls too) and
+  what the dataset is: the run's manifest (hsx.runspec.plan_manifest), then reconciled with an existing run's
+  (resumed_manifest);
 - ``resume``: under the producer lock, what the ledger, the queues and the window
   records of an earlier producer already hold;
 - ``plan_windows``: tokenise, cut, write the inputs, save the plan, enqueue and
@@ -25,12 +26,10 @@ from dataclasses import replace
 
 import redis
 
-from hsx import life
-from hsx.batch import INPUT_DIGEST_MISMATCH, check_store_dtype, hidden_bytes_per_token
-from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
+from hsx import life, runspec
+from hsx.batch import INPUT_DIGEST_MISMATCH
 from hsx.errors import HsxError
 from hsx.fleet import check_eviction_policy
-from hsx.layers import resolve_layers
 from hsx.life import Rebuild, unmark_missing_done, write_index_if_complete
 from hsx.monitor import Progress
 from hsx.prep import (
@@ -50,16 +49,7 @@ from hsx.prep import (
     weights_fingerprint,
 )
 from hsx.redisconn import connect, redact
-from hsx.runspec import (
-    Manifest,
-    ProduceConfig,
-    RunFacts,
-    config_hash,
-    load_model_config,
-    plan_manifest,
-    resumed_manifest,
-    text_config,
-)
+from hsx.runspec import Manifest, ProduceConfig, plan_manifest, resumed_manifest
 from hsx.store import check_store, layout
 from producer import runweights, windows
 from producer.inputs import write_inputs
@@ -118,12 +108,10 @@ def check(cfg: ProduceConfig) -> tuple[ProduceConfig, redis.Redis]:
 
 
 def identify(cfg: ProduceConfig) -> tuple[Manifest, str]:
-    """The run's manifest as planned now, from what the model, the layers and the dataset are; and the
-    dataset's fingerprint as older hsx computed it (a run they planned resumes with it)."""
-    text_cfg, tokenizer, cfg_hash = model_identity(cfg.model)
-    layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
-    store_dtype = check_store_dtype(cfg.store_dtype or cfg.dtype)   # the one place a run's store dtype is chosen
-    _check_pinned_memory(cfg.token_budget, text_cfg.hidden_size, len(layer_ids) + store_final, store_dtype)
+    """The run's manifest as planned now, from what the model, the layers (hsx.runspec.identify: the one place a
+    run's store dtype is chosen) and the dataset are; and the dataset's fingerprint as older hsx computed it (a
+    run they planned resumes with it)."""
+    target = runspec.identify(cfg)
     log.info("fingerprinting %s", cfg.dataset)
     mixture = cfg.mixture.records() if cfg.mixture is not None else []
     if mixture:   # the run's dataset is its sources as the manifest's mixture lists them, less their paths
@@ -131,33 +119,8 @@ def identify(cfg: ProduceConfig) -> tuple[Manifest, str]:
         content_fingerprint = named_fingerprint = hashlib.sha256(json.dumps(known, sort_keys=True).encode()).hexdigest()
     else:
         content_fingerprint, named_fingerprint = fingerprints(cfg.dataset)
-    facts = RunFacts(
-        model_config_hash=cfg_hash, model_type=text_cfg.model_type, num_layers=text_cfg.num_hidden_layers,
-        hidden_size=text_cfg.hidden_size, layer_ids=tuple(layer_ids), store_final=store_final,
-        store_dtype=store_dtype, dataset_fingerprint=content_fingerprint,
-        chat_template_hash=hashlib.sha256(str(tokenizer.chat_template or "").encode()).hexdigest(),
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-        model_weights=weights_fingerprint(cfg.model), mixture=tuple(mixture))
+    facts = target.facts(content_fingerprint, weights_fingerprint(cfg.model), tuple(mixture))
     return plan_manifest(cfg, facts), named_fingerprint
-
-
-def model_identity(model: str):
-    """(text config, tokenizer, config hash) of the target model."""
-    from transformers import AutoTokenizer
-
-    config = load_model_config(model)
-    return text_config(config), AutoTokenizer.from_pretrained(model), config_hash(config)
-
-
-def _check_pinned_memory(token_budget: int, hidden_size: int, rows: int, store_dtype: str) -> None:
-    """A GPU worker pins DEFAULT_PINNED_BUFFERS x token_budget x the bytes a token stores (Manifest.host_bytes_per_token);
-    refuse absurd budgets."""
-    per_token = hidden_bytes_per_token(hidden_size, rows, store_dtype)
-    need = DEFAULT_PINNED_BUFFERS * token_budget * per_token
-    if need > MAX_PINNED_BYTES:
-        raise PlanError(f"--token-budget {token_budget} needs {need / 2**30:.0f} GiB of pinned host memory per GPU "
-                        f"worker ({DEFAULT_PINNED_BUFFERS} x budget x {per_token} bytes a token of {store_dtype}); at "
-                        f"most {MAX_PINNED_BYTES // 2**30} GiB: lower --token-budget")
 
 
 def resume(planning: Planning, resumed: bool) -> Planning:

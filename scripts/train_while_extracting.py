@@ -39,6 +39,7 @@ RUN = "twe"
 ROOT = Path(__file__).resolve().parents[1]
 SPECULATORS_PYTHON = ROOT / ".peers" / "speculators" / "bin" / "python"
 CPU_SHIM = ROOT / "tests" / "peers" / "train_speculators.py"
+PACED = ROOT / "tests" / "pacedworker.py"   # `hsx` whose worker batches last HSX_TEST_MIN_BATCH_SECONDS
 
 
 def hsx(*args: str) -> list[str]:
@@ -53,8 +54,8 @@ def start_roles(workdir: Path, env: dict, batch_seconds: float) -> list[subproce
     """A worker (a slowed CPU "GPU", so training visibly overlaps) and an uploader for what the plan has left."""
     spool, logs = str(workdir / "spool"), workdir / "logs"
     env = {**env, "HSX_TEST_MIN_BATCH_SECONDS": str(batch_seconds)}
-    return [subprocess.Popen(hsx("worker", "--run", RUN, "--device", "cpu", "--spool-dir", spool, "--host", "twe",
-                                 "--burst"), env=env, stdout=open(logs / "worker.log", "a"), stderr=subprocess.STDOUT),
+    return [subprocess.Popen([sys.executable, str(PACED), "worker", "--run", RUN, "--device", "cpu", "--spool-dir", spool,
+                              "--host", "twe", "--burst"], env=env, stdout=open(logs / "worker.log", "a"), stderr=subprocess.STDOUT),
             subprocess.Popen(hsx("upload", "--spool-dir", spool, "--host", "twe"), env=env,
                              stdout=open(logs / "upload.log", "a"), stderr=subprocess.STDOUT)]
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from hsx.runspec import spool
 from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all
 from tests.faultproxy import FaultProxy
+from tests.pacedworker import PACED_HSX
 from tests.waiting import scaled, wait_until
 
 RUN, HOST, WORKER = "fullspool", "h1", "gpu-fixed"
@@ -125,7 +125,7 @@ def run_outage(work: Path, model: Path, s3_endpoint: str, bucket: str, outage_se
         worker_log = logs / "worker.log"
         for name, args in (("worker", ["worker", "--run", RUN, "--device", "cpu", "--name", WORKER]),
                            ("uploader", ["upload"])):
-            procs.append(subprocess.Popen([sys.executable, "-m", "hsx_cli.main", *args, *common], env=env,
+            procs.append(subprocess.Popen([*PACED_HSX, *args, *common], env=env,
                                           stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT))
 
         def live_batches() -> int | None:

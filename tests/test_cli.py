@@ -51,6 +51,20 @@ def test_every_flag_shows_its_variable_in_help():
     assert "HSX_DEBUG" in hsx("--help").stdout
 
 
+def test_no_command_or_config_has_a_setting_for_tests_only():
+    """Tests that need slow batches pace them on their side (tests/pacedworker.py): hsx has no test knob."""
+    import dataclasses
+
+    from hsx import runspec
+    from hsx_cli.main import COMMANDS
+
+    knobs = [f"hsx {c.name} {f.name}" for c in COMMANDS for f in c.flags
+             if f.name.startswith("--test") or "tests only" in f.help]
+    knobs += [f"{config.__name__}.{f.name}" for config in (runspec.WorkerConfig, runspec.UploadConfig, runspec.ProduceConfig)
+              for f in dataclasses.fields(config) if f.name.startswith("test") or f.name == "min_batch_seconds"]
+    assert knobs == []
+
+
 def test_flag_falls_back_to_its_variable_and_checks_it(monkeypatch):
     from hsx_cli import produce, worker
     from hsx_cli.flags import resolve

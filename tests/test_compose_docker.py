@@ -51,6 +51,7 @@ IMAGE_UID = 10001
 LEASE_SECONDS = 10
 PACED_BATCH_SECONDS = 3  # until down/up: long enough for scale-up, a kill mid-batch and a reclaim before the run ends
 TEST_OVERRIDE = "docker-compose.ci.yml"
+PACED = ROOT / "tests" / "pacedworker.py"  # the worker's entrypoint in the test: batches paced, mid-batch kills land
 REFUSED_SPOOL = "/var/spool/hsx-root-owned"  # the refused-spool step's bind target (apart from the service's spool volume)
 SCRIPT_ENV = "HSX_OFFLINE_DOCKER_SCRIPT"
 SCRIPT_REL = Path("shared/docker/offline-base-images.sh")
@@ -183,14 +184,21 @@ def make_project(tmp_path: Path, image: str) -> tuple[Path, dict[str, int]]:
         "HSX_TEST_MIN_BATCH_SECONDS": str(PACED_BATCH_SECONDS), "HSX_LEASE_SECONDS": str(LEASE_SECONDS), "HSX_HEARTBEAT_SECONDS": "2",
     })
     (project / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    shutil.copy(PACED, project / PACED.name)
+    os.chmod(project / PACED.name, 0o644)  # read by uid 10001 inside the worker (bind mount, read-only)
     (project / TEST_OVERRIDE).write_text(
-        "# The test's only change to the CPU override: a longer dataset and smaller batches.\n"
+        "# The test's changes to the CPU override: a longer dataset and smaller batches; the worker's batches\n"
+        "# paced by HSX_TEST_MIN_BATCH_SECONDS (tests/pacedworker.py: hsx has no such setting).\n"
         "services:\n"
         "  producer:\n"
         "    environment:\n"
         "      HSX_DATASET: /data/long.jsonl\n"
         "      HSX_TOKEN_BUDGET: \"512\"\n"
-        "      HSX_MAX_LENGTH: \"512\"\n")
+        "      HSX_MAX_LENGTH: \"512\"\n"
+        "  cpu_worker:\n"
+        f"    entrypoint: [\"python\", \"/opt/hsx-tests/{PACED.name}\"]\n"
+        "    volumes:\n"
+        f"      - ./{PACED.name}:/opt/hsx-tests/{PACED.name}:ro\n")
     return project, ports
 
 

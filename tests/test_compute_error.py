@@ -172,6 +172,22 @@ def test_one_measurement_a_run_however_many_workers_start(r, redis_server, tiny_
     assert computeerror.claim_compute_error(r, run, "w3", 60) is False
 
 
+def test_a_worker_decides_once_whether_it_measures(r, redis_server, tiny_model, tmp_path, no_fp8_gate, monkeypatch):
+    """Before the model loads, one look at the run's record: the load (linears kept) and the runtime take that."""
+    from hsx import life
+
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="cerr3", layers="1,3",
+                           dtype="bfloat16", compute_dtype="float8"))
+    looks = []
+    recorded = life.compute_error_recorded
+    monkeypatch.setattr(life, "compute_error_recorded", lambda r, run: looks.append(run) or recorded(r, run))
+    rt = load_runtime(worker_config(redis_server.url, tmp_path / "spool", run="cerr3"))
+    try:
+        assert looks == ["cerr3"] and rt.measure_compute and rt.extractor.fp8_pending
+    finally:
+        rt.prefetcher.close()
+
+
 def test_fp8_checkpoint_is_measured_against_its_dequantised_weights(tmp_path, no_fp8_gate):
     """An FP8 checkpoint has no bf16 weights: the reference is bf16 linears of its e4m3 weights dequantised,
     recomputed here with an ordinary bf16 model whose linear weights are set to those values."""

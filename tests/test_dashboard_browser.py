@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hsx.redisconn import free_port
+from tests.pacedworker import PACED_HSX
 from tests.pipeline import produce_config
 from tests.waiting import ProgressDeadline, scaled
 
@@ -92,7 +93,8 @@ def test_page_follows_a_real_run(r, redis_server, tiny_model, tmp_path, artifact
 
     def spawn(name: str, *args: str) -> subprocess.Popen:
         with open(logs / f"{name}.log", "w") as log:  # the child keeps its own copy of the descriptor
-            proc = subprocess.Popen([*_hsx(), *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+            command = PACED_HSX if args[0] == "worker" else _hsx()  # the worker's batches last 0.3 s
+            proc = subprocess.Popen([*command, *args], env=env, stdout=log, stderr=subprocess.STDOUT)
         procs.append(proc)
         return proc
 

@@ -78,6 +78,34 @@ def test_specforge_eagle3_keys(eagle3_run, tmp_path):
                               record["aux_hidden_state"][0], final=record["hidden_state"][0])
 
 
+def test_one_specforge_record_for_the_export_and_the_peers_store_in_place(eagle3_run):
+    """`hsx export` writes and hsx_peers.specforge's HsxFeatureStore serves one record layout, defined once
+    (hsx_tools/specforgerecord.py); the peers' venvs see it on their path (tests/peerenv.py)."""
+    from pathlib import Path
+
+    from hsx_tools.specforgerecord import KEYS, NEEDS_FINAL, specforge_record
+
+    root = Path(__file__).resolve().parents[1]
+    defining = [str(p.relative_to(root)) for folder in ("hsx", "hsx_tools", "hsx_reader", "peers")
+                for p in sorted((root / folder).rglob("*.py")) if '"aux_hidden_state"' in p.read_text()]
+    assert defining == ["hsx_tools/specforgerecord.py"]
+    assert "from hsx_tools.specforgerecord import KEYS, NEEDS_FINAL, specforge_record" in \
+        (root / "peers" / "hsx_peers" / "specforge.py").read_text()
+    ds = RunDataset(str(eagle3_run.store), eagle3_run.run)
+    sample, sample_id = ds[0], ds.index.samples[0].sample_id
+    for strategy, keys in KEYS.items():
+        record = specforge_record(sample, strategy)
+        assert list(record) == [k for k in ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state", "hidden_states",
+                                            "target_last_hidden_states") if k in keys]
+        assert record["input_ids"].dtype == record["loss_mask"].dtype == torch.int64
+        hidden = record["aux_hidden_state" if strategy == "eagle3" else "hidden_states"][0]
+        final = record.get("hidden_state", record.get("target_last_hidden_states", [None]))[0]
+        assert (final is not None) == (strategy in NEEDS_FINAL)
+        assert_sample_matches(eagle3_run, sample_id, record["input_ids"], record["loss_mask"], hidden, final=final)
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        specforge_record(sample, "medusa")
+
+
 def test_speculators_eagle3_layout_and_prenorm_slot(eagle3_run, tmp_path):
     out = tmp_path / "spec"
     assert main(["export", "--run", eagle3_run.run, "--for", "speculators-eagle3", "--out", str(out),

@@ -30,6 +30,7 @@ from hsx.redisconn import LocalRedis, connect, int_hash, zset_members
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
 from tests.faultproxy import FaultProxy
+from tests.pacedworker import PACED_HSX
 from tests.waiting import scaled, wait_until
 
 RUN, HOST = "faults", "h1"
@@ -61,7 +62,7 @@ class Roles:
 
     def start(self, *args, name, env=None):
         log = open(self.logs / f"{name}-{len(self.procs)}.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "hsx_cli.main", *args], env=env or self.env, stdout=log,
+        proc = subprocess.Popen([*PACED_HSX, *args], env=env or self.env, stdout=log,
                                 stderr=subprocess.STDOUT)
         self.procs.append(proc)
         return proc

@@ -25,6 +25,7 @@ from hsx_tools.demo import sample_dataset
 from hsx_tools.processes import stop_all
 from producer.produce import produce
 from tests import followsampler
+from tests.pacedworker import PACED_HSX
 from tests.pipeline import planned_specs, produce_config, run_pipeline
 from tests.waiting import scaled
 
@@ -37,7 +38,7 @@ def _common(spool):
 
 def _worker(env, spool, log, run=RUN):
     """A `--burst` worker of host followhost: it exits once the run's queue is drained."""
-    return subprocess.Popen([sys.executable, "-m", "hsx_cli.main", "worker", "--run", run, "--device", "cpu",
+    return subprocess.Popen([*PACED_HSX, "worker", "--run", run, "--device", "cpu",
                              "--burst", *_common(spool)], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 

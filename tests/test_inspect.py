@@ -74,3 +74,28 @@ def test_inspect_takes_produces_own_flag_declarations_and_refuses_alike(capsys):
             assert main([*argv, flag, value]) == 2
             answers.append(capsys.readouterr().err.strip().split(": error: ", 1)[1])
         assert answers[0] == answers[1] and flag in answers[0], answers
+
+
+def test_inspect_runs_produces_identify_step_and_refuses_a_budget_no_worker_can_pin_alike(tiny_model, tmp_path, capsys,
+                                                                                          redis_server):
+    """One identify step (hsx.runspec.identify: layers, the store dtype, the pinned-memory bound) for produce and
+    inspect: a token budget whose pinned buffers no GPU worker could hold is refused by both in the same line, and
+    by inspect before it tokenises a row (it printed a plan before)."""
+    import shutil
+
+    from hsx_cli.main import main
+
+    wide = tmp_path / "wide"   # the tiny model's config and tokenizer with a 32B-class width; no weights are read
+    shutil.copytree(tiny_model, wide)
+    config = json.loads((wide / "config.json").read_text())
+    (wide / "config.json").write_text(json.dumps({**config, "hidden_size": 8192}))
+    common = ["--dataset", str(sample_dataset()), "--model", str(wide), "--layers", "dflash:3", "--dtype", "float32",
+              "--token-budget", str(2**21)]
+    answers = []
+    for argv in (["inspect", *common, "--tokenise-workers", "1"],
+                 ["produce", *common, "--run", "pin", "--store", str(tmp_path / "store"), "--redis-url", redis_server.url]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert "rows:" not in out and "plan:" not in out
+        answers.append(err.strip().split(": error: ", 1)[1])
+    assert answers[0] == answers[1] and answers[0].startswith(f"--token-budget {2**21} needs 576 GiB of pinned host memory")

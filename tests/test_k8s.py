@@ -27,6 +27,7 @@ from hsx.batch import batchfile
 from hsx.life import heartbeat, ledger, queues
 from hsx.life.keys import RunKeys
 from hsx_tools.demo import sample_dataset
+from tests.pacedworker import PACED_HSX
 from tests.waiting import scaled, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -334,7 +335,7 @@ class Pod:
         env = {**env, "HSX_HOST": name, "HSX_SPOOL_DIR": str(spool), "HSX_UPLOADERS": "1",
                "PATH": f"{BIN}:{env.get('PATH', '')}"}
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.worker = subprocess.Popen([str(BIN / "hsx"), "worker", "--run", RUN, "--device", "cpu", "--wait-for-plan",
+        self.worker = subprocess.Popen([*PACED_HSX, "worker", "--run", RUN, "--device", "cpu", "--wait-for-plan",
                                         "--name", f"gpu-{name}"], env=env,
                                        stdout=open(self.logs / f"{name}-worker.log", "w"), stderr=subprocess.STDOUT)
         self.sidecar = subprocess.Popen(["/bin/sh", str(SIDECAR)], env=env, start_new_session=True,

@@ -15,6 +15,7 @@ import pytest
 from hsx.redisconn import OUTAGES, LocalRedis, connect
 from hsx_cli.main import main
 from hsx_tools.demo import sample_dataset
+from tests.pacedworker import paced_extractor
 from tests.test_cli_errors import free_port, hsx, one_error_line
 from tests.waiting import scaled, wait_until
 
@@ -200,9 +201,10 @@ def test_worker_that_cannot_see_the_run_store_says_so_in_one_line(tmp_path, r, r
     assert not store.exists()  # nothing created at the unseen path
 
 
-def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_path, tiny_model, caplog):
+def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_path, tiny_model, caplog, monkeypatch):
     """A real redis-server (AOF) stopped mid-batch for 20 s and restarted: the roles neither exit nor lose the
     batch; each process logs one line when Redis is lost and one when it is back."""
+    from gpu_worker import worker
     from gpu_worker.worker import run_worker
     from hsx.life import ledger
     from hsx.life.keys import RunKeys
@@ -233,7 +235,8 @@ def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_pa
         caplog.set_level(logging.INFO)
         chaos = threading.Thread(target=stop_and_restart, daemon=True)
         chaos.start()
-        run_worker(worker_config(url, tmp_path / "spool", run="out", min_batch_seconds=1.0, heartbeat_seconds=1.0))
+        monkeypatch.setattr(worker, "Extractor", paced_extractor(1.0))
+        run_worker(worker_config(url, tmp_path / "spool", run="out", heartbeat_seconds=1.0))
         chaos.join(timeout=scaled(60))
         assert outage.get("restarted"), "the worker returned before Redis came back"
         run_uploader(upload_config(url, tmp_path / "spool"))
@@ -286,6 +289,28 @@ def test_worker_whose_store_vanishes_stops_after_one_batch_without_failing_the_r
     assert not ledger.failures(r, "gone") and not ledger.dead_letters(r, "gone")
     assert len(queues.queue(r, queues.extract_queue_name("gone"))) == batches  # the batch was handed back
     assert len([m for m in caplog.messages if "cannot see the run's store" in m]) == 1
+
+
+def test_why_a_worker_lost_its_store_is_returned_not_kept_on_the_rq_worker(tmp_path):
+    """The reason is the answer of one function (the failure handler hands it to the runtime's refusal, which
+    serve() raises): nothing is left on the rq worker class for the next worker of the process to find."""
+    from types import SimpleNamespace
+
+    from gpu_worker.worker import ExtractWorker, store_lost
+    from hsx.store import layout, open_store
+
+    store_dir = tmp_path / "store"
+    manifest = store_dir / layout.manifest_key("lost")
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text("{}")
+    rt = SimpleNamespace(store=open_store(str(store_dir)), run="lost", cfg=SimpleNamespace(host="h4"))
+    missing = FileNotFoundError("inputs/b0000001")
+    assert store_lost(rt, "b0000001", FileNotFoundError, missing) is None   # the store is there: the batch's fault
+    manifest.unlink()
+    assert store_lost(rt, "b0000001", ValueError, ValueError("x")) is None  # not a missing file
+    assert store_lost(rt, "b0000001", FileNotFoundError, missing).startswith(
+        f"this worker cannot see the run's store {store_dir} from host h4 any more (reading inputs of b0000001")
+    assert not hasattr(ExtractWorker, "store_lost")
 
 
 def test_a_port_that_is_not_redis_is_one_line(capsys, monkeypatch):

@@ -268,7 +268,7 @@ def test_restart_cleans_dead_writers_temp_files_only(r, redis_server, tiny_model
     batch_file(foreign, "b0000001", "f" * 32)
     rt = load_runtime(worker_config(redis_server.url, tmp_path / "spool", run="rs"))
     try:
-        assert rt.recover_spool() == 1
+        assert rt.recovery.recover() == 1
     finally:
         rt.prefetcher.close()
     assert not dead.exists() and live.exists() and complete.exists() and not foreign.exists()

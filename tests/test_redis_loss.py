@@ -86,6 +86,20 @@ def test_uploader_sends_a_batch_missing_from_the_plan_to_dead_letters(r, redis_s
     assert len(queues.queue(r, queues.upload_queue_name("testhost"))) == 0
 
 
+def test_a_worker_job_for_a_batch_not_in_the_plan_fails_as_the_uploaders_does(r, redis_server, tiny_model, tmp_path):
+    """One NotPlanned for both roles (hsx.errors), never a bare KeyError: its failure record names it."""
+    from gpu_worker import runtime
+    from gpu_worker.worker import run_worker
+    from hsx.errors import NotPlanned
+    from uploader import jobs
+
+    assert runtime.NotPlanned is jobs.NotPlanned is NotPlanned
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="wnp", enqueue=False))
+    queues.enqueue_extract(r, "wnp", "b9999999", seq=1)
+    run_worker(worker_config(redis_server.url, tmp_path / "spool", run="wnp"))  # burst: returns once the queue is empty
+    assert ledger.dead_letters(r, "wnp")["b9999999"]["last_error"] == "NotPlanned: batch b9999999 is not in the plan of run wnp"
+
+
 def test_worker_process_stops_when_its_run_vanishes(r, redis_server, tiny_model, tmp_path):
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="wv", enqueue=False))
     env = {**os.environ, "HSX_REDIS_URL": redis_server.url}

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -21,6 +20,7 @@ from hsx.life import ledger
 from hsx.life.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect
 from hsx_tools.demo import sample_dataset
+from tests.pacedworker import PACED_HSX
 from tests.pipeline import produce_config
 from tests.waiting import scaled, wait_until
 
@@ -29,7 +29,7 @@ HOLD_SECONDS = 5  # how long Redis stays at its limit once both roles met it: 5 
 
 
 def _hsx(*argv: str, env: dict, log) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hsx_cli.main", *argv], env=env, stdout=log,
+    return subprocess.Popen([*PACED_HSX, *argv], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
 
 

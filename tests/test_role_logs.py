@@ -8,18 +8,20 @@ import re
 from hsx.life.keys import RunKeys
 from hsx.monitor.progress import fmt_bytes
 from producer.produce import produce
+from tests.pacedworker import paced_extractor
 from tests.pipeline import produce_config, upload_config, worker_config
 
 
-def test_worker_and_uploader_log_progress_and_an_exit_summary(r, redis_server, tiny_model, tmp_path, caplog):
+def test_worker_and_uploader_log_progress_and_an_exit_summary(r, redis_server, tiny_model, tmp_path, caplog, monkeypatch):
+    from gpu_worker import worker
     from gpu_worker.worker import run_worker
     from uploader.worker import run_uploader
 
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="logs"))
     batches = int(r.hget(RunKeys("logs").totals, "batches"))
     with caplog.at_level(logging.INFO):
-        rt = run_worker(worker_config(redis_server.url, tmp_path / "spool", run="logs", log_every_seconds=0.5,
-                                      min_batch_seconds=0.2))
+        monkeypatch.setattr(worker, "Extractor", paced_extractor(0.2))
+        rt = run_worker(worker_config(redis_server.url, tmp_path / "spool", run="logs", log_every_seconds=0.5))
         up = run_uploader(upload_config(redis_server.url, tmp_path / "spool", log_every_seconds=0.5))
     worker_lines = [m for m in caplog.messages if m.startswith("worker gpu-testhost-logs:")]
     upload_lines = [m for m in caplog.messages if m.startswith("uploader upload-testhost:")]

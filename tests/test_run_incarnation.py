@@ -62,7 +62,7 @@ def rerun_in_the_order_that_mixed(redis_url, model, store_dir, spool, **settings
     produce(produce_config(redis_url, model, str(store_dir), run=RUN, **settings))
     wcfg = worker_config(redis_url, spool, run=RUN)
     rt = load_runtime(wcfg)
-    rt.recover_spool()                               # what a restarted worker does first
+    rt.recovery.recover()                            # what a restarted worker does first
     run_uploader(upload_config(redis_url, spool))    # uploads whatever recovery enqueued
     run_worker(wcfg, rt)
     run_uploader(upload_config(redis_url, spool))

@@ -8,9 +8,9 @@ import signal
 import threading
 
 import pytest
-from rq.worker import SimpleWorker
 
 from hsx import retry
+from hsx.fleet import RqWorker
 from hsx.life import RunKeys
 from tests.pipeline import upload_config
 from tests.toyrole.runtime import TallyConfig, TallyRuntime
@@ -47,7 +47,7 @@ def test_an_in_process_role_gives_back_the_signal_handlers(redis_env, r, tmp_pat
     assert handlers() == own_handlers
 
 
-class FailingWorker(SimpleWorker):
+class FailingWorker(RqWorker):
     """rq's loop ending in an error after it installed its handlers (a Redis error, a bug)."""
 
     def work(self, *args, **kwargs):
@@ -62,7 +62,7 @@ def test_a_role_whose_rq_loop_fails_gives_them_back_too(r, own_handlers):
     assert handlers() == own_handlers
 
 
-class ThreadWorker(SimpleWorker):
+class ThreadWorker(RqWorker):
     """A worker that can serve outside the main thread: it installs no signal handlers (rq's own raise there)."""
 
     def _install_signal_handlers(self):
@@ -99,19 +99,19 @@ class StoppedWhileClosing(TallyRuntime):
         self.closed = True
 
 
-class StoppedInTeardown(SimpleWorker):
+class StoppedInTeardown(RqWorker):
     """rq's teardown (after its loop: register_death, unsubscribe) meets the SIGTERM."""
 
-    def teardown(self):
+    def register_death(self):
         os.kill(os.getpid(), signal.SIGTERM)
-        super().teardown()
+        super().register_death()
 
 
 @pytest.mark.parametrize("where", ["close", "teardown"])
 def test_a_stop_after_rqs_loop_is_no_error_and_the_role_closes(where, r, own_handlers):
     role = (StoppedWhileClosing if where == "close" else type("T", (StoppedWhileClosing,), {"close": TallyRuntime.close}))(
         tally(r, f"tally-stopped-{where}").cfg, r)
-    role.serve(worker_class=StoppedInTeardown if where == "teardown" else SimpleWorker)  # raised StopRequested
+    role.serve(worker_class=StoppedInTeardown if where == "teardown" else RqWorker)  # raised StopRequested
     assert role.closed or where == "teardown"
     assert not r.exists(RunKeys("sig").heartbeat(role.name))  # close() ran to its end: the heartbeat is gone
     assert retry.STOP.is_set()  # the stop request was taken: every wait of the closing role ends at once

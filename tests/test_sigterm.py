@@ -26,6 +26,7 @@ from hsx.redisconn import LocalRedis, connect, free_port
 from hsx.store import StoreSettings
 from hsx_tools.demo import sample_dataset
 from tests.faultproxy import FaultProxy
+from tests.pacedworker import PACED_HSX
 from tests.pipeline import produce_config
 from tests.waiting import scaled, wait_until
 
@@ -42,7 +43,7 @@ class Roles:
 
     def start(self, name: str, *argv: str) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "w")
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "hsx_cli.main", *argv], env=self.env, stdout=log,
+        self.procs[name] = subprocess.Popen([*PACED_HSX, *argv], env=self.env, stdout=log,
                                             stderr=subprocess.STDOUT)
         return self.procs[name]
 

@@ -27,6 +27,7 @@ from hsx.batch import batchfile
 from hsx.life import heartbeat, ledger
 from hsx.life.keys import RunKeys
 from hsx_tools.demo import sample_dataset
+from tests.pacedworker import paced_venv
 from tests.slurmcluster import SlurmCluster, available
 from tests.waiting import scaled, wait_until
 
@@ -150,7 +151,8 @@ def test_a_run_on_slurm_survives_scancel_time_limits_and_added_workers(slurm, re
                                                                       artifacts):
     run, samples = "slurm", 400
     env_file = _settings(tmp_path, run, redis_server.url, tiny_model, samples, HSX_SLURM_TIME="20",
-                         HSX_SLURM_SIGNAL_LEAD="90", HSX_TEST_MIN_BATCH_SECONDS="1.0")
+                         HSX_SLURM_SIGNAL_LEAD="90", HSX_TEST_MIN_BATCH_SECONDS="1.0",
+                         HSX_VENV=str(paced_venv(tmp_path / "venv")))
     keys = RunKeys(run)
     steps: list[tuple[str, float, str]] = []
     t0 = time.monotonic()

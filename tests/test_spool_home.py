@@ -76,7 +76,7 @@ def test_a_worker_with_the_default_folder_adopts_its_runs_old_files_and_one_give
                                                                                                     monkeypatch):
     from types import SimpleNamespace
 
-    from gpu_worker.runtime import WorkerRuntime
+    from gpu_worker.spoolrecovery import SpoolRecovery
 
     legacy = tmp_path / "shm-hsx"
     for where in (spool, runspec):  # the module, and the face the roles read it from
@@ -88,11 +88,12 @@ def test_a_worker_with_the_default_folder_adopts_its_runs_old_files_and_one_give
     for where in (spool, runspec):  # the module, and the face the roles read it from
         monkeypatch.setattr(where, "default_memory_dir", lambda redis_url: default)
 
-    def worker(memory_dir):  # what adopt_legacy_spool reads of a WorkerRuntime (its model is not needed)
+    def worker(memory_dir):  # what adopt_legacy reads of a worker's config (no Redis, no model needed)
         tiers = spool.SpoolTiers.of(tmp_path / "disk", 2**30, memory_dir, 2**30)
-        return SimpleNamespace(cfg=SimpleNamespace(memory_spool_dir=memory_dir, redis_url=url), tiers=tiers, run="run1")
+        return SpoolRecovery(None, SimpleNamespace(memory_spool_dir=memory_dir, redis_url=url, run="run1",
+                                                   worker_name="gpu-1"), tiers)
 
-    assert WorkerRuntime.adopt_legacy_spool(worker(tmp_path / "chosen")) == set()
+    assert worker(tmp_path / "chosen").adopt_legacy() == set()
     assert (legacy / "run1" / "b0000001.safetensors").exists()
-    assert WorkerRuntime.adopt_legacy_spool(worker(default)) == {"b0000001"}
+    assert worker(default).adopt_legacy() == {"b0000001"}
     assert spool.spool_files(default, "run1") == [default / "run1" / "b0000001.safetensors"]

@@ -92,7 +92,7 @@ def test_wiped_memory_tier_loses_nothing(r, redis_server, tiny_model, tmp_path):
 
 def test_temp_file_of_a_writer_that_died_just_before_a_restart_is_swept(r, redis_server, tiny_model, tmp_path):
     """Issue 13 item 7: the dead writer's heartbeat key outlives it by up to 6 beats, so the restart's
-    recover_spool keeps its temp file; a later sweep (on the heartbeat) removes it, and usage counts it meanwhile."""
+    recovery keeps its temp file; a later sweep (on the heartbeat) removes it, and usage counts it meanwhile."""
     from gpu_worker.worker import load_runtime
 
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="leak", enqueue=False))
@@ -103,7 +103,7 @@ def test_temp_file_of_a_writer_that_died_just_before_a_restart_is_swept(r, redis
     heartbeat.publish_heartbeat(r, "leak", "gpu-crashed-1", {"host": "testhost"}, ttl_seconds=1)
     rt = load_runtime(worker_config(redis_server.url, tmp_path / "spool", run="leak"))
     try:
-        rt.recover_spool()
+        rt.recovery.recover()
         assert leaked.exists()                                  # its writer still looked alive
         assert rt.stats()["spool_bytes"] == 4096                # but its bytes count against the budget
         time.sleep(1.5)                                         # the dead writer's heartbeat key expires

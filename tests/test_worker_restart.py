@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 from hsx.life import heartbeat, ledger
 from hsx.monitor.progress import run_progress
 from producer.produce import produce
+from tests.pacedworker import PACED_HSX
 from tests.pipeline import produce_config
 from tests.waiting import scaled
 
@@ -18,7 +18,7 @@ NAME = "gpu-fixed-0"
 
 
 def _worker(env, spool, burst=False):
-    args = [sys.executable, "-m", "hsx_cli.main", "worker", "--run", "t1", "--device", "cpu", "--spool-dir", str(spool),
+    args = [*PACED_HSX, "worker", "--run", "t1", "--device", "cpu", "--spool-dir", str(spool),
             "--host", "testhost", "--name", NAME, "--heartbeat-seconds", "1"] + (["--burst"] if burst else [])
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from hsx import fleet, life
 from hsx.batch import BatchFileError
 from hsx.digest import file_sha256
+from hsx.errors import NotPlanned
 from hsx.life import RunVanished
 from hsx.retry import pause
 from hsx.runspec import RunNotVisible
@@ -32,10 +33,6 @@ class SpoolFileLost(RuntimeError):
 class ForeignSpoolFile(SpoolFileLost):
     """The spool file is not of this plan (another incarnation of the run, other samples): never uploaded; the
     batch is extracted again (hsx/life/provenance.py)."""
-
-
-class NotPlanned(RuntimeError):
-    """The batch is not in its run's plan: a permanent error (dead letter), never retried."""
 
 
 # Which kind of upload failure an exception is (the first match); what each kind does is batchlife's table
@@ -72,7 +69,7 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
         return f"{batch_id}: refused here ({exc}); put back on upload@{rt.host}"
     except RunVanished as exc:
         # Redis lost the run: no retry loop. The spool file stays; after `hsx produce` rebuilds the
-        # ledger from the store, a restarted worker of this host re-enqueues its upload (recover_spool).
+        # ledger from the store, a restarted worker of this host re-enqueues its upload (SpoolRecovery.recover).
         log.error("%s: upload of %s stopped, spool file %s kept. Re-run `hsx produce` for the run (it rebuilds "
                   "the ledger from the store), then restart this host's workers", exc, batch_id, local)
         raise

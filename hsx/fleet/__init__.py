@@ -1,9 +1,10 @@
 """The processes that serve runs: the face of the wing.
 
 The skeleton every long-running role shares (``Role``: runtime slot, heartbeat, progress log, rq worker, name
-claim, stop), the housekeeping its heartbeat makes for each run the role keeps (``Chores``: reap, reconcile,
-rq's registry kept in step with hsx's heartbeats), Redis' eviction policy, multipart uploads left by dead
-uploaders and refusals (uploads a host refuses, a store that refuses for good).
+claim, stop; ``RqWorker``: rq's worker with a role's hooks, the one door to rq's internals), the housekeeping its
+heartbeat makes for each run the role keeps (``Chores``: reap, reconcile, rq's registry kept in step with hsx's
+heartbeats), Redis' eviction policy, multipart uploads left by dead uploaders and refusals (uploads a host
+refuses, a store that refuses for good).
 Everything not named in ``__all__`` is private to the wing.
 """
 
@@ -21,5 +22,6 @@ from hsx.fleet.storerefusal import clear_store_refusal, record_store_refusal, st
 if TYPE_CHECKING:  # these modules import rq: loaded on first use (hsx/face.py)
     from hsx.fleet.housekeeping import AFTER_RECONCILE, BEFORE_RECONCILE, Chores
     from hsx.fleet.role import Role
+    from hsx.fleet.rqworker import RqWorker
 
 __getattr__, __dir__, __all__ = face(__name__, __file__)

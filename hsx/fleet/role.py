@@ -4,7 +4,7 @@ A role is one folder (``gpu_worker/``, ``uploader/``): a ``Role`` subclass holdi
 keeps across jobs, the rq job functions (plain functions; each finds its process's runtime through
 ``TheRole.current()``), and a ``hsx_cli`` sub-command that builds the runtime and calls ``serve()``.
 
-    serve():  rq worker on queue_names(), JSON only, job_class running only this role's `jobs`
+    serve():  rq worker (hsx/fleet/rqworker.py) on queue_names(), JSON only, job_class running only this role's `jobs`
               -> claim the --name from a dead predecessor (roles with a run: hsx/fleet/nameclaim.py)
               -> prepare() -> install in the slot -> start(): heartbeat thread -> say_ready()
               -> rq's work loop (SimpleWorker: jobs run in this process, no fork)
@@ -24,7 +24,7 @@ the last line; while nothing was done, ``idle_line()`` (if any) is said once ins
 Signals: rq's work loop owns SIGTERM and SIGINT (the first: warm shutdown, the job in hand finishes;
 the second: cold). ``stop_serving()`` is the same stop from any thread (the heartbeat's, a job's).
 Once rq's loop is over (its teardown, the role's close()), a first stop request is no StopRequested error but the
-same warm stop (hsx/fleet/stopping.py ``closing_handlers``).
+same warm stop (hsx/fleet/rqworker.py).
 rq never gives the handlers back: ``serve()`` puts back those it found once the role is closed (a signal
 during close() meets rq's, as before), so a role served in-process (tests, bench) leaves its host's
 SIGTERM its own (pytest turned `timeout`'s SIGTERM into an rq StopRequested inside a
@@ -48,31 +48,16 @@ import threading
 import time
 from collections.abc import Iterable
 
-from rq.exceptions import StopRequested
-from rq.serializers import JSONSerializer
-from rq.worker import SimpleWorker
-
 from hsx import life, retry
 from hsx.defaults import DEFAULT_GRACE_SECONDS, DEFAULT_LOG_EVERY_BATCHES, STOP_DEADLINE_MARGIN_SECONDS
+from hsx.errors import HsxError
 from hsx.fleet.evictionpolicy import EvictingRedis, check_eviction_policy
 from hsx.fleet.housekeeping import Chores, keep_run
 from hsx.fleet.nameclaim import claim_name
-from hsx.fleet.stopping import QUIET_RQ, StopDeadline, closing_handlers, stopped_without_redis
+from hsx.fleet.rqworker import RqWorker, StopRequested
+from hsx.fleet.stopping import QUIET_RQ, StopDeadline, stopped_without_redis
 
 log = logging.getLogger(__name__)
-PUBSUB_POLL_SECONDS = 1.0  # s: rq's command listener thread wakes this often; a stopping role waits at most this
-
-
-def _subscribe_polling_briefly(worker: SimpleWorker) -> None:
-    """rq's ``subscribe`` (its command channel, read by a pubsub thread) with a short poll. rq polls every 60 s,
-    and redis-py's ``stop()`` joins that thread, so rq's teardown waited up to 60 s after the last job (a
-    SIGTERMed uploader took 16-27 s to exit, sometimes 60)."""
-    worker.pubsub = worker.connection.pubsub()
-    worker.pubsub.subscribe(**{worker.pubsub_channel_name: worker.handle_payload})
-    worker.pubsub_thread = worker.pubsub.run_in_thread(sleep_time=PUBSUB_POLL_SECONDS, daemon=True,
-                                                       exception_handler=worker._pubsub_exception_handler)
-
-
 def _signal_handlers() -> dict[int, object] | None:
     """This process's SIGINT/SIGTERM handlers, to put back after rq's work loop (which installs its own and
     never restores them); None outside the main thread, where no handler can be set."""
@@ -99,10 +84,10 @@ class Role:
         self.started = time.time()
         self._logged_at, self._logged, self._said_idle = time.monotonic(), {}, False  # _logged: totals at the last line
         self._stop = threading.Event()
-        self.refusal: EvictingRedis | None = None   # why the role stopped taking jobs by itself, raised by serve()
+        self.refusal: HsxError | None = None   # why the role stopped taking jobs by itself, raised by serve()
         self._finishing = False  # finished() said yes once: serving is being stopped
         self._thread = threading.Thread(target=self._heartbeat_loop, name=f"hsx-{self.noun}-heartbeat", daemon=True)
-        self._rq_worker: SimpleWorker | None = None
+        self._rq_worker: RqWorker | None = None
         self.left_redis = False  # stopped without Redis: said once (hsx/fleet/stopping.py)
 
     # ---- the slot: rq jobs find their process's runtime here ----------------------
@@ -207,9 +192,8 @@ class Role:
                 self.beat()
             except EvictingRedis as exc:
                 if self.refusal is None:
-                    self.refusal = exc
                     log.error("%s; %s %s stops taking jobs (the job in hand finishes)", exc, self.noun, self.name)
-                    self.stop_serving()
+                self.refuse(exc)
             except Exception as exc:  # Redis away: keep working, beat again later (stopping without it: said once)
                 if not (retry.STOP.is_set() and QUIET_RQ.away(exc)):
                     log.warning("%s heartbeat failed: %s", self.noun, exc)
@@ -261,30 +245,14 @@ class Role:
         log.info("%s", line)
 
     # ---- serving ----------------------------------------------------------------------
-    def serve(self, worker_class: type[SimpleWorker] = SimpleWorker, exception_handlers: tuple = ()) -> None:
+    def serve(self, worker_class: type[RqWorker] = RqWorker, exception_handlers: tuple = ()) -> None:
         """Take jobs until stopped (SIGTERM, SIGINT, ``stop_serving``) or, with ``burst``, until the queues are empty."""
         life.rq_without_pickle()  # a role's entry: rq's default serializer reads JSON only from here on (rule 5)
-        worker = worker_class(self.queue_names(), connection=self.r, name=self.name, serializer=JSONSerializer,
-                              job_class=life.job_class(self.jobs), exception_handlers=list(exception_handlers))
+        worker = worker_class(self.queue_names(), connection=self.r, name=self.name, job_class=life.job_class(self.jobs),
+                              exception_handlers=list(exception_handlers), on_stop_request=retry.STOP.set)
         if self.run is not None:  # before prepare(): a role may sweep what its name's predecessor left
             claim_name(self.r, worker, self.run, self.cfg.host, self.cfg.heartbeat_seconds)
         retry.STOP.clear()
-        warm_shutdown = worker.handle_warm_shutdown_request
-
-        def on_stop_request():  # rq's first SIGTERM / SIGINT: the job in hand finishes, its waits end now
-            retry.STOP.set()
-            worker._stop_requested = True  # also when rq's StopRequested meets a handler that swallows it
-            warm_shutdown()
-
-        worker.handle_warm_shutdown_request = on_stop_request
-        rq_teardown = worker.teardown
-
-        def teardown():  # rq's loop is over: a stop request from here on is no StopRequested (hsx/fleet/stopping.py)
-            closing_handlers(worker, on_stop_request)
-            rq_teardown()
-
-        worker.teardown = teardown
-        worker.subscribe = lambda: _subscribe_polling_briefly(worker)
         self.prepare()
         self._rq_worker = worker
         type(self).install(self)
@@ -317,12 +285,18 @@ class Role:
         grace (a worker's --grace-seconds; the default for others) and a margin for the work in hand and the exit."""
         return getattr(self.cfg, "grace_seconds", DEFAULT_GRACE_SECONDS) + STOP_DEADLINE_MARGIN_SECONDS
 
+    def refuse(self, why: HsxError) -> None:
+        """Stop taking jobs by itself (the job in hand finishes): ``serve()`` raises ``why``; the first one wins."""
+        if self.refusal is None:
+            self.refusal = why
+            self.stop_serving()
+
     def stop_serving(self) -> None:
         """Stop taking jobs, from any thread: the warm shutdown of SIGTERM (`docker compose stop`)."""
         worker = self._rq_worker
         if worker is None:
             return
         retry.STOP.set()
-        worker._stop_requested = True
+        worker.stop_taking_jobs()
         if not self.cfg.burst:
             os.kill(os.getpid(), signal.SIGTERM)  # rq's handler interrupts a blocking dequeue

@@ -9,8 +9,7 @@ not. It says where each thread was (faulthandler, to stderr) and one line naming
 lease, as after a SIGKILL. It replaced the SLURM recipe's second SIGTERM, a backstop for a worker hang that had
 never been root-caused: a hang now leaves its stack in the log.
 
-closing_handlers: after rq's work loop, a stop request is no error (rq's handler would raise StopRequested
-wherever the role's close() was); a second request is still rq's cold shutdown.
+After rq's work loop, a stop request is no error and a second is still rq's cold shutdown: hsx/fleet/rqworker.py.
 
 A daemon thread polls the stop flag (every POLL_SECONDS; the flag is set from a signal handler, where starting a
 thread or taking a lock could wait on itself) until the role's serve() ends and disarms it.
@@ -22,12 +21,9 @@ import contextlib
 import faulthandler
 import logging
 import os
-import signal
 import sys
 import threading
 import time
-
-from rq.utils import now as rq_now
 
 from hsx import retry
 from hsx.redisconn import AWAY_ERRORS
@@ -64,26 +60,6 @@ class StopDeadline:
         sys.stderr.flush()
         time.sleep(0.1)
         os._exit(1)
-
-
-def closing_handlers(worker, on_stop_request) -> None:
-    """After rq's loop (its teardown, then the role's close()): rq's first-signal handler raises StopRequested
-    wherever the main thread is unless a job runs, which there is an error out of serve() (the
-    demo's SIGTERM to its burst worker, once the run was complete, met it while closing). In its place: a first
-    stop request ends every wait (as in the loop) and the role closes; a second is rq's cold shutdown, as in the
-    loop. Handlers that are no longer rq's first (a signal came in the loop, or none were set) stay as they are."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def first(signum, frame):
-        on_stop_request()
-        worker._shutdown_requested_date = rq_now()  # rq ignores a second within 1 s of the first, as it does
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, worker.request_force_stop)
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(signum) == worker.request_stop:
-            signal.signal(signum, first)
 
 
 @contextlib.contextmanager

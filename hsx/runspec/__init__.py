@@ -1,7 +1,8 @@
 """What a run is: the face of the wing.
 
-Each role's frozen config, the run's manifest (built from `hsx produce`'s settings and what it found about the
-inputs, validated, compared on resume), what it computes in, the local spool's tiers and files, and whether this
+Each role's frozen config, what the target makes of a run's settings (``identify``: layers, store dtype; for
+`hsx produce` and `hsx inspect`), the run's manifest (built from `hsx produce`'s settings and what it found about
+the inputs, validated, compared on resume), what it computes in, the local spool's tiers and files, and whether this
 host sees what the manifest names. Everything not named in ``__all__`` is private to the wing.
 """
 
@@ -35,6 +36,7 @@ from hsx.runspec.targetmodel import ModelNotFound, config_hash, load_model_confi
 from hsx.runspec.visibility import RunNotVisible, check_model_visible, open_run_store
 
 if TYPE_CHECKING:  # these modules import torch: loaded on first use (hsx/face.py)
+    from hsx.runspec.identity import TargetIdentity, identify
     from hsx.runspec.plan import PREFIX_EXACT_MODEL_TYPES, RunFacts, plan_manifest, prefix_settings, resumed_manifest
 
 __getattr__, __dir__, __all__ = face(__name__, __file__)

@@ -76,7 +76,6 @@ class WorkerConfig:
     worker_name: str
     heartbeat_seconds: float
     grace_seconds: float = 120.0   # on SIGTERM: time to finish writing before handing batches back
-    min_batch_seconds: float = 0.0  # stretch each batch to this wall time (fault-injection tests only)
     wait_for_plan: bool = False     # wait for `hsx produce` instead of exiting when the run is not planned
     exit_when_complete: bool = False  # exit 0 once the run is complete (batch schedulers: SLURM array tasks)
     log_every_seconds: float = D.DEFAULT_LOG_EVERY_SECONDS  # progress line at least this often (and every N batches)

@@ -4,12 +4,8 @@ SpecForge's offline trainer reads features through a ``FeatureStore`` (``get(ref
 from a list of metadata-only ``SampleRef``s; ``specforge.launch.build_disagg_offline_runtime`` takes both
 from the caller (``feature_store=``, ``refs=``). ``HsxFeatureStore`` is that store for an hsx run, and
 ``run_refs`` the list: ref i is sample i of the run (line i of its index), its URI ``hsx://<run>/<i>``.
-The tensors carry the raw keys of SpecForge's offline files, so its own normalizers and collators apply:
-
-- ``strategy="eagle3"`` (run with the final state): ``input_ids`` [T] int64, ``loss_mask`` [T] int64,
-  ``aux_hidden_state`` [1, T, n*H], ``hidden_state`` [1, T, H] (after the final norm, as SpecForge stores it);
-- ``strategy="dflash"`` / ``"domino"``: ``input_ids``, ``loss_mask``, ``hidden_states`` [1, T, n*H];
-- ``strategy="dspark"``: those plus ``target_last_hidden_states`` [1, T, H].
+The tensors are the records of SpecForge's offline files, with their raw keys (hsx_tools/specforgerecord.py:
+the one definition, which `hsx export --for specforge-*` writes too), so its own normalizers and collators apply.
 
 Reads go through hsx_reader (see hsx_peers.samples for the bytes read and the digests of each fetch mode).
 
@@ -46,7 +42,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import torch
 from specforge.runtime.contracts import SCHEMA_VERSION, FeatureHandle, SampleRef
 from specforge.runtime.data_plane.feature_store import FeatureStore
 
@@ -54,26 +49,7 @@ from hsx.errors import ConfigError
 from hsx_peers.samples import open_run, token_columns
 from hsx_reader import ReaderError
 from hsx_tools import draftconfig
-
-KEYS = {
-    "eagle3": ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state"),
-    "dflash": ("input_ids", "loss_mask", "hidden_states"),
-    "domino": ("input_ids", "loss_mask", "hidden_states"),
-    "dspark": ("input_ids", "loss_mask", "hidden_states", "target_last_hidden_states"),
-}
-NEEDS_FINAL = {"eagle3", "dspark"}
-
-
-def _features(sample: dict, strategy: str) -> dict[str, torch.Tensor]:
-    out = {"input_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
-    if strategy == "eagle3":
-        out["aux_hidden_state"] = sample["hidden_states"].clone()[None]
-        out["hidden_state"] = sample["final_hidden_states"].clone()[None]
-    else:
-        out["hidden_states"] = sample["hidden_states"].clone()[None]
-        if strategy == "dspark":
-            out["target_last_hidden_states"] = sample["final_hidden_states"].clone()[None]
-    return out
+from hsx_tools.specforgerecord import KEYS, NEEDS_FINAL, specforge_record
 
 
 class HsxFeatureStore(FeatureStore):
@@ -107,7 +83,7 @@ class HsxFeatureStore(FeatureStore):
         uri = sample_ref.feature_store_uri
         if not uri.startswith(prefix):
             raise KeyError(f"{uri}: not a sample of hsx run {self.run!r}")
-        features = _features(self.dataset()[int(uri[len(prefix):])], self.strategy)
+        features = specforge_record(self.dataset()[int(uri[len(prefix):])], self.strategy)
         wanted = names or list(sample_ref.feature_keys)
         out = {n: features[sample_ref.feature_keys.get(n, n)].to(device) for n in wanted}
         self._leases += 1

@@ -1,0 +1,68 @@
+"""What the target model makes of a run's settings: one identity, for `hsx produce` and `hsx inspect` alike.
+
+``identify`` checks the compute settings, reads the model's config and tokenizer, resolves ``--layers``
+against its decoder and chooses the run's store dtype (``--store-dtype``, else ``--dtype``): the one place a
+run's store dtype is chosen. It refuses a token budget whose pinned buffers no GPU worker could hold. The
+producer adds the fingerprints of the dataset and the weights (``TargetIdentity.facts``) and plans the
+manifest from them (hsx/runspec/plan.py); `hsx inspect` estimates the plan from the same identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from hsx.batch import check_store_dtype, hidden_bytes_per_token
+from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
+from hsx.errors import ConfigError
+from hsx.layers import resolve_layers
+from hsx.runspec.compute import check_compute_dtype, check_fp8_accumulation
+from hsx.runspec.plan import RunFacts
+from hsx.runspec.targetmodel import config_hash, load_model_config, text_config
+
+
+@dataclass(frozen=True)
+class TargetIdentity:
+    text_cfg: object                # the decoder's part of the model's config (text_config)
+    tokenizer: object               # the model's tokenizer (transformers)
+    model_config_hash: str          # config_hash() of the model
+    layer_ids: tuple[int, ...]      # resolved from --layers, low to high
+    store_final: bool               # --layers asked for the final (normed) state
+    store_dtype: str                # checked: what batch files hold
+
+    def facts(self, dataset_fingerprint: str, model_weights: str, mixture: tuple = ()) -> RunFacts:
+        """The facts the manifest records, with the producer's fingerprints of the dataset and the weights."""
+        pad = self.tokenizer.pad_token_id
+        return RunFacts(
+            model_config_hash=self.model_config_hash, model_type=self.text_cfg.model_type,
+            num_layers=self.text_cfg.num_hidden_layers, hidden_size=self.text_cfg.hidden_size,
+            layer_ids=self.layer_ids, store_final=self.store_final, store_dtype=self.store_dtype,
+            dataset_fingerprint=dataset_fingerprint,
+            chat_template_hash=hashlib.sha256(str(self.tokenizer.chat_template or "").encode()).hexdigest(),
+            pad_token_id=pad if pad is not None else 0, model_weights=model_weights, mixture=tuple(mixture))
+
+
+def identify(cfg) -> TargetIdentity:
+    """The target's identity for settings ``cfg`` (``ProduceConfig``, or hsx inspect's config: ``model`` resolved,
+    ``layers``, ``dtype``, ``store_dtype``, ``token_budget``, ``compute_dtype``, ``fp8_accumulation``)."""
+    from transformers import AutoTokenizer
+
+    check_fp8_accumulation(cfg.fp8_accumulation, check_compute_dtype(cfg.compute_dtype))
+    config = load_model_config(cfg.model)
+    text_cfg = text_config(config)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
+    store_dtype = check_store_dtype(cfg.store_dtype or cfg.dtype)
+    check_pinned_memory(cfg.token_budget, text_cfg.hidden_size, len(layer_ids) + store_final, store_dtype)
+    return TargetIdentity(text_cfg, tokenizer, config_hash(config), tuple(layer_ids), store_final, store_dtype)
+
+
+def check_pinned_memory(token_budget: int, hidden_size: int, rows: int, store_dtype: str) -> None:
+    """A GPU worker pins DEFAULT_PINNED_BUFFERS x token_budget x the bytes a token stores (Manifest.host_bytes_per_token);
+    refuse absurd budgets."""
+    per_token = hidden_bytes_per_token(hidden_size, rows, store_dtype)
+    need = DEFAULT_PINNED_BUFFERS * token_budget * per_token
+    if need > MAX_PINNED_BYTES:
+        raise ConfigError(f"--token-budget {token_budget} needs {need / 2**30:.0f} GiB of pinned host memory per GPU "
+                          f"worker ({DEFAULT_PINNED_BUFFERS} x budget x {per_token} bytes a token of {store_dtype}); at "
+                          f"most {MAX_PINNED_BYTES // 2**30} GiB: lower --token-budget")
