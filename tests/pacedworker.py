@@ -3,7 +3,8 @@
 The pacing is the tests', not the product's (hsx has no such setting). A test runs its roles as
 ``[*PACED_HSX, "worker", ...]`` (this file as a script: `python tests/pacedworker.py <hsx arguments>`; as
 ``$HSX_VENV/bin/hsx``: ``paced_venv``) with
-HSX_TEST_MIN_BATCH_SECONDS in their environment (unset or 0: plain `hsx`); an in-process test installs
+HSX_TEST_MIN_BATCH_SECONDS in their environment (unset or 0: plain `hsx`); a command that starts its own workers
+(`hsx run`) gets ``SITE`` on its PYTHONPATH too (tests/pacedsite/sitecustomize.py); an in-process test installs
 ``paced_extractor(seconds)`` as ``gpu_worker.worker.Extractor`` (monkeypatch). Either way the worker loads a
 PacedExtractor: each batch's forward (``run``, ``run_shared``, ``run_shared_checked`` or ``run_measured``) is
 stretched to that wall time, while the batch is leased and in hand and before it is spooled, as a slow model's is.
@@ -55,12 +56,20 @@ def paced_venv(folder: Path) -> Path:
     return folder
 
 
+def install(seconds: float) -> None:
+    """This process's worker loads a PacedExtractor (gpu_worker.worker.Extractor replaced)."""
+    from gpu_worker import worker
+
+    worker.Extractor = paced_extractor(seconds)
+
+
+SITE = Path(__file__).resolve().parent / "pacedsite"   # on PYTHONPATH: workers a command starts as children are paced
+
+
 def main(argv: list[str]) -> int:
     seconds = float(os.environ.get(ENV) or 0)
     if seconds > 0 and "worker" in argv[:2]:
-        from gpu_worker import worker
-
-        worker.Extractor = paced_extractor(seconds)
+        install(seconds)
     from hsx_cli.main import main as hsx
 
     return hsx(argv)

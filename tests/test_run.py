@@ -25,6 +25,7 @@ from hsx.batch import read_batch_bytes
 from hsx.life.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect, reachable
 from hsx_tools.demo import sample_dataset
+from tests import pacedworker
 from tests.waiting import scaled, wait_until
 
 
@@ -95,9 +96,11 @@ def test_run_completes_verified_and_a_second_call_says_so(tmp_path, tiny_model):
 def test_sigterm_mid_run_then_the_same_command_resumes_every_sample_once(tmp_path, tiny_model):
     dataset, ids = _dataset(tmp_path, 24)
     store = tmp_path / "store"
-    argv = _argv(dataset, tiny_model, store, "--test-min-batch-seconds", "0.5")
+    argv = _argv(dataset, tiny_model, store)
     log = open(tmp_path / "first.log", "w")
-    first = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=_env())
+    paced = _env(HSX_TEST_MIN_BATCH_SECONDS="0.5",   # hsx run's worker child: each batch 0.5 s (tests/pacedworker.py)
+                 PYTHONPATH=os.pathsep.join(filter(None, [str(pacedworker.SITE), os.environ.get("PYTHONPATH")])))
+    first = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=paced)
     try:
         def running() -> None:
             assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
