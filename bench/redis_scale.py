@@ -343,6 +343,23 @@ def print_report(report: dict) -> None:
         kinds = defaultdict(int, m["by_kind"])
         top = ", ".join(f"{k} {v / 2**20 / (n / 1e6):.1f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:6])
         print(f"| {stage} | {m['mib_per_m']:.1f} | {m['used_bytes'] / report['batches']:.0f} | {top} |")
+    print("Where the bytes go: MEMORY USAGE of each key kind, bytes per batch (keys of that kind), by stage; "
+          "'(rest)' is used_memory less the keys' sum (hash tables, allocator rounding MEMORY USAGE does not count)")
+    stages = list(report["stages"])
+    kinds = sorted({k for m in report["stages"].values() for k in m["by_kind"]},
+                   key=lambda k: -max(m["by_kind"].get(k, 0) for m in report["stages"].values()))
+    print("| kind | " + " | ".join(stages) + " |")
+    print("|---|" + "---|" * len(stages))
+    for kind in kinds:
+        cells = []
+        for stage in stages:
+            m = report["stages"][stage]
+            size = m["by_kind"].get(kind, 0)
+            cells.append(f"{size / report['batches']:.0f} ({m['keys_by_kind'].get(kind, 0)})" if size else "-")
+        if any(c != "-" and not c.startswith("0 ") for c in cells):
+            print(f"| {kind} | " + " | ".join(cells) + " |")
+    rest = [(m["used_bytes"] - sum(m["by_kind"].values())) / report["batches"] for m in report["stages"].values()]
+    print("| (rest) | " + " | ".join(f"{x:.0f}" for x in rest) + " |")
     if "readers" in report:
         rd = report["readers"]
         print(f"hsx status {rd['hsx_status_s']:.3f} s; /api/status first {rd['api_status_first_s']:.3f} s, then "
