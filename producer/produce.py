@@ -167,6 +167,8 @@ def resume(planning: Planning, resumed: bool) -> Planning:
     planning.planned_only = _mark_planned_only(r, planning.cfg, new_run=not resumed)
     if not resumed:
         life.start_feeding(r, run)   # its queue is fed QUEUE_AHEAD jobs ahead, never the whole plan (issue 42)
+    else:
+        life.convert_old_ledger(r, run)   # a done ledger of an hsx before issue 42 becomes this hsx's
     specs = life.all_specs(r, run) if resumed else {}   # read once: the check below and the earlier windows' specs
     planning.repaired = len(unmark_missing_done(r, planning.store, run, specs)) if resumed else 0
     planning.done = life.done_ids(r, run)

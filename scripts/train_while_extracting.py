@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from hsx import life
 from hsx.life import RunKeys
 from hsx.redisconn import LocalRedis, connect
 from hsx_tools.demo import sample_dataset
@@ -89,7 +90,7 @@ def follow(trainer: subprocess.Popen, workdir: Path, r, stop_at_checkpoint: bool
         for line in lines[seen:]:
             record = json.loads(line)
             if "step" in record:
-                done, planned = r.scard(keys.done), int(r.hget(keys.totals, "batches") or 0)
+                done, planned = life.done_count(r, RUN), int(r.hget(keys.totals, "batches") or 0)
                 print(f"step {record['step']:3d}  batch {record['batch_id']}  ({len(record['sample_ids'])} samples)  "
                       f"ledger {done}/{planned} batches done  cursor {record['cursor']}", flush=True)
         seen = len(lines)
