@@ -251,3 +251,35 @@ def test_a_plan_entry_without_its_ids_is_compact_and_every_form_reads():
     assert '"sample_ids"' in old and ledger.BatchSpec.from_json(old) == full == ledger.BatchSpec.from_json(old, "b0001234")
     odd = ledger.BatchSpec("b12", 12, "00000", 1, 5, 8, 8, ["a"], "").for_plan()   # not a canonical batch id: long form
     assert ledger.BatchSpec.from_json(odd.to_json()) == odd
+
+
+def test_the_first_api_status_and_page_read_no_whole_key_of_the_run(r, redis_server, tiny_model, tmp_path):
+    # issue 42: /api/status's first answer read the whole plan (2.47 s at 1M samples); its plan summary is counted
+    # from the window records now (O(windows)), the chart from the capped logs and per-minute counts.
+    from dashboard.app import create_app
+    from dashboard.config import DashboardConfig
+    from dashboard.plan_cache import PlanSummary
+
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="api", batches_per_shard=2))
+    _finish(redis_server.url, tmp_path / "spool", "api")
+    keys = RunKeys("api")
+    client = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client()
+    r.config_set("slowlog-log-slower-than", 0)
+    r.slowlog_reset()
+    try:
+        res = client.get("/api/status?run=api")
+        page = client.get("/?run=api")
+        commands = [[text(a) for a in e["command"].split()] for e in r.slowlog_get(10000)]
+    finally:
+        r.config_set("slowlog-log-slower-than", 10000)
+        r.slowlog_reset()
+    assert res.status_code == 200 and page.status_code == 200
+    run_sized = {keys.plan, keys.done_chunks, keys.done_seq}   # (dead letters are shown whole: O(dead))
+    whole = [c for c in commands if c[0].lower() in ("hkeys", "hgetall", "hvals", "smembers", "lrange", "hscan",
+                                                      "sscan") and len(c) > 1 and c[1] in run_sized]
+    assert not whole, f"the dashboard read whole keys of the run: {whole}"
+    shards = {s["shard"]: s["total"] for s in res.json["overview"]["shards"]}
+    assert len(shards) > 1 and shards == PlanSummary.from_entries(r, "api").shard_batches   # the plan's own counts
+    assert sum(shards.values()) == ledger.run_totals(r, "api")["batches"]
+    uploaded = res.json["overview"]["series"]["uploaded_tokens_per_s"]
+    assert sum(uploaded) * res.json["overview"]["series"]["bucket_seconds"] == ledger.run_totals(r, "api")["tokens"]

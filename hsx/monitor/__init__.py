@@ -12,7 +12,7 @@ from hsx.face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
     "evaluation": {"record": "record_evaluation"},
-    "planstate": ["plan_entries", "plan_line", "planned_batches"],
+    "planstate": ["plan_entries", "plan_line", "plan_tokens", "planned_batches", "window_spans"],
     "progress": ["RATE_WINDOW_SECONDS", "fmt_bytes", "fmt_duration", "host_row", "run_progress", "summary_lines"],
     "progressline": ["Progress"],
     "series": ["last_activity", "throughput_series"],

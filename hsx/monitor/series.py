@@ -18,7 +18,8 @@ import math
 
 import redis
 
-from hsx.life import RunKeys, get_specs
+from hsx.life import RunKeys
+from hsx.monitor.planstate import plan_tokens
 from hsx.redisconn import text
 
 MIN_SPAN_SECONDS = 120  # a young run still gets a chart two minutes wide
@@ -49,13 +50,14 @@ def _mark(r: redis.Redis, run: str, field: str) -> float | None:
 
 
 def throughput_series(r: redis.Redis, run: str, tokens_of: dict[str, int] | None, now: float, complete: bool,
-                      span_seconds: int, bucket_seconds: int) -> dict:
+                      span_seconds: int, bucket_seconds: int, malformed: list[str] | None = None) -> dict:
     """``{bucket_seconds, start, end, extracted_tokens_per_s: [...], uploaded_tokens_per_s: [...]}``.
 
     The chart ends now, or for a complete run at its last upload. It spans the
     run's history, between MIN_SPAN_SECONDS and ``span_seconds``. ``tokens_of``:
     batch id -> tokens where the caller holds the plan (else the logs' batches'
-    plan entries are read: at most 2 x LOG_KEEP).
+    plan entries are read: at most 2 x LOG_KEEP; one that is not a record is
+    named in ``malformed``).
     """
     keys = RunKeys(run)
     end = now
@@ -74,7 +76,7 @@ def throughput_series(r: redis.Redis, run: str, tokens_of: dict[str, int] | None
         tokens = [0.0] * n
         logged = [(text(raw), ts) for raw, ts in r.zrangebyscore(key, start, f"({end}", withscores=True)]
         if tokens_of is None:
-            found = {s.batch_id: s.tokens for s in get_specs(r, run, [bid for bid, _ in logged])}
+            found = plan_tokens(r, run, [bid for bid, _ in logged], [] if malformed is None else malformed)
         for bid, ts in logged:
             i = int((ts - start) // bucket_seconds)
             if 0 <= i < n:

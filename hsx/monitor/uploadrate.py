@@ -12,18 +12,22 @@ import redis
 
 from hsx import life
 from hsx.monitor.minutes import window_counts
+from hsx.monitor.planstate import plan_tokens
 
 
-def host_upload_rate(r: redis.Redis, run: str, host: str, tokens_of: dict[str, int], now: float,
+def host_upload_rate(r: redis.Redis, run: str, host: str, tokens_of: dict[str, int] | None, now: float,
                      window: float) -> dict:
     """Uploads of ``run`` finished by ``host``'s uploaders in the last ``window`` s (the run's rate span):
-    ``{upload_batches_per_s, upload_tokens_per_s, upload_bytes_per_s}``; ``tokens_of``: batch id -> tokens."""
+    ``{upload_batches_per_s, upload_tokens_per_s, upload_bytes_per_s}``; ``tokens_of``: batch id -> tokens, where
+    the caller holds the plan (else an older run's uploaded batches' plan entries are read)."""
     key = life.RunKeys(run).rate_minutes
     if r.hexists(key, f"up:{host}:since"):   # this hsx's run: minute counts (an older one: its uploaded record)
         batches, tokens, nbytes = window_counts(r, key, f"up:{host}", "btB", now, window)
         return {"upload_batches_per_s": batches / window, "upload_tokens_per_s": tokens / window,
                 "upload_bytes_per_s": nbytes / window}
     bids = set(life.uploaded_since(r, run, host, now - window))
+    if tokens_of is None:
+        tokens_of = plan_tokens(r, run, sorted(bids), [])
     nbytes = sum(info["size"] for info in life.done_records(r, run, sorted(bids)).values() if info)
     return {"upload_batches_per_s": len(bids) / window,
             "upload_tokens_per_s": sum(tokens_of.get(b, 0) for b in bids) / window,
