@@ -184,9 +184,10 @@ def resume(planning: Planning, resumed: bool) -> Planning:
         planning.add(rec, resumed=True)
     if records:
         earlier = [spec for spec in (specs or life.all_specs(r, run)).values() if spec.index < planning.batches]
-        ids = life.plan_ids(r, planning.store, run, {spec.batch_id: spec for spec in earlier})  # store (issue 42)
-        earlier = [spec.with_ids(ids[spec.batch_id]) for spec in earlier]
-        planning.seen = {sid for spec in earlier for sid in spec.sample_ids}
+        if life.planning_in_progress(r, run):   # windows left to plan: their duplicate check needs every id so far
+            ids = life.plan_ids(r, planning.store, run, {spec.batch_id: spec for spec in earlier})  # store (issue 42)
+            earlier = [spec.with_ids(ids[spec.batch_id]) for spec in earlier]
+            planning.seen = {sid for spec in earlier for sid in spec.sample_ids}
         if planning.rebuild is not None:
             planning.rebuild.check(earlier)
         planning.enqueued += _enqueue(planning, sorted(earlier, key=lambda s: s.index), planning.batches)
