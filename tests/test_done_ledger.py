@@ -84,6 +84,14 @@ def test_a_run_recorded_done_by_the_old_ledger_is_refused_then_converted_by_prod
         assert "\n" not in str(caught.value) and "`hsx produce`" in str(caught.value) and run in str(caught.value)
     assert r.scard(keys.done) == total - 2 and not r.exists(keys.done_chunks) and not r.zcard(keys.extract_leases)
     assert "`hsx produce` converts it" in reconcile.off_limits(r, run) and reconcile.reconcile(r, run, grace=0) == []
+    # `hsx status` and the dashboard still answer (from the counters, which both layouts keep).
+    from dashboard.app import create_app
+    from dashboard.config import DashboardConfig
+    from hsx.monitor import run_progress, summary_lines
+
+    assert run_progress(r, run)["done"]["batches"] == total - 2 and summary_lines(run_progress(r, run))
+    res = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client().get(f"/api/status?run={run}")
+    assert res.status_code == 200 and res.json["overview"]["progress"]["batches_uploaded"]["done"] == total - 2
 
     # `hsx produce` (a resume) converts the ledger and queues the two batches again; the run finishes and verifies.
     report = produce(produce_config(redis_server.url, tiny_model, str(store_dir), run=run))
