@@ -257,7 +257,8 @@ def withdraw(r: redis.Redis, run: str) -> int:
     fed = fed_count(r, run)
     if fed is not None:  # batches not fed yet have no job to take back: they leave the plan too (unless done)
         later = [text(b) for b in r.hkeys(keys.plan) if unfed(text(b), fed)]
-        later = [b for b in later if b not in ledger.done_among(r, run, later)]
+        settled = ledger.done_among(r, run, later)   # once (it was asked again for each batch)
+        later = [b for b in later if b not in settled]
         for start in range(0, len(later), WITHDRAW_CHUNK):
             r.hdel(keys.plan, *later[start:start + WITHDRAW_CHUNK])
         if later:

@@ -198,7 +198,7 @@ def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sh
                           spec.batch_id, doneledger.encode(size, sha256), spec.samples, spec.tokens, size, spec.shard,
                           now, int(now // 60), LOG_SECONDS, LOG_KEEP))
     if recorded < 0:
-        oldledger.refuse(r, run)
+        raise oldledger.OldLedger(oldledger.why_old(run))
     return recorded == 1
 
 
