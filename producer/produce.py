@@ -170,11 +170,12 @@ def resume(planning: Planning, resumed: bool) -> Planning:
     else:
         life.convert_old_ledger(r, run)   # a done ledger of an hsx before issue 42 becomes this hsx's
     specs = life.all_specs(r, run) if resumed else {}   # read once: the check below and the earlier windows' specs
-    planning.repaired = len(unmark_missing_done(r, planning.store, run, specs)) if resumed else 0
+    listed = planning.store.list_sizes(f"{run}/batches/") if resumed else {}   # listed once: the check and rebuild
+    planning.repaired = len(unmark_missing_done(r, planning.store, run, specs, listed)) if resumed else 0
     planning.done = life.done_ids(r, run)
     # A re-run: the store is the second copy of the truth (docs/architecture.md, rule 2). Objects not in the ledger
     # (all of them after Redis lost the run) are checked and recorded done window by window.
-    planning.rebuild = Rebuild(r, planning.store, run, planning.done) if resumed else None
+    planning.rebuild = Rebuild(r, planning.store, run, planning.done, present=set(listed)) if resumed else None
     planning.pending = life.pending_extract(r, run)
     for host in life.read_hosts(r, run):
         planning.pending |= life.pending_upload(r, host, run)
