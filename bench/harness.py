@@ -357,7 +357,7 @@ def run_pipeline(svc: Services, run: str, extractor: TimedExtractor, specs, warm
     total = len(specs)
     keys = RunKeys(run)
     last, last_change = -1, time.perf_counter()
-    while (done := svc.r.scard(keys.done)) < total:
+    while (done := ledger.done_count(svc.r, run)) < total:
         if done != last:
             last, last_change = done, time.perf_counter()
         if time.perf_counter() - last_change > timeout or svc.r.hlen(keys.dead):

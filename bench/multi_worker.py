@@ -89,7 +89,7 @@ def run_once(n_workers: int, args, work: Path, redis_url: str, model: str, datas
     joined_after = stopped = None
     t0 = time.monotonic()
     try:
-        while int(r.scard(keys.done)) < totals["batches"]:
+        while ledger.done_count(r, run) < totals["batches"]:
             for stats in heartbeat.read_hosts(r, run).values():
                 spool_high = max(spool_high, stats.get("spool_bytes", 0))
             spooled = int(r.zcard(keys.spooled_log))

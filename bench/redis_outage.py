@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hsx.life import ledger
 from hsx.redisconn import LocalRedis, connect, free_port
 from hsx_tools.demo import sample_dataset
 from hsx_tools.tinymodel import build_tiny_model
@@ -52,7 +53,7 @@ def main() -> int:
         procs["upload"] = subprocess.Popen([*hsx, "upload", "--log-every-seconds", "30"], env=env,
                                            stdout=logs["upload"], stderr=subprocess.STDOUT)
         time.sleep(args.after_seconds)
-        done_before = r.scard("hsx:out:done")
+        done_before = ledger.done_count(r, "out")
         server.stop()
         t_stop = time.monotonic()
         marks = {name: (tmp / f"{name}.log").stat().st_size for name in procs}
@@ -63,12 +64,12 @@ def main() -> int:
         server = LocalRedis(tmp / "redis", port=port).start()
         t_back = time.monotonic()
         r = connect(server.url)
-        while r.scard("hsx:out:done") < batches and time.monotonic() - t_back < 900:
+        while ledger.done_count(r, "out") < batches and time.monotonic() - t_back < 900:
             time.sleep(1)
         t_complete = time.monotonic()
         report = {
             "outage_seconds": round(t_back - t_stop, 1), "batches": batches, "done_before_outage": done_before,
-            "done": r.scard("hsx:out:done"), "failures": r.hlen("hsx:out:failures"), "dead": r.hlen("hsx:out:dead"),
+            "done": ledger.done_count(r, "out"), "failures": r.hlen("hsx:out:failures"), "dead": r.hlen("hsx:out:dead"),
             "complete_seconds_after_restart": round(t_complete - t_back, 1),
             "alive_at_end_of_outage": alive_at_end_of_outage,
             "alive_after": {name: proc.poll() is None for name, proc in procs.items()},

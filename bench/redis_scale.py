@@ -9,7 +9,8 @@ own code (``cut_batches`` under a 4,096-token budget: ~37 samples a batch, as th
 under its lock; the window record), then driven through the real life verbs by real rq workers (``perform_job`` of
 an rq SimpleWorker per job: rq's own registries and result TTLs) whose job functions are fakes: the extractor
 leases, spools (no file) and hands the batch on; the uploader writes a 16-byte object to a local store and
-finishes it. No input objects are written (the plan's input SHA-256 is a stand-in).
+finishes it (with its host, as hsx's uploader does: the host's upload counts). No input objects are written (the
+plan's input SHA-256 is a stand-in).
 
 Stages, each reported as used_memory (INFO memory, less the empty server's) per million samples, and per key kind
 (MEMORY USAGE, summed over the keys of that kind):
@@ -94,7 +95,7 @@ def fake_upload(run: str, batch_id: str, path: str, size: int, sha256: str, retr
         spec = life.get_spec(r, run, batch_id)
         key = layout.batch_key(run, spec.shard, batch_id)
         info = store.put_bytes(key, b"x" * 16)
-        life.finish(r, run, spec, key, info.size, sha256, by="bench-uploader")
+        life.finish(r, run, spec, key, info.size, sha256, by="bench-uploader", host=HOST)
     life.write_index_if_complete(r, store, run)
     return batch_id
 
@@ -132,7 +133,9 @@ def memory(r, base: int, samples: int) -> dict:
             _usage(r, batch, kinds, counts)
             batch = []
     _usage(r, batch, kinds, counts)
-    return {"used_bytes": used, "mib_per_m": used / 2**20 / (samples / 1e6), "by_kind": dict(kinds.most_common()),
+    keys_bytes = sum(kinds.values())
+    return {"used_bytes": used, "mib_per_m": used / 2**20 / (samples / 1e6), "keys_bytes": keys_bytes,
+            "keys_mib_per_m": keys_bytes / 2**20 / (samples / 1e6), "by_kind": dict(kinds.most_common()),
             "keys_by_kind": dict(counts)}
 
 
@@ -328,6 +331,13 @@ def main(argv=None) -> dict:
         batchlife.reap(r, RUN, 3)
         assert life.write_index_if_complete(r, Bench.store, RUN)
         report["stages"]["completed"] = memory(r, base, n)
+        # What the server kept that is in no key (client and AOF buffers, grown while rq drove the jobs): every key
+        # deleted, used_memory over the empty server's. A fixed cost, not one per sample (~0.9 MB at 30k-200k).
+        left = list(r.scan_iter(count=5000))
+        for start in range(0, len(left), 5000):
+            r.delete(*left[start:start + 5000])
+        r.script_flush()
+        report["server_fixed_bytes"] = int(r.info("memory")["used_memory"]) - base
     print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
@@ -337,12 +347,34 @@ def main(argv=None) -> dict:
 def print_report(report: dict) -> None:
     n = report["samples"]
     print(f"{n:,} samples, {report['batches']:,} batches ({n / report['batches']:.1f} samples a batch)")
-    print("| stage | MiB per million samples | bytes per batch | biggest kinds (MiB/M) |")
-    print("|---|---|---|---|")
+    print("| stage | MiB per million samples (used_memory) | of it in the run's keys | bytes per batch | biggest kinds "
+          "(MiB/M) |")
+    print("|---|---|---|---|---|")
     for stage, m in report["stages"].items():
         kinds = defaultdict(int, m["by_kind"])
         top = ", ".join(f"{k} {v / 2**20 / (n / 1e6):.1f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:6])
-        print(f"| {stage} | {m['mib_per_m']:.1f} | {m['used_bytes'] / report['batches']:.0f} | {top} |")
+        print(f"| {stage} | {m['mib_per_m']:.1f} | {m['keys_mib_per_m']:.1f} | {m['used_bytes'] / report['batches']:.0f} "
+              f"| {top} |")
+    if "server_fixed_bytes" in report:
+        print(f"in no key at the end (every key deleted): {report['server_fixed_bytes'] / 2**20:.2f} MiB, a fixed cost "
+              f"({report['server_fixed_bytes'] / 2**20 / (n / 1e6):.1f} MiB per million samples at this size)")
+    print("Where the bytes go: MEMORY USAGE of each key kind, bytes per batch (keys of that kind), by stage; "
+          "'(rest)' is used_memory less the keys' sum (hash tables, allocator rounding MEMORY USAGE does not count)")
+    stages = list(report["stages"])
+    kinds = sorted({k for m in report["stages"].values() for k in m["by_kind"]},
+                   key=lambda k: -max(m["by_kind"].get(k, 0) for m in report["stages"].values()))
+    print("| kind | " + " | ".join(stages) + " |")
+    print("|---|" + "---|" * len(stages))
+    for kind in kinds:
+        cells = []
+        for stage in stages:
+            m = report["stages"][stage]
+            size = m["by_kind"].get(kind, 0)
+            cells.append(f"{size / report['batches']:.0f} ({m['keys_by_kind'].get(kind, 0)})" if size else "-")
+        if any(c != "-" and not c.startswith("0 ") for c in cells):
+            print(f"| {kind} | " + " | ".join(cells) + " |")
+    rest = [(m["used_bytes"] - sum(m["by_kind"].values())) / report["batches"] for m in report["stages"].values()]
+    print("| (rest) | " + " | ".join(f"{x:.0f}" for x in rest) + " |")
     if "readers" in report:
         rd = report["readers"]
         print(f"hsx status {rd['hsx_status_s']:.3f} s; /api/status first {rd['api_status_first_s']:.3f} s, then "

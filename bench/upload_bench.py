@@ -58,7 +58,6 @@ sys.path.insert(0, str(REPO))
 from hsx.batch import BatchMeta, batchfile  # noqa: E402
 from hsx.defaults import DEFAULT_MULTIPART_CHUNK, DEFAULT_MULTIPART_THRESHOLD, DEFAULT_TOKEN_BUDGET  # noqa: E402
 from hsx.life import batchlife, ledger  # noqa: E402
-from hsx.life.keys import RunKeys  # noqa: E402
 from hsx.life.ledger import BatchSpec  # noqa: E402
 from hsx.redisconn import LocalRedis, connect  # noqa: E402
 from hsx.runspec.config import StoreSettings  # noqa: E402
@@ -128,7 +127,7 @@ class Sample:
 
     @classmethod
     def take(cls, r, run: str, fed: int, run_dir: Path, uploader_pids: list[int], server_pid: int) -> Sample:
-        return cls(time.monotonic(), r.scard(RunKeys(run).done), fed, spool_bytes(run_dir),
+        return cls(time.monotonic(), ledger.done_count(r, run), fed, spool_bytes(run_dir),
                    sum(proc_cpu_seconds(p) for p in uploader_pids), sum(proc_rchar(p) for p in uploader_pids),
                    proc_cpu_seconds(server_pid), machine_busy())
 
@@ -404,7 +403,7 @@ def run_step(args, n: int, r, redis_url: str, server: RcloneS3, spool_dir: Path,
         if thread.error is not None:
             raise RuntimeError(f"upload_bench: {thread.name} failed: {thread.error!r}") from thread.error
     result = StepResult.between(n, feeder.file_bytes, first, last)
-    done = r.scard(RunKeys(run).done)
+    done = ledger.done_count(r, run)
     checks = {"run": run, "fed_batches": feeder.fed, "done_batches_total": done,
               "objects_deleted": janitor.deleted, "object_bytes_deleted": janitor.deleted_bytes,
               "uploader_failures": uploaders.failures(), **cores}

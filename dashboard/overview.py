@@ -130,7 +130,7 @@ def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: Pla
         "upload_refused": p["upload_refused"],  # {host: {cause, message, jobs, ts}}: uploaders that put jobs back
         "extract_queue": p["extract_queue"],
         "series": throughput_series(r, run, plan.tokens, now, p["complete"], config.series_span_seconds,
-                                    config.series_bucket_seconds),
+                                    config.series_bucket_seconds, p["malformed"]),
         # a mixture's sources: rows, rejected, samples, tokens, batches planned and done each ([] for one dataset)
         "sources": monitor.source_progress(r, run, plan.samples, plan.tokens),
         "shards": [{"shard": s, "done": p["shards"].get(s, {}).get("done", 0), "total": n}

@@ -130,12 +130,15 @@ def resume(planning: Planning, resumed: bool) -> Planning:
     planning.planned_only = _mark_planned_only(r, planning.cfg, new_run=not resumed)
     if not resumed:
         life.start_feeding(r, run)   # its queue is fed QUEUE_AHEAD jobs ahead, never the whole plan
+    else:
+        life.convert_old_ledger(r, run)   # a done ledger of an older hsx becomes this hsx's
     specs = life.all_specs(r, run) if resumed else {}   # read once: the check below and the earlier windows' specs
-    planning.repaired = len(unmark_missing_done(r, planning.store, run, specs)) if resumed else 0
+    listed = planning.store.list_sizes(f"{run}/batches/") if resumed else {}   # listed once: the check and rebuild
+    planning.repaired = len(unmark_missing_done(r, planning.store, run, specs, listed)) if resumed else 0
     planning.done = life.done_ids(r, run)
     # A re-run: the store is the second copy of the truth (docs/architecture.md, rule 2). Objects not in the ledger
     # (all of them after Redis lost the run) are checked and recorded done window by window.
-    planning.rebuild = Rebuild(r, planning.store, run, planning.done) if resumed else None
+    planning.rebuild = Rebuild(r, planning.store, run, planning.done, present=set(listed)) if resumed else None
     planning.pending = life.pending_extract(r, run)
     for host in life.read_hosts(r, run):
         planning.pending |= life.pending_upload(r, host, run)
@@ -145,9 +148,10 @@ def resume(planning: Planning, resumed: bool) -> Planning:
         planning.add(rec, resumed=True)
     if records:
         earlier = [spec for spec in (specs or life.all_specs(r, run)).values() if spec.index < planning.batches]
-        ids = life.plan_ids(r, planning.store, run, {spec.batch_id: spec for spec in earlier})  # from the store
-        earlier = [spec.with_ids(ids[spec.batch_id]) for spec in earlier]
-        planning.seen = {sid for spec in earlier for sid in spec.sample_ids}
+        if life.planning_in_progress(r, run):   # windows left to plan: their duplicate check needs every id so far
+            ids = life.plan_ids(r, planning.store, run, {spec.batch_id: spec for spec in earlier})  # store
+            earlier = [spec.with_ids(ids[spec.batch_id]) for spec in earlier]
+            planning.seen = {sid for spec in earlier for sid in spec.sample_ids}
         if planning.rebuild is not None:
             planning.rebuild.check(earlier)
         planning.enqueued += _enqueue(planning, sorted(earlier, key=lambda s: s.index), planning.batches)

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsx.life import heartbeat, ledger
-from hsx.life.keys import RunKeys
 from hsx.redisconn import LocalRedis, connect
 from hsx.runspec import spool
 from hsx_tools.demo import sample_dataset
@@ -166,7 +165,7 @@ def run_outage(work: Path, model: Path, s3_endpoint: str, bucket: str, outage_se
         at_up = batches_run()
         proxy.set_mode("up")
         t_up = time.monotonic()
-        _wait("run complete", lambda: int(r.scard(RunKeys(RUN).done)) == batches, 240 + outage_seconds)
+        _wait("run complete", lambda: ledger.done_count(r, RUN) == batches, 240 + outage_seconds)
         complete_after = time.monotonic() - t_up
         failures = ledger.failures(r, RUN)
         dead = ledger.dead_letters(r, RUN)

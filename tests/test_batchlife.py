@@ -89,7 +89,7 @@ def test_a_batch_walks_every_transition_and_each_writes_its_keys(r):
         assert batchlife.finish(r, RUN, spec, "life/batches/00000/b0000000.safetensors", 4096, "a" * 64, by="t")
     assert r.zscore(keys.upload_leases, BID) is None and not r.hexists(keys.upload_jobs, BID)
     assert batchlife.state_of(r, RUN, BID) is State.DONE and donesequence.done_sequence(r, RUN, 0) == [BID]
-    assert ledger.int_hash(r, keys.counters)["batches"] == 1 and json.loads(r.hget(keys.done_info, BID))["size"] == 4096
+    assert ledger.int_hash(r, keys.counters)["batches"] == 1 and ledger.done_record(r, RUN, BID)["size"] == 4096
 
     # done -> planned (verify --repair): out of the ledger, counters back, queued at the front
     batchlife.enqueue(r, RUN, [OTHER], first=True)

@@ -216,7 +216,7 @@ def wait_for(predicate, timeout: float, what: str, stack: Stack, interval: float
 
 
 def done_count(r) -> int:
-    return r.scard(RunKeys(RUN).done)
+    return ledger.done_count(r, RUN)
 
 
 def finished(r) -> bool:

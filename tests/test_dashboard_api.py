@@ -60,7 +60,7 @@ def mid_run(r):
     heartbeat.publish_host(r, RUN, "hostA", {"spool_bytes": 2500, "spool_files": 1, "spool_budget_bytes": 10000})
     Worker([queues.queue(r, queues.upload_queue_name("hostA"))], connection=r, name="upload-hostA-1").register_birth()
     for b in ("b0000", "b0001"):   # recorded done by hostA's uploaders (b0004 by a host gone since)
-        ledger.note_uploaded(r, RUN, "hostA", b)
+        ledger.note_uploaded(r, RUN, "hostA", b, BY_ID[b].tokens, BATCH_BYTES)
 
 
 @pytest.fixture

@@ -118,7 +118,7 @@ def test_nothing_lost_nothing_doubled(tmp_path, tiny_model, s3_server, s3_bucket
         u1, u2 = roles.uploader("u1"), roles.uploader("u2")
 
         def done():
-            return int(r.scard(RunKeys(RUN).done))
+            return ledger.done_count(r, RUN)
 
         _wait("first batches done", lambda: done() >= 4, 90)
 

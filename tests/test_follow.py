@@ -71,7 +71,7 @@ def test_trainer_follows_a_running_extraction_and_resumes_from_its_cursor(r, red
         first, cursor, started = [], None, None
         for batch in loader:
             if started is None:   # the trainer's first step: the run is not complete yet
-                started = (ledger.run_totals(r, RUN)["batches"], r.scard(RunKeys(RUN).done))
+                started = (ledger.run_totals(r, RUN)["batches"], ledger.done_count(r, RUN))
                 assert torch.isfinite(batch["hidden_states"]).all()
             first += batch["sample_ids"]
             cursor = batch["cursor"]
@@ -122,9 +122,9 @@ def test_cursor_is_checked_and_a_finished_run_ends(r, redis_server, tiny_model, 
         RunFollower(redis_server.url, "fdone", cursor="7")
     n = sum(1 for _ in RunFollower(redis_server.url, "fdone", timeout_seconds=5))
     assert n == 160
-    # a run recorded by an hsx without done_seq: the follower gives its batches a place, in batch-id order
+    # a ledger whose done_seq was lost: the follower gives its batches a place, in batch-id order
     keys = RunKeys("fdone")
-    r.delete(keys.done_seq, keys.done_seq_pos)
+    r.delete(keys.done_seq)
     ids = [s["batch_id"] for s in RunFollower(redis_server.url, "fdone", timeout_seconds=5)]
     assert ids == sorted(ids) and len(ids) == 160
     # a cursor in the middle of a batch resumes at the next row of that batch
@@ -132,7 +132,7 @@ def test_cursor_is_checked_and_a_finished_run_ends(r, redis_server, tiny_model, 
     pos = next(i for i, b in enumerate(sequence) if ledger.get_spec(r, "fdone", b).samples >= 3)
     tail = [s["sample_id"] for s in RunFollower(redis_server.url, "fdone", cursor=Cursor(pos, 2))]
     assert tail[0] == planned_specs(r, "fdone")[sequence[pos]].sample_ids[2]
-    assert json.loads(r.hget(keys.done_info, sequence[0]))["sha256"]
+    assert ledger.done_record(r, "fdone", sequence[0])["sha256"]
 
 
 def test_a_cursor_counted_in_a_ledger_lost_with_redis_is_refused(r, redis_server, tiny_model, tmp_path):
@@ -232,7 +232,7 @@ def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkp
         first_trainer.wait(timeout=scaled(30))
         assert state.exists(), (logs / "first.log").read_text()[-4000:]
         checkpoint_step = json.loads(state.read_text())["local_step"]
-        assert r.scard(keys.done) < report.batches, "extraction ended before the checkpoint"
+        assert ledger.done_count(r, keys.run) < report.batches, "extraction ended before the checkpoint"
         # the same command again: speculators' resume asks the sampler for the steps from the checkpoint on
         second_trainer = trainer("second")
         procs.append(second_trainer)
@@ -267,7 +267,7 @@ def test_speculators_trainer_trains_while_extracting_and_resumes_from_its_checkp
     rest, rest_reads = _log(tmp_path / "second.jsonl")
     done_at = {text(b): s for b, s in r.zrange(keys.done_log, 0, -1, withscores=True)}
     complete_at = max(done_at.values())
-    assert r.scard(keys.done) == report.batches
+    assert ledger.done_count(r, keys.run) == report.batches
     # the first step came before the run was COMPLETE
     assert first[0]["step"] == 0 and first[0]["at"] < complete_at, (first[0], complete_at)
     # speculators' checkpoint recorded step k; the second trainer went on from step k: each sample exactly once

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hsx.life import ledger
+from hsx.life import doneledger, ledger
 from hsx.life.keys import RunKeys
 from hsx.life.reset import apply_reset, plan_reset
 from hsx.redisconn import LocalRedis, connect, text
@@ -58,7 +58,8 @@ def _roll_back(r, sequence, keep: int) -> list[str]:
     for bid in lost:
         ledger.unmark_done(r, RUN, specs[bid])
     r.ltrim(keys.done_seq, 0, keep - 1)
-    r.hdel(keys.done_seq_pos, *lost)
+    for bid in lost:   # their places lost with the list's tail: their emptied records go too
+        r.hdel(keys.done_chunk(doneledger.slot(bid)[0]), doneledger.slot(bid)[1])
     for bid in lost[1:] + lost[:1]:            # another order: no batch at its old place
         info = infos[bid]
         key = layout.batch_key(RUN, specs[bid].shard, bid)   # the record holds size and SHA-256 only (issue 42)
@@ -151,7 +152,7 @@ def _kill_one(r, sequence) -> str:
     keys, bid = RunKeys(RUN), sequence[-3]
     ledger.unmark_done(r, RUN, ledger.get_spec(r, RUN, bid))
     r.lrem(keys.done_seq, 0, bid)
-    r.hdel(keys.done_seq_pos, bid)
+    r.hdel(keys.done_chunk(doneledger.slot(bid)[0]), doneledger.slot(bid)[1])
     r.hset(keys.dead, bid, '{"attempts": 3, "last_error": "planted", "ts": 0}')
     return bid
 

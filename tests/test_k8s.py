@@ -402,7 +402,7 @@ def test_workers_scaled_like_keda_lose_and_double_nothing(redis_server, r, tiny_
         assert len(pods) == 3
         wait_until("3 pods extracting", lambda: all(busy(p.name) for p in pods), 120)
         scale_to(1)                                                   # scale-down mid-run, mid-batch
-        wait_until("more batches done", lambda: r.scard(keys.done) >= 10, 120)
+        wait_until("more batches done", lambda: ledger.done_count(r, RUN) >= 10, 120)
         scale_to(max(1, desired(2)))                                  # scale up again
         # The autoscaler's loop. An empty list scales to zero even while batches are in hand (running jobs are not
         # in the list): those workers finish or hand back their batch, and a handed-back batch scales them up again.
@@ -421,7 +421,7 @@ def test_workers_scaled_like_keda_lose_and_double_nothing(redis_server, r, tiny_
     for path in (store / RUN / "batches").rglob("*.safetensors"):
         seen.update(batchfile.read_batch_bytes(path.read_bytes(), where=str(path)).sample_ids)
     assert len(seen) == SAMPLES and max(seen.values()) == 1
-    assert all(r.sismember(keys.done, bid) for bid in evicted_holding)
+    assert ledger.done_among(r, RUN, list(evicted_holding)) == set(evicted_holding)
     assert [p for p in (tmp_path / "spool").rglob("*") if p.is_file()] == []
     verify = subprocess.run([str(BIN / "hsx"), "verify", "--run", RUN], env=env, capture_output=True, text=True, timeout=scaled(300))
     assert verify.returncode == 0, verify.stdout + verify.stderr

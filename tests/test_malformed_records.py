@@ -34,7 +34,7 @@ GARBAGE = {
     "dead letter a number": lambda r: r.hset(K.dead, "b0005", "7"),
     "host stats not JSON": lambda r: r.hset(K.hosts, "hostA", "<html>"),
     "host stats bytes a string": lambda r: r.hset(K.hosts, "hostA", json.dumps({"spool_bytes": "big", "ts": 1})),
-    "done record not JSON": lambda r: r.hset(K.done_info, "b0000", "nope"),
+    "done record not ours": lambda r: r.hset(K.done_chunk("b00"), "00", "nope"),
     "manifest not JSON": lambda r: r.set(K.manifest, "{manifest"),
     "manifest codec a number": lambda r: r.set(K.manifest, json.dumps({**example_manifest(RUN).to_dict(), "codec": 5})),
     "manifest without its fields": lambda r: r.set(K.manifest, json.dumps({"codec": "none"})),
@@ -46,7 +46,7 @@ GARBAGE = {
     "done log member not UTF-8": lambda r: r.zadd(K.done_log, {b"b\xff": time.time()}),
     "plan field not UTF-8": lambda r: r.hset(K.plan, b"b\xfe", json.dumps({"samples": 1, "tokens": 1, "shard": "00000"})),
 }
-NOT_NAMED = {"done record not JSON", "run name not UTF-8", "worker id not UTF-8", "done log member not UTF-8",
+NOT_NAMED = {"done record not ours", "run name not UTF-8", "worker id not UTF-8", "done log member not UTF-8",
              "plan field not UTF-8"}  # read only where they add nothing, or read as text
 # `hsx status` reads no plan entry (its rates come from per-minute counts, issue 42): the dashboard names these
 NOT_IN_STATUS = {"plan entry not JSON", "plan entry without tokens"}

@@ -140,7 +140,7 @@ def test_duplicate_delivery_counts_once(r, redis_server, tiny_model, tmp_path):
     stored = (store_dir / key).read_bytes()
     spool_copy = tmp_path / "spool" / "dup" / "b0000000.safetensors"
     spool_copy.write_bytes(stored)
-    info = json.loads(r.hget(RunKeys("dup").done_info, "b0000000"))
+    info = ledger.done_record(r, "dup", "b0000000")
     queues.enqueue_upload(r, "testhost", "dup", "b0000000", str(spool_copy), info["size"], info["sha256"], seq=78)
     run_worker(worker_config(redis_server.url, tmp_path / "spool", run="dup"))
     run_uploader(upload_config(redis_server.url, tmp_path / "spool"))

@@ -61,23 +61,23 @@ def test_worker_and_uploader_ride_out_redis_at_maxmemory(tmp_path, tiny_model):
             for name, proc in zip(logs, procs, strict=True):
                 assert proc.poll() is None, f"{name} exited ({proc.returncode}):\n{logs[name].read_text()[-3000:]}"
 
-        wait_until("3 batches done", lambda: r.scard(keys.done) >= 3, 120, check=alive)
+        wait_until("3 batches done", lambda: ledger.done_count(r, RUN) >= 3, 120, check=alive)
         r.config_set("maxmemory", "1")  # below its use: every write that adds memory is refused
-        done_at_limit = r.scard(keys.done)
+        done_at_limit = ledger.done_count(r, RUN)
         named = lambda name: "maxmemory" in logs[name].read_text()  # noqa: E731
         wait_until("both roles met the limit", lambda: named("worker") and named("uploader"), 60, check=alive)
         deadline = time.monotonic() + HOLD_SECONDS
         while time.monotonic() < deadline:  # held: each role keeps trying (heartbeats, the job in hand), alive
             alive()
             time.sleep(0.5)
-        assert r.scard(keys.done) <= done_at_limit + 1  # nothing recorded while Redis refused (one in flight at most)
+        assert ledger.done_count(r, RUN) <= done_at_limit + 1  # nothing recorded while Redis refused (one in flight at most)
         r.config_set("maxmemory", "0")
-        wait_until("the run complete", lambda: r.get(keys.index_written), 120, progress=lambda: r.scard(keys.done),
+        wait_until("the run complete", lambda: r.get(keys.index_written), 120, progress=lambda: ledger.done_count(r, RUN),
                    check=lambda: uploader.poll() is None or alive())
         assert worker.wait(timeout=scaled(60)) == 0, logs["worker"].read_text()[-3000:]  # --exit-when-complete
         uploader.send_signal(signal.SIGTERM)
         assert uploader.wait(timeout=scaled(60)) == 0, logs["uploader"].read_text()[-3000:]
-        assert r.scard(keys.done) == batches and not ledger.failures(r, RUN) and not ledger.dead_letters(r, RUN)
+        assert ledger.done_count(r, RUN) == batches and not ledger.failures(r, RUN) and not ledger.dead_letters(r, RUN)
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -14,14 +14,13 @@ spool, an uploader runs, then the worker extracts, then the uploader again.
 from __future__ import annotations
 
 import hashlib
-import json
 
 import pytest
 import torch
 
 from gpu_worker.worker import load_runtime, run_worker
 from hsx.batch import batchfile
-from hsx.life import ledger
+from hsx.life import doneledger, ledger
 from hsx.life.keys import RunKeys
 from hsx.store import layout, open_store
 from hsx_cli.main import main
@@ -115,7 +114,7 @@ def test_verify_names_an_object_of_another_incarnation(r, redis_server, tiny_mod
     forged = data.replace(incarnation.encode(), b"0" * 32)   # same size: only the header's incarnation differs
     path.write_bytes(forged)
     info = {**ledger.done_info(r, RUN)["b0000000"], "sha256": hashlib.sha256(forged).hexdigest()}
-    r.hset(RunKeys(RUN).done_info, "b0000000", json.dumps(info))
+    r.hset(RunKeys(RUN).done_chunk("b00000"), "00", doneledger.encode(info["size"], info["sha256"]))
     report = verify_run(r, open_store(str(store_dir)), RUN)
     assert not report.ok
     assert "not of this plan" in report.problems["b0000000"] and "incarnation 0000" in report.problems["b0000000"]

@@ -181,7 +181,7 @@ def test_a_run_on_slurm_survives_scancel_time_limits_and_added_workers(slurm, re
         t = step("both array tasks extracting", t)
         slurm.run("scancel", f"{array}_1")
         in_hand = time.monotonic() - seen
-        wait_until(f"batch {victim} done after scancel", lambda: r.sismember(keys.done, victim), 120, interval=0.1)
+        wait_until(f"batch {victim} done after scancel", lambda: ledger.is_done(r, run, victim), 120, interval=0.1)
         t = step("scancel of a busy task: the batch in hand finished by it, uploaded by another task", t,
                  f"batch {victim}, in hand {in_hand:.1f} s at scancel, batches >= 1 s")
         # Issue 41 item 6: what this figure is. The cancelled worker finishes the batch in hand (rq's warm stop,

@@ -77,7 +77,7 @@ def test_wiped_memory_tier_loses_nothing(r, redis_server, tiny_model, tmp_path):
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="wipe"))
     run_worker(worker_config(redis_server.url, disk, run="wipe", memory_spool_dir=mem, memory_spool_budget_bytes=2**30))
     batches = ledger.run_totals(r, "wipe")["batches"]
-    assert len(spool.spool_files(mem, "wipe")) == batches and not r.scard("hsx:wipe:done")
+    assert len(spool.spool_files(mem, "wipe")) == batches and not ledger.done_count(r, "wipe")
     shutil.rmtree(mem)  # the host went down: tmpfs is empty after the reboot; Redis still holds the upload jobs
     run_uploader(upload_config(redis_server.url, disk, memory_spool_dir=mem))  # each job finds its file gone
     assert len(queues.queue(r, queues.extract_queue_name("wipe"))) == batches  # re-enqueued, nothing done

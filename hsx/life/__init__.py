@@ -46,9 +46,11 @@ from hsx.life.ledger import (
     all_specs,
     dead_letters,
     done_among,
+    done_count,
     done_ids,
     done_info,
     done_record,
+    done_records,
     drop_failures_of_done,
     failures,
     get_manifest,
@@ -60,6 +62,7 @@ from hsx.life.ledger import (
     save_plan,
     uploaded_since,
 )
+from hsx.life.oldledger import OldLedger, convert_old_ledger, old_ledger
 from hsx.life.prefixerror import (
     PREFIX_WARN_REL_L2,
     prefix_error,

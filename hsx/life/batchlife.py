@@ -32,7 +32,8 @@ leased      ``extract_leases`` member: a GPU worker computes it (expiry on Redis
 spooled     its file in a host's spool, a ``u-<run>-<batch>-<seq>`` job on ``upload@<host>``;
             first time only: ``spooled_log``
 uploading   ``upload_leases`` member + ``upload_jobs`` entry: an uploader holds it
-done        ``done`` member (+ ``done_info``, counters, ``done_seq``, ``done_log``): verified in the store
+done        a record in its ``done:<chunk>`` hash (hsx/life/doneledger.py; + counters, ``done_seq``,
+            ``done_log``): verified in the store
 failed      a ``failures`` record {attempts, last_error, ts} (attempts < max) and queued again
 dead        a ``dead`` record: needs a person (``hsx retry-failed``, the dashboard)
 
@@ -79,7 +80,7 @@ from rq.job import Job
 
 from hsx.defaults import QUEUE_AHEAD
 from hsx.errors import HsxError
-from hsx.life import heartbeat, leases, ledger, queues
+from hsx.life import doneledger, heartbeat, leases, ledger, oldledger, queues
 from hsx.life.keys import RunKeys
 from hsx.life.queues import UploadJob
 from hsx.life.uploadpolicy import UPLOAD_FAILURES, UploadFailure, upload_backoff
@@ -131,7 +132,7 @@ def state_of(r: redis.Redis, run: str, bid: str) -> State | None:
     keys = RunKeys(run)
     pipe = r.pipeline(transaction=False)
     pipe.hexists(keys.plan, bid)
-    pipe.sismember(keys.done, bid)
+    pipe.hstrlen(keys.done_chunk(doneledger.slot(bid)[0]), doneledger.slot(bid)[1])
     pipe.hexists(keys.dead, bid)
     pipe.zscore(keys.upload_leases, bid)
     pipe.zscore(keys.extract_leases, bid)
@@ -209,7 +210,7 @@ def feed(r: redis.Redis, run: str, limit: int | None = None, ahead: int | None =
     if not count:
         return 0
     bids = [layout.batch_id(i) for i in range(first, first + count)]
-    done = ledger.done_among(r, run, bids)   # one SMISMEMBER for the whole step
+    done = ledger.done_among(r, run, bids)   # one pipeline of HMGETs (a hundred batches each) for the whole step
     todo = [b for b in bids if b not in done]
     enqueue(r, run, todo, first=True, pipe=pipe)
     return len(todo)
@@ -220,15 +221,15 @@ def unfed(bid: str, fed: int | None) -> bool:
     return fed is not None and bid[1:].isdigit() and int(bid[1:]) >= fed
 
 
-# KEYS: extract queue, plan, done, windows, totals, then each job's rq hash ; ARGV: job id, batch id (pairs)
+# KEYS: extract queue, plan, done prefix, windows, totals, then each job's rq hash ; ARGV: job id, batch id (pairs)
 # Each job still queued (LREM found it: no worker took it) goes, its hash too, and its batch leaves the plan unless
 # done; then the window records go and the totals count the plan again. Returns how many jobs went.
-_WITHDRAW = """
+_WITHDRAW = doneledger.LUA_DONE + """
 local withdrawn = 0
 for i = 1, #ARGV, 2 do
   if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
     redis.call('DEL', KEYS[5 + (i + 1) / 2])
-    if redis.call('SISMEMBER', KEYS[3], ARGV[i + 1]) == 0 then redis.call('HDEL', KEYS[2], ARGV[i + 1]) end
+    if not is_done(KEYS[3], ARGV[i + 1]) then redis.call('HDEL', KEYS[2], ARGV[i + 1]) end
     withdrawn = withdrawn + 1
   end
 end
@@ -250,13 +251,14 @@ def withdraw(r: redis.Redis, run: str) -> int:
     withdrawn = 0
     for start in range(0, max(len(ours), 1), WITHDRAW_CHUNK):
         chunk = ours[start:start + WITHDRAW_CHUNK]
-        withdrawn += int(r.eval(_WITHDRAW, 5 + len(chunk), q.key, keys.plan, keys.done, keys.windows, keys.totals,
+        withdrawn += int(r.eval(_WITHDRAW, 5 + len(chunk), q.key, keys.plan, keys.done_prefix, keys.windows, keys.totals,
                                 *(Job.key_for(job_id) for job_id, _ in chunk),
                                 *(part for pair in chunk for part in pair)))
     fed = fed_count(r, run)
     if fed is not None:  # batches not fed yet have no job to take back: they leave the plan too (unless done)
         later = [text(b) for b in r.hkeys(keys.plan) if unfed(text(b), fed)]
-        later = [b for b in later if b not in ledger.done_among(r, run, later)]
+        settled = ledger.done_among(r, run, later)   # once (it was asked again for each batch)
+        later = [b for b in later if b not in settled]
         for start in range(0, len(later), WITHDRAW_CHUNK):
             r.hdel(keys.plan, *later[start:start + WITHDRAW_CHUNK])
         if later:
@@ -265,11 +267,13 @@ def withdraw(r: redis.Redis, run: str) -> int:
 
 
 # ---- leased ----------------------------------------------------------------------------------------
-# KEYS: done, plan, extract_leases, extract queue ; ARGV: batch_id, lease_seconds
-# Returns {'done', <queue length>} (nothing written), {'unplanned', <queue length>} (nothing written) or
-# {'leased', <spec JSON>, <queue length>} with the lease's expiry at Redis TIME + lease_seconds.
-_LEASE = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return {'done', redis.call('LLEN', KEYS[4])} end
+# KEYS: done prefix, plan, extract_leases, extract queue, the old ledger's done SET ; ARGV: batch_id, lease_seconds
+# Returns {'done', <queue length>} (nothing written), {'unplanned', <queue length>} (nothing written), {'old', 0}
+# (nothing written: a run whose ledger an older hsx wrote) or {'leased', <spec JSON>, <queue length>} with
+# the lease's expiry at Redis TIME + lease_seconds.
+_LEASE = doneledger.LUA_DONE + """
+if redis.call('EXISTS', KEYS[5]) == 1 then return {'old', 0} end
+if is_done(KEYS[1], ARGV[1]) then return {'done', redis.call('LLEN', KEYS[4])} end
 local spec = redis.call('HGET', KEYS[2], ARGV[1])
 if not spec then return {'unplanned', redis.call('LLEN', KEYS[4])} end
 local t = redis.call('TIME')
@@ -282,9 +286,11 @@ def lease(r: redis.Redis, run: str, bid: str, lease_seconds: float) -> ledger.Ba
     """planned | failed | dead -> leased, in one script: the batch's spec, or None if it is not in the plan.
     A done batch is refused (IllegalTransition, state DONE): a duplicate delivery has nothing to compute."""
     keys = RunKeys(run)
-    found = r.eval(_LEASE, 4, keys.done, keys.plan, keys.extract_leases,
-                   queues.queue(r, queues.extract_queue_name(run)).key, bid, lease_seconds)
+    found = r.eval(_LEASE, 5, keys.done_prefix, keys.plan, keys.extract_leases,
+                   queues.queue(r, queues.extract_queue_name(run)).key, keys.done, bid, lease_seconds)
     outcome = text(found[0])
+    if outcome == "old":
+        raise oldledger.OldLedger(oldledger.why_old(run))
     if int(found[-1]) < QUEUE_AHEAD // 2:   # the queue runs low: top it up from the plan (whatever this job was)
         feed(r, run)
     if outcome == "done":
@@ -298,9 +304,9 @@ def release(r: redis.Redis, run: str, bid: str) -> None:
     leases.drop(r, RunKeys(run).extract_leases, bid)
 
 
-# KEYS: done, extract_leases ; ARGV: batch_id. Returns 1 (and drops the lease) if the batch is done, else 0.
-_RELEASE_IF_DONE = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end
+# KEYS: done prefix, extract_leases ; ARGV: batch_id. Returns 1 (and drops the lease) if the batch is done, else 0.
+_RELEASE_IF_DONE = doneledger.LUA_DONE + """
+if not is_done(KEYS[1], ARGV[1]) then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
 """
@@ -310,7 +316,7 @@ def release_if_done(r: redis.Redis, run: str, bid: str) -> bool:
     """A computed batch that is done already (a duplicate delivery finished elsewhere first): its extract
     lease dropped and True, in one script; nothing to write then. False, nothing written: go on and spool it."""
     keys = RunKeys(run)
-    return bool(r.eval(_RELEASE_IF_DONE, 2, keys.done, keys.extract_leases, bid))
+    return bool(r.eval(_RELEASE_IF_DONE, 2, keys.done_prefix, keys.extract_leases, bid))
 
 
 def hand_back(r: redis.Redis, run: str, bid: str, leased: bool = True) -> bool:
@@ -373,7 +379,7 @@ def finish(r: redis.Redis, run: str, spec: ledger.BatchSpec, key: str, size: int
     uploader's host, whose ``uploaded`` record (the last UPLOADED_SECONDS, its upload rate) gains the batch."""
     recorded = ledger.mark_done(r, run, spec, key, size, sha256, by)
     if recorded and host:
-        ledger.note_uploaded(r, run, host, spec.batch_id)
+        ledger.note_uploaded(r, run, host, spec.batch_id, spec.tokens, size)
     return recorded
 
 

@@ -1,8 +1,8 @@
 """The done sequence: the order in which a run's batches were recorded done, as a follower reads it.
 
-``mark_done`` (hsx/life/ledger.py) appends a batch to ``done_seq`` in the script that records it done;
-``sequence_done`` gives a place to the done batches that lack one (recorded by an hsx older than the
-sequence, or by a ledger rebuilt from the store). A sequence has a generation, made once and lost with
+``mark_done`` (hsx/life/ledger.py) appends a batch to ``done_seq`` in the script that records it done (once:
+a batch taken out and done again keeps its place, hsx/life/doneledger.py); ``sequence_done`` gives a place to
+the done batches that lack one (the list lost while the ledger was not). A sequence has a generation, made once and lost with
 the list, so a follower's cursor (a position in one sequence) is refused in another.
 """
 
@@ -13,18 +13,20 @@ from dataclasses import dataclass
 
 import redis
 
+from hsx.life import doneledger
 from hsx.life.keys import RunKeys
-from hsx.life.ledger import done_ids
+from hsx.life.ledger import done_count, done_ids
 from hsx.redisconn import text
 
-# KEYS: done, done_seq, done_seq_pos ; ARGV: the batch ids of done, sorted
-# Appends, in the given order, the done batches done_seq lacks (recorded by an hsx older than done_seq, or
-# by a rebuilt ledger). Idempotent; returns how many were appended.
-_SEQUENCE_DONE = """
+# KEYS: done prefix, done_seq ; ARGV: the length done_seq had when the missing ones were found, then their ids
+# Appends, in the given order, the batches still done of those done_seq lacked, if done_seq is as long as when they
+# were found (else -1, nothing written: something was appended meanwhile, the caller looks again). Returns how many.
+_SEQUENCE_DONE = doneledger.LUA_DONE + """
+if redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[1]) then return -1 end
 local added = 0
-for _, bid in ipairs(ARGV) do
-  if redis.call('SISMEMBER', KEYS[1], bid) == 1 and redis.call('HSETNX', KEYS[3], bid, redis.call('LLEN', KEYS[2])) == 1 then
-    redis.call('RPUSH', KEYS[2], bid)
+for i = 2, #ARGV do
+  if is_done(KEYS[1], ARGV[i]) then
+    redis.call('RPUSH', KEYS[2], ARGV[i])
     added = added + 1
   end
 end
@@ -33,10 +35,22 @@ return added
 
 
 def sequence_done(r: redis.Redis, run: str) -> int:
-    """Give every done batch a place in ``done_seq`` (the ones without one, in batch-id order)."""
+    """Give every done batch a place in ``done_seq`` (the ones without one, in batch-id order): the ones a Redis
+    that lost the list but kept the ledger left without. O(1) when done_seq is at least as long as the ledger has
+    done batches (every batch ``mark_done`` records gets its place in the same script); else O(run)."""
     keys = RunKeys(run)
-    missing = sorted(done_ids(r, run) - {text(x) for x in r.hkeys(keys.done_seq_pos)})
-    return int(r.eval(_SEQUENCE_DONE, 3, keys.done, keys.done_seq, keys.done_seq_pos, *missing)) if missing else 0
+    for _ in range(10):
+        length = r.llen(keys.done_seq)
+        if length >= done_count(r, run):
+            return 0
+        placed = {text(x) for x in r.lrange(keys.done_seq, 0, length - 1)}
+        missing = sorted(done_ids(r, run) - placed)
+        if not missing:
+            return 0
+        added = int(r.eval(_SEQUENCE_DONE, 2, keys.done_prefix, keys.done_seq, length, *missing))
+        if added >= 0:
+            return added
+    raise RuntimeError(f"run {run!r}: done_seq kept growing while its missing batches were placed; try again")
 
 
 def sequence_generation(r: redis.Redis, run: str) -> str:

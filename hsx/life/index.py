@@ -33,7 +33,7 @@ def write_index_if_complete(r, store, run: str) -> bool:
     """Write ``<run>/index.jsonl`` when every planned batch is done. Idempotent; True if the run is complete."""
     keys = RunKeys(run)
     total, planning = (int(x) if x is not None else None for x in r.hmget(keys.totals, "batches", "planning"))
-    if planning or total is None or r.scard(keys.done) != total:   # planning: the producer has windows to go
+    if planning or total is None or ledger.done_count(r, run) != total:   # planning: the producer has windows to go
         return False
     if r.get(keys.index_written):
         return True

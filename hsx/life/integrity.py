@@ -59,18 +59,26 @@ def check_batch(store, run: str, spec: ledger.BatchSpec, info: dict | None, quic
     return None, contents.sample_ids
 
 
-def unmark_missing_done(r, store, run: str, specs: dict[str, ledger.BatchSpec] | None = None) -> list[str]:
+def unmark_missing_done(r, store, run: str, specs: dict[str, ledger.BatchSpec] | None = None,
+                        listed: dict[str, int] | None = None) -> list[str]:
     """Take out of the ledger every done batch whose object is missing or of the wrong size (quick check).
-    ``specs``: the run's plan, if the caller read it already (read here if None)."""
+    ``specs``: the run's plan, if the caller read it already (read here if None). The store is listed once with
+    its objects' sizes (a HEAD a done batch was O(run) requests, and a local store's HEAD hashes the
+    file); a batch whose object the listing does not show at the ledger's size is checked by its HEAD, as before,
+    and leaves the ledger only if that finds it missing or of the wrong size. ``listed``: that listing, where the
+    caller made it (``store.list_sizes(f"{run}/batches/")``; made here if None)."""
     specs = ledger.all_specs(r, run) if specs is None else specs
     infos = ledger.done_info(r, run)
+    listed = store.list_sizes(f"{run}/batches/") if listed is None else listed
+    doubtful = [bid for bid in sorted(set(infos) & set(specs))
+                if listed.get(layout.batch_key(run, specs[bid].shard, bid)) != infos[bid]["size"]]
 
     def one(bid):
         return bid, check_batch(store, run, specs[bid], infos[bid], quick=True)[0]
 
     repaired = []
     with ThreadPoolExecutor(CHECK_THREADS) as pool:
-        for bid, problem in pool.map(one, sorted(set(infos) & set(specs))):
+        for bid, problem in pool.map(one, doubtful):
             if problem and batchlife.reopen(r, run, specs[bid], requeue=False):  # `hsx produce` queues it
                 log.warning("%s was recorded done but %s; it will be extracted again", bid, problem)
                 repaired.append(bid)

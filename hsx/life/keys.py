@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RUNS = "hsx:runs"  # SET of run names, no TTL
-LOG_SECONDS = 3600  # how long done_log and spooled_log keep a batch (s): the rate window, the chart, the stall check
+LOG_SECONDS = 3600  # how long done_log and spooled_log keep a batch (s): the stall check, the last activity...
+LOG_KEEP = 256  # ...and how many batches at most (the rates and the chart read rate_minutes: O(minutes), not batches)
 UPLOADED_SECONDS = 3600  # how long a host's ``uploaded`` ZSET remembers a batch (s): longer than any rate window
 
 
@@ -33,12 +34,29 @@ class RunKeys:
         return self._k("totals")
 
     @property
-    def done(self) -> str:  # SET of batch ids verified in the store: the ledger; no TTL
+    def done_prefix(self) -> str:  # prefix of the done ledger's chunks (hsx/life/doneledger.py)
+        return self._k("done:")
+
+    def done_chunk(self, chunk: str) -> str:  # HASH (listpack, <= 100 fields) last 2 chars of a batch id -> done
+        # record: raw SHA-256 + size in decimal, or "" (done once, taken out again); the ledger; no TTL
+        return self.done_prefix + chunk
+
+    @property
+    def done_chunks(self) -> str:  # SET of the chunk names done_chunk keys were written for; no TTL
+        return self._k("done_chunks")
+
+    # The ledger of an older hsx (read only by hsx/life/oldledger.py, which converts it):
+    @property
+    def done(self) -> str:  # SET of batch ids verified in the store; no TTL
         return self._k("done")
 
     @property
     def done_info(self) -> str:  # HASH batch_id -> JSON {size, sha256} (an older hsx's: + key, by, ts); no TTL
         return self._k("done_info")
+
+    @property
+    def done_seq_pos(self) -> str:  # HASH batch_id -> its 0-based position in done_seq; no TTL
+        return self._k("done_seq_pos")
 
     @property
     def counters(self) -> str:  # HASH done counters (batches, samples, tokens, bytes); no TTL
@@ -49,12 +67,9 @@ class RunKeys:
         return self._k("shard_done")
 
     @property
-    def done_seq(self) -> str:  # LIST of batch ids in the order first recorded done (what a follower reads); no TTL
+    def done_seq(self) -> str:  # LIST of batch ids in the order first recorded done (what a follower reads); a
+        # batch taken out of the ledger and done again keeps its first place (its emptied done record says so); no TTL
         return self._k("done_seq")
-
-    @property
-    def done_seq_pos(self) -> str:  # HASH batch_id -> its 0-based position in done_seq; no TTL
-        return self._k("done_seq_pos")
 
     @property
     def done_seq_generation(self) -> str:  # STRING: random id of this done_seq (gone with it after a Redis loss); no TTL
@@ -151,7 +166,8 @@ class RunKeys:
         return self._k("hosts")
 
     def uploaded(self, host: str) -> str:  # ZSET batch_id scored by unix time ``host``'s uploaders recorded it done;
-        # trimmed to the last UPLOADED_SECONDS on each write (the host's upload rate); no TTL
+        # trimmed to the last UPLOADED_SECONDS and LOG_KEEP batches on each write (the host's upload rate is read
+        # from rate_minutes' ``up:<host>:...`` counts; an older hsx's run: from here); no TTL
         return self._k(f"uploaded:{host}")
 
     @property

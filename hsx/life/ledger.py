@@ -13,33 +13,37 @@ pipeline. The order batches were recorded done in (``done_seq``, what followers 
 
 from __future__ import annotations
 
-import json
 import time
 
 import redis
 
 from hsx.errors import HsxError
-from hsx.life import errorlog, records
+from hsx.life import doneledger, errorlog, oldledger, records
 from hsx.life.batchspec import BatchSpec  # the plan's record (ledger.BatchSpec, as every reader names it)
-from hsx.life.keys import LOG_SECONDS, RUNS, UPLOADED_SECONDS, RunKeys
-from hsx.redisconn import int_hash, json_hash, text
+from hsx.life.keys import LOG_KEEP, LOG_SECONDS, RUNS, UPLOADED_SECONDS, RunKeys
+from hsx.redisconn import int_hash, text
 from hsx.runspec import Manifest
 
-# KEYS: done, done_info, counters, shard_done, done_log, failures, dead, done_seq, done_seq_pos, rate_minutes
-# ARGV: batch_id, info_json, samples, tokens, bytes, shard, now, unix minute, LOG_SECONDS
-# Returns 1 if this call recorded the batch, 0 if it was already done. Either way the batch is no
-# longer a failure or a dead letter: a batch done is done (a dead letter left from before a Redis loss,
-# or by an upload that ran while the plan was being saved again, must not outlive it). A batch recorded
-# for the first time is appended to done_seq (the order a run follower reads batches in); one recorded
-# again after a repair keeps its place.
-_MARK_DONE = """
+# KEYS: done prefix, done_chunks, counters, shard_done, done_log, failures, dead, done_seq, old done SET, rate_minutes
+# ARGV: batch_id, record (hsx.life.doneledger.encode), samples, tokens, bytes, shard, now, unix minute, LOG_SECONDS,
+# LOG_KEEP
+# Returns 1 if this call recorded the batch, 0 if it was already done, -1 (nothing written) for a run whose ledger
+# an older hsx wrote (hsx/life/oldledger.py). Either way (1 or 0) the batch is no longer a failure or a
+# dead letter: a batch done is done (a dead letter left from before a Redis loss, or by an upload that ran while the
+# plan was being saved again, must not outlive it). A batch recorded for the first time is appended to done_seq
+# (the order a run follower reads batches in); one recorded again after a repair (its record emptied) keeps its place.
+_MARK_DONE = doneledger.LUA_DONE + """
+if redis.call('EXISTS', KEYS[9]) == 1 then return -1 end
 redis.call('HDEL', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[7], ARGV[1])
-if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
-if redis.call('HSETNX', KEYS[9], ARGV[1], redis.call('LLEN', KEYS[8])) == 1 then
+local key, field = done_slot(KEYS[1], ARGV[1])
+local was = redis.call('HGET', key, field)
+if was and #was > 0 then return 0 end
+if not was then
   redis.call('RPUSH', KEYS[8], ARGV[1])
+  redis.call('SADD', KEYS[2], string.sub(key, #KEYS[1] + 1))
 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSET', key, field, ARGV[2])
 redis.call('HINCRBY', KEYS[3], 'batches', 1)
 redis.call('HINCRBY', KEYS[3], 'samples', ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'tokens', ARGV[4])
@@ -47,21 +51,25 @@ redis.call('HINCRBY', KEYS[3], 'bytes', ARGV[5])
 redis.call('HINCRBY', KEYS[4], ARGV[6], 1)
 redis.call('ZADD', KEYS[5], ARGV[7], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', tonumber(ARGV[7]) - tonumber(ARGV[9]))
+redis.call('ZREMRANGEBYRANK', KEYS[5], 0, -tonumber(ARGV[10]) - 1)
 redis.call('HSETNX', KEYS[10], 'done:first', math.floor(tonumber(ARGV[7])))
+redis.call('HSET', KEYS[10], 'done:last', ARGV[7])
 redis.call('HINCRBY', KEYS[10], 'done:' .. ARGV[8] .. ':b', 1)
 redis.call('HINCRBY', KEYS[10], 'done:' .. ARGV[8] .. ':s', ARGV[3])
 redis.call('HINCRBY', KEYS[10], 'done:' .. ARGV[8] .. ':t', ARGV[4])
 return 1
 """
 
-# KEYS: spooled_log, rate_minutes, plan ; ARGV: batch_id, now, unix minute, LOG_SECONDS
-# A batch reaching a spool for the first time (in the last LOG_SECONDS: the log keeps no more): its time in
-# spooled_log, its minute's counts (samples and tokens from its plan entry; 0 where that is not one) and the run's
-# count and first time in rate_minutes. Returns 1 if first.
+# KEYS: spooled_log, rate_minutes, plan ; ARGV: batch_id, now, unix minute, LOG_SECONDS, LOG_KEEP
+# A batch reaching a spool for the first time (in the last LOG_SECONDS and LOG_KEEP batches: the log keeps no more):
+# its time in spooled_log, its minute's counts (samples and tokens from its plan entry; 0 where that is not one) and
+# the run's count, first and last time in rate_minutes. Returns 1 if first.
 _MARK_SPOOLED = """
 if redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1]) == 0 then return 0 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[4]))
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -tonumber(ARGV[5]) - 1)
 redis.call('HSETNX', KEYS[2], 'spooled:first', math.floor(tonumber(ARGV[2])))
+redis.call('HSET', KEYS[2], 'spooled:last', ARGV[2])
 redis.call('HINCRBY', KEYS[2], 'spooled:count', 1)
 local samples, tokens = 0, 0
 local raw = redis.call('HGET', KEYS[3], ARGV[1])
@@ -78,11 +86,12 @@ redis.call('HINCRBY', KEYS[2], 'spooled:' .. ARGV[3] .. ':t', tokens)
 return 1
 """
 
-# KEYS: failures, dead, done, kept_uploads ; ARGV: batch_id, error, now, max_attempts, kept upload job JSON (or "")
-# Returns the attempt count; moves the record to dead letters at max_attempts (with the kept upload, if any). A
-# batch already done records nothing and returns 0 (a late failure of a duplicate copy is no failure of the batch).
-_RECORD_FAILURE = """
-if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return 0 end
+# KEYS: failures, dead, done prefix, kept_uploads ; ARGV: batch_id, error, now, max_attempts, kept upload job JSON
+# (or ""). Returns the attempt count; moves the record to dead letters at max_attempts (with the kept upload, if
+# any). A batch already done records nothing and returns 0 (a late failure of a duplicate copy is no failure of the
+# batch).
+_RECORD_FAILURE = doneledger.LUA_DONE + """
+if is_done(KEYS[3], ARGV[1]) then return 0 end
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 local attempts = 1
 if raw then
@@ -157,43 +166,56 @@ def all_specs(r: redis.Redis, run: str) -> dict[str, BatchSpec]:
 
 
 def done_ids(r: redis.Redis, run: str) -> set[str]:
-    return {text(x) for x in r.smembers(RunKeys(run).done)}
+    """Every done batch: O(run) (hsx.life.doneledger); OldLedger for a run an older hsx recorded."""
+    oldledger.refuse(r, run)
+    return doneledger.done_ids(r, run)
 
 
 def is_done(r: redis.Redis, run: str, bid: str) -> bool:
-    return bool(r.sismember(RunKeys(run).done, bid))
+    return bool(done_among(r, run, [bid]))
 
 
 def done_among(r: redis.Redis, run: str, bids: list[str]) -> set[str]:
-    """Those of ``bids`` the ledger holds done (one SMISMEMBER; none for no ``bids``)."""
-    if not bids:
-        return set()
-    return {b for b, is_done in zip(bids, r.smismember(RunKeys(run).done, bids), strict=True) if is_done}
+    """Those of ``bids`` the ledger holds done (one HMGET a hundred batches, pipelined; none for no ``bids``)."""
+    return doneledger.done_among(r, run, bids) if bids else set()
+
+
+def done_count(r: redis.Redis, run: str) -> int:
+    """Batches done now (one HGET of the counter the ledger's scripts keep)."""
+    return doneledger.done_count(r, run)
 
 
 def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sha256: str, by: str) -> bool:
     """Record a verified batch. Call only after the store verified the object. True if newly recorded.
 
-    Its ``done_info`` record is ``{"size", "sha256"}``, what every reader checks an object against (the
-    object's key is the run's layout's, ``by`` is in the uploader's log, the time in ``done_log``; an older hsx's
-    record also holds ``key``, ``by`` and ``ts``)."""
+    Its record is its object's size and SHA-256 (hsx.life.doneledger), what every reader checks an object against
+    (the object's key is the run's layout's, ``by`` is in the uploader's log, the time in ``done_log``).
+    OldLedger (nothing written) for a run whose ledger an older hsx wrote (sets and a hash a batch)."""
     keys = RunKeys(run)
     now = time.time()
-    info = json.dumps({"size": size, "sha256": sha256}, separators=(",", ":"))
-    recorded = r.eval(_MARK_DONE, 10, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
-                      keys.failures, keys.dead, keys.done_seq, keys.done_seq_pos, keys.rate_minutes,
-                      spec.batch_id, info, spec.samples, spec.tokens, size, spec.shard, now, int(now // 60),
-                      LOG_SECONDS)
-    return bool(recorded)
+    recorded = int(r.eval(_MARK_DONE, 10, keys.done_prefix, keys.done_chunks, keys.counters, keys.shard_done,
+                          keys.done_log, keys.failures, keys.dead, keys.done_seq, keys.done, keys.rate_minutes,
+                          spec.batch_id, doneledger.encode(size, sha256), spec.samples, spec.tokens, size, spec.shard,
+                          now, int(now // 60), LOG_SECONDS, LOG_KEEP))
+    if recorded < 0:
+        raise oldledger.OldLedger(oldledger.why_old(run))
+    return recorded == 1
 
 
-def note_uploaded(r: redis.Redis, run: str, host: str, bid: str) -> None:
-    """``host``'s uploaders recorded ``bid`` done now: its ``uploaded`` record gains it and forgets what is older
-    than UPLOADED_SECONDS (one pipeline; the record holds a window of the host's rate, never the run)."""
-    key, now = RunKeys(run).uploaded(host), time.time()
+def note_uploaded(r: redis.Redis, run: str, host: str, bid: str, tokens: int = 0, nbytes: int = 0) -> None:
+    """``host``'s uploaders recorded ``bid`` (``tokens``, ``nbytes``) done now: the minute's counts of the host in
+    ``rate_minutes`` (``up:<host>:<minute>:b|t|B``, and ``up:<host>:since``: its upload rate, read in O(minutes)), and
+    its ``uploaded``
+    record gains it and forgets what is older than UPLOADED_SECONDS or the LOG_KEEP newest (one pipeline; neither
+    grows with the run)."""
+    keys, now = RunKeys(run), time.time()
     pipe = r.pipeline(transaction=False)
-    pipe.zadd(key, {bid: now})
-    pipe.zremrangebyscore(key, "-inf", now - UPLOADED_SECONDS)
+    pipe.hsetnx(keys.rate_minutes, f"up:{host}:since", int(now))
+    for what, n in (("b", 1), ("t", tokens), ("B", nbytes)):
+        pipe.hincrby(keys.rate_minutes, f"up:{host}:{int(now // 60)}:{what}", n)
+    pipe.zadd(keys.uploaded(host), {bid: now})
+    pipe.zremrangebyscore(keys.uploaded(host), "-inf", now - UPLOADED_SECONDS)
+    pipe.zremrangebyrank(keys.uploaded(host), 0, -LOG_KEEP - 1)
     pipe.execute()
 
 
@@ -210,7 +232,7 @@ def mark_spooled(r: redis.Redis, run: str, bid: str, pipe=None, nbytes: int = 0)
     counts of the rate; count its bytes."""
     keys, now = RunKeys(run), time.time()
     (pipe or r).eval(_MARK_SPOOLED, 3, keys.spooled_log, keys.rate_minutes, keys.plan, bid, now, int(now // 60),
-                     LOG_SECONDS)
+                     LOG_SECONDS, LOG_KEEP)
     if nbytes:
         (pipe or r).hincrby(RunKeys(run).counters, WRITTEN_BYTES, nbytes)
 
@@ -221,7 +243,7 @@ def record_failure(r: redis.Redis, run: str, bid: str, error: str, max_attempts:
     ``kept``: the JSON of a kept spool file's upload job, written to ``kept_uploads`` if it becomes a dead letter
     (in the same script). ``lost_worker``: the worker the reaper took the batch back from (in the error log)."""
     keys = RunKeys(run)
-    attempts = int(r.eval(_RECORD_FAILURE, 4, keys.failures, keys.dead, keys.done, keys.kept_uploads, bid,
+    attempts = int(r.eval(_RECORD_FAILURE, 4, keys.failures, keys.dead, keys.done_prefix, keys.kept_uploads, bid,
                           error[-2000:], time.time(), max_attempts, kept))
     if attempts:
         errorlog.append(r, run, bid, error, attempts, lost_worker=lost_worker)  # kept after the batch is done
@@ -235,7 +257,8 @@ def drop_failures_of_done(r: redis.Redis, run: str) -> list[str]:
     bids = sorted({text(b) for key in (keys.failures, keys.dead) for b in r.hkeys(key)})
     if not bids:
         return []
-    settled = [b for b, done in zip(bids, r.smismember(keys.done, bids), strict=True) if done]
+    done = done_among(r, run, bids)
+    settled = [b for b in bids if b in done]
     _drop_failure_records(r, keys, settled)
     return settled
 
@@ -276,25 +299,23 @@ def run_totals(r: redis.Redis, run: str) -> dict[str, int]:
     return int_hash(r, RunKeys(run).totals)
 
 
-# KEYS: done, done_info, counters, shard_done, done_log, index marker ; ARGV: batch_id, samples, tokens, shard
-# Undo a mark_done whose object turned out missing or corrupt. Returns 1 if it was done. The index
-# marker goes too: the index is written again (with the new object's digest) once the run completes.
-_UNMARK_DONE = """
-local raw = redis.call('HGET', KEYS[2], ARGV[1])
-if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('DEL', KEYS[6])
-local size = 0
-if raw then
-  local ok, info = pcall(cjson.decode, raw)
-  if ok and type(info) == 'table' and tonumber(info['size']) then size = tonumber(info['size']) end
-end
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HINCRBY', KEYS[3], 'batches', -1)
-redis.call('HINCRBY', KEYS[3], 'samples', -tonumber(ARGV[2]))
-redis.call('HINCRBY', KEYS[3], 'tokens', -tonumber(ARGV[3]))
-redis.call('HINCRBY', KEYS[3], 'bytes', -size)
-redis.call('HINCRBY', KEYS[4], ARGV[4], -1)
-redis.call('ZREM', KEYS[5], ARGV[1])
+# KEYS: done prefix, counters, shard_done, done_log, index marker ; ARGV: batch_id, samples, tokens, shard
+# Undo a mark_done whose object turned out missing or corrupt: its record emptied (it keeps its place in done_seq).
+# Returns 1 if it was done. The index marker goes too: the index is written again (with the new object's digest)
+# once the run completes.
+_UNMARK_DONE = doneledger.LUA_DONE + """
+local key, field = done_slot(KEYS[1], ARGV[1])
+local raw = redis.call('HGET', key, field)
+if not raw or #raw == 0 then return 0 end
+redis.call('HSET', key, field, '')
+redis.call('DEL', KEYS[5])
+local size = tonumber(string.sub(raw, 33)) or 0
+redis.call('HINCRBY', KEYS[2], 'batches', -1)
+redis.call('HINCRBY', KEYS[2], 'samples', -tonumber(ARGV[2]))
+redis.call('HINCRBY', KEYS[2], 'tokens', -tonumber(ARGV[3]))
+redis.call('HINCRBY', KEYS[2], 'bytes', -size)
+redis.call('HINCRBY', KEYS[3], ARGV[4], -1)
+redis.call('ZREM', KEYS[4], ARGV[1])
 return 1
 """
 
@@ -302,16 +323,22 @@ return 1
 def unmark_done(r: redis.Redis, run: str, spec: BatchSpec) -> bool:
     """Take a batch out of the ledger (its object is missing or corrupt), counters included."""
     keys = RunKeys(run)
-    return bool(r.eval(_UNMARK_DONE, 6, keys.done, keys.done_info, keys.counters, keys.shard_done, keys.done_log,
+    return bool(r.eval(_UNMARK_DONE, 5, keys.done_prefix, keys.counters, keys.shard_done, keys.done_log,
                        keys.index_written, spec.batch_id, spec.samples, spec.tokens, spec.shard))
 
 
 def done_info(r: redis.Redis, run: str) -> dict[str, dict]:
-    return json_hash(r, RunKeys(run).done_info)
+    """Batch id -> {size, sha256} of every done batch: O(run); OldLedger for a run an older hsx recorded."""
+    oldledger.refuse(r, run)
+    return doneledger.done_info(r, run)
+
+
+def done_records(r: redis.Redis, run: str, bids: list[str]) -> dict[str, dict | None]:
+    """The ledger's records of ``bids`` ({size, sha256}; None: not done, or a record this hsx does not write)."""
+    return {bid: doneledger.decode(raw) for bid, raw in doneledger.records_of(r, run, bids).items()}
 
 
 def done_record(r: redis.Redis, run: str, bid: str) -> dict | None:
-    """The ledger's record of ``bid`` ({size, sha256}, as ``mark_done`` wrote it; an older hsx's also key, by, ts);
-    None while it is not done (never was, or a repair took it out)."""
-    raw = r.hget(RunKeys(run).done_info, bid)
-    return json.loads(raw) if raw else None
+    """The ledger's record of ``bid`` ({size, sha256}, as ``mark_done`` wrote it); None while it is not done (never
+    was, or a repair took it out)."""
+    return doneledger.done_record(r, run, bid)

@@ -70,11 +70,12 @@ def check_object(store, run: str, spec: ledger.BatchSpec, full: bool) -> tuple[s
 
 
 class Rebuild:
-    """The producer's rebuild, window by window: the store is listed once, each window's specs checked."""
+    """The producer's rebuild, window by window: the store is listed once, each window's specs checked.
+    ``present``: the run's batch keys in the store, where the caller listed them already (listed here if None)."""
 
-    def __init__(self, r, store, run: str, done: set[str]):
+    def __init__(self, r, store, run: str, done: set[str], present: set[str] | None = None):
         self.r, self.store, self.run, self.done = r, store, run, done   # ``done`` gains what is rebuilt
-        self.present = set(store.list_keys(f"{run}/batches/"))
+        self.present = set(store.list_keys(f"{run}/batches/")) if present is None else present
         self.rebuilt: list[str] = []
 
     def check(self, specs: list[ledger.BatchSpec]) -> list[str]:

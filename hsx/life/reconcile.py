@@ -35,7 +35,7 @@ import logging
 
 import redis
 
-from hsx.life import batchlife, leases, queues
+from hsx.life import batchlife, doneledger, leases, ledger, queues
 from hsx.life.keys import RunKeys
 from hsx.redisconn import text
 from hsx.store import layout
@@ -70,12 +70,12 @@ def handed_out(r: redis.Redis, run: str, bids: set[str]) -> set[str]:
 
 RECONCILE_CHUNK = 4096  # batches a pass checks of a run fed in steps, besides the last 2 x QUEUE_AHEAD fed
 
-# KEYS: plan, done, dead, extract_leases, upload_leases ; ARGV: batch ids
+# KEYS: plan, done prefix, dead, extract_leases, upload_leases ; ARGV: batch ids
 # Those of the ids planned and neither done, dead nor leased (each check O(1): the script is O(ids)).
-_UNACCOUNTED = """
+_UNACCOUNTED = doneledger.LUA_DONE + """
 local out = {}
 for _, bid in ipairs(ARGV) do
-  if redis.call('HEXISTS', KEYS[1], bid) == 1 and redis.call('SISMEMBER', KEYS[2], bid) == 0
+  if redis.call('HEXISTS', KEYS[1], bid) == 1 and not is_done(KEYS[2], bid)
      and redis.call('HEXISTS', KEYS[3], bid) == 0 and not redis.call('ZSCORE', KEYS[4], bid)
      and not redis.call('ZSCORE', KEYS[5], bid) then
     out[#out + 1] = bid
@@ -110,20 +110,19 @@ def orphans(r: redis.Redis, run: str, also=(), advance: bool = False, whole: boo
         ids = ([layout.batch_id(i) for i in range(fed)] if whole
                else sorted(set(_fed_candidates(r, run, fed, advance)) | set(also)))
         left = {text(b) for start in range(0, len(ids), 256) for b in r.eval(   # ~0.5 ms of Redis a script
-            _UNACCOUNTED, 5, keys.plan, keys.done, keys.dead, keys.extract_leases, keys.upload_leases,
+            _UNACCOUNTED, 5, keys.plan, keys.done_prefix, keys.dead, keys.extract_leases, keys.upload_leases,
             *ids[start:start + 256])}
         return _not_queued(r, run, left)
     queue_names = _queue_names(r, run)
     pipe = r.pipeline(transaction=False)
     pipe.hkeys(keys.plan)
-    pipe.smembers(keys.done)
     pipe.hkeys(keys.dead)
     pipe.zrange(keys.extract_leases, 0, -1)
     pipe.zrange(keys.upload_leases, 0, -1)
     for name in queue_names:
         pipe.lrange(queues.queue(r, name).key, 0, -1)
-    plan, done, dead, xl, ul, *lists = pipe.execute()
-    left = {text(b) for b in plan} - {text(b) for b in done} - {text(b) for b in dead}
+    plan, dead, xl, ul, *lists = pipe.execute()
+    left = {text(b) for b in plan} - ledger.done_ids(r, run) - {text(b) for b in dead}
     left -= {text(b) for b in xl} | {text(b) for b in ul}
     return _discard_listed(run, left, lists)
 
@@ -160,8 +159,8 @@ def off_limits(r, run: str) -> str | None:
     """Why no reconciler may enqueue ``run`` now, or None: planned only, being reset, being planned, gone."""
     keys = RunKeys(run)
     # One EXISTS each: ``r`` may be a pipeline in WATCH mode, where commands run at once.
-    lock, planned_only, resetting, manifest = (r.exists(k) for k in (keys.producer_lock, keys.planned_only,
-                                                                     keys.resetting, keys.manifest))
+    lock, planned_only, resetting, manifest, old = (r.exists(k) for k in (
+        keys.producer_lock, keys.planned_only, keys.resetting, keys.manifest, keys.done))
     if resetting:
         return "being reset"
     if planned_only:
@@ -170,6 +169,8 @@ def off_limits(r, run: str) -> str | None:
         return "a producer is planning / enqueueing it"
     if not manifest:
         return "not planned"
+    if old:
+        return "its done ledger is an older hsx's (`hsx produce` converts it)"
     return None
 
 
@@ -179,7 +180,7 @@ def reconcile(r: redis.Redis, run: str, grace: float) -> list[str]:
     if off_limits(r, run):
         return []
     total = int(r.hget(keys.totals, "batches") or 0)
-    if total and r.scard(keys.done) >= total:
+    if total and ledger.done_count(r, run) >= total:
         r.delete(keys.orphans)
         return []
     now = leases.redis_now(r)

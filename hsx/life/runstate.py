@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import redis
 
+from hsx.life import doneledger
 from hsx.life.keys import RunKeys
 from hsx.redisconn import text
 
@@ -62,14 +63,15 @@ class Outstanding:
 
 def outstanding(r: redis.Redis, run: str) -> Outstanding:
     """Planned batches, done batches and dead letters not done, now: one MULTI (totals, done count, dead
-    letters), and one SMISMEMBER when there are dead letters (which of them are done)."""
+    letters), and one pipeline of HMGETs when there are dead letters (which of them are done)."""
     keys = RunKeys(run)
     pipe = r.pipeline(transaction=True)
     pipe.hmget(keys.totals, "batches", "planning")
-    pipe.scard(keys.done)
+    pipe.hget(keys.counters, "batches")
     pipe.hkeys(keys.dead)
     (total, planning), done, dead = pipe.execute()
     dead = sorted(text(b) for b in dead)
     if dead:
-        dead = [b for b, is_done in zip(dead, r.smismember(keys.done, dead), strict=True) if not is_done]
-    return Outstanding(None if total is None else int(total), int(done), bool(planning and int(planning)), dead)
+        settled = doneledger.done_among(r, run, dead)
+        dead = [b for b in dead if b not in settled]
+    return Outstanding(None if total is None else int(total), int(done or 0), bool(planning and int(planning)), dead)

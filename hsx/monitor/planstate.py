@@ -15,6 +15,7 @@ import shlex
 import redis
 
 from hsx import defaults as D
+from hsx import life
 from hsx.life import RunKeys, records
 from hsx.runspec import Manifest
 
@@ -82,6 +83,33 @@ def plan_entries(r: redis.Redis, run: str, malformed: list[str]) -> dict[str, di
     """The plan, batch id -> its spec as a record ({samples, tokens, shard, ...}, hsx.life.records.SPEC); an
     entry that is not one is skipped and named in ``malformed``."""
     return records.json_hash(r, RunKeys(run).plan, malformed, records.SPEC, records.SPEC_REQUIRED)
+
+
+def plan_tokens(r: redis.Redis, run: str, bids: list[str], malformed: list[str]) -> dict[str, int]:
+    """Tokens of the batches ``bids`` from their plan entries (one HMGET); an entry that is not a record is left out
+    and named in ``malformed`` (once)."""
+    key, out = RunKeys(run).plan, {}
+    for bid, raw in zip(bids, r.hmget(key, bids) if bids else [], strict=True):
+        where = f"{key} {records.name(bid)}"
+        seen: list[str] = []
+        spec = records.decode(raw, where, seen, records.SPEC, records.SPEC_REQUIRED) if raw else None
+        malformed.extend(m for m in seen if m not in malformed)
+        if spec:
+            out[bid] = spec["tokens"]
+    return out
+
+
+def window_spans(r: redis.Redis, run: str) -> list[range] | None:
+    """The batch ranges of the run's window records (O(windows)), or None if one is not a record hsx writes."""
+    spans = []
+    for raw in life.window_records(r, run).values():
+        try:
+            rec = json.loads(raw)
+            first, batches = int(rec["first_batch"]), int(rec["batches"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        spans.append(range(first, first + batches))
+    return sorted(spans, key=lambda s: s.start)
 
 
 def planned_batches(r: redis.Redis, run: str) -> int | None:

@@ -9,6 +9,7 @@ import redis
 from hsx import fleet, life
 from hsx.life import RunKeys, records
 from hsx.monitor import evaluation, planstate
+from hsx.monitor.minutes import window_counts
 from hsx.runspec import Manifest, ManifestError
 
 RATE_WINDOW_SECONDS = 300  # rates are averaged over the last five minutes...
@@ -59,18 +60,7 @@ def _minutes(r: redis.Redis, run: str, kind: str, now: float, window: float) -> 
     key = RunKeys(run).rate_minutes
     if not r.exists(key):
         return None
-    start = now - window
-    minutes = range(int(start // 60), int(now // 60) + 1)
-    raw = r.hmget(key, [f"{kind}:{m}:{what}" for m in minutes for what in "bst"])
-    totals = [0.0, 0.0, 0.0]
-    for i, m in enumerate(minutes):
-        share = min(max(((m + 1) * 60 - start) / 60, 0.0), 1.0)
-        for j in range(3):
-            try:
-                totals[j] += share * int(raw[3 * i + j] or 0)
-            except ValueError:
-                pass   # not a count: adds nothing
-    return dict(zip(("batches", "samples", "tokens"), (round(t) for t in totals), strict=True))
+    return dict(zip(("batches", "samples", "tokens"), window_counts(r, key, kind, "bst", now, window), strict=True))
 
 
 def _window(r: redis.Redis, run: str, log_key: str, now: float, window: float, span: float | None = None,
@@ -104,8 +94,8 @@ def _not_done(r: redis.Redis, keys: RunKeys, records_by_batch: dict[str, dict]) 
     drops such records in mark_done and `hsx produce`; one written by an older hsx is not shown)."""
     if not records_by_batch:
         return records_by_batch
-    bids = list(records_by_batch)
-    return {b: records_by_batch[b] for b, done in zip(bids, r.smismember(keys.done, bids), strict=True) if not done}
+    done = life.done_among(r, keys.run, list(records_by_batch))
+    return {b: rec for b, rec in records_by_batch.items() if b not in done}
 
 
 def fidelity(r: redis.Redis, run: str, malformed: list[str]) -> dict | None:

@@ -4,9 +4,12 @@ The chart's data: tokens/s extracted and uploaded, in fixed time buckets.
 
 Read from the run's ``spooled_log`` (a batch reached a spool = extracted) and
 ``done_log`` (verified in the store = uploaded) ZSETs, batch id scored by unix
-time; a batch's tokens come from the plan. Bucket ``i`` covers
-``[start + i * bucket, start + (i + 1) * bucket)``; values are tokens per second
-averaged over the bucket. The last bucket of a live run is still filling.
+time, a batch's tokens from the plan; each log keeps the last LOG_KEEP batches,
+so what is older than a log's oldest entry comes from the run's
+per-minute token counts (``rate_minutes``), spread evenly over the minute.
+Bucket ``i`` covers ``[start + i * bucket, start + (i + 1) * bucket)``; values
+are tokens per second averaged over the bucket. The last bucket of a live run
+is still filling.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import math
 import redis
 
 from hsx.life import RunKeys
+from hsx.monitor.planstate import plan_tokens
 from hsx.redisconn import text
 
 MIN_SPAN_SECONDS = 120  # a young run still gets a chart two minutes wide
@@ -37,29 +41,71 @@ def last_activity(r: redis.Redis, run: str) -> float:
     return max(filter(None, (_last_score(r, keys.done_log), _last_score(r, keys.spooled_log))), default=0.0)
 
 
-def throughput_series(r: redis.Redis, run: str, tokens_of: dict[str, int], now: float, complete: bool,
-                      span_seconds: int, bucket_seconds: int) -> dict:
+def _mark(r: redis.Redis, run: str, field: str) -> float | None:
+    raw = r.hget(RunKeys(run).rate_minutes, field)
+    try:
+        return float(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def throughput_series(r: redis.Redis, run: str, tokens_of: dict[str, int] | None, now: float, complete: bool,
+                      span_seconds: int, bucket_seconds: int, malformed: list[str] | None = None) -> dict:
     """``{bucket_seconds, start, end, extracted_tokens_per_s: [...], uploaded_tokens_per_s: [...]}``.
 
     The chart ends now, or for a complete run at its last upload. It spans the
-    run's history, between MIN_SPAN_SECONDS and ``span_seconds``.
+    run's history, between MIN_SPAN_SECONDS and ``span_seconds``. ``tokens_of``:
+    batch id -> tokens where the caller holds the plan (else the logs' batches'
+    plan entries are read: at most 2 x LOG_KEEP; one that is not a record is
+    named in ``malformed``).
     """
     keys = RunKeys(run)
     end = now
     if complete:
-        end = _last_score(r, keys.done_log) or now
+        end = _mark(r, run, "done:last") or _last_score(r, keys.done_log) or now
     end = math.floor(end / bucket_seconds) * bucket_seconds + bucket_seconds
-    first = min(filter(None, (_first_score(r, keys.spooled_log), _first_score(r, keys.done_log))), default=end)
+    firsts = [_mark(r, run, "spooled:first"), _mark(r, run, "done:first"),
+              _first_score(r, keys.spooled_log), _first_score(r, keys.done_log)]
+    first = min(filter(None, firsts), default=end)
     span = min(max(end - first, MIN_SPAN_SECONDS), span_seconds)
     n = int(math.ceil(span / bucket_seconds))
     start = end - n * bucket_seconds
     out = {"bucket_seconds": bucket_seconds, "start": start, "end": end}
-    for name, key in (("extracted_tokens_per_s", keys.spooled_log), ("uploaded_tokens_per_s", keys.done_log)):
-        tokens = [0] * n
-        for raw, ts in r.zrangebyscore(key, start, f"({end}", withscores=True):
-            bid = text(raw)
+    for name, key, kind in (("extracted_tokens_per_s", keys.spooled_log, "spooled"),
+                            ("uploaded_tokens_per_s", keys.done_log, "done")):
+        tokens = [0.0] * n
+        logged = [(text(raw), ts) for raw, ts in r.zrangebyscore(key, start, f"({end}", withscores=True)]
+        if tokens_of is None:
+            found = plan_tokens(r, run, [bid for bid, _ in logged], [] if malformed is None else malformed)
+        for bid, ts in logged:
             i = int((ts - start) // bucket_seconds)
             if 0 <= i < n:
-                tokens[i] += tokens_of.get(bid, 0)
+                tokens[i] += (tokens_of if tokens_of is not None else found).get(bid, 0)
+        oldest, first_mark = _first_score(r, key), _mark(r, run, f"{kind}:first")
+        if oldest is not None and first_mark is not None and first_mark < math.floor(oldest):
+            _spread_minutes(r, keys.rate_minutes, kind, tokens, start, min(oldest, end), bucket_seconds)
         out[name] = [t / bucket_seconds for t in tokens]
     return out
+
+
+def _spread_minutes(r: redis.Redis, key: str, kind: str, tokens: list[float], start: float, until: float,
+                    bucket_seconds: int) -> None:
+    """Add to ``tokens`` (buckets from ``start``) the minute counts of ``kind`` before ``until`` (what the log no
+    longer holds), each minute's tokens spread evenly over it."""
+    if until <= start:
+        return
+    minutes = list(range(int(start // 60), int(until // 60) + 1))
+    counts = r.hmget(key, [f"{kind}:{m}:t" for m in minutes])
+    for m, raw in zip(minutes, counts, strict=True):
+        try:
+            total = int(raw or 0)
+        except ValueError:
+            continue   # not a count: adds nothing
+        lo, hi = max(m * 60, start), min(m * 60 + 60, until)
+        t = lo
+        while total and t < hi:
+            i = int((t - start) // bucket_seconds)
+            edge = min(start + (i + 1) * bucket_seconds, hi)
+            if 0 <= i < len(tokens):
+                tokens[i] += total * (edge - t) / 60
+            t = edge

@@ -83,6 +83,16 @@ class Store(ABC):
     def list_keys(self, prefix: str) -> list[str]:
         """Keys under ``prefix`` (recursive), sorted."""
 
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        """Key -> size in bytes of every object under ``prefix``, from the listing where the store's listing tells
+        sizes (one request a thousand objects on S3, a stat a file on disk); here, a HEAD an object."""
+        sizes = {}
+        for key in self.list_keys(prefix):
+            head = self.head(key)
+            if head is not None:
+                sizes[key] = head.size
+        return sizes
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""

@@ -93,6 +93,20 @@ class LocalStore(Store):
         return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
                       if p.is_file() and not p.name.startswith("."))
 
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        base = self.path(prefix) if prefix else self.root
+        if not base.exists():
+            return {}
+        sizes = {}
+        for p in base.rglob("*"):
+            if not p.name.startswith("."):
+                try:
+                    if p.is_file():
+                        sizes[str(p.relative_to(self.root))] = p.stat().st_size
+                except FileNotFoundError:   # deleted while listed
+                    continue
+        return sizes
+
     def temp_files(self, prefix: str) -> list[tuple[Path, float]]:
         """Hidden ``.<name>.tmp-<pid>`` files under ``prefix`` (a writer killed mid-put) with their age in s."""
         import time

@@ -369,5 +369,12 @@ class S3Store(Store):
             keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
         return sorted(keys)
 
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        strip = len(self._k(""))
+        sizes = {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.s.bucket, Prefix=self._k(prefix)):
+            sizes.update((obj["Key"][strip:], int(obj["Size"])) for obj in page.get("Contents", []))
+        return sizes
+
     def delete(self, key: str) -> None:
         self._call(f"delete {self.url(key)}", lambda: self.client.delete_object(Bucket=self.s.bucket, Key=self._k(key)))
