@@ -27,7 +27,7 @@ import json
 import re
 from typing import Any
 
-from hsx.prep.rows import RowRejected
+from hsx.prep.rejected import RowRejected
 
 TURN = re.compile(r"(?:^|\n)[ \t]*(USER|ASSISTANT|FUNCTION RESPONSE|SYSTEM):[ \t]?")
 ROLES = {"USER": "user", "ASSISTANT": "assistant", "FUNCTION RESPONSE": "tool"}

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from os.path import commonprefix
 from typing import Any
 
-from hsx.prep.rows import RowRejected
+from hsx.prep.rejected import RowRejected
 
 MAX_BACKTRACK = 256             # alignment attempts beyond the first before a row is rejected
 REASONING_FIELDS = ("reasoning_content", "thinking")

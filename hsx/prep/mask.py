@@ -59,7 +59,7 @@ from hsx.prep.marking import (
     marker_base,
     splits_special,
 )
-from hsx.prep.rows import RowRejected
+from hsx.prep.rejected import RowRejected
 
 Render = Callable[..., str]      # render(messages, tools, add_generation_prompt) -> text
 BOUNDARY = frozenset(">]}\n \t")  # a prompt and a finished turn that part mid-text part after the last of these

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hsx.prep.columns import ColumnMapping, preset_for
+from hsx.prep.glaive import glaive_messages
+from hsx.prep.rejected import RowRejected
 
 OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                 "tool": "tool", "function": "tool"}
@@ -40,18 +42,6 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
                   "function_call": "assistant", "observation": "tool", "tool": "tool", "function": "tool",
                   "tool_response": "tool"}
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
-
-
-class RowRejected(ValueError):
-    """This row cannot be used. ``reason`` is a short stable code (for counting); the message says why."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-
-    @property
-    def reason_code(self) -> str:
-        return self.reason
 
 
 @dataclass(frozen=True)
@@ -257,7 +247,6 @@ def read_conversation(data: dict[str, Any], mapping: ColumnMapping | None = None
         system = data.get(mapping.system[0]) if mapping.system else data.get("system")
         messages, fmt = _sharegpt_messages(raw, system), "sharegpt"
     elif isinstance(data.get("chat"), str):   # Glaive function calling v2 as it ships: system + chat strings
-        from hsx.prep.glaive import glaive_messages
 
         raw, tools = glaive_messages(data)
         messages = [_openai_message(t, m) for t, m in enumerate(raw)]

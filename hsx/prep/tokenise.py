@@ -22,7 +22,8 @@ from hsx.errors import HsxError
 from hsx.prep.columns import ColumnMapping
 from hsx.prep.mask import LOCATED_BY, TemplateError, TemplateShape, assistant_spans, probe_shape
 from hsx.prep.perturn import turn_id, turns
-from hsx.prep.rows import RowRejected, given_parts, read_conversation
+from hsx.prep.rejected import RowRejected
+from hsx.prep.rows import given_parts, read_conversation
 
 __all__ = ["ChatTokeniser", "RowProblem", "RowRejected", "TemplateArgsError", "TemplateError", "Tokenised",
            "parse_template_kwargs"]

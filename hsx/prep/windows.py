@@ -29,8 +29,8 @@ import numpy as np
 
 from hsx.prep.dataset import Row, RowError, iter_rows
 from hsx.prep.mixture import MixedRow, Mixture
+from hsx.prep.rejected import RowRejected
 from hsx.prep.report import RejectedRow, Sample, TokenisedRow, TokeniseReport, Window
-from hsx.prep.rows import RowRejected
 from hsx.prep.tokenise import sample_id_of
 
 log = logging.getLogger(__name__)
