@@ -272,7 +272,8 @@ def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> Wind
             batch_id=layout.batch_id(index), index=index, shard=layout.shard_of(index, cfg.batches_per_shard),
             samples=len(batch.members), tokens=batch.tokens, padded=batch.padded, padded_len=batch.padded_len,
             sample_ids=[samples[i].sample_id for i in batch.members],
-            prefix_groups=[list(g) for g in batch.groups], computed=batch.computed if batch.groups else 0))
+            prefix_groups=[list(g) for g in batch.groups], computed=batch.computed if batch.groups else 0,
+            source=window.source))
     if planning.rebuild is not None:
         planning.rebuild.check(specs)
     specs = write_inputs(planning.store, cfg.run, samples, planned, specs, planning.done, planning.suspect)

@@ -145,3 +145,38 @@ def test_a_mixture_run_extracts_and_reads_back_both_sources_same_ids(r, redis_se
     assert len(ds.get("b/x0")["input_ids"]) > len(ds.get("a/x0")["input_ids"])   # b's rows are longer
     assert [(s["source"], s["done"]["samples"], s["samples"]) for s in source_progress(r, "mixe")] == \
         [("a", 3, 3), ("b", 2, 2)]
+
+
+def test_each_source_s_done_counts_are_kept_as_batches_are_recorded_not_read_from_the_ledger(r, redis_server,
+                                                                                               tiny_model, tmp_path):
+    """hsx status / the dashboard at 10M samples: a source's done batches, samples and tokens are counters the
+    done script moves (O(sources) to read), not a scan of the done ledger and the plan (O(run)). A run whose counts
+    do not add up (batches an older hsx recorded) is counted from the ledger, as before."""
+    mixture_run(redis_server.url, tiny_model, tmp_path, "mixc")
+    specs = sorted(planned_specs(r, "mixc").values(), key=lambda s: s.index)
+    assert {ledger.get_spec(r, "mixc", s.batch_id).source for s in specs} == {"a", "b"}   # the plan names it
+    a_batches = [s for s in specs if s.sample_ids[0].startswith("a/")]
+    b_first = next(s for s in specs if s.sample_ids[0].startswith("b/"))
+    done(r, open_store(str(tmp_path / "store")), "mixc", *[s.batch_id for s in a_batches], b_first.batch_id)
+    counted = {s["source"]: s["done"] for s in source_progress(r, "mixc")}
+    assert counted == {"a": {"batches": len(a_batches), "samples": 6, "tokens": sum(s.tokens for s in a_batches)},
+                       "b": {"batches": 1, "samples": b_first.samples, "tokens": b_first.tokens}}
+    counters = ledger.done_counters(r, "mixc")
+    assert counters["src:b:b"] == 1 and counters["src:a:s"] == 6
+
+    # read without the ledger: its done records hidden, the counts stay (the scan would find none)
+    chunks = [k for k in r.scan_iter("hsx:mixc:done:*")]
+    assert chunks
+    saved = {k: r.hgetall(k) for k in chunks}
+    r.delete(*chunks)
+    assert {s["source"]: s["done"] for s in source_progress(r, "mixc")} == counted
+    for k, fields in saved.items():
+        r.hset(k, mapping=fields)
+
+    # a repair takes a batch out: its source's counts move back
+    assert ledger.unmark_done(r, "mixc", ledger.get_spec(r, "mixc", b_first.batch_id))
+    assert {s["source"]: s["done"] for s in source_progress(r, "mixc")}["b"] == {"batches": 0, "samples": 0,
+                                                                                "tokens": 0}
+    # counts that do not add up (an older hsx recorded a batch without them): the ledger is scanned instead
+    r.hincrby("hsx:mixc:counters", "src:a:b", -1)
+    assert {s["source"]: s["done"]["batches"] for s in source_progress(r, "mixc")} == {"a": len(a_batches), "b": 0}

@@ -47,6 +47,7 @@ from hsx.life.ledger import (
     dead_letters,
     done_among,
     done_count,
+    done_counters,
     done_ids,
     done_info,
     done_record,

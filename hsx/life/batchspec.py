@@ -53,6 +53,7 @@ class BatchSpec:
     prefix_groups: list = field(default_factory=list)
     computed: int = 0
     ids_sha256: str = ""     # ids_digest(sample_ids) where the plan keeps the ids in the store ("": an older plan)
+    source: str = ""         # a mixture's source the batch's window read (hsx/prep/mixture.py); "": one dataset
 
     def to_json(self) -> str:
         if self.ids_sha256 and not self.sample_ids and self.batch_id == _batch_id(self.index):
@@ -62,6 +63,8 @@ class BatchSpec:
             del fields["prefix_groups"], fields["computed"]
         if not self.ids_sha256:
             del fields["ids_sha256"]
+        if not self.source:
+            del fields["source"]
         if not self.sample_ids and self.ids_sha256:
             del fields["sample_ids"]
         return json.dumps(fields, separators=(",", ":"))
@@ -76,6 +79,8 @@ class BatchSpec:
             fields["in"] = _b64(self.input_sha256)
         if self.prefix_groups:
             fields.update(g=self.prefix_groups, c=self.computed)
+        if self.source:
+            fields["src"] = self.source
         return json.dumps(fields, separators=(",", ":"))
 
     @property
@@ -117,7 +122,7 @@ class BatchSpec:
             return cls(batch_id=batch_id, index=index, shard=fields["shard"], samples=fields["samples"],
                        tokens=fields["tokens"], padded=fields["p"], padded_len=fields["l"],
                        input_sha256=_hex(fields["in"]) if "in" in fields else "", ids_sha256=fields["d"],
-                       prefix_groups=fields.get("g", []), computed=fields.get("c", 0))
+                       prefix_groups=fields.get("g", []), computed=fields.get("c", 0), source=fields.get("src", ""))
         if "max_len" in fields:  # plans recorded before the field was named for what it holds
             fields["padded_len"] = fields.pop("max_len")
         return cls(**fields)

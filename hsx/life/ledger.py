@@ -26,7 +26,7 @@ from hsx.runspec import Manifest
 
 # KEYS: done prefix, done_chunks, counters, shard_done, done_log, failures, dead, done_seq, old done SET, rate_minutes
 # ARGV: batch_id, record (hsx.life.doneledger.encode), samples, tokens, bytes, shard, now, unix minute, LOG_SECONDS,
-# LOG_KEEP
+# LOG_KEEP, mixture source ("" for a run of one dataset: its batches, samples and tokens counted under src:<source>:)
 # Returns 1 if this call recorded the batch, 0 if it was already done, -1 (nothing written) for a run whose ledger
 # an older hsx wrote (hsx/life/oldledger.py). Either way (1 or 0) the batch is no longer a failure or a
 # dead letter: a batch done is done (a dead letter left from before a Redis loss, or by an upload that ran while the
@@ -48,6 +48,11 @@ redis.call('HINCRBY', KEYS[3], 'batches', 1)
 redis.call('HINCRBY', KEYS[3], 'samples', ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'tokens', ARGV[4])
 redis.call('HINCRBY', KEYS[3], 'bytes', ARGV[5])
+if ARGV[11] ~= '' then
+  redis.call('HINCRBY', KEYS[3], 'src:' .. ARGV[11] .. ':b', 1)
+  redis.call('HINCRBY', KEYS[3], 'src:' .. ARGV[11] .. ':s', ARGV[3])
+  redis.call('HINCRBY', KEYS[3], 'src:' .. ARGV[11] .. ':t', ARGV[4])
+end
 redis.call('HINCRBY', KEYS[4], ARGV[6], 1)
 redis.call('ZADD', KEYS[5], ARGV[7], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', tonumber(ARGV[7]) - tonumber(ARGV[9]))
@@ -196,7 +201,7 @@ def mark_done(r: redis.Redis, run: str, spec: BatchSpec, key: str, size: int, sh
     recorded = int(r.eval(_MARK_DONE, 10, keys.done_prefix, keys.done_chunks, keys.counters, keys.shard_done,
                           keys.done_log, keys.failures, keys.dead, keys.done_seq, keys.done, keys.rate_minutes,
                           spec.batch_id, doneledger.encode(size, sha256), spec.samples, spec.tokens, size, spec.shard,
-                          now, int(now // 60), LOG_SECONDS, LOG_KEEP))
+                          now, int(now // 60), LOG_SECONDS, LOG_KEEP, spec.source))
     if recorded < 0:
         raise oldledger.OldLedger(oldledger.why_old(run))
     return recorded == 1
@@ -299,7 +304,8 @@ def run_totals(r: redis.Redis, run: str) -> dict[str, int]:
     return int_hash(r, RunKeys(run).totals)
 
 
-# KEYS: done prefix, counters, shard_done, done_log, index marker ; ARGV: batch_id, samples, tokens, shard
+# KEYS: done prefix, counters, shard_done, done_log, index marker ; ARGV: batch_id, samples, tokens, shard, mixture
+# source (as _MARK_DONE)
 # Undo a mark_done whose object turned out missing or corrupt: its record emptied (it keeps its place in done_seq).
 # Returns 1 if it was done. The index marker goes too: the index is written again (with the new object's digest)
 # once the run completes.
@@ -314,6 +320,11 @@ redis.call('HINCRBY', KEYS[2], 'batches', -1)
 redis.call('HINCRBY', KEYS[2], 'samples', -tonumber(ARGV[2]))
 redis.call('HINCRBY', KEYS[2], 'tokens', -tonumber(ARGV[3]))
 redis.call('HINCRBY', KEYS[2], 'bytes', -size)
+if ARGV[5] ~= '' then
+  redis.call('HINCRBY', KEYS[2], 'src:' .. ARGV[5] .. ':b', -1)
+  redis.call('HINCRBY', KEYS[2], 'src:' .. ARGV[5] .. ':s', -tonumber(ARGV[2]))
+  redis.call('HINCRBY', KEYS[2], 'src:' .. ARGV[5] .. ':t', -tonumber(ARGV[3]))
+end
 redis.call('HINCRBY', KEYS[3], ARGV[4], -1)
 redis.call('ZREM', KEYS[4], ARGV[1])
 return 1
@@ -324,7 +335,14 @@ def unmark_done(r: redis.Redis, run: str, spec: BatchSpec) -> bool:
     """Take a batch out of the ledger (its object is missing or corrupt), counters included."""
     keys = RunKeys(run)
     return bool(r.eval(_UNMARK_DONE, 5, keys.done_prefix, keys.counters, keys.shard_done, keys.done_log,
-                       keys.index_written, spec.batch_id, spec.samples, spec.tokens, spec.shard))
+                       keys.index_written, spec.batch_id, spec.samples, spec.tokens, spec.shard,
+                       spec.source))
+
+
+def done_counters(r: redis.Redis, run: str) -> dict[str, int]:
+    """The run's done counters (one small hash): batches, samples, tokens, bytes, and a mixture's per source
+    (``src:<source>:b|s|t``), as the scripts that record a batch done or take it out move them."""
+    return int_hash(r, RunKeys(run).counters)
 
 
 def done_info(r: redis.Redis, run: str) -> dict[str, dict]:

@@ -2,8 +2,9 @@
 
 Nothing is kept per sample or per batch for this: every window of a mixture holds one source's rows, and its
 record (``life.window_records``, one a window) names that source beside its batch range and counts; a source's
-done batches are the ledger's done batches in its ranges, their samples and tokens read from their plan entries
-(or from the caller's plan summary: the dashboard keeps one). A run of one dataset has no sources: ``[]``.
+done batches, samples and tokens are counted under its name when a batch is recorded done (the plan entry names
+its source), so reading them is O(sources). A run whose counts do not add up (batches recorded by an older hsx)
+is counted from the ledger's done batches in each source's ranges instead. A run of one dataset has no sources: ``[]``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,31 @@ def source_progress(r: redis.Redis, run: str, samples_of: dict[str, int] | None 
             row[key] += n
         row["batches"] += batches
         ranges[rec["source"]].append(range(first, first + batches))
+    counted = _counted(r, run, rows)
+    if counted is not None:   # every done batch counted under its source as it was recorded: O(sources)
+        for name, done in counted.items():
+            rows[name]["done"].update(done)
+        return list(rows.values())
+    _scan_done(r, run, rows, ranges, samples_of, tokens_of)
+    return list(rows.values())
+
+
+def _counted(r: redis.Redis, run: str, rows: dict[str, dict]) -> dict[str, dict] | None:
+    """Each source's done batches, samples and tokens from the run's done counters (``src:<source>:b|s|t``, moved
+    with the ledger's by the script that records a batch done or takes it out: hsx/life/ledger.py); None where
+    they do not add up to the run's done batches (batches recorded by an hsx that kept no such counts, or a ledger
+    rebuilt from the store): the caller counts from the ledger instead."""
+    counters = life.done_counters(r, run)
+    done = {name: {"batches": counters.get(f"src:{name}:b", 0), "samples": counters.get(f"src:{name}:s", 0),
+                   "tokens": counters.get(f"src:{name}:t", 0)} for name in rows}
+    if sum(d["batches"] for d in done.values()) != counters.get("batches", 0):
+        return None
+    return done
+
+
+def _scan_done(r: redis.Redis, run: str, rows: dict[str, dict], ranges: dict[str, list[range]],
+               samples_of: dict[str, int] | None, tokens_of: dict[str, int] | None) -> None:
+    """Each source's done counts from the done ledger (O(run)) and the plan entries of partly done sources."""
     spans = sorted((span.start, span.stop, name) for name, found in ranges.items() for span in found)
     starts = [start for start, _, _ in spans]
     done_by: dict[str, list[str]] = {name: [] for name in rows}
@@ -75,7 +101,6 @@ def source_progress(r: redis.Redis, run: str, samples_of: dict[str, int] | None 
         elif mine:
             specs = life.get_specs(r, run, mine)
             row["done"].update(samples=sum(s.samples for s in specs), tokens=sum(s.tokens for s in specs))
-    return list(rows.values())
 
 
 def source_lines(sources: list[dict]) -> list[str]:
