@@ -11,7 +11,7 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "call $1 on: $GPU"
 step() {  # step LOG ENV... -- STEP
   local log=$1; shift
-  env PADDING=0 "$@" 2>&1 | tee "$OUT/$log" | grep -E '^\||^=== |\[bench\]|rel L2|FAILED|Error|error' | tail -40
+  env PADDING=0 "$@" 2>&1 | tee "$OUT/$log" | grep -v '^\s*$' | tail -n 50
 }
 case "$1:$GPU" in
   A:*H200*) step 27b.log TOKENS_27B=200000 T_27B=275 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
