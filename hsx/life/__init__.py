@@ -1,11 +1,13 @@
-"""A batch's and a run's life in Redis: the face of the wing.
+"""A run's life in Redis: the face of the wing, and the Redis data model of hsx.
 
-The run's keys (``RunKeys``), its ledger (plan, manifest, done, failures, the done sequence), a batch's
-transitions (``batchlife``: one function per change of state), leases, rq queues and jobs, heartbeats, the
-reconciler, the ledger rebuilt from the store, a batch object checked against the plan, a batch file's
-provenance, reset, sealing a run (its index and error records), the run as a whole (here? planned only? still
-planning? what is left?) and the producer's window records. ``records`` is a namespace: the shapes of
-hsx's Redis records, read without trusting them. Everything not named in ``__all__`` is private to the wing.
+``Run(r, name)`` is the handle on one run (hsx/life/run.py): the ledger's reads, a batch's changes of state, the
+leases, heartbeats and records of its roles, its checks against the store, with the run's limits loaded from its
+manifest. Every Redis record of a run is written through it. Beside it, the nouns a caller names: the run's keys
+(``RunKeys``), the plan's record (``BatchSpec``), a batch's ``State``, an upload job and why one failed, what is
+left of a run (``Outstanding``), a window of the done sequence, a rebuild's result, the errors a caller catches,
+``records`` (a namespace: the shapes of hsx's Redis records, read without trusting them), and the rq plumbing a
+role's process needs before it has a run (its queues, its job class, JSON instead of pickle). Everything not
+named here is private to the wing.
 """
 
 # ruff: noqa: F401  (a face imports the names it offers: hsx/face.py)
@@ -15,117 +17,29 @@ from typing import TYPE_CHECKING
 
 from hsx.face import face
 from hsx.life import records
-from hsx.life.computeerror import (
-    BF16_REFERENCE,
-    DEQUANTISED_REFERENCE,
-    claim_compute_error,
-    compute_error,
-    compute_error_recorded,
-    record_compute_error,
-)
-from hsx.life.donesequence import SequenceWindow, sequence_done, sequence_generation, sequence_length, sequence_window
-from hsx.life.errorlog import recent_failures
-from hsx.life.heartbeat import (
-    publish_current,
-    publish_heartbeat,
-    publish_host,
-    publish_stopped,
-    read_hosts,
-    read_workers,
-    sweep_heartbeats,
-    ttl_seconds,
-    worker_alive,
-)
-from hsx.life.idle import run_complete
+from hsx.life.batchspec import BatchSpec
+from hsx.life.donesequence import SequenceWindow
+from hsx.life.heartbeat import ttl_seconds
 from hsx.life.keys import RunKeys
-from hsx.life.leases import redis_now, refresh_extract_leases, refresh_upload_leases
-from hsx.life.ledger import (
-    WRITTEN_BYTES,
-    BatchSpec,
-    RunVanished,
-    all_specs,
-    dead_letters,
-    done_among,
-    done_count,
-    done_counters,
-    done_ids,
-    done_info,
-    done_record,
-    done_records,
-    drop_failures_of_done,
-    failures,
-    get_manifest,
-    get_spec,
-    get_specs,
-    is_done,
-    list_runs,
-    require_manifest,
-    save_plan,
-    uploaded_since,
-)
-from hsx.life.oldledger import OldLedger, convert_old_ledger, old_ledger
-from hsx.life.prefixerror import (
-    PREFIX_WARN_REL_L2,
-    prefix_error,
-    prefix_error_line,
-    prefix_error_recorded,
-    record_prefix_error,
-)
-from hsx.life.runstate import (
-    Outstanding,
-    mark_planned_only,
-    outstanding,
-    planning_in_progress,
-    run_exists,
-    unmark_planned_only,
-)
-from hsx.life.storeerror import ERROR_SAMPLE_EVERY, record_store_error, store_error_summary
-from hsx.life.uploadpolicy import UPLOAD_FAILURES, UploadFailure
-from hsx.life.weightsrecord import WeightsRecordError, record_weights, recorded_weights
-from hsx.life.windowrecords import forget_windows_from, save_window, window_records
+from hsx.life.leases import redis_now
+from hsx.life.ledger import RunVanished
+from hsx.life.run import Run
+from hsx.life.runstate import Outstanding
+from hsx.life.uploadpolicy import UploadFailure
 
-if TYPE_CHECKING:  # these modules import rq or torch: loaded on first use (hsx/face.py)
-    from hsx.life.batchlife import (
-        IllegalTransition,
-        State,
-        enqueue,
-        fail,
-        fed_count,
-        feed,
-        finish,
-        hand_back,
-        lease,
-        reap,
-        release,
-        release_if_done,
-        requeue_upload,
-        retry,
-        spool,
-        start_feeding,
-        upload_failed,
-        uploading,
-        withdraw,
-    )
-    from hsx.life.index import write_index_if_complete
-    from hsx.life.integrity import check_batch, repair_batches, requeue_orphans, unmark_missing_done
-    from hsx.life.planids import PlanIdsError, plan_ids, read_window_ids, with_ids, write_window_ids
-    from hsx.life.provenance import INCARNATION, file_mismatch
+if TYPE_CHECKING:  # these modules import rq or a store client: loaded on first use (hsx/face.py)
+    from hsx.life.batchlife import IllegalTransition, State
+    from hsx.life.planids import PlanIdsError
     from hsx.life.queues import (
         EXTRACT_FUNC,
-        RESULT_TTL,
         UPLOAD_FUNC,
         UploadJob,
         batch_of_job,
-        extract_queue_name,
         job_class,
-        pending_extract,
-        pending_upload,
         queue,
         rq_without_pickle,
         upload_queue_name,
     )
-    from hsx.life.rebuild import Rebuild, rebuild_done
-    from hsx.life.reconcile import maybe_reconcile, orphans
-    from hsx.life.reset import apply_reset, plan_reset
+    from hsx.life.rebuild import Rebuild
 
 __getattr__, __dir__, __all__ = face(__name__, __file__)
