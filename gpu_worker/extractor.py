@@ -191,13 +191,13 @@ class Extractor:
 
         dtype = str(next(p.dtype for p in self.model.parameters() if p.is_floating_point())).removeprefix("torch.")
         if self.fp8_pending:
-            reference = life.BF16_REFERENCE.format(dtype=dtype)
+            reference = life.Run.BF16_REFERENCE.format(dtype=dtype)
             try:
                 ref_hidden, ref_final = self.run(batch, convert=False)
             finally:
                 self.convert_to_fp8()
         else:
-            reference = life.DEQUANTISED_REFERENCE.format(dtype=dtype)
+            reference = life.Run.DEQUANTISED_REFERENCE.format(dtype=dtype)
             with reference_linears(self.decoder.layers):
                 ref_hidden, ref_final = self.run(batch)
         hidden, final = self.run(batch)

@@ -23,7 +23,6 @@ from hsx import life, runspec
 from hsx.defaults import DEFAULT_PINNED_BUFFERS, DEFAULT_PREFETCH_BATCHES, DEFAULT_WRITE_QUEUE
 from hsx.errors import NotPlanned
 from hsx.fleet import BEFORE_RECONCILE, Chores, Role
-from hsx.life import ERROR_SAMPLE_EVERY, run_complete
 from hsx.monitor import fmt_bytes
 from hsx.runspec import Manifest, WorkerConfig
 
@@ -34,7 +33,7 @@ HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files
 def measures_compute(r, run: str, manifest: Manifest) -> bool:
     """A float8 run with no compute-error record yet: a starting worker may claim the measurement at its first
     plain batch (a bf16 checkpoint's linears are kept until then). Decided once a process, before the model loads."""
-    return manifest.compute_dtype == "float8" and not life.compute_error_recorded(r, run)
+    return manifest.compute_dtype == "float8" and not life.Run(r, run, manifest.limits).compute_error_recorded()
 
 
 class WorkerRuntime(Role):
@@ -49,10 +48,10 @@ class WorkerRuntime(Role):
         self.batches_run = self.tokens_run = self.tokens_computed = 0
         self.store, self.manifest, self.extractor = store, manifest, extractor
         self.run, self.worker_name = cfg.run, cfg.worker_name
-        self.limits = manifest.limits   # attempts and lease length: the run's, not this process's
+        self.ledger = life.Run(r, cfg.run, manifest.limits)   # attempts and lease length: the run's, not this process's
         self.cuda = extractor.device.type == "cuda"
         self.tiers = cfg.tiers
-        self.writer = SpoolWriter(r, cfg.run, manifest, self.tiers, cfg.host, cfg.worker_name,
+        self.writer = SpoolWriter(self.ledger, manifest, self.tiers, cfg.host, cfg.worker_name,
                                   on_failure=self.fail_batch, depth=DEFAULT_WRITE_QUEUE)
         self.prefetcher = Prefetcher(store, cfg.run, manifest.pad_token_id, pin=self.cuda,
                                      depth=DEFAULT_PREFETCH_BATCHES)
@@ -66,19 +65,19 @@ class WorkerRuntime(Role):
         self.measure_compute = measure_compute   # until the first plain batch, which claims the measurement
         # Shared prefixes on and not yet checked on this run: the first batch with prefix groups this process
         # runs is computed alone too (hsx/life/prefixerror.py).
-        self.check_prefixes = manifest.prefix_reuse == "on" and not life.prefix_error_recorded(r, cfg.run)
+        self.check_prefixes = manifest.prefix_reuse == "on" and not self.ledger.prefix_error_recorded()
         self.vanished = False                    # the run disappeared from Redis: the worker stops
-        self.recovery = SpoolRecovery(r, cfg, self.tiers)
+        self.recovery = SpoolRecovery(self.ledger, cfg, self.tiers)
 
     def _record_prefix_error(self, spec, error: torch.Tensor) -> None:
         """Keep (first writer wins) and log how far the batch's shared-prefix samples are from the same alone."""
-        entry = life.record_prefix_error(self.r, self.run, spec.batch_id, self.manifest.stored_layer_names, error,
-                                         len(spec.prefix_groups), spec.tokens, self.worker_name)
+        entry = self.ledger.record_prefix_error(spec.batch_id, self.manifest.stored_layer_names, error,
+                                                len(spec.prefix_groups), spec.tokens, self.worker_name)
         worst = max(entry["rel_l2"])
-        if worst > life.PREFIX_WARN_REL_L2:
+        if worst > life.Run.PREFIX_WARN_REL_L2:
             log.warning("shared prefixes: batch %s's samples continued from cached states differ from the same "
                         "samples alone by rel L2 %.2e (> %.0e): check the kernels (`hsx worker --kernels eager`), "
-                        "or plan the run with `--prefix-reuse off`", spec.batch_id, worst, life.PREFIX_WARN_REL_L2)
+                        "or plan the run with `--prefix-reuse off`", spec.batch_id, worst, life.Run.PREFIX_WARN_REL_L2)
         else:
             log.info("shared prefixes checked on batch %s: rel L2 <= %.2e against every sample alone",
                      spec.batch_id, worst)
@@ -91,7 +90,7 @@ class WorkerRuntime(Role):
 
     # ---- lifecycle (hsx/fleet/role.py calls these) -----------------------------------
     def queue_names(self) -> list[str]:
-        return [life.extract_queue_name(self.run)]
+        return [self.ledger.extract_queue_name]
 
     def prepare(self) -> None:
         self.recovery.recover()
@@ -117,7 +116,7 @@ class WorkerRuntime(Role):
         self.stop_heartbeat()
         if not drained:
             for bid in sorted(self.writer.held()):
-                if life.hand_back(self.r, self.run, bid):
+                if self.ledger.hand_back(bid):
                     log.warning("handed %s back to the queue (not written within the grace period)", bid)
             log.error("writer did not drain within %.0f s; unwritten batches were handed back", self.cfg.grace_seconds)
         self.prefetcher.close()
@@ -149,7 +148,7 @@ class WorkerRuntime(Role):
 
     def refresh(self) -> None:
         """Heartbeat, leases of the batches in hand and this host's spool record: one pipeline."""
-        if not life.run_exists(self.r, self.run):
+        if not self.ledger.exists():
             self.run_vanished()
             return
         current = self.current_batch
@@ -157,8 +156,8 @@ class WorkerRuntime(Role):
         stats = self.stats()
         pipe = self.r.pipeline(transaction=False)
         self.publish_heartbeat(stats, pipe=pipe)
-        life.refresh_extract_leases(self.r, self.run, held, self.limits.lease_seconds, pipe=pipe)
-        life.publish_host(self.r, self.run, self.cfg.host, {
+        self.ledger.refresh_extract_leases(held, pipe=pipe)
+        self.ledger.publish_host(self.cfg.host, {
             "spool_bytes": stats["spool_bytes"], "spool_files": stats["spool_files"],
             "spool_budget_bytes": sum(t.budget_bytes for t in self.tiers.tiers),
             "spool_tiers": stats["spool_tiers"]}, pipe=pipe)
@@ -171,8 +170,8 @@ class WorkerRuntime(Role):
         if self.vanished:
             return []
         if self.beats % HEARTBEATS_PER_SWEEP:
-            return [Chores(self.run, self.limits)]
-        return [Chores(self.run, self.limits, clean_rq=BEFORE_RECONCILE, tidy=self.recovery.sweep_temp_files)]
+            return [Chores(self.ledger)]
+        return [Chores(self.ledger, clean_rq=BEFORE_RECONCILE, tidy=self.recovery.sweep_temp_files)]
 
     def run_vanished(self) -> None:
         """The run's manifest is gone from a reachable Redis (restarted empty, flushed): stop, do not spin.
@@ -195,7 +194,7 @@ class WorkerRuntime(Role):
         elapsed = max(time.time() - self.started, 1e-9)
         usage = self.tiers.usage()
         files, nbytes = sum(u.files for u in usage.values()), sum(u.bytes for u in usage.values())
-        queued = self.queue_length(life.extract_queue_name(self.run))
+        queued = self.queue_length(self.ledger.extract_queue_name)
         grown, interval = self.since_last_line()
         tokens, batches = grown["tokens"], grown["batches"]
         return (f"worker {self.worker_name}: {self.batches_run} batches, {self.tokens_run} tokens in {elapsed:.0f}s; "
@@ -205,7 +204,7 @@ class WorkerRuntime(Role):
                 f"extract:{self.run} queue {queued}")
 
     def finished(self) -> bool:
-        if self.cfg.exit_when_complete and run_complete(self.r, self.run):
+        if self.cfg.exit_when_complete and self.ledger.complete():
             log.info("run %s complete: worker %s exits (--exit-when-complete)", self.run, self.worker_name)
             return True
         return False
@@ -213,7 +212,7 @@ class WorkerRuntime(Role):
     def idle_line(self) -> str | None:
         """Idle because the run is complete: said once instead of a progress line every interval."""
         try:
-            complete = run_complete(self.r, self.run)
+            complete = self.ledger.complete()
         except Exception:  # Redis away: the progress line says so
             return None
         return f"run {self.run} complete, idle: worker {self.worker_name} waits for jobs on extract:{self.run}" if complete else None
@@ -226,21 +225,21 @@ class WorkerRuntime(Role):
     # ---- the job ---------------------------------------------------------
     def extract(self, bid: str) -> str:
         try:
-            spec = life.lease(self.r, self.run, bid, self.limits.lease_seconds)  # one script: done?, spec, lease
+            spec = self.ledger.lease(bid)  # one script: done?, spec, lease
         except life.IllegalTransition:
             return f"{bid} already done"
         if spec is None:
-            if not life.run_exists(self.r, self.run):
+            if not self.ledger.exists():
                 self.run_vanished()
                 return f"{bid}: run {self.run} vanished from Redis; not extracted"
             raise NotPlanned(f"batch {bid} is not in the plan of run {self.run}")
         self.current_batch = bid
-        life.publish_current(self.r, self.run, self.worker_name, bid)  # now, not at the next beat
+        self.ledger.publish_current(self.worker_name, bid)  # now, not at the next beat
         try:
             padded, contents = self.prefetcher.take(spec)
             self._hint_next()
             hidden, final, compute_error, reference = self._forward(spec, padded, contents)
-            measure = self.batches_run % ERROR_SAMPLE_EVERY == 0
+            measure = self.batches_run % life.Run.ERROR_SAMPLE_EVERY == 0
             stored = self.extractor.stored(hidden, final, measure_error=measure)
             if compute_error is not None:
                 stored["compute_error"] = compute_error
@@ -250,7 +249,7 @@ class WorkerRuntime(Role):
             item = self._to_host(spec, contents, stored, finite, reference)
             self.writer.submit(item, emitted_bytes=sum(t.numel() * t.element_size() for t in stored.values()))
         except BaseException:
-            life.release(self.r, self.run, bid)  # fail (the job's failure handler) counts it, if it runs
+            self.ledger.release(bid)  # fail (the job's failure handler) counts it, if it runs
             raise
         finally:
             self.current_batch = None
@@ -267,7 +266,7 @@ class WorkerRuntime(Role):
         (the compute error); the first batch with prefix groups is checked against its samples computed alone."""
         if self.measure_compute and not spec.prefix_groups:
             self.measure_compute = False
-            if life.claim_compute_error(self.r, self.run, self.worker_name, self.limits.lease_seconds):
+            if self.ledger.claim_compute_error(self.worker_name):
                 return self.extractor.run_measured(padded)
         if spec.prefix_groups and self.check_prefixes:
             self.check_prefixes = False
@@ -283,11 +282,11 @@ class WorkerRuntime(Role):
 
     def _hint_next(self) -> None:
         """Start fetching the inputs of the next jobs in the queue (two Redis round trips)."""
-        q = life.queue(self.r, life.extract_queue_name(self.run))
+        q = self.ledger.extract_queue()
         bids = [p[1] for p in map(life.batch_of_job, q.get_job_ids(0, self.prefetcher.depth - 1)) if p]
         bids = [bid for bid in bids if not self.prefetcher.cached(bid)]
         if bids:
-            self.prefetcher.hint(life.get_specs(self.r, self.run, bids))
+            self.prefetcher.hint(self.ledger.specs(bids))
 
     def _to_host(self, spec, contents, stored: dict, finite, reference: str | None) -> Finished:
         """Copy the stored tensors to one pinned buffer on the side stream; the writer waits on the event."""
@@ -317,5 +316,5 @@ class WorkerRuntime(Role):
     # ---- failures --------------------------------------------------------
     def fail_batch(self, bid: str, error: str) -> None:
         """Count a failure: extracted again, or a dead letter at the run's max_attempts (nothing if done)."""
-        life.release(self.r, self.run, bid)
-        life.fail(self.r, self.run, bid, error, self.limits.max_attempts)
+        self.ledger.release(bid)
+        self.ledger.fail(bid, error)

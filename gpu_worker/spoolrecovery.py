@@ -19,10 +19,10 @@ log = logging.getLogger(__name__)
 
 
 class SpoolRecovery:
-    """The spool folders of one worker (``tiers``: its ``cfg.tiers``) for its run, against the run's ledger in ``r``."""
+    """The spool folders of one worker (``tiers``: its ``cfg.tiers``) for its run, against the run's ``ledger``."""
 
-    def __init__(self, r, cfg: WorkerConfig, tiers: SpoolTiers):
-        self.r, self.cfg, self.tiers = r, cfg, tiers
+    def __init__(self, ledger: life.Run, cfg: WorkerConfig, tiers: SpoolTiers):
+        self.ledger, self.cfg, self.tiers = ledger, cfg, tiers
         self.run, self.worker_name = cfg.run, cfg.worker_name
 
     def sweep_temp_files(self, at_start: bool = False) -> int:
@@ -38,7 +38,7 @@ class SpoolRecovery:
                 if writer == self.worker_name:
                     if not at_start:
                         continue
-                elif life.worker_alive(self.r, self.run, writer):
+                elif self.ledger.worker_alive(writer):
                     continue
                 log.info("removing unfinished temp file %s (its writer %s has no heartbeat)", tmp, writer)
                 tmp.unlink(missing_ok=True)
@@ -56,24 +56,24 @@ class SpoolRecovery:
         """
         self.sweep_temp_files(at_start=True)
         adopted = self.adopt_legacy()
-        pending = life.pending_upload(self.r, self.cfg.host, self.run) - adopted  # adopted: queued at old paths
-        incarnation = life.require_manifest(self.r, self.run).incarnation  # now: the run may have been reset
+        pending = self.ledger.pending_upload(self.cfg.host) - adopted  # adopted: queued at old paths
+        incarnation = self.ledger.require_manifest().incarnation  # now: the run may have been reset
         requeued, foreign = 0, []
         for tier in self.tiers.tiers:
             for path in runspec.spool_files(tier.dir, self.run):
                 bid = path.name.removesuffix(".safetensors")
-                if life.is_done(self.r, self.run, bid):
+                if self.ledger.is_done(bid):
                     path.unlink(missing_ok=True)  # uploaded and verified; the delete was what got lost
                     continue
                 if bid in pending:
                     continue
-                spec = life.get_spec(self.r, self.run, bid)
+                spec = self.ledger.spec(bid)
                 if spec is None:
                     log.warning("spool file %s: batch %s is not in run %s's plan; left, not uploaded", path, bid,
                                 self.run)
                     continue
                 try:
-                    why = life.file_mismatch(path, self.run, spec, incarnation)
+                    why = self.ledger.file_mismatch(path, spec, incarnation)
                 except BatchFileError as exc:  # left for a re-extraction to overwrite
                     log.warning("spool file %s not uploaded: %s", path, exc)
                     continue
@@ -81,8 +81,8 @@ class SpoolRecovery:
                     path.unlink(missing_ok=True)
                     foreign.append(f"{bid} ({why})")
                     continue
-                life.requeue_upload(self.r, self.cfg.host, self.run, bid, str(path), path.stat().st_size,
-                                    file_sha256(path), tier.name)
+                self.ledger.requeue_upload(self.cfg.host, bid, str(path), path.stat().st_size, file_sha256(path),
+                                           tier.name)
                 requeued += 1
         if requeued:
             log.info("re-enqueued uploads of %d spool files left from before", requeued)

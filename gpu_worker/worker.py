@@ -16,7 +16,7 @@ from gpu_worker.runtime import WorkerRuntime, measures_compute
 from hsx import life, retry, runspec
 from hsx.errors import HsxError
 from hsx.fleet import RqWorker, check_eviction_policy
-from hsx.life import RunVanished, run_complete
+from hsx.life import RunVanished
 from hsx.localdirs import ensure_dir
 from hsx.prep import fingerprint_cached, local_folder, weights_fingerprint
 from hsx.redisconn import AWAY_ERRORS, connect, redact
@@ -60,14 +60,14 @@ def _on_failure(job, exc_type, exc_value, tb):
     if lost is not None:
         # Inputs missing because the store itself is gone from this host (an unmounted share): no batch is at
         # fault. Hand it back uncounted and take no more jobs, rather than dead-letter the run batch by batch.
-        life.hand_back(rt.r, rt.run, parsed[1], leased=False)  # the job let go of its lease already
+        rt.ledger.hand_back(parsed[1], leased=False)  # the job let go of its lease already
         log.error("%s", lost)
         rt.refuse(RunNotVisible(lost))
         return True
     if parsed and rt is not None and retry.STOP.is_set():
         # Stopping: the waits of the job in hand ended at once (a store or Redis away), not its batch's fault.
         try:
-            life.hand_back(rt.r, rt.run, parsed[1], leased=False)  # the job let go of its lease already
+            rt.ledger.hand_back(parsed[1], leased=False)  # the job let go of its lease already
             log.warning("handed %s back to the queue: stopping (%s: %s), no failure counted", parsed[1],
                         exc_type.__name__, str(exc_value).splitlines()[0][:200] if str(exc_value) else "")
         except AWAY_ERRORS:  # Redis away too: its lease brings it back
@@ -128,15 +128,16 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     check_directories(cfg, None)
     r = connect(cfg.redis_url, ride_out=True)
     check_eviction_policy(r, f"Redis at {redact(cfg.redis_url)}")
-    manifest = life.get_manifest(r, cfg.run)
+    run = life.Run(r, cfg.run)
+    manifest = run.manifest()
     if manifest is None and cfg.wait_for_plan:
         log.info("run %r is not planned yet; waiting for `hsx produce` (checking every %d s)", cfg.run, PLAN_POLL_SECONDS)
         while manifest is None:
             time.sleep(PLAN_POLL_SECONDS)
-            manifest = life.get_manifest(r, cfg.run)
+            manifest = run.manifest()
     if manifest is None:
-        manifest = life.require_manifest(r, cfg.run)
-    if cfg.exit_when_complete and run_complete(r, cfg.run):
+        manifest = run.require_manifest()
+    if cfg.exit_when_complete and run.complete():
         raise RunAlreadyComplete(cfg.run)
     lease = manifest.limits.lease_seconds
     if cfg.heartbeat_seconds * 2 > lease:
@@ -153,7 +154,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
         raise WorkerSetupError(str(exc)) from None
     folder = local_folder(model_path)
     if folder is not None and fingerprint_cached(model_path):   # no read needed: refused before a long load
-        manifest = check_run_weights(r, store, manifest, str(folder.resolve()), cfg)
+        manifest = check_run_weights(run, store, manifest, str(folder.resolve()), cfg)
     log.info("loading %s on %s (layers %s)", model_path, cfg.device, list(manifest.layer_ids))
     measure = measures_compute(r, cfg.run, manifest)
     extractor = Extractor.load(model_path, list(manifest.layer_ids), manifest.store_final, cfg.device, manifest.dtype,
@@ -161,11 +162,11 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
                                fp8_accumulation=manifest.fp8_accumulation, kernels=cfg.kernels, measure_compute=measure)
     folder = local_folder(model_path)   # after the load: a hub id's snapshot is on this host now
     loaded = str(folder.resolve()) if folder is not None else model_path
-    manifest = check_run_weights(r, store, manifest, loaded, cfg)
+    manifest = check_run_weights(run, store, manifest, loaded, cfg)
     return WorkerRuntime(cfg, r, store, manifest, extractor, loaded_from=loaded, measure_compute=measure)
 
 
-def check_run_weights(r, store, manifest, loaded: str, cfg: WorkerConfig):
+def check_run_weights(run: life.Run, store, manifest, loaded: str, cfg: WorkerConfig):
     """The weights in folder ``loaded`` are the run's (hsx.runspec.check_weights): after the load, read from the
     page cache it filled, and before it too where the fingerprint's cache is current (nothing to read). The first
     worker of a run whose manifest has no fingerprint in this hsx's scheme records its own (a manifest with none
@@ -173,12 +174,12 @@ def check_run_weights(r, store, manifest, loaded: str, cfg: WorkerConfig):
     taken = []
 
     def record(fingerprint: str) -> dict:
-        held = life.record_weights(r, cfg.run, fingerprint, loaded, cfg.worker_name, cfg.host, manifest)
+        held = run.record_weights(fingerprint, loaded, cfg.worker_name, cfg.host, manifest)
         if held["fingerprint"] == fingerprint and held.get("worker") == cfg.worker_name:
             log.info("run %s: recorded its weights fingerprint %s (%s), the first worker to load them", cfg.run,
                      fingerprint, loaded)
             with_it = replace(manifest, model_weights=fingerprint)
-            if not manifest.model_weights and life.get_manifest(r, cfg.run) == with_it:  # Redis' manifest took it
+            if not manifest.model_weights and run.manifest() == with_it:  # Redis' manifest took it
                 with_it.save(store)   # the store's manifest.json holds it too
                 taken.append(with_it)
         return held

@@ -26,7 +26,7 @@ import torch
 
 from hsx import life, retry, runspec
 from hsx.batch import BatchContents, BatchFileError, BatchMeta, validate_batch, write_atomic
-from hsx.life import BatchSpec, record_store_error
+from hsx.life import BatchSpec
 from hsx.redisconn import AWAY_ERRORS
 from hsx.runspec import Manifest
 
@@ -90,9 +90,9 @@ class PinnedPool:
 
 
 class SpoolWriter:
-    def __init__(self, r, run: str, manifest: Manifest, tiers: runspec.SpoolTiers, host: str, worker_name: str,
+    def __init__(self, ledger: life.Run, manifest: Manifest, tiers: runspec.SpoolTiers, host: str, worker_name: str,
                  on_failure: Callable[[str, str], None], depth: int, fsync: bool = True):
-        self.r, self.run, self.manifest = r, run, manifest
+        self.ledger, self.r, self.run, self.manifest = ledger, ledger.r, ledger.name, manifest
         self.tiers, self.host, self.worker_name = tiers, host, worker_name
         self.codec = manifest.codec
         self.on_failure, self.fsync = on_failure, fsync
@@ -156,7 +156,7 @@ class SpoolWriter:
         """A batch not written because this process stops: queued again, no failure counted (with Redis away,
         its lease brings it back)."""
         try:
-            if life.hand_back(self.r, self.run, bid):
+            if self.ledger.hand_back(bid):
                 log.warning("handed %s back to the queue: stopping before it was written (%s)", bid, exc)
         except AWAY_ERRORS:
             pass
@@ -166,10 +166,10 @@ class SpoolWriter:
         if item.ready is not None:
             item.ready.synchronize()  # also before a skip: the pinned buffer is reused once released
         error, compute_error = item.fp8_error, item.compute_error
-        if life.release_if_done(self.r, self.run, spec.batch_id):  # a duplicate delivery finished elsewhere first
+        if self.ledger.release_if_done(spec.batch_id):  # a duplicate delivery finished elsewhere first
             if compute_error is not None:  # measured all the same: the run's record, if it has none yet
-                life.record_compute_error(self.r, self.run, spec.batch_id, self.manifest, compute_error, spec.tokens,
-                                    item.compute_reference or "", self.worker_name)
+                self.ledger.record_compute_error(spec.batch_id, self.manifest, compute_error, spec.tokens,
+                                                 item.compute_reference or "", self.worker_name)
             return
         tensors = {**item.tensors, "input_ids": contents.input_ids.to(torch.int32),
                    "loss_mask": contents.loss_mask.to(torch.uint8), "cu_seqlens": contents.cu_seqlens.to(torch.int64)}
@@ -187,12 +187,12 @@ class SpoolWriter:
         self.rates.wrote(tier.name, size, time.monotonic() - started)
         self._warn_if_slow()
         pipe = self.r.pipeline()
-        life.spool(self.r, self.run, spec.batch_id, self.host, str(path), size, sha, tier.name, pipe)
+        self.ledger.spool(spec.batch_id, self.host, str(path), size, sha, tier.name, pipe)
         if error is not None:
-            record_store_error(self.r, self.run, spec.batch_id, m, error, spec.tokens, pipe=pipe)
+            self.ledger.record_store_error(spec.batch_id, m, error, spec.tokens, pipe=pipe)
         if compute_error is not None:
-            entry = life.record_compute_error(self.r, self.run, spec.batch_id, m, compute_error, spec.tokens,
-                                        item.compute_reference or "", self.worker_name, pipe=pipe)
+            entry = self.ledger.record_compute_error(spec.batch_id, m, compute_error, spec.tokens,
+                                                     item.compute_reference or "", self.worker_name, pipe=pipe)
         pipe.execute()
         if compute_error is not None:
             log.info("float8 compute error measured on %s (%d tokens), rel L2 / cosine per stored layer against %s: "

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from hsx.life import Rebuild
+from hsx import life
 from hsx.prep import TokeniseReport
 from hsx.runspec import Manifest, ProduceConfig
 from hsx.store import Store
@@ -29,7 +29,7 @@ class Planning:
     lock: ProducerLock
     done: set[str] = field(default_factory=set)      # batch ids the ledger holds done (gains those rebuilt)
     pending: set[str] = field(default_factory=set)   # batch ids on a queue (extract or upload); gains those enqueued
-    rebuild: Rebuild | None = None   # a re-run: stored objects the ledger lacks are checked and recorded done
+    rebuild: life.Rebuild | None = None   # a re-run: stored objects the ledger lacks are checked and recorded done
     suspect: frozenset[str] = frozenset()   # batches whose inputs a worker found corrupt: checked by their bytes
     seen: set[str] = field(default_factory=set)      # sample ids of the resumed windows (duplicate check)
     planned_only: bool = False
@@ -46,6 +46,10 @@ class Planning:
     enqueued: int = 0
     manifest_saved: bool = False
     sources: dict[str, dict[str, int]] = field(default_factory=dict)   # a mixture's: name -> rows, rejected, samples, tokens, batches
+    run: life.Run = field(init=False)   # the run's handle in Redis
+
+    def __post_init__(self) -> None:
+        self.run = life.Run(self.r, self.cfg.run)
 
     def add(self, rec: WindowRecord, resumed: bool) -> None:
         if rec.source:

@@ -30,7 +30,6 @@ from hsx import life, runspec
 from hsx.batch import INPUT_DIGEST_MISMATCH
 from hsx.errors import HsxError
 from hsx.fleet import check_eviction_policy
-from hsx.life import Rebuild, unmark_missing_done, write_index_if_complete
 from hsx.monitor import Progress
 from hsx.prep import (
     TokeniseSettings,
@@ -76,8 +75,9 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     cfg, r = check(cfg)
     planned, named_fingerprint = identify(cfg)
     store = cfg.store.open()
-    existing = life.get_manifest(r, cfg.run) or Manifest.load(store, cfg.run)
-    recorded = life.recorded_weights(r, cfg.run)
+    run = life.Run(r, cfg.run)
+    existing = run.manifest() or Manifest.load(store, cfg.run)
+    recorded = run.recorded_weights()
     runweights.say_unfingerprinted(planned, recorded)
     planned = runweights.comparable(planned, existing, recorded)
     manifest = resumed_manifest(existing, planned, named_fingerprint,
@@ -126,37 +126,37 @@ def identify(cfg: ProduceConfig) -> tuple[Manifest, str]:
 def resume(planning: Planning, resumed: bool) -> Planning:
     """What is already true of the run: the ledger's done and pending batches, the windows an earlier producer
     recorded (their batches neither done nor pending are enqueued again). A fresh run finds none of it."""
-    r, run = planning.r, planning.cfg.run
-    planning.planned_only = _mark_planned_only(r, planning.cfg, new_run=not resumed)
+    run = planning.run
+    planning.planned_only = _mark_planned_only(run, planning.cfg.enqueue, new_run=not resumed)
     if not resumed:
-        life.start_feeding(r, run)   # its queue is fed QUEUE_AHEAD jobs ahead, never the whole plan
+        run.start_feeding()   # its queue is fed QUEUE_AHEAD jobs ahead, never the whole plan
     else:
-        life.convert_old_ledger(r, run)   # a done ledger of an older hsx becomes this hsx's
-    specs = life.all_specs(r, run) if resumed else {}   # read once: the check below and the earlier windows' specs
-    listed = planning.store.list_sizes(f"{run}/batches/") if resumed else {}   # listed once: the check and rebuild
-    planning.repaired = len(unmark_missing_done(r, planning.store, run, specs, listed)) if resumed else 0
-    planning.done = life.done_ids(r, run)
+        run.convert_old_ledger()   # a done ledger of an older hsx becomes this hsx's
+    specs = run.all_specs() if resumed else {}   # read once: the check below and the earlier windows' specs
+    listed = planning.store.list_sizes(f"{run.name}/batches/") if resumed else {}   # listed once: check and rebuild
+    planning.repaired = len(run.unmark_missing_done(planning.store, specs, listed)) if resumed else 0
+    planning.done = run.done_ids()
     # A re-run: the store is the second copy of the truth (docs/architecture.md, rule 2). Objects not in the ledger
     # (all of them after Redis lost the run) are checked and recorded done window by window.
-    planning.rebuild = Rebuild(r, planning.store, run, planning.done, present=set(listed)) if resumed else None
-    planning.pending = life.pending_extract(r, run)
-    for host in life.read_hosts(r, run):
-        planning.pending |= life.pending_upload(r, host, run)
+    planning.rebuild = run.rebuilder(planning.store, planning.done, present=set(listed)) if resumed else None
+    planning.pending = run.pending_extract()
+    for host in run.read_hosts():
+        planning.pending |= run.pending_upload(host)
     planning.first_pending = len(planning.pending)
-    records, planning.suspect = _replan_bad_inputs(r, run, windows.load(r, run))
+    records, planning.suspect = _replan_bad_inputs(run, windows.load(run))
     for rec in records:
         planning.add(rec, resumed=True)
     if records:
-        earlier = [spec for spec in (specs or life.all_specs(r, run)).values() if spec.index < planning.batches]
-        if life.planning_in_progress(r, run):   # windows left to plan: their duplicate check needs every id so far
-            ids = life.plan_ids(r, planning.store, run, {spec.batch_id: spec for spec in earlier})  # store
+        earlier = [spec for spec in (specs or run.all_specs()).values() if spec.index < planning.batches]
+        if run.planning_in_progress():   # windows left to plan: their duplicate check needs every id so far
+            ids = run.plan_ids(planning.store, {spec.batch_id: spec for spec in earlier})  # store
             earlier = [spec.with_ids(ids[spec.batch_id]) for spec in earlier]
             planning.seen = {sid for spec in earlier for sid in spec.sample_ids}
         if planning.rebuild is not None:
             planning.rebuild.check(earlier)
         planning.enqueued += _enqueue(planning, sorted(earlier, key=lambda s: s.index), planning.batches)
         log.info("run %s: windows 0-%d were planned by an earlier producer (%d batches; %d of them re-enqueued, "
-                 "neither done nor pending)", run, len(records) - 1, planning.batches, planning.enqueued)
+                 "neither done nor pending)", run.name, len(records) - 1, planning.batches, planning.enqueued)
     return planning
 
 
@@ -182,10 +182,10 @@ def plan_windows(planning: Planning, manifest: Manifest, event: Callable[[str, i
                 planning.manifest_saved = True
             rec = _plan_window(planning, manifest, window)
             event("enqueued", window.number)
-            windows.record(planning.r, cfg.run, window.number, rec)
+            windows.record(planning.run, window.number, rec)
             planning.add(rec, resumed=False)
             planning.enqueued += rec.enqueued
-            life.save_plan(planning.r, cfg.run, manifest, [], planning.totals(planning=1))
+            planning.run.save_plan(manifest, [], planning.totals(planning=1))
             event("recorded", window.number)
             log.info("window %d: %d rows, %d batches (padding %.2f%%), %d tokens stored, %d computed, %d enqueued; "
                      "%d rows so far", window.number, window.report.rows, rec.batches, 100 * rec.padding, rec.tokens,
@@ -195,47 +195,47 @@ def plan_windows(planning: Planning, manifest: Manifest, event: Callable[[str, i
 def seal(planning: Planning, manifest: Manifest) -> Manifest:
     """The plan is whole: the manifest and the final totals are written; on a re-run, the failures of batches
     now done are dropped and the run's index is written if every batch is done. Returns the manifest written."""
-    r, run = planning.r, planning.cfg.run
+    run = planning.run
     if not planning.batches:
         raise PlanError(f"{planning.cfg.dataset}: no usable rows out of {planning.report.rows}; nothing to plan. "
                         + "; ".join(planning.report.examples[:5]))
-    manifest = runweights.with_recorded(r, manifest)   # a worker may have recorded it while this planned
+    manifest = runweights.with_recorded(run, manifest)   # a worker may have recorded it while this planned
     manifest.save(planning.store)
-    life.save_plan(r, run, manifest, [], planning.totals(planning=0))
+    run.save_plan(manifest, [], planning.totals(planning=0))
     if planning.rebuild is not None:
-        settled = life.drop_failures_of_done(r, run)
+        settled = run.drop_failures_of_done()
         if settled:
             log.warning("run %s: %d batches are done but were still listed as failed or dead letters (%s); "
-                        "those records are dropped", run, len(settled), ", ".join(settled[:10]))
+                        "those records are dropped", run.name, len(settled), ", ".join(settled[:10]))
     if planning.rebuild is not None and planning.rebuild.rebuilt:
-        write_index_if_complete(r, planning.store, run)
+        run.write_index_if_complete(planning.store)
     return manifest
 
 
-def _mark_planned_only(r, cfg: ProduceConfig, new_run: bool) -> bool:
+def _mark_planned_only(run: life.Run, enqueue: bool, new_run: bool) -> bool:
     """``--no-enqueue`` on a new (or still plan-only) run marks it planned only, before any of its plan is in
     Redis: no reconciler of any role enqueues it (hsx/life/reconcile.py) until a `hsx produce` without the flag
     starts it, which removes the mark. A run already started stays started. True if the run is planned only."""
-    if cfg.enqueue:
-        life.unmark_planned_only(r, cfg.run)
+    if enqueue:
+        run.unmark_planned_only()
         return False
-    return life.mark_planned_only(r, cfg.run, new_run)
+    return run.mark_planned_only(new_run)
 
 
-def _replan_bad_inputs(r, run: str, records: list[WindowRecord]) -> tuple[list[WindowRecord], frozenset[str]]:
+def _replan_bad_inputs(run: life.Run, records: list[WindowRecord]) -> tuple[list[WindowRecord], frozenset[str]]:
     """Windows from the first one holding a batch whose worker found its inputs corrupt (a failure or
     dead letter naming the digest mismatch) are planned again: same batch ids, inputs rewritten.
 
     Returns the window records kept and those batches: their input objects are checked by their bytes
     (the store's sha256 metadata is what the producer wrote, not what the object holds now)."""
-    bad = [bid for rec in (*life.failures(r, run).items(), *life.dead_letters(r, run).items())
+    bad = [bid for rec in (*run.failures().items(), *run.dead_letters().items())
            for bid in [rec[0]] if INPUT_DIGEST_MISMATCH in str(rec[1].get("last_error", ""))]
     indexes = [int(bid[1:]) for bid in bad if bid[1:].isdigit()]
     if not indexes or not records:
         return records, frozenset(bad)
     first = min(indexes)
     keep = [rec for rec in records if rec.end_batch <= first]
-    windows.forget_from(r, run, len(keep))
+    windows.forget_from(run, len(keep))
     log.warning("inputs of %s were found corrupt by workers: planning windows %d-%d again to rewrite them",
                 sorted(bad)[:10], len(keep), len(records) - 1)
     return keep, frozenset(bad)
@@ -246,7 +246,7 @@ def _check_reject_share(planning: Planning) -> None:
     report, cfg = planning.report, planning.cfg
     if report.reject_share() <= cfg.max_reject_share:
         return
-    withdrawn = windows.withdraw(planning.r, cfg.run) if planning.batches else 0
+    withdrawn = windows.withdraw(planning.run) if planning.batches else 0
     reasons = ", ".join(f"{code} {n}" for code, n in report.rejected.most_common())
     raise RejectShareExceeded(
         f"{report.rejected_rows} of the {report.rows} rows read so far were rejected ({report.reject_share():.2%}), "
@@ -278,8 +278,8 @@ def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> Wind
         planning.rebuild.check(specs)
     specs = write_inputs(planning.store, cfg.run, samples, planned, specs, planning.done, planning.suspect)
     # The ids stay in the store (the inputs objects and the window's ids object), the plan keeps their digest
-    life.write_window_ids(planning.store, cfg.run, window.number, specs)
-    life.save_plan(planning.r, cfg.run, manifest, [spec.for_plan() for spec in specs], {"planning": 1})
+    planning.run.write_window_ids(planning.store, window.number, specs)
+    planning.run.save_plan(manifest, [spec.for_plan() for spec in specs], {"planning": 1})
     enqueued = _enqueue(planning, specs, first_batch + len(specs))
     return WindowRecord(first_batch=first_batch, batches=len(specs), samples=len(samples),
                         tokens=sum(s.tokens for s in specs), padded_tokens=sum(s.padded for s in specs),
@@ -290,17 +290,17 @@ def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> Wind
 
 def _enqueue(planning: Planning, specs: list[life.BatchSpec], limit: int) -> int:
     """Enqueue the batches neither done nor pending, in one transaction that fails if the lock changed hands. A
-    run fed in steps (``life.feed``) gets jobs only for those of its batches fed already (below ``fed``: a job
+    run fed in steps (``Run.feed``) gets jobs only for those of its batches fed already (below ``fed``: a job
     lost), then the queue topped up from the plan up to batch ``limit``; an older hsx's run, one for each."""
     if not planning.cfg.enqueue:
         return 0
-    r, run = planning.r, planning.cfg.run
-    fed = life.fed_count(r, run)
+    run = planning.run
+    fed = run.fed_count()
     todo = [spec.batch_id for spec in specs if spec.batch_id not in planning.done
             and spec.batch_id not in planning.pending and (fed is None or spec.index < fed)]
     pipe = planning.lock.guarded_pipeline()
-    life.enqueue(r, run, todo, first=True, pipe=pipe)
-    fed_now = life.feed(r, run, limit, pipe=pipe) if fed is not None else 0
+    run.enqueue(todo, first=True, pipe=pipe)
+    fed_now = run.feed(limit, pipe=pipe) if fed is not None else 0
     planning.lock.execute(pipe)
     planning.pending.update(todo)
     return len(todo) + fed_now

@@ -46,11 +46,11 @@ def say_unfingerprinted(planned: Manifest, recorded: dict | None) -> None:
                 "weights' fingerprint: %s", planned.run, planned.model, follows)
 
 
-def with_recorded(r, manifest: Manifest) -> Manifest:
+def with_recorded(run: life.Run, manifest: Manifest) -> Manifest:
     """``manifest`` with the fingerprint the run's first worker recorded, where it holds none."""
     if manifest.model_weights:
         return manifest
-    recorded = life.recorded_weights(r, manifest.run)
+    recorded = run.recorded_weights()
     return replace(manifest, model_weights=recorded["fingerprint"]) if recorded else manifest
 
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-import redis
-
 from hsx import life
 from hsx.prep import TokeniseReport
 
@@ -62,25 +60,25 @@ class WindowRecord:
                    computed_tokens=d.get("computed_tokens") or d["padded_tokens"])
 
 
-def load(r: redis.Redis, run: str) -> list[WindowRecord]:
+def load(run: life.Run) -> list[WindowRecord]:
     """Records of windows 0..k-1 (the contiguous prefix that was completed), in order."""
-    found = life.window_records(r, run)
+    found = run.window_records()
     records = []
     while len(records) in found:
         records.append(WindowRecord.from_json(found[len(records)]))
     return records
 
 
-def record(r: redis.Redis, run: str, number: int, rec: WindowRecord) -> None:
-    life.save_window(r, run, number, rec.to_json())
+def record(run: life.Run, number: int, rec: WindowRecord) -> None:
+    run.save_window(number, rec.to_json())
 
 
-def withdraw(r: redis.Redis, run: str) -> int:
+def withdraw(run: life.Run) -> int:
     """Take the plan back: queued jobs off the queue and out of the plan, the window records forgotten
-    (``hsx.life.withdraw``, a transition of each batch). Returns the number of jobs withdrawn."""
-    return life.withdraw(r, run)
+    (``Run.withdraw``, a transition of each batch). Returns the number of jobs withdrawn."""
+    return run.withdraw()
 
 
-def forget_from(r: redis.Redis, run: str, number: int) -> None:
+def forget_from(run: life.Run, number: int) -> None:
     """Forget the records of windows ``number`` and later: the next producer plans them again."""
-    life.forget_windows_from(r, run, number)
+    run.forget_windows_from(number)

@@ -47,14 +47,15 @@ def run_pipeline(redis_url: str, model: Path, store, spool: Path, run: str = "t1
 
 def planned_specs(r, run: str, store=None) -> dict:
     """The run's plan, batch id -> BatchSpec holding its sample ids: a plan in Redis keeps their digest, the ids
-    are in the store (issue 42; ``life.plan_ids``). ``store``: a Store, or the URL or path of one (None: the
+    are in the store (issue 42; ``Run.plan_ids``). ``store``: a Store, or the URL or path of one (None: the
     manifest's, a local store)."""
     from hsx import life
     from hsx.store import open_store
 
+    ledger = life.Run(r, run)
     if store is None:
-        store = life.require_manifest(r, run).store_url
+        store = ledger.require_manifest().store_url
     store = open_store(str(store)) if isinstance(store, (str, Path)) else store
-    specs = life.all_specs(r, run)
-    ids = life.plan_ids(r, store, run, specs)
+    specs = ledger.all_specs()
+    ids = ledger.plan_ids(store, specs)
     return {bid: spec.with_ids(ids[bid]) for bid, spec in specs.items()}

@@ -179,8 +179,8 @@ def test_a_worker_decides_once_whether_it_measures(r, redis_server, tiny_model, 
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="cerr3", layers="1,3",
                            dtype="bfloat16", compute_dtype="float8"))
     looks = []
-    recorded = life.compute_error_recorded
-    monkeypatch.setattr(life, "compute_error_recorded", lambda r, run: looks.append(run) or recorded(r, run))
+    recorded = life.Run.compute_error_recorded
+    monkeypatch.setattr(life.Run, "compute_error_recorded", lambda run: looks.append(run.name) or recorded(run))
     rt = load_runtime(worker_config(redis_server.url, tmp_path / "spool", run="cerr3"))
     try:
         assert looks == ["cerr3"] and rt.measure_compute and rt.extractor.fp8_pending

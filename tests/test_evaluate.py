@@ -284,6 +284,7 @@ def test_evaluate_loads_only_tensors_from_a_drafter_and_refuses_a_pickle_that_ru
 
 
 def test_status_shows_an_evaluation_and_skips_a_malformed_one(r):
+    from hsx import life
     from hsx.life.keys import RunKeys
     from hsx.monitor import evaluation
     from hsx.monitor.progress import run_progress, summary_lines
@@ -291,7 +292,7 @@ def test_status_shows_an_evaluation_and_skips_a_malformed_one(r):
     report = {"drafter": {"checkpoint": "/ckpt/r-step60", "global_step": 60}, "device": "cpu", "ts": 1.0,
               "decode": {"tau": 2.5, "target_forwards_per_token": 0.4, "speedup": 1.3, "identical_prompts": 8,
                          "prompts": 8}, "teacher_forced": {"accepted_prefix_mean": 1.75}}
-    evaluation.record_evaluation(r, "r", report)
+    life.Run(r, "r").record_evaluation(evaluation.evaluation_summary(report))
     lines = "\n".join(summary_lines(run_progress(r, "r")))
     assert "drafter  /ckpt/r-step60 (step 60): tau 2.50, 0.400 target forwards/token, speedup 1.30x" in lines, lines
     assert "teacher-forced accepted prefix 1.75 tokens a block" in lines, lines

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from hsx.life import ledger, window_records
+from hsx.life import ledger
+from hsx.life.windowrecords import window_records
 from hsx.monitor.planstate import resume_command  # what status prints to resume a half-planned run
 from hsx.prep import MixtureError
 from hsx.runspec import Manifest

@@ -253,11 +253,11 @@ def test_a_per_turn_run_stores_every_sample_exact_with_spines_across_windows(r, 
     assert line == [f"  computed {computed} tokens planned for {stored} stored (shared prefixes once, padding in; "
                     f"{stored / computed:.2f} stored a computed token)"]
     # the worker's own check: its first batch with prefix groups computed alone too, kept in Redis, shown
-    check = life.prefix_error(r, "pt")
+    check = life.Run(r, "pt").prefix_error()
     assert check is not None and len(check["rel_l2"]) == len(manifest.layer_ids) and max(check["rel_l2"]) < 1e-5, check
     assert check["groups"] >= 1 and min(check["cosine"]) > 0.99999
     assert [x for x in progress.summary_lines(progress.run_progress(r, "pt")) if "shared vs lone" in x] == \
-        [life.prefix_error_line(check)] and "ABOVE" not in life.prefix_error_line(check)
+        [life.Run.prefix_error_line(check)] and "ABOVE" not in life.Run.prefix_error_line(check)
     client = create_app(DashboardConfig(redis_url=redis_server.url), r=r).test_client()
     assert status(client, "pt")["prefix"] == {"reuse": "on", "stored_tokens": stored, "computed_tokens": computed,
                                               "check": check}
@@ -279,9 +279,9 @@ def test_the_workers_check_warns_when_shared_samples_differ_from_lone_ones(r, re
     with caplog.at_level("WARNING", logger="gpu_worker.runtime"):
         run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="drift",
                      dataset=_per_turn(tmp_path, rows=12), max_length=4096, token_budget=8192)
-    check = life.prefix_error(r, "drift")
+    check = life.Run(r, "drift").prefix_error()
     assert check is not None and 0.04 < max(check["rel_l2"]) < 0.06, check
-    assert "ABOVE 2 %" in life.prefix_error_line(check)
+    assert "ABOVE 2 %" in life.Run.prefix_error_line(check)
     assert any("differ from the same samples alone by rel L2" in m for m in caplog.messages), caplog.messages
 
 

@@ -131,12 +131,12 @@ def test_a_rejected_rows_message_in_produces_refusal_and_status_are_shown_not_ob
     err = capsys.readouterr().err
     assert rc == 2 and _obeyed(err) == [], (rc, _obeyed(err), err[-2000:])
     assert "(id bad-\\x1b]0;pwned-title\\x07\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J\\x9b31m" in err, err
-    from hsx import life
+    from hsx.life import batchlife
 
     store = str(tmp_path / "store")
     assert main(["produce", "--dataset", str(data), "--model", str(tiny_model), "--store", store, "--run", "st",
                  "--max-reject-share", "0.5", "--layers", "dflash:3", "--no-enqueue"]) == 0
-    life.fail(r, "st", "b0000000", f"worker said: {EVIL}", max_attempts=1, requeue=False)   # a dead letter's error
+    batchlife.fail(r, "st", "b0000000", f"worker said: {EVIL}", max_attempts=1, requeue=False)   # a dead letter's error
     capsys.readouterr()
     assert main(["status", "--run", "st"]) == 0
     out = capsys.readouterr().out

@@ -115,10 +115,10 @@ def test_sigterm_mid_run_then_the_same_command_resumes_every_sample_once(tmp_pat
             nonlocal total
             total = int(r.hget(keys.totals, "batches") or 0)
             running()
-            return len(life.done_ids(r, "r1")) >= 2
+            return len(life.Run(r, "r1").done_ids()) >= 2
 
         wait_until("2 batches done", some_done, 120)
-        seen = len(life.done_ids(r, "r1"))
+        seen = len(life.Run(r, "r1").done_ids())
         assert seen < total, f"the run ended before the SIGTERM ({seen}/{total}): make batches slower"
         t0 = time.monotonic()
         first.send_signal(signal.SIGTERM)
@@ -140,10 +140,10 @@ def test_sigterm_mid_run_then_the_same_command_resumes_every_sample_once(tmp_pat
     # Its ledger survived the shutdown (AOF), with nothing in flight: no lease waits to expire, no failure counted.
     with LocalRedis(store / ".hsx-state" / "redis") as kept:
         r = connect(kept.url)
-        done_after_stop = len(life.done_ids(r, "r1"))
+        done_after_stop = len(life.Run(r, "r1").done_ids())
         assert done_after_stop >= seen
         assert not r.zcard(keys.extract_leases) and not r.zcard(keys.upload_leases)
-        assert not life.failures(r, "r1") and not life.dead_letters(r, "r1")
+        assert not life.Run(r, "r1").failures() and not life.Run(r, "r1").dead_letters()
 
     out = _hsx_run(argv)
     assert out.returncode == 0, _say(out)

@@ -194,7 +194,7 @@ def test_a_run_on_slurm_survives_scancel_time_limits_and_added_workers(slurm, re
             return record if record["state"] != "alive" else None
         record = wait_until("the cancelled worker stopped", cancelled_worker, 60)
         assert record["state"] == "stopped" and record["last_batch"] == victim, record   # a clean stop, not lost
-        assert not [e for e in life.recent_failures(r, run) if e["batch"] == victim], "the batch was reclaimed"
+        assert not [e for e in life.Run(r, run).recent_failures() if e["batch"] == victim], "the batch was reclaimed"
         wait_until("the cancelled task gone", lambda: not any(j["id"] == f"{array}_1" for j in slurm.jobs()), 60)
 
         added = _submit(slurm, env_file, "add-nodes", "1")["nodes"]

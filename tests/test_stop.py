@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from hsx.fleet import refused
+from hsx import life
 from hsx.life import batchlife, ledger
 from hsx.life.ledger import BatchSpec
 from tests.manifests import example_manifest
@@ -31,7 +31,7 @@ def test_sigterm_ends_an_uploaders_refusal_pause_at_once(tmp_path, r, redis_serv
         env={**os.environ, "HSX_REDIS_URL": redis_server.url}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     try:
-        wait_until("the uploader refuses the job", lambda: refused.refused_uploads(r, "st") or proc.poll() is not None, 120)
+        wait_until("the uploader refuses the job", lambda: life.Run(r, "st").refused_uploads() or proc.poll() is not None, 120)
         assert proc.poll() is None, proc.communicate()[0]
         stopped_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)

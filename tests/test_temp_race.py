@@ -16,13 +16,13 @@ import types
 import torch
 
 from gpu_worker import writer as writer_mod
-from hsx import runspec
+from hsx import life, runspec
 from hsx.batch import batchfile
 
 
 def _writer(tmp_path, name: str = "gpu-testhost-ci") -> writer_mod.SpoolWriter:
     tiers = runspec.SpoolTiers.of(tmp_path / "spool", 2**30)
-    return writer_mod.SpoolWriter(None, "ci", types.SimpleNamespace(codec="none"), tiers, "testhost", name,
+    return writer_mod.SpoolWriter(life.Run(None, "ci"), types.SimpleNamespace(codec="none"), tiers, "testhost", name,
                                   on_failure=lambda bid, why: None, depth=2, fsync=False)
 
 

@@ -160,7 +160,7 @@ def test_a_run_an_older_hsx_planned_resumes_in_its_scheme(r, redis_server, tiny_
     resumed = produce(produce_config(redis_server.url, tiny_model, str(store_dir), run="v1", dataset=rows)).manifest
     assert resumed.model_weights == legacy == ledger.get_manifest(r, "v1").model_weights
     load_runtime(worker_config(redis_server.url, tmp_path / "s1", run="v1")).close()
-    assert life.recorded_weights(r, "v1")["fingerprint"] == weights_fingerprint(str(tiny_model))
+    assert life.Run(r, "v1").recorded_weights()["fingerprint"] == weights_fingerprint(str(tiny_model))
     with pytest.raises(ManifestMismatch, match="another checkpoint"):
         produce(produce_config(redis_server.url, other_checkpoint, str(store_dir), run="v1", dataset=rows))
     with pytest.raises(WorkerSetupError, match="another checkpoint"):

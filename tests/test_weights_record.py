@@ -1,6 +1,6 @@
 """Issue 37 item 3: a run planned where the producer has no weight files (a hub id not downloaded on its host)
 had no fingerprint, and its workers checked nothing: two checkpoints of one config extracted into one run. Now
-the first worker that loads weights records their fingerprint in Redis (hsx.life.record_weights, SET NX), every
+the first worker that loads weights records their fingerprint in Redis (hsx.life.Run.record_weights, SET NX), every
 later worker compares its own and refuses naming both, `hsx produce` of the run takes the record into the
 manifest, and the producer says at plan time, in one line, what follows. Also: the worker's ready line names
 the folder it loaded (and the run's model where they differ)."""
@@ -17,6 +17,7 @@ from gpu_worker.worker import WorkerSetupError, load_runtime
 from hsx import life
 from hsx.life import ledger
 from hsx.life.keys import RunKeys
+from hsx.life.weightsrecord import WeightsRecordError
 from hsx.prep import weights_fingerprint
 from hsx.runspec.manifest import Manifest, ManifestMismatch
 from hsx.store import open_store
@@ -67,13 +68,13 @@ def test_a_run_planned_without_weights_takes_the_first_workers_and_refuses_anoth
     message = str(refused.value)
     assert "\n" not in message and ours in message and theirs in message and theirs != ours
     assert str(other_checkpoint.resolve()) in message and str(config_only) in message
-    held = life.recorded_weights(r, "nowts")
+    held = life.Run(r, "nowts").recorded_weights()
     assert held["fingerprint"] == ours and held["worker"] == "w1" and held["model"] == str(tiny_model.resolve())
     # The same weights again: accepted, and the record is the first worker's still.
     again = load_runtime(worker_config(redis_server.url, tmp_path / "s2", run="nowts", worker_name="w2",
                                        model_override=str(tiny_model)))
     again.close()
-    assert life.recorded_weights(r, "nowts")["worker"] == "w1"
+    assert life.Run(r, "nowts").recorded_weights()["worker"] == "w1"
 
     # `hsx produce` of the run again keeps it ...
     resumed = produce(produce_config(redis_server.url, config_only, store, run="nowts", dataset=rows)).manifest
@@ -87,15 +88,15 @@ def test_a_run_planned_without_weights_takes_the_first_workers_and_refuses_anoth
 
 def test_the_record_is_first_writer_wins_and_needs_the_run(r, redis_server, tiny_model, tmp_path, rows):
     produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="rec", dataset=rows))
-    held = life.record_weights(r, "rec", "blake3-v1:" + "a" * 64, "/m/a", "w1", "h1")
+    held = life.Run(r, "rec").record_weights("blake3-v1:" + "a" * 64, "/m/a", "w1", "h1")
     assert held["fingerprint"] == "blake3-v1:" + "a" * 64
-    later = life.record_weights(r, "rec", "blake3-v1:" + "b" * 64, "/m/b", "w2", "h2")
+    later = life.Run(r, "rec").record_weights("blake3-v1:" + "b" * 64, "/m/b", "w2", "h2")
     assert later["fingerprint"] == "blake3-v1:" + "a" * 64 and later["worker"] == "w1"
-    with pytest.raises(life.WeightsRecordError, match="no manifest"):
-        life.record_weights(r, "gone", "blake3-v1:" + "a" * 64, "/m/a", "w1", "h1")
+    with pytest.raises(WeightsRecordError, match="no manifest"):
+        life.Run(r, "gone").record_weights("blake3-v1:" + "a" * 64, "/m/a", "w1", "h1")
     r.set(RunKeys("rec").model_weights, "\x1b]0;pwned\x07")
-    with pytest.raises(life.WeightsRecordError, match="not a weights record") as bad:
-        life.recorded_weights(r, "rec")
+    with pytest.raises(WeightsRecordError, match="not a weights record") as bad:
+        life.Run(r, "rec").recorded_weights()
     assert "\x1b" not in str(bad.value)
 
 
@@ -119,7 +120,7 @@ def test_a_manifest_rewritten_meanwhile_keeps_the_record_for_the_producer(r, red
     produce(produce_config(redis_server.url, config_only, store, run="race", dataset=rows))
     read = ledger.get_manifest(r, "race")
     r.set(RunKeys("race").manifest, read.to_json(indent=1))   # the same manifest, other bytes: as another writer's
-    held = life.record_weights(r, "race", "blake3-v1:" + "c" * 64, "/m/c", "w1", "h1", read)
+    held = life.Run(r, "race").record_weights("blake3-v1:" + "c" * 64, "/m/c", "w1", "h1", read)
     assert held["fingerprint"] == "blake3-v1:" + "c" * 64
     assert ledger.get_manifest(r, "race").model_weights == ""
     produce(produce_config(redis_server.url, config_only, store, run="race", dataset=rows))

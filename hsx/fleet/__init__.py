@@ -3,8 +3,8 @@
 The skeleton every long-running role shares (``Role``: runtime slot, heartbeat, progress log, rq worker, name
 claim, stop; ``RqWorker``: rq's worker with a role's hooks, the one door to rq's internals), the housekeeping its
 heartbeat makes for each run the role keeps (``Chores``: reap, reconcile, rq's registry kept in step with hsx's
-heartbeats), Redis' eviction policy, multipart uploads left by dead uploaders and refusals (uploads a host
-refuses, a store that refuses for good).
+heartbeats), Redis' eviction policy and multipart uploads left by dead uploaders. (The refusals a role records,
+uploads a host refuses and a store that refuses for good, are the run's records: ``hsx.life.Run``.)
 Everything not named in ``__all__`` is private to the wing.
 """
 
@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING
 from hsx.face import face
 from hsx.fleet.evictionpolicy import check_eviction_policy
 from hsx.fleet.multipart import abort_stale_uploads, incomplete_uploads
-from hsx.fleet.refused import clear_refused_uploads, record_refused_upload, refused_uploads
-from hsx.fleet.storerefusal import clear_store_refusal, record_store_refusal, store_refusal
 
 if TYPE_CHECKING:  # these modules import rq: loaded on first use (hsx/face.py)
     from hsx.fleet.housekeeping import AFTER_RECONCILE, BEFORE_RECONCILE, Chores

@@ -29,7 +29,6 @@ import redis
 from hsx import life
 from hsx.fleet.rqclean import forget_dead_workers
 from hsx.redisconn import OUTAGES
-from hsx.runspec import RunLimits
 
 BEFORE_RECONCILE = "before reconcile"  # Chores.clean_rq: where in the call rq's registry is cleaned
 AFTER_RECONCILE = "after reconcile"
@@ -38,8 +37,7 @@ AFTER_RECONCILE = "after reconcile"
 @dataclass(frozen=True)
 class Chores:
     """One run's housekeeping at one beat."""
-    run: str
-    limits: RunLimits                          # the run's (its manifest's): lease length, max attempts
+    run: life.Run                              # the run's handle, with its limits (lease length, max attempts)
     clean_rq: str | None = None                # BEFORE_RECONCILE, AFTER_RECONCILE, or None: not at this beat
     tidy: Callable[[], object] | None = None   # the role's own sweep, after the reap; None: none at this beat
 
@@ -51,15 +49,15 @@ class Chores:
 def keep_run(r: redis.Redis, redis_url: str, chores: Chores) -> bool:
     """Reap, tidy, clean rq's registry and reconcile ``chores.run`` (the module's docstring); False when Redis at
     ``redis_url`` is settling after an outage and nothing was done."""
-    run, limits = chores.run, chores.limits
-    if OUTAGES.settling(redis_url, limits.lease_seconds):
+    run = chores.run
+    if OUTAGES.settling(redis_url, run.limits.lease_seconds):
         return False
-    life.reap(r, run, limits.max_attempts)
+    run.reap()
     if chores.tidy is not None:
         chores.tidy()
     if chores.clean_rq == BEFORE_RECONCILE:
-        forget_dead_workers(r, run)
-    life.maybe_reconcile(r, run, limits.lease_seconds / 2)
+        forget_dead_workers(r, run.name)
+    run.maybe_reconcile()
     if chores.clean_rq == AFTER_RECONCILE:
-        forget_dead_workers(r, run)
+        forget_dead_workers(r, run.name)
     return True

@@ -47,6 +47,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterable
+from functools import cached_property
 
 from hsx import life, retry
 from hsx.defaults import DEFAULT_GRACE_SECONDS, DEFAULT_LOG_EVERY_BATCHES, STOP_DEADLINE_MARGIN_SECONDS
@@ -105,6 +106,13 @@ class Role:
     def install(cls, runtime: Role | None) -> None:
         cls._installed = runtime
 
+    @cached_property
+    def ledger(self) -> life.Run:
+        """The handle on the run this role serves (a role of every run has none)."""
+        if self.run is None:
+            raise RuntimeError(f"this {self.noun} serves every run: name one (life.Run(r, run))")
+        return life.Run(self.r, self.run)
+
     # ---- what a role fills in -------------------------------------------------------
     def queue_names(self) -> list[str]:
         raise NotImplementedError
@@ -162,8 +170,7 @@ class Role:
             keep_run(self.r, self.cfg.redis_url, chores)
 
     def publish_heartbeat(self, stats: dict, pipe=None) -> None:
-        life.publish_heartbeat(self.r, self.run, self.name, stats, life.ttl_seconds(self.cfg.heartbeat_seconds),
-                                    pipe=pipe)
+        self.ledger.publish_heartbeat(self.name, stats, life.ttl_seconds(self.cfg.heartbeat_seconds), pipe=pipe)
 
     def start(self) -> None:
         self._thread.start()
@@ -183,7 +190,7 @@ class Role:
             except Exception as exc:  # e.g. a device probe that fails now: the counts still go, the stop is clean
                 log.warning("%s %s: final stats incomplete (%s: %s)", self.noun, self.name, type(exc).__name__, exc)
                 stats = Role.stats(self)
-            life.publish_stopped(self.r, self.run, self.name, stats)
+            self.ledger.publish_stopped(self.name, stats)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.cfg.heartbeat_seconds):

@@ -17,18 +17,18 @@ from rq.worker import Worker
 from rq.worker_registration import unregister
 
 from hsx import life
-from hsx.life import RunKeys
 
 log = logging.getLogger(__name__)
 
 
 def forget_dead_workers(r: redis.Redis, run: str) -> list[str]:
     """Unregister the rq workers of ``run``'s extract queue with no hsx heartbeat; their names."""
-    life.sweep_heartbeats(r, run)  # workers not seen for a day: their last heartbeat and batch go too
-    q = life.queue(r, life.extract_queue_name(run))
+    ledger = life.Run(r, run)
+    ledger.sweep_heartbeats()  # workers not seen for a day: their last heartbeat and batch go too
+    q = ledger.extract_queue()
     gone = []
     for worker in Worker.all(connection=r, queue=q):
-        if r.exists(RunKeys(run).heartbeat(worker.name)):
+        if ledger.worker_alive(worker.name):
             continue
         job_id = worker.get_current_job_id()
         job = q.fetch_job(job_id) if job_id else None

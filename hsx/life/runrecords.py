@@ -18,6 +18,7 @@ from hsx.life import computeerror, ledger, notices, oldledger, prefixerror, runs
 if TYPE_CHECKING:
     from hsx.life.keys import RunKeys
     from hsx.life.ledger import BatchSpec, Manifest
+    from hsx.life.rebuild import Rebuild
     from hsx.life.reset import ResetPlan
     from hsx.runspec import RunLimits
 
@@ -153,6 +154,11 @@ class RunRecords:
                      present: set[str] | None = None, done: set[str] | None = None) -> list[str]:
         from hsx.life import rebuild
         return rebuild.rebuild_done(self.r, store, self.name, specs, full=full, present=present, done=done)
+
+    def rebuilder(self, store, done: set[str], present: set[str] | None = None) -> Rebuild:
+        """The producer's rebuild, window by window (``done`` gains what it records done)."""
+        from hsx.life import rebuild
+        return rebuild.Rebuild(self.r, store, self.name, done, present)
 
     def write_index_if_complete(self, store) -> bool:
         from hsx.life import index

@@ -10,7 +10,7 @@ to the wing.
 from __future__ import annotations
 
 from hsx.face import face
-from hsx.monitor.evaluation import record_evaluation
+from hsx.monitor.evaluation import evaluation_summary
 from hsx.monitor.planstate import plan_entries, plan_line, plan_tokens, planned_batches, window_spans
 from hsx.monitor.progress import RATE_WINDOW_SECONDS, fmt_bytes, fmt_duration, host_row, run_progress, summary_lines
 from hsx.monitor.progressline import Progress

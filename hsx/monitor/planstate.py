@@ -102,7 +102,7 @@ def plan_tokens(r: redis.Redis, run: str, bids: list[str], malformed: list[str])
 def window_spans(r: redis.Redis, run: str) -> list[range] | None:
     """The batch ranges of the run's window records (O(windows)), or None if one is not a record hsx writes."""
     spans = []
-    for raw in life.window_records(r, run).values():
+    for raw in life.Run(r, run).window_records().values():
         try:
             rec = json.loads(raw)
             first, batches = int(rec["first_batch"]), int(rec["batches"])

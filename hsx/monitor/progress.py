@@ -6,7 +6,7 @@ import time
 
 import redis
 
-from hsx import fleet, life
+from hsx import life
 from hsx.life import RunKeys, records
 from hsx.monitor import evaluation, planstate
 from hsx.monitor.minutes import window_counts
@@ -94,7 +94,7 @@ def _not_done(r: redis.Redis, keys: RunKeys, records_by_batch: dict[str, dict]) 
     drops such records in mark_done and `hsx produce`; one written by an older hsx is not shown)."""
     if not records_by_batch:
         return records_by_batch
-    done = life.done_among(r, keys.run, list(records_by_batch))
+    done = life.Run(r, keys.run).done_among(list(records_by_batch))
     return {b: rec for b, rec in records_by_batch.items() if b not in done}
 
 
@@ -102,7 +102,8 @@ def fidelity(r: redis.Redis, run: str, malformed: list[str]) -> dict | None:
     """FP8's measured error against bf16, per stored layer: ``{"layer_ids", "compute", "store"}`` with
     ``compute`` the run's record (hsx/life/computeerror.py: one batch, measured once) and ``store`` the summary
     of the sampled batches (hsx/life/storeerror.py), each None where not measured; None for a run with neither."""
-    compute, store = life.compute_error(r, run, malformed), life.store_error_summary(r, run, malformed)
+    ledger = life.Run(r, run)
+    compute, store = ledger.compute_error(malformed), ledger.store_error_summary(malformed)
     if compute is None and store is None:
         return None
     layer_ids = list((compute or {}).get("layer_ids", []))
@@ -132,7 +133,7 @@ def fidelity_lines(f: dict) -> list[str]:
                      f"{accumulation}), against {str(compute.get('reference'))[:200]}")
     if store is not None:
         lines.append(f"    storage: {store['batches_measured']} batches ({store['tokens_measured']} tokens), one in "
-                     f"{life.ERROR_SAMPLE_EVERY} a worker runs")
+                     f"{life.Run.ERROR_SAMPLE_EVERY} a worker runs")
     return lines
 
 
@@ -155,7 +156,8 @@ def _prefix_line(prefix: dict) -> str:
 def run_progress(r: redis.Redis, run: str, now: float | None = None, window: float = RATE_WINDOW_SECONDS) -> dict:
     """The run's progress. A record that is not what hsx writes is skipped (a failure record is kept as
     a placeholder) and named under ``"malformed"`` (hsx.life.records): one bad record never fails the read."""
-    keys = RunKeys(run)
+    ledger = life.Run(r, run)
+    keys = ledger.keys
     now = now or time.time()
     malformed: list[str] = []
     totals, done = records.int_hash(r, keys.totals, malformed), records.int_hash(r, keys.counters, malformed)
@@ -169,14 +171,14 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
     started = _first(r, run, "done")
     raw_manifest = r.get(keys.manifest)
     manifest = _manifest(raw_manifest, keys.manifest, malformed) if raw_manifest else None
-    workers = life.read_workers(r, run, malformed=malformed)
-    extract_queue = len(life.queue(r, life.extract_queue_name(run)))
-    dead = _not_done(r, keys, life.dead_letters(r, run, malformed))
-    failures = _not_done(r, keys, life.failures(r, run, malformed))
+    workers = ledger.read_workers(malformed)
+    extract_queue = len(ledger.extract_queue())
+    dead = _not_done(r, keys, ledger.dead_letters(malformed))
+    failures = _not_done(r, keys, ledger.failures(malformed))
     planned_only = bool(r.exists(keys.planned_only))
     stalled = None if complete or planned_only else stall_reason(r, run, now, totals, done, extract_queue, workers, dead)
-    hosts = life.read_hosts(r, run, malformed)
-    upload_refused = {} if complete else fleet.refused_uploads(r, run)
+    hosts = ledger.read_hosts(malformed)
+    upload_refused = {} if complete else ledger.refused_uploads()
     if upload_refused:  # the cause a person must fix, before any generic "nothing moved"
         stalled = "; ".join(f"uploads refused: {v.get('cause')} on host {h}" for h, v in sorted(upload_refused.items()))
     fp8 = fidelity(r, run, malformed)
@@ -186,7 +188,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "totals": totals,
         "done": {k: done.get(k, 0) for k in ("batches", "samples", "tokens", "bytes")},
         "spooled_batches": spooled,
-        "written_bytes": done.get(life.WRITTEN_BYTES, 0),
+        "written_bytes": done.get(life.Run.WRITTEN_BYTES, 0),
         "bytes_per_token": (done["bytes"] / done["tokens"]) if done.get("tokens") and done.get("bytes") else None,
         "store_dtype": manifest.store_dtype if manifest else None,
         "codec": manifest.codec if manifest else "none",
@@ -195,8 +197,8 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "prefix": {"reuse": manifest.prefix_reuse if manifest else "off", "stored_tokens": totals.get("tokens", 0),
                    "computed_tokens": totals.get("computed_tokens") or totals.get("padded_tokens", 0),
                    # a worker's check of one batch: its shared-prefix samples against the same alone (or None)
-                   "check": life.prefix_error(r, run, malformed)},
-        "evaluation": evaluation.read(r, run, malformed),  # the last `hsx evaluate` of a drafter of this run, or None
+                   "check": ledger.prefix_error(malformed)},
+        "evaluation": ledger.evaluation(malformed),  # the last `hsx evaluate` of a drafter of this run, or None
         "fidelity": fp8,  # FP8 compute and storage error per stored layer (None: a bf16 run, or not measured yet)
         "rate": rate["per_s"],
         "extract_rate": _window(r, run, keys.spooled_log, now, window, span, malformed)["per_s"],
@@ -216,7 +218,7 @@ def run_progress(r: redis.Redis, run: str, now: float | None = None, window: flo
         "hosts": hosts,
         "index_written": bool(r.get(keys.index_written)),
         "malformed": malformed,
-        "store_refusal": None if complete else fleet.store_refusal(r, run),  # {error, batch, ts, by}: store says no
+        "store_refusal": None if complete else ledger.store_refusal(),  # {error, batch, ts, by}: store says no
     }
 
 
@@ -253,8 +255,9 @@ def stall_reason(r: redis.Redis, run: str, now: float, totals: dict, done: dict,
         return None
     left = totals["batches"] - done.get("batches", 0)
     alive = sum(1 for w in workers if w.get("alive"))
-    lost = len(life.orphans(r, run))   # a run fed in steps: among the batches a pass would check now
-    fed = life.fed_count(r, run)
+    ledger = life.Run(r, run)
+    lost = len(ledger.orphans())   # a run fed in steps: among the batches a pass would check now
+    fed = ledger.fed_count()
     unfed = totals["batches"] - fed if fed is not None else 0
     if not lost and not extract_queue and unfed > 0:
         return (f"{unfed} of {left} batches left are not fed to the queue yet; a running worker or uploader feeds "
@@ -302,7 +305,7 @@ def summary_lines(p: dict) -> list[str]:
         f"  samples  {d['samples']}/{t.get('samples', 0)} ({pct(d['samples'], t.get('samples', 0))})",
         f"  tokens   {d['tokens']}/{t.get('tokens', 0)} ({pct(d['tokens'], t.get('tokens', 0))})",
         *([_prefix_line(p["prefix"])] if p.get("prefix") else []),
-        *([life.prefix_error_line(p["prefix"]["check"])] if (p.get("prefix") or {}).get("check") else []),
+        *([life.Run.prefix_error_line(p["prefix"]["check"])] if (p.get("prefix") or {}).get("check") else []),
         f"  uploaded {fmt_bytes(d['bytes'])}, {fmt_bytes(p['written_bytes'])} written to spools; "
         + (f"{p['bytes_per_token']:.0f} bytes/token" if p["bytes_per_token"] else "bytes/token not known yet")
         + f" ({p['store_dtype']}, codec {p['codec']}"

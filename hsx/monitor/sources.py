@@ -1,7 +1,7 @@
 """A mixture run's sources (hsx.prep.mixture): rows, rejects, samples, tokens and batches planned and done, each.
 
 Nothing is kept per sample or per batch for this: every window of a mixture holds one source's rows, and its
-record (``life.window_records``, one a window) names that source beside its batch range and counts; a source's
+record (``Run.window_records``, one a window) names that source beside its batch range and counts; a source's
 done batches, samples and tokens are counted under its name when a batch is recorded done (the plan entry names
 its source), so reading them is O(sources). A run whose counts do not add up (batches recorded by an older hsx)
 is counted from the ledger's done batches in each source's ranges instead. A run of one dataset has no sources: ``[]``.
@@ -24,7 +24,7 @@ def _index(bid: str) -> int | None:
 
 def _manifest(r: redis.Redis, run: str) -> Manifest | None:
     try:
-        return life.get_manifest(r, run)
+        return life.Run(r, run).manifest()
     except (ManifestError, ValueError):   # named as malformed by run_progress; no sources here
         return None
 
@@ -44,7 +44,7 @@ def source_progress(r: redis.Redis, run: str, samples_of: dict[str, int] | None 
                         "done": {"batches": 0, "samples": 0, "tokens": 0}}
             for s in manifest.mixture}
     ranges: dict[str, list[range]] = {name: [] for name in rows}
-    for raw in life.window_records(r, run).values():
+    for raw in life.Run(r, run).window_records().values():
         try:
             rec = json.loads(raw)
             row, report = rows[rec["source"]], rec["report"]
@@ -71,7 +71,7 @@ def _counted(r: redis.Redis, run: str, rows: dict[str, dict]) -> dict[str, dict]
     with the ledger's by the script that records a batch done or takes it out: hsx/life/ledger.py); None where
     they do not add up to the run's done batches (batches recorded by an hsx that kept no such counts, or a ledger
     rebuilt from the store): the caller counts from the ledger instead."""
-    counters = life.done_counters(r, run)
+    counters = life.Run(r, run).done_counters()
     done = {name: {"batches": counters.get(f"src:{name}:b", 0), "samples": counters.get(f"src:{name}:s", 0),
                    "tokens": counters.get(f"src:{name}:t", 0)} for name in rows}
     if sum(d["batches"] for d in done.values()) != counters.get("batches", 0):
@@ -85,7 +85,8 @@ def _scan_done(r: redis.Redis, run: str, rows: dict[str, dict], ranges: dict[str
     spans = sorted((span.start, span.stop, name) for name, found in ranges.items() for span in found)
     starts = [start for start, _, _ in spans]
     done_by: dict[str, list[str]] = {name: [] for name in rows}
-    for bid in life.done_ids(r, run):
+    ledger = life.Run(r, run)
+    for bid in ledger.done_ids():
         i = _index(bid)
         at = bisect.bisect_right(starts, i) - 1 if i is not None else -1
         if at >= 0 and i < spans[at][1]:
@@ -99,7 +100,7 @@ def _scan_done(r: redis.Redis, run: str, rows: dict[str, dict], ranges: dict[str
             row["done"].update(samples=sum(samples_of.get(b, 0) for b in mine),
                                tokens=sum(tokens_of.get(b, 0) for b in mine))
         elif mine:
-            specs = life.get_specs(r, run, mine)
+            specs = ledger.specs(mine)
             row["done"].update(samples=sum(s.samples for s in specs), tokens=sum(s.tokens for s in specs))
 
 

@@ -2,8 +2,8 @@
 
 Counted from the host's minute counts (``rate_minutes``' ``up:<host>:<minute>:b|t|B``, written with each batch its
 uploaders record done: O(minutes)); for a run an older hsx recorded, from the host's ``uploaded`` record
-(``life.uploaded_since``: the batches its uploaders recorded done in the last hour; rq keeps no finished job,
-``life.RESULT_TTL`` is 0), the plan's tokens a batch and the ledger's size a batch.
+(``Run.uploaded_since``: the batches its uploaders recorded done in the last hour; rq keeps no finished job,
+hsx/life/queues.py's ``RESULT_TTL`` is 0), the plan's tokens a batch and the ledger's size a batch.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ def host_upload_rate(r: redis.Redis, run: str, host: str, tokens_of: dict[str, i
         batches, tokens, nbytes = window_counts(r, key, f"up:{host}", "btB", now, window)
         return {"upload_batches_per_s": batches / window, "upload_tokens_per_s": tokens / window,
                 "upload_bytes_per_s": nbytes / window}
-    bids = set(life.uploaded_since(r, run, host, now - window))
+    ledger = life.Run(r, run)
+    bids = set(ledger.uploaded_since(host, now - window))
     if tokens_of is None:
         tokens_of = plan_tokens(r, run, sorted(bids), [])
-    nbytes = sum(info["size"] for info in life.done_records(r, run, sorted(bids)).values() if info)
+    nbytes = sum(info["size"] for info in ledger.done_records(sorted(bids)).values() if info)
     return {"upload_batches_per_s": len(bids) / window,
             "upload_tokens_per_s": sum(tokens_of.get(b, 0) for b in bids) / window,
             "upload_bytes_per_s": nbytes / window}

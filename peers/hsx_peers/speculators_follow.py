@@ -143,10 +143,10 @@ class FollowSampler:
     def __len__(self) -> int:
         """Steps of the whole run, from the plan (waits while the producer is still planning)."""
         if self._length is None:
-            r, run = self.follower.r, self.follower.run
-            while life.planning_in_progress(r, run):
+            run = life.Run(self.follower.r, self.follower.run)
+            while run.planning_in_progress():
                 time.sleep(PLAN_POLL_SECONDS)
-            specs = life.all_specs(r, run).values()
+            specs = run.all_specs().values()
             self._length = sum(max(1, math.ceil(s.tokens / self.total_seq_len)) for s in specs)
         return self._length
 
@@ -208,7 +208,7 @@ class FollowSampler:
         generation = follower.generation()
         self._check_state(start, generation)
         handed_out = self._handed_out(start)
-        life.sequence_done(follower.r, follower.run)
+        life.Run(follower.r, follower.run).sequence_done()
         step, position, previous, recording, walked = 0, 0, "", start == 0, []
         while True:
             waited = follower.stats.waited_seconds
