@@ -5,7 +5,7 @@
 A private redis-server (AOF on, noeviction, as tests/conftest.py starts one). N synthetic pre-tokenised samples
 (lengths 90-130 tokens, mean ~110; the row index is the sample id) are planned window by window with the producer's
 own code (``cut_batches`` under a 4,096-token budget: ~37 samples a batch, as the held-out check of issue 42;
-``BatchSpec``s as ``producer.produce._plan_window`` builds them; ``life.save_plan``; the producer's ``_enqueue``
+``BatchSpec``s as ``producer.produce._plan_window`` builds them; ``Run.save_plan``; the producer's ``_enqueue``
 under its lock; the window record), then driven through the real life verbs by real rq workers (``perform_job`` of
 an rq SimpleWorker per job: rq's own registries and result TTLs) whose job functions are fakes: the extractor
 leases, spools (no file) and hands the batch on; the uploader writes a 16-byte object to a local store and
@@ -69,34 +69,34 @@ RUN_SIZED = {"plan", "done", "done_info", "done_seq", "done_seq_pos", "done_log"
 class Bench:
     """The state the fake job functions reach (rq resolves functions by name, so they live at module level)."""
 
-    r = None
     store = None
+    run = None   # the run's handle (life.Run)
 
 
 def fake_extract(run: str, batch_id: str, attempt: int | None = None) -> str:
-    r = Bench.r
-    spec = life.lease(r, run, batch_id, LEASE_SECONDS)
-    if life.release_if_done(r, run, batch_id):
+    ledger = Bench.run
+    spec = ledger.lease(batch_id, LEASE_SECONDS)
+    if ledger.release_if_done(batch_id):
         return "done already"
-    pipe = r.pipeline()
-    life.spool(r, run, batch_id, HOST, f"/spool/{run}/{batch_id}.safetensors", 16, hashlib.sha256(b"x").hexdigest(),
-               "disk", pipe)
+    pipe = ledger.r.pipeline()
+    ledger.spool(batch_id, HOST, f"/spool/{run}/{batch_id}.safetensors", 16, hashlib.sha256(b"x").hexdigest(), "disk",
+                 pipe)
     pipe.execute()
     return spec.batch_id
 
 
 def fake_upload(run: str, batch_id: str, path: str, size: int, sha256: str, retry: int = 0, tier: str = "disk",
                 **_ignored) -> str:
-    r, store = Bench.r, Bench.store
+    ledger, store = Bench.run, Bench.store
     job = life.UploadJob(HOST, path, size, sha256, tier)
-    with life.uploading(r, run, batch_id, job, LEASE_SECONDS):
-        if life.is_done(r, run, batch_id):
+    with ledger.uploading(batch_id, job, LEASE_SECONDS):
+        if ledger.is_done(batch_id):
             return "done already"
-        spec = life.get_spec(r, run, batch_id)
+        spec = ledger.spec(batch_id)
         key = layout.batch_key(run, spec.shard, batch_id)
         info = store.put_bytes(key, b"x" * 16)
-        life.finish(r, run, spec, key, info.size, sha256, by="bench-uploader", host=HOST)
-    life.write_index_if_complete(r, store, run)
+        ledger.finish(spec, key, info.size, sha256, by="bench-uploader", host=HOST)
+    ledger.write_index_if_complete(store)
     return batch_id
 
 
@@ -148,7 +148,7 @@ def _usage(r, keys: list[str], kinds: Counter, counts: Counter) -> None:
         counts[key_kind(key)] += 1
 
 
-def plan(r, store, samples: int, enqueue: bool, seed: int) -> list[int]:
+def plan(run: life.Run, store, samples: int, enqueue: bool, seed: int) -> list[int]:
     """Plan the run window by window as the producer does; the batch count of each window."""
     manifest = example_manifest(RUN, store=str(store.root), token_budget=BUDGET, max_length=512,
                                 max_batch_rows=MAX_ROWS, pad_multiple=PAD, window_rows=WINDOW_ROWS)
@@ -156,10 +156,9 @@ def plan(r, store, samples: int, enqueue: bool, seed: int) -> list[int]:
     cfg = SimpleNamespace(run=RUN, enqueue=enqueue)
     totals = {"batches": 0, "samples": 0, "tokens": 0, "padded_tokens": 0}
     per_window = []
-    if hasattr(life, "start_feeding"):   # an hsx that feeds the queue in steps (issue 42); the baseline has none
-        life.start_feeding(r, RUN)
-    with ProducerLock(r, RUN, 5.0) as lock:
-        planning = SimpleNamespace(r=r, cfg=cfg, lock=lock, done=set(), pending=set())
+    run.start_feeding()
+    with ProducerLock(run.r, RUN, 5.0) as lock:
+        planning = SimpleNamespace(run=run, cfg=cfg, lock=lock, done=set(), pending=set())
         for number, start in enumerate(range(0, samples, WINDOW_ROWS)):
             lengths = [rng.randint(90, 130) for _ in range(min(WINDOW_ROWS, samples - start))]
             planned = cut_batches(lengths, BUDGET, MAX_ROWS, PAD)
@@ -173,22 +172,20 @@ def plan(r, store, samples: int, enqueue: bool, seed: int) -> list[int]:
                     samples=len(batch.members), tokens=batch.tokens, padded=batch.padded,
                     padded_len=batch.padded_len, sample_ids=[str(start + i) for i in batch.members],
                     input_sha256=hashlib.sha256(bid.encode()).hexdigest()))
-            if hasattr(life, "write_window_ids"):   # the ids in the store, their digest in the plan (issue 42)
-                life.write_window_ids(store, RUN, number, specs)
-                specs = [spec.for_plan() for spec in specs]
-            life.save_plan(r, RUN, manifest, specs, {"planning": 1})
-            enqueued = (_enqueue(planning, specs, first + len(specs)) if hasattr(life, "feed")
-                        else _enqueue(planning, specs))
+            run.write_window_ids(store, number, specs)   # the ids in the store, their digest in the plan
+            specs = [spec.for_plan() for spec in specs]
+            run.save_plan(manifest, specs, {"planning": 1})
+            enqueued = _enqueue(planning, specs, first + len(specs))
             rec = windows.WindowRecord(first_batch=first, batches=len(specs), samples=len(lengths),
                                        tokens=sum(s.tokens for s in specs), padded_tokens=sum(s.padded for s in specs),
                                        padding=0.0, enqueued=enqueued, report=TokeniseReport(rows=len(lengths)))
-            windows.record(r, RUN, number, rec)
+            windows.record(run, number, rec)
             for k, v in (("batches", len(specs)), ("samples", len(lengths)), ("tokens", rec.tokens),
                          ("padded_tokens", rec.padded_tokens)):
                 totals[k] += v
-            life.save_plan(r, RUN, manifest, [], {**totals, "planning": 1, "rows": totals["samples"]})
+            run.save_plan(manifest, [], {**totals, "planning": 1, "rows": totals["samples"]})
             per_window.append(len(specs))
-        life.save_plan(r, RUN, manifest, [], {**totals, "planning": 0, "rows": totals["samples"]})
+        run.save_plan(manifest, [], {**totals, "planning": 0, "rows": totals["samples"]})
     return per_window
 
 
@@ -293,10 +290,10 @@ def main(argv=None) -> dict:
     scratch = "/dev/shm" if Path("/dev/shm").is_dir() else None   # the store's fsyncs are not what is measured
     with tempfile.TemporaryDirectory(dir=scratch) as tmp, LocalRedis(Path(tmp) / "redis") as server:
         r = connect(server.url)
-        Bench.r, Bench.store = r, LocalStore(Path(tmp) / "store")
+        Bench.store, Bench.run = LocalStore(Path(tmp) / "store"), life.Run(r, RUN)
         base = int(r.info("memory")["used_memory"])
         t0 = time.perf_counter()
-        per_window = plan(r, Bench.store, n, enqueue=False, seed=args.seed)
+        per_window = plan(Bench.run, Bench.store, n, enqueue=False, seed=args.seed)
         report["seconds"]["plan"] = time.perf_counter() - t0
         batches = sum(per_window)
         report["batches"] = batches
@@ -305,16 +302,16 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         r.flushall()
         base = int(r.info("memory")["used_memory"])
-        plan(r, Bench.store, n, enqueue=True, seed=args.seed)
+        plan(Bench.run, Bench.store, n, enqueue=True, seed=args.seed)
         report["seconds"]["plan_and_enqueue"] = time.perf_counter() - t0
         report["stages"]["queued"] = memory(r, base, n)
-        life.publish_host(r, RUN, HOST, {"spool_bytes": 0, "spool_files": 0, "spool_budget_bytes": None})
+        Bench.run.publish_host(HOST, {"spool_bytes": 0, "spool_files": 0, "spool_budget_bytes": None})
         t0 = time.perf_counter()
         half = batches // 2
         drive(r, queues.extract_queue_name(RUN), half)
         drive(r, queues.upload_queue_name(HOST), None)
         drive(r, queues.extract_queue_name(RUN), 1)   # ... and one extracted, spooled: its upload queued
-        life.lease(r, RUN, layout.batch_id(half + 1), LEASE_SECONDS)  # one batch leased by a worker at work
+        Bench.run.lease(layout.batch_id(half + 1), LEASE_SECONDS)  # one batch leased by a worker at work
         report["seconds"]["drive_half"] = time.perf_counter() - t0
         report["stages"]["leased"] = memory(r, base, n)
         if not args.no_readers:
@@ -324,12 +321,12 @@ def main(argv=None) -> dict:
         drive(r, queues.extract_queue_name(RUN), None)
         drive(r, queues.upload_queue_name(HOST), None)
         report["seconds"]["drive_rest"] = time.perf_counter() - t0
-        out = life.outstanding(r, RUN)
+        out = Bench.run.outstanding()
         assert out.complete, f"not every batch is done: {out}"
         report["stages"]["done"] = memory(r, base, n)
         reconcile.reconcile(r, RUN, grace=0)
         batchlife.reap(r, RUN, 3)
-        assert life.write_index_if_complete(r, Bench.store, RUN)
+        assert Bench.run.write_index_if_complete(Bench.store)
         report["stages"]["completed"] = memory(r, base, n)
         # What the server kept that is in no key (client and AOF buffers, grown while rq drove the jobs): every key
         # deleted, used_memory over the empty server's. A fixed cost, not one per sample (~0.9 MB at 30k-200k).

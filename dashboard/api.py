@@ -27,7 +27,7 @@ def _no_cache(response):
 
 @bp.get("/runs")
 def runs():
-    return jsonify({"runs": life.list_runs(state.current().redis)})
+    return jsonify({"runs": life.Run.names(state.current().redis)})
 
 
 @bp.get("/status")
@@ -49,16 +49,17 @@ def retry():
         abort(400, description='send JSON {"run": "<run>", "batch_ids": [...]} (batch_ids optional: all dead letters)')
     st = state.current()
     run, bids = body["run"], body.get("batch_ids")
-    if run not in life.list_runs(st.redis):
+    if run not in life.Run.names(st.redis):
         abort(404, description=f"no run {run!r} in this Redis")
     if bids is not None and (not isinstance(bids, list) or not all(isinstance(b, str) for b in bids)):
         abort(400, description="batch_ids must be a list of batch id strings")
+    ledger = life.Run(st.redis, run)
     if bids is not None:
-        known = life.dead_letters(st.redis, run)
+        known = ledger.dead_letters()
         bids = [b for b in bids if b in known]
         if not bids:
             return jsonify({"run": run, "retried": []})
-    return jsonify({"run": run, "retried": sorted(life.retry(st.redis, run, bids))})
+    return jsonify({"run": run, "retried": sorted(ledger.retry(bids))})
 
 
 @bp.errorhandler(400)

@@ -122,7 +122,7 @@ class OverviewCollector:
 @bp.get("/metrics")
 def metrics():
     st = state.current()
-    overviews = [build_overview(st.redis, run, st.config, st.plans) for run in life.list_runs(st.redis)]
+    overviews = [build_overview(st.redis, run, st.config, st.plans) for run in life.Run.names(st.redis)]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(OverviewCollector(overviews))
     return Response(generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

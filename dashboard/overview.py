@@ -25,7 +25,7 @@ GPU_FIELDS = ("gpu", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "t
 
 def pick_run(r: redis.Redis, requested: str | None) -> tuple[str | None, list[str]]:
     """(the run to show, all runs). Default: the run with the latest extract/upload activity."""
-    runs = life.list_runs(r)
+    runs = life.Run.names(r)
     if requested:
         return (requested if requested in runs else None), runs
     return (max(runs, key=lambda run: (last_activity(r, run), run)) if runs else None), runs
@@ -77,12 +77,12 @@ def _failure_rows(records: dict[str, dict], dead: bool) -> list[dict]:
              "ts": rec.get("ts"), "dead": dead, "resolved": False} for bid, rec in records.items()]
 
 
-def _resolved_rows(r: redis.Redis, run: str, errors: list[dict]) -> list[dict]:
+def _resolved_rows(run: life.Run, errors: list[dict]) -> list[dict]:
     """Failures of batches done since (the error log, hsx.life.errorlog): a worker lost mid-batch stays in sight."""
     if not errors:
         return []
     bids = list(dict.fromkeys(e["batch"] for e in errors))
-    done = life.done_among(r, run, bids)
+    done = run.done_among(bids)
     return [{"batch_id": e["batch"], "attempts": e.get("attempts"), "last_error": e["error"], "ts": e["ts"],
              "dead": False, "resolved": True} for e in errors if e["batch"] in done]
 
@@ -90,12 +90,13 @@ def _resolved_rows(r: redis.Redis, run: str, errors: list[dict]) -> list[dict]:
 def build_overview(r: redis.Redis, run: str, config: DashboardConfig, plans: PlanCache, now: float | None = None,
                    window: float = RATE_WINDOW_SECONDS) -> dict:
     now = now or time.time()
+    ledger = life.Run(r, run)
     p = run_progress(r, run, now=now, window=window)
     plan = plans.get(r, run)
     totals, done = p["totals"], p["done"]
     dead = sorted(_failure_rows(p["dead_letters"], True), key=lambda f: f["batch_id"])
-    errors = life.recent_failures(r, run, p["malformed"])
-    recent = sorted(dead + _failure_rows(p["failures"], False) + _resolved_rows(r, run, errors),
+    errors = ledger.recent_failures(p["malformed"])
+    recent = sorted(dead + _failure_rows(p["failures"], False) + _resolved_rows(ledger, errors),
                     key=lambda f: -(f["ts"] or 0))
     reclaimed = _reclaimed(errors)
     return {

@@ -39,7 +39,7 @@ class PlanSummary:
     def from_windows(cls, r: redis.Redis, run: str) -> PlanSummary | None:
         """From the window records (O(windows)); None where they do not account for the whole plan."""
         try:
-            manifest = life.get_manifest(r, run)
+            manifest = life.Run(r, run).manifest()
         except (ManifestError, ValueError):   # named as malformed by run_progress
             return None
         spans = window_spans(r, run)
@@ -84,7 +84,7 @@ class PlanCache:
         summary = PlanSummary.read(r, run)
         planned = planned_batches(r, run)  # a bad field: named by run_progress
         try:
-            planning = life.planning_in_progress(r, run)
+            planning = life.Run(r, run).planning_in_progress()
         except ValueError:   # not a count: named by run_progress; not cached
             planning = True
         if planned is not None and planned == summary.batches and not planning:

@@ -45,16 +45,15 @@ def config(v) -> ResetConfig:
 
 def run(cfg: ResetConfig) -> int:
     from hsx import life
-    from hsx.life import apply_reset, plan_reset
     from hsx.redisconn import connect
 
-    r = connect(cfg.redis_url)
-    manifest = life.get_manifest(r, cfg.run)
+    ledger = life.Run(connect(cfg.redis_url), cfg.run)
+    manifest = ledger.manifest()
     recorded = manifest.store_url if manifest is not None else None   # absolute: Manifest resolves an old relative one
     if cfg.store is not None and recorded and recorded != cfg.store.url:
         raise ConfigError(f"--store {cfg.store.url} is not run {cfg.run}'s store ({recorded}); nothing was changed")
     store = cfg.store.open() if cfg.store is not None else None
-    plan = plan_reset(r, cfg.run, store, allow_live=cfg.even_if_live)
+    plan = ledger.plan_reset(store, allow_live=cfg.even_if_live)
     if not plan.redis_keys and not plan.jobs and not plan.objects:
         print(f"run {cfg.run}: nothing to reset (no Redis keys, no queued jobs"
               + (", no objects in the store)" if store is not None else ")"))
@@ -67,7 +66,7 @@ def run(cfg: ResetConfig) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing was changed")
             return 1
-    apply_reset(r, plan, store)
+    ledger.apply_reset(plan, store)
     print(f"reset {plan.summary()}: removed")
     if store is None:
         print(f"store objects kept{' in ' + recorded if recorded else ''}: its {cfg.run}/manifest.json still pins the "

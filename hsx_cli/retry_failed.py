@@ -30,9 +30,9 @@ def run(cfg: RetryConfig) -> int:
     from hsx import life
     from hsx.redisconn import connect
 
-    r = connect(cfg.redis_url)
-    life.require_manifest(r, cfg.run)  # an unknown run is a mistyped name (exit 2), not "0 re-enqueued"
-    taken = life.retry(r, cfg.run, list(cfg.batches) or None)
+    ledger = life.Run(connect(cfg.redis_url), cfg.run)
+    ledger.require_manifest()  # an unknown run is a mistyped name (exit 2), not "0 re-enqueued"
+    taken = ledger.retry(list(cfg.batches) or None)
     print(f"re-enqueued {len(taken)} dead-letter batches of run {cfg.run}")
     return 0
 

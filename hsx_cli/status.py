@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hsx_cli.command import Command
 from hsx_cli.common import REDIS_URL, redis_url
 from hsx_cli.flags import Flag
+
+if TYPE_CHECKING:
+    from hsx import life
 
 FLAGS = (
     Flag("--run", "run (default: every run in this Redis)"),
@@ -38,12 +42,12 @@ def run(cfg: StatusConfig) -> int:
     from hsx.redisconn import connect
 
     r = connect(cfg.redis_url)
-    runs = [cfg.run] if cfg.run else life.list_runs(r)
+    runs = [cfg.run] if cfg.run else life.Run.names(r)
     if not runs:
         print("no runs in this Redis")
         return 1
-    if cfg.run and not life.run_exists(r, cfg.run):  # present is enough: run_progress reads it warily
-        life.require_manifest(r, cfg.run)  # RunVanished: a run this Redis does not hold is exit 2, as everywhere
+    if cfg.run:
+        _require(life.Run(r, cfg.run))
     if cfg.watch:
         import sys
 
@@ -59,6 +63,13 @@ def run(cfg: StatusConfig) -> int:
             lines = with_source_lines(summary_lines(p), p["sources"])
             print("\n".join(printable(line) for line in lines))   # Redis' records: shown, never obeyed
     return 0
+
+
+def _require(ledger: life.Run) -> None:
+    """RunVanished where this Redis does not hold the run (exit 2, as everywhere); present is enough: run_progress
+    reads it warily."""
+    if not ledger.exists():
+        ledger.require_manifest()
 
 
 COMMAND = Command(

@@ -20,7 +20,7 @@ One reader per rank: use ``num_workers`` 0 or 1 in a DataLoader.
 A position means something only in the sequence it was counted in. A ledger
 rebuilt from the store after a Redis loss (or a run reset and produced again)
 records its batches again in another order, under a new ``done_seq_generation``
-(``hsx.life.sequence_generation``); a Redis rolled back a few seconds (an AOF
+(``hsx.life.Run.sequence_generation``); a Redis rolled back a few seconds (an AOF
 ``everysec`` power loss, an async replica promoted, a restore) keeps the
 generation but loses the tail of the sequence, which is then recorded again in
 another order. So a cursor names the generation it was counted in and the batch
@@ -95,7 +95,8 @@ class RunFollower(IterableDataset):
         self.redis_url = redis_client if isinstance(redis_client, str) else None
         self._r = connect(redis_client, ride_out=True) if isinstance(redis_client, str) else redis_client
         self.run = layout.check_run_name(run)
-        self.manifest = life.require_manifest(self.r, run)
+        self._ledger: life.Run | None = None
+        self.manifest = self.ledger.require_manifest()
         (expect or Expectations()).check(self.manifest, run)
         if store is None:
             store = self.manifest.store
@@ -116,6 +117,13 @@ class RunFollower(IterableDataset):
         return self._r
 
     @property
+    def ledger(self) -> life.Run:
+        """The run's handle on ``self.r`` (made again after unpickling, on that process's connection)."""
+        if self._ledger is None:
+            self._ledger = life.Run(self.r, self.run)
+        return self._ledger
+
+    @property
     def store(self) -> Store:
         if self._store is None:
             self._store = self.settings.open()
@@ -123,6 +131,7 @@ class RunFollower(IterableDataset):
 
     def __getstate__(self):
         state = dict(self.__dict__)
+        state["_ledger"] = None
         if self.redis_url:
             state["_r"] = None
         if isinstance(self.settings, StoreSettings):
@@ -131,7 +140,7 @@ class RunFollower(IterableDataset):
 
     def pending(self) -> life.Outstanding:
         """What a waiting follower waits for: planned batches, done batches and dead letters not done, now."""
-        return life.outstanding(self.r, self.run)
+        return self.ledger.outstanding()
 
     def complete(self) -> bool:
         """True when every planned batch is recorded done and the producer has nothing left to plan."""
@@ -140,7 +149,7 @@ class RunFollower(IterableDataset):
     def generation(self) -> str:
         """The id of the ledger's done sequence now; refuses (ReaderError) when ``self.cursor`` was counted in
         another one."""
-        generation = life.sequence_generation(self.r, self.run)
+        generation = self.ledger.sequence_generation()
         if self.cursor.generation and self.cursor.generation != generation:
             raise ReaderError(f"run {self.run!r}: cursor {self.cursor} was counted in done sequence "
                               f"{self.cursor.generation}, but the ledger's is now {generation} (rebuilt after a "
@@ -151,7 +160,7 @@ class RunFollower(IterableDataset):
         """``generation()``, and the batch the cursor names must still be at its place (else Redis lost writes)."""
         generation = self.generation()
         if self.cursor.last:
-            window = life.sequence_window(self.r, self.run, self.cursor.anchor + 1)
+            window = self.ledger.sequence_window(self.cursor.anchor + 1)
             self._check_window(window, self.cursor.anchor + 1, generation, self.cursor.last, what=f"cursor {self.cursor}")
         return generation
 
@@ -179,7 +188,7 @@ class RunFollower(IterableDataset):
         position, row = self.cursor.position, self.cursor.row
         generation = self.check_cursor()
         previous = self.cursor.last if row == 0 else ""   # the batch at position - 1, when known
-        life.sequence_done(self.r, self.run)
+        self.ledger.sequence_done()
         while True:
             bid = self.next_batch_id(position, generation, previous)
             if bid is None:
@@ -196,14 +205,14 @@ class RunFollower(IterableDataset):
         at ``position - 1`` (each: "" = not checked); ReaderError if not."""
         waited, noticed = 0.0, 0.0
         while True:
-            window = life.sequence_window(self.r, self.run, position)
+            window = self.ledger.sequence_window(position)
             self._check_window(window, position, generation, previous)
             if window.at is not None:
                 return window.at
             pending = self.pending()
             if pending.complete or (pending.only_dead_left and self.on_dead_letter == "skip"):
-                life.sequence_done(self.r, self.run)   # batches recorded by an hsx without done_seq
-                if life.sequence_length(self.r, self.run) <= position:
+                self.ledger.sequence_done()   # batches recorded by an hsx without done_seq
+                if self.ledger.sequence_length() <= position:
                     if not pending.complete:
                         log.warning("run %r: ending without %d dead letter(s) (%s), as on_dead_letter='skip' asks; "
                                     "`hsx retry-failed --run %s` re-extracts them", self.run, len(pending.dead),
@@ -242,7 +251,7 @@ class RunFollower(IterableDataset):
         """The ledger's record of ``bid`` ({key, size, sha256}), waiting while a repair has taken it out."""
         waited = 0.0
         while True:
-            info = life.done_record(self.r, self.run, bid)
+            info = self.ledger.done_record(bid)
             if info is not None:
                 return info
             if self.timeout_seconds is not None and waited >= self.timeout_seconds:
@@ -252,7 +261,7 @@ class RunFollower(IterableDataset):
             waited += self.poll_seconds
 
     def spec(self, bid: str) -> life.BatchSpec:
-        spec = life.get_spec(self.r, self.run, layout.segment(bid, "batch id"))
+        spec = self.ledger.spec(layout.segment(bid, "batch id"))
         if spec is None:
             raise ReaderError(f"run {self.run!r}: batch {bid} is in the ledger but not in the plan")
         return spec
@@ -261,7 +270,7 @@ class RunFollower(IterableDataset):
         """``spec(bid)`` holding its sample ids: a newer plan keeps them in the store (its inputs object's header,
         one range read)."""
         try:
-            return life.with_ids(self.store, self.run, self.spec(bid))
+            return self.ledger.with_ids(self.store, self.spec(bid))
         except life.PlanIdsError as exc:
             raise ReaderError(f"run {self.run!r}: {exc}") from None
 

@@ -217,7 +217,7 @@ def evaluate(cfg: EvaluateConfig, quiet: bool = False) -> dict:
 
 def keep_with_run(cfg: EvaluateConfig, report: dict) -> str:
     """Write ``<run>/evaluation.json`` into the run's store, and the summary to Redis when there is one."""
-    from hsx import monitor
+    from hsx import life, monitor
     from hsx.store import layout, open_store
 
     store = open_store(cfg.store.url, cfg.store.endpoint_url, cfg.store.region)
@@ -225,7 +225,7 @@ def keep_with_run(cfg: EvaluateConfig, report: dict) -> str:
     if cfg.redis_url:
         from hsx.redisconn import connect
 
-        monitor.record_evaluation(connect(cfg.redis_url), cfg.run, report)
+        life.Run(connect(cfg.redis_url), cfg.run).record_evaluation(monitor.evaluation_summary(report))
     return store.url(layout.evaluation_key(cfg.run))
 
 

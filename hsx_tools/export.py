@@ -92,12 +92,12 @@ def run_store(cfg: ExportConfig) -> StoreSettings:
 
         try:
             r = connect(cfg.redis_url, retries=1, wait_seconds=2)
-            manifest = life.get_manifest(r, cfg.run)
+            manifest = life.Run(r, cfg.run).manifest()
         except RedisUnreachable as exc:
             log.warning("%s; pass --store", exc)
     if manifest is None and r is not None:
         raise ConfigError(f"no store for run {cfg.run!r}: this Redis does not hold it (runs here: "
-                          f"{', '.join(life.list_runs(r)) or 'none'}); check --run / HSX_RUN and HSX_REDIS_URL, "
+                          f"{', '.join(life.Run.names(r)) or 'none'}); check --run / HSX_RUN and HSX_REDIS_URL, "
                           "or pass --store")
     if manifest is None:
         raise ConfigError(f"no store for run {cfg.run!r}: pass --store (no Redis to ask)")

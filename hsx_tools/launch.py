@@ -130,15 +130,16 @@ def launch(spec: Launch, redis_url: str, env: dict, signals: Signals) -> int:
 
 def _launch(spec: Launch, redis_url: str, env: dict, signals: Signals) -> int:
     r = connect(redis_url)
-    if life.run_exists(r, spec.run):
+    run = life.Run(r, spec.run)
+    if run.exists():
         if spec.retry_failed:
-            say(f"re-enqueued {len(life.retry(r, spec.run, None))} dead-letter batches of run {spec.run}")
+            say(f"re-enqueued {len(run.retry())} dead-letter batches of run {spec.run}")
         p = run_progress(r, spec.run)
         if p["complete"]:
-            _check_same_plan(r, spec)
+            _check_same_plan(run, spec)
             say(f"run {spec.run} is already complete: {p['done']['batches']} batches, {p['done']['samples']:,} "
                 f"samples, {fmt_bytes(p['done']['bytes'])}; nothing to extract, verifying")
-            return _verify(r, spec)
+            return _verify(run, spec)
     children = signals.children = Children(spec.logs, env)
     try:
         children.start("produce", "produce", *spec.produce)
@@ -155,7 +156,7 @@ def _launch(spec: Launch, redis_url: str, env: dict, signals: Signals) -> int:
         signals.stopping = True
         children.stop(spec.stop_seconds)
         signals.stopping = False
-    return rc if rc else _verify(r, spec)
+    return rc if rc else _verify(run, spec)
 
 
 def _follow(r, spec: Launch, children: Children) -> int:
@@ -207,8 +208,8 @@ def _stopped(spec: Launch, signals: Signals, stop: Stopped) -> int:
     return 128 + stop.signum
 
 
-def _check_same_plan(r, spec: Launch) -> None:
-    manifest = life.require_manifest(r, spec.run)
+def _check_same_plan(run: life.Run, spec: Launch) -> None:
+    manifest = run.require_manifest()
     differ = [f"{name} {getattr(manifest, name, None)} (this command: {asked})" for name, asked in spec.same_plan.items()
               if str(getattr(manifest, name, None)) != str(asked)]
     if differ:
@@ -216,13 +217,13 @@ def _check_same_plan(r, spec: Launch) -> None:
                           f"another run (--run NAME), or start this one over (hsx reset --run {spec.run})")
 
 
-def _verify(r, spec: Launch, out: Callable[[str], None] = say) -> int:
+def _verify(run: life.Run, spec: Launch, out: Callable[[str], None] = say) -> int:
     """`hsx verify`'s check of the run (sizes with ``quick``), after writing the index if nobody has."""
-    settings = life.require_manifest(r, spec.run).store
+    settings = run.require_manifest().store
     check_store(settings, "verify", run=spec.run)
     store = settings.open()
-    life.write_index_if_complete(r, store, spec.run)
-    report = verify_run(r, store, spec.run, quick=spec.verify == "quick")
+    run.write_index_if_complete(store)
+    report = verify_run(run.r, store, spec.run, quick=spec.verify == "quick")
     for text in report.lines():
         out(printable(text))
     if report.ok:

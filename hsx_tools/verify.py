@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from hsx import fleet, life
-from hsx.life import check_batch, rebuild_done, repair_batches, requeue_orphans
 from hsx.monitor import Progress
 from hsx.printable import printable
 from hsx.runspec import RunLimits
@@ -86,19 +85,20 @@ class VerifyReport:
 def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, rebuild: bool = False,
                progress_every_s: float | None = None) -> VerifyReport:
     """``progress_every_s``: seconds between progress lines in a log (None: 10; on a terminal a bar: hsx/monitor/progressline.py)."""
-    specs = life.all_specs(r, run)
-    rebuilt = rebuild_done(r, store, run, specs, full=True) if rebuild else []
-    infos = life.done_info(r, run)
+    ledger = life.Run(r, run)
+    specs = ledger.all_specs()
+    rebuilt = ledger.rebuild_done(store, specs, full=True) if rebuild else []
+    infos = ledger.done_info()
     report = VerifyReport(run, planned=len(specs), rebuilt=rebuilt)
 
-    manifest = life.get_manifest(r, run)
+    manifest = ledger.manifest()
     incarnation = manifest.incarnation if manifest is not None else None
 
-    ids = life.plan_ids(r, store, run, specs)   # a newer plan keeps them in the store
+    ids = ledger.plan_ids(store, specs)   # a newer plan keeps them in the store
     specs = {bid: spec.with_ids(ids[bid]) for bid, spec in specs.items()}
 
     def one(bid):
-        return bid, check_batch(store, run, specs[bid], infos.get(bid), quick, incarnation)
+        return bid, ledger.check_batch(store, specs[bid], infos.get(bid), quick, incarnation)
 
     seen: Counter = Counter()
     progress = Progress(f"verify {run}" + (" (sizes)" if quick else ""), len(specs), "batches", every_s=progress_every_s)
@@ -131,7 +131,7 @@ def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, re
     if repair:
         report.aborted_uploads = [u.key for u in fleet.abort_stale_uploads(r, store, run, lease_seconds)]
         bad = sorted(bid for bid in report.problems if bid in specs and bid in infos)
-        report.repaired = repair_batches(r, store, run, bad, specs) + requeue_orphans(r, run)
+        report.repaired = ledger.repair_batches(store, bad, specs) + ledger.requeue_orphans()
         if temp_files is not None:
             for path, age in temp_files(run):
                 if age >= STALE_TEMP_SECONDS:
@@ -153,7 +153,7 @@ def run_verify(cfg: VerifyConfig) -> int:
     from hsx.redisconn import connect
 
     r = connect(cfg.redis_url)
-    settings = life.require_manifest(r, cfg.run).store
+    settings = life.Run(r, cfg.run).require_manifest().store
     check_store(settings, "verify", write=cfg.repair, run=cfg.run)  # --repair deletes objects: it must write too
     store = settings.open()
     report = verify_run(r, store, cfg.run, quick=cfg.quick, repair=cfg.repair, rebuild=cfg.rebuild_ledger)

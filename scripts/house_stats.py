@@ -82,7 +82,7 @@ def kernel_imports(path: Path) -> set[str]:
             for a in node.names:
                 full = f"{node.module}.{a.name}"
                 wing = node.module.split(".")[1] if node.module != "hsx" else a.name
-                if node.module == "hsx" and a.name in WINGS:         # from hsx import life; life.lease(...)
+                if node.module == "hsx" and a.name in WINGS:         # from hsx import life; life.Run(...)
                     local = a.asname or a.name
                     used = set(re.findall(rf"(?<![\w.]){local}\.(\w+)", text))
                     found |= {provider(wing, n) for n in used}

@@ -79,7 +79,7 @@ def trainer_command(python: Path, workdir: Path, layer_ids: list[int]) -> list[s
     return [str(python), str(CPU_SHIM), json.dumps([flags])]
 
 
-def follow(trainer: subprocess.Popen, workdir: Path, r, stop_at_checkpoint: bool) -> int:
+def follow(trainer: subprocess.Popen, workdir: Path, run: life.Run, stop_at_checkpoint: bool) -> int:
     """Print each step the trainer takes (from its follow log) until it exits; 0 when it finished the run."""
     log, state = workdir / "follow.jsonl", workdir / "ckpt" / "0" / "training_state.json"
     seen = len(log.read_text().splitlines()) if log.exists() else 0     # lines of an earlier call
@@ -89,7 +89,7 @@ def follow(trainer: subprocess.Popen, workdir: Path, r, stop_at_checkpoint: bool
         for line in lines[seen:]:
             record = json.loads(line)
             if "step" in record:
-                left = life.outstanding(r, RUN)
+                left = run.outstanding()
                 done, planned = left.done, left.batches or 0
                 print(f"step {record['step']:3d}  batch {record['batch_id']}  ({len(record['sample_ids'])} samples)  "
                       f"ledger {done}/{planned} batches done  cursor {record['cursor']}", flush=True)
@@ -139,19 +139,19 @@ def main() -> int:
     env = {**os.environ, "HSX_REDIS_URL": redis.url}
     trainer_env = {k: v for k, v in env.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     trainer_env.update(PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'peers'}", HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
-    r, procs = connect(redis.url), []
+    run, procs = life.Run(connect(redis.url), RUN), []
     try:
-        if args.resume and not life.run_exists(r, RUN):
+        if args.resume and not run.exists():
             print(f"nothing extracted in {workdir} yet: run without --resume first", file=sys.stderr)
             return 2
         if not args.resume:
             produce(workdir, env)
-        layer_ids = list(life.require_manifest(r, RUN).layer_ids)
+        layer_ids = list(run.require_manifest().layer_ids)
         trainer = subprocess.Popen(trainer_command(args.python, workdir, layer_ids), cwd=workdir, env=trainer_env,
                                    stdout=open(workdir / "logs" / "trainer.log", "a"), stderr=subprocess.STDOUT)
         procs = [trainer, *start_roles(workdir, env, args.batch_seconds)]   # trainer and extraction together
         print(f"trainer: speculators train following run {RUN} (log: {workdir / 'logs' / 'trainer.log'})")
-        rc = follow(trainer, workdir, r, args.stop_at_checkpoint)
+        rc = follow(trainer, workdir, run, args.stop_at_checkpoint)
         if rc == 0 and trainer.returncode == 0:
             print(f"trainer: run {RUN} is COMPLETE and trained on; drafter in {workdir / 'ckpt'}")
             losses = step_losses(workdir / "logs" / "trainer.log")
