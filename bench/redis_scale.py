@@ -53,7 +53,6 @@ from hsx.store import layout  # noqa: E402
 from hsx.store.local import LocalStore  # noqa: E402
 from producer import windows  # noqa: E402
 from producer.produce import _enqueue  # noqa: E402
-from producer.runlock import ProducerLock  # noqa: E402
 from tests.manifests import example_manifest  # noqa: E402
 
 RUN = "scale"
@@ -157,7 +156,7 @@ def plan(run: life.Run, store, samples: int, enqueue: bool, seed: int) -> list[i
     totals = {"batches": 0, "samples": 0, "tokens": 0, "padded_tokens": 0}
     per_window = []
     run.start_feeding()
-    with ProducerLock(run.r, RUN, 5.0) as lock:
+    with run.producer_lock(5.0) as lock:
         planning = SimpleNamespace(run=run, cfg=cfg, lock=lock, done=set(), pending=set())
         for number, start in enumerate(range(0, samples, WINDOW_ROWS)):
             lengths = [rng.randint(90, 130) for _ in range(min(WINDOW_ROWS, samples - start))]
@@ -264,7 +263,7 @@ def readers(r, store, server_url: str) -> dict:
     out["dashboard_page_s"] = time.perf_counter() - t0
     assert page.status_code == 200
     cfg = SimpleNamespace(run=RUN, enqueue=True, lock_wait_seconds=5.0)
-    with ProducerLock(r, RUN, 5.0) as lock:
+    with Bench.run.producer_lock(5.0) as lock:
         planning = Planning(r, store, cfg, lock)
         out["resume_s"], planning = timed(resume, planning, True)
         out["resume_reenqueued"] = planning.enqueued
