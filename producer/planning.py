@@ -1,6 +1,6 @@
 """A run being planned by `hsx produce`: what resuming found, and what planning has added since.
 
-One object a producer call, made under the run's producer lock (producer/runlock.py) and passed through its
+One object a producer call, made under the run's producer lock (hsx/life/producerlock.py) and passed through its
 steps (producer/produce.py); it ends as the ProduceReport.
 """
 
@@ -15,7 +15,6 @@ from hsx.prep import TokeniseReport
 from hsx.runspec import Manifest, ProduceConfig
 from hsx.store import Store
 from producer.report import ProduceReport
-from producer.runlock import ProducerLock
 from producer.windows import WindowRecord
 
 
@@ -26,7 +25,7 @@ class Planning:
     r: redis.Redis
     store: Store
     cfg: ProduceConfig
-    lock: ProducerLock
+    lock: life.ProducerLock
     done: set[str] = field(default_factory=set)      # batch ids the ledger holds done (gains those rebuilt)
     pending: set[str] = field(default_factory=set)   # batch ids on a queue (extract or upload); gains those enqueued
     rebuild: life.Rebuild | None = None   # a re-run: stored objects the ledger lacks are checked and recorded done

@@ -54,7 +54,6 @@ from producer import runweights, windows
 from producer.inputs import write_inputs
 from producer.planning import Planning
 from producer.report import ProduceReport
-from producer.runlock import ProducerLock
 from producer.windows import WindowRecord
 
 log = logging.getLogger(__name__)
@@ -82,7 +81,7 @@ def produce(cfg: ProduceConfig, on_event: Callable[[str, int], None] | None = No
     planned = runweights.comparable(planned, existing, recorded)
     manifest = resumed_manifest(existing, planned, named_fingerprint,
                                 recorded["fingerprint"] if recorded and existing is not None else "")
-    with ProducerLock(r, cfg.run, cfg.lock_wait_seconds) as lock:
+    with run.producer_lock(cfg.lock_wait_seconds) as lock:
         planning = resume(Planning(r, store, cfg, lock), resumed=existing is not None)
         plan_windows(planning, manifest, on_event or (lambda name, window: None))
         manifest = seal(planning, manifest)

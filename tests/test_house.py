@@ -189,13 +189,9 @@ def test_the_architecture_lists_every_module_of_every_wing():
     assert listed == actual
 
 
-# Outside the kernel a role says what it means (``life.run_exists``, ``life.save_window``), never which Redis key
-# holds it: key names, and the commands on them, are the kernel's (issue 33 item 3). The one exception, and why:
-KEYS_OUTSIDE_THE_KERNEL = {
-    # ProducerLock's whole job is one key (SET NX PX, a refresh script, WATCH in guarded_pipeline): a verb in
-    # hsx.life would only hand its name back.
-    "producer/runlock.py",
-}
+# Outside the kernel a role says what it means (``run.exists()``, ``run.save_window(...)``), never which Redis key
+# holds it: key names, and the commands on them, are the kernel's (issue 33 item 3), with no exception.
+KEYS_OUTSIDE_THE_KERNEL: set[str] = set()
 
 
 def test_outside_the_kernel_no_code_names_a_redis_key():

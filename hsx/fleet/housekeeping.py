@@ -6,10 +6,10 @@ hook yields (a GPU worker: its own run; an uploader: every run with a manifest).
 
     Redis settling   down, or back for less than a lease (hsx.redisconn.OUTAGES): nothing at all. Every lease
                      and heartbeat looks expired then; live owners refresh theirs first
-    reap             expired extract / upload leases: their batches back to the queue front (hsx.life.reap)
+    reap             expired extract / upload leases: their batches back to the queue front (hsx.life.Run.reap)
     tidy             the role's own leftovers of dead processes (a GPU worker: dead writers' temp files)
     rq clean-up      if BEFORE_RECONCILE: rq's registry of workers with no hsx heartbeat (hsx/fleet/rqclean.py)
-    reconcile        the queues against the plan, one pass per lease / 2 of all processes (hsx.life.maybe_reconcile)
+    reconcile        the queues against the plan, one pass per lease / 2 of all processes (hsx.life.Run.maybe_reconcile)
     rq clean-up      if AFTER_RECONCILE
 
 The cadences are the role's, in the chores it yields: a GPU worker tidies and cleans rq's registry every

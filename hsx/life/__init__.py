@@ -23,6 +23,7 @@ from hsx.life.heartbeat import ttl_seconds
 from hsx.life.keys import RunKeys
 from hsx.life.leases import redis_now
 from hsx.life.ledger import RunVanished
+from hsx.life.producerlock import ProducerLock
 from hsx.life.run import Run
 from hsx.life.runstate import Outstanding
 from hsx.life.uploadpolicy import UploadFailure

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from hsx.life import computeerror, ledger, notices, oldledger, prefixerror, runstate, storeerror, weightsrecord
+from hsx.life.producerlock import ProducerLock
 
 if TYPE_CHECKING:
     from hsx.life.keys import RunKeys
@@ -94,6 +95,10 @@ class RunRecords:
         return notices.evaluation(self.r, self.name, malformed)
 
     # ---- the plan's state -------------------------------------------------
+    def producer_lock(self, wait_seconds: float = 0.0) -> ProducerLock:
+        """The run's producer lock, to hold with ``with``: ProducerBusy while another producer holds it."""
+        return ProducerLock(self.r, self.name, wait_seconds)
+
     def mark_planned_only(self, new_run: bool) -> bool:
         return runstate.mark_planned_only(self.r, self.name, new_run)
 

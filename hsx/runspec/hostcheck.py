@@ -48,7 +48,7 @@ def check_weights(manifest: Manifest, loaded: str, fingerprint: Callable[[str, s
 
     ``fingerprint(model, scheme)``: hsx.prep.weights_fingerprint, in this hsx's scheme for None ("" when this
     host has no weight files; an HsxError for a scheme it cannot compute). ``record(fingerprint)``: offers it as
-    the run's (hsx.life.record_weights) and returns the record that holds, this one or the first worker's. The
+    the run's (hsx.life.Run.record_weights) and returns the record that holds, this one or the first worker's. The
     manifest's fingerprint is compared in its own scheme (the part before ':'); where that is not this hsx's
     (a run planned by an older hsx) or there is none (planned without the weights), the record is compared."""
     run, known = manifest.run, manifest.model_weights

@@ -1,4 +1,4 @@
-"""One producer a run: a Redis lock with a TTL that the holder keeps refreshing.
+"""One producer a run: a Redis lock with a TTL that the holder keeps refreshing (``Run.producer_lock``).
 
 The lock is ``hsx:<run>:producer_lock`` (STRING, the holder's random token,
 PX TTL). Expiry is Redis' own clock, so host clocks do not matter. The holder
@@ -21,7 +21,7 @@ import time
 import redis
 
 from hsx.errors import HsxError
-from hsx.life import RunKeys
+from hsx.life.keys import RunKeys
 
 log = logging.getLogger(__name__)
 LOCK_TTL_MS = 30_000   # a dead producer's lock frees itself after this long
