@@ -7,9 +7,9 @@ import pytest
 
 from hsx.life import ledger, queues
 from hsx.life.keys import RunKeys
+from hsx.life.producerlock import LockLost, ProducerBusy, ProducerLock
 from hsx_tools.demo import sample_dataset
 from producer.produce import produce
-from hsx.life.producerlock import LockLost, ProducerBusy, ProducerLock
 from tests.pipeline import planned_specs, produce_config
 
 WINDOW = 20   # rows a window: the 160 shipped sample rows make 8 windows
