@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from hsx import fleet, life
+from hsx import life
 from hsx.batch import BatchFileError
 from hsx.digest import file_sha256
 from hsx.errors import NotPlanned
@@ -52,19 +52,18 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
                  attempt: int | None = None) -> str:
     """``attempt``: carried by jobs an older hsx queued (a copy of the job id's suffix); never read."""
     rt = runtime.UploaderRuntime.current()
-    r = rt.r
     job = life.UploadJob(rt.host, path, size, sha256, tier)
     try:
         local = rt.spool_file(run, batch_id, path, tier)  # before anything else: nothing read or deleted if refused
-        limits = rt.run_context(run).limits
+        ledger = rt.run_context(run).ledger
     except (runtime.OutsideSpool, RunNotVisible) as exc:
-        if isinstance(exc, runtime.OutsideSpool) and not _spool_mismatch(r, run, batch_id, path):
+        if isinstance(exc, runtime.OutsideSpool) and not _spool_mismatch(life.Run(rt.r, run), batch_id, path):
             raise  # a forged or stale job (another name, a done batch): refused, not put back
         # This uploader is set up unlike the host's workers (another --spool-dir, a store it cannot see). The job
         # goes back on the queue untouched, for an uploader that can do it: the batch stays queued, so it is
         # neither failed nor extracted again; the cause is counted and shown by `hsx status`.
-        life.upload_failed(r, run, batch_id, job, life.UploadFailure.NOT_HERE, str(exc), retry,
-                           max_attempts=0, wait=pause)  # nothing counted, no backoff: neither is used
+        life.Run(rt.r, run).upload_failed(batch_id, job, life.UploadFailure.NOT_HERE, str(exc), retry, wait=pause,
+                                          count=False)  # nothing counted, no backoff: neither is used
         rt.refuse(run, exc)
         return f"{batch_id}: refused here ({exc}); put back on upload@{rt.host}"
     except RunVanished as exc:
@@ -73,10 +72,10 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
         log.error("%s: upload of %s stopped, spool file %s kept. Re-run `hsx produce` for the run (it rebuilds "
                   "the ledger from the store), then restart this host's workers", exc, batch_id, local)
         raise
-    with life.uploading(r, run, batch_id, job, limits.lease_seconds):
+    with ledger.uploading(batch_id, job):
         rt.in_progress = (run, batch_id)
         try:
-            return _upload(rt, run, batch_id, local, size, sha256)
+            return _upload(rt, ledger, batch_id, local, size, sha256)
         except Exception as exc:
             # Counted here, shown on the run for a refusal (status, dashboard, /metrics: the store's message);
             # what happens to the batch is UPLOAD_FAILURES' row. A backoff is spent holding the lease (the
@@ -84,9 +83,8 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
             kind = failure_kind(exc)
             rt.record_failure()
             if kind is life.UploadFailure.REFUSED:
-                fleet.record_store_refusal(r, run, batch_id, str(exc), rt.cfg.worker_name)
-            failure = life.upload_failed(r, run, batch_id, job, kind, str(exc), retry,
-                                         max_attempts=limits.max_attempts, wait=_back_off(batch_id, kind, exc, retry))
+                ledger.record_store_refusal(batch_id, str(exc), rt.cfg.worker_name)
+            failure = ledger.upload_failed(batch_id, job, kind, str(exc), retry, wait=_back_off(batch_id, kind, exc, retry))
             if kind is life.UploadFailure.REFUSED and failure.state is life.State.DEAD:
                 log.error("upload of %s refused by the store %d times: spool file %s kept", batch_id,
                           failure.attempts, local)
@@ -107,36 +105,35 @@ def _back_off(batch_id: str, kind: life.UploadFailure, exc: Exception, retry: in
     return wait
 
 
-def _spool_mismatch(r, run: str, batch_id: str, path: str) -> bool:
+def _spool_mismatch(run: life.Run, batch_id: str, path: str) -> bool:
     """A worker's real spool file in a spool folder other than this uploader's: ``<dir>/<run>/<batch>.safetensors``
     of a batch not done yet. Anything else an OutsideSpool job names is forged or stale."""
     named = Path(path)
-    return (named.name == f"{batch_id}.safetensors" and named.parent.name == run and ".." not in named.parts
-            and not life.is_done(r, run, batch_id))
+    return (named.name == f"{batch_id}.safetensors" and named.parent.name == run.name and ".." not in named.parts
+            and not run.is_done(batch_id))
 
 
-def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, size: int, sha256: str) -> str:
-    r = rt.r
-    if life.is_done(r, run, batch_id):
+def _upload(rt: runtime.UploaderRuntime, run: life.Run, batch_id: str, local: Path, size: int, sha256: str) -> str:
+    if run.is_done(batch_id):
         local.unlink(missing_ok=True)
         return f"{batch_id} already done"
-    spec = life.get_spec(r, run, batch_id)
+    spec = run.spec(batch_id)
     if spec is None:
-        raise NotPlanned(f"batch {batch_id} is not in the plan of run {run}")
+        raise NotPlanned(f"batch {batch_id} is not in the plan of run {run.name}")
     if not local.is_file():
         raise SpoolFileLost(f"spool file {local} of {batch_id} is missing")
     if local.stat().st_size != size:
         raise SpoolFileLost(f"spool file {local} is {local.stat().st_size} bytes, expected {size}")
     # The manifest read now, not cached: a run reset and planned again under a live uploader has a new incarnation.
-    manifest = life.require_manifest(r, run)
+    manifest = run.require_manifest()
     try:
-        foreign = life.file_mismatch(local, run, spec, manifest.incarnation)
+        foreign = run.file_mismatch(local, spec, manifest.incarnation)
     except BatchFileError as exc:
         raise SpoolFileLost(f"spool file {local} is corrupt: {exc}") from None
     if foreign:
         raise ForeignSpoolFile(f"spool file {local} is not of this plan: {foreign}; not uploaded")
-    store = rt.run_context(run).store
-    key = layout.batch_key(run, spec.shard, batch_id)
+    store = rt.run_context(run.name).store
+    key = layout.batch_key(run.name, spec.shard, batch_id)
     try:
         info = store.put_file(key, local, size, sha256)
         if rt.cfg.verify_readback:
@@ -147,9 +144,9 @@ def _upload(rt: runtime.UploaderRuntime, run: str, batch_id: str, local: Path, s
         if isinstance(exc, VerifyError) and file_sha256(local) != sha256:
             raise SpoolFileLost(f"spool file {local} is corrupt (sha256 differs from what the worker wrote)") from exc
         raise
-    life.finish(r, run, spec, key, info.size, sha256, by=rt.cfg.worker_name, host=rt.host)
-    fleet.clear_store_refusal(r, run)  # the store takes uploads again
+    run.finish(spec, key, info.size, sha256, by=rt.cfg.worker_name, host=rt.host)
+    run.clear_store_refusal()  # the store takes uploads again
     local.unlink(missing_ok=True)
-    rt.record_upload(size, run)
-    life.write_index_if_complete(r, store, run)
+    rt.record_upload(size, run.name)
+    run.write_index_if_complete(store)
     return f"{batch_id} -> {store.url(key)} ({size} bytes)"

@@ -21,7 +21,7 @@ from hsx.errors import HsxError
 from hsx.fleet import AFTER_RECONCILE, Chores, Role
 from hsx.life import RunVanished
 from hsx.monitor import fmt_bytes
-from hsx.runspec import RunLimits, UploadConfig, open_run_store
+from hsx.runspec import UploadConfig, open_run_store
 from hsx.store import PermanentStoreError, StoreError, layout
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class OutsideSpool(HsxError):
 @dataclass(frozen=True)
 class RunContext:
     store: object          # hsx.store.Store of the run (from its manifest)
-    limits: RunLimits
+    ledger: life.Run       # the run's handle, with its limits
 
 
 class UploaderRuntime(Role):
@@ -62,11 +62,11 @@ class UploaderRuntime(Role):
 
     # ---- per run -------------------------------------------------------------
     def run_context(self, run: str) -> RunContext:
-        """The run's store and limits, read from its manifest once per process."""
+        """The run's store and handle (its limits), read from its manifest once per process."""
         with self._lock:
             ctx = self._runs.get(run)
         if ctx is None:
-            manifest = life.get_manifest(self.r, run)
+            manifest = life.Run(self.r, run).manifest()
             if manifest is None:
                 raise RunVanished(f"run {run!r} is no longer in Redis (restarted empty or flushed?)")
             try:
@@ -76,7 +76,7 @@ class UploaderRuntime(Role):
                 # (those jobs are put back for another uploader) but a refusal each upload meets again,
                 # counts against its batch and shows on the run with the store's words.
                 store = manifest.store.open()
-            ctx = RunContext(store, manifest.limits)
+            ctx = RunContext(store, life.Run(self.r, run, manifest.limits))
             with self._lock:
                 known = self._runs.setdefault(run, ctx)
             if known is ctx:
@@ -133,7 +133,7 @@ class UploaderRuntime(Role):
             self.uploaded += 1
             self.bytes += size
         if run is not None:  # this host uploads again: a refusal recorded by a misconfigured uploader is over
-            fleet.clear_refused_uploads(self.r, run, self.host)
+            self.run_context(run).ledger.clear_refused_uploads(self.host)
         self.after_batch()
 
     def refuse(self, run: str, exc: Exception) -> None:
@@ -147,7 +147,7 @@ class UploaderRuntime(Role):
         if first:
             log.error("uploads refused: %s on host %s: %s. This uploader puts such jobs back and %s", cause, self.host,
                       exc, "stops (burst mode)" if self.cfg.burst else f"waits {REFUSED_PAUSE_SECONDS:.0f} s between tries")
-        fleet.record_refused_upload(self.r, run, self.host, cause, str(exc))
+        life.Run(self.r, run).record_refused_upload(self.host, cause, str(exc))
         if self.cfg.burst:
             self.stop_serving()
         else:
@@ -200,10 +200,10 @@ class UploaderRuntime(Role):
         """Abort each run's multipart uploads that uploaders killed mid-upload left (hsx/fleet/multipart.py says which
         are safe to abort: never a live one of another uploader). A store that cannot be reached is no reason
         not to start: the next start or `hsx verify --repair` tries again."""
-        for run in life.list_runs(self.r):
+        for run in life.Run.names(self.r):
             try:
-                aborted = fleet.abort_stale_uploads(self.r, self.run_context(run).store, run,
-                                                self.run_context(run).limits.lease_seconds)
+                ctx = self.run_context(run)
+                aborted = fleet.abort_stale_uploads(self.r, ctx.store, run, ctx.ledger.limits.lease_seconds)
             except Exception as exc:
                 log.warning("run %s: could not check for stale multipart uploads: %s", run, exc)
                 continue
@@ -217,12 +217,12 @@ class UploaderRuntime(Role):
         job = self.in_progress
         if job:
             run, bid = job
-            life.refresh_upload_leases(self.r, run, [bid], self.run_context(run).limits.lease_seconds)
+            self.run_context(run).ledger.refresh_upload_leases([bid])
 
     def kept_runs(self) -> Iterator[Chores]:
         """Every run in Redis with a manifest, each read just before its housekeeping; rq's registry is cleaned
         at every beat, after the reconcile pass."""
-        for run in life.list_runs(self.r):
-            manifest = life.get_manifest(self.r, run)
+        for run in life.Run.names(self.r):
+            manifest = life.Run(self.r, run).manifest()
             if manifest is not None:
-                yield Chores(run, manifest.limits, clean_rq=AFTER_RECONCILE)
+                yield Chores(life.Run(self.r, run, manifest.limits), clean_rq=AFTER_RECONCILE)

@@ -6,7 +6,6 @@ import logging
 
 from hsx import life
 from hsx.fleet import check_eviction_policy
-from hsx.life import run_complete
 from hsx.localdirs import ensure_dir
 from hsx.redisconn import connect, redact
 from hsx.runspec import UploadConfig
@@ -25,9 +24,10 @@ def check_run_stores(r) -> None:
     unreachable, refuses these credentials or a write is StoreUnusable (exit 2) within seconds, naming the setting;
     so is --s3-integrity crc32 on a server that does not check it (the integrity probe)."""
     checked = set()
-    for run in life.list_runs(r):
-        manifest = life.get_manifest(r, run)
-        if manifest is None or run_complete(r, run) or manifest.store in checked:
+    for run in life.Run.names(r):
+        ledger = life.Run(r, run)
+        manifest = ledger.manifest()
+        if manifest is None or ledger.complete() or manifest.store in checked:
             continue
         check_store(manifest.store, "uploader", run=run)
         check_integrity(manifest.store, "uploader", run=run)
