@@ -382,3 +382,20 @@ def test_house_stats_runs_without_torch():
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("kernel: ") and "RunKeys( outside hsx/: " in proc.stdout, proc.stdout
+
+
+def test_life_offers_a_run_s_handle_not_verbs_that_take_the_run():
+    """rq's pattern (``Queue(name, connection=r)``): what is done to one run is a method of ``life.Run(r, run)``,
+    which carries the run's limits; the face offers no function that takes ``(r, run, ...)`` back, and every Redis
+    record of a run is written inside hsx/ (the key rule above)."""
+    import inspect
+
+    from hsx import life
+
+    takes_the_run = [name for name in life.__all__ if inspect.isfunction(getattr(life, name))
+                     and list(inspect.signature(getattr(life, name)).parameters)[:2] == ["r", "run"]]
+    assert takes_the_run == []
+    run = life.Run(None, "r1", limits=None)
+    assert run.name == "r1" and run.keys == life.RunKeys("r1")
+    verbs = {"lease", "spool", "fail", "finish", "is_done", "spec", "manifest", "reap", "retry"}
+    assert verbs <= set(dir(run)), sorted(verbs - set(dir(run)))
