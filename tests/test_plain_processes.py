@@ -255,7 +255,7 @@ def test_worker_and_uploader_ride_out_a_redis_outage_with_a_batch_in_hand(tmp_pa
 def test_rq_registry_forgets_extract_workers_with_no_hsx_heartbeat(r):
     from rq.worker import Worker
 
-    from hsx.fleet import rqclean
+    from hsx import life
     from hsx.life import queues
     from hsx.life.keys import RunKeys
 
@@ -265,7 +265,7 @@ def test_rq_registry_forgets_extract_workers_with_no_hsx_heartbeat(r):
     for w in (killed, alive):
         w.register_birth()
     r.set(RunKeys("reg").heartbeat("gpu-h3-alive"), "{}", ex=30)
-    assert rqclean.forget_dead_workers(r, "reg") == ["gpu-h3-killed"]
+    assert life.Run(r, "reg").forget_dead_workers() == ["gpu-h3-killed"]
     assert [w.name for w in Worker.all(connection=r, queue=q)] == ["gpu-h3-alive"]
     assert not r.exists(killed.key)
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 from hsx.face import face
 from hsx.fleet.evictionpolicy import check_eviction_policy
+from hsx.fleet.housekeeping import AFTER_RECONCILE, BEFORE_RECONCILE, Chores
 from hsx.fleet.multipart import abort_stale_uploads, incomplete_uploads
 
 if TYPE_CHECKING:  # these modules import rq: loaded on first use (hsx/face.py)
-    from hsx.fleet.housekeeping import AFTER_RECONCILE, BEFORE_RECONCILE, Chores
     from hsx.fleet.role import Role
     from hsx.fleet.rqworker import RqWorker
 

@@ -8,7 +8,7 @@ hook yields (a GPU worker: its own run; an uploader: every run with a manifest).
                      and heartbeat looks expired then; live owners refresh theirs first
     reap             expired extract / upload leases: their batches back to the queue front (hsx.life.Run.reap)
     tidy             the role's own leftovers of dead processes (a GPU worker: dead writers' temp files)
-    rq clean-up      if BEFORE_RECONCILE: rq's registry of workers with no hsx heartbeat (hsx/fleet/rqclean.py)
+    rq clean-up      if BEFORE_RECONCILE: rq's registry of workers with no hsx heartbeat (``Run.forget_dead_workers``)
     reconcile        the queues against the plan, one pass per lease / 2 of all processes (hsx.life.Run.maybe_reconcile)
     rq clean-up      if AFTER_RECONCILE
 
@@ -24,10 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import redis
-
 from hsx import life
-from hsx.fleet.rqclean import forget_dead_workers
 from hsx.redisconn import OUTAGES
 
 BEFORE_RECONCILE = "before reconcile"  # Chores.clean_rq: where in the call rq's registry is cleaned
@@ -46,7 +43,7 @@ class Chores:
             raise ValueError(f"clean_rq must be {BEFORE_RECONCILE!r}, {AFTER_RECONCILE!r} or None, not {self.clean_rq!r}")
 
 
-def keep_run(r: redis.Redis, redis_url: str, chores: Chores) -> bool:
+def keep_run(redis_url: str, chores: Chores) -> bool:
     """Reap, tidy, clean rq's registry and reconcile ``chores.run`` (the module's docstring); False when Redis at
     ``redis_url`` is settling after an outage and nothing was done."""
     run = chores.run
@@ -56,8 +53,8 @@ def keep_run(r: redis.Redis, redis_url: str, chores: Chores) -> bool:
     if chores.tidy is not None:
         chores.tidy()
     if chores.clean_rq == BEFORE_RECONCILE:
-        forget_dead_workers(r, run.name)
+        run.forget_dead_workers()
     run.maybe_reconcile()
     if chores.clean_rq == AFTER_RECONCILE:
-        forget_dead_workers(r, run.name)
+        run.forget_dead_workers()
     return True

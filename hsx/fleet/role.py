@@ -167,7 +167,7 @@ class Role:
     def housekeep(self) -> None:
         """One ``keep_run`` call for each run ``kept_runs()`` yields (rq's ``run_maintenance_tasks``, for hsx)."""
         for chores in self.kept_runs():
-            keep_run(self.r, self.cfg.redis_url, chores)
+            keep_run(self.cfg.redis_url, chores)
 
     def publish_heartbeat(self, stats: dict, pipe=None) -> None:
         self.ledger.publish_heartbeat(self.name, stats, life.ttl_seconds(self.cfg.heartbeat_seconds), pipe=pipe)

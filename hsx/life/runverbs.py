@@ -161,3 +161,8 @@ class RunVerbs:
 
     def sweep_heartbeats(self) -> list[str]:
         return heartbeat.sweep_heartbeats(self.r, self.name)
+
+    def forget_dead_workers(self) -> list[str]:
+        """rq's registry kept in step with the heartbeats: the run's rq workers with none are forgotten; their names."""
+        from hsx.life import rqregistry
+        return rqregistry.forget_dead_workers(self.r, self.name)

@@ -4,7 +4,8 @@ A GPU worker killed with SIGKILL leaves its rq worker hash (alive until its TTL,
 timeout), its queue registration and its job in the started registry: the rq views show it busy
 with a batch the lease reaper has long re-enqueued. An rq worker on ``extract:<run>`` whose hsx
 heartbeat (RunKeys.heartbeat, TTL a few beats) is gone is dead: it is unregistered, its hash
-deleted and its job's execution taken out of the started registry.
+deleted and its job's execution taken out of the started registry (``Run.forget_dead_workers``, from each
+role's housekeeping: hsx/fleet/housekeeping.py).
 """
 
 from __future__ import annotations
@@ -16,19 +17,18 @@ from rq.registry import StartedJobRegistry
 from rq.worker import Worker
 from rq.worker_registration import unregister
 
-from hsx import life
+from hsx.life import heartbeat, queues
 
 log = logging.getLogger(__name__)
 
 
 def forget_dead_workers(r: redis.Redis, run: str) -> list[str]:
     """Unregister the rq workers of ``run``'s extract queue with no hsx heartbeat; their names."""
-    ledger = life.Run(r, run)
-    ledger.sweep_heartbeats()  # workers not seen for a day: their last heartbeat and batch go too
-    q = ledger.extract_queue()
+    heartbeat.sweep_heartbeats(r, run)  # workers not seen for a day: their last heartbeat and batch go too
+    q = queues.queue(r, queues.extract_queue_name(run))
     gone = []
     for worker in Worker.all(connection=r, queue=q):
-        if ledger.worker_alive(worker.name):
+        if heartbeat.worker_alive(r, run, worker.name):
             continue
         job_id = worker.get_current_job_id()
         job = q.fetch_job(job_id) if job_id else None
