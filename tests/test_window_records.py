@@ -9,6 +9,7 @@ from dataclasses import FrozenInstanceError
 import numpy as np
 import pytest
 
+from hsx import life
 from hsx.life import RunKeys
 from hsx.prep.dataset import RowError
 from hsx.prep.report import RejectedRow, TokenisedRow
@@ -30,13 +31,14 @@ WRITTEN_BEFORE_DUPLICATES = ('{"batches":2,"enqueued":0,"first_batch":3,"padded_
 def test_window_records_load_by_name_and_are_written_back_as_the_same_bytes(r):
     key = RunKeys("wr").windows
     r.hset(key, mapping={"0": WRITTEN, "1": WRITTEN_BEFORE_DUPLICATES, "3": WRITTEN})   # window 2 never recorded
-    first, second = windows.load(r, "wr")      # the contiguous prefix only
+    run = life.Run(r, "wr")
+    first, second = windows.load(run)      # the contiguous prefix only
     assert isinstance(first, WindowRecord) and isinstance(second, WindowRecord)
     assert (first.first_batch, first.batches, first.end_batch, first.samples, first.enqueued) == (0, 3, 3, 40, 3)
     assert first.report.dropped_overlong == 1 and first.report.formats == {"openai": 41}
     assert second.first_batch == first.end_batch and second.report.duplicate_ids == 0
     assert second.report.rejected_rows == 2 and second.report.truncated == 1
-    windows.record(r, "wr", 5, first)
+    windows.record(run, 5, first)
     assert r.hget(key, "5").decode() == WRITTEN == first.to_json()
     with pytest.raises(FrozenInstanceError):
         first.batches = 4
