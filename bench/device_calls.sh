@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh A|B|C
+#     bash bench/device_calls.sh A|B|C|D
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -24,5 +24,8 @@ case "$1:$GPU" in
             step prof.log COMPUTES=fp8 T_PROF=240 bash bench/run_gpu.sh profile ;;
   C:*)      step prefix.log PER_TURN=every-message T_PREFIX=330 bash bench/run_gpu.sh prefix
             step 8b.log T_8B=120 KERNELS="auto eager" bash bench/run_gpu.sh 8b-kernels ;;
+  D:*)      step smoke.log bash bench/run_gpu.sh prefix-smoke
+            step fid.log FID_MIN=1.0 T_FID=150 bash bench/run_gpu.sh kernel-fidelity
+            step 8b.log TOKENS_8B=150000 T_8B=90 KERNELS="auto eager" bash bench/run_gpu.sh 8b-kernels ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac

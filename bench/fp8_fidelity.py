@@ -132,6 +132,20 @@ def train_target(model_dir: Path, minutes: float, hidden: int, layers: int, seq:
     return tok, held_out, step, losses
 
 
+def trained_target(work: Path, args):
+    """``train_target``'s result, trained now or (``--trained``) read back from what ``--train-only`` saved."""
+    record = work / "trained.json"
+    if args.trained:
+        from transformers import AutoTokenizer
+
+        saved = json.loads(record.read_text())
+        return AutoTokenizer.from_pretrained(work / "bf16"), texts(0, 40000)[:64], saved["steps"], saved["losses"]
+    tok, held_out, step, losses = train_target(work / "bf16", args.minutes, args.hidden, args.layers, args.seq,
+                                               args.batch, args.device, args.arch)
+    record.write_text(json.dumps({"steps": step, "losses": losses}))
+    return tok, held_out, step, losses
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=2.0, help="GPU training time")
@@ -147,11 +161,16 @@ def main() -> int:
                     help="only the second table (fp32 reference; eager vs fused kernels)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the bench's code (no FP8 columns)")
     ap.add_argument("--out", default="bench-out")
+    ap.add_argument("--train-only", action="store_true",
+                    help="train and save the target, then stop: run it where fla is not importable (fla's backward "
+                         "refuses Hopper with Triton < 3.7.1; transformers picks fla at import)")
+    ap.add_argument("--trained", action="store_true", help="measure the target a --train-only run saved")
     args = ap.parse_args()
     out = Path(args.out)
     work = Path("/tmp/hsx-fp8-fidelity")
-    tok, held_out, step, losses = train_target(work / "bf16", args.minutes, args.hidden, args.layers, args.seq,
-                                               args.batch, args.device, args.arch)
+    tok, held_out, step, losses = trained_target(work, args)
+    if args.train_only:
+        return 0
     layer_ids, _ = resolve_layers("dflash", args.layers)
     batches = []
     for text in held_out:

@@ -27,6 +27,7 @@
 #                 path: stored and computed tok/s with and without reuse on a per-turn agentic mix and a seeds-like mix,
 #                 reused vs lone fidelity (bench/prefix_reuse.py; no Redis); PER_TURN: hsx (default: hsx's --per-turn
 #                 samples) | every-message (cut after every assistant message: the issue's 2x case)
+#   prefix-smoke  issue 40: the same on the hybrid shape, 20k tokens (a minute): fla's kernels continuing transformers' cache
 #   kernel-fidelity issue 39: a small Qwen3.5 hybrid (ARCH=dense: the Qwen3) trained on the GPU, per stored layer the rel L2
 #                 against its fp32 forward of bf16 and FP8 compute, eager and fused kernels (bench/fp8_fidelity.py --kernels-only)
 #   fidelity      issue 22: FP8 compute vs bf16 hidden states per layer on a model trained on the GPU (bench/fp8_fidelity.py)
@@ -85,8 +86,8 @@ for step in "${STEPS[@]}"; do
                     PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_27B:-240}" $B --shape hybrid27b --tag "${CD:-float8}-$k" \
                       --compute-dtype "${CD:-float8}" --kernels "$k" --tokens "${TOKENS_27B:-200000}" --sections mix32k \
                       --no-full --memory-spool-gib "${MEM_GIB:-auto}"; done ;;
-    8b-kernels)   for k in ${KERNELS:-eager auto}; do  # issue 39: the 8B shape must not regress
-                    timeout "${T_8B:-200}" $B --shape qwen3-8b --tag "${CD:-float8}-$k" --compute-dtype "${CD:-float8}" \
+    8b-kernels)   for k in ${KERNELS:-eager auto}; do  # issue 39: the 8B shape must not regress (fla on the path)
+                    PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_8B:-200}" $B --shape qwen3-8b --tag "${CD:-float8}-$k" --compute-dtype "${CD:-float8}" \
                       --kernels "$k" --tokens "${TOKENS_8B:-400000}" --sections mix32k --memory-spool-gib "${MEM_GIB:-auto}"; done ;;
     profile)      PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PROF:-420}" python bench/forward_profile.py --shape hybrid27b \
                     --tokens "${TOKENS_PROF:-100000}" --profile-batches 2 ${LEVERS---levers} --computes "${COMPUTES:-bf16,fp8}" \
@@ -100,8 +101,13 @@ for step in "${STEPS[@]}"; do
     producer)     timeout "${T_PROD:-240}" python bench/producer_e2e.py --rows "${PROD_ROWS:-1000000}" --out "$OUTDIR" ;;
     fidelity)     PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_FID:-240}" python bench/fp8_fidelity.py \
                     --minutes "${FID_MIN:-1.5}" --fp8-accumulation "${ACCUM:-fp32}" --out "$OUTDIR" ;;
-    kernel-fidelity) PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_FID:-240}" python bench/fp8_fidelity.py \
-                    --arch "${ARCH:-hybrid}" --kernels-only --minutes "${FID_MIN:-1.5}" --out "$OUTDIR" ;;
+    kernel-fidelity) timeout "${T_FID:-240}" python bench/fp8_fidelity.py --arch "${ARCH:-hybrid}" --train-only \
+                    --minutes "${FID_MIN:-1.5}" --out "$OUTDIR" \
+                  && PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_FID:-240}" python bench/fp8_fidelity.py \
+                    --arch "${ARCH:-hybrid}" --kernels-only --trained --out "$OUTDIR" ;;   # trained without fla
+    prefix-smoke) PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_SMOKE:-150}" python bench/prefix_reuse.py \
+                    --shape hybrid --compute-dtype bfloat16 --tokens 20000 --token-budget 8192 --repeats 1 \
+                    --fidelity-samples 8 --per-turn every-message --out "$OUTDIR" ;;   # fla continuing a cache
     prefix)       PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PREFIX:-540}" python bench/prefix_reuse.py --shape hybrid27b \
                     --compute-dtype "${CD:-float8}" --tokens "${TOKENS_PREFIX:-200000}" --per-turn "${PER_TURN:-hsx}" \
                     --out "$OUTDIR" ;;

@@ -174,7 +174,7 @@ def _gdn_forward(self, hidden_states, attention_mask=None, **kwargs):
     is replaced by its final one. A single-token decode step (``seq_len == 1`` with a state) stays eager."""
     cache = kwargs.get("cache_params", kwargs.get("cache"))
     if (attention_mask is not None or kwargs.get("cu_seq_lens_q") is not None
-            or (cache is not None and (hidden_states.shape[1] == 1 or cache.is_recording_past(self.layer_idx)))):
+            or (cache is not None and (hidden_states.shape[1] == 1 or _recording_past(cache, self.layer_idx)))):
         return self._hsx_eager(hidden_states, attention_mask=attention_mask, **kwargs)
     kernels = self._hsx_kernels
     batch, seq_len, _ = hidden_states.shape
@@ -184,7 +184,7 @@ def _gdn_forward(self, hidden_states, attention_mask=None, **kwargs):
     a = self.in_proj_a(hidden_states)
     initial = None
     if cache is not None:   # the recurrent state first: updating the conv window marks the layer as started
-        initial = cache.get_recurrent_state(self.layer_idx)
+        initial = _recurrent_state(cache, self.layer_idx)
         full = cache.update_conv_state(mixed_qkv.transpose(1, 2), self.layer_idx,
                                        conv_kernel_size=self.conv_kernel_size)       # [B, D, W + T] (or padded)
         mixed_qkv = kernels.causal_conv1d(full.transpose(1, 2).contiguous(), self._hsx_conv_weight, self.conv1d.bias,
@@ -202,6 +202,22 @@ def _gdn_forward(self, hidden_states, attention_mask=None, **kwargs):
     out = kernels.rms_norm_gated(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
                                  self.norm.weight, self.norm.variance_epsilon)
     return self.out_proj(out.reshape(batch, seq_len, -1))
+
+
+def _recording_past(cache, layer_idx: int) -> bool:
+    """The cache keeps the layer's whole past (speculative decoding's rollback): transformers' ``is_recording_past``,
+    or, in a transformers without it (5.17), the layer's ``record_past``."""
+    says = getattr(cache, "is_recording_past", None)
+    return says(layer_idx) if says is not None else bool(getattr(cache.layers[layer_idx], "record_past", False))
+
+
+def _recurrent_state(cache, layer_idx: int):
+    """The layer's cached recurrent state, None before its first call: transformers' ``get_recurrent_state``, or, in
+    a transformers without it (5.17), ``has_previous_state`` then the layer's ``recurrent_states[0]``."""
+    get = getattr(cache, "get_recurrent_state", None)
+    if get is not None:
+        return get(layer_idx)
+    return cache.layers[layer_idx].recurrent_states[0] if cache.has_previous_state(layer_idx, state_idx=0) else None
 
 
 # ---- installing ---------------------------------------------------------------------------------------------------

@@ -114,14 +114,37 @@ def test_a_leaf_continued_from_another_rows_state_fails_the_check(kind, tiny_mod
     _lone_error(model, rows, *ex.run_shared(ids, cu, [[0, 2, 40], [2, 2, 40]], 4096), cu)
 
 
-@pytest.mark.parametrize("chunk_tokens", [4096, 16])
-def test_the_fused_gated_deltanet_continues_a_cache_exactly(chunk_tokens):
+class _CacheOf517:
+    """transformers 5.17's cache API (the H200 image's): a DynamicCache without ``is_recording_past`` and
+    ``get_recurrent_state``, which a newer transformers added."""
+
+    def __init__(self, cache):
+        self._cache = cache
+
+    def __getattr__(self, name):
+        if name in ("is_recording_past", "get_recurrent_state"):
+            raise AttributeError(name)
+        return getattr(self._cache, name)
+
+    def __deepcopy__(self, memo):
+        import copy
+
+        return _CacheOf517(copy.deepcopy(self._cache, memo))
+
+
+@pytest.mark.parametrize("chunk_tokens,cache_api", [(4096, "this"), (16, "this"), (16, "5.17")])
+def test_the_fused_gated_deltanet_continues_a_cache_exactly(chunk_tokens, cache_api, monkeypatch):
     """gpu_worker/kernels.py's forwards (reference kernels: the fused maths in torch) with spines and leaves: the
     fused GDN reads and writes the cached conv window and recurrent state (every GDN call of the batch is fused,
-    none falls back). Tolerance: tests/test_kernels.py's for the fused glue against transformers (2e-5)."""
-    from gpu_worker import kernels
+    none falls back), through this transformers' cache and through 5.17's API. Tolerance: tests/test_kernels.py's
+    for the fused glue against transformers (2e-5)."""
+    from gpu_worker import kernels, prefixrun
     from gpu_worker.extractor import _decoder
     from tests.test_kernels import _counting, _reference
+
+    if cache_api == "5.17":
+        made = prefixrun._cache_for
+        monkeypatch.setattr(prefixrun, "_cache_for", lambda model: _CacheOf517(made(model)))
 
     model = _tiny_hybrid()
     lone = _tiny_hybrid()   # the same weights (seed 0), transformers' own forward
