@@ -9,9 +9,11 @@ OUT="${OUT:-$PWD/bench-out}"
 mkdir -p "$OUT"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "call $1 on: $GPU"
-step() {  # step LOG ENV... -- STEP
+STATUS=0
+step() {  # step LOG ENV... -- STEP: a failed step fails the call (its exit status), the next steps still run
   local log=$1; shift
   env PADDING=0 "$@" 2>&1 | tee "$OUT/$log" | grep -v '^\s*$' | tail -n 50
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || STATUS=1
 }
 case "$1:$GPU" in
   A:*H200*) step 27b.log TOKENS_27B=200000 T_27B=275 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
@@ -29,3 +31,4 @@ case "$1:$GPU" in
             step 8b.log TOKENS_8B=150000 T_8B=90 KERNELS="auto eager" bash bench/run_gpu.sh 8b-kernels ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
+exit $STATUS

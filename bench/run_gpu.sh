@@ -57,6 +57,7 @@ if [[ "${PADDING:-1}" = 1 ]]; then  # PADDING=0: no CPU work beside the measured
 fi
 
 B="python bench/gpu_bench.py --out $OUTDIR"
+FAILED=()
 for step in "${STEPS[@]}"; do
   echo "=== $step ($(date +%T))"
   case "$step" in
@@ -111,9 +112,11 @@ for step in "${STEPS[@]}"; do
     prefix)       PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PREFIX:-540}" python bench/prefix_reuse.py --shape hybrid27b \
                     --compute-dtype "${CD:-float8}" --tokens "${TOKENS_PREFIX:-200000}" --per-turn "${PER_TURN:-hsx}" \
                     --out "$OUTDIR" ;;
-    *)            echo "unknown step $step" ;;
+    *)            echo "unknown step $step"; false ;;
   esac
-  echo "=== $step exit $?"
+  rc=$?
+  echo "=== $step exit $rc"
+  [[ $rc -eq 0 ]] || FAILED+=("$step")
 done
 if [[ -n "$PADDING_PID" ]]; then
   wait "$PADDING_PID"
@@ -121,3 +124,4 @@ if [[ -n "$PADDING_PID" ]]; then
 fi
 echo
 python bench/gpu_bench.py --table "$OUTDIR"
+if [[ ${#FAILED[@]} -gt 0 ]]; then echo "failed steps: ${FAILED[*]}"; exit 1; fi
