@@ -57,13 +57,14 @@ def upload_batch(run: str, batch_id: str, path: str, size: int, sha256: str, ret
         local = rt.spool_file(run, batch_id, path, tier)  # before anything else: nothing read or deleted if refused
         ledger = rt.run_context(run).ledger
     except (runtime.OutsideSpool, RunNotVisible) as exc:
-        if isinstance(exc, runtime.OutsideSpool) and not _spool_mismatch(life.Run(rt.r, run), batch_id, path):
+        here = life.Run(rt.r, run)   # no limits needed: nothing is counted against the batch here
+        if isinstance(exc, runtime.OutsideSpool) and not _spool_mismatch(here, batch_id, path):
             raise  # a forged or stale job (another name, a done batch): refused, not put back
         # This uploader is set up unlike the host's workers (another --spool-dir, a store it cannot see). The job
         # goes back on the queue untouched, for an uploader that can do it: the batch stays queued, so it is
         # neither failed nor extracted again; the cause is counted and shown by `hsx status`.
-        life.Run(rt.r, run).upload_failed(batch_id, job, life.UploadFailure.NOT_HERE, str(exc), retry, wait=pause,
-                                          count=False)  # nothing counted, no backoff: neither is used
+        here.upload_failed(batch_id, job, life.UploadFailure.NOT_HERE, str(exc), retry, wait=pause,
+                           count=False)  # nothing counted, no backoff: neither is used
         rt.refuse(run, exc)
         return f"{batch_id}: refused here ({exc}); put back on upload@{rt.host}"
     except RunVanished as exc:

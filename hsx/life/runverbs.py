@@ -82,7 +82,7 @@ class RunVerbs:
     # ---- a batch, extracted ------------------------------------------------
     def lease(self, bid: str, lease_seconds: float | None = None) -> BatchSpec | None:
         from hsx.life import batchlife
-        return batchlife.lease(self.r, self.name, bid, lease_seconds or self.limits.lease_seconds)
+        return batchlife.lease(self.r, self.name, bid, self.limits.lease_seconds if lease_seconds is None else lease_seconds)
 
     def release(self, bid: str) -> None:
         from hsx.life import batchlife
@@ -118,7 +118,8 @@ class RunVerbs:
 
     def uploading(self, bid: str, job: UploadJob, lease_seconds: float | None = None) -> AbstractContextManager[None]:
         from hsx.life import batchlife
-        return batchlife.uploading(self.r, self.name, bid, job, lease_seconds or self.limits.lease_seconds)
+        return batchlife.uploading(self.r, self.name, bid, job,
+                                   self.limits.lease_seconds if lease_seconds is None else lease_seconds)
 
     def finish(self, spec: BatchSpec, key: str, size: int, sha256: str, by: str, host: str | None = None) -> bool:
         from hsx.life import batchlife
