@@ -148,6 +148,7 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
     device = torch.device("cpu" if cpu else "cuda:0")
     dtype, out_dtype = (torch.float32, "float32") if cpu else (torch.bfloat16, "bfloat16")
     config = shapes.make_config(shape, vocab_size=512 if shape.startswith("tiny") else None)
+    t0 = time.perf_counter()
     model = shapes.build_model(config, device, dtype)
     from gpu_worker.extractor import Extractor
     from hsx.runspec import text_config
@@ -160,6 +161,7 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
     result = {"shape": shape, "device": "cpu" if cpu else torch.cuda.get_device_name(0),
               "compute_dtype": args.compute_dtype, "forward": ex.kernels_line, "token_budget": args.token_budget,
               "mixes": []}
+    print(f"[bench] {shape} built in {time.perf_counter() - t0:.1f}s; forward: {ex.kernels_line}", flush=True)
     for mix, seqs in seqs_by_mix.items():
         lengths = [len(s) for s in seqs]
         stored = sum(lengths)
@@ -170,7 +172,10 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
         seconds = {"off": [], "on": []}
         for _ in range(args.repeats):   # alternately, the fastest of each kept: a shared machine's noise out
             for mode, planned in (("off", off), ("on", on)):
+                t0 = time.perf_counter()
                 seconds[mode].append(run_mode(ex, seqs, planned, 0, args.token_budget))
+                print(f"[bench] {mix} {mode}: {len(planned)} batches timed {seconds[mode][-1]:.1f}s "
+                      f"(warm-up included: {time.perf_counter() - t0:.1f}s)", flush=True)
         for mode, planned in (("off", off), ("on", on)):
             computed = sum(b.computed for b in planned)
             seconds_ = min(seconds[mode])
