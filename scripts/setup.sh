@@ -36,6 +36,7 @@ if [ "${HSX_KEEP_TORCH:-0}" != 1 ] && ! .venv/bin/python -c "import torch" 2>/de
 fi
 if [ "$want_test" = 1 ]; then
   $pip install -q -e ".[test]"
+  scripts/compat.sh  # the GPU image's transformers beside the venv's, for tests/test_transformers_compat.py
   scripts/peers.sh   # the peers' released trainers, in venvs of their own, for tests/test_peers.py
 else
   $pip install -q -e .

@@ -9,6 +9,7 @@ a group's leaves another group's states and must see the check fail.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 
 import numpy as np
@@ -112,6 +113,57 @@ def test_a_leaf_continued_from_another_rows_state_fails_the_check(kind, tiny_mod
         _lone_error(model, rows, hidden, final, cu)
     monkeypatch.setattr(prefixrun, "_run_rows", real_run_rows)   # the same batch, untouched, passes
     _lone_error(model, rows, *ex.run_shared(ids, cu, [[0, 2, 40], [2, 2, 40]], 4096), cu)
+
+
+class _Decoder(torch.nn.Module):
+    """A decoder whose forward takes its cache by ``keyword`` (transformers 5.17 calls it ``past_key_values``, a
+    newer one ``cache``) and hands it to the real one; ``drop``: it takes the keyword and forgets it."""
+
+    def __init__(self, real, keyword: str, drop: bool = False):
+        super().__init__()
+        self.real, self.keyword, self.drop = real, keyword, drop
+        self.layers = real.layers
+
+    def forward(self, input_ids=None, past_key_values=None, **kwargs):
+        if self.keyword == "cache" and "cache" in kwargs:
+            past_key_values = kwargs.pop("cache")
+        if not self.drop:   # the real decoder's own keyword (as this transformers names it)
+            takes = inspect.signature(self.real.forward).parameters
+            kwargs["cache" if "cache" in takes else "past_key_values"] = past_key_values
+        return self.real(input_ids=input_ids, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_the_cache_goes_by_the_keyword_the_models_forward_takes(kind, tiny_model):
+    """transformers 5.17 (the H200 image's) takes ``past_key_values``, and its forward swallows an unknown
+    ``cache=`` in ``**kwargs``: passed that way, every leaf was computed without its prefix (rel error ~1)."""
+    model = _model(kind, tiny_model)
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    ex.decoder = _Decoder(ex.decoder, "past_key_values")
+    assert prefixrun.cache_keyword(ex.decoder) == "past_key_values"
+    rows, groups = _rows(3)
+    ids, cu = _batch(rows)
+    _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096), cu)
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_a_model_that_does_not_continue_the_cache_is_refused_not_stored_wrong(kind, tiny_model):
+    model = _model(kind, tiny_model)
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    ex.decoder = _Decoder(ex.decoder, "past_key_values", drop=True)
+    rows, groups = _rows(3)
+    ids, cu = _batch(rows)
+    with pytest.raises(RuntimeError, match="did not continue the shared prefix"):
+        ex.run_shared(ids, cu, [list(g) for g in groups], 4096)
+
+
+def test_a_model_whose_forward_takes_no_cache_is_refused_by_name():
+    class NoCache(torch.nn.Module):
+        def forward(self, input_ids, **kwargs):
+            return input_ids
+
+    with pytest.raises(TypeError, match="NoCache.forward takes no cache.*--prefix-reuse off"):
+        prefixrun.cache_keyword(NoCache())
 
 
 class _CacheOf517:
