@@ -19,10 +19,9 @@ case "$1:$GPU" in
   E:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
   E:*)      step smoke.log T_SMOKE=170 bash bench/run_gpu.sh prefix-smoke
             step prefix.log PER_TURN=every-message TOKENS_PREFIX=150000 T_PREFIX=330 bash bench/run_gpu.sh prefix ;;
-  F:*H200*) step prefix.log PER_TURN=every-message TOKENS_PREFIX=150000 T_PREFIX=330 bash bench/run_gpu.sh prefix
-            step fid.log FID_MIN=1.0 T_FID=110 bash bench/run_gpu.sh kernel-fidelity ;;
-  F:*)      step fid.log FID_MIN=1.0 T_FID=200 bash bench/run_gpu.sh kernel-fidelity
-            step 8b.log TOKENS_8B=200000 T_8B=150 KERNELS="auto eager" bash bench/run_gpu.sh 8b-kernels ;;
+  F:*)      step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=520 bash bench/run_gpu.sh prefix ;;
+  G:*)      step fid.log FID_MIN=1.0 T_FID=150 bash bench/run_gpu.sh kernel-fidelity
+            step 8b.log TOKENS_8B=200000 T_8B=120 KERNELS="auto eager" bash bench/run_gpu.sh 8b-kernels ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

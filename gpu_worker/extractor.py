@@ -120,6 +120,8 @@ class Extractor:
         if self.fp8_pending:
             converted = fp8linear.convert_linears(self.decoder.layers, fast_accum=self.fp8_fast_accum)
             self.fp8_pending = False
+            if self.device.type == "cuda":   # the bf16 weights' blocks back to the driver: a 27B on an 80 GB
+                torch.cuda.empty_cache()     # card had none left for Triton to load its kernels (CUDA OOM)
             log.info("float8 compute: %d linear layers as rowwise e4m3 GEMMs (%s accumulation)", converted,
                      "fast" if self.fp8_fast_accum else "fp32")
 
