@@ -93,8 +93,8 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int) -> float:
-    """Seconds to run every batch of ``planned`` (a first pass over the shapes untimed)."""
+def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int) -> tuple[float, int]:
+    """Seconds to run every batch of ``planned`` (a first pass over the shapes untimed), and the forwards run."""
     from gpu_worker.extractor import pad_batch
 
     def one(batch) -> None:
@@ -109,11 +109,21 @@ def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int) -> float:
     for batch in planned[:WARM_BATCHES]:   # untimed (fla compiles per shape; the fastest pass is kept anyway)
         one(batch)
     _sync(ex.device)
-    t = time.perf_counter()
-    for batch in planned:
-        one(batch)
-    _sync(ex.device)
-    return time.perf_counter() - t
+    forwards, real = [0], ex.forward_packed
+
+    def counted(*args, **kwargs):
+        forwards[0] += 1
+        return real(*args, **kwargs)
+
+    ex.forward_packed = counted
+    try:
+        t = time.perf_counter()
+        for batch in planned:
+            one(batch)
+        _sync(ex.device)
+        return time.perf_counter() - t, forwards[0]
+    finally:
+        del ex.forward_packed
 
 
 def fidelity(ex, seqs: list, planned, limit: int) -> dict:
@@ -169,17 +179,19 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
         on = cut_prefix_batches(seqs, args.token_budget, args.max_batch_rows, args.pad_multiple, args.min_prefix,
                                 2 * args.token_budget)
         row = {"mix": mix, "rows": len(seqs), "stored_tokens": stored}
-        seconds = {"off": [], "on": []}
+        seconds, forwards = {"off": [], "on": []}, {}
         for _ in range(args.repeats):   # alternately, the fastest of each kept: a shared machine's noise out
             for mode, planned in (("off", off), ("on", on)):
                 t0 = time.perf_counter()
-                seconds[mode].append(run_mode(ex, seqs, planned, 0, args.token_budget))
-                print(f"[bench] {mix} {mode}: {len(planned)} batches timed {seconds[mode][-1]:.1f}s "
+                took, forwards[mode] = run_mode(ex, seqs, planned, 0, args.token_budget)
+                seconds[mode].append(took)
+                print(f"[bench] {mix} {mode}: {len(planned)} batches, {forwards[mode]} forwards, timed {took:.1f}s "
                       f"(warm-up included: {time.perf_counter() - t0:.1f}s)", flush=True)
         for mode, planned in (("off", off), ("on", on)):
             computed = sum(b.computed for b in planned)
             seconds_ = min(seconds[mode])
-            row[mode] = {"batches": len(planned), "computed_tokens": computed, "seconds": seconds_,
+            row[mode] = {"batches": len(planned), "forwards": forwards[mode], "computed_tokens": computed,
+                         "seconds": seconds_,
                          "stored_tok_s": stored / seconds_, "computed_tok_s": computed / seconds_}
         row["speedup"] = row["on"]["stored_tok_s"] / row["off"]["stored_tok_s"]
         row["fidelity"] = fidelity(ex, seqs, on, args.fidelity_samples)
@@ -191,7 +203,8 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
 def line(shape: str, row: dict) -> str:
     off, on, fid = row["off"], row["on"], row["fidelity"]
     return (f"{shape:10s} {row['mix']:17s} {row['stored_tokens']:>9,} stored | off: {off['computed_tokens']:>9,} "
-            f"computed, {off['stored_tok_s']:>9,.0f} stored tok/s | on: {on['computed_tokens']:>9,} computed, "
+            f"computed, {off['stored_tok_s']:>9,.0f} stored tok/s | on: {on['computed_tokens']:>9,} computed "
+            f"in {on['forwards']} forwards, "
             f"{on['stored_tok_s']:>9,.0f} stored tok/s, {on['computed_tok_s']:>9,.0f} computed tok/s | "
             f"x{row['speedup']:.2f} | reused vs lone: rel L2 <= {max(fid['max_rel_l2_per_layer'] or [0]):.1e}, "
             f"max |d| {fid['max_abs']:.1e} ({fid['samples']} samples)")

@@ -126,10 +126,14 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
             raise ValueError(f"prefix group {tuple(g)}: a member is shorter than its spine")
         if any(not torch.equal(ids[cu[b]:cu[b] + g.spine], ids[cu[g.first]:cu[g.first] + g.spine]) for b in members):
             raise ValueError(f"prefix group {tuple(g)}: its members do not share the spine's tokens")
-    for node in forest:
-        _run_group(ex, ids, cu, node, None, 0, chunk_tokens, put)
     grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
-    alone = [b for b in range(len(cu) - 1) if b not in grouped]
+    alone = {b: [b] for b in range(len(cu) - 1) if b not in grouped}
+    for node in forest:
+        longest = _longest_holding_all(ids, cu, node[0])
+        if longest is None:
+            _run_group(ex, ids, cu, node, None, 0, chunk_tokens, put)
+        else:    # a chain from token 0 is a row computed alone, its shorter members slices of it
+            alone[longest] = list(range(node[0].first, node[0].first + node[0].count))
     if alone:
         _run_rows(ex, ids, cu, alone, 0, None, put)
     return hidden, final
@@ -137,7 +141,9 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
 
 def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, chunk_tokens: int, put) -> None:
     """A group's spine from ``start`` (its parent's spine; ``cache``: the parent's states there, kept), then its
-    child groups from a copy of its own states, then its leaves from its states expanded to them."""
+    branching child groups from a copy of its own states, then the rows going on from its spine (its leaves, and
+    each chain child's longest row: tool-call steps cut one a sample, every member a prefix of that row) in one
+    forward from its states expanded to them."""
     g, children = node
     device = ex.device
     cache = _cache_for(ex.model) if cache is None else copy.deepcopy(cache)
@@ -149,27 +155,47 @@ def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, ch
                               cache, at)
         put([cu[b] + t for b in members for t in range(at, end)], (got[0].repeat(g.count, 1),
                                                                    None if got[1] is None else got[1].repeat(g.count, 1)))
-    inside = set()
+    going, inside = {}, set()
     for child in children:
-        _run_group(ex, ids, cu, child, cache, g.spine, chunk_tokens, put)
-        inside.update(range(child[0].first, child[0].first + child[0].count))
-    leaves = [b for b in members if b not in inside and cu[b + 1] - cu[b] > g.spine]
-    if leaves:
-        cache.reorder_cache(torch.zeros(len(leaves), dtype=torch.int64, device=device))
-        _run_rows(ex, ids, cu, leaves, g.spine, cache, put)
+        c = child[0]
+        inside.update(range(c.first, c.first + c.count))
+        longest = _longest_holding_all(ids, cu, c)
+        if longest is None:
+            _run_group(ex, ids, cu, child, cache, g.spine, chunk_tokens, put)
+        else:
+            going[longest] = list(range(c.first, c.first + c.count))
+    going.update({b: [b] for b in members if b not in inside and cu[b + 1] - cu[b] > g.spine})
+    if going:
+        cache.reorder_cache(torch.zeros(len(going), dtype=torch.int64, device=device))
+        _run_rows(ex, ids, cu, going, g.spine, cache, put)
 
 
-def _run_rows(ex, ids: torch.Tensor, cu: list[int], rows: list[int], skip: int, cache, put) -> None:
-    """Rows ``rows``' tokens from ``skip`` on, right-padded in one forward (continuing ``cache`` if given)."""
+def _longest_holding_all(ids: torch.Tensor, cu: list[int], g: PrefixGroup) -> int | None:
+    """The member of ``g`` of which every other member is a prefix, or None."""
+    members = range(g.first, g.first + g.count)
+    longest = max(members, key=lambda b: cu[b + 1] - cu[b])
+    whole = ids[cu[longest]:cu[longest + 1]]
+    for b in members:
+        if not torch.equal(ids[cu[b]:cu[b + 1]], whole[:cu[b + 1] - cu[b]]):
+            return None
+    return longest
+
+
+def _run_rows(ex, ids: torch.Tensor, cu: list[int], rows: dict[int, list[int]], skip: int, cache, put) -> None:
+    """Rows ``rows``' tokens from ``skip`` on, right-padded in one forward (continuing ``cache`` if given); each
+    row's output is stored for the members it holds (itself, or a chain's members, each a prefix of it: a causal
+    model's state at a token does not depend on what follows)."""
     device = ex.device
     lengths = [cu[b + 1] - cu[b] - skip for b in rows]
     width = max(lengths)
     padded = torch.zeros((len(rows), width), dtype=torch.int64)   # padding: never seen by a real token
     flat, dest = [], []
-    for r, b in enumerate(rows):
+    for r, (b, held) in enumerate(rows.items()):
         padded[r, :lengths[r]] = ids[cu[b] + skip:cu[b + 1]]
-        flat.extend(range(r * width, r * width + lengths[r]))
-        dest.extend(range(cu[b] + skip, cu[b + 1]))
+        for m in held:
+            n = cu[m + 1] - cu[m] - skip
+            flat.extend(range(r * width, r * width + n))
+            dest.extend(range(cu[m] + skip, cu[m + 1]))
     flat_index = torch.tensor(flat, dtype=torch.int64, device=device)
     if cache is None:
         got = ex.forward_packed(padded.to(device), flat_index, len(dest))

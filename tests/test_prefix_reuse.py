@@ -60,18 +60,24 @@ def _lone_error(model, rows, hidden, final, cu) -> float:
 
 def _rows(seed: int, vocab: int = 200):
     """Two groups (spines of 70 and 45 tokens: mid-chunk for the GDN's 64-token chunks), two rows alone (branch
-    point 0) and a chain of three turns (a group of spine 35 holding one of spine 61, each turn a strict prefix of
-    the next). Group A holds its spine itself (a strict prefix of the others) and a one-token leaf."""
+    point 0), three turns of a conversation that branch (a group of spine 35 holding one of spine 61 that
+    continues its states: two rows going on from there) and a chain from token 0 (three tool-call steps, each a
+    prefix of the next: run as its longest row, with the rows alone). Group A holds its spine itself (a strict
+    prefix of the others) and a one-token leaf."""
     g = torch.Generator().manual_seed(seed)
     rand = lambda n: torch.randint(0, vocab, (n,), generator=g)   # noqa: E731
     a, b = rand(70), rand(45)
     rows = [torch.cat([a, rand(n)]) for n in (0, 5, 30, 1)] + [torch.cat([b, rand(n)]) for n in (9, 12)]
     rows += [rand(33), rand(64)]
-    chain = rand(20)                                 # a chain: turn k+1 continues turn k's states (nested groups)
-    for n in (15, 26, 9):
-        chain = torch.cat([chain, rand(n)])
-        rows.append(chain)
-    groups = [PrefixGroup(0, 4, 70), PrefixGroup(4, 2, 45), PrefixGroup(8, 3, 35), PrefixGroup(9, 2, 61)]
+    turns = rand(35)
+    rows += [turns, torch.cat([turns, rand(26)])]                # 8: the first turn; 9: the second (61)
+    rows += [torch.cat([rows[9], rand(9)]), torch.cat([rows[9], rand(4)])]   # 10, 11: two third turns
+    steps = rand(20)
+    for n in (0, 10, 8):
+        steps = torch.cat([steps, rand(n)])
+        rows.append(steps)                                       # 12, 13, 14: the chain
+    groups = [PrefixGroup(0, 4, 70), PrefixGroup(4, 2, 45), PrefixGroup(8, 4, 35), PrefixGroup(9, 3, 61),
+              PrefixGroup(12, 3, 20), PrefixGroup(13, 2, 30)]
     return rows, groups
 
 
@@ -113,6 +119,33 @@ def test_a_leaf_continued_from_another_rows_state_fails_the_check(kind, tiny_mod
         _lone_error(model, rows, hidden, final, cu)
     monkeypatch.setattr(prefixrun, "_run_rows", real_run_rows)   # the same batch, untouched, passes
     _lone_error(model, rows, *ex.run_shared(ids, cu, [[0, 2, 40], [2, 2, 40]], 4096), cu)
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_a_chain_of_prefixes_runs_as_one_row(kind, tiny_model, monkeypatch):
+    """Tool-call steps cut one a sample are prefixes of each other: the chain is its longest row, run with its
+    parent's leaves (or with the rows computed alone at the top), each shorter member a slice of it, exact."""
+    model = _model(kind, tiny_model)
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    g = torch.Generator().manual_seed(4)
+    rand = lambda n: torch.randint(0, 200, (n,), generator=g)   # noqa: E731
+    shared, chain = rand(40), rand(30)
+    rows = [torch.cat([shared, rand(9)])]
+    for n in (0, 13, 21):                    # three steps, each a prefix of the next, after the shared prompt
+        chain = torch.cat([chain, rand(n)])
+        rows.append(torch.cat([shared, chain]))
+    rows.append(torch.cat([shared, chain[:30], rand(7)]))     # branches inside the chain: not a prefix of it
+    ids, cu = _batch(rows)
+    groups = [[0, 5, 40], [1, 4, 70], [2, 2, 83]]
+    forwards = []
+    real = ex.forward_packed
+    monkeypatch.setattr(ex, "forward_packed", lambda ids_, *a, **k: forwards.append(ids_.shape) or real(ids_, *a, **k))
+    hidden, final = ex.run_shared(ids, cu, groups, 4096)
+    _lone_error(model, rows, hidden, final, cu)
+    # the spine (40); the group of 70's spine (30 more); from there one forward of two rows: the chain [2, 2, 83]
+    # as its longest row (104 - 70 = 34 tokens; without the collapse a spine of 13, then a leaf of 21) beside the
+    # leaf that branched (7); the top group's leaf (9). Nesting every step would take 6 forwards.
+    assert forwards == [(1, 40), (1, 30), (2, 34), (1, 9)], forwards
 
 
 class _Decoder(torch.nn.Module):
@@ -211,7 +244,9 @@ def test_the_fused_gated_deltanet_continues_a_cache_exactly(chunk_tokens, cache_
     rows, groups = _rows(4)
     ids, cu = _batch(rows)
     hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], chunk_tokens)
-    assert not eager_calls and calls["gated_delta_rule"] >= 3 * 6   # 4 groups' spines + leaves + rows alone
+    # 8 forwards at least: groups A and B (spine, leaves), the turns (spine, the 61 spine, its two rows), the rows
+    # alone with the chain's longest row
+    assert not eager_calls and calls["gated_delta_rule"] >= 3 * 8
     for b, row in enumerate(rows):
         with torch.no_grad():
             out = lone(input_ids=row.unsqueeze(0), output_hidden_states=True)

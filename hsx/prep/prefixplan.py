@@ -54,20 +54,53 @@ class Tree:
         """Members in batch order: each child's, then the leaves (every group's members contiguous)."""
         return [i for c in self.children for i in c.rows()] + self.leaves
 
+    def chain_end(self, lengths) -> int | None:
+        """The longest member's length where every member is a prefix of it (one branch at most at each level:
+        tool-call steps cut one a sample): the worker runs such a group as that one row, with its parent's
+        leaves (or with the rows computed alone at the top). None where the group branches."""
+        going = [lengths[i] for i in self.leaves if lengths[i] > self.spine]
+        if len(going) + len(self.children) > 1:
+            return None
+        if self.children:
+            return self.children[0].chain_end(lengths)
+        return going[0] if going else self.spine
+
+    def _rows_going_on(self, lengths) -> tuple[list[int], list[Tree]]:
+        """The lengths of the rows run from this spine in one forward (leaves going on, and each chain child's
+        longest row), and the children that branch (run as groups of their own)."""
+        going = [lengths[i] for i in self.leaves if lengths[i] > self.spine]
+        branching = []
+        for c in self.children:
+            end = c.chain_end(lengths)
+            if end is None:
+                branching.append(c)
+            else:
+                going.append(end)
+        return going, branching
+
     def cost(self, lengths, pad_multiple: int, parent: int = 0) -> int:
-        going = [lengths[i] - self.spine for i in self.leaves if lengths[i] > self.spine]
-        return (self.spine - parent + len(going) * round_up(max(going, default=0), pad_multiple)
-                + sum(c.cost(lengths, pad_multiple, self.spine) for c in self.children))
+        end = self.chain_end(lengths)
+        if end is not None:
+            return end - parent
+        going, branching = self._rows_going_on(lengths)
+        width = round_up(max(going, default=self.spine) - self.spine, pad_multiple)
+        return (self.spine - parent + len(going) * width
+                + sum(c.cost(lengths, pad_multiple, self.spine) for c in branching))
 
     def forwards(self, lengths) -> int:
-        """Forwards the worker runs for this group and its children (a spine, and its leaves if any go on)."""
-        return (1 + any(lengths[i] > self.spine for i in self.leaves)
-                + sum(c.forwards(lengths) for c in self.children))
+        """Forwards the worker runs for this group and its children: its spine, the rows going on from it (one
+        forward), and each branching child's own."""
+        if self.chain_end(lengths) is not None:
+            return 1
+        going, branching = self._rows_going_on(lengths)
+        return 1 + bool(going) + sum(c.forwards(lengths) for c in branching)
 
     def cached(self, lengths) -> int:
-        """The most tokens of cache a group holds expanded to its leaves."""
-        return max([self.spine * sum(lengths[i] > self.spine for i in self.leaves)]
-                   + [c.cached(lengths) for c in self.children])
+        """The most tokens of cache a group holds expanded to the rows going on from its spine."""
+        if self.chain_end(lengths) is not None:
+            return 0
+        going, branching = self._rows_going_on(lengths)
+        return max([self.spine * len(going)] + [c.cached(lengths) for c in branching])
 
     def groups(self, first: int = 0) -> list[PrefixGroup]:
         out, at = [PrefixGroup(first, len(self.rows()), self.spine)], first
