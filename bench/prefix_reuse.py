@@ -24,8 +24,8 @@ Per mix and mode: stored tok/s (the samples' tokens over the wall time of every 
 per shape), the modes timed alternately ``--repeats`` times and the fastest kept.
 Fidelity: up to ``--fidelity-samples`` samples of prefix groups, each stored by ``run_shared`` and computed
 alone by ``run`` on the same extractor: max relative L2 error per stored layer and max |difference|.
-The plan's FORWARD_TOKENS (hsx/prep/prefixplan.py, what a forward costs beside its tokens) is a guess this
-bench should check: the seeds-like mix's trees are made or not by it.
+The plan prices a forward at ``--forward-tokens`` (the producer's --prefix-forward-tokens default): the on
+mode's forwards and time say what a forward costs beside its tokens on the target measured.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shapes  # noqa: E402
 import torch  # noqa: E402
 
+from hsx.defaults import DEFAULT_PREFIX_FORWARD_TOKENS  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.prep import cut_batches, cut_prefix_batches  # noqa: E402
 
@@ -177,7 +178,7 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
         stored = sum(lengths)
         off = cut_batches(lengths, args.token_budget, args.max_batch_rows, args.pad_multiple)
         on = cut_prefix_batches(seqs, args.token_budget, args.max_batch_rows, args.pad_multiple, args.min_prefix,
-                                2 * args.token_budget)
+                                2 * args.token_budget, args.forward_tokens)
         row = {"mix": mix, "rows": len(seqs), "stored_tokens": stored}
         seconds, forwards = {"off": [], "on": []}, {}
         for _ in range(args.repeats):   # alternately, the fastest of each kept: a shared machine's noise out
@@ -228,6 +229,8 @@ def main() -> int:
     ap.add_argument("--max-batch-rows", type=int, default=512)
     ap.add_argument("--pad-multiple", type=int, default=8)
     ap.add_argument("--min-prefix", type=int, default=32)
+    ap.add_argument("--forward-tokens", type=int, default=DEFAULT_PREFIX_FORWARD_TOKENS,
+                    help="the plan's price of a forward in tokens (hsx produce --prefix-forward-tokens)")
     ap.add_argument("--layers", default="", help="default: dflash (dflash:3 on the CPU's tiny shapes)")
     ap.add_argument("--compute-dtype", default="bfloat16", choices=("bfloat16", "float8"))
     ap.add_argument("--kernels", default="auto", choices=("auto", "eager"))

@@ -9,6 +9,11 @@ DEFAULT_BATCHES_PER_SHARD = 1000        # batches under one <shard>/ folder of t
 DEFAULT_WINDOW_ROWS = 20_000            # dataset rows planned together (sorted + cut) and enqueued as one window
 PREFIX_REUSE = ("auto", "off")          # --prefix-reuse: shared prefixes computed once where exact, or never
 DEFAULT_PREFIX_MIN_TOKENS = 32          # tokens: rows sharing at least this many leading tokens share one spine
+# tokens: the price of one more forward beside its tokens, against what a tree saves. Measured: the 27B hybrid
+# in FP8 on an H100 (bench/prefix_reuse.py) computes ~17k tok/s and each extra forward cost ~0.15 s (its
+# launches and host work), ~2,500 tokens; 256, the first guess, planned per-turn runs ~2x slower than none
+DEFAULT_PREFIX_FORWARD_TOKENS = 2560
+LEGACY_PREFIX_FORWARD_TOKENS = 256      # the price runs planned before it was recorded were planned with
 DEFAULT_PREFIX_CACHE_BUDGETS = 2        # token budgets: the most cached spine tokens a batch holds (spine x leaves)
 DEFAULT_MAX_REJECT_SHARE = 0.01         # share of rows that may be rejected before produce fails
 DEFAULT_PRODUCER_LOCK_WAIT = 0.0        # seconds a second producer of a run waits for the first, then refuses

@@ -89,6 +89,10 @@ BATCH_FLAGS = (
          "alone. Recorded in the manifest", choices=D.PREFIX_REUSE, default="auto"),
     Flag("--prefix-min-tokens", "tokens rows must share for --prefix-reuse to compute them once", type=int,
          default=D.DEFAULT_PREFIX_MIN_TOKENS, min=1),
+    Flag("--prefix-forward-tokens", "the price of one more forward, in tokens, against what a tree of shared "
+         "prefixes saves: a tree is planned only where it saves more (default measured on the 27B hybrid in FP8: "
+         "docs/benchmarks.md; lower it for a target whose forwards cost less). Recorded in the manifest", type=int,
+         default=D.DEFAULT_PREFIX_FORWARD_TOKENS, min=1),
 )
 
 FLAGS = (
@@ -161,7 +165,7 @@ def config(v) -> ProduceConfig:
         max_reject_share=v["max_reject_share"], lock_wait_seconds=v["lock_wait"],
         store_dtype=v["store_dtype"], codec=v["codec"], compute_dtype=v["compute_dtype"],
         fp8_accumulation=v["fp8_accumulation"], per_turn=bool(v["per_turn"]), prefix_reuse=v["prefix_reuse"],
-        prefix_min_tokens=v["prefix_min_tokens"])
+        prefix_min_tokens=v["prefix_min_tokens"], prefix_forward_tokens=v["prefix_forward_tokens"])
 
 
 def run(cfg: ProduceConfig) -> int:

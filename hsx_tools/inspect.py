@@ -86,6 +86,7 @@ class InspectConfig:
     per_turn: bool                  # one sample a turn of each row (hsx/prep/perturn.py)
     prefix_reuse: str               # auto | off: shared prefixes computed once (hsx/prep/prefixplan.py)
     prefix_min_tokens: int
+    prefix_forward_tokens: int      # a forward's price in tokens (the plan's --prefix-forward-tokens)
     samples: int                    # random samples printed with their loss mask
     seed: int
     sample_chars: int               # characters of a printed sample (plain output)

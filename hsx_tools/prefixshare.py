@@ -63,6 +63,7 @@ class PrefixPrediction:
     pad_multiple: int
     min_tokens: int
     cache_tokens: int = 0
+    forward_tokens: int = 0
     computed: int = 0
     batches: int = 0
 
@@ -74,14 +75,14 @@ class PrefixPrediction:
         why = ("--prefix-reuse off" if cfg.prefix_reuse == "off" else "" if model_type in PREFIX_EXACT_MODEL_TYPES
                else f"model type {model_type} is not one shown exact")
         return cls(not why, why, cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple, cfg.prefix_min_tokens,
-                   DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget)
+                   DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget, cfg.prefix_forward_tokens)
 
     def add(self, samples) -> None:
         if self.on:
             from hsx.prep import cut_prefix_batches
 
             planned = cut_prefix_batches([s.input_ids for s in samples], self.token_budget, self.max_rows,
-                                         self.pad_multiple, self.min_tokens, self.cache_tokens)
+                                         self.pad_multiple, self.min_tokens, self.cache_tokens, self.forward_tokens)
             self.computed += sum(b.computed for b in planned)
             self.batches += len(planned)
 

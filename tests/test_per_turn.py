@@ -246,7 +246,8 @@ def test_inspect_reports_rows_in_and_out_tokens_and_says_when_the_expansion_adds
                             max_length=4096, overlong="drop", max_reject_share=0.01, tokenise_workers=1,
                             window_rows=100, token_budget=8192, max_batch_rows=64, pad_multiple=1, dtype="bfloat16",
                             store_dtype=None, codec="none", compute_dtype="bfloat16", fp8_accumulation="fp32",
-                            per_turn=True, prefix_reuse="auto", prefix_min_tokens=32, samples=0, seed=0,
+                            per_turn=True, prefix_reuse="auto", prefix_min_tokens=32, prefix_forward_tokens=64, samples=0,
+                            seed=0,
                             sample_chars=100, plain=True, limit_rows=0,
                             gpu_tokens_per_s=None, gpu_usd_per_hour=None, storage_usd_per_tb_month=23.0)
         assert run_inspect(cfg) == 0

@@ -30,6 +30,9 @@ from tests.pipeline import planned_specs, produce_config, run_pipeline, upload_c
 from tests.test_kernels import _tiny_hybrid
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-4)   # tests/test_reference.py, float32
+# --prefix-forward-tokens for the tiny model's runs: its forwards cost little (the default, 2560, is the 27B's
+# measured price, at which these few short rows make no tree)
+TINY_FORWARD_TOKENS = 64
 LAYERS = [0, 1, 3]
 
 
@@ -310,6 +313,35 @@ def test_rows_sharing_less_than_the_threshold_stay_alone():
     assert all(not b.groups for b in cut_prefix_batches(seqs, 4096, 64, 8, 16, 8192))
 
 
+def test_a_tree_is_planned_only_where_it_saves_more_than_its_forwards_cost():
+    """The price of a forward (--prefix-forward-tokens; the default is the 27B's measured ~2,500 tokens): six
+    rows sharing 200 tokens save 1,000 tokens for 2 forwards, planned at a price of 64, not at the default; six
+    sharing 3,000 save 15,000, planned at both."""
+    from hsx.defaults import DEFAULT_PREFIX_FORWARD_TOKENS
+
+    short = [[7] * 200 + [i] * 100 for i in range(6)]
+    long = [[7] * 3000 + [i] * 100 for i in range(6)]
+    assert [rows for rows, _ in find_groups(short, 32, 64)] == [list(range(6))]
+    assert find_groups(short, 32) == [] and DEFAULT_PREFIX_FORWARD_TOKENS == 2560
+    assert find_groups(long, 32) == [(list(range(6)), 3000)]
+
+
+def test_the_price_of_a_forward_is_recorded_and_a_run_planned_before_keeps_its_own():
+    from dataclasses import replace
+
+    from hsx.runspec.manifest import Manifest
+    from tests.manifests import example_manifest
+
+    before = {**json.loads(example_manifest().to_json()), "prefix_reuse": "on", "prefix_min_tokens": 32,
+              "prefix_cache_tokens": 8192}
+    before.pop("prefix_forward_tokens", None)
+    manifest = Manifest.from_json(json.dumps(before))
+    assert manifest.prefix_forward_tokens == 0 and manifest.forward_tokens == 256   # planned before: 256
+    priced = replace(manifest, prefix_forward_tokens=2560)
+    assert json.loads(priced.to_json())["prefix_forward_tokens"] == 2560 and priced.forward_tokens == 2560
+    assert Manifest.from_json(priced.to_json()).forward_tokens == 2560
+
+
 # ---- whole runs -------------------------------------------------------------------------------------------------
 
 def _check_stored(r, store, run, model_path) -> tuple[int, int, float]:
@@ -344,7 +376,8 @@ def test_a_per_turn_run_stores_every_sample_exact_with_spines_across_windows(r, 
     """Windows of 16 rows: turns of one conversation fall in two windows, each computing the spine once."""
     dataset = _per_turn(tmp_path)
     report = run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="pt",
-                          dataset=dataset, max_length=4096, token_budget=8192, window_rows=16)
+                          dataset=dataset, max_length=4096, token_budget=8192, window_rows=16,
+                          prefix_forward_tokens=TINY_FORWARD_TOKENS)
     manifest = ledger.get_manifest(r, "pt")
     assert manifest.prefix_reuse == "on" and json.loads(manifest.to_json())["prefix_min_tokens"] == 32
     specs = ledger.all_specs(r, "pt").values()
@@ -388,7 +421,8 @@ def test_the_workers_check_warns_when_shared_samples_differ_from_lone_ones(r, re
     monkeypatch.setattr(Extractor, "run_shared", drifted)
     with caplog.at_level("WARNING", logger="gpu_worker.runtime"):
         run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="drift",
-                     dataset=_per_turn(tmp_path, rows=12), max_length=4096, token_budget=8192)
+                     dataset=_per_turn(tmp_path, rows=12), max_length=4096, token_budget=8192,
+                     prefix_forward_tokens=TINY_FORWARD_TOKENS)
     check = life.Run(r, "drift").prefix_error()
     assert check is not None and 0.04 < max(check["rel_l2"]) < 0.06, check
     assert "ABOVE 2 %" in life.Run.prefix_error_line(check)
@@ -418,7 +452,8 @@ def test_a_resumed_run_plans_the_same_groups_and_stays_exact(r, redis_server, ti
             raise Killed()
 
     dataset, store = _per_turn(tmp_path), str(tmp_path / "store")
-    settings = dict(dataset=dataset, max_length=4096, token_budget=8192, window_rows=16)
+    settings = dict(dataset=dataset, max_length=4096, token_budget=8192, window_rows=16,
+                    prefix_forward_tokens=TINY_FORWARD_TOKENS)
     ref = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "ref"), run="ref", enqueue=False,
                                  **settings))
     cfg = produce_config(redis_server.url, tiny_model, store, run="res", **settings)
@@ -442,11 +477,13 @@ def test_inspect_predicts_the_plans_stored_and_computed_tokens(r, redis_server, 
 
     dataset = _per_turn(tmp_path)
     report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="ins", dataset=dataset,
-                                    max_length=4096, token_budget=8192, window_rows=16, enqueue=False))
+                                    max_length=4096, token_budget=8192, window_rows=16, enqueue=False,
+                                    prefix_forward_tokens=TINY_FORWARD_TOKENS))
     capsys.readouterr()
     assert main(["inspect", "--dataset", str(dataset), "--model", str(tiny_model), "--layers", "dflash:3",
                  "--samples", "0", "--tokenise-workers", "1", "--max-length", "4096", "--token-budget", "8192",
-                 "--window-rows", "16", "--max-batch-rows", "64", "--pad-multiple", "1"]) == 0
+                 "--window-rows", "16", "--max-batch-rows", "64", "--pad-multiple", "1",
+                 "--prefix-forward-tokens", str(TINY_FORWARD_TOKENS)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "shared prefixes (--prefix-reuse auto" in x)
     assert f"{report.tokens:,} tokens stored, {report.computed_tokens:,} computed in {report.batches:,} batches" in line
     assert report.computed_tokens < report.tokens

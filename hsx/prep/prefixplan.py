@@ -23,14 +23,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hsx.defaults import DEFAULT_PREFIX_FORWARD_TOKENS
 from hsx.prep.planning import PlannedBatch, cut_batches, round_up
 
 MAX_DEPTH = 200   # groups nested at most (deeper sub-runs stay leaves of the deepest group)
-# tokens: what one more forward costs beside its tokens (launches, weights read once a forward), counted against
+# ``forward_tokens``: what one more forward costs beside its tokens (its launches and host work), counted against
 # what a tree saves: a tree whose computed tokens plus this a forward it runs are not below its rows' own tokens
-# is not made. A guess to be measured on the GPU (bench/prefix_reuse.py): on whole conversations with short
-# shared prompts, trees of 2-3 rows cost forwards and save little.
-FORWARD_TOKENS = 256
+# is not made (hsx/defaults.py DEFAULT_PREFIX_FORWARD_TOKENS says what was measured; --prefix-forward-tokens).
+FORWARD_TOKENS = DEFAULT_PREFIX_FORWARD_TOKENS
 
 
 class PrefixGroup(NamedTuple):
@@ -116,7 +116,7 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def find_trees(sequences, min_prefix: int) -> list[Tree]:
+def find_trees(sequences, min_prefix: int, forward_tokens: int = FORWARD_TOKENS) -> list[Tree]:
     """The groups of ``sequences`` (token ids of each row) sharing at least ``min_prefix`` tokens, as trees."""
     seqs = [np.asarray(s, dtype=">u4") for s in sequences]   # big-endian: byte order = token order
     lengths = [len(s) for s in seqs]
@@ -175,13 +175,13 @@ def find_trees(sequences, min_prefix: int) -> list[Tree]:
                 grow(tree, start, k, 0)
                 rows = tree.rows()
                 alone = sum(len(seqs[i]) for i in rows)
-                if len(rows) >= 2 and tree.cost(lengths, 1) + FORWARD_TOKENS * tree.forwards(lengths) < alone:
+                if len(rows) >= 2 and tree.cost(lengths, 1) + forward_tokens * tree.forwards(lengths) < alone:
                     trees.append(tree)
             start = k
     return trees
 
 
-def find_groups(sequences, min_prefix: int) -> list[tuple[list[int], int]]:
+def find_groups(sequences, min_prefix: int, forward_tokens: int = FORWARD_TOKENS) -> list[tuple[list[int], int]]:
     """Every group of ``find_trees``, flat: (its rows, its spine)."""
     out = []
 
@@ -190,7 +190,7 @@ def find_groups(sequences, min_prefix: int) -> list[tuple[list[int], int]]:
         for c in t.children:
             walk(c)
 
-    for t in find_trees(sequences, min_prefix):
+    for t in find_trees(sequences, min_prefix, forward_tokens):
         walk(t)
     return out
 
@@ -223,11 +223,11 @@ def _fit(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: in
 
 
 def cut_prefix_batches(sequences, token_budget: int, max_rows: int, pad_multiple: int, min_prefix: int,
-                       cache_tokens: int) -> list[PlannedBatch]:
+                       cache_tokens: int, forward_tokens: int = FORWARD_TOKENS) -> list[PlannedBatch]:
     """Batches over ``sequences`` with shared prefixes computed once; rows sharing none: ``cut_batches``."""
     lengths = [len(s) for s in sequences]
     trees, alone = [], []
-    for tree in find_trees(sequences, min_prefix):
+    for tree in find_trees(sequences, min_prefix, forward_tokens):
         for t in _fit(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens):
             (trees if len(t.rows()) > 1 else alone).append(t)
     grouped = {i for t in trees for i in t.rows()}

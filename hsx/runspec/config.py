@@ -61,6 +61,7 @@ class ProduceConfig:
     per_turn: bool = False           # one sample a turn of each row (hsx/prep/perturn.py); in the manifest
     prefix_reuse: str = "auto"       # auto: shared prefixes computed once where exact (hsx/prep/prefixplan.py) | off
     prefix_min_tokens: int = D.DEFAULT_PREFIX_MIN_TOKENS   # tokens a spine has at least
+    prefix_forward_tokens: int = D.DEFAULT_PREFIX_FORWARD_TOKENS   # the price of a forward in tokens (planning)
 
 
 @dataclass(frozen=True)

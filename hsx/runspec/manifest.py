@@ -68,6 +68,7 @@ REQUIRED = {"run": _STR, "model": _STR, "model_config_hash": _STR, "model_type":
 OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "fp8_accumulation": _STR, "limits": _DICT, "template_kwargs": _DICT,
             "columns": _DICT, "window_rows": _INT, "format": _STR, "incarnation": _STR, "model_weights": _STR,
             "mixture": (list,), "per_turn": _BOOL, "prefix_reuse": _STR, "prefix_min_tokens": _INT,
+            "prefix_forward_tokens": _INT,
             "prefix_cache_tokens": _INT}
 
 
@@ -123,10 +124,13 @@ class Manifest:
     mixture: tuple = ()
     per_turn: bool = False      # one sample a turn of each row (hsx/prep/perturn.py); absent (False) in older ones
     # Shared prefixes computed once (hsx/prep/prefixplan.py): "on" or "off" (manifests older hsx wrote,
-    # written only when on); spines of at least prefix_min_tokens, at most prefix_cache_tokens cached a batch.
+    # written only when on); spines of at least prefix_min_tokens, at most prefix_cache_tokens cached a batch,
+    # a tree made where it saves more than prefix_forward_tokens a forward (0: a run planned before it was
+    # recorded, planned at LEGACY_PREFIX_FORWARD_TOKENS: ``forward_tokens`` says which).
     prefix_reuse: str = "off"
     prefix_min_tokens: int = 0
     prefix_cache_tokens: int = 0
+    prefix_forward_tokens: int = 0
     extra: Mapping = field(default_factory=lambda: MappingProxyType({}))  # keys of a newer hsx, kept as read
 
     def __post_init__(self):
@@ -231,6 +235,7 @@ class Manifest:
                 per_turn=bool(data.get("per_turn")),
                 prefix_reuse=data.get("prefix_reuse") or "off", prefix_min_tokens=data.get("prefix_min_tokens") or 0,
                 prefix_cache_tokens=data.get("prefix_cache_tokens") or 0,
+                prefix_forward_tokens=data.get("prefix_forward_tokens") or 0,
                 extra=MappingProxyType({k: v for k, v in data.items() if k not in known}))
         except ManifestError as exc:
             raise ManifestError(f"{where}: {exc}") from None
@@ -242,6 +247,13 @@ class Manifest:
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise ManifestError(f"{where}: not valid JSON ({exc})") from None
         return cls.from_dict(data, where)
+
+    @property
+    def forward_tokens(self) -> int:
+        """The price of a forward the run's trees were planned at (hsx/prep/prefixplan.py)."""
+        from hsx.defaults import LEGACY_PREFIX_FORWARD_TOKENS
+
+        return self.prefix_forward_tokens or LEGACY_PREFIX_FORWARD_TOKENS
 
     def to_dict(self) -> dict:
         """The JSON object, keys as every hsx wrote them (a window_rows of None is left out, as it was)."""
@@ -343,7 +355,8 @@ def check_values(m: Manifest) -> None:
     bounds = {"max_length": (1, MAX_TOKEN_BUDGET), "token_budget": (max(m.max_length, 1), MAX_TOKEN_BUDGET),
               "pad_multiple": (1, 4096), "max_batch_rows": (1, MAX_TOKEN_BUDGET), "batches_per_shard": (1, 10**6),
               "window_rows": (1, 2**40), "pad_token_id": (0, 2**31 - 1),
-              "prefix_min_tokens": (0, MAX_TOKEN_BUDGET), "prefix_cache_tokens": (0, 2**40)}
+              "prefix_min_tokens": (0, MAX_TOKEN_BUDGET), "prefix_cache_tokens": (0, 2**40),
+              "prefix_forward_tokens": (0, MAX_TOKEN_BUDGET)}
     for name, (low, high) in bounds.items():
         value = getattr(m, name)
         if value is not None and not low <= value <= high:

@@ -77,7 +77,8 @@ def prefix_settings(cfg: ProduceConfig, facts: RunFacts) -> dict:
                     "sample is computed alone", facts.model_type, ", ".join(PREFIX_EXACT_MODEL_TYPES))
         return {"prefix_reuse": "off"}
     return {"prefix_reuse": "on", "prefix_min_tokens": max(1, cfg.prefix_min_tokens),
-            "prefix_cache_tokens": DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget}
+            "prefix_cache_tokens": DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget,
+            "prefix_forward_tokens": max(1, cfg.prefix_forward_tokens)}
 
 
 def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerprint: str,
@@ -109,6 +110,7 @@ def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerp
         log.warning("run %s keeps shared prefixes %s as planned (this call asked %s): a resumed run is planned as "
                     "it began", planned.run, existing.prefix_reuse, planned.prefix_reuse)
     planned = replace(planned, prefix_reuse=existing.prefix_reuse, prefix_min_tokens=existing.prefix_min_tokens,
-                      prefix_cache_tokens=existing.prefix_cache_tokens)
+                      prefix_cache_tokens=existing.prefix_cache_tokens,
+                      prefix_forward_tokens=existing.prefix_forward_tokens)
     return replace(planned, created=existing.created, incarnation=existing.incarnation,
                    model_weights=planned.model_weights or existing.model_weights)
