@@ -22,6 +22,8 @@ case "$1:$GPU" in
   F:*)      step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=520 bash bench/run_gpu.sh prefix ;;
   G:*)      step fid.log FID_MIN=1.0 T_FID=150 bash bench/run_gpu.sh kernel-fidelity
             step 8b.log TOKENS_8B=200000 T_8B=120 KERNELS="auto eager" bash bench/run_gpu.sh 8b-kernels ;;
+  H:*)      step fid.log FID_MIN=0.6 T_FID=170 FID_COLUMNS="bf16 fused,FP8 fused" FID_HELD=16 \
+              bash bench/run_gpu.sh kernel-fidelity ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

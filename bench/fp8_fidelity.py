@@ -61,8 +61,9 @@ def extract(path: Path, layer_ids, batches, compute: str, accumulation: str = DE
     return torch.cat(outs)
 
 
-def kernel_fidelity(path: Path, layer_ids, batches, device: str) -> tuple[list[str], list[list[float]]]:
-    """(column names, per stored layer the rel L2 of each column against an fp32 eager forward)."""
+def kernel_fidelity(path: Path, layer_ids, batches, device: str, only: str = "") -> tuple[list[str], list[list[float]]]:
+    """(column names, per stored layer the rel L2 of each column against an fp32 eager forward); ``only``: the
+    columns to run, comma-separated (each column compiles fla's kernels for its dtypes first: minutes on a GPU)."""
     def run(compute: str, kernels: str, dtype: str) -> torch.Tensor:
         ex = Extractor.load(str(path), layer_ids, False, device, out_dtype=dtype, model_dtype=dtype,
                             compute_dtype=compute, kernels=kernels)
@@ -76,6 +77,12 @@ def kernel_fidelity(path: Path, layer_ids, batches, device: str) -> tuple[list[s
     fp8 = device.startswith("cuda") and torch.cuda.get_device_capability(device) >= (8, 9)
     columns = [("bf16 eager", "bfloat16", "eager"), ("bf16 fused", "bfloat16", "auto")]
     columns += [("FP8 eager", "float8", "eager"), ("FP8 fused", "float8", "auto")] if fp8 else []
+    if only:
+        wanted = [c.strip() for c in only.split(",")]
+        unknown = set(wanted) - {name for name, _, _ in columns}
+        if unknown:
+            raise SystemExit(f"--columns: unknown {sorted(unknown)}; these run here: {[n for n, _, _ in columns]}")
+        columns = [c for c in columns if c[0] in wanted]
     errs = [[r for r, _ in compare(ref, run(compute, kernels, "bfloat16"), len(layer_ids))]
             for _, compute, kernels in columns]
     return [name for name, _, _ in columns], [list(row) for row in zip(*errs, strict=False)]
@@ -165,6 +172,9 @@ def main() -> int:
                     help="train and save the target, then stop: run it where fla is not importable (fla's backward "
                          "refuses Hopper with Triton < 3.7.1; transformers picks fla at import)")
     ap.add_argument("--trained", action="store_true", help="measure the target a --train-only run saved")
+    ap.add_argument("--columns", default="", help="--kernels-only: the columns to measure, comma-separated "
+                    "(bf16 eager, bf16 fused, FP8 eager, FP8 fused; default all)")
+    ap.add_argument("--held-out", type=int, default=64, help="held-out texts measured (64)")
     args = ap.parse_args()
     out = Path(args.out)
     work = Path("/tmp/hsx-fp8-fidelity")
@@ -173,10 +183,10 @@ def main() -> int:
         return 0
     layer_ids, _ = resolve_layers("dflash", args.layers)
     batches = []
-    for text in held_out:
+    for text in held_out[:args.held_out]:
         ids = torch.tensor(tok(text).input_ids[:1024])
         batches.append(pad_batch(ids, torch.tensor([0, len(ids)]), len(ids) + (-len(ids)) % 16, 0, pin=False))
-    names, errs = kernel_fidelity(work / "bf16", layer_ids, batches, args.device)
+    names, errs = kernel_fidelity(work / "bf16", layer_ids, batches, args.device, args.columns)
     out.mkdir(parents=True, exist_ok=True)
     kernels_result = {"config": vars(args), "steps": step, "loss_last": losses[-1] if losses else None,
                       "against": "fp32 eager", "layers": [dict(layer=layer, **dict(zip(names, row, strict=False)))

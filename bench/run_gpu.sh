@@ -105,7 +105,8 @@ for step in "${STEPS[@]}"; do
     kernel-fidelity) timeout "${T_FID:-240}" python bench/fp8_fidelity.py --arch "${ARCH:-hybrid}" --train-only \
                     --minutes "${FID_MIN:-1.5}" --out "$OUTDIR" \
                   && PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_FID:-240}" python bench/fp8_fidelity.py \
-                    --arch "${ARCH:-hybrid}" --kernels-only --trained --out "$OUTDIR" ;;   # trained without fla
+                    --arch "${ARCH:-hybrid}" --kernels-only --trained --out "$OUTDIR" --columns "${FID_COLUMNS:-}" \
+                    --held-out "${FID_HELD:-64}" ;;   # trained without fla
     prefix-smoke) PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_SMOKE:-150}" python bench/prefix_reuse.py \
                     --shape hybrid --compute-dtype bfloat16 --tokens 20000 --token-budget 8192 --repeats 1 \
                     --fidelity-samples 8 --per-turn every-message --out "$OUTDIR" ;;   # fla continuing a cache
