@@ -326,6 +326,16 @@ def test_a_tree_is_planned_only_where_it_saves_more_than_its_forwards_cost():
     assert find_groups(long, 32) == [(list(range(6)), 3000)]
 
 
+def test_a_nested_group_is_kept_only_where_it_saves_more_than_its_forwards():
+    """Six rows share a 3,000-token prompt; two of them share 40 tokens more. The nested group saves 40 tokens
+    for 2 forwards (its spine, its rows): kept at a price of 8 tokens a forward, its rows leaves of the prompt's
+    group at the default price."""
+    base = [7] * 3000
+    seqs = [base + [i] * 100 for i in range(1, 5)] + [base + [9] * 40 + [10 + i] * 100 for i in range(2)]
+    assert sorted(find_groups(seqs, 32, 8)) == [([0, 1, 2, 3, 4, 5], 3000), ([4, 5], 3040)]
+    assert find_groups(seqs, 32) == [([0, 1, 2, 3, 4, 5], 3000)]
+
+
 def test_the_price_of_a_forward_is_recorded_and_a_run_planned_before_keeps_its_own():
     from dataclasses import replace
 

@@ -166,6 +166,25 @@ def find_trees(sequences, min_prefix: int, forward_tokens: int = FORWARD_TOKENS)
                 best, pick = saved, (lo, j + 1)
         return sorted(done + [i for _, i in going[pick[0]:pick[1]]])
 
+    def price(t: Tree, rows: list[int]) -> int:
+        """What ``rows`` cost planned as ``t``: its computed tokens, its forwards at ``forward_tokens``, and the
+        rows it left out computed alone."""
+        kept = set(t.rows())
+        return (t.cost(lengths, 1) + forward_tokens * t.forwards(lengths)
+                + sum(lengths[i] for i in rows if i not in kept))
+
+    def prune(node: Tree) -> None:
+        """Bottom up, each child group kept only where it saves more than it costs (its spine's forward against
+        the tokens it saves): otherwise its rows go on from this group's spine as leaves."""
+        for c in node.children:
+            prune(c)
+        for c in list(node.children):
+            rows = node.rows()
+            trial = Tree(node.spine, children=[x for x in node.children if x is not c],
+                         leaves=_worth_padding(node.leaves + c.rows(), node.spine))
+            if price(trial, rows) < price(node, rows):
+                node.children, node.leaves = trial.children, trial.leaves
+
     trees, start = [], 0
     for k in range(1, len(order) + 1):
         if k == len(order) or lcp[k] < min_prefix:
@@ -173,6 +192,7 @@ def find_trees(sequences, min_prefix: int, forward_tokens: int = FORWARD_TOKENS)
             if k - start >= 2:
                 tree = Tree(spine)
                 grow(tree, start, k, 0)
+                prune(tree)
                 rows = tree.rows()
                 alone = sum(len(seqs[i]) for i in rows)
                 if len(rows) >= 2 and tree.cost(lengths, 1) + forward_tokens * tree.forwards(lengths) < alone:
