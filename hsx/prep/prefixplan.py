@@ -175,10 +175,16 @@ def find_trees(sequences, min_prefix: int, forward_tokens: int = FORWARD_TOKENS)
 
     def prune(node: Tree) -> None:
         """Bottom up, each child group kept only where it saves more than it costs (its spine's forward against
-        the tokens it saves): otherwise its rows go on from this group's spine as leaves."""
+        the tokens it saves): otherwise its rows go on from this group's spine as leaves. Not weighed: a chain
+        child (it rides in this group's forward of rows going on, no forward of its own) and a child that saves
+        more than twice its forwards' price in spine tokens alone (so a window of thousands of conversations
+        under one prompt is not weighed child by child)."""
         for c in node.children:
             prune(c)
         for c in list(node.children):
+            if c.chain_end(lengths) is not None or (
+                    (len(c.rows()) - 1) * (c.spine - node.spine) > 2 * forward_tokens * c.forwards(lengths)):
+                continue
             rows = node.rows()
             trial = Tree(node.spine, children=[x for x in node.children if x is not c],
                          leaves=_worth_padding(node.leaves + c.rows(), node.spine))
