@@ -89,7 +89,8 @@ class PrefixPrediction:
     def line(self, stored: int, padded: int) -> str:
         if not self.on:
             return f"  shared prefixes: off ({self.why}): {stored:,} tokens stored, {padded:,} computed"
-        return (f"  shared prefixes (--prefix-reuse auto, spines of >= {self.min_tokens} tokens): {stored:,} tokens "
+        return (f"  shared prefixes (--prefix-reuse auto, spines of >= {self.min_tokens} tokens, "
+                f"{self.forward_tokens} tokens a forward): {stored:,} tokens "
                 f"stored, {self.computed:,} computed in {self.batches:,} batches ({padded / max(self.computed, 1):.2f}x "
                 f"fewer than the {padded:,} of --prefix-reuse off)")
 

@@ -37,7 +37,8 @@ class ProduceReport:
                f"plan: {self.batches} batches, {self.tokens} tokens, padding {1 - self.tokens / max(self.padded_tokens, 1):.2%} "
                f"of {self.padded_tokens} padded tokens; {self.tokens} stored, "
                f"{self.computed_tokens or self.padded_tokens} computed"
-               + (f" (shared prefixes once, spines of >= {self.manifest.prefix_min_tokens} tokens)"
+               + (f" (shared prefixes once, spines of >= {self.manifest.prefix_min_tokens} tokens, where a tree saves "
+                  f"more than {self.manifest.forward_tokens} tokens a forward)"
                   if self.manifest.prefix_reuse == "on" else " (--prefix-reuse off)"),
                f"windows: {self.windows}" + (f" ({self.resumed_windows} done by an earlier producer, skipped)"
                                              if self.resumed_windows else ""),

@@ -390,6 +390,8 @@ def test_a_per_turn_run_stores_every_sample_exact_with_spines_across_windows(r, 
                           prefix_forward_tokens=TINY_FORWARD_TOKENS)
     manifest = ledger.get_manifest(r, "pt")
     assert manifest.prefix_reuse == "on" and json.loads(manifest.to_json())["prefix_min_tokens"] == 32
+    assert any("spines of >= 32 tokens, where a tree saves more than 64 tokens a forward" in line
+               for line in report.lines()), report.lines()
     specs = ledger.all_specs(r, "pt").values()
     assert any(s.prefix_groups for s in specs) and any(not s.prefix_groups for s in specs)
     stored, computed, worst = _check_stored(r, open_store(str(tmp_path / "store")), "pt", tiny_model)
@@ -496,6 +498,7 @@ def test_inspect_predicts_the_plans_stored_and_computed_tokens(r, redis_server, 
                  "--prefix-forward-tokens", str(TINY_FORWARD_TOKENS)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "shared prefixes (--prefix-reuse auto" in x)
     assert f"{report.tokens:,} tokens stored, {report.computed_tokens:,} computed in {report.batches:,} batches" in line
+    assert f"spines of >= 32 tokens, {TINY_FORWARD_TOKENS} tokens a forward)" in line
     assert report.computed_tokens < report.tokens
 
 
