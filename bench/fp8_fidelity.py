@@ -83,8 +83,10 @@ def kernel_fidelity(path: Path, layer_ids, batches, device: str, only: str = "")
         if unknown:
             raise SystemExit(f"--columns: unknown {sorted(unknown)}; these run here: {[n for n, _, _ in columns]}")
         columns = [c for c in columns if c[0] in wanted]
-    errs = [[r for r, _ in compare(ref, run(compute, kernels, "bfloat16"), len(layer_ids))]
-            for _, compute, kernels in columns]
+    errs = []
+    for name, compute, kernels in columns:   # each printed when done: a cut pass keeps the columns it finished
+        errs.append([r for r, _ in compare(ref, run(compute, kernels, "bfloat16"), len(layer_ids))])
+        print(f"[fidelity] {name}: rel L2 per stored layer " + " ".join(f"{e:.2e}" for e in errs[-1]), flush=True)
     return [name for name, _, _ in columns], [list(row) for row in zip(*errs, strict=False)]
 
 

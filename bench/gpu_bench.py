@@ -152,6 +152,9 @@ def run_shape(args) -> dict:
                 bare_cache[(kind, budget)] = (section.get("bare_full"), section["bare_kept"])
             section.setdefault("bare_full", section["bare_kept"] if len(kept_layers) == len(full_layers) else None)
             print(f"[bench]   bare {len(kept_layers)} layers: {section['bare_kept']['tok_s']:.0f} tok/s", flush=True)
+            section["error"] = "the pipeline pass did not finish (the step's time ran out)"   # until it does
+            result["sections"].append(section)
+            write_json(args, result)   # a step cut in its pipeline pass keeps its bare figures
             if not uploaders.alive():
                 raise RuntimeError(f"an uploader exited; see {work / 'logs'}")
             set_knobs(knobs)
@@ -161,12 +164,12 @@ def run_shape(args) -> dict:
             except Exception as exc:  # keep the bare numbers and go on with the next section
                 section["error"] = f"{type(exc).__name__}: {exc}"
                 print(f"[bench]   pipeline FAILED: {section['error']}", flush=True)
-                result["sections"].append(section)
                 write_json(args, result)
                 continue
             finally:
                 set_knobs(None)
             section["pipeline"] = pipe
+            del section["error"]
             section["ratio_kept"] = pipe["tok_s"] / section["bare_kept"]["tok_s"]
             if section["bare_full"]:
                 section["ratio_full"] = pipe["tok_s"] / section["bare_full"]["tok_s"]
@@ -180,7 +183,6 @@ def run_shape(args) -> dict:
                   f"{pipe['process_cpu_s_per_gb_raw']:.2f} s/GB, tiers {pipe['tier_bytes']}, write GiB/s "
                   f"{pipe['tier_write_gib_s']}, emit {pipe['emit_gib_s']:.2f} GiB/s, tail {pipe['tail_share']:.1%}",
                   flush=True)
-            result["sections"].append(section)
             write_json(args, result)
     finally:
         uploaders.stop()
@@ -222,9 +224,6 @@ def print_table(out_dir: Path) -> None:
         if res.get("shape") == "padding":
             continue
         for s in res.get("sections", []):
-            if "pipeline" not in s:
-                print(f"{res['shape']}/{res['tag']} {s['section']}: pipeline failed: {s.get('error')}")
-                continue
             name = f"{res['shape']}/{res['tag']} {s['section']}"
             fmt = lambda v, f: (f.format(v) if v is not None else "-")  # noqa: E731
             if s.get("bare_full") and s["bare_full"]["layers"] != s["bare_kept"]["layers"]:
@@ -235,6 +234,9 @@ def print_table(out_dir: Path) -> None:
             print(f"{name + ' bare ' + str(b['layers']) + 'L':<40} {b['tok_s']:>12.0f} {'1.000':>7} "
                   f"{fmt(b['tok_s'] / s['bare_full']['tok_s'] if s.get('bare_full') else None, '{:>7.3f}')} "
                   f"{100 * b['busy']:>7.1f} {100 * b['padding']:>6.2f} {fmt(b['peak_gib'], '{:>9.1f}')}")
+            if "pipeline" not in s:
+                print(f"{name + ' pipeline':<40} failed: {s.get('error')}")
+                continue
             p = s["pipeline"]
             print(f"{name + ' pipeline':<40} {p['tok_s']:>12.0f} {s['ratio_kept']:>7.3f} "
                   f"{fmt(s.get('ratio_full'), '{:>7.3f}')} {100 * p['busy']:>7.1f} {100 * p['padding']:>6.2f} "
