@@ -483,6 +483,21 @@ def test_a_resumed_run_plans_the_same_groups_and_stays_exact(r, redis_server, ti
     assert (stored, computed) == (ref.tokens, ref.computed_tokens)
 
 
+def test_a_resumed_run_keeps_the_price_it_was_planned_at_and_says_so(r, redis_server, tiny_model, tmp_path, caplog):
+    from producer.produce import produce
+
+    settings = dict(dataset=_per_turn(tmp_path, rows=12), max_length=4096, token_budget=8192, enqueue=False)
+    produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="price",
+                           prefix_forward_tokens=TINY_FORWARD_TOKENS, **settings))
+    with caplog.at_level("WARNING", logger="hsx.runspec.plan"):
+        produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="price",
+                               prefix_forward_tokens=4096, **settings))
+    assert ledger.get_manifest(r, "price").forward_tokens == TINY_FORWARD_TOKENS
+    assert any(f"keeps shared prefixes on, spines of >= 32 tokens, {TINY_FORWARD_TOKENS} tokens a forward as planned "
+               "(this call asked on, spines of >= 32 tokens, 4096 tokens a forward)" in m for m in caplog.messages), \
+        caplog.messages
+
+
 def test_inspect_predicts_the_plans_stored_and_computed_tokens(r, redis_server, tiny_model, tmp_path, capsys):
     from hsx_cli.main import main
     from producer.produce import produce

@@ -81,6 +81,11 @@ def prefix_settings(cfg: ProduceConfig, facts: RunFacts) -> dict:
             "prefix_forward_tokens": max(1, cfg.prefix_forward_tokens)}
 
 
+def _prefixes_said(m: Manifest) -> str:
+    return "off" if m.prefix_reuse != "on" else (f"on, spines of >= {m.prefix_min_tokens} tokens, "
+                                                  f"{m.forward_tokens} tokens a forward")
+
+
 def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerprint: str,
                      recorded_weights: str = "") -> Manifest:
     """``planned`` for a new run; for a run that exists, the same run resumed (ManifestMismatch if it is not).
@@ -106,9 +111,9 @@ def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerp
                 else "the weights not compared: one side has no fingerprint")
         log.warning("run %s: its model path changes from %s to %s (same config, %s)", planned.run, existing.model,
                     planned.model, same)
-    if (existing.prefix_reuse, existing.prefix_min_tokens) != (planned.prefix_reuse, planned.prefix_min_tokens):
+    if _prefixes_said(existing) != _prefixes_said(planned):
         log.warning("run %s keeps shared prefixes %s as planned (this call asked %s): a resumed run is planned as "
-                    "it began", planned.run, existing.prefix_reuse, planned.prefix_reuse)
+                    "it began", planned.run, _prefixes_said(existing), _prefixes_said(planned))
     planned = replace(planned, prefix_reuse=existing.prefix_reuse, prefix_min_tokens=existing.prefix_min_tokens,
                       prefix_cache_tokens=existing.prefix_cache_tokens,
                       prefix_forward_tokens=existing.prefix_forward_tokens)
