@@ -14,6 +14,11 @@ cache expanded to a group's leaves: gpu_worker/prefixrun.py) stay under ``cache_
 batch is cut: its child groups become trees of their own (their spines computed again from token 0) and its
 own leaves are cut into pieces that each compute the spine again. A batch holds trees only, or rows computed
 alone only (``cut_batches``).
+
+Forwards are priced too (``forward_tokens`` a forward, measured: hsx/defaults.py): a tree is made, and a nested
+group kept, only where it saves more tokens than its forwards cost. A group whose members are all prefixes of
+one of them (a chain: tool-call steps cut one a sample) costs no forward of its own: the worker runs its longest
+row with its parent's leaves.
 """
 
 from __future__ import annotations
