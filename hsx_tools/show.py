@@ -94,7 +94,7 @@ def show_run(ds, run: str) -> None:
 
 
 def show_sample(ds, run: str, sample: str, chars: int, plain: bool) -> None:
-    from hsx_tools.inspect import render_sample, sample_segments
+    from hsx_tools.samplerender import render_sample, sample_segments
 
     ref = _find(ds, run, sample)
     data = ds.get(ref.sample_id)          # fetch="object": the whole object, checked against its digest

@@ -46,7 +46,7 @@ def test_inspect_prints_formats_reasons_histogram_samples_and_estimate_plain_whe
 
 
 def test_precision_lines_follow_the_accumulation_asked_for():
-    from hsx_tools.inspect import precision_lines
+    from hsx_tools.planestimate import precision_lines
 
     fast = precision_lines("bfloat16", "float8", "fast")
     assert "FP8 compute ~1.5 % rel L2" in fast[0] and "(fast accumulation" in fast[0]
