@@ -30,7 +30,8 @@ def small_run(redis_server, tiny_model, tmp_path_factory):
     handler.emit = lambda record: records.append(record.getMessage())
     progress_log = logging.getLogger("hsx.progress")
     progress_log.addHandler(handler)
-    level, progress_log.level = progress_log.level, logging.INFO
+    level = progress_log.level
+    progress_log.setLevel(logging.INFO)   # setLevel, not .level =: it clears the loggers' cached isEnabledFor
     import hsx.monitor.progressline as pl
 
     saved, pl.DEFAULT_EVERY_S = pl.DEFAULT_EVERY_S, 0.0      # a line for every step of produce's tokenising
