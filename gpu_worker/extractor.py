@@ -12,6 +12,8 @@ dropped. This keeps SDPA on its fused causal path.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 from dataclasses import dataclass
 
@@ -32,6 +34,35 @@ def _decoder(model):
         if candidate is not None and hasattr(candidate, "layers") and hasattr(candidate, "norm"):
             return candidate
     raise TypeError(f"cannot find the decoder layers of {type(model).__name__}")
+
+
+def cache_keyword(decoder) -> str:
+    """The keyword ``decoder``'s forward takes a cache by: ``cache`` (newer transformers 5) or ``past_key_values``
+    (5.17 and before). A forward that also takes ``**kwargs`` would swallow the wrong one and compute each
+    continued row without its prefix, so the name is read from the signature (once a forward), never guessed."""
+    return _keyword_of(getattr(decoder.forward, "__func__", decoder.forward), type(decoder).__name__)
+
+
+@functools.lru_cache(maxsize=16)
+def _keyword_of(forward, owner: str) -> str:
+    params = inspect.signature(forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise TypeError(f"{owner}.forward takes no cache (neither `cache` nor `past_key_values`): shared prefixes "
+                    "cannot be continued on this model; run with --prefix-reuse off")
+
+
+def _check_continued(model, cache, start: int, width: int) -> None:
+    """RuntimeError unless ``cache`` now holds ``start + width`` tokens (a model with attention layers: their keys
+    say it; a cache the model was not given is a row computed without its prefix, wrong data)."""
+    types = getattr(text_config(model.config), "layer_types", None)
+    if types is not None and all(t == "linear_attention" for t in types):
+        return
+    held = cache.get_seq_length()
+    if held != start + width:
+        raise RuntimeError(f"the model's cache holds {held} tokens after a forward of {width} from {start}: it did "
+                           "not continue the shared prefix (is the cache passed by the keyword its forward takes?)")
 
 
 @dataclass
@@ -257,16 +288,23 @@ class Extractor:
         return self.forward_packed(batch.input_ids.to(self.device, non_blocking=True),
                                    batch.flat_index.to(self.device, non_blocking=True), batch.n_tokens)
 
-    def forward_packed(self, ids: torch.Tensor, flat_index: torch.Tensor, n_tokens: int,
-                       **decoder_kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_packed(self, ids: torch.Tensor, flat_index: torch.Tensor, n_tokens: int, cache=None,
+                       start: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One decoder forward of ``ids`` [B, T] on the device; the stored layers of the positions ``flat_index``
-        (b*T + t, in that order) as (hidden [n_tokens, n*H], final [n_tokens, H] or None). ``decoder_kwargs``: a
-        cache and position ids (gpu_worker/prefixrun.py continues a shared prefix); none: ``use_cache=False``."""
+        (b*T + t, in that order) as (hidden [n_tokens, n*H], final [n_tokens, H] or None). ``cache``: a
+        transformers cache holding ``start`` tokens of every row, continued at positions start .. start + T - 1
+        (gpu_worker/prefixrun.py continues a shared prefix); RuntimeError if the model did not append to it."""
         self._flat_index = flat_index
         self._out = torch.empty((n_tokens, self.width), dtype=self.out_dtype, device=self.device)
-        decoder_kwargs.setdefault("use_cache", False)
+        kwargs: dict = {"use_cache": False}
+        if cache is not None:
+            rows, width = ids.shape
+            positions = torch.arange(start, start + width, device=ids.device).unsqueeze(0).expand(rows, -1)
+            kwargs = {cache_keyword(self.decoder): cache, "use_cache": True, "position_ids": positions}
         try:
-            result = self.decoder(input_ids=ids, **decoder_kwargs)
+            result = self.decoder(input_ids=ids, **kwargs)
+            if cache is not None:
+                _check_continued(self.model, cache, start, ids.shape[1])
             final = None
             if self.use_final_norm:
                 H = self.hidden_size

@@ -31,7 +31,6 @@ window before a call's inputs and starts the delta rule from the cached recurren
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Sequence
 
 import torch
@@ -44,41 +43,6 @@ def _cache_for(model):
     from transformers import DynamicCache
 
     return DynamicCache(config=model.config)
-
-
-def cache_keyword(decoder) -> str:
-    """The keyword ``decoder``'s forward takes a cache by: ``cache`` (newer transformers 5) or ``past_key_values``
-    (5.17 and before). A forward that also takes ``**kwargs`` would swallow the wrong one and compute each leaf
-    without its prefix, so the name is read from the signature, never guessed."""
-    params = inspect.signature(decoder.forward).parameters
-    for name in ("cache", "past_key_values"):
-        if name in params:
-            return name
-    raise TypeError(f"{type(decoder).__name__}.forward takes no cache (neither `cache` nor `past_key_values`): "
-                    "shared prefixes cannot be continued on this model; run with --prefix-reuse off")
-
-
-def _cached_forward(ex, ids: torch.Tensor, flat: torch.Tensor, n_tokens: int, cache, start: int):
-    """``forward_packed`` of ``ids`` [B, T] continuing ``cache`` (which holds ``start`` tokens); RuntimeError if the
-    model did not append to it (a cache it was not given is a leaf computed without its prefix: wrong data)."""
-    rows, width = ids.shape
-    got = ex.forward_packed(ids, flat, n_tokens, **{cache_keyword(ex.decoder): cache}, use_cache=True,
-                            position_ids=_position_ids(start, width, rows, ids.device))
-    held = cache.get_seq_length()
-    if _has_attention(ex.model) and held != start + width:
-        raise RuntimeError(f"the model's cache holds {held} tokens after a forward of {width} from {start}: it did "
-                           "not continue the shared prefix (is the cache passed by the keyword its forward takes?)")
-    return got
-
-
-def _has_attention(model) -> bool:
-    """The model has a layer with keys and values (whose cache length says the cache was continued)."""
-    types = getattr(text_config(model.config), "layer_types", None)
-    return types is None or any(t != "linear_attention" for t in types)
-
-
-def _position_ids(start: int, length: int, rows: int, device) -> torch.Tensor:
-    return (torch.arange(start, start + length, device=device)).unsqueeze(0).expand(rows, -1)
 
 
 def _forest(groups: Sequence[PrefixGroup], rows: int) -> list[tuple[PrefixGroup, list]]:
@@ -126,14 +90,15 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
             raise ValueError(f"prefix group {tuple(g)}: a member is shorter than its spine")
         if any(not torch.equal(ids[cu[b]:cu[b] + g.spine], ids[cu[g.first]:cu[g.first] + g.spine]) for b in members):
             raise ValueError(f"prefix group {tuple(g)}: its members do not share the spine's tokens")
-    grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
-    alone = {b: [b] for b in range(len(cu) - 1) if b not in grouped}
     for node in forest:
-        longest = _longest_holding_all(ids, cu, node[0])
+        g = node[0]
+        longest = _longest_holding_all(ids, cu, g)
         if longest is None:
             _run_group(ex, ids, cu, node, None, 0, chunk_tokens, put)
-        else:    # a chain from token 0 is a row computed alone, its shorter members slices of it
-            alone[longest] = list(range(node[0].first, node[0].first + node[0].count))
+        else:    # a chain from token 0: its longest row alone (as planned: one forward, no padding), the rest slices
+            _run_rows(ex, ids, cu, {longest: list(range(g.first, g.first + g.count))}, 0, None, put)
+    grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
+    alone = {b: [b] for b in range(len(cu) - 1) if b not in grouped}
     if alone:
         _run_rows(ex, ids, cu, alone, 0, None, put)
     return hidden, final
@@ -151,8 +116,8 @@ def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, ch
     members = range(g.first, g.first + g.count)
     for at in range(start, g.spine, max(1, chunk_tokens)):
         end = min(g.spine, at + chunk_tokens)
-        got = _cached_forward(ex, spine[at:end].unsqueeze(0), torch.arange(end - at, device=device), end - at,
-                              cache, at)
+        got = ex.forward_packed(spine[at:end].unsqueeze(0), torch.arange(end - at, device=device), end - at,
+                                cache=cache, start=at)
         put([cu[b] + t for b in members for t in range(at, end)], (got[0].repeat(g.count, 1),
                                                                    None if got[1] is None else got[1].repeat(g.count, 1)))
     going, inside = {}, set()
@@ -197,11 +162,7 @@ def _run_rows(ex, ids: torch.Tensor, cu: list[int], rows: dict[int, list[int]], 
             flat.extend(range(r * width, r * width + n))
             dest.extend(range(cu[m] + skip, cu[m + 1]))
     flat_index = torch.tensor(flat, dtype=torch.int64, device=device)
-    if cache is None:
-        got = ex.forward_packed(padded.to(device), flat_index, len(dest))
-    else:
-        got = _cached_forward(ex, padded.to(device), flat_index, len(dest), cache, skip)
-    put(dest, got)
+    put(dest, ex.forward_packed(padded.to(device), flat_index, len(dest), cache=cache, start=skip))
 
 
 def snapshot_bytes(model_config, cache_tokens: int, max_rows: int, dtype_bytes: int) -> int:

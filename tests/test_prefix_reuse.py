@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModel
 
 from gpu_worker import prefixrun
-from gpu_worker.extractor import Extractor
+from gpu_worker.extractor import Extractor, cache_keyword
 from hsx import life
 from hsx.batch import batchfile
 from hsx.life import ledger
@@ -65,7 +65,7 @@ def _rows(seed: int, vocab: int = 200):
     """Two groups (spines of 70 and 45 tokens: mid-chunk for the GDN's 64-token chunks), two rows alone (branch
     point 0), three turns of a conversation that branch (a group of spine 35 holding one of spine 61 that
     continues its states: two rows going on from there) and a chain from token 0 (three tool-call steps, each a
-    prefix of the next: run as its longest row, with the rows alone). Group A holds its spine itself (a strict
+    prefix of the next: run as its longest row alone). Group A holds its spine itself (a strict
     prefix of the others) and a one-token leaf."""
     g = torch.Generator().manual_seed(seed)
     rand = lambda n: torch.randint(0, vocab, (n,), generator=g)   # noqa: E731
@@ -127,7 +127,7 @@ def test_a_leaf_continued_from_another_rows_state_fails_the_check(kind, tiny_mod
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 def test_a_chain_of_prefixes_runs_as_one_row(kind, tiny_model, monkeypatch):
     """Tool-call steps cut one a sample are prefixes of each other: the chain is its longest row, run with its
-    parent's leaves (or with the rows computed alone at the top), each shorter member a slice of it, exact."""
+    parent's leaves (or alone at the top), each shorter member a slice of it, exact."""
     model = _model(kind, tiny_model)
     ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
     g = torch.Generator().manual_seed(4)
@@ -176,7 +176,7 @@ def test_the_cache_goes_by_the_keyword_the_models_forward_takes(kind, tiny_model
     model = _model(kind, tiny_model)
     ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
     ex.decoder = _Decoder(ex.decoder, "past_key_values")
-    assert prefixrun.cache_keyword(ex.decoder) == "past_key_values"
+    assert cache_keyword(ex.decoder) == "past_key_values"
     rows, groups = _rows(3)
     ids, cu = _batch(rows)
     _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096), cu)
@@ -199,7 +199,7 @@ def test_a_model_whose_forward_takes_no_cache_is_refused_by_name():
             return input_ids
 
     with pytest.raises(TypeError, match="NoCache.forward takes no cache.*--prefix-reuse off"):
-        prefixrun.cache_keyword(NoCache())
+        cache_keyword(NoCache())
 
 
 class _CacheOf517:
@@ -247,9 +247,9 @@ def test_the_fused_gated_deltanet_continues_a_cache_exactly(chunk_tokens, cache_
     rows, groups = _rows(4)
     ids, cu = _batch(rows)
     hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], chunk_tokens)
-    # 8 forwards at least: groups A and B (spine, leaves), the turns (spine, the 61 spine, its two rows), the rows
-    # alone with the chain's longest row
-    assert not eager_calls and calls["gated_delta_rule"] >= 3 * 8
+    # 9 forwards at least: groups A and B (spine, leaves), the turns (spine, the 61 spine, its two rows), the
+    # chain's longest row, the rows alone
+    assert not eager_calls and calls["gated_delta_rule"] >= 3 * 9
     for b, row in enumerate(rows):
         with torch.no_grad():
             out = lone(input_ids=row.unsqueeze(0), output_hidden_states=True)
@@ -297,6 +297,40 @@ def test_the_plan_computes_each_spine_once_and_counts_what_it_computes():
     # per conversation: its turns share their whole common history, more than the system prompt alone
     assert max(g.spine for b in planned for g in b.groups) > 600
     print(f"plan: {stored} tokens stored, {computed} computed")
+
+
+def test_the_worker_computes_what_the_plan_counted(tiny_model, monkeypatch):
+    """A batch's budget counts its computed tokens, so the worker must feed no more than the plan counted: chains
+    from token 0 and under a spine, branching turns, leaves. Every planned tree batch of per-turn rows (each turn
+    a prefix of the next, and a conversation that branches) is run and its forwards' tokens (rows x width,
+    padding in) summed; every sample stays exact."""
+    rng = np.random.default_rng(5)
+    ids = lambda n: list(rng.integers(0, 200, n))   # noqa: E731
+    system, seqs = ids(120), []
+    for _conv in range(3):                             # chains under the system prompt
+        history = system + ids(20)
+        for _ in range(3):
+            history = history + ids(int(rng.integers(30, 90)))
+            seqs.append(list(history))
+    steps = ids(60)                                    # a chain from token 0
+    for n in (25, 40):
+        steps = steps + ids(n)
+        seqs.append(list(steps))
+    turn = system + ids(40)                            # a conversation whose third turn branches
+    seqs += [turn + ids(30), turn + ids(30) + ids(50), turn + ids(35)]
+    model = _model("dense", tiny_model)
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    fed, real = [0], ex.forward_packed
+    monkeypatch.setattr(ex, "forward_packed", lambda x, *a, **k: fed.__setitem__(0, fed[0] + x.numel()) or real(x, *a, **k))
+    trees = [b for b in cut_prefix_batches(seqs, 2048, 64, 1, 16, 8192, forward_tokens=1) if b.groups]
+    assert len(trees) >= 2
+    for b in trees:
+        rows = [torch.tensor(seqs[i]) for i in b.members]
+        batch_ids, cu = _batch(rows)
+        fed[0] = 0
+        hidden, final = ex.run_shared(batch_ids, cu, [list(g) for g in b.groups], 2048)
+        assert fed[0] == b.computed, (b.groups, fed[0], b.computed)
+        _lone_error(model, rows, hidden, final, cu)
 
 
 def test_a_group_too_large_for_one_batch_recomputes_its_spine_in_each():

@@ -32,10 +32,6 @@ from hsx.defaults import DEFAULT_PREFIX_FORWARD_TOKENS
 from hsx.prep.planning import PlannedBatch, cut_batches, round_up
 
 MAX_DEPTH = 200   # groups nested at most (deeper sub-runs stay leaves of the deepest group)
-# ``forward_tokens``: what one more forward costs beside its tokens (its launches and host work), counted against
-# what a tree saves: a tree whose computed tokens plus this a forward it runs are not below its rows' own tokens
-# is not made (hsx/defaults.py DEFAULT_PREFIX_FORWARD_TOKENS says what was measured; --prefix-forward-tokens).
-FORWARD_TOKENS = DEFAULT_PREFIX_FORWARD_TOKENS
 
 
 class PrefixGroup(NamedTuple):
@@ -62,7 +58,7 @@ class Tree:
     def chain_end(self, lengths) -> int | None:
         """The longest member's length where every member is a prefix of it (one branch at most at each level:
         tool-call steps cut one a sample): the worker runs such a group as that one row, with its parent's
-        leaves (or with the rows computed alone at the top). None where the group branches."""
+        leaves (or, at the top, alone in one forward). None where the group branches."""
         going = [lengths[i] for i in self.leaves if lengths[i] > self.spine]
         if len(going) + len(self.children) > 1:
             return None
@@ -121,7 +117,7 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def find_trees(sequences, min_prefix: int, forward_tokens: int = FORWARD_TOKENS) -> list[Tree]:
+def find_trees(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS) -> list[Tree]:
     """The groups of ``sequences`` (token ids of each row) sharing at least ``min_prefix`` tokens, as trees."""
     seqs = [np.asarray(s, dtype=">u4") for s in sequences]   # big-endian: byte order = token order
     lengths = [len(s) for s in seqs]
@@ -212,7 +208,7 @@ def find_trees(sequences, min_prefix: int, forward_tokens: int = FORWARD_TOKENS)
     return trees
 
 
-def find_groups(sequences, min_prefix: int, forward_tokens: int = FORWARD_TOKENS) -> list[tuple[list[int], int]]:
+def find_groups(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS) -> list[tuple[list[int], int]]:
     """Every group of ``find_trees``, flat: (its rows, its spine)."""
     out = []
 
@@ -254,7 +250,7 @@ def _fit(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: in
 
 
 def cut_prefix_batches(sequences, token_budget: int, max_rows: int, pad_multiple: int, min_prefix: int,
-                       cache_tokens: int, forward_tokens: int = FORWARD_TOKENS) -> list[PlannedBatch]:
+                       cache_tokens: int, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS) -> list[PlannedBatch]:
     """Batches over ``sequences`` with shared prefixes computed once; rows sharing none: ``cut_batches``."""
     lengths = [len(s) for s in sequences]
     trees, alone = [], []
