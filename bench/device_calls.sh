@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh A|B|C|D
+#     bash bench/device_calls.sh E|F|G|H|I|J|K
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -24,6 +24,11 @@ case "$1:$GPU" in
             step 8b.log TOKENS_8B=200000 T_8B=120 KERNELS="auto eager" bash bench/run_gpu.sh 8b-kernels ;;
   H:*)      step fid.log FID_MIN=0.6 T_FID=170 FID_COLUMNS="bf16 fused,FP8 fused" FID_HELD=16 \
               bash bench/run_gpu.sh kernel-fidelity ;;
+  I:*)      step fid.log FID_MIN=0.6 T_FID=300 bash bench/run_gpu.sh kernel-fidelity   # one batch shape: one compile a column
+            step 8b.log TOKENS_8B=200000 T_8B=200 KERNELS=auto bash bench/run_gpu.sh 8b-kernels ;;
+  J:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
+  J:*)      step 27b.log CD=bfloat16 TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
+  K:*)      step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=560 bash bench/run_gpu.sh prefix ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

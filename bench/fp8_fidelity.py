@@ -32,13 +32,32 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.activation_stats import texts  # noqa: E402
-from gpu_worker.extractor import Extractor, pad_batch  # noqa: E402
+from gpu_worker.extractor import Extractor, PaddedBatch, pad_batch  # noqa: E402
 from gpu_worker.fp8compute import write_fp8_checkpoint  # noqa: E402
 from hsx.batch.dtypes import fp8_error, quantise_fp8  # noqa: E402
 from hsx.defaults import DEFAULT_FP8_ACCUMULATION, FP8_ACCUMULATIONS  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx_tools.demo import sample_dataset  # noqa: E402
 from hsx_tools.tinymodel import build_tokenizer  # noqa: E402
+
+WIDTH, ROWS = 1024, 8   # every measured batch is ROWS x WIDTH, right-padded
+
+
+def fixed_batches(samples: list[list[int]]) -> list:
+    """The samples (each at most WIDTH tokens) in batches of one shape, ROWS right-padded rows of WIDTH (the
+    last filled with copies of the first sample, not measured twice: ``run`` keeps a batch's first ``real``
+    tokens). fla's Triton kernels compile and autotune per new shape, so one shape is one compile per column
+    where a batch a text was minutes of compiling (the device calls of 2026-12-06 never finished it)."""
+    batches = []
+    for at in range(0, len(samples), ROWS):
+        rows = samples[at:at + ROWS]
+        real = sum(len(r) for r in rows)
+        rows = rows + [samples[0]] * (ROWS - len(rows))
+        ids = torch.tensor([t for r in rows for t in r])
+        cu = torch.tensor([0] + [len(r) for r in rows]).cumsum(0)
+        batch = pad_batch(ids, cu, WIDTH, 0, pin=False)
+        batches.append(PaddedBatch(batch.input_ids, batch.flat_index[:real], real))
+    return batches
 
 
 def compare(ref: torch.Tensor, x: torch.Tensor, n_layers: int) -> list[tuple[float, float]]:
@@ -184,10 +203,7 @@ def main() -> int:
     if args.train_only:
         return 0
     layer_ids, _ = resolve_layers("dflash", args.layers)
-    batches = []
-    for text in held_out[:args.held_out]:
-        ids = torch.tensor(tok(text).input_ids[:1024])
-        batches.append(pad_batch(ids, torch.tensor([0, len(ids)]), len(ids) + (-len(ids)) % 16, 0, pin=False))
+    batches = fixed_batches([tok(text).input_ids[:WIDTH] for text in held_out[:args.held_out]])
     names, errs = kernel_fidelity(work / "bf16", layer_ids, batches, args.device, args.columns)
     out.mkdir(parents=True, exist_ok=True)
     kernels_result = {"config": vars(args), "steps": step, "loss_last": losses[-1] if losses else None,
