@@ -173,7 +173,8 @@ def run_shape(args) -> dict:
                 section["ratio_full"] = pipe["tok_s"] / section["bare_full"]["tok_s"]
             print(f"[bench]   pipeline: {pipe['tok_s']:.0f} tok/s (x{section['ratio_kept']:.3f} of bare kept), "
                   f"busy {pipe['busy']:.1%}, e2e {pipe['e2e_tok_s']:.0f} tok/s, spool peak {pipe['spool_peak_gib']:.2f} GiB, "
-                  f"overhead {pipe['overhead_ms_per_batch']:.1f} ms/batch"
+                  f"overhead {pipe['overhead_ms_per_batch']:.1f} ms/batch, batches run {pipe['batches_run']} of "
+                  f"{pipe['all_batches']} (a batch run again failed once)"
                   + (f", compute-error pass {pipe['compute_error_pass_s']:.2f} s (once a run, in the warm-up)"
                      if pipe["compute_error_pass_s"] else ""), flush=True)
             print(f"[bench]   {pipe['store_dtype']}/{pipe['codec']}: {pipe['bytes_per_token']:.0f} bytes/token, ratio "

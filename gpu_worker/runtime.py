@@ -309,6 +309,10 @@ class WorkerRuntime(Role):
                 offset += -(-nbytes // 64) * 64  # keep every tensor 64-byte aligned
             host_finite = torch.empty((), dtype=torch.bool, pin_memory=True)
             host_finite.copy_(finite, non_blocking=True)
+            # read here, after the stored tensors: without this its block goes back to the compute stream's pool
+            # when extract() returns, the next forward writes into it first, and the writer reads a stray byte
+            # (2 of 8 batches of the 8B fused pipeline "held NaN/Inf" on an H100; a real NaN could read as finite)
+            finite.record_stream(stream)
             event = torch.cuda.Event()
             event.record(stream)
         return Finished.of(spec, contents, host, host_finite, event, lambda: self.pinned.put(buf), reference)
