@@ -26,9 +26,10 @@ case "$1:$GPU" in
               bash bench/run_gpu.sh kernel-fidelity ;;
   I:*)      step fid.log FID_MIN=0.6 T_FID=300 bash bench/run_gpu.sh kernel-fidelity   # one batch shape: one compile a column
             step 8b.log TOKENS_8B=200000 T_8B=200 KERNELS=auto bash bench/run_gpu.sh 8b-kernels ;;
-  J:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
-  J:*)      step 27b.log CD=bfloat16 TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
-  K:*)      step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=560 bash bench/run_gpu.sh prefix ;;
+  J:*)      step 8b.log TOKENS_8B=300000 T_8B=170 KERNELS=auto bash bench/run_gpu.sh 8b-kernels   # batches run = planned?
+            step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=390 bash bench/run_gpu.sh prefix ;;
+  K:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
+  K:*)      step 27b.log CD=bfloat16 TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

@@ -180,6 +180,11 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
         on = cut_prefix_batches(seqs, args.token_budget, args.max_batch_rows, args.pad_multiple, args.min_prefix,
                                 2 * args.token_budget, args.forward_tokens)
         row = {"mix": mix, "rows": len(seqs), "stored_tokens": stored}
+        t0 = time.perf_counter()   # exactness first: a pass cut at its limit still has it
+        row["fidelity"] = fid = fidelity(ex, seqs, on, args.fidelity_samples)
+        print(f"[bench] {mix} reused vs lone ({fid['samples']} samples, {time.perf_counter() - t0:.0f}s): rel L2 per "
+              f"stored layer <= " + " ".join(f"{e:.1e}" for e in fid["max_rel_l2_per_layer"])
+              + f", max |d| {fid['max_abs']:.1e}", flush=True)
         seconds, forwards = {"off": [], "on": []}, {}
         for _ in range(args.repeats):   # alternately, the fastest of each kept: a shared machine's noise out
             for mode, planned in (("off", off), ("on", on)):
@@ -195,7 +200,6 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
                          "seconds": seconds_,
                          "stored_tok_s": stored / seconds_, "computed_tok_s": computed / seconds_}
         row["speedup"] = row["on"]["stored_tok_s"] / row["off"]["stored_tok_s"]
-        row["fidelity"] = fidelity(ex, seqs, on, args.fidelity_samples)
         result["mixes"].append(row)
         print(line(shape, row), flush=True)
     return result
