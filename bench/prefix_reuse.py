@@ -75,7 +75,7 @@ def mixes(tokens: int, work: Path, max_length: int, per_turn_how: str = "hsx") -
     plain = [json.loads(x) for x in sample_dataset().read_text().splitlines()]
     out = {}
     cuts = per_turn_how.split(",")
-    named = [("agentic-per-turn" if cut == "hsx" or len(cuts) == 1 else f"agentic-{cut}", cut) for cut in cuts]
+    named = [("agentic-per-turn" if cut == "hsx" else f"agentic-{cut}", cut) for cut in cuts]
     for name, cut in (*named, ("seeds-like", "")):
         rows, seqs, n = [], [], 16
         while True:

@@ -341,6 +341,16 @@ def test_a_group_too_large_for_one_batch_recomputes_its_spine_in_each():
     assert sum(b.computed for b in planned) == 300 * len(planned) + 20 * 40
 
 
+def test_a_tree_batch_stores_at_most_its_stored_budget():
+    """``stored_budget`` (bench/prefix_waves.py's model of larger tree batches) lets a batch of trees store more
+    than it computes; without it stored tokens stay within the token budget."""
+    seqs = [[7] * 300 + [i, i + 1] * 20 for i in range(20)]        # 20 rows, 6,800 stored, 1,100 computed
+    one = cut_prefix_batches(seqs, 3000, 64, 8, 16, 10_000)
+    four = cut_prefix_batches(seqs, 3000, 64, 8, 16, 10_000, stored_budget=12_000)
+    assert all(b.tokens <= 3000 for b in one) and len(one) > 1
+    assert len(four) == 1 and four[0].tokens == 6800 and four[0].computed == 300 + 20 * 40 <= 3000
+
+
 def test_rows_sharing_less_than_the_threshold_stay_alone():
     seqs = [[1] * 10 + [i] * 50 for i in range(5)]
     assert find_groups(seqs, 16) == []

@@ -222,26 +222,30 @@ def find_groups(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX
     return out
 
 
-def _fits(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: int, cache_tokens: int) -> bool:
-    """Computed and stored tokens within the budget (the worker's output and pinned buffers hold a budget's
-    tokens), rows within max_rows, the expanded cache within cache_tokens."""
+def _fits(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: int, cache_tokens: int,
+          stored_budget: int | None = None) -> bool:
+    """Computed tokens within the budget and stored ones within ``stored_budget`` (default the budget: the
+    worker's output and pinned buffers hold a budget's tokens), rows within max_rows, the expanded cache within
+    cache_tokens."""
     rows = tree.rows()
-    return (tree.cost(lengths, pad_multiple) <= token_budget and sum(lengths[i] for i in rows) <= token_budget
+    return (tree.cost(lengths, pad_multiple) <= token_budget
+            and sum(lengths[i] for i in rows) <= (stored_budget or token_budget)
             and len(rows) <= max_rows and tree.cached(lengths) <= cache_tokens)
 
 
-def _fit(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: int, cache_tokens: int) -> list[Tree]:
+def _fit(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: int, cache_tokens: int,
+         stored_budget: int | None = None) -> list[Tree]:
     """``tree`` as trees that each fit one batch (children cut loose, leaves cut into pieces)."""
-    if _fits(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens):
+    if _fits(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget):
         return [tree]
     out = []
     for child in tree.children:
-        out += _fit(child, lengths, token_budget, max_rows, pad_multiple, cache_tokens)
+        out += _fit(child, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget)
     piece: list[int] = []
     for i in sorted(tree.leaves, key=lambda i: -lengths[i]) + [None]:
         if i is not None:
             trial = Tree(tree.spine, leaves=piece + [i])
-            if not piece or _fits(trial, lengths, token_budget, max_rows, pad_multiple, cache_tokens):
+            if not piece or _fits(trial, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget):
                 piece = trial.leaves
                 continue
         out.append(Tree(tree.spine, leaves=piece))
@@ -250,12 +254,15 @@ def _fit(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: in
 
 
 def cut_prefix_batches(sequences, token_budget: int, max_rows: int, pad_multiple: int, min_prefix: int,
-                       cache_tokens: int, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS) -> list[PlannedBatch]:
-    """Batches over ``sequences`` with shared prefixes computed once; rows sharing none: ``cut_batches``."""
+                       cache_tokens: int, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS,
+                       stored_budget: int | None = None) -> list[PlannedBatch]:
+    """Batches over ``sequences`` with shared prefixes computed once; rows sharing none: ``cut_batches``.
+    ``stored_budget``: the stored tokens a tree batch may hold (default the token budget; bench/prefix_waves.py
+    models more)."""
     lengths = [len(s) for s in sequences]
     trees, alone = [], []
     for tree in find_trees(sequences, min_prefix, forward_tokens):
-        for t in _fit(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens):
+        for t in _fit(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget):
             (trees if len(t.rows()) > 1 else alone).append(t)
     grouped = {i for t in trees for i in t.rows()}
     alone_rows = sorted(set(range(len(sequences))) - grouped)
@@ -277,7 +284,7 @@ def cut_prefix_batches(sequences, token_budget: int, max_rows: int, pad_multiple
     for tree in sorted(trees, key=lambda t: -costs[id(t)]):
         trial = current + [tree]
         fits = (sum(costs[id(t)] for t in trial) <= token_budget and sum(len(t.rows()) for t in trial) <= max_rows
-                and sum(lengths[i] for t in trial for i in t.rows()) <= token_budget)
+                and sum(lengths[i] for t in trial for i in t.rows()) <= (stored_budget or token_budget))
         if current and not fits:
             close()
         current.append(tree)
