@@ -30,6 +30,8 @@ case "$1:$GPU" in
             step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=390 bash bench/run_gpu.sh prefix ;;
   K:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
   K:*)      step 27b.log CD=bfloat16 TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
+  L:*)      step prefix.log CD=bfloat16,float8 PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=450 \
+              PREFIX_ARGS="--fidelity-only --fidelity-samples 8" bash bench/run_gpu.sh prefix ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

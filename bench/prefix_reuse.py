@@ -128,30 +128,51 @@ def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int) -> tuple[f
 
 
 def fidelity(ex, seqs: list, planned, limit: int) -> dict:
-    """Samples of prefix groups stored by ``run_shared`` against each computed alone by ``run``."""
+    """Samples of prefix groups stored by ``run_shared`` against each computed alone by ``run``, beside the same
+    samples computed by ``run`` in one plain padded batch with their group (no reuse) against alone: the noise
+    floor of the device's arithmetic. On a GPU a sample's rows differ with the shapes it is computed in (GEMM
+    tilings, and with FP8 compute every rounding re-drawn by the next quantiser), so reuse is judged against that
+    floor, not against zero. Lone rows are padded to their batch's width (one shape a batch: fla compiles per
+    shape; padding after a row does not change it)."""
     from gpu_worker.extractor import pad_batch
 
-    worst_rel = [0.0] * len(ex.layer_ids)
-    worst_abs, checked = 0.0, 0
+    n = len(ex.layer_ids)
+    worst = {"reused": [0.0] * n, "batched": [0.0] * n}
+    worst_abs, checked = {"reused": 0.0, "batched": 0.0}, 0
     H = ex.hidden_size
+
+    def diff(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        got, want = got.float(), want.float()
+        worst_abs[name] = max(worst_abs[name], float((got - want).abs().max()))
+        for k in range(n):
+            g, w = got[:, k * H:(k + 1) * H], want[:, k * H:(k + 1) * H]
+            worst[name][k] = max(worst[name][k], float((g - w).norm() / w.norm().clamp_min(1e-30)))
+
     for batch in (b for b in planned if b.groups):
         rows = [torch.as_tensor(seqs[i], dtype=torch.int64) for i in batch.members]
         cu = torch.tensor([0, *torch.cumsum(torch.tensor([len(r) for r in rows]), 0).tolist()])
-        hidden, _ = ex.run_shared(torch.cat(rows), cu, [list(g) for g in batch.groups], batch.padded_len)
-        for b in range(len(rows)):
-            if checked >= limit:
-                break
-            alone, _ = ex.run(pad_batch(rows[b], torch.tensor([0, len(rows[b])]), len(rows[b]), 0, pin=False))
-            got = hidden[int(cu[b]):int(cu[b + 1])].float()
-            want = alone.float()
-            worst_abs = max(worst_abs, float((got - want).abs().max()))
-            for k in range(len(ex.layer_ids)):
-                g, w = got[:, k * H:(k + 1) * H], want[:, k * H:(k + 1) * H]
-                worst_rel[k] = max(worst_rel[k], float((g - w).norm() / w.norm().clamp_min(1e-30)))
+        ids = torch.cat(rows)
+        hidden, _ = ex.run_shared(ids, cu, [list(g) for g in batch.groups], batch.padded_len)
+        take = min(limit - checked, len(rows))
+        plain, _ = ex.run(pad_batch(ids[:int(cu[take])], cu[:take + 1], batch.padded_len, 0, pin=False))
+        for b in range(take):
+            alone, _ = ex.run(pad_batch(rows[b], torch.tensor([0, len(rows[b])]), batch.padded_len, 0, pin=False))
+            diff("reused", hidden[int(cu[b]):int(cu[b + 1])], alone)
+            diff("batched", plain[int(cu[b]):int(cu[b + 1])], alone)
             checked += 1
         if checked >= limit:
             break
-    return {"samples": checked, "max_rel_l2_per_layer": worst_rel, "max_abs": worst_abs}
+    return {"samples": checked, "max_rel_l2_per_layer": worst["reused"], "max_abs": worst_abs["reused"],
+            "batched_max_rel_l2_per_layer": worst["batched"], "batched_max_abs": worst_abs["batched"]}
+
+
+def fidelity_line(mix: str, fid: dict, seconds: float) -> str:
+    def layers(key: str) -> str:
+        return " ".join(f"{e:.1e}" for e in fid[key])
+
+    return (f"[bench] {mix} ({fid['samples']} samples, {seconds:.0f}s), rel L2 per stored layer against alone: "
+            f"reused {layers('max_rel_l2_per_layer')} (max |d| {fid['max_abs']:.1e}); in a plain batch, no reuse "
+            f"{layers('batched_max_rel_l2_per_layer')} (max |d| {fid['batched_max_abs']:.1e})")
 
 
 def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
@@ -166,13 +187,21 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
 
     layer_ids, store_final = resolve_layers(args.layers, text_config(config).num_hidden_layers)
     ex = Extractor(model, layer_ids, store_final, out_dtype=out_dtype, kernels=args.kernels)
-    if args.compute_dtype == "float8":
-        ex.fp8_pending = True
-        ex.convert_to_fp8()
     result = {"shape": shape, "device": "cpu" if cpu else torch.cuda.get_device_name(0),
               "compute_dtype": args.compute_dtype, "forward": ex.kernels_line, "token_budget": args.token_budget,
               "mixes": []}
     print(f"[bench] {shape} built in {time.perf_counter() - t0:.1f}s; forward: {ex.kernels_line}", flush=True)
+    for compute in args.compute_dtype.split(","):   # bf16 first, then the same weights converted to FP8
+        if compute == "float8":
+            ex.fp8_pending = True
+            ex.convert_to_fp8()
+        print(f"[bench] compute {compute}", flush=True)
+        result["mixes"] += [dict(row, compute_dtype=compute) for row in bench_mixes(args, ex, seqs_by_mix, shape)]
+    return result
+
+
+def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
+    rows = []
     for mix, seqs in seqs_by_mix.items():
         lengths = [len(s) for s in seqs]
         stored = sum(lengths)
@@ -182,9 +211,10 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
         row = {"mix": mix, "rows": len(seqs), "stored_tokens": stored}
         t0 = time.perf_counter()   # exactness first: a pass cut at its limit still has it
         row["fidelity"] = fid = fidelity(ex, seqs, on, args.fidelity_samples)
-        print(f"[bench] {mix} reused vs lone ({fid['samples']} samples, {time.perf_counter() - t0:.0f}s): rel L2 per "
-              f"stored layer <= " + " ".join(f"{e:.1e}" for e in fid["max_rel_l2_per_layer"])
-              + f", max |d| {fid['max_abs']:.1e}", flush=True)
+        print(fidelity_line(mix, fid, time.perf_counter() - t0), flush=True)
+        if args.fidelity_only:
+            rows.append(row)
+            continue
         seconds, forwards = {"off": [], "on": []}, {}
         for _ in range(args.repeats):   # alternately, the fastest of each kept: a shared machine's noise out
             for mode, planned in (("off", off), ("on", on)):
@@ -200,9 +230,9 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
                          "seconds": seconds_,
                          "stored_tok_s": stored / seconds_, "computed_tok_s": computed / seconds_}
         row["speedup"] = row["on"]["stored_tok_s"] / row["off"]["stored_tok_s"]
-        result["mixes"].append(row)
+        rows.append(row)
         print(line(shape, row), flush=True)
-    return result
+    return rows
 
 
 def line(shape: str, row: dict) -> str:
@@ -213,6 +243,12 @@ def line(shape: str, row: dict) -> str:
             f"{on['stored_tok_s']:>9,.0f} stored tok/s, {on['computed_tok_s']:>9,.0f} computed tok/s | "
             f"x{row['speedup']:.2f} | reused vs lone: rel L2 <= {max(fid['max_rel_l2_per_layer'] or [0]):.1e}, "
             f"max |d| {fid['max_abs']:.1e} ({fid['samples']} samples)")
+
+
+def computes(value: str) -> str:
+    if value not in ("bfloat16", "float8", "bfloat16,float8"):
+        raise argparse.ArgumentTypeError(f"--compute-dtype {value!r}: bfloat16, float8 or bfloat16,float8")
+    return value
 
 
 def per_turn_cuts(value: str) -> str:
@@ -236,9 +272,11 @@ def main() -> int:
     ap.add_argument("--forward-tokens", type=int, default=DEFAULT_PREFIX_FORWARD_TOKENS,
                     help="the plan's price of a forward in tokens (hsx produce --prefix-forward-tokens)")
     ap.add_argument("--layers", default="", help="default: dflash (dflash:3 on the CPU's tiny shapes)")
-    ap.add_argument("--compute-dtype", default="bfloat16", choices=("bfloat16", "float8"))
+    ap.add_argument("--compute-dtype", default="bfloat16", type=computes,
+                    help="bfloat16, float8, or bfloat16,float8 (the same weights measured in bf16, then in FP8)")
     ap.add_argument("--kernels", default="auto", choices=("auto", "eager"))
     ap.add_argument("--fidelity-samples", type=int, default=16)
+    ap.add_argument("--fidelity-only", action="store_true", help="reused and batched vs lone only, no timing")
     ap.add_argument("--repeats", type=int, default=2, help="timed passes of each mode, alternating; the fastest kept")
     ap.add_argument("--per-turn", default="hsx", type=per_turn_cuts,
                     help="how the agentic mix is cut into one sample a turn (see the module's text): hsx, "
@@ -258,7 +296,7 @@ def main() -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        name = ("prefix_reuse-cpu" if args.cpu else f"prefix_reuse-{args.shape}-{args.compute_dtype}") + (
+        name = ("prefix_reuse-cpu" if args.cpu else f"prefix_reuse-{args.shape}-{args.compute_dtype.replace(',', '-')}") + (
             "" if args.per_turn == "hsx" else "-" + args.per_turn.replace(",", "-")) + ".json"
         (out / name).write_text(json.dumps(results, indent=1))
     return 0

@@ -112,7 +112,7 @@ for step in "${STEPS[@]}"; do
                     --fidelity-samples 8 --per-turn every-message --out "$OUTDIR" ;;   # fla continuing a cache
     prefix)       PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PREFIX:-540}" python bench/prefix_reuse.py --shape hybrid27b \
                     --compute-dtype "${CD:-float8}" --tokens "${TOKENS_PREFIX:-200000}" --per-turn "${PER_TURN:-hsx}" \
-                    --out "$OUTDIR" ;;
+                    --out "$OUTDIR" ${PREFIX_ARGS:-} ;;   # e.g. PREFIX_ARGS="--fidelity-only" CD=bfloat16,float8
     *)            echo "unknown step $step"; false ;;
   esac
   rc=$?
