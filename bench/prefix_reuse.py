@@ -127,7 +127,7 @@ def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int) -> tuple[f
         del ex.forward_packed
 
 
-def fidelity(ex, seqs: list, planned, limit: int) -> dict:
+def fidelity(ex, seqs: list, planned, limit: int, budget: int) -> dict:
     """Samples of prefix groups stored by ``run_shared`` against each computed alone by ``run``, beside the same
     samples computed by ``run`` in one plain padded batch with their group (no reuse) against alone: the noise
     floor of the device's arithmetic. On a GPU a sample's rows differ with the shapes it is computed in (GEMM
@@ -153,7 +153,7 @@ def fidelity(ex, seqs: list, planned, limit: int) -> dict:
         cu = torch.tensor([0, *torch.cumsum(torch.tensor([len(r) for r in rows]), 0).tolist()])
         ids = torch.cat(rows)
         hidden, _ = ex.run_shared(ids, cu, [list(g) for g in batch.groups], batch.padded_len)
-        take = min(limit - checked, len(rows))
+        take = min(limit - checked, len(rows), max(1, budget // batch.padded_len))   # the plain batch in budget
         plain, _ = ex.run(pad_batch(ids[:int(cu[take])], cu[:take + 1], batch.padded_len, 0, pin=False))
         for b in range(take):
             alone, _ = ex.run(pad_batch(rows[b], torch.tensor([0, len(rows[b])]), batch.padded_len, 0, pin=False))
@@ -210,7 +210,7 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
                                 2 * args.token_budget, args.forward_tokens)
         row = {"mix": mix, "rows": len(seqs), "stored_tokens": stored}
         t0 = time.perf_counter()   # exactness first: a pass cut at its limit still has it
-        row["fidelity"] = fid = fidelity(ex, seqs, on, args.fidelity_samples)
+        row["fidelity"] = fid = fidelity(ex, seqs, on, args.fidelity_samples, args.token_budget)
         print(fidelity_line(mix, fid, time.perf_counter() - t0), flush=True)
         if args.fidelity_only:
             rows.append(row)
