@@ -32,6 +32,8 @@ case "$1:$GPU" in
   K:*)      step 27b.log CD=bfloat16 TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
   L:*)      step prefix.log CD=bfloat16,float8 PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=450 \
               PREFIX_ARGS="--fidelity-only --fidelity-samples 8" bash bench/run_gpu.sh prefix ;;
+  M:*)      step prefix.log CD=bfloat16 PER_TURN=every-message TOKENS_PREFIX=30000 T_PREFIX=270 PREFIX_ARGS="--shape hybrid \
+              --model-dtype float32 --token-budget 8192 --forward-tokens 256 --fidelity-only --fidelity-samples 8" bash bench/run_gpu.sh prefix ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

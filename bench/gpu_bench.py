@@ -220,7 +220,7 @@ def print_table(out_dir: Path) -> None:
     print(head)
     print("-" * len(head))
     for res in results:
-        if res.get("shape") == "padding":
+        if not isinstance(res, dict) or res.get("shape") == "padding":   # another bench's JSON (prefix_reuse: a list)
             continue
         for s in res.get("sections", []):
             name = f"{res['shape']}/{res['tag']} {s['section']}"

@@ -178,7 +178,7 @@ def fidelity_line(mix: str, fid: dict, seconds: float) -> str:
 def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
     cpu = args.cpu
     device = torch.device("cpu" if cpu else "cuda:0")
-    dtype, out_dtype = (torch.float32, "float32") if cpu else (torch.bfloat16, "bfloat16")
+    dtype, out_dtype = (torch.float32, "float32") if cpu or args.model_dtype == "float32" else (torch.bfloat16, "bfloat16")
     config = shapes.make_config(shape, vocab_size=512 if shape.startswith("tiny") else None)
     t0 = time.perf_counter()
     model = shapes.build_model(config, device, dtype)
@@ -277,6 +277,8 @@ def main() -> int:
     ap.add_argument("--kernels", default="auto", choices=("auto", "eager"))
     ap.add_argument("--fidelity-samples", type=int, default=16)
     ap.add_argument("--fidelity-only", action="store_true", help="reused and batched vs lone only, no timing")
+    ap.add_argument("--model-dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                    help="the GPU model's dtype (float32: reused vs lone without bf16 rounding; the CPU is float32)")
     ap.add_argument("--repeats", type=int, default=2, help="timed passes of each mode, alternating; the fastest kept")
     ap.add_argument("--per-turn", default="hsx", type=per_turn_cuts,
                     help="how the agentic mix is cut into one sample a turn (see the module's text): hsx, "
