@@ -27,6 +27,7 @@
 #                 path: stored and computed tok/s with and without reuse on a per-turn agentic mix and a seeds-like mix,
 #                 reused vs lone fidelity (bench/prefix_reuse.py; no Redis); PER_TURN: hsx (default: hsx's --per-turn
 #                 samples) | every-message (cut after every assistant message: the issue's 2x case)
+#   gdn-continue  issue 40: the 27B's GDN layer on fla continuing a cached state vs one call (bench/gdn_continue.py)
 #   prefix-smoke  issue 40: the same on the hybrid shape, 20k tokens (a minute): fla's kernels continuing transformers' cache
 #   kernel-fidelity issue 39: a small Qwen3.5 hybrid (ARCH=dense: the Qwen3) trained on the GPU, per stored layer the rel L2
 #                 against its fp32 forward of bf16 and FP8 compute, eager and fused kernels (bench/fp8_fidelity.py --kernels-only)
@@ -113,6 +114,7 @@ for step in "${STEPS[@]}"; do
     prefix)       PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PREFIX:-540}" python bench/prefix_reuse.py --shape hybrid27b \
                     --compute-dtype "${CD:-float8}" --tokens "${TOKENS_PREFIX:-200000}" --per-turn "${PER_TURN:-hsx}" \
                     --out "$OUTDIR" ${PREFIX_ARGS:-} ;;   # e.g. PREFIX_ARGS="--fidelity-only" CD=bfloat16,float8
+    gdn-continue) PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_GDN:-240}" python bench/gdn_continue.py ;;   # issue 40
     *)            echo "unknown step $step"; false ;;
   esac
   rc=$?
