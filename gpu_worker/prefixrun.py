@@ -39,6 +39,15 @@ from hsx.prep import PrefixGroup
 from hsx.runspec import text_config
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on the device without a host sync on CUDA (a pageable copy waits for the GPU's queue to drain, so the
+    host could not queue the next forward's kernels while this one runs): pinned, then copied asynchronously; the
+    pinned block is not reused before the copy is done (torch's caching host allocator records it)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _cache_for(model):
     from transformers import DynamicCache
 
@@ -115,7 +124,7 @@ def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, ch
     g, children = node
     device = ex.device
     cache = _cache_for(ex.model) if cache is None else copy.deepcopy(cache)
-    spine = ids[cu[g.first]:cu[g.first] + g.spine].to(device)
+    spine = _to_device(ids[cu[g.first]:cu[g.first] + g.spine], device)
     members = range(g.first, g.first + g.count)
     for at in range(start, g.spine, max(1, chunk_tokens)):
         end = min(g.spine, at + chunk_tokens)
@@ -163,8 +172,8 @@ def _run_rows(ex, ids: torch.Tensor, cu: list[int], rows: dict[int, list[int]], 
             n = cu[m + 1] - cu[m] - skip
             runs.append((cu[m] + skip, len(flat), n))
             flat.extend(range(r * width, r * width + n))
-    flat_index = torch.tensor(flat, dtype=torch.int64, device=device)
-    put(runs, ex.forward_packed(padded.to(device), flat_index, len(flat), cache=cache, start=skip))
+    flat_index = _to_device(torch.tensor(flat, dtype=torch.int64), device)
+    put(runs, ex.forward_packed(_to_device(padded, device), flat_index, len(flat), cache=cache, start=skip))
 
 
 def snapshot_bytes(model_config, cache_tokens: int, max_rows: int, dtype_bytes: int) -> int:
