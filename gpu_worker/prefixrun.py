@@ -43,7 +43,7 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on the device without a host sync on CUDA (a pageable copy waits for the GPU's queue to drain, so the
     host could not queue the next forward's kernels while this one runs): pinned, then copied asynchronously; the
     pinned block is not reused before the copy is done (torch's caching host allocator records it)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
 
