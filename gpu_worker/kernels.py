@@ -90,11 +90,17 @@ def fla_kernels() -> KernelSet:
     from fla.modules.norm.layernorm import rms_norm
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    def norm(x, weight, residual, eps):
-        return rms_norm(x, weight, None, residual=residual, eps=eps, prenorm=residual is not None)
+    def plain_norm(x, weight, eps):
+        return rms_norm(x, weight, None, eps=eps)
 
-    def gated(x, gate, weight, eps):
-        return rms_norm_gated(x, gate, weight, None, activation="silu", eps=eps)
+    small_norm = few_row_counts(plain_norm, NORM_ROWS_BLOCK)
+    gated = few_row_counts(lambda x, gate, weight, eps: rms_norm_gated(x, gate, weight, None, activation="silu",
+                                                                        eps=eps), GATED_NORM_ROWS_BLOCK)
+
+    def norm(x, weight, residual, eps):
+        if residual is None and x.shape[-1] <= SMALL_ROW:   # the attention's per-head q and k norms
+            return small_norm(x, weight, eps)
+        return rms_norm(x, weight, None, residual=residual, eps=eps, prenorm=residual is not None)
 
     def conv(x, weight, bias, activation):
         return causal_conv1d(x, weight=weight, bias=bias, activation=activation)[0]
@@ -105,6 +111,41 @@ def fla_kernels() -> KernelSet:
                                       initial_state=initial_state, output_final_state=output_final_state)
 
     return KernelSet(f"fla {version}", norm, gated, swiglu, conv, delta_rule)
+
+
+# fla 0.6's norms for rows of at most SMALL_ROW features take NB = cdiv(rows, block) as a Triton constexpr (and
+# autotune key): every new value compiles the kernel's 9 configs again. The 27B's q norm sees tokens x 24 rows, a
+# new NB every ~85 tokens of batch size (~380 values up to 32k-token batches); its gated GDN norm tokens x 48 rows
+# in blocks of 65,536. few_row_counts pads the rows so NB takes about 4 values an octave.
+SMALL_ROW = 512
+NORM_ROWS_BLOCK = 2048             # fla/modules/norm/layernorm.py: layer_norm_fwd
+GATED_NORM_ROWS_BLOCK = 2048 * 32  # fla/modules/norm/fused_norm_gate.py: layer_norm_gated_fwd
+
+
+def bucketed_blocks(blocks: int) -> int:
+    """``blocks`` rounded up to one of few values: exact up to 8, then 4 values an octave (at most 25 % more)."""
+    if blocks <= 8:
+        return blocks
+    step = 1 << (blocks.bit_length() - 3)
+    return -(-blocks // step) * step
+
+
+def few_row_counts(fn: Callable, block: int) -> Callable:
+    """``fn(x, *rest)`` of a row-wise op whose kernel specialises on cdiv(rows, block): tensor arguments of x's
+    shape get zero rows appended so that count is ``bucketed_blocks``'s (the fewest rows that give it), the
+    result's real rows are returned in x's shape. A zero row normalises to zero and no real row reads it."""
+    def padded(x, *rest):
+        width = x.shape[-1]
+        rows = x.numel() // width
+        blocks = -(-rows // block)
+        target = blocks if rows == 0 else bucketed_blocks(blocks)
+        if target == blocks:
+            return fn(x, *rest)
+        extra = (target - 1) * block + 1 - rows
+        grown = [F.pad(t.reshape(rows, width), (0, 0, 0, extra)) if torch.is_tensor(t) and t.shape == x.shape else t
+                 for t in (x, *rest)]
+        return fn(*grown)[:rows].reshape(x.shape)
+    return padded
 
 
 def reference_kernels(chunk_rule: Callable) -> KernelSet:

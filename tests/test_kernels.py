@@ -97,6 +97,41 @@ def test_reference_kernels_round_once_in_bf16_and_stay_close():
     assert 0 < rel < 2e-2, rel   # bf16 rounding between steps differs, the formula does not
 
 
+def test_small_row_norms_see_few_row_counts_and_give_the_unpadded_rows():
+    """fla's norms of rows of <= 512 features compile again for every cdiv(rows, block): the q norm of the 27B
+    (tokens x 24 rows) would see ~380 values up to 32k-token batches. few_row_counts pads to few values and
+    returns exactly the unpadded op's rows (a row-wise op; the reference norms stand in for fla's)."""
+    counts = {kernels.bucketed_blocks(b) for b in range(1, 32768 * 24 // kernels.NORM_ROWS_BLOCK + 2)}
+    assert len(counts) <= 40, len(counts)
+    for b in range(1, 2000):
+        got = kernels.bucketed_blocks(b)
+        assert b <= got <= max(8, 1.25 * b) and kernels.bucketed_blocks(got) == got
+    reference = _reference(_tiny_hybrid())
+    seen = []
+
+    def norm(x, weight, eps):
+        seen.append(x.numel() // x.shape[-1])
+        return reference.rms_norm(x, weight, None, eps)
+
+    def gated(x, gate, weight, eps):
+        seen.append(x.shape[0])
+        assert gate.shape == x.shape
+        return reference.rms_norm_gated(x, gate, weight, eps)
+
+    block, weight = 4, torch.rand(16) + 0.5
+    for rows in (1, 3, 4, 5, 33, 37, 41, 64, 100):
+        x = torch.randn(rows, 2, 16)            # [tokens, heads, head_dim], as the q norm's input
+        seen.clear()
+        got = kernels.few_row_counts(norm, block)(x, weight, 1e-6)
+        want = reference.rms_norm(x, weight, None, 1e-6)
+        assert got.shape == x.shape and torch.equal(got, want), rows
+        blocks = -(-seen[0] // block)
+        assert blocks == kernels.bucketed_blocks(-(-2 * rows // block)) and seen[0] < blocks * block + 1
+        z = torch.randn(rows * 2, 16)
+        got = kernels.few_row_counts(gated, block)(x.reshape(-1, 16), z, weight, 1e-6)
+        assert torch.equal(got, reference.rms_norm_gated(x.reshape(-1, 16), z, weight, 1e-6))
+
+
 def test_uninstall_restores_transformers_forward_exactly():
     model = _tiny_hybrid()
     decoder = _decoder(model)
