@@ -151,7 +151,7 @@ def train_target(model_dir: Path, minutes: float, hidden: int, layers: int, seq:
         opt.step()
         step += 1
         if step % 100 == 0:
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             print(f"step {step}: loss {losses[-1]:.3f} ({time.time() - t0:.0f}s)", flush=True)
     model.to(torch.bfloat16).save_pretrained(model_dir)
     del model, opt
