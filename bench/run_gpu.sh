@@ -49,6 +49,26 @@ for p in /tmp/site/fla /tmp/site/fla_core-*.dist-info /tmp/site/flash_linear_att
   [[ -e "$p" ]] && rm -rf "$FLA_SITE/$(basename "$p")" && mv "$p" "$FLA_SITE/"
 done
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error
+# fla's Triton kernels compile and autotune for each new shape and dtype: minutes of a step's first pass, on every
+# fresh machine. Triton keeps both in TRITON_CACHE_DIR (fla caches its autotune results there). A call may carry the
+# last call's cache as .triton-cache.tgz; this one leaves its own in $OUT as triton-cache.tgz.partNN (15 MiB each,
+# at most 30 MiB: what comes back from $OUT and what a carry can hold); `cat` them into .triton-cache.tgz.
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/hsx-triton-cache}"
+mkdir -p "$TRITON_CACHE_DIR"
+if [[ -f .triton-cache.tgz ]] && tar xzf .triton-cache.tgz -C "$TRITON_CACHE_DIR"; then
+  echo "[triton] the last call's cache: $(du -sh "$TRITON_CACHE_DIR" | cut -f1) in $TRITON_CACHE_DIR"
+fi
+keep_triton_cache() {
+  local tgz=/tmp/hsx-triton-cache.tgz
+  tar czf "$tgz" -C "$TRITON_CACHE_DIR" . || return
+  local bytes; bytes=$(stat -c %s "$tgz")
+  if (( bytes > 30 * 1024 * 1024 )); then
+    echo "[triton] cache of $((bytes >> 20)) MiB compressed: over 30 MiB, not kept"
+  else
+    split -b 15m -d "$tgz" "$OUTDIR/triton-cache.tgz.part" && echo "[triton] cache kept: $((bytes >> 20)) MiB in $OUTDIR"
+  fi
+  rm -f "$tgz"
+}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader || true
 
 PADDING_PID=
@@ -125,6 +145,7 @@ if [[ -n "$PADDING_PID" ]]; then
   wait "$PADDING_PID"
   tail -n 3 "$OUTDIR/padding.log"
 fi
+keep_triton_cache
 echo
 python bench/gpu_bench.py --table "$OUTDIR"
 if [[ ${#FAILED[@]} -gt 0 ]]; then echo "failed steps: ${FAILED[*]}"; exit 1; fi
