@@ -27,6 +27,7 @@ from hsx.monitor import fmt_bytes
 from hsx.runspec import Manifest, WorkerConfig
 
 log = logging.getLogger(__name__)
+FINITE = "_finite"   # the finite flag's name among the tensors _to_host copies (no stored tensor is named so)
 HEARTBEATS_PER_SWEEP = 6  # beats between two sweeps of dead writers' temp files and rq workers (one heartbeat TTL)
 
 
@@ -289,7 +290,11 @@ class WorkerRuntime(Role):
             self.prefetcher.hint(self.ledger.specs(bids))
 
     def _to_host(self, spec, contents, stored: dict, finite, reference: str | None) -> Finished:
-        """Copy the stored tensors to one pinned buffer on the side stream; the writer waits on the event."""
+        """Copy the stored tensors and the finite flag to one pinned buffer on the side stream; the writer waits
+        on the event. Every tensor read there is marked as used by it (``record_stream``), or its block goes back
+        to the compute stream's pool when extract() returns and the next forward overwrites it before the copy:
+        the flag once was not, and 2 of 8 batches of the 8B fused pipeline read a stray byte as "NaN/Inf" on an
+        H100 (a stray non-zero would have passed a batch holding NaN)."""
         if not self.cuda:
             return Finished.of(spec, contents, stored, finite, None, lambda: None, reference)
         buf = self.pinned.get()
@@ -297,7 +302,7 @@ class WorkerRuntime(Role):
         stream.wait_stream(torch.cuda.current_stream(self.extractor.device))
         host, offset = {}, 0
         with torch.cuda.stream(stream):
-            for name, t in stored.items():
+            for name, t in {**stored, FINITE: finite}.items():
                 nbytes = t.numel() * t.element_size()
                 if offset + nbytes > buf.numel():
                     self.pinned.put(buf)
@@ -307,14 +312,9 @@ class WorkerRuntime(Role):
                 t.record_stream(stream)
                 host[name] = view
                 offset += -(-nbytes // 64) * 64  # keep every tensor 64-byte aligned
-            host_finite = torch.empty((), dtype=torch.bool, pin_memory=True)
-            host_finite.copy_(finite, non_blocking=True)
-            # read here, after the stored tensors: without this its block goes back to the compute stream's pool
-            # when extract() returns, the next forward writes into it first, and the writer reads a stray byte
-            # (2 of 8 batches of the 8B fused pipeline "held NaN/Inf" on an H100; a real NaN could read as finite)
-            finite.record_stream(stream)
             event = torch.cuda.Event()
             event.record(stream)
+        host_finite = host.pop(FINITE)
         return Finished.of(spec, contents, host, host_finite, event, lambda: self.pinned.put(buf), reference)
 
     # ---- failures --------------------------------------------------------
