@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prefix_reuse import mixes  # noqa: E402
 
-from gpu_worker.prefixrun import _forest, _longest_holding_all  # noqa: E402
+from gpu_worker.prefixrun import _forest, _longest_holding_all, going_and_branching  # noqa: E402
 from hsx.prep import cut_batches, cut_prefix_batches  # noqa: E402
 
 
@@ -41,19 +41,12 @@ def waves_of(batch, seqs) -> dict[int, list[int]]:
     waves: dict[int, list[int]] = {}
 
     def walk(node, depth: int, parent: int) -> None:
-        g, children = node
-        waves.setdefault(depth, []).append(g.spine - parent)
-        inside = set()
-        for child in children:
-            c = child[0]
-            inside.update(range(c.first, c.first + c.count))
-            longest = _longest_holding_all(ids, cu, c)
-            if longest is None:
-                walk(child, depth + 1, g.spine)
-            else:
-                waves.setdefault(depth + 1, []).append(lengths[longest] - g.spine)
-        waves.setdefault(depth + 1, []).extend(
-            lengths[m] - g.spine for m in range(g.first, g.first + g.count) if m not in inside and lengths[m] > g.spine)
+        spine = node[0].spine
+        waves.setdefault(depth, []).append(spine - parent)
+        going, branching = going_and_branching(ids, cu, node)
+        for child in branching:
+            walk(child, depth + 1, spine)
+        waves.setdefault(depth + 1, []).extend(lengths[b] - spine for b in going)
 
     grouped = set()
     for node in _forest(batch.groups, len(lengths)):
@@ -128,7 +121,7 @@ def group_by_group(batch, seqs) -> list[int]:
     fed: list[int] = []
 
     class Counting:
-        device, width, hidden_size, store_final, out_dtype = torch.device("cpu"), 1, 1, False, torch.float32
+        device, width, hidden_size, store_final, out_dtype, model = torch.device("cpu"), 1, 1, False, torch.float32, None
 
         def forward_packed(self, ids, flat, n, cache=None, start=0):
             fed.append(int(ids.numel()))
@@ -141,7 +134,6 @@ def group_by_group(batch, seqs) -> list[int]:
     real = prefixrun._cache_for
     prefixrun._cache_for = lambda model: Cache()
     try:
-        Counting.model = None
         prefixrun.run_prefix_batch(Counting(), torch.cat(rows), cu, batch.groups, 1 << 30)
     finally:
         prefixrun._cache_for = real

@@ -121,7 +121,7 @@ def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, ch
     branching child groups from a copy of its own states, then the rows going on from its spine (its leaves, and
     each chain child's longest row: tool-call steps cut one a sample, every member a prefix of that row) in one
     forward from its states expanded to them."""
-    g, children = node
+    g = node[0]
     device = ex.device
     cache = _cache_for(ex.model) if cache is None else copy.deepcopy(cache)
     spine = _to_device(ids[cu[g.first]:cu[g.first] + g.spine], device)
@@ -131,19 +131,31 @@ def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, ch
         got = ex.forward_packed(spine[at:end].unsqueeze(0), torch.arange(end - at, device=device), end - at,
                                 cache=cache, start=at)
         put([(cu[b] + at, 0, end - at) for b in members], got)
-    going, inside = {}, set()
+    going, branching = going_and_branching(ids, cu, node)
+    for child in branching:
+        _run_group(ex, ids, cu, child, cache, g.spine, chunk_tokens, put)
+    if going:
+        cache.reorder_cache(torch.zeros(len(going), dtype=torch.int64, device=device))
+        _run_rows(ex, ids, cu, going, g.spine, cache, put)
+
+
+def going_and_branching(ids: torch.Tensor, cu: list[int], node) -> tuple[dict[int, list[int]], list]:
+    """A group's rows going on from its spine, each with the members it stores (its leaves; each chain child's
+    longest row, holding that child's members: tool-call steps cut one a sample, every member a prefix of it), and
+    its branching children (run as groups of their own). hsx/prep/prefixplan.py ``Tree._rows_going_on`` is the
+    planner's count of the same, by lengths."""
+    g, children = node
+    going, branching, inside = {}, [], set()
     for child in children:
         c = child[0]
         inside.update(range(c.first, c.first + c.count))
         longest = _longest_holding_all(ids, cu, c)
         if longest is None:
-            _run_group(ex, ids, cu, child, cache, g.spine, chunk_tokens, put)
+            branching.append(child)
         else:
             going[longest] = list(range(c.first, c.first + c.count))
-    going.update({b: [b] for b in members if b not in inside and cu[b + 1] - cu[b] > g.spine})
-    if going:
-        cache.reorder_cache(torch.zeros(len(going), dtype=torch.int64, device=device))
-        _run_rows(ex, ids, cu, going, g.spine, cache, put)
+    going.update({b: [b] for b in range(g.first, g.first + g.count) if b not in inside and cu[b + 1] - cu[b] > g.spine})
+    return going, branching
 
 
 def _longest_holding_all(ids: torch.Tensor, cu: list[int], g: PrefixGroup) -> int | None:
