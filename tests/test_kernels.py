@@ -132,6 +132,49 @@ def test_small_row_norms_see_few_row_counts_and_give_the_unpadded_rows():
         assert torch.equal(got, reference.rms_norm_gated(x.reshape(-1, 16), z, weight, 1e-6))
 
 
+def test_flas_kernel_set_pads_the_small_norms_and_only_them(monkeypatch):
+    """fla_kernels() wires few_row_counts in: the q/k norms (rows of <= 512, no residual) and the gated GDN norm
+    reach fla with bucketed row counts; the hidden-size norms and the residual-fused one reach it as they are.
+    fla's modules are stand-ins recording the shapes they get (Triton cannot run here)."""
+    import types
+
+    seen = []
+
+    def rms_norm(x, weight, bias, residual=None, eps=1e-6, prenorm=False):
+        seen.append(("norm", x.numel() // x.shape[-1], residual is not None))
+        return x if residual is None else (x, x)
+
+    def rms_norm_gated(x, gate, weight, bias, activation=None, eps=1e-6):
+        assert gate.shape == x.shape
+        seen.append(("gated", x.shape[0], False))
+        return x
+
+    parts = {"fla.modules.activations": {"swiglu": None}, "fla.modules.causal_conv1d": {"causal_conv1d": None},
+             "fla.modules.norm.fused_norm_gate": {"rms_norm_gated": rms_norm_gated},
+             "fla.modules.norm.layernorm": {"rms_norm": rms_norm},
+             "fla.ops.gated_delta_rule": {"chunk_gated_delta_rule": None}}
+    for name in ("fla", "fla.modules", "fla.modules.norm", "fla.ops", *parts):
+        module = types.ModuleType(name)
+        module.__dict__.update(parts.get(name, {}))
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: "0.6.0")
+    fla = kernels.fla_kernels()
+    q = torch.randn(1800, 24, 64)          # 43,200 rows: 22 blocks of 2048 -> 24 (bucketed)
+    got = fla.rms_norm(q, torch.ones(64), None, 1e-6)
+    assert got.shape == q.shape and torch.equal(got, q)
+    assert seen[-1] == ("norm", 23 * kernels.NORM_ROWS_BLOCK + 1, False)
+    hidden = torch.randn(1700, 640)        # wider than 512: fla's row kernel, no NB
+    fla.rms_norm(hidden, torch.ones(640), None, 1e-6)
+    fla.rms_norm(q, torch.ones(64), q, 1e-6)
+    assert seen[-2:] == [("norm", 1700, False), ("norm", 1800 * 24, True)]
+    rows = 9 * kernels.GATED_NORM_ROWS_BLOCK + 5   # 10 blocks -> 10: no padding
+    fla.rms_norm_gated(torch.randn(rows, 4), torch.randn(rows, 4), torch.ones(4), 1e-6)
+    assert seen[-1] == ("gated", rows, False)
+    rows = 8 * kernels.GATED_NORM_ROWS_BLOCK + 5   # 9 blocks -> 10
+    fla.rms_norm_gated(torch.randn(rows, 4), torch.randn(rows, 4), torch.ones(4), 1e-6)
+    assert seen[-1] == ("gated", 9 * kernels.GATED_NORM_ROWS_BLOCK + 1, False)
+
+
 def test_uninstall_restores_transformers_forward_exactly():
     model = _tiny_hybrid()
     decoder = _decoder(model)
