@@ -83,17 +83,8 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
     ids = input_ids.to(torch.int64)
     cu = [int(x) for x in cu_seqlens]
     n_tokens = cu[-1]
-    hidden = torch.empty((n_tokens, ex.width), dtype=ex.out_dtype, device=device)
-    final = (torch.empty((n_tokens, ex.hidden_size), dtype=ex.out_dtype, device=device) if ex.store_final else None)
-
-    def put(runs: list[tuple[int, int, int]], got: tuple[torch.Tensor, torch.Tensor | None]) -> None:
-        """Copy ``got``'s rows ``src .. src + n - 1`` to the batch's rows ``dest ..`` for each (dest, src, n): slices,
-        no index tensor to send and no copy of a spine a member (a spine of 3k tokens for 30 members would be
-        ~4.6 GB of the 27B's five stored layers)."""
-        for dest, src, n in runs:
-            hidden[dest:dest + n] = got[0][src:src + n]
-            if final is not None:
-                final[dest:dest + n] = got[1][src:src + n]
+    put = _Stored(torch.empty((n_tokens, ex.width), dtype=ex.out_dtype, device=device),
+                  torch.empty((n_tokens, ex.hidden_size), dtype=ex.out_dtype, device=device) if ex.store_final else None)
 
     forest = _forest(groups, len(cu) - 1)
     for g in groups:
@@ -113,7 +104,31 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
     alone = {b: [b] for b in range(len(cu) - 1) if b not in grouped}
     if alone:
         _run_rows(ex, ids, cu, alone, 0, None, put)
-    return hidden, final
+    return put.hidden, put.final
+
+
+class _Stored:
+    """The batch's stored tensors, written as forwards return: ``put(runs, got)`` copies ``got``'s rows ``src ..
+    src + n - 1`` to rows ``dest ..`` for each (dest, src, n) by slices; ``put.spread(starts, got)`` writes a spine
+    piece to every member's rows at once (one indexed write, the piece broadcast: no copy a member, which for a 3k
+    spine of 30 members would be ~4.6 GB of the 27B's five stored layers, and no index built a token)."""
+
+    def __init__(self, hidden: torch.Tensor, final: torch.Tensor | None):
+        self.hidden, self.final = hidden, final
+
+    def __call__(self, runs: list[tuple[int, int, int]], got: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        for dest, src, n in runs:
+            self.hidden[dest:dest + n] = got[0][src:src + n]
+            if self.final is not None:
+                self.final[dest:dest + n] = got[1][src:src + n]
+
+    def spread(self, starts: list[int], got: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        device = self.hidden.device
+        rows = (_to_device(torch.tensor(starts, dtype=torch.int64), device).unsqueeze(1)
+                + torch.arange(got[0].shape[0], device=device))
+        self.hidden[rows] = got[0]
+        if self.final is not None:
+            self.final[rows] = got[1]
 
 
 def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, chunk_tokens: int, put) -> None:
@@ -130,7 +145,7 @@ def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, ch
         end = min(g.spine, at + chunk_tokens)
         got = ex.forward_packed(spine[at:end].unsqueeze(0), torch.arange(end - at, device=device), end - at,
                                 cache=cache, start=at)
-        put([(cu[b] + at, 0, end - at) for b in members], got)
+        put.spread([cu[b] + at for b in members], got)
     going, branching = going_and_branching(ids, cu, node)
     for child in branching:
         _run_group(ex, ids, cu, child, cache, g.spine, chunk_tokens, put)
