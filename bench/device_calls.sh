@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|G|H|I|J|K|L|M|N|O|P
+#     bash bench/device_calls.sh E|F|G|H|I|J|K|L|M|N|O|P|Q
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -38,8 +38,9 @@ case "$1:$GPU" in
   O:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
   O:*)      step gdn.log T_GDN=240 bash bench/run_gpu.sh gdn-continue
             step 27b.log CD=bfloat16 TOKENS_27B=150000 T_27B=300 KERNELS=auto bash bench/run_gpu.sh 27b-kernels ;;
-  P:*)      step gdn.log T_GDN=200 bash bench/run_gpu.sh gdn-continue
-            step 27b.log CD=bfloat16 TOKENS_27B=150000 T_27B=330 KERNELS=auto bash bench/run_gpu.sh 27b-kernels ;;
+  P:*)      step host.log T_HOST=330 bash bench/run_gpu.sh forward-host
+            step gdn.log T_GDN=200 bash bench/run_gpu.sh gdn-continue ;;
+  Q:*)      step 27b.log CD=bfloat16 TOKENS_27B=150000 T_27B=330 KERNELS=auto bash bench/run_gpu.sh 27b-kernels ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

@@ -27,6 +27,8 @@
 #                 path: stored and computed tok/s with and without reuse on a per-turn agentic mix and a seeds-like mix,
 #                 reused vs lone fidelity (bench/prefix_reuse.py; no Redis); PER_TURN: hsx (default: hsx's --per-turn
 #                 samples) | every-message (cut after every assistant message: the issue's 2x case)
+#   forward-host  issue 40: the host's time to queue a forward against the GPU's time, for a tree batch's small
+#                 forwards (bench/forward_host.py: plain and cached shapes, cProfile of the host work)
 #   gdn-continue  issue 40: the 27B's GDN layer on fla continuing a cached state vs one call (bench/gdn_continue.py)
 #   prefix-smoke  issue 40: the same on the hybrid shape, 20k tokens (a minute): fla's kernels continuing transformers' cache
 #   kernel-fidelity issue 39: a small Qwen3.5 hybrid (ARCH=dense: the Qwen3) trained on the GPU, per stored layer the rel L2
@@ -134,6 +136,8 @@ for step in "${STEPS[@]}"; do
     prefix)       PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PREFIX:-540}" python bench/prefix_reuse.py --shape hybrid27b \
                     --compute-dtype "${CD:-float8}" --tokens "${TOKENS_PREFIX:-200000}" --per-turn "${PER_TURN:-hsx}" \
                     --out "$OUTDIR" ${PREFIX_ARGS:-} ;;   # e.g. PREFIX_ARGS="--fidelity-only" CD=bfloat16,float8
+    forward-host) PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_HOST:-300}" python bench/forward_host.py --shape hybrid27b \
+                    --compute-dtype "${CD:-float8}" --kernels "${KERNELS:-auto}" --out "$OUTDIR" ;;   # issue 40
     gdn-continue) PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_GDN:-240}" python bench/gdn_continue.py ;;   # issue 40
     *)            echo "unknown step $step"; false ;;
   esac
