@@ -12,6 +12,7 @@ dropped. This keeps SDPA on its fused causal path.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -51,6 +52,34 @@ def _keyword_of(forward, owner: str) -> str:
             return name
     raise TypeError(f"{owner}.forward takes no cache (neither `cache` nor `past_key_values`): shared prefixes "
                     "cannot be continued on this model; run with --prefix-reuse off")
+
+
+@contextlib.contextmanager
+def _rows_not_packed():
+    """transformers' mask code without its packed-rows check, for a forward whose rows are one sample each.
+
+    With no cache and no attention mask, transformers (5.x, ``masking_utils._preprocess_mask_arguments``) asks
+    ``find_packed_sequence_indices`` whether the position ids restart inside a row, and that ends in
+    ``(mask[:, -1] == 0).all()`` read as a Python bool: a GPU -> host sync at the start of every forward, so the
+    host cannot queue a forward's kernels while the last one runs (a tree batch's small forwards then pay their
+    host work and their GPU work one after the other). hsx's rows are right-padded samples at positions 0 .. T-1,
+    for which the check returns None; this returns None without computing it. Restored on exit; a transformers
+    without the function is left as it is."""
+    from transformers import masking_utils
+
+    check = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if check is None:
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = _not_packed
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = check
+
+
+def _not_packed(position_ids):
+    return None
 
 
 def _check_continued(model, cache, start: int, width: int) -> None:
@@ -302,7 +331,8 @@ class Extractor:
             positions = torch.arange(start, start + width, device=ids.device).unsqueeze(0).expand(rows, -1)
             kwargs = {cache_keyword(self.decoder): cache, "use_cache": True, "position_ids": positions}
         try:
-            result = self.decoder(input_ids=ids, **kwargs)
+            with _rows_not_packed() if cache is None else contextlib.nullcontext():
+                result = self.decoder(input_ids=ids, **kwargs)
             if cache is not None:
                 _check_continued(self.model, cache, start, ids.shape[1])
             final = None

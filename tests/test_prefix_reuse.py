@@ -193,6 +193,39 @@ def test_a_model_that_does_not_continue_the_cache_is_refused_not_stored_wrong(ki
         ex.run_shared(ids, cu, [list(g) for g in groups], 4096)
 
 
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_a_plain_forward_skips_transformers_packed_rows_check_and_stores_the_same(kind, tiny_model, monkeypatch):
+    """transformers' packed-rows check ends in a GPU -> host sync at every cache-less forward; hsx's rows are
+    never packed, so the extractor answers it (None) without computing it. The stored rows are bit-equal to the
+    forward with the check, the check is never reached inside ``run``, and it is back in place afterwards."""
+    from transformers import masking_utils
+
+    from gpu_worker.extractor import pad_batch
+
+    model = _model(kind, tiny_model)
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    rows, _ = _rows(5)
+    ids, cu = _batch(rows)
+    batch = pad_batch(ids, cu, max(len(r) for r in rows), 0, pin=False)
+    real_check, calls = masking_utils.find_packed_sequence_indices, []
+
+    def counted(position_ids):
+        calls.append(position_ids.shape)
+        return real_check(position_ids)
+
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", counted)
+    hidden, final = (t.clone() for t in ex.run(batch))
+    assert calls == [] and masking_utils.find_packed_sequence_indices is counted
+    with torch.no_grad():   # the same decoder with the check in place: it is asked, and answers None
+        want = model(input_ids=batch.input_ids, output_hidden_states=True, use_cache=False)
+    assert len(calls) >= 1
+    flat = batch.flat_index
+    torch.testing.assert_close(hidden, torch.cat([want.hidden_states[i + 1].reshape(-1, hidden.shape[1] // len(LAYERS))
+                                                  [flat] for i in LAYERS], dim=-1), atol=0, rtol=0)
+    torch.testing.assert_close(final, want.last_hidden_state.reshape(-1, final.shape[1])[flat], atol=0, rtol=0)
+    _lone_error(model, rows, hidden, final, cu)
+
+
 def test_a_model_whose_forward_takes_no_cache_is_refused_by_name():
     class NoCache(torch.nn.Module):
         def forward(self, input_ids, **kwargs):
