@@ -15,8 +15,9 @@ tokens ran 2.1x slower. This measures where that time goes, through the worker's
 Per shape, after a warm call (fla compiles per shape): ``queue`` = seconds for the call to return with the GPU not
 waited for (the host's own work, unless the launch queue fills), ``wall`` = until the GPU is done, ``kernels`` =
 the GPU's kernel time and launch count (torch.profiler). A forward whose queue time is near its wall is host-bound:
-its GPU idles between kernels. Then the host work of one cached forward by function (cProfile: own time,
-grouped by where the code lives), so the cure is aimed, not guessed.
+its GPU idles between kernels. ``syncs``: where a call makes the host wait for the GPU (torch's sync debug mode).
+Then the host work of one cached forward by function (cProfile: own time, grouped by where the code lives), so
+the cure is aimed, not guessed.
 
 The table is printed last; JSON in DIR/forward_host_<shape>.json.
 """
@@ -112,7 +113,7 @@ def measure(case: Case, repeats: int) -> dict:
         wall.append(time.perf_counter() - t)
     kernel_ms, launches = kernel_time(case)
     best = min(range(repeats), key=lambda i: wall[i])
-    return {"shape": case.label, "rows": case.rows, "tokens": case.tokens, "past": case.past,
+    return {"shape": case.label, "rows": case.rows, "tokens": case.tokens, "past": case.past, "syncs": syncs(case),
             "queue_s": queue[best], "wall_s": wall[best], "kernel_s": kernel_ms / 1e3, "launches": launches,
             "cache_copy_s": min(prep) if case.base is not None else 0.0,
             "tok_s": case.rows * case.tokens / wall[best]}
@@ -135,6 +136,37 @@ def kernel_time(case: Case) -> tuple[float, int]:
             ms += own / 1e3
             count += event.count
     return ms, count
+
+
+@torch.inference_mode()
+def syncs(case: Case) -> list[str]:
+    """Where one call makes the host wait for the GPU (torch's sync debug mode: a warning at each synchronising
+    op), as the innermost frame outside torch: a sync mid-forward serialises the host's work with the GPU's."""
+    import traceback
+    import warnings
+
+    if case.ex.device.type != "cuda":
+        return []
+    cache = case.fresh_cache()
+    sync(case.ex.device)
+    found: list[str] = []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename]
+        where = frames[-1] if frames else None
+        found.append(f"{Path(where.filename).name}:{where.lineno} {where.name}" if where else str(message)[:80])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        shown, warnings.showwarning = warnings.showwarning, record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            case.forward(cache)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            warnings.showwarning = shown
+    sync(case.ex.device)
+    return found
 
 
 @torch.inference_mode()
@@ -188,6 +220,9 @@ def main() -> int:
         row = measure(case, args.repeats)
         rows.append(row)
         print(f"[host] {json.dumps(row)}", flush=True)
+    for row in rows:
+        print(f"[host] {row['shape']}: {len(row['syncs'])} host waits for the GPU"
+              + (f" at {', '.join(sorted(set(row['syncs'])))}" if row["syncs"] else ""), flush=True)
     profiled = host_profile(next(c for c in cases if c.kind == "cached"), top=25)
     print(f"\nhost work of one {profiled['shape']} forward (cProfile, own time; it slows the host about 2x):")
     for name, seconds in profiled["by_where"].items():

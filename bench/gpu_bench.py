@@ -174,7 +174,8 @@ def run_shape(args) -> dict:
             print(f"[bench]   pipeline: {pipe['tok_s']:.0f} tok/s (x{section['ratio_kept']:.3f} of bare kept), "
                   f"busy {pipe['busy']:.1%}, e2e {pipe['e2e_tok_s']:.0f} tok/s, spool peak {pipe['spool_peak_gib']:.2f} GiB, "
                   f"overhead {pipe['overhead_ms_per_batch']:.1f} ms/batch, batches run {pipe['batches_run']} of "
-                  f"{pipe['all_batches']} (a batch run again failed once)"
+                  f"{pipe['all_batches']} planned" + (" (more than planned: a batch failed and ran again)"
+                                                    if pipe['batches_run'] > pipe['all_batches'] else "")
                   + (f", compute-error pass {pipe['compute_error_pass_s']:.2f} s (once a run, in the warm-up)"
                      if pipe["compute_error_pass_s"] else ""), flush=True)
             print(f"[bench]   {pipe['store_dtype']}/{pipe['codec']}: {pipe['bytes_per_token']:.0f} bytes/token, ratio "
@@ -215,12 +216,13 @@ def padding_table(args) -> dict:
 
 def print_table(out_dir: Path) -> None:
     results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))]
+    results = [r for r in results if isinstance(r, dict)]   # another bench's JSON (prefix_reuse writes a list)
     head = (f"{'configuration':<40} {'useful tok/s':>12} {'x bare':>7} {'x full':>7} {'busy %':>7} "
             f"{'pad %':>6} {'peak GiB':>9} {'spool GiB':>9} {'e2e tok/s':>10}")
     print(head)
     print("-" * len(head))
     for res in results:
-        if not isinstance(res, dict) or res.get("shape") == "padding":   # another bench's JSON (prefix_reuse: a list)
+        if res.get("shape") == "padding":
             continue
         for s in res.get("sections", []):
             name = f"{res['shape']}/{res['tag']} {s['section']}"

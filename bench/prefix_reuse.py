@@ -94,8 +94,9 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int) -> tuple[float, int]:
-    """Seconds to run every batch of ``planned`` (a first pass over the shapes untimed), and the forwards run."""
+def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int, forward_tokens: int) -> tuple[float, int]:
+    """Seconds to run every batch of ``planned`` (a first pass over the shapes untimed), and the forwards run.
+    Tree batches run with the plan's budget, cached tokens (two budgets) and price of a forward."""
     from gpu_worker.extractor import pad_batch
 
     def one(batch) -> None:
@@ -103,7 +104,7 @@ def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int) -> tuple[f
         ids = torch.cat(rows)
         cu = torch.tensor([0, *torch.cumsum(torch.tensor([len(r) for r in rows]), 0).tolist()])
         if batch.groups:
-            ex.run_shared(ids, cu, [list(g) for g in batch.groups], token_budget)
+            ex.run_shared(ids, cu, [list(g) for g in batch.groups], token_budget, 2 * token_budget, forward_tokens)
         else:
             ex.run(pad_batch(ids, cu, batch.padded_len, pad_id, pin=ex.device.type == "cuda"))
 
@@ -127,7 +128,7 @@ def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int) -> tuple[f
         del ex.forward_packed
 
 
-def fidelity(ex, seqs: list, planned, limit: int, budget: int) -> dict:
+def fidelity(ex, seqs: list, planned, limit: int, budget: int, forward_tokens: int) -> dict:
     """Samples of prefix groups stored by ``run_shared`` against each computed alone by ``run``, beside the same
     samples computed by ``run`` in one plain padded batch with their group (no reuse) against alone: the noise
     floor of the device's arithmetic. On a GPU a sample's rows differ with the shapes it is computed in (GEMM
@@ -152,7 +153,7 @@ def fidelity(ex, seqs: list, planned, limit: int, budget: int) -> dict:
         rows = [torch.as_tensor(seqs[i], dtype=torch.int64) for i in batch.members]
         cu = torch.tensor([0, *torch.cumsum(torch.tensor([len(r) for r in rows]), 0).tolist()])
         ids = torch.cat(rows)
-        hidden, _ = ex.run_shared(ids, cu, [list(g) for g in batch.groups], batch.padded_len)
+        hidden, _ = ex.run_shared(ids, cu, [list(g) for g in batch.groups], budget, 2 * budget, forward_tokens)
         take = min(limit - checked, len(rows), max(1, budget // batch.padded_len))   # the plain batch in budget
         plain, _ = ex.run(pad_batch(ids[:int(cu[take])], cu[:take + 1], batch.padded_len, 0, pin=False))
         for b in range(take):
@@ -210,7 +211,7 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
                                 2 * args.token_budget, args.forward_tokens)
         row = {"mix": mix, "rows": len(seqs), "stored_tokens": stored}
         t0 = time.perf_counter()   # exactness first: a pass cut at its limit still has it
-        row["fidelity"] = fid = fidelity(ex, seqs, on, args.fidelity_samples, args.token_budget)
+        row["fidelity"] = fid = fidelity(ex, seqs, on, args.fidelity_samples, args.token_budget, args.forward_tokens)
         print(fidelity_line(mix, fid, time.perf_counter() - t0), flush=True)
         if args.fidelity_only:
             rows.append(row)
@@ -219,7 +220,7 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
         for _ in range(args.repeats):   # alternately, the fastest of each kept: a shared machine's noise out
             for mode, planned in (("off", off), ("on", on)):
                 t0 = time.perf_counter()
-                took, forwards[mode] = run_mode(ex, seqs, planned, 0, args.token_budget)
+                took, forwards[mode] = run_mode(ex, seqs, planned, 0, args.token_budget, args.forward_tokens)
                 seconds[mode].append(took)
                 print(f"[bench] {mix} {mode}: {len(planned)} batches, {forwards[mode]} forwards, timed {took:.1f}s "
                       f"(warm-up included: {time.perf_counter() - t0:.1f}s)", flush=True)

@@ -106,7 +106,7 @@ def main() -> int:
                     pieces = waves_of(b, seqs)
                     for depth in sorted(pieces):
                         waves += split(pieces[depth], budget)
-                    now += group_by_group(b, seqs)
+                    now += group_by_group(b, seqs, budget, price)
                 for name, fw in (("now", now), ("waves", waves)):
                     if name == "now" and multiple != 1:
                         continue
@@ -115,15 +115,16 @@ def main() -> int:
     return 0
 
 
-def group_by_group(batch, seqs) -> list[int]:
-    """Padded tokens of each forward the worker runs today (one a spine piece, one a group's rows going on, one
-    for the rows alone), counted by running the worker's own runner on a stand-in extractor."""
+def group_by_group(batch, seqs, budget: int, price: int) -> list[int]:
+    """Padded tokens of each forward the worker runs today (one a spine piece, the groups' rows going on merged
+    as the plan counts them, the rows alone), counted by running the worker's own runner on a stand-in
+    extractor (a model that takes a mask by row: the 27B's)."""
     fed: list[int] = []
 
     class Counting:
         device, width, hidden_size, store_final, out_dtype, model = torch.device("cpu"), 1, 1, False, torch.float32, None
 
-        def forward_packed(self, ids, flat, n, cache=None, start=0):
+        def forward_packed(self, ids, flat, n, cache=None, start=0, **_):
             fed.append(int(ids.numel()))
             return torch.zeros((n, 1)), None
 
@@ -131,12 +132,15 @@ def group_by_group(batch, seqs) -> list[int]:
 
     rows = [torch.as_tensor(seqs[i], dtype=torch.int64) for i in batch.members]
     cu = torch.tensor([0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()])
-    real = prefixrun._cache_for
+    real = prefixrun._cache_for, prefixrun._takes_row_pasts, prefixrun._merged_cache, prefixrun.row_pasts
     prefixrun._cache_for = lambda model: Cache()
+    prefixrun._takes_row_pasts = lambda ex: True
+    prefixrun._merged_cache = lambda ex, caches, counts, pasts: Cache()
+    prefixrun.row_pasts = lambda ex, pasts, start, width: {}
     try:
-        prefixrun.run_prefix_batch(Counting(), torch.cat(rows), cu, batch.groups, 1 << 30)
+        prefixrun.run_prefix_batch(Counting(), torch.cat(rows), cu, batch.groups, budget, 2 * budget, max(1, price))
     finally:
-        prefixrun._cache_for = real
+        prefixrun._cache_for, prefixrun._takes_row_pasts, prefixrun._merged_cache, prefixrun.row_pasts = real
     return fed
 
 

@@ -22,7 +22,7 @@ import torch
 
 from hsx.batch import FP8, fp8_error, quantise_fp8
 from hsx.batch import VALUE_DTYPES as DTYPES
-from hsx.defaults import DEFAULT_FP8_ACCUMULATION, DEFAULT_KERNELS
+from hsx.defaults import DEFAULT_FP8_ACCUMULATION, DEFAULT_KERNELS, DEFAULT_PREFIX_FORWARD_TOKENS
 from hsx.runspec import text_config
 
 log = logging.getLogger(__name__)
@@ -270,25 +270,28 @@ class Extractor:
         return hidden, final, error, reference
 
     @torch.inference_mode()
-    def run_shared(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, groups,
-                   chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run_shared(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, groups, chunk_tokens: int,
+                   cache_tokens: int = 0, forward_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``run`` for a batch planned with prefix groups ([first, count, spine] each): every shared spine computed
-        once, every sample stored whole (gpu_worker/prefixrun.py)."""
+        once, every sample stored whole (gpu_worker/prefixrun.py). ``chunk_tokens``, ``cache_tokens`` and
+        ``forward_tokens``: the plan's token budget, cached tokens and price of a forward (0: the defaults)."""
         from gpu_worker.prefixrun import run_prefix_batch
         from hsx.prep import PrefixGroup
 
         if self.fp8_pending:
             self.convert_to_fp8()
-        return run_prefix_batch(self, input_ids, cu_seqlens, [PrefixGroup(*g) for g in groups], chunk_tokens)
+        return run_prefix_batch(self, input_ids, cu_seqlens, [PrefixGroup(*g) for g in groups], chunk_tokens,
+                                cache_tokens, forward_tokens or DEFAULT_PREFIX_FORWARD_TOKENS)
 
     @torch.inference_mode()
     def run_shared_checked(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, groups, chunk_tokens: int,
-                           padded: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+                           padded: PaddedBatch, cache_tokens: int = 0,
+                           forward_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """``run_shared``, and the same samples computed alone (``run`` of the padded batch): (hidden, final,
         [2, n] rel L2 and mean cosine of the shared against the lone, per stored layer and the final state)."""
         from gpu_worker.fp8reference import compare
 
-        hidden, final = self.run_shared(input_ids, cu_seqlens, groups, chunk_tokens)
+        hidden, final = self.run_shared(input_ids, cu_seqlens, groups, chunk_tokens, cache_tokens, forward_tokens)
         lone, lone_final = self.run(padded)
         error = compare(lone, hidden, len(self.layer_ids))
         if final is not None:
@@ -318,18 +321,24 @@ class Extractor:
                                    batch.flat_index.to(self.device, non_blocking=True), batch.n_tokens)
 
     def forward_packed(self, ids: torch.Tensor, flat_index: torch.Tensor, n_tokens: int, cache=None,
-                       start: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       start: int = 0, positions: torch.Tensor | None = None,
+                       attention_mask: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One decoder forward of ``ids`` [B, T] on the device; the stored layers of the positions ``flat_index``
         (b*T + t, in that order) as (hidden [n_tokens, n*H], final [n_tokens, H] or None). ``cache``: a
         transformers cache holding ``start`` tokens of every row, continued at positions start .. start + T - 1
-        (gpu_worker/prefixrun.py continues a shared prefix); RuntimeError if the model did not append to it."""
+        (gpu_worker/prefixrun.py continues a shared prefix); RuntimeError if the model did not append to it.
+        Rows of different pasts (left-padded in the cache) come with their ``positions`` [B, T] and the
+        ``attention_mask`` by layer type (prefixrun ``row_pasts``)."""
         self._flat_index = flat_index
         self._out = torch.empty((n_tokens, self.width), dtype=self.out_dtype, device=self.device)
         kwargs: dict = {"use_cache": False}
         if cache is not None:
             rows, width = ids.shape
-            positions = torch.arange(start, start + width, device=ids.device).unsqueeze(0).expand(rows, -1)
+            if positions is None:
+                positions = torch.arange(start, start + width, device=ids.device).unsqueeze(0).expand(rows, -1)
             kwargs = {cache_keyword(self.decoder): cache, "use_cache": True, "position_ids": positions}
+            if attention_mask is not None:
+                kwargs["attention_mask"] = attention_mask
         try:
             with _rows_not_packed() if cache is None else contextlib.nullcontext():
                 result = self.decoder(input_ids=ids, **kwargs)

@@ -31,11 +31,15 @@ window before a call's inputs and starts the delta rule from the cached recurren
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 from collections.abc import Sequence
 
 import torch
 
+from hsx.defaults import DEFAULT_PREFIX_CACHE_BUDGETS, DEFAULT_PREFIX_FORWARD_TOKENS
 from hsx.prep import PrefixGroup
+from hsx.prep.prefixplan import MAX_HELD, merged_forwards
 from hsx.runspec import text_config
 
 
@@ -76,9 +80,12 @@ def _forest(groups: Sequence[PrefixGroup], rows: int) -> list[tuple[PrefixGroup,
 
 
 def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, groups: Sequence[PrefixGroup],
-                     chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     chunk_tokens: int, cache_tokens: int = 0,
+                     forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The stored tensors of a batch (packed ``input_ids`` [N], ``cu_seqlens`` [B + 1]) planned with ``groups``:
-    (hidden [N, n*H], final [N, H] or None) on the extractor's device, in sample order, as ``Extractor.run``."""
+    (hidden [N, n*H], final [N, H] or None) on the extractor's device, in sample order, as ``Extractor.run``.
+    ``chunk_tokens``, ``cache_tokens`` (default two of it) and ``forward_tokens``: the plan's token budget, cached
+    tokens and price of a forward, so the rows going on run in the forwards the plan counted."""
     ex, device = extractor, extractor.device
     ids = input_ids.to(torch.int64)
     cu = [int(x) for x in cu_seqlens]
@@ -87,6 +94,13 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
                   torch.empty((n_tokens, ex.hidden_size), dtype=ex.out_dtype, device=device) if ex.store_final else None)
 
     forest = _forest(groups, len(cu) - 1)
+    entries = []
+    for node in forest:
+        if _longest_holding_all(ids, cu, node[0]) is None:
+            entries += _entries(ids, cu, node)
+    segments = merged_forwards(entries, cache_tokens or DEFAULT_PREFIX_CACHE_BUDGETS * chunk_tokens, forward_tokens,
+                               chunk_tokens, _takes_row_pasts(ex))
+    going = _Going(ex, ids, cu, put, segments)
     for g in groups:
         members = range(g.first, g.first + g.count)
         if any(cu[b + 1] - cu[b] < g.spine for b in members):
@@ -97,13 +111,13 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
         g = node[0]
         longest = _longest_holding_all(ids, cu, g)
         if longest is None:
-            _run_group(ex, ids, cu, node, None, 0, chunk_tokens, put)
+            _run_group(ex, ids, cu, node, None, 0, chunk_tokens, put, going)
         else:    # a chain from token 0: its longest row alone (as planned: one forward, no padding), the rest slices
-            _run_rows(ex, ids, cu, {longest: list(range(g.first, g.first + g.count))}, 0, None, put)
+            _run_rows(ex, ids, cu, [(longest, list(range(g.first, g.first + g.count)), 0)], None, put)
     grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
-    alone = {b: [b] for b in range(len(cu) - 1) if b not in grouped}
+    alone = [(b, [b], 0) for b in range(len(cu) - 1) if b not in grouped]
     if alone:
-        _run_rows(ex, ids, cu, alone, 0, None, put)
+        _run_rows(ex, ids, cu, alone, None, put)
     return put.hidden, put.final
 
 
@@ -131,11 +145,12 @@ class _Stored:
             self.final[rows] = got[1]
 
 
-def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, chunk_tokens: int, put) -> None:
+def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, chunk_tokens: int, put,
+               going: _Going) -> None:
     """A group's spine from ``start`` (its parent's spine; ``cache``: the parent's states there, kept), then its
     branching child groups from a copy of its own states, then the rows going on from its spine (its leaves, and
-    each chain child's longest row: tool-call steps cut one a sample, every member a prefix of that row) in one
-    forward from its states expanded to them."""
+    each chain child's longest row: tool-call steps cut one a sample, every member a prefix of that row), handed
+    to ``going`` with its states: they run beside other groups' rows, each from its own states."""
     g = node[0]
     device = ex.device
     cache = _cache_for(ex.model) if cache is None else copy.deepcopy(cache)
@@ -146,12 +161,20 @@ def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, ch
         got = ex.forward_packed(spine[at:end].unsqueeze(0), torch.arange(end - at, device=device), end - at,
                                 cache=cache, start=at)
         put.spread([cu[b] + at for b in members], got)
-    going, branching = going_and_branching(ids, cu, node)
+    rows, branching = going_and_branching(ids, cu, node)
     for child in branching:
-        _run_group(ex, ids, cu, child, cache, g.spine, chunk_tokens, put)
-    if going:
-        cache.reorder_cache(torch.zeros(len(going), dtype=torch.int64, device=device))
-        _run_rows(ex, ids, cu, going, g.spine, cache, put)
+        _run_group(ex, ids, cu, child, cache, g.spine, chunk_tokens, put, going)
+    if rows:
+        going.add(cache, g.spine, rows)
+
+
+def _entries(ids: torch.Tensor, cu: list[int], node) -> list[tuple[int, list[int]]]:
+    """(past, the lengths of its rows going on) of each group under ``node`` with rows going on, in the order
+    ``_run_group`` finishes them (hsx/prep/prefixplan.py ``going_entries`` counts the same from lengths)."""
+    rows, branching = going_and_branching(ids, cu, node)
+    out = [e for child in branching for e in _entries(ids, cu, child)]
+    spine = node[0].spine
+    return out + ([(spine, [cu[b + 1] - cu[b] - spine for b in rows])] if rows else [])
 
 
 def going_and_branching(ids: torch.Tensor, cu: list[int], node) -> tuple[dict[int, list[int]], list]:
@@ -173,6 +196,97 @@ def going_and_branching(ids: torch.Tensor, cu: list[int], node) -> tuple[dict[in
     return going, branching
 
 
+class _Going:
+    """The rows going on from each group's states, collected as the groups' spines finish and run as the plan
+    counted them (hsx/prep/prefixplan.py ``merged_forwards``: segments of at most MAX_HELD groups, within a
+    segment groups' rows merged into one forward where the padding that adds costs less than the forward it
+    saves). Each row continues its own group's states: the attention layers' keys and values left-padded to the
+    longest past and masked, each Gated DeltaNet row its own conv window and recurrent state (``_merged_cache``).
+    Where the model cannot take such a mask (``_takes_row_pasts``), only groups of one past length merge."""
+
+    def __init__(self, ex, ids: torch.Tensor, cu: list[int], put, segments: list[list[list[int]]]):
+        self.ex, self.ids, self.cu, self.put = ex, ids, cu, put
+        self.segments = segments
+        self.held: list[tuple[object, int, dict[int, list[int]]]] = []   # (one-row cache, past, rows going on)
+        self.segment = self.done = 0   # the segment being held; entries of the segments before it (run)
+
+    def add(self, cache, past: int, rows: dict[int, list[int]]) -> None:
+        self.held.append((cache, past, rows))
+        segment = self.segments[self.segment]
+        if len(self.held) == sum(len(f) for f in segment):
+            self._run(segment)
+            self.segment += 1
+
+    def _run(self, segment: list[list[int]]) -> None:
+        for forward in segment:
+            parts = [self.held[e - self.done] for e in forward]
+            cache = _merged_cache(self.ex, [c for c, _, _ in parts], [len(r) for _, _, r in parts],
+                                  [p for _, p, _ in parts])
+            _run_rows(self.ex, self.ids, self.cu, [(b, held, past) for _, past, rows in parts
+                                                   for b, held in rows.items()], cache, self.put)
+        self.done += len(self.held)
+        self.held = []
+
+
+def _takes_row_pasts(ex) -> bool:
+    """Can one forward of this model continue rows of different past lengths? Its attention must take a given
+    boolean mask (SDPA) by layer type (a transformers decoder whose forward accepts a dict of masks), and its
+    layers only full attention and Gated DeltaNet (no sliding window)."""
+    config = text_config(ex.model.config)
+    types = set(getattr(config, "layer_types", None) or ())
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not types <= {"full_attention", "linear_attention"}:
+        return False
+    return _forward_takes_mask_dict(type(ex.decoder))
+
+
+@functools.cache
+def _forward_takes_mask_dict(decoder_class) -> bool:
+    try:
+        return "isinstance(causal_mask_mapping := attention_mask, dict)" in inspect.getsource(decoder_class.forward)
+    except (OSError, TypeError):
+        return False
+
+
+def _merged_cache(ex, caches: list, counts: list[int], pasts: list[int]):
+    """One cache for ``counts[i]`` rows of each one-row ``caches[i]`` (``pasts[i]`` tokens), in that order: each
+    state tensor expanded to its rows and stacked; keys and values of different past lengths left-padded to the
+    longest (the mask hides the padding). The held caches are not changed. ValueError for a layout it does not
+    know."""
+    if len(caches) == 1:
+        cache = copy.deepcopy(caches[0])
+        cache.reorder_cache(torch.zeros(counts[0], dtype=torch.int64, device=ex.device))
+        return cache
+    merged = copy.copy(caches[0])
+    merged.layers = [copy.copy(layer) for layer in caches[0].layers]
+    width = max(pasts)
+    for i, layer in enumerate(merged.layers):
+        for name in list(vars(layer)):
+            values = [vars(c.layers[i])[name] for c in caches]
+            setattr(layer, name, _stacked(values, counts, pasts, width, f"layer {i} {name}"))
+    return merged
+
+
+def _stacked(values: list, counts: list[int], pasts: list[int], width: int, what: str):
+    first = values[0]
+    if isinstance(first, dict):
+        return {k: _stacked([v[k] for v in values], counts, pasts, width, f"{what}[{k!r}]") for k in first}
+    if isinstance(first, (list, tuple)) and first and any(torch.is_tensor(v) for v in first):
+        return type(first)(_stacked([v[k] for v in values], counts, pasts, width, f"{what}[{k}]")
+                           for k in range(len(first)))
+    if not torch.is_tensor(first) or first.dim() == 0:
+        return first
+    if any(v.shape[0] != 1 for v in values):
+        raise ValueError(f"cache {what}: not one row a group")
+    if all(v.shape == first.shape for v in values):   # a state (or keys of one past length): rows stacked
+        return torch.cat([v.expand(n, *v.shape[1:]) for v, n in zip(values, counts, strict=True)])
+    if first.dim() < 2 or any(v.shape[-2] != p or v.shape[:-2] != first.shape[:-2] or v.shape[-1] != first.shape[-1]
+                              for v, p in zip(values, pasts, strict=True)):
+        raise ValueError(f"cache {what}: shapes {[tuple(v.shape) for v in values]} are neither states nor "
+                         f"keys of {pasts} tokens")
+    padded = [torch.nn.functional.pad(v, (0, 0, width - p, 0)) for v, p in zip(values, pasts, strict=True)]
+    return torch.cat([v.expand(n, *v.shape[1:]) for v, n in zip(padded, counts, strict=True)])
+
+
 def _longest_holding_all(ids: torch.Tensor, cu: list[int], g: PrefixGroup) -> int | None:
     """The member of ``g`` of which every other member is a prefix, or None."""
     members = range(g.first, g.first + g.count)
@@ -184,37 +298,59 @@ def _longest_holding_all(ids: torch.Tensor, cu: list[int], g: PrefixGroup) -> in
     return longest
 
 
-def _run_rows(ex, ids: torch.Tensor, cu: list[int], rows: dict[int, list[int]], skip: int, cache, put) -> None:
-    """Rows ``rows``' tokens from ``skip`` on, right-padded in one forward (continuing ``cache`` if given); each
-    row's output is stored for the members it holds (itself, or a chain's members, each a prefix of it: a causal
-    model's state at a token does not depend on what follows)."""
+def _run_rows(ex, ids: torch.Tensor, cu: list[int], rows: list[tuple[int, list[int], int]], cache, put) -> None:
+    """Rows' tokens, each (row, the members it stores, its past: tokens skipped, held in ``cache``), right-padded
+    in one forward (continuing ``cache`` if given); each row's output is stored for the members it holds (itself,
+    or a chain's members, each a prefix of it: a causal model's state at a token does not depend on what follows).
+    Rows of different pasts get their own positions and a mask over the cache's left-padded keys."""
     device = ex.device
-    lengths = [cu[b + 1] - cu[b] - skip for b in rows]
+    lengths = [cu[b + 1] - cu[b] - skip for b, _, skip in rows]
     width = max(lengths)
+    pasts = [skip for _, _, skip in rows]
+    start = max(pasts)
     padded = torch.zeros((len(rows), width), dtype=torch.int64)   # padding: never seen by a real token
     flat, runs = [], []
-    for r, (b, held) in enumerate(rows.items()):
+    for r, (b, held, skip) in enumerate(rows):
         padded[r, :lengths[r]] = ids[cu[b] + skip:cu[b + 1]]
         for m in held:
             n = cu[m + 1] - cu[m] - skip
             runs.append((cu[m] + skip, len(flat), n))
             flat.extend(range(r * width, r * width + n))
     flat_index = _to_device(torch.tensor(flat, dtype=torch.int64), device)
-    put(runs, ex.forward_packed(_to_device(padded, device), flat_index, len(flat), cache=cache, start=skip))
+    extra = {}
+    if len(set(pasts)) > 1:
+        extra = row_pasts(ex, _to_device(torch.tensor(pasts, dtype=torch.int64), device), start, width)
+    put(runs, ex.forward_packed(_to_device(padded, device), flat_index, len(flat), cache=cache, start=start, **extra))
+
+
+def row_pasts(ex, pasts: torch.Tensor, start: int, width: int) -> dict:
+    """A forward's arguments for rows continuing pasts of ``pasts`` tokens from a cache left-padded to ``start``:
+    each row's positions (past .. past + width - 1) and, for the attention layers, a boolean mask [B, 1, width,
+    start + width] letting a token see its own past and the tokens of its row up to itself."""
+    t = torch.arange(width, device=pasts.device)
+    key = torch.arange(start + width, device=pasts.device)
+    past_seen = (key >= start - pasts.unsqueeze(1)) & (key < start)                       # [B, keys]
+    causal = (key.unsqueeze(0) >= start) & (key.unsqueeze(0) - start <= t.unsqueeze(1))   # [width, keys]
+    mask = (past_seen.unsqueeze(1) | causal.unsqueeze(0)).unsqueeze(1)
+    types = set(getattr(text_config(ex.model.config), "layer_types", None) or ("full_attention",))
+    return {"positions": pasts.unsqueeze(1) + t, "attention_mask": {k: mask if k == "full_attention" else None
+                                                                     for k in types}}
 
 
 def snapshot_bytes(model_config, cache_tokens: int, max_rows: int, dtype_bytes: int) -> int:
-    """The most a batch's prefix groups hold beyond a plain batch: ``cache_tokens`` tokens of keys and values of
-    every attention layer, and ``max_rows`` conv windows and recurrent states of every Gated DeltaNet layer."""
+    """The most a batch's prefix groups hold beyond a plain batch: keys and values of every attention layer for
+    ``cache_tokens`` tokens expanded to the rows going on, and as many in the groups' one-row states held for them
+    (a segment's pasts stay within ``cache_tokens``: hsx/prep/prefixplan.py ``merged_forwards``); conv windows and
+    recurrent states of every Gated DeltaNet layer for ``max_rows`` rows going on and MAX_HELD held groups."""
     c = text_config(model_config)
     types = list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
     attention = sum(t != "linear_attention" for t in types)
     linear = len(types) - attention
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv = 2 * c.num_key_value_heads * head_dim * attention * dtype_bytes * cache_tokens
+    kv = 2 * c.num_key_value_heads * head_dim * attention * dtype_bytes * 2 * cache_tokens
     if not linear:
         return kv
     k, v = c.linear_key_head_dim, c.linear_value_head_dim
     conv_dim = 2 * c.linear_num_key_heads * k + c.linear_num_value_heads * v
     state = c.linear_num_value_heads * k * v * 4 + conv_dim * (c.linear_conv_kernel_dim - 1) * dtype_bytes
-    return kv + linear * state * max_rows
+    return kv + linear * state * (max_rows + MAX_HELD)

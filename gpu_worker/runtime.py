@@ -272,11 +272,13 @@ class WorkerRuntime(Role):
         if spec.prefix_groups and self.check_prefixes:
             self.check_prefixes = False
             hidden, final, error = self.extractor.run_shared_checked(
-                contents.input_ids, contents.cu_seqlens, spec.prefix_groups, self.manifest.token_budget, padded)
+                contents.input_ids, contents.cu_seqlens, spec.prefix_groups, self.manifest.token_budget, padded,
+                self.manifest.prefix_cache_tokens, self.manifest.forward_tokens)
             self._record_prefix_error(spec, error)
         elif spec.prefix_groups:
             hidden, final = self.extractor.run_shared(contents.input_ids, contents.cu_seqlens, spec.prefix_groups,
-                                                      self.manifest.token_budget)
+                                                      self.manifest.token_budget, self.manifest.prefix_cache_tokens,
+                                                      self.manifest.forward_tokens)
         else:
             hidden, final = self.extractor.run(padded)
         return hidden, final, None, None

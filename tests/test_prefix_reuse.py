@@ -8,7 +8,6 @@ a group's leaves another group's states and must see the check fail.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 
@@ -107,20 +106,18 @@ def test_a_leaf_continued_from_another_rows_state_fails_the_check(kind, tiny_mod
     a, b = rand(40), rand(40)
     rows = [torch.cat([a, rand(n)]) for n in (7, 3)] + [torch.cat([b, rand(n)]) for n in (6, 11)]
     ids, cu = _batch(rows)
-    real_run_rows, first = prefixrun._run_rows, []
+    real_add, first = prefixrun._Going.add, []
 
-    def leaves_from_group_a(ex_, ids_, cu_, rows_, skip, cache, put):
-        if cache is not None:
-            if not first:
-                first.append(copy.deepcopy(cache))   # group A's states at its branch point
-            cache = copy.deepcopy(first[0])
-        real_run_rows(ex_, ids_, cu_, rows_, skip, cache, put)
+    def leaves_from_group_a(going, cache, past, rows_):
+        if not first:
+            first.append(cache)   # group A's states at its branch point
+        real_add(going, first[0], past, rows_)
 
-    monkeypatch.setattr(prefixrun, "_run_rows", leaves_from_group_a)
+    monkeypatch.setattr(prefixrun._Going, "add", leaves_from_group_a)
     hidden, final = ex.run_shared(ids, cu, [[0, 2, 40], [2, 2, 40]], 4096)
     with pytest.raises(AssertionError, match="sample 2"):
         _lone_error(model, rows, hidden, final, cu)
-    monkeypatch.setattr(prefixrun, "_run_rows", real_run_rows)   # the same batch, untouched, passes
+    monkeypatch.setattr(prefixrun._Going, "add", real_add)   # the same batch, untouched, passes
     _lone_error(model, rows, *ex.run_shared(ids, cu, [[0, 2, 40], [2, 2, 40]], 4096), cu)
 
 
@@ -145,10 +142,11 @@ def test_a_chain_of_prefixes_runs_as_one_row(kind, tiny_model, monkeypatch):
     monkeypatch.setattr(ex, "forward_packed", lambda ids_, *a, **k: forwards.append(ids_.shape) or real(ids_, *a, **k))
     hidden, final = ex.run_shared(ids, cu, groups, 4096)
     _lone_error(model, rows, hidden, final, cu)
-    # the spine (40); the group of 70's spine (30 more); from there one forward of two rows: the chain [2, 2, 83]
-    # as its longest row (104 - 70 = 34 tokens; without the collapse a spine of 13, then a leaf of 21) beside the
-    # leaf that branched (7); the top group's leaf (9). Nesting every step would take 6 forwards.
-    assert forwards == [(1, 40), (1, 30), (2, 34), (1, 9)], forwards
+    # the spine (40); the group of 70's spine (30 more); then one forward of the rows going on: the chain
+    # [2, 2, 83] as its longest row (104 - 70 = 34 tokens; without the collapse a spine of 13, then a leaf of 21)
+    # beside the leaf that branched (7), both from the 70's states, and the top group's leaf (9) from the 40's
+    # (pasts of two lengths in one forward). Nesting every step would take 6 forwards, one a group's rows 4.
+    assert forwards == [(1, 40), (1, 30), (3, 34)], forwards
 
 
 class _Decoder(torch.nn.Module):
@@ -280,9 +278,10 @@ def test_the_fused_gated_deltanet_continues_a_cache_exactly(chunk_tokens, cache_
     rows, groups = _rows(4)
     ids, cu = _batch(rows)
     hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], chunk_tokens)
-    # 9 forwards at least: groups A and B (spine, leaves), the turns (spine, the 61 spine, its two rows), the
-    # chain's longest row, the rows alone
-    assert not eager_calls and calls["gated_delta_rule"] >= 3 * 9
+    # 7 forwards at least: the spines of groups A and B, of the turns (35) and of the 61 that continues them; the
+    # rows going on from all four (one forward, each row from its group's states); the chain's longest row; the
+    # rows alone
+    assert not eager_calls and calls["gated_delta_rule"] >= 3 * 7
     for b, row in enumerate(rows):
         with torch.no_grad():
             out = lone(input_ids=row.unsqueeze(0), output_hidden_states=True)
@@ -332,11 +331,13 @@ def test_the_plan_computes_each_spine_once_and_counts_what_it_computes():
     print(f"plan: {stored} tokens stored, {computed} computed")
 
 
-def test_the_worker_computes_what_the_plan_counted(tiny_model, monkeypatch):
+@pytest.mark.parametrize("price", [1, 200])   # 200: groups' rows going on merge, padded to the longest
+def test_the_worker_computes_what_the_plan_counted(price, tiny_model, monkeypatch):
     """A batch's budget counts its computed tokens, so the worker must feed no more than the plan counted: chains
-    from token 0 and under a spine, branching turns, leaves. Every planned tree batch of per-turn rows (each turn
-    a prefix of the next, and a conversation that branches) is run and its forwards' tokens (rows x width,
-    padding in) summed; every sample stays exact."""
+    from token 0 and under a spine, branching turns, leaves, and (at a price of 200 tokens a forward) the rows
+    going on from several groups in one forward. Every planned tree batch of per-turn rows (each turn a prefix of
+    the next, and a conversation that branches) is run and its forwards' tokens (rows x width, padding in) and
+    forwards counted; every sample stays exact."""
     rng = np.random.default_rng(5)
     ids = lambda n: list(rng.integers(0, 200, n))   # noqa: E731
     system, seqs = ids(120), []
@@ -351,19 +352,24 @@ def test_the_worker_computes_what_the_plan_counted(tiny_model, monkeypatch):
         seqs.append(list(steps))
     turn = system + ids(40)                            # a conversation whose third turn branches
     seqs += [turn + ids(30), turn + ids(30) + ids(50), turn + ids(35)]
+    for n in (400, 550, 700):                          # conversations of other lengths whose last turns branch
+        history = ids(n)
+        seqs += [history + ids(int(rng.integers(20, 60))) for _ in range(3)]
     model = _model("dense", tiny_model)
     ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
-    fed, real = [0], ex.forward_packed
-    monkeypatch.setattr(ex, "forward_packed", lambda x, *a, **k: fed.__setitem__(0, fed[0] + x.numel()) or real(x, *a, **k))
-    trees = [b for b in cut_prefix_batches(seqs, 2048, 64, 1, 16, 8192, forward_tokens=1) if b.groups]
-    assert len(trees) >= 2
+    fed, masked, real = [], [], ex.forward_packed
+    monkeypatch.setattr(ex, "forward_packed", lambda x, *a, **k: fed.append(x.numel()) or masked.append(
+        "attention_mask" in k) or real(x, *a, **k))
+    trees = [b for b in cut_prefix_batches(seqs, 2048, 64, 1, 16, 8192, forward_tokens=price) if b.groups]
+    assert len(trees) >= 1
     for b in trees:
         rows = [torch.tensor(seqs[i]) for i in b.members]
         batch_ids, cu = _batch(rows)
-        fed[0] = 0
-        hidden, final = ex.run_shared(batch_ids, cu, [list(g) for g in b.groups], 2048)
-        assert fed[0] == b.computed, (b.groups, fed[0], b.computed)
+        fed.clear()
+        hidden, final = ex.run_shared(batch_ids, cu, [list(g) for g in b.groups], 2048, 8192, price)
+        assert sum(fed) == b.computed, (b.groups, fed, b.computed)
         _lone_error(model, rows, hidden, final, cu)
+    assert any(masked) == (price > 1), masked   # rows of groups with different pasts in one forward
 
 
 def test_a_group_too_large_for_one_batch_recomputes_its_spine_in_each():
@@ -599,8 +605,9 @@ def test_the_worker_says_the_snapshot_bound_at_start():
 
     ex = Extractor(_tiny_hybrid(), LAYERS, store_final=True, out_dtype="float32")
     on = SimpleNamespace(prefix_reuse="on", prefix_min_tokens=32, prefix_cache_tokens=8192, max_batch_rows=64)
-    # keys and values: 1 attention layer x 2 x 2 heads x 16 x 4 bytes x 8192 tokens = 2,097,152; GDN: 3 layers x
-    # (recurrent 4 x 16 x 16 x 4 bytes + conv 128 channels x 3 taps x 4 bytes) x 64 rows = 1,081,344
-    assert prefixrun.snapshot_bytes(ex.model.config, 8192, 64, 4) == 2_097_152 + 1_081_344
-    assert ex.prefix_line(on) == "on, spines of >= 32 tokens computed once; snapshots at most 3.0 MiB a batch (8192 cached tokens)"
+    # keys and values: 1 attention layer x 2 x 2 heads x 16 x 4 bytes x 8192 tokens x 2 (expanded to the rows
+    # going on, and the held groups' own) = 4,194,304; GDN: 3 layers x (recurrent 4 x 16 x 16 x 4 bytes + conv 128
+    # channels x 3 taps x 4 bytes) x (64 rows + 16 held groups) = 1,351,680
+    assert prefixrun.snapshot_bytes(ex.model.config, 8192, 64, 4) == 4_194_304 + 1_351_680
+    assert ex.prefix_line(on) == "on, spines of >= 32 tokens computed once; snapshots at most 5.3 MiB a batch (8192 cached tokens)"
     assert ex.prefix_line(SimpleNamespace(prefix_reuse="off")).startswith("off (--prefix-reuse off")

@@ -111,6 +111,93 @@ class Tree:
         return out
 
 
+MAX_HELD = 16   # groups' one-row states a worker holds at once for rows going on (gpu_worker/prefixrun.py)
+
+
+def going_entries(trees: list[Tree], lengths) -> tuple[list[tuple[int, list[int]]], int]:
+    """The rows going on from each group's states, in the order the worker's runner finishes the groups (each
+    branching child before its parent, trees in batch order), as (past, the row lengths after it); and the
+    tokens of the spines (a chain at the top: its longest row, run alone)."""
+    entries: list[tuple[int, list[int]]] = []
+    spines = 0
+
+    def walk(t: Tree, parent: int) -> None:
+        nonlocal spines
+        spines += t.spine - parent
+        going, branching = t._rows_going_on(lengths)
+        for c in branching:
+            walk(c, t.spine)
+        if going:
+            entries.append((t.spine, [n - t.spine for n in going]))
+
+    for t in trees:
+        end = t.chain_end(lengths)
+        if end is not None:
+            spines += end
+        else:
+            walk(t, 0)
+    return entries, spines
+
+
+def merged_forwards(entries: list[tuple[int, list[int]]], cache_tokens: int, forward_tokens: int, token_budget: int,
+                    mixed_pasts: bool = True) -> list[list[list[int]]]:
+    """How the rows going on from a batch's groups run: ``entries`` (past, its rows' lengths after it) in the
+    order the groups finish. Held in segments (at most MAX_HELD groups, their pasts within ``cache_tokens``);
+    within a segment, largest row first, a group's rows join a forward where the padding they add (each padded
+    to the forward's longest) is under ``forward_tokens`` (what a forward costs beside its tokens), the forward
+    stays within ``token_budget`` tokens and ``cache_tokens`` of keys (rows x (longest past + longest row)), and
+    (unless ``mixed_pasts``) its past is the forward's. Returns segments, each its forwards (entry indices)."""
+    segments: list[list[int]] = []
+    held = 0
+    for e, (past, _) in enumerate(entries):
+        if not segments or len(segments[-1]) >= MAX_HELD or held + past > cache_tokens:
+            segments.append([])
+            held = 0
+        segments[-1].append(e)
+        held += past
+    out = []
+    for segment in segments:
+        forwards: list[list[int]] = []
+        for e in sorted(segment, key=lambda e: -max(entries[e][1])):
+            past, lengths = entries[e]
+            for forward in forwards:
+                width = max(entries[forward[0]][1])   # the forward's longest row: its first entry's
+                rows = sum(len(entries[f][1]) for f in forward) + len(lengths)
+                longest_past = max(past, *(entries[f][0] for f in forward))
+                if (sum(width - n for n in lengths) < forward_tokens and rows * width <= token_budget
+                        and rows * (longest_past + width) <= cache_tokens
+                        and (mixed_pasts or past == entries[forward[0]][0])):
+                    forward.append(e)
+                    break
+            else:
+                forwards.append([e])
+        out.append(forwards)
+    return out
+
+
+def batch_computed(trees: list[Tree], lengths, pad_multiple: int, cache_tokens: int, forward_tokens: int,
+                   token_budget: int) -> tuple[int, int]:
+    """The tokens a tree batch computes (padding in) and its forwards, as the worker runs it: each spine once,
+    the rows going on from all its groups in ``merged_forwards``."""
+    entries, spines = going_entries(trees, lengths)
+    chains = sum(t.chain_end(lengths) is not None for t in trees)
+    spine_forwards = chains + sum(t.forwards(lengths) - _going_forwards(t, lengths) for t in trees
+                                  if t.chain_end(lengths) is None)
+    computed, forwards = spines, spine_forwards
+    for segment in merged_forwards(entries, cache_tokens, forward_tokens, token_budget):
+        for forward in segment:
+            width = round_up(max(max(entries[e][1]) for e in forward), pad_multiple)
+            computed += sum(len(entries[e][1]) for e in forward) * width
+            forwards += 1
+    return computed, forwards
+
+
+def _going_forwards(t: Tree, lengths) -> int:
+    """Groups of ``t`` (and its branching children) with rows going on: one forward each when run alone."""
+    going, branching = t._rows_going_on(lengths)
+    return bool(going) + sum(_going_forwards(c, lengths) for c in branching)
+
+
 def _common(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])
@@ -167,11 +254,17 @@ def find_trees(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_
                 best, pick = saved, (lo, j + 1)
         return sorted(done + [i for _, i in going[pick[0]:pick[1]]])
 
+    def spine_forwards(t: Tree) -> int:
+        """The forwards ``t`` adds: its spines' (a chain: its one row). The rows going on from its groups ride in
+        forwards shared with the batch's other groups (``merged_forwards``), so they are not priced a forward
+        each."""
+        return max(1, t.forwards(lengths) - _going_forwards(t, lengths))
+
     def price(t: Tree, rows: list[int]) -> int:
-        """What ``rows`` cost planned as ``t``: its computed tokens, its forwards at ``forward_tokens``, and the
-        rows it left out computed alone."""
+        """What ``rows`` cost planned as ``t``: its computed tokens, its spines' forwards at ``forward_tokens``,
+        and the rows it left out computed alone."""
         kept = set(t.rows())
-        return (t.cost(lengths, 1) + forward_tokens * t.forwards(lengths)
+        return (t.cost(lengths, 1) + forward_tokens * spine_forwards(t)
                 + sum(lengths[i] for i in rows if i not in kept))
 
     def prune(node: Tree) -> None:
@@ -184,7 +277,7 @@ def find_trees(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_
             prune(c)
         for c in list(node.children):
             if c.chain_end(lengths) is not None or (
-                    (len(c.rows()) - 1) * (c.spine - node.spine) > 2 * forward_tokens * c.forwards(lengths)):
+                    (len(c.rows()) - 1) * (c.spine - node.spine) > 2 * forward_tokens * spine_forwards(c)):
                 continue
             rows = node.rows()
             trial = Tree(node.spine, children=[x for x in node.children if x is not c],
@@ -202,7 +295,7 @@ def find_trees(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_
                 prune(tree)
                 rows = tree.rows()
                 alone = sum(len(seqs[i]) for i in rows)
-                if len(rows) >= 2 and tree.cost(lengths, 1) + forward_tokens * tree.forwards(lengths) < alone:
+                if len(rows) >= 2 and tree.cost(lengths, 1) + forward_tokens * spine_forwards(tree) < alone:
                     trees.append(tree)
             start = k
     return trees
@@ -276,14 +369,17 @@ def cut_prefix_batches(sequences, token_budget: int, max_rows: int, pad_multiple
             members += t.rows()
         padded_len = round_up(max(lengths[i] for i in members), pad_multiple)
         batches.append(PlannedBatch(members, padded_len, sum(lengths[i] for i in members), len(members) * padded_len,
-                                    computed=sum(t.cost(lengths, pad_multiple) for t in current),
-                                    groups=tuple(groups)))
+                                    computed=computed(current), groups=tuple(groups)))
         current.clear()
+
+    def computed(ts: list[Tree]) -> int:
+        return batch_computed(ts, lengths, pad_multiple, cache_tokens, forward_tokens, token_budget)[0]
 
     costs = {id(t): t.cost(lengths, pad_multiple) for t in trees}
     for tree in sorted(trees, key=lambda t: -costs[id(t)]):
         trial = current + [tree]
-        fits = (sum(costs[id(t)] for t in trial) <= token_budget and sum(len(t.rows()) for t in trial) <= max_rows
+        fits = (sum(costs[id(t)] for t in trial) <= token_budget and computed(trial) <= token_budget
+                and sum(len(t.rows()) for t in trial) <= max_rows
                 and sum(lengths[i] for t in trial for i in t.rows()) <= (stored_budget or token_budget))
         if current and not fits:
             close()
