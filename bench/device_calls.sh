@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|G|H|I|J|K|L|M|N|O|P|Q|R
+#     bash bench/device_calls.sh E|F|G|H|I|J|K|L|M|N|O|P|Q|R|S
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -43,8 +43,10 @@ case "$1:$GPU" in
   Q:*)      step host.log T_HOST=200 bash bench/run_gpu.sh forward-host    # after the packed-rows sync is gone
             step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=330 \
               PREFIX_ARGS="--fidelity-samples 4" bash bench/run_gpu.sh prefix ;;
-  R:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
-  R:*)      step 8b.log TOKENS_8B=300000 T_8B=170 KERNELS=auto bash bench/run_gpu.sh 8b-kernels ;;
+  R:*)      step host.log T_HOST=200 bash bench/run_gpu.sh forward-host    # where a forward waits for the GPU
+            step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=330 \
+              PREFIX_ARGS="--fidelity-samples 4" bash bench/run_gpu.sh prefix ;;   # merged rows going on
+  S:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
