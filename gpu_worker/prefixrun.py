@@ -12,16 +12,22 @@ alone, as before. For a group:
    values and the Gated DeltaNet layers' conv window and recurrent state at the branch point, wherever it falls
    (mid-chunk too: transformers' chunk rule starts from the cached state);
 2. its child groups go on from a copy of those states;
-3. the cache is expanded to its leaves (members in no child; ``reorder_cache`` with index 0 for each), and
-   their remainders run in one forward, right-padded, at positions spine .. spine + leaf - 1: no mask is
-   needed, a real token never sees the padding after it, and nothing reads the padded rows' final states;
-4. every member's stored rows are its groups' spine rows followed by its leaf's (a member that is the spine
-   itself, a strict prefix of the others, has no leaf).
+3. its rows going on (its leaves, members in no child, and each chain child's longest row) wait with its
+   one-row states until the groups of their segment are done, then run beside the other groups' rows in as few
+   forwards as pay (hsx/prep/prefixplan.py ``merged_forwards``: a group's rows join a forward where the padding
+   they add costs less than the forward saved, at the plan's price). Each row continues its own group's states:
+   the states are expanded to the rows and stacked (``_merged_cache``), the attention layers' keys and values
+   left-padded to the forward's longest past, and the rows right-padded at positions past .. past + n - 1 with a
+   mask that lets a token see its own past and its row up to itself (``row_pasts``; rows of one past need no
+   mask, transformers' own causal mask over the cache is right). A real token never sees padding, and nothing
+   reads the padded rows' final states;
+4. every member's stored rows are its groups' spine rows followed by its row's (a member that is the spine
+   itself, a strict prefix of the others, has none).
 
-Memory a batch holds beyond a plain one: a one-row cache per open group on the path from the root (spine
-tokens of keys and values, one conv window and recurrent state a GDN layer), and the cache expanded to one
-group's leaves, ``leaves x spine`` tokens of keys and values plus a GDN state a leaf; the planner caps
-``leaves x spine`` (``cache_tokens``) and the worker says the bound at start (``snapshot_bytes``).
+Memory a batch holds beyond a plain one: a one-row cache per open group on the path from the root and per group
+waiting with rows going on (at most ``MAX_HELD`` groups, their pasts within ``cache_tokens``), and the states
+expanded to one forward's rows (rows x (longest past + longest row) within ``cache_tokens``, a GDN state a row);
+the worker says the bound at start (``snapshot_bytes``).
 
 The fused kernels (gpu_worker/kernels.py) continue a cache too: their Gated DeltaNet forward puts the cached conv
 window before a call's inputs and starts the delta rule from the cached recurrent state (fla's kernels take
@@ -38,8 +44,7 @@ from collections.abc import Sequence
 import torch
 
 from hsx.defaults import DEFAULT_PREFIX_CACHE_BUDGETS, DEFAULT_PREFIX_FORWARD_TOKENS
-from hsx.prep import PrefixGroup
-from hsx.prep.prefixplan import MAX_HELD, merged_forwards
+from hsx.prep import MAX_HELD, PrefixGroup, merged_forwards
 from hsx.runspec import text_config
 
 

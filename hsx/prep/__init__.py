@@ -21,7 +21,7 @@ from hsx.prep.inputs import (
 from hsx.prep.mixture import Mixture, MixtureError, Source, load_mixture, mixture_of_datasets
 from hsx.prep.perturn import split_turn_id, turn_id
 from hsx.prep.planning import PlannedBatch, cut_batches, padding_fraction
-from hsx.prep.prefixplan import PrefixGroup, cut_prefix_batches, find_groups, find_trees
+from hsx.prep.prefixplan import MAX_HELD, PrefixGroup, cut_prefix_batches, find_groups, find_trees, merged_forwards
 from hsx.prep.rejected import RowRejected
 from hsx.prep.report import Sample, TokeniseReport, Window
 from hsx.prep.tokenise import ChatTokeniser, parse_template_kwargs
