@@ -46,7 +46,9 @@ case "$1:$GPU" in
   R:*)      step host.log T_HOST=200 bash bench/run_gpu.sh forward-host    # where a forward waits for the GPU
             step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=330 \
               PREFIX_ARGS="--fidelity-samples 4" bash bench/run_gpu.sh prefix ;;   # merged rows going on
-  S:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto eager" bash bench/run_gpu.sh 27b-kernels ;;
+  S:*H200*) step 27b.log TOKENS_27B=200000 T_27B=230 KERNELS=auto bash bench/run_gpu.sh 27b-kernels ;;
+  S:*)      step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=200 \
+              PREFIX_ARGS="--fidelity-samples 2" bash bench/run_gpu.sh prefix ;;   # where a tree batch waits
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

@@ -140,32 +140,40 @@ def kernel_time(case: Case) -> tuple[float, int]:
 
 @torch.inference_mode()
 def syncs(case: Case) -> list[str]:
-    """Where one call makes the host wait for the GPU (torch's sync debug mode: a warning at each synchronising
-    op), as the innermost frame outside torch: a sync mid-forward serialises the host's work with the GPU's."""
-    import traceback
-    import warnings
-
+    """Where one call makes the host wait for the GPU: a sync mid-forward serialises the host's work with the
+    GPU's."""
     if case.ex.device.type != "cuda":
         return []
     cache = case.fresh_cache()
     sync(case.ex.device)
+    found = host_waits(lambda: case.forward(cache))
+    sync(case.ex.device)
+    return found
+
+
+def host_waits(call) -> list[str]:
+    """Run ``call()`` under torch's sync debug mode (a warning at each op that makes the host wait for the GPU)
+    and return where each wait came from: the two innermost frames outside torch and the warnings module."""
+    import traceback
+    import warnings
+
     found: list[str] = []
 
     def record(message, category, filename, lineno, file=None, line=None):
-        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename]
-        where = frames[-1] if frames else None
-        found.append(f"{Path(where.filename).name}:{where.lineno} {where.name}" if where else str(message)[:80])
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if "/torch/" not in f.filename and not f.filename.endswith("warnings.py")]
+        found.append(" < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames[-2:]))
+                     or str(message)[:80])
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         shown, warnings.showwarning = warnings.showwarning, record
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            case.forward(cache)
+            call()
         finally:
             torch.cuda.set_sync_debug_mode(0)
             warnings.showwarning = shown
-    sync(case.ex.device)
     return found
 
 

@@ -35,6 +35,7 @@ import json
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -167,6 +168,32 @@ def fidelity(ex, seqs: list, planned, limit: int, budget: int, forward_tokens: i
             "batched_max_rel_l2_per_layer": worst["batched"], "batched_max_abs": worst_abs["batched"]}
 
 
+def tree_batch_waits(ex, seqs: list, planned, args) -> list[str]:
+    """Where the first tree batch of ``planned`` makes the host wait for the GPU (bench/forward_host.py
+    ``host_waits``), run once before to compile."""
+    from forward_host import host_waits
+
+    batch = next((b for b in planned if b.groups), None)
+    if batch is None:
+        return []
+    rows = [torch.as_tensor(seqs[i], dtype=torch.int64) for i in batch.members]
+    cu = torch.tensor([0, *torch.cumsum(torch.tensor([len(r) for r in rows]), 0).tolist()])
+    ids = torch.cat(rows)
+
+    def one() -> None:
+        ex.run_shared(ids, cu, [list(g) for g in batch.groups], args.token_budget, 2 * args.token_budget,
+                      args.forward_tokens)
+
+    one()
+    _sync(ex.device)
+    try:
+        waits = host_waits(one)
+    except Exception as exc:   # a diagnostic: the timing after it must still run
+        waits = [f"not measured: {type(exc).__name__}: {exc}"]
+    _sync(ex.device)
+    return waits
+
+
 def fidelity_line(mix: str, fid: dict, seconds: float) -> str:
     def layers(key: str) -> str:
         return " ".join(f"{e:.1e}" for e in fid[key])
@@ -216,6 +243,10 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
         if args.fidelity_only:
             rows.append(row)
             continue
+        if ex.device.type == "cuda":   # where a tree batch makes the host wait for the GPU (it then cannot queue
+            row["host_waits"] = waits = tree_batch_waits(ex, seqs, on, args)   # the next forward meanwhile)
+            print(f"[bench] {mix}: one tree batch waits for the GPU {len(waits)} times"
+                  + "".join(f"\n    {n} x {where}" for where, n in Counter(waits).most_common(8)), flush=True)
         seconds, forwards = {"off": [], "on": []}, {}
         for _ in range(args.repeats):   # alternately, the fastest of each kept: a shared machine's noise out
             for mode, planned in (("off", off), ("on", on)):

@@ -108,8 +108,6 @@ def main() -> int:
                         waves += split(pieces[depth], budget)
                     now += group_by_group(b, seqs, budget, price)
                 for name, fw in (("now", now), ("waves", waves)):
-                    if name == "now" and multiple != 1:
-                        continue
                     print(f"{mix:18s} {price:>5} {multiple:>8} {name:>8} {int(sum(fw)):>9,} {len(fw):>8} "
                           f"{seconds(fw):>7.1f} {seconds(off) / seconds(fw):>6.2f}")
     return 0
