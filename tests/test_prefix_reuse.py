@@ -372,6 +372,48 @@ def test_the_worker_computes_what_the_plan_counted(price, tiny_model, monkeypatc
     assert any(masked) == (price > 1), masked   # rows of groups with different pasts in one forward
 
 
+def test_merged_forwards_pays_only_where_the_padding_costs_less_than_a_forward(monkeypatch):
+    """The rows going on from groups (past, lengths after it) are merged largest first: a group joins where its
+    padding is under the price, the forward within the budget and its keys within the cache; a model that takes
+    no mask by row merges only one past length; groups are held in segments of at most MAX_HELD."""
+    from hsx.prep import prefixplan
+
+    entries = [(100, [50, 40]), (300, [48]), (200, [10]), (100, [49, 45])]
+    # largest first: 0 (50), 3 (49: pads 6), 1 (48: pads 2) together; 2 (10) would pad 40, over a price of 30
+    assert prefixplan.merged_forwards(entries, 10_000, 30, 4096) == [[[0, 3, 1], [2]]]
+    assert prefixplan.merged_forwards(entries, 10_000, 100, 4096) == [[[0, 3, 1, 2]]]
+    assert prefixplan.merged_forwards(entries, 10_000, 30, 4096, mixed_pasts=False) == [[[0, 3], [1], [2]]]
+    # a budget of 150 tokens a forward (rows x longest row): 3 cannot join 0 (4 x 50), 1 can (3 x 50), 2 joins 3
+    assert prefixplan.merged_forwards(entries, 10_000, 100, 150) == [[[0, 1], [3, 2]]]
+    # 700 cached tokens (rows x (longest past + longest row)): 1 cannot join 0 and 3 (5 x 350), 2 joins 1 (2 x 348)
+    assert prefixplan.merged_forwards(entries, 700, 100, 4096) == [[[0, 3], [1, 2]]]
+    monkeypatch.setattr(prefixplan, "MAX_HELD", 2)   # two groups held at most: segments [0, 1] and [2, 3]
+    assert prefixplan.merged_forwards(entries, 10_000, 100, 4096) == [[[0, 1]], [[3, 2]]]
+    assert prefixplan.merged_forwards(entries, 450, 100, 4096) == [[[0], [1]], [[3], [2]]]
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_groups_held_in_segments_and_a_model_without_masks_by_row_stay_exact(kind, tiny_model, monkeypatch):
+    """Three groups a segment at most (their rows going on run when the segment's groups are done), and a model
+    whose forward takes no mask by row (only rows of one past length merged): every sample exact."""
+    from hsx.prep import prefixplan
+
+    model = _model(kind, tiny_model)
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    rows, groups = _rows(6)
+    ids, cu = _batch(rows)
+    shapes, real = [], ex.forward_packed
+    monkeypatch.setattr(ex, "forward_packed", lambda x, *a, **k: shapes.append(("mask" in str(k.keys()), x.shape))
+                        or real(x, *a, **k))
+    monkeypatch.setattr(prefixplan, "MAX_HELD", 3)
+    _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096), cu)
+    assert any(masked for masked, _ in shapes), shapes
+    monkeypatch.setattr(prefixrun, "_takes_row_pasts", lambda ex_: False)
+    shapes.clear()
+    _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096), cu)
+    assert not any(masked for masked, _ in shapes), shapes
+
+
 def test_a_group_too_large_for_one_batch_recomputes_its_spine_in_each():
     seqs = [[7] * 300 + [i, i + 1] * 20 for i in range(20)]        # 20 rows, spine 300, leaves 40
     planned = cut_prefix_batches(seqs, 3000, 64, 8, 16, 10_000)
