@@ -119,6 +119,9 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
             _run_group(ex, ids, cu, node, None, 0, chunk_tokens, put, going)
         else:    # a chain from token 0: its longest row alone (as planned: one forward, no padding), the rest slices
             _run_rows(ex, ids, cu, [(longest, list(range(g.first, g.first + g.count)), 0)], None, put)
+    if going.segment != len(segments) or going.held:   # rows never run would be stored as uninitialised memory
+        raise RuntimeError(f"prefix batch: {len(segments) - going.segment} of {len(segments)} segments of rows "
+                           f"going on were not run ({len(going.held)} groups held)")
     grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
     alone = [(b, [b], 0) for b in range(len(cu) - 1) if b not in grouped]
     if alone:

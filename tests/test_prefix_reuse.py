@@ -414,6 +414,18 @@ def test_groups_held_in_segments_and_a_model_without_masks_by_row_stay_exact(kin
     assert not any(masked for masked, _ in shapes), shapes
 
 
+def test_rows_going_on_that_were_never_run_are_refused_not_stored(tiny_model, monkeypatch):
+    """The worker runs the rows going on as the plan's segments fill; if its groups and the plan's entries ever
+    disagree, rows would be left unwritten (uninitialised memory stored as hidden states): refused instead."""
+    ex = Extractor(_model("dense", tiny_model), LAYERS, store_final=True, out_dtype="float32")
+    rows, groups = _rows(7)
+    ids, cu = _batch(rows)
+    real = prefixrun.merged_forwards
+    monkeypatch.setattr(prefixrun, "merged_forwards", lambda entries, *a, **k: real(entries + [(5, [1])], *a, **k))
+    with pytest.raises(RuntimeError, match="were not run"):
+        ex.run_shared(ids, cu, [list(g) for g in groups], 4096)
+
+
 def test_a_group_too_large_for_one_batch_recomputes_its_spine_in_each():
     seqs = [[7] * 300 + [i, i + 1] * 20 for i in range(20)]        # 20 rows, spine 300, leaves 40
     planned = cut_prefix_batches(seqs, 3000, 64, 8, 16, 10_000)
