@@ -16,9 +16,12 @@ own leaves are cut into pieces that each compute the spine again. A batch holds 
 alone only (``cut_batches``).
 
 Forwards are priced too (``forward_tokens`` a forward, measured: hsx/defaults.py): a tree is made, and a nested
-group kept, only where it saves more tokens than its forwards cost. A group whose members are all prefixes of
-one of them (a chain: tool-call steps cut one a sample) costs no forward of its own: the worker runs its longest
-row with its parent's leaves.
+group kept, only where it saves more tokens than its spines' forwards cost. A group whose members are all
+prefixes of one of them (a chain: tool-call steps cut one a sample) costs no forward of its own: the worker runs
+its longest row with its parent's leaves. The rows going on from a batch's groups (their leaves and chains) run
+together, as ``merged_forwards`` says (a group's rows join a forward where the padding they add costs less than
+the forward saved); a batch's computed tokens (``batch_computed``) count them as run, padding in, so the plan
+states what the worker computes.
 """
 
 from __future__ import annotations
