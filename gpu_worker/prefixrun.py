@@ -103,9 +103,9 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
     for node in forest:
         if _longest_holding_all(ids, cu, node[0]) is None:
             entries += _entries(ids, cu, node)
-    segments = merged_forwards(entries, cache_tokens or DEFAULT_PREFIX_CACHE_BUDGETS * chunk_tokens, forward_tokens,
-                               chunk_tokens, _takes_row_pasts(ex))
-    going = _Going(ex, ids, cu, put, segments)
+    cache_tokens = cache_tokens or DEFAULT_PREFIX_CACHE_BUDGETS * chunk_tokens
+    segments = merged_forwards(entries, cache_tokens, forward_tokens, chunk_tokens, _takes_row_pasts(ex))
+    going = _Going(ex, ids, cu, put, segments, _rows_for_states(ex, cache_tokens))
     for g in groups:
         members = range(g.first, g.first + g.count)
         if any(cu[b + 1] - cu[b] < g.spine for b in members):
@@ -212,9 +212,9 @@ class _Going:
     longest past and masked, each Gated DeltaNet row its own conv window and recurrent state (``_merged_cache``).
     Where the model cannot take such a mask (``_takes_row_pasts``), only groups of one past length merge."""
 
-    def __init__(self, ex, ids: torch.Tensor, cu: list[int], put, segments: list[list[list[int]]]):
+    def __init__(self, ex, ids: torch.Tensor, cu: list[int], put, segments: list[list[list[int]]], max_rows: int = 0):
         self.ex, self.ids, self.cu, self.put = ex, ids, cu, put
-        self.segments = segments
+        self.segments, self.max_rows = segments, max_rows   # max_rows: rows a forward at most (0: no bound)
         self.held: list[tuple[object, int, dict[int, list[int]]]] = []   # (one-row cache, past, rows going on)
         self.segment = self.done = 0   # the segment being held; entries of the segments before it (run)
 
@@ -227,13 +227,25 @@ class _Going:
 
     def _run(self, segment: list[list[int]]) -> None:
         for forward in segment:
-            parts = [self.held[e - self.done] for e in forward]
-            cache = _merged_cache(self.ex, [c for c, _, _ in parts], [len(r) for _, _, r in parts],
-                                  [p for _, p, _ in parts])
-            _run_rows(self.ex, self.ids, self.cu, [(b, held, past) for _, past, rows in parts
-                                                   for b, held in rows.items()], cache, self.put)
+            rows = [(e, b, held) for e in forward for b, held in self.held[e - self.done][2].items()]
+            step = self.max_rows or len(rows)
+            for at in range(0, len(rows), step):   # the GDN states of at most max_rows rows at once
+                piece = rows[at:at + step]
+                entries = list(dict.fromkeys(e for e, _, _ in piece))
+                parts = [self.held[e - self.done] for e in entries]
+                counts = [sum(e == f for f, _, _ in piece) for e in entries]
+                cache = _merged_cache(self.ex, [c for c, _, _ in parts], counts, [p for _, p, _ in parts])
+                _run_rows(self.ex, self.ids, self.cu,
+                          [(b, held, self.held[e - self.done][1]) for e, b, held in piece], cache, self.put)
         self.done += len(self.held)
         self.held = []
+
+
+def _rows_for_states(ex, cache_tokens: int) -> int:
+    model = getattr(ex, "model", None)
+    if model is None:
+        return 0
+    return rows_for_states(model.config, cache_tokens, next(model.parameters()).element_size())
 
 
 def _takes_row_pasts(ex) -> bool:
@@ -281,8 +293,11 @@ def _stacked(values: list, counts: list[int], pasts: list[int], width: int, what
     if isinstance(first, (list, tuple)) and first and any(torch.is_tensor(v) for v in first):
         return type(first)(_stacked([v[k] for v in values], counts, pasts, width, f"{what}[{k}]")
                            for k in range(len(first)))
-    if not torch.is_tensor(first) or first.dim() == 0:
+    if not torch.is_tensor(first):
         return first
+    if first.dim() == 0:   # a scalar: a length counter (transformers 5.2x's cumulative_length_linear) is the
+        # keys' width, read from the pasts (reading the tensor would wait for the GPU); any other is the first's
+        return torch.full_like(first, width) if "length" in what.split()[-1] else first
     if any(v.shape[0] != 1 for v in values):
         raise ValueError(f"cache {what}: not one row a group")
     if all(v.shape == first.shape for v in values):   # a state (or keys of one past length): rows stacked
@@ -345,20 +360,37 @@ def row_pasts(ex, pasts: torch.Tensor, start: int, width: int) -> dict:
                                                                      for k in types}}
 
 
-def snapshot_bytes(model_config, cache_tokens: int, max_rows: int, dtype_bytes: int) -> int:
-    """The most a batch's prefix groups hold beyond a plain batch: keys and values of every attention layer for
-    ``cache_tokens`` tokens expanded to the rows going on, and as many in the groups' one-row states held for them
-    (a segment's pasts stay within ``cache_tokens``: hsx/prep/prefixplan.py ``merged_forwards``); conv windows and
-    recurrent states of every Gated DeltaNet layer for ``max_rows`` rows going on and MAX_HELD held groups."""
+def state_sizes(model_config, dtype_bytes: int) -> tuple[int, int]:
+    """(bytes of keys and values a cached token, bytes of Gated DeltaNet states a row: every GDN layer's conv
+    window and fp32 recurrent state; 0 for a model without GDN layers)."""
     c = text_config(model_config)
     types = list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
     attention = sum(t != "linear_attention" for t in types)
     linear = len(types) - attention
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv = 2 * c.num_key_value_heads * head_dim * attention * dtype_bytes * 2 * cache_tokens
+    kv = 2 * c.num_key_value_heads * head_dim * attention * dtype_bytes
     if not linear:
-        return kv
+        return kv, 0
     k, v = c.linear_key_head_dim, c.linear_value_head_dim
     conv_dim = 2 * c.linear_num_key_heads * k + c.linear_num_value_heads * v
-    state = c.linear_num_value_heads * k * v * 4 + conv_dim * (c.linear_conv_kernel_dim - 1) * dtype_bytes
-    return kv + linear * state * (max_rows + MAX_HELD)
+    return kv, linear * (c.linear_num_value_heads * k * v * 4 + conv_dim * (c.linear_conv_kernel_dim - 1) * dtype_bytes)
+
+
+def rows_for_states(model_config, cache_tokens: int, dtype_bytes: int) -> int:
+    """The most rows one forward continues from cached states: their Gated DeltaNet states within the bytes of
+    ``cache_tokens`` tokens of keys and values (the 27B: ~151 MB a row, 64 KB a token: 27 rows at 65,536
+    tokens). A planned forward of more rows runs as several, each padded to its own longest row (no more tokens
+    than planned). 0: no bound (a model without GDN layers)."""
+    kv, state = state_sizes(model_config, dtype_bytes)
+    return max(1, cache_tokens * kv // state) if state else 0
+
+
+def snapshot_bytes(model_config, cache_tokens: int, max_rows: int, dtype_bytes: int) -> int:
+    """The most a batch's prefix groups hold beyond a plain batch: keys and values of every attention layer for
+    ``cache_tokens`` tokens expanded to the rows going on, and as many in the groups' one-row states held for them
+    (a segment's pasts stay within ``cache_tokens``: hsx/prep/prefixplan.py ``merged_forwards``); the Gated
+    DeltaNet states of one forward's rows (``rows_for_states``, at most ``max_rows``) and of MAX_HELD held
+    groups."""
+    kv, state = state_sizes(model_config, dtype_bytes)
+    rows = min(max_rows, rows_for_states(model_config, cache_tokens, dtype_bytes) or max_rows)
+    return 2 * cache_tokens * kv + state * (rows + MAX_HELD)

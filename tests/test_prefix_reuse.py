@@ -277,7 +277,7 @@ def test_the_fused_gated_deltanet_continues_a_cache_exactly(chunk_tokens, cache_
             m._hsx_eager = (lambda f: lambda *a, **k: eager_calls.append(1) or f(*a, **k))(m._hsx_eager)
     rows, groups = _rows(4)
     ids, cu = _batch(rows)
-    hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], chunk_tokens)
+    hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], chunk_tokens, 8192)   # the cache of a 4k budget
     # 7 forwards at least: the spines of groups A and B, of the turns (35) and of the 61 that continues them; the
     # rows going on from all four (one forward, each row from its group's states); the chain's longest row; the
     # rows alone
@@ -412,6 +412,26 @@ def test_groups_held_in_segments_and_a_model_without_masks_by_row_stay_exact(kin
     shapes.clear()
     _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096), cu)
     assert not any(masked for masked, _ in shapes), shapes
+
+
+def test_a_forward_continues_no_more_rows_than_their_gdn_states_may_hold(monkeypatch):
+    """The Gated DeltaNet states of a forward's rows stay within the bytes of the plan's cached tokens (the 27B:
+    ~151 MB a row, 27 rows at 65,536 tokens): a planned forward of more rows runs as several, exact. A model
+    without GDN layers has no such bound."""
+    from bench.shapes import make_config
+
+    assert prefixrun.rows_for_states(make_config("hybrid27b"), 65_536, 2) == 27
+    assert prefixrun.rows_for_states(make_config("qwen3-8b"), 65_536, 2) == 0
+    model = _tiny_hybrid()
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    rows, groups = _rows(8)
+    ids, cu = _batch(rows)
+    monkeypatch.setattr(prefixrun, "rows_for_states", lambda config, cache_tokens, dtype_bytes: 2)
+    cached, real = [], ex.forward_packed
+    monkeypatch.setattr(ex, "forward_packed", lambda x, *a, **k: (k.get("cache") is not None and cached.append(
+        x.shape[0])) or real(x, *a, **k))
+    _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096), cu)
+    assert cached and max(cached) == 2, cached
 
 
 def test_rows_going_on_that_were_never_run_are_refused_not_stored(tiny_model, monkeypatch):
