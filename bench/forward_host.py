@@ -25,7 +25,6 @@ The table is printed last; JSON in DIR/forward_host_<shape>.json.
 from __future__ import annotations
 
 import argparse
-import copy
 import cProfile
 import json
 import pstats
@@ -85,11 +84,10 @@ class Case:
         return f"{self.kind} {self.rows} x {self.tokens}" + (f" after {self.past}" if self.past else "")
 
     def fresh_cache(self):
+        """The one-row cache expanded to the rows, as the worker does it (the held cache unchanged)."""
         if self.base is None:
             return None
-        cache = copy.deepcopy(self.base)
-        cache.reorder_cache(torch.zeros(self.rows, dtype=torch.int64, device=self.ex.device))
-        return cache
+        return prefixrun._merged_cache(self.ex, [self.base], [self.rows], [self.past])
 
     def forward(self, cache) -> None:
         self.ex.forward_packed(self.ids, self.flat, self.flat.numel(), cache=cache, start=self.past)

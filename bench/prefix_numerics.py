@@ -103,39 +103,35 @@ def main() -> int:
                   (f"{name}: reused vs fp32", worst(zip(shared, truth, strict=True), len(stored))),
                   (f"{name}: reused vs lone", worst(zip(shared, alone, strict=True), len(stored)))]
     ex16 = extractor(copy.deepcopy(model).to(torch.bfloat16))
-    real_rows, first = prefixrun._run_rows, []
+    real_add, first = prefixrun._Going.add, []
 
-    def from_the_first_spine(ex_, ids_, cu_, going, skip, cache, put):   # every group's rows from group 1's states
-        if cache is not None:
-            if not first:
-                first.append(copy.deepcopy(cache))
-            else:
-                cache = copy.deepcopy(first[0])
-                cache.reorder_cache(torch.zeros(len(going), dtype=torch.int64))
-        real_rows(ex_, ids_, cu_, going, skip, cache, put)
+    def from_the_first_spine(going, cache, past, rows_):   # every group's rows from group 1's states
+        if not first:
+            first.append(cache)
+        real_add(going, first[0], past, rows_)
 
-    prefixrun._run_rows = from_the_first_spine
+    prefixrun._Going.add = from_the_first_spine
     try:
         wrong = reused(ex16, wrong_rows, [[0, 3, args.spine], [3, 2, args.spine]])[3:]
     finally:
-        prefixrun._run_rows = real_rows
+        prefixrun._Going.add = real_add
     table.append(("bf16: a leaf from another spine's states vs lone",
                   worst(zip(wrong, lone(ex16, wrong_rows[3:]), strict=True), len(stored))))
 
-    def zeroed_states(ex_, ids_, cu_, going, skip, cache, put):   # the GDN layers' recurrent states lost
-        if cache is not None:
-            for layer in cache.layers:
-                states = getattr(layer, "recurrent_states", None)
-                for key in (list(states) if isinstance(states, dict) else range(len(states or []))):
-                    if torch.is_tensor(states[key]):
-                        states[key] = torch.zeros_like(states[key])
-        real_rows(ex_, ids_, cu_, going, skip, cache, put)
+    def zeroed_states(going, cache, past, rows_):   # the GDN layers' recurrent states lost at the branch point
+        cache = copy.deepcopy(cache)
+        for layer in cache.layers:
+            states = getattr(layer, "recurrent_states", None)
+            for key in (list(states) if isinstance(states, dict) else range(len(states or []))):
+                if torch.is_tensor(states[key]):
+                    states[key] = torch.zeros_like(states[key])
+        real_add(going, cache, past, rows_)
 
-    prefixrun._run_rows = zeroed_states
+    prefixrun._Going.add = zeroed_states
     try:
         lost = reused(ex16, rows, group)
     finally:
-        prefixrun._run_rows = real_rows
+        prefixrun._Going.add = real_add
     table.append(("bf16: the GDN states zeroed at the branch point vs lone",
                   worst(zip(lost, lone(ex16, rows), strict=True), len(stored))))
     print(f"random Qwen3.5 text model, H {h}, {n} layers; 3 samples sharing a {args.spine}-token spine; "

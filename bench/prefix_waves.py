@@ -130,15 +130,18 @@ def group_by_group(batch, seqs, budget: int, price: int) -> list[int]:
 
     rows = [torch.as_tensor(seqs[i], dtype=torch.int64) for i in batch.members]
     cu = torch.tensor([0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()])
-    real = prefixrun._cache_for, prefixrun._takes_row_pasts, prefixrun._merged_cache, prefixrun.row_pasts
+    real = (prefixrun._cache_for, prefixrun._takes_row_pasts, prefixrun._merged_cache, prefixrun.row_pasts,
+            prefixrun._rows_for_states)
     prefixrun._cache_for = lambda model: Cache()
     prefixrun._takes_row_pasts = lambda ex: True
     prefixrun._merged_cache = lambda ex, caches, counts, pasts: Cache()
     prefixrun.row_pasts = lambda ex, pasts, start, width: {}
+    prefixrun._rows_for_states = lambda ex, cache_tokens: 0   # the 27B's bound (27 rows) is never reached here
     try:
         prefixrun.run_prefix_batch(Counting(), torch.cat(rows), cu, batch.groups, budget, 2 * budget, max(1, price))
     finally:
-        prefixrun._cache_for, prefixrun._takes_row_pasts, prefixrun._merged_cache, prefixrun.row_pasts = real
+        (prefixrun._cache_for, prefixrun._takes_row_pasts, prefixrun._merged_cache, prefixrun.row_pasts,
+         prefixrun._rows_for_states) = real
     return fed
 
 

@@ -99,6 +99,12 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
                   torch.empty((n_tokens, ex.hidden_size), dtype=ex.out_dtype, device=device) if ex.store_final else None)
 
     forest = _forest(groups, len(cu) - 1)
+    for g in groups:
+        members = range(g.first, g.first + g.count)
+        if any(cu[b + 1] - cu[b] < g.spine for b in members):
+            raise ValueError(f"prefix group {tuple(g)}: a member is shorter than its spine")
+        if any(not torch.equal(ids[cu[b]:cu[b] + g.spine], ids[cu[g.first]:cu[g.first] + g.spine]) for b in members):
+            raise ValueError(f"prefix group {tuple(g)}: its members do not share the spine's tokens")
     entries = []
     for node in forest:
         if _longest_holding_all(ids, cu, node[0]) is None:
@@ -106,12 +112,6 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
     cache_tokens = cache_tokens or DEFAULT_PREFIX_CACHE_BUDGETS * chunk_tokens
     segments = merged_forwards(entries, cache_tokens, forward_tokens, chunk_tokens, _takes_row_pasts(ex))
     going = _Going(ex, ids, cu, put, segments, _rows_for_states(ex, cache_tokens))
-    for g in groups:
-        members = range(g.first, g.first + g.count)
-        if any(cu[b + 1] - cu[b] < g.spine for b in members):
-            raise ValueError(f"prefix group {tuple(g)}: a member is shorter than its spine")
-        if any(not torch.equal(ids[cu[b]:cu[b] + g.spine], ids[cu[g.first]:cu[g.first] + g.spine]) for b in members):
-            raise ValueError(f"prefix group {tuple(g)}: its members do not share the spine's tokens")
     for node in forest:
         g = node[0]
         longest = _longest_holding_all(ids, cu, g)
@@ -242,10 +242,7 @@ class _Going:
 
 
 def _rows_for_states(ex, cache_tokens: int) -> int:
-    model = getattr(ex, "model", None)
-    if model is None:
-        return 0
-    return rows_for_states(model.config, cache_tokens, next(model.parameters()).element_size())
+    return rows_for_states(ex.model.config, cache_tokens, next(ex.model.parameters()).element_size())
 
 
 def _takes_row_pasts(ex) -> bool:
@@ -269,35 +266,33 @@ def _forward_takes_mask_dict(decoder_class) -> bool:
 
 def _merged_cache(ex, caches: list, counts: list[int], pasts: list[int]):
     """One cache for ``counts[i]`` rows of each one-row ``caches[i]`` (``pasts[i]`` tokens), in that order: each
-    state tensor expanded to its rows and stacked; keys and values of different past lengths left-padded to the
-    longest (the mask hides the padding). The held caches are not changed. ValueError for a layout it does not
-    know."""
-    if len(caches) == 1:
-        cache = copy.deepcopy(caches[0])
-        cache.reorder_cache(torch.zeros(counts[0], dtype=torch.int64, device=ex.device))
-        return cache
+    state tensor expanded to its rows and stacked (one copy: the held caches are not changed); keys and values of
+    different past lengths left-padded to the longest (the mask hides the padding). ValueError for a layout it
+    does not know."""
     merged = copy.copy(caches[0])
     merged.layers = [copy.copy(layer) for layer in caches[0].layers]
     width = max(pasts)
     for i, layer in enumerate(merged.layers):
         for name in list(vars(layer)):
             values = [vars(c.layers[i])[name] for c in caches]
-            setattr(layer, name, _stacked(values, counts, pasts, width, f"layer {i} {name}"))
+            setattr(layer, name, _stacked(values, counts, pasts, width, f"layer {i} {name}", "length" in name))
     return merged
 
 
-def _stacked(values: list, counts: list[int], pasts: list[int], width: int, what: str):
+def _stacked(values: list, counts: list[int], pasts: list[int], width: int, what: str, counter: bool):
+    """``values`` (one layer attribute of each cache: a tensor, or a dict / list of them) for the merged rows.
+    ``counter``: a scalar tensor of it counts tokens (transformers 5.2x's ``cumulative_length_linear``): the
+    merged keys' width, set from the pasts (reading the tensor would wait for the GPU)."""
     first = values[0]
     if isinstance(first, dict):
-        return {k: _stacked([v[k] for v in values], counts, pasts, width, f"{what}[{k!r}]") for k in first}
+        return {k: _stacked([v[k] for v in values], counts, pasts, width, f"{what}[{k!r}]", counter) for k in first}
     if isinstance(first, (list, tuple)) and first and any(torch.is_tensor(v) for v in first):
-        return type(first)(_stacked([v[k] for v in values], counts, pasts, width, f"{what}[{k}]")
+        return type(first)(_stacked([v[k] for v in values], counts, pasts, width, f"{what}[{k}]", counter)
                            for k in range(len(first)))
     if not torch.is_tensor(first):
         return first
-    if first.dim() == 0:   # a scalar: a length counter (transformers 5.2x's cumulative_length_linear) is the
-        # keys' width, read from the pasts (reading the tensor would wait for the GPU); any other is the first's
-        return torch.full_like(first, width) if "length" in what.split()[-1] else first
+    if first.dim() == 0:
+        return torch.full_like(first, width) if counter else first
     if any(v.shape[0] != 1 for v in values):
         raise ValueError(f"cache {what}: not one row a group")
     if all(v.shape == first.shape for v in values):   # a state (or keys of one past length): rows stacked

@@ -235,15 +235,23 @@ def test_a_model_whose_forward_takes_no_cache_is_refused_by_name():
 
 class _CacheOf517:
     """transformers 5.17's cache API (the H200 image's): a DynamicCache without ``is_recording_past`` and
-    ``get_recurrent_state``, which a newer transformers added."""
+    ``get_recurrent_state``, which a newer transformers added. Copies and attributes set go to the cache inside."""
 
     def __init__(self, cache):
-        self._cache = cache
+        object.__setattr__(self, "_cache", cache)
 
     def __getattr__(self, name):
         if name in ("is_recording_past", "get_recurrent_state"):
             raise AttributeError(name)
         return getattr(self._cache, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._cache, name, value)
+
+    def __copy__(self):
+        import copy
+
+        return _CacheOf517(copy.copy(self._cache))
 
     def __deepcopy__(self, memo):
         import copy
@@ -251,7 +259,7 @@ class _CacheOf517:
         return _CacheOf517(copy.deepcopy(self._cache, memo))
 
 
-@pytest.mark.parametrize("chunk_tokens,cache_api", [(4096, "this"), (16, "this"), (16, "5.17")])
+@pytest.mark.parametrize("chunk_tokens,cache_api", [(4096, "this"), (16, "this"), (4096, "5.17"), (16, "5.17")])
 def test_the_fused_gated_deltanet_continues_a_cache_exactly(chunk_tokens, cache_api, monkeypatch):
     """gpu_worker/kernels.py's forwards (reference kernels: the fused maths in torch) with spines and leaves: the
     fused GDN reads and writes the cached conv window and recurrent state (every GDN call of the batch is fused,
@@ -277,7 +285,11 @@ def test_the_fused_gated_deltanet_continues_a_cache_exactly(chunk_tokens, cache_
             m._hsx_eager = (lambda f: lambda *a, **k: eager_calls.append(1) or f(*a, **k))(m._hsx_eager)
     rows, groups = _rows(4)
     ids, cu = _batch(rows)
+    merged, real_merged = [], prefixrun._merged_cache
+    monkeypatch.setattr(prefixrun, "_merged_cache", lambda *a: merged.append(len(a[1])) or real_merged(*a))
     hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], chunk_tokens, 8192)   # the cache of a 4k budget
+    # a 4k budget: rows of several groups' states in one forward, through this cache API (16: one group a forward)
+    assert (max(merged) > 1) == (chunk_tokens > 16), merged
     # 7 forwards at least: the spines of groups A and B, of the turns (35) and of the 61 that continues them; the
     # rows going on from all four (one forward, each row from its group's states); the chain's longest row; the
     # rows alone
@@ -394,7 +406,7 @@ def test_merged_forwards_pays_only_where_the_padding_costs_less_than_a_forward(m
 
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 def test_groups_held_in_segments_and_a_model_without_masks_by_row_stay_exact(kind, tiny_model, monkeypatch):
-    """Three groups a segment at most (their rows going on run when the segment's groups are done), and a model
+    """Two groups a segment at most (their rows going on run when the segment's groups are done), and a model
     whose forward takes no mask by row (only rows of one past length merged): every sample exact."""
     from hsx.prep import prefixplan
 
@@ -405,8 +417,14 @@ def test_groups_held_in_segments_and_a_model_without_masks_by_row_stay_exact(kin
     shapes, real = [], ex.forward_packed
     monkeypatch.setattr(ex, "forward_packed", lambda x, *a, **k: shapes.append(("mask" in str(k.keys()), x.shape))
                         or real(x, *a, **k))
-    monkeypatch.setattr(prefixplan, "MAX_HELD", 3)
+    merged, real_merged = [], prefixrun._merged_cache
+    monkeypatch.setattr(prefixrun, "_merged_cache", lambda *a: merged.append(len(a[1])) or real_merged(*a))
     _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096), cu)
+    assert merged == [3], merged   # the three groups with rows going on (A, B, the 61), in one forward
+    merged.clear()
+    monkeypatch.setattr(prefixplan, "MAX_HELD", 2)
+    _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096), cu)
+    assert sorted(merged) == [1, 2], merged   # two groups held, then the third
     assert any(masked for masked, _ in shapes), shapes
     monkeypatch.setattr(prefixrun, "_takes_row_pasts", lambda ex_: False)
     shapes.clear()

@@ -179,20 +179,15 @@ def merged_forwards(entries: list[tuple[int, list[int]]], cache_tokens: int, for
 
 
 def batch_computed(trees: list[Tree], lengths, pad_multiple: int, cache_tokens: int, forward_tokens: int,
-                   token_budget: int) -> tuple[int, int]:
-    """The tokens a tree batch computes (padding in) and its forwards, as the worker runs it: each spine once,
-    the rows going on from all its groups in ``merged_forwards``."""
-    entries, spines = going_entries(trees, lengths)
-    chains = sum(t.chain_end(lengths) is not None for t in trees)
-    spine_forwards = chains + sum(t.forwards(lengths) - _going_forwards(t, lengths) for t in trees
-                                  if t.chain_end(lengths) is None)
-    computed, forwards = spines, spine_forwards
+                   token_budget: int) -> int:
+    """The tokens a tree batch computes (padding in), as the worker runs it: each spine once, the rows going on
+    from all its groups in ``merged_forwards``."""
+    entries, computed = going_entries(trees, lengths)
     for segment in merged_forwards(entries, cache_tokens, forward_tokens, token_budget):
         for forward in segment:
             width = round_up(max(max(entries[e][1]) for e in forward), pad_multiple)
             computed += sum(len(entries[e][1]) for e in forward) * width
-            forwards += 1
-    return computed, forwards
+    return computed
 
 
 def _going_forwards(t: Tree, lengths) -> int:
@@ -376,7 +371,7 @@ def cut_prefix_batches(sequences, token_budget: int, max_rows: int, pad_multiple
         current.clear()
 
     def computed(ts: list[Tree]) -> int:
-        return batch_computed(ts, lengths, pad_multiple, cache_tokens, forward_tokens, token_budget)[0]
+        return batch_computed(ts, lengths, pad_multiple, cache_tokens, forward_tokens, token_budget)
 
     costs = {id(t): t.cost(lengths, pad_multiple) for t in trees}
     for tree in sorted(trees, key=lambda t: -costs[id(t)]):
