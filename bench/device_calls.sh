@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|G|H|I|J|K|L|M|N|O|P|Q|R|S
+#     bash bench/device_calls.sh E|F|...|S|T|U
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -49,6 +49,9 @@ case "$1:$GPU" in
   S:*H200*) step 27b.log TOKENS_27B=200000 T_27B=230 KERNELS=auto bash bench/run_gpu.sh 27b-kernels ;;
   S:*)      step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=200 \
               PREFIX_ARGS="--fidelity-samples 2" bash bench/run_gpu.sh prefix ;;   # where a tree batch waits
+  T:*)      step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto padded" bash bench/run_gpu.sh 27b-kernels ;;  # packed rows
+  U:*)      step parity.log T_PAR=150 bash bench/run_gpu.sh packed-parity
+            step 8b.log TOKENS_8B=300000 T_8B=170 KERNELS="auto padded" bash bench/run_gpu.sh 8b-kernels ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

@@ -142,13 +142,17 @@ def run_shape(args) -> dict:
                        "batches": len(specs), "tokens": report.tokens, "plan_padding": 1 - report.tokens / report.padded_tokens,
                        "layer_ids": layer_ids, "num_layers": num_layers}
             cached = bare_cache.get((kind, budget))  # a variant of a section already timed reuses its bare runs
+            # A packing extractor's bare pass runs the same batches packed, as its pipeline does.
+            packed = (extractor, harness.plan_bounds(svc, run, specs)) if extractor.packs else None
             if cached:
                 section["bare_full"], section["bare_kept"] = cached
             else:
                 if with_full and len(kept_layers) != len(full_layers):
-                    section["bare_full"] = harness.bare_forward(decoder, full_layers, batch_shapes, vocab, device, svc.clock, args.warm)
+                    section["bare_full"] = harness.bare_forward(decoder, full_layers, batch_shapes, vocab, device,
+                                                                svc.clock, args.warm, packed)
                     print(f"[bench]   bare {len(full_layers)} layers: {section['bare_full']['tok_s']:.0f} tok/s", flush=True)
-                section["bare_kept"] = harness.bare_forward(decoder, kept_layers, batch_shapes, vocab, device, svc.clock, args.warm)
+                section["bare_kept"] = harness.bare_forward(decoder, kept_layers, batch_shapes, vocab, device,
+                                                            svc.clock, args.warm, packed)
                 bare_cache[(kind, budget)] = (section.get("bare_full"), section["bare_kept"])
             section.setdefault("bare_full", section["bare_kept"] if len(kept_layers) == len(full_layers) else None)
             print(f"[bench]   bare {len(kept_layers)} layers: {section['bare_kept']['tok_s']:.0f} tok/s", flush=True)
@@ -283,7 +287,7 @@ def main(argv=None) -> int:
     ap.add_argument("--token-budget", type=int, default=None, help="override the sections' token budget")
     ap.add_argument("--layers", default=None, help="layer spec (default dflash; dflash:3 on tiny shapes)")
     ap.add_argument("--no-full", action="store_true", help="skip the bare forward through the full body")
-    ap.add_argument("--kernels", default="auto", choices=("auto", "eager"),
+    ap.add_argument("--kernels", default="auto", choices=("auto", "padded", "eager"),
                     help="the forward's kernels, as `hsx worker --kernels` (gpu_worker/kernels.py)")
     ap.add_argument("--compute-dtype", default="bfloat16", choices=("bfloat16", "float8"),
                     help="the linear layers as rowwise e4m3 GEMMs (float8), as `hsx produce --compute-dtype`")

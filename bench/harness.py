@@ -16,6 +16,7 @@ On the CPU the same marks are host clock readings.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -114,25 +115,37 @@ def timed_extractor(model, layer_ids, store_final, out_dtype, clock, kernels: st
 
 
 @torch.inference_mode()
-def bare_forward(decoder, layers, shapes, vocab: int, device, clock: Clock, warm: int) -> dict:
-    """Same padded batches through ``layers`` (no capture, no I/O); shapes: (rows, padded_len, real)."""
+def bare_forward(decoder, layers, shapes, vocab: int, device, clock: Clock, warm: int, packed=None) -> dict:
+    """Same padded batches through ``layers`` (no capture, no I/O); shapes: (rows, padded_len, real).
+    ``packed``: (extractor, [cu_seqlens of each batch]) where the extractor packs rows: the same batches as one
+    packed row each (random ids, the plan's sample bounds), through its forward without capture."""
+    from gpu_worker.extractor import pack_batch
+
     saved, decoder.layers = decoder.layers, layers
     try:
         gen = torch.Generator().manual_seed(0)
-        inputs = [torch.randint(0, vocab, (rows, length), generator=gen).to(device) for rows, length, _ in shapes]
+        if packed:
+            extractor, bounds = packed
+            inputs = [pack_batch(torch.randint(0, vocab, (int(cu[-1]),), generator=gen), cu, clock.cuda) for cu in bounds]
+            forward = functools.partial(extractor.forward_rows, capture=False)
+            key = lambda batch: batch.n_tokens  # noqa: E731  (packed: fla compiles per length, as the worker meets them)
+        else:
+            inputs = [torch.randint(0, vocab, (rows, length), generator=gen).to(device) for rows, length, _ in shapes]
+            forward = functools.partial(_plain, decoder)
+            key = lambda ids: ids.shape  # noqa: E731
         seen = set()
-        for ids in inputs:  # every batch shape once: fla's Triton kernels compile per shape, off the clock
-            if ids.shape not in seen:
-                seen.add(ids.shape)
-                decoder(input_ids=ids, use_cache=False)
+        for batch in inputs:  # every batch shape once: fla's Triton kernels compile per shape, off the clock
+            if key(batch) not in seen:
+                seen.add(key(batch))
+                forward(batch)
         clock.sync()
         if clock.cuda:
             torch.cuda.reset_peak_memory_stats()
         marks = []
-        for ids, (rows, length, real) in zip(inputs, shapes, strict=False):
+        for batch, (rows, length, real) in zip(inputs, shapes, strict=False):
             start = clock.mark()
-            decoder(input_ids=ids, use_cache=False)
-            marks.append((start, clock.mark(), real, rows * length))
+            forward(batch)
+            marks.append((start, clock.mark(), real, real if packed else rows * length))
         clock.sync()
     finally:
         decoder.layers = saved
@@ -140,6 +153,19 @@ def bare_forward(decoder, layers, shapes, vocab: int, device, clock: Clock, warm
     out["layers"] = len(layers)
     out["peak_gib"] = torch.cuda.max_memory_allocated() / GiB if clock.cuda else None
     return out
+
+
+def _plain(decoder, ids):
+    return decoder(input_ids=ids, use_cache=False)
+
+
+def plan_bounds(svc, run: str, specs) -> list[torch.Tensor]:
+    """Each planned batch's ``cu_seqlens`` as the producer wrote its inputs to the store."""
+    from hsx.batch import read_batch_bytes
+    from hsx.store import layout
+
+    store = StoreSettings(url=svc.store_url).open()
+    return [read_batch_bytes(store.get_bytes(layout.input_key(run, s.shard, s.batch_id))).cu_seqlens for s in specs]
 
 
 # ---- data ---------------------------------------------------------------

@@ -20,7 +20,7 @@
 #                 bare forward beside bf16 and FP8 compute from bf16 weights (bench/fp8_checkpoint.py)
 #   producer      issue 22: a real `hsx produce` of 1M generated rows to its first enqueue (bench/producer_e2e.py)
 #   27b-kernels   issue 39: hybrid27b mix32k through the pipeline at --kernels eager then auto (CD: compute dtype,
-#                 default float8; KERNELS: which)
+#                 default float8; KERNELS: which of auto, padded, eager)
 #   8b-kernels    issue 39: the 8B shape the same way
 #   profile       issue 39: bench/forward_profile.py on hybrid27b (GPU time by kernel kind, each lever, module parity)
 #   prefix        issue 40: shared prefixes computed once, hybrid27b (CD: compute dtype, default float8), fla on the
@@ -29,6 +29,8 @@
 #                 samples) | every-message (cut after every assistant message: the issue's 2x case)
 #   forward-host  issue 40: the host's time to queue a forward against the GPU's time, for a tree batch's small
 #                 forwards (bench/forward_host.py: plain and cached shapes, cProfile of the host work)
+#   packed-parity issue 39: packed rows (varlen attention and GDN) against padded rows, the same samples, per stored layer,
+#                 bf16 and FP8 compute, the 27B's first PAR_LAYERS (default 8) layers (bench/packed_parity.py)
 #   gdn-continue  issue 40: the 27B's GDN layer on fla continuing a cached state vs one call (bench/gdn_continue.py)
 #   prefix-smoke  issue 40: the same on the hybrid shape, 20k tokens (a minute): fla's kernels continuing transformers' cache
 #   kernel-fidelity issue 39: a small Qwen3.5 hybrid (ARCH=dense: the Qwen3) trained on the GPU, per stored layer the rel L2
@@ -139,6 +141,8 @@ for step in "${STEPS[@]}"; do
     forward-host) PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_HOST:-300}" python bench/forward_host.py --shape hybrid27b \
                     --compute-dtype "${CD:-float8}" --kernels "${KERNELS:-auto}" --out "$OUTDIR" ;;   # issue 40
     gdn-continue) PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_GDN:-240}" python bench/gdn_continue.py ;;   # issue 40
+    packed-parity) PYTHONPATH="$FLA_SITE:$PYTHONPATH" timeout "${T_PAR:-200}" python bench/packed_parity.py \
+                    --layers "${PAR_LAYERS:-8}" --out "$OUTDIR" ;;   # issue 39: packed rows vs padded, per stored layer
     *)            echo "unknown step $step"; false ;;
   esac
   rc=$?

@@ -7,7 +7,11 @@ layer it needs and ``lm_head`` never runs (it is not even loaded).
 
 Rows are right-padded and no attention mask is passed: attention is causal,
 so a real token never sees the padding after it, and the padded positions are
-dropped. This keeps SDPA on its fused causal path.
+dropped. This keeps SDPA on its fused causal path. Where the forward runs fused
+kernels that take sample bounds (gpu_worker/kernels.py ``packing_ready``), a plain
+batch's samples run instead as one packed row of their real tokens
+(``PackedBatch``): positions restart at each sample and attention and the Gated
+DeltaNet see each sample alone, so no padding is computed.
 """
 
 from __future__ import annotations
@@ -117,8 +121,33 @@ def pad_batch(packed_ids: torch.Tensor, cu_seqlens: torch.Tensor, padded_len: in
     return PaddedBatch(ids, flat_index, int(lengths.sum()))
 
 
+@dataclass
+class PackedBatch:
+    """A batch as one row of its samples' real tokens, no padding (pinned on a CUDA target)."""
+
+    input_ids: torch.Tensor   # [1, N] int64
+    positions: torch.Tensor   # [1, N] int64: 0 .. length - 1 within each sample
+    cu_seqlens: torch.Tensor  # [B + 1] int64 on the host: sample b is tokens cu[b]:cu[b + 1]
+    max_len: int
+    n_tokens: int
+
+
+def pack_batch(packed_ids: torch.Tensor, cu_seqlens: torch.Tensor, pin: bool) -> PackedBatch:
+    cu = cu_seqlens.to(torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    n = int(cu[-1])
+    if int(cu[0]) != 0 or bool((lengths < 1).any()) or packed_ids.shape[0] != n:
+        raise ValueError(f"cu_seqlens {cu.tolist()[:8]}... does not cut {packed_ids.shape[0]} tokens into samples")
+    positions = torch.arange(n, dtype=torch.int64) - torch.repeat_interleave(cu[:-1], lengths)
+    ids = packed_ids.to(torch.int64).reshape(1, n)
+    positions = positions.reshape(1, n)
+    if pin:
+        ids, positions = ids.pin_memory(), positions.pin_memory()
+    return PackedBatch(ids, positions, cu, int(lengths.max()), n)
+
+
 class Extractor:
-    """Holds the model; ``run`` maps a PaddedBatch to packed hidden states on the device."""
+    """Holds the model; ``run`` maps a PaddedBatch or a PackedBatch to packed hidden states on the device."""
 
     def __init__(self, model, layer_ids: list[int], store_final: bool, out_dtype: str = "bfloat16",
                  store_dtype: str | None = None, fp8_fast_accum: bool = False, kernels: str = DEFAULT_KERNELS):
@@ -136,6 +165,8 @@ class Extractor:
         self.fp8_fast_accum = fp8_fast_accum  # float8 GEMMs converted here accumulate fast (else promoted to fp32)
         self.kernels = kernels
         self.kernels_line = ""  # what the forward runs, in words (the worker's start line)
+        self.kernel_set = None  # the fused kernels installed (gpu_worker/kernels.py), None: transformers' forward
+        self.packs = False      # a plain batch runs as one packed row (``batch``)
         self._setup(model)
 
     @classmethod
@@ -189,7 +220,8 @@ class Extractor:
         from gpu_worker import kernels
 
         decoder = _decoder(model)
-        self.kernels_line = kernels.prepare(decoder, self.kernels, self.device)  # before the cut: a bench's full body too
+        prepared = kernels.prepare(decoder, self.kernels, self.device)  # before the cut: a bench's full body too
+        self.kernels_line, self.kernel_set, self.packs = prepared.line, prepared.kernels, prepared.packs
         self.hidden_size = text_config(model.config).hidden_size
         last = self.layer_ids[-1]
         # The normed final output is needed when the last layer or the final hidden state is asked for.
@@ -215,9 +247,21 @@ class Extractor:
             h = output[0] if isinstance(output, tuple) else output
             # Pack real tokens of this layer straight into its column block; the padded
             # activation of the layer is freed as soon as the next layer is done with it.
-            self._out[:, slot * H:(slot + 1) * H] = h.reshape(-1, H).index_select(0, self._flat_index)
+            self._out[:, slot * H:(slot + 1) * H] = self._real(h)
 
         return hook
+
+    def _real(self, h: torch.Tensor) -> torch.Tensor:
+        """The real tokens of a layer's output [N, H], in sample order (a packed row holds nothing else)."""
+        flat = h.reshape(-1, self.hidden_size)
+        return flat if self._flat_index is None else flat.index_select(0, self._flat_index)
+
+    def batch(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, padded_len: int, pad_id: int,
+              pin: bool) -> PaddedBatch | PackedBatch:
+        """A plan's batch (packed ids and bounds) laid out as this forward runs it: one packed row, or padded."""
+        if self.packs:
+            return pack_batch(input_ids, cu_seqlens, pin)
+        return pad_batch(input_ids, cu_seqlens, padded_len, pad_id, pin)
 
     @property
     def width(self) -> int:
@@ -317,8 +361,46 @@ class Extractor:
         is False (``run_measured``'s reference pass)."""
         if convert and self.fp8_pending:
             self.convert_to_fp8()
+        if isinstance(batch, PackedBatch):
+            return self.forward_rows(batch)
         return self.forward_packed(batch.input_ids.to(self.device, non_blocking=True),
                                    batch.flat_index.to(self.device, non_blocking=True), batch.n_tokens)
+
+    def forward_rows(self, batch: PackedBatch, capture: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One decoder forward of a packed batch (its samples in one row, each seen alone: gpu_worker/kernels.py
+        ``packed_rows``); the stored layers as ``forward_packed`` gives them. ``capture`` False: the forward only
+        (a benchmark's bare pass), returning nothing."""
+        from gpu_worker import kernels
+
+        if self.kernel_set is None:
+            raise RuntimeError("a packed batch needs the fused kernels (this forward runs transformers')")
+        dev = self.device
+        ids = batch.input_ids.to(dev, non_blocking=True)
+        positions = batch.positions.to(dev, non_blocking=True)
+        rows = kernels.Rows(batch.cu_seqlens.to(dev, torch.int32, non_blocking=True),
+                            batch.cu_seqlens.to(dev, non_blocking=True), batch.cu_seqlens, batch.max_len)
+        types = getattr(text_config(self.model.config), "layer_types", None) or ["full_attention"]
+        masks = dict.fromkeys(set(types))   # no mask: each layer sees the samples' bounds through ``rows``
+        self._flat_index = None
+        self._out = torch.empty((batch.n_tokens, self.width), dtype=self.out_dtype, device=dev) if capture else None
+        try:
+            with kernels.packed_rows(self.decoder, rows, self.kernel_set):
+                result = self.decoder(input_ids=ids, position_ids=positions, attention_mask=masks, use_cache=False)
+            return self._finish(result)
+        finally:
+            self._out = self._flat_index = None
+
+    def _finish(self, result) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(hidden, final) of a forward whose hooks filled ``_out``: the normed last layer and final state added."""
+        final = None
+        if self.use_final_norm and self._out is not None:
+            H = self.hidden_size
+            normed = self._real(result.last_hidden_state).to(self.out_dtype)
+            if self.layer_ids[-1] == self.num_layers - 1:
+                self._out[:, (len(self.layer_ids) - 1) * H:] = normed
+            if self.store_final:
+                final = normed
+        return self._out, final
 
     def forward_packed(self, ids: torch.Tensor, flat_index: torch.Tensor, n_tokens: int, cache=None,
                        start: int = 0, positions: torch.Tensor | None = None,
@@ -344,14 +426,6 @@ class Extractor:
                 result = self.decoder(input_ids=ids, **kwargs)
             if cache is not None:
                 _check_continued(self.model, cache, start, ids.shape[1])
-            final = None
-            if self.use_final_norm:
-                H = self.hidden_size
-                normed = result.last_hidden_state.reshape(-1, H).index_select(0, self._flat_index).to(self.out_dtype)
-                if self.layer_ids[-1] == self.num_layers - 1:
-                    self._out[:, (len(self.layer_ids) - 1) * H:] = normed
-                if self.store_final:
-                    final = normed
-            return self._out, final
+            return self._finish(result)
         finally:
             self._out = self._flat_index = None

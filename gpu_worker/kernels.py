@@ -27,6 +27,14 @@ bf16 rounding, not by formula. bench/kernel_parity.py compares every replaced mo
 the shapes it will see (padding, length 1, a sample ending mid-chunk) and bench/fp8_fidelity.py the whole model
 against an fp32 forward.
 
+Packed rows (``--kernels auto``). A plain batch's samples run as one row of their real tokens, no padding: the
+positions restart at each sample, the Gated DeltaNet's conv and chunk kernels take the samples' ``cu_seqlens``
+(fla's varlen form) and attention runs torch's varlen flash attention over the same bounds, so no token sees
+another sample's. The mix-32k batches pad 10-25 % of their tokens; packed, the GPU computes only real ones.
+``packing_ready`` says whether a model can (every mixer of a known class, fused, sdpa, no sliding window, the
+varlen kernel checked on the device against SDPA at start), ``packed_rows`` routes one forward, and refuses
+the result (RuntimeError) unless every attention and GDN layer ran varlen.
+
 When anything is missing (no CUDA, no fla, an fla whose kernels lack the arguments used here, a model class not
 in the tables below), that module keeps transformers' forward: the fallback is exactly today's path. A forward
 with a padding mask (not hsx's: right-padded, no mask) takes the eager forward too; one with a cache (a shared prefix
@@ -36,19 +44,22 @@ continued) runs the fused GDN from the cached conv window and recurrent state (f
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from hsx.defaults import KERNEL_MODES as KERNELS
+
 log = logging.getLogger(__name__)
 
-KERNELS = ("auto", "eager")   # the worker's --kernels: fused where available, or transformers' forward only
-DEFAULT_KERNELS = "auto"
+# The worker's --kernels (hsx/defaults.py): fused kernels and packed rows where available; fused kernels on padded
+# rows; or transformers' forward only.
 
 # transformers' classes whose forward is replaced, by what their weight means.
 ZERO_CENTRED_NORMS = {"Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm"}   # out = norm(x) * (1 + w)
@@ -56,6 +67,25 @@ PLAIN_NORMS = {"Qwen3RMSNorm"}                                                  
 DECODER_LAYERS = {"Qwen3_5DecoderLayer", "Qwen3DecoderLayer"}
 GATED_MLPS = {"Qwen3_5MLP", "Qwen3MLP"}
 GATED_DELTANETS = {"Qwen3_5GatedDeltaNet"}   # in_proj_qkv / in_proj_z / in_proj_b / in_proj_a (Qwen3.5's layout)
+# Attention modules that hand q, k, v to transformers' attention interface ([B, H, T, D]) and take [B, T, H, D] back.
+ATTENTIONS = {"Qwen3_5Attention", "Qwen3Attention"}
+MIXER_TYPES = {"full_attention", "linear_attention"}   # layer types a packed forward can route
+
+
+@dataclass
+class Rows:
+    """The sample bounds of one packed forward ([1, T] tokens): ``cu32`` on the device for flash attention, ``cu64``
+    on the device and ``cu_host`` on the host for fla (its varlen kernels read the host copy instead of syncing),
+    ``max_len`` the longest sample. The counters say which layers ran varlen (``packed_rows`` checks them)."""
+
+    cu32: torch.Tensor
+    cu64: torch.Tensor
+    cu_host: torch.Tensor
+    max_len: int
+    kernels: KernelSet | None = None
+    attention_calls: int = 0
+    gdn_calls: int = 0
+    seen: set = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -67,10 +97,14 @@ class KernelSet:
     rms_norm: Callable          # (x, weight, residual | None, eps) -> y | (y, x + residual)
     rms_norm_gated: Callable    # (x, gate, weight, eps) -> norm(x) * weight * silu(gate)
     swiglu: Callable            # (gate, up) -> silu(gate) * up
-    causal_conv1d: Callable     # (x [B, T, D], weight [D, W], bias | None, activation) -> [B, T, D]
-    # (q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False) -> (o [B, T, HV, V], final
-    # state [B, HV, K, V] fp32 or None); l2-normed q, k inside; initial_state: a cached prefix's state
+    # (x [B, T, D], weight [D, W], bias | None, activation, rows=None) -> [B, T, D]; rows: packed samples (B = 1)
+    causal_conv1d: Callable
+    # (q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False, rows=None) -> (o [B, T, HV, V],
+    # final state [B, HV, K, V] fp32 or None); l2-normed q, k inside; initial_state: a cached prefix's state
     gated_delta_rule: Callable
+    # (q [T, Hq, D], k, v [T, Hkv, D], rows, scale) -> [T, Hq, D]: causal attention within each sample; None where
+    # this kernel set has none (then no packed rows)
+    varlen_attention: Callable | None = None
 
 
 FLA_MIN = (0, 6)   # fla-core 0.6: chunk_gated_delta_rule takes use_gate_in_kernel, A_log, dt_bias and beta logits
@@ -102,15 +136,35 @@ def fla_kernels() -> KernelSet:
             return small_norm(x, weight, eps)
         return rms_norm(x, weight, None, residual=residual, eps=eps, prenorm=residual is not None)
 
-    def conv(x, weight, bias, activation):
-        return causal_conv1d(x, weight=weight, bias=bias, activation=activation)[0]
+    def conv(x, weight, bias, activation, rows=None):
+        bounds = {} if rows is None else {"cu_seqlens": rows.cu64, "cu_seqlens_cpu": rows.cu_host}
+        return causal_conv1d(x, weight=weight, bias=bias, activation=activation, **bounds)[0]
 
-    def delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False):
+    def delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False, rows=None):
+        bounds = {} if rows is None else {"cu_seqlens": rows.cu64, "cu_seqlens_cpu": rows.cu_host}
         return chunk_gated_delta_rule(q, k, v, g=a, beta=b, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                                       A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True,
-                                      initial_state=initial_state, output_final_state=output_final_state)
+                                      initial_state=initial_state, output_final_state=output_final_state, **bounds)
 
-    return KernelSet(f"fla {version}", norm, gated, swiglu, conv, delta_rule)
+    return KernelSet(f"fla {version}", norm, gated, swiglu, conv, delta_rule, flash_varlen_attention)
+
+
+def flash_varlen_attention(q, k, v, rows: Rows, scale: float):
+    """torch's flash attention (FA2) over packed samples: causal within each, grouped kv heads as they are."""
+    return torch.ops.aten._flash_attention_forward(q, k, v, rows.cu32, rows.cu32, rows.max_len, rows.max_len, 0.0,
+                                                   True, False, scale=scale)[0]
+
+
+def sdpa_varlen_attention(q, k, v, rows: Rows, scale: float):
+    """The same as ``flash_varlen_attention`` sample by sample through SDPA: the reference, and the CPU's."""
+    bounds = rows.cu_host.tolist()
+    group = q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+        qs, ks, vs = (t[s:e].transpose(0, 1) for t in (q, k, v))
+        ks, vs = ks.repeat_interleave(group, dim=0), vs.repeat_interleave(group, dim=0)
+        out[s:e] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1)
+    return out
 
 
 # fla 0.6's norms for rows of at most SMALL_ROW features take NB = cdiv(rows, block) as a Triton constexpr (and
@@ -165,19 +219,38 @@ def reference_kernels(chunk_rule: Callable) -> KernelSet:
     def swiglu(gate, up):
         return (F.silu(gate.float()) * up.float()).to(gate.dtype)
 
-    def conv(x, weight, bias, activation):
+    def one_conv(x, weight, bias, activation):
         out = F.conv1d(x.transpose(1, 2), weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1,
                        groups=x.shape[-1])[..., : x.shape[1]]
         return (F.silu(out) if activation in ("silu", "swish") else out).transpose(1, 2)
 
-    def delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False):
+    def one_rule(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False):
         g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
         group = v.shape[2] // q.shape[2]
         q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
         return chunk_rule(q, k, v, g=g, beta=b.float().sigmoid().to(v.dtype), use_qk_l2norm_in_kernel=True,
                           initial_state=initial_state, output_final_state=output_final_state)
 
-    return KernelSet("reference (torch)", norm, gated, swiglu, conv, delta_rule)
+    def conv(x, weight, bias, activation, rows=None):
+        if rows is None:
+            return one_conv(x, weight, bias, activation)
+        return torch.cat([one_conv(x[:, s:e], weight, bias, activation) for s, e in _segments(rows)], dim=1)
+
+    def delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False, rows=None):
+        if rows is None:
+            return one_rule(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state)
+        if initial_state is not None or output_final_state:
+            raise ValueError("packed rows carry no recurrent state in or out")
+        outs = [one_rule(q[:, s:e], k[:, s:e], v[:, s:e], a[:, s:e], b[:, s:e], A_log, dt_bias)[0]
+                for s, e in _segments(rows)]
+        return torch.cat(outs, dim=1), None
+
+    return KernelSet("reference (torch)", norm, gated, swiglu, conv, delta_rule, sdpa_varlen_attention)
+
+
+def _segments(rows: Rows) -> list[tuple[int, int]]:
+    bounds = rows.cu_host.tolist()
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 # ---- the replaced forwards (bound to each module instance as ``forward``) ---------------------------------------
@@ -218,13 +291,17 @@ def _gdn_forward(self, hidden_states, attention_mask=None, **kwargs):
             or (cache is not None and (hidden_states.shape[1] == 1 or _recording_past(cache, self.layer_idx)))):
         return self._hsx_eager(hidden_states, attention_mask=attention_mask, **kwargs)
     kernels = self._hsx_kernels
+    rows = getattr(self, "_hsx_rows", None) if cache is None else None   # packed samples: their bounds
     batch, seq_len, _ = hidden_states.shape
     mixed_qkv = self.in_proj_qkv(hidden_states)          # the four projections read one activation object:
     z = self.in_proj_z(hidden_states)                    # the FP8 path quantises it once
     b = self.in_proj_b(hidden_states)
     a = self.in_proj_a(hidden_states)
     initial = None
-    if cache is not None:   # the recurrent state first: updating the conv window marks the layer as started
+    if rows is not None:
+        mixed_qkv = kernels.causal_conv1d(mixed_qkv, self._hsx_conv_weight, self.conv1d.bias, self.activation,
+                                          rows=rows)
+    elif cache is not None:   # the recurrent state first: updating the conv window marks the layer as started
         initial = _recurrent_state(cache, self.layer_idx)
         full = cache.update_conv_state(mixed_qkv.transpose(1, 2), self.layer_idx,
                                        conv_kernel_size=self.conv_kernel_size)       # [B, D, W + T] (or padded)
@@ -237,12 +314,129 @@ def _gdn_forward(self, hidden_states, attention_mask=None, **kwargs):
     key = key.reshape(batch, seq_len, -1, self.head_k_dim)
     value = value.reshape(batch, seq_len, -1, self.head_v_dim)
     out, final = kernels.gated_delta_rule(query, key, value, a, b, self.A_log, self.dt_bias, initial_state=initial,
-                                          output_final_state=cache is not None)
+                                          output_final_state=cache is not None,
+                                          **({} if rows is None else {"rows": rows}))
+    if rows is not None:
+        rows.gdn_calls += 1
+        rows.seen.add(id(self))
     if cache is not None:
         cache.update_recurrent_state(final, self.layer_idx)
     out = kernels.rms_norm_gated(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
                                  self.norm.weight, self.norm.variance_epsilon)
     return self.out_proj(out.reshape(batch, seq_len, -1))
+
+
+def _routed(previous: Callable) -> Callable:
+    """transformers' attention function ``previous``, except for a module inside ``packed_rows``: varlen attention
+    over its samples. Takes and gives transformers' layouts: q, k, v [1, H, T, D] in, [1, T, H, D] out."""
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        rows = getattr(module, "_hsx_rows", None)
+        if rows is None:
+            return previous(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        if query.shape[0] != 1 or kwargs.get("sliding_window") is not None or dropout:
+            raise RuntimeError(f"packed rows: {type(module).__name__} asked for what varlen attention here does not "
+                               "do (one row, causal, no sliding window, no dropout)")
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+        out = rows.kernels.varlen_attention(q, k, v, rows, scaling if scaling is not None else q.shape[-1] ** -0.5)
+        rows.attention_calls += 1
+        rows.seen.add(id(module))
+        return out.unsqueeze(0), None
+    attention._hsx_routed = True
+    return attention
+
+
+def mixers(decoder) -> tuple[list, list]:
+    """The attention modules and Gated DeltaNets under ``decoder.layers`` (the layers the forward runs)."""
+    attention = [m for m in decoder.layers.modules() if type(m).__name__ in ATTENTIONS]
+    gdn = [m for m in decoder.layers.modules() if type(m).__name__ in GATED_DELTANETS]
+    return attention, gdn
+
+
+@contextlib.contextmanager
+def packed_rows(decoder, rows: Rows, kernel_set: KernelSet):
+    """Route one forward of packed samples (``rows``): every attention module of ``decoder.layers`` to varlen
+    attention, every fused Gated DeltaNet to fla's varlen kernels. On a normal exit, RuntimeError unless each of
+    them ran varlen exactly once: a layer that ran as one sequence would have let samples see each other."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    attention, gdn = mixers(decoder)
+    impl = decoder.config._attn_implementation
+    if impl not in ALL_ATTENTION_FUNCTIONS:
+        raise RuntimeError(f"packed rows route transformers' registered attention; this model runs {impl!r}")
+    own = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
+    previous = ALL_ATTENTION_FUNCTIONS[impl]
+    rows.kernels = kernel_set
+    for module in (*attention, *gdn):
+        module._hsx_rows = rows
+    ALL_ATTENTION_FUNCTIONS[impl] = previous if getattr(previous, "_hsx_routed", False) else _routed(previous)
+    try:
+        yield rows
+    finally:
+        if own:
+            ALL_ATTENTION_FUNCTIONS[impl] = previous
+        else:
+            del ALL_ATTENTION_FUNCTIONS[impl]
+        for module in (*attention, *gdn):
+            del module._hsx_rows
+    # By the config's layer types, not by the modules found: a mixer of a class not known here counts as not routed.
+    kinds = list(getattr(decoder.config, "layer_types", None) or ["full_attention"] * len(decoder.layers))
+    kinds = kinds[:len(decoder.layers)]
+    want_attention, want_gdn = kinds.count("full_attention"), kinds.count("linear_attention")
+    if (rows.seen != {id(m) for m in (*attention, *gdn)} or rows.attention_calls != want_attention
+            or rows.gdn_calls != want_gdn or want_attention + want_gdn != len(kinds)):
+        raise RuntimeError(f"packed rows: {rows.attention_calls} of {want_attention} attention and {rows.gdn_calls} "
+                           f"of {want_gdn} Gated DeltaNet layers ran over the samples' bounds; the others would have "
+                           "let samples see each other (run with --kernels padded)")
+
+
+def packing_ready(decoder, kernel_set: KernelSet | None, device) -> tuple[bool, str]:
+    """Whether packed rows are exact on this model and device, and if not, why (in words)."""
+    config = decoder.config
+    if kernel_set is None or kernel_set.varlen_attention is None:
+        return False, "no varlen attention kernel here"
+    types_ = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if not types_ <= MIXER_TYPES:
+        return False, f"layer types {sorted(types_ - MIXER_TYPES)} have no varlen path here"
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        return False, "sliding-window attention"
+    if config._attn_implementation != "sdpa":
+        return False, f"attention implementation {config._attn_implementation!r} (packed rows route sdpa's)"
+    attention, gdn = mixers(decoder)
+    unknown = {type(m).__name__ for m in decoder.layers.modules()
+               if type(m).__name__.endswith(("Attention", "DeltaNet")) and type(m).__name__ not in ATTENTIONS | GATED_DELTANETS}
+    if unknown:
+        return False, f"mixers of classes {sorted(unknown)} have no varlen path here"
+    if not attention and not gdn:
+        return False, "no attention or Gated DeltaNet module found"
+    unfused = [m for m in gdn if getattr(m.forward, "__func__", None) is not _gdn_forward]
+    if unfused:
+        return False, f"{len(unfused)} Gated DeltaNet layers run transformers' forward (no varlen conv there)"
+    if attention and torch.device(device).type == "cuda":
+        why = _check_varlen_attention(kernel_set, attention[0], device)
+        if why:
+            return False, why
+    return True, ""
+
+
+def _check_varlen_attention(kernel_set: KernelSet, module, device) -> str:
+    """Run the varlen kernel once on the device on the model's head shape (grouped kv heads, 3 samples, one of
+    length 1) against SDPA sample by sample; '' if it agrees, else what went wrong."""
+    config = module.config
+    heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
+    dim = getattr(module, "head_dim", config.hidden_size // heads)
+    dtype = next(module.parameters()).dtype
+    lengths = [1, 70, 130]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    rows = Rows(cu.to(device, torch.int32), cu.to(device), cu, max(lengths))
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(int(cu[-1]), h, dim, generator=gen).to(device, dtype) for h in (heads, kv, kv))
+    try:
+        got = kernel_set.varlen_attention(q, k, v, rows, dim ** -0.5).float()
+    except (RuntimeError, TypeError) as exc:
+        return f"varlen attention failed its check on the device: {str(exc).splitlines()[0]}"
+    want = sdpa_varlen_attention(q, k, v, rows, dim ** -0.5).float()
+    rel = float((got - want).norm() / want.norm())
+    return "" if rel < 2e-2 else f"varlen attention differs from SDPA on the device (rel L2 {rel:.1e})"
 
 
 def _recording_past(cache, layer_idx: int) -> bool:
@@ -335,8 +529,8 @@ def choose(mode: str, device: torch.device) -> tuple[KernelSet | None, str]:
         return None, f"transformers' eager forward (fla's fused kernels unavailable: {exc})"
 
 
-def describe(kernels: KernelSet | None, counts: dict[str, int], why: str) -> str:
-    """The start line's words for what the forward runs."""
+def describe(kernels: KernelSet | None, counts: dict[str, int], why: str, packing: str = "") -> str:
+    """The start line's words for what the forward runs; ``packing``: how a plain batch's rows are laid out."""
     if kernels is None or not any(counts.values()):
         return why or "transformers' eager forward (no module of this model has a fused kernel here)"
     parts = []
@@ -346,13 +540,34 @@ def describe(kernels: KernelSet | None, counts: dict[str, int], why: str) -> str
         parts.append(f"RMSNorm: {kernels.name}, residual add fused ({counts['layer']} layers)")
     if counts["mlp"]:
         parts.append(f"SwiGLU: {kernels.name}")
+    if packing:
+        parts.append(packing)
     return "; ".join(parts)
 
 
-def prepare(layers: torch.nn.Module, mode: str, device) -> str:
-    """Install the fused forwards ``mode`` allows on ``device`` under ``layers``; the start line's words."""
+@dataclass(frozen=True)
+class Prepared:
+    """What ``prepare`` installed: the start line's words, the kernel set (None: transformers' forward) and
+    whether a plain batch runs as one packed row."""
+
+    line: str
+    kernels: KernelSet | None
+    packs: bool
+
+
+def prepare(decoder: torch.nn.Module, mode: str, device) -> Prepared:
+    """Install the fused forwards ``mode`` allows on ``device`` under ``decoder.layers`` and decide whether plain
+    batches run packed (``mode`` auto, where ``packing_ready``); log and return what was done."""
     kernels, why = choose(mode, device)
-    counts = install(layers, kernels) if kernels is not None else {}
-    text = describe(kernels, counts, why)
+    counts = install(decoder.layers, kernels) if kernels is not None else {}
+    packs, packing = False, ""
+    if kernels is not None and any(counts.values()):
+        if mode == "padded":
+            packing = "rows padded (--kernels padded)"
+        else:
+            packs, no = packing_ready(decoder, kernels, device)
+            packing = (f"rows packed (varlen attention: {kernels.varlen_attention.__name__}; GDN: {kernels.name} "
+                       "varlen)" if packs else f"rows padded ({no})")
+    text = describe(kernels, counts, why, packing)
     log.info("forward kernels: %s", text)
-    return text
+    return Prepared(text, kernels, packs)

@@ -1,4 +1,4 @@
-"""Fetch and pad the inputs of upcoming batches while the GPU works on the current one."""
+"""Fetch and lay out (pad, or pack into one row) the inputs of upcoming batches while the GPU works on the current one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from gpu_worker.extractor import PaddedBatch, pad_batch
+from gpu_worker.extractor import PackedBatch, PaddedBatch, pad_batch
 from hsx.batch import INPUT_DIGEST_MISMATCH, BatchContents, BatchFileError, read_batch_bytes
 from hsx.life import BatchSpec
 from hsx.store import ObjectNotFound, layout
@@ -27,13 +27,16 @@ class Prefetcher:
     store outage of depth x batch time while uploads wait.
     """
 
-    def __init__(self, store, run: str, pad_id: int, pin: bool, depth: int):
+    def __init__(self, store, run: str, pad_id: int, pin: bool, depth: int, layout=None):
+        """``layout(input_ids, cu_seqlens, padded_len, pad_id, pin)``: how the forward takes a batch (the
+        extractor's ``batch``: packed or padded); default padded."""
         self.store, self.run, self.pad_id, self.pin, self.depth = store, run, pad_id, pin, depth
+        self.layout = layout or pad_batch
         self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="hsx-prefetch")
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _load(self, spec: BatchSpec) -> tuple[PaddedBatch, BatchContents]:
+    def _load(self, spec: BatchSpec) -> tuple[PaddedBatch | PackedBatch, BatchContents]:
         key = layout.input_key(self.run, spec.shard, spec.batch_id)
         try:
             data = self.store.get_bytes(key)
@@ -47,7 +50,7 @@ class Prefetcher:
         contents = read_batch_bytes(data, where=key)  # names truncation / malformed files
         if not spec.ids_match(contents.sample_ids):   # the plan's ids, or their digest
             raise BatchFileError(f"{key}: sample ids differ from the plan of {spec.batch_id}")
-        return pad_batch(contents.input_ids, contents.cu_seqlens, spec.padded_len, self.pad_id, self.pin), contents
+        return self.layout(contents.input_ids, contents.cu_seqlens, spec.padded_len, self.pad_id, self.pin), contents
 
     def _future(self, spec: BatchSpec) -> Future:
         with self._lock:
@@ -68,7 +71,7 @@ class Prefetcher:
         for spec in specs[: self.depth]:
             self._future(spec)
 
-    def take(self, spec: BatchSpec) -> tuple[PaddedBatch, BatchContents]:
+    def take(self, spec: BatchSpec) -> tuple[PaddedBatch | PackedBatch, BatchContents]:
         """The batch's inputs. A fetch started ahead that failed (e.g. in a store outage while the worker
         waited for spool room) is tried once more now, so it does not count against the batch."""
         with self._lock:

@@ -55,7 +55,7 @@ class WorkerRuntime(Role):
         self.writer = SpoolWriter(self.ledger, manifest, self.tiers, cfg.host, cfg.worker_name,
                                   on_failure=self.fail_batch, depth=DEFAULT_WRITE_QUEUE)
         self.prefetcher = Prefetcher(store, cfg.run, manifest.pad_token_id, pin=self.cuda,
-                                     depth=DEFAULT_PREFETCH_BATCHES)
+                                     depth=DEFAULT_PREFETCH_BATCHES, layout=extractor.batch)
         # One pinned byte buffer a batch in flight holds every stored tensor (hidden states, scales, final).
         self.pinned = (PinnedPool(DEFAULT_PINNED_BUFFERS, manifest.token_budget * manifest.host_bytes_per_token + 2**16)
                        if self.cuda else None)

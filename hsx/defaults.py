@@ -55,9 +55,10 @@ DEFAULT_DASHBOARD_HOST = "127.0.0.1"
 DEFAULT_DASHBOARD_PORT = 8787
 
 # The worker's forward (gpu_worker/kernels.py): "auto" runs fused kernels (flash-linear-attention's norms, SwiGLU,
-# Gated DeltaNet conv and gating) where they are installed and the device is CUDA, else transformers' eager forward
-# exactly; "eager" always runs transformers' forward.
-KERNEL_MODES = ("auto", "eager")
+# Gated DeltaNet conv and gating) where they are installed and the device is CUDA, and a plain batch's samples as
+# one packed row (varlen attention and GDN: no padding computed) where that is exact, else transformers' eager
+# forward exactly; "padded" the same fused kernels on right-padded rows; "eager" always transformers' forward.
+KERNEL_MODES = ("auto", "padded", "eager")
 DEFAULT_KERNELS = "auto"
 
 # Extract jobs a run keeps queued ahead of its workers (jobs): the plan is fed to the queue in steps

@@ -42,8 +42,10 @@ FLAGS = (
          "loads, and at every heartbeat) instead of waiting for more jobs: for batch schedulers (SLURM array tasks)",
          type=bool),
     Flag("--kernels", "the forward's kernels: auto = fused (flash-linear-attention's RMSNorm, SwiGLU, Gated DeltaNet "
-         "conv and gating) where installed on a CUDA device, else transformers' forward; eager = transformers' "
-         "forward always", choices=D.KERNEL_MODES, default=D.DEFAULT_KERNELS, env="HSX_KERNELS"),
+         "conv and gating) where installed on a CUDA device, and a plain batch's samples packed into one row (varlen "
+         "attention and GDN: no padding computed) where exact, else transformers' forward; padded = the same fused "
+         "kernels on right-padded rows; eager = transformers' forward always", choices=D.KERNEL_MODES,
+         default=D.DEFAULT_KERNELS, env="HSX_KERNELS"),
     Flag("--grace-seconds", "on SIGTERM, seconds to finish writing computed batches before handing the rest back",
          type=float, default=D.DEFAULT_GRACE_SECONDS, min=0),
     REDIS_URL,

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModel
 
 from gpu_worker import kernels
-from gpu_worker.extractor import Extractor, _decoder, pad_batch
+from gpu_worker.extractor import Extractor, PackedBatch, PaddedBatch, _decoder, pad_batch
 
 LENGTHS = [1, 5, 17, 40]   # padded to 40; the reference chunk rule works in chunks of 64 (a sample ends mid-chunk)
 
@@ -236,3 +236,119 @@ def test_an_fla_older_than_the_in_kernel_gate_is_refused_not_trusted(monkeypatch
     monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: "0.5.2")
     kernel_set, why = kernels.choose("auto", torch.device("cuda:0"))
     assert kernel_set is None and "fla-core 0.5.2 is older than 0.6" in why
+
+
+# ---- packed rows: a plain batch's samples as one row, each seen alone ---------------------------------------------
+
+PACKED_LENGTHS = [1, 5, 17, 70, 130]   # a sample of length 1; 70 and 130 end mid-chunk of the reference rule's 64
+
+
+def _packed_pair(monkeypatch, kind, tiny_model, kernel_set=None):
+    """(an Extractor packing with the reference kernels, one running transformers' forward on padded rows), on
+    two copies of one model; ``kernel_set`` replaces the reference set (a negative test's broken kernels)."""
+    def build():
+        if kind == "qwen3.5 hybrid":
+            return _tiny_hybrid()
+        return AutoModel.from_pretrained(str(tiny_model), dtype=torch.float32, attn_implementation="sdpa").eval()
+
+    lone = Extractor(build(), [0, 1, 2], store_final=True, out_dtype="float32", kernels="eager")
+    assert lone.kernel_set is None and not lone.packs
+    model = build()
+    chosen = kernel_set(model) if kernel_set else _reference(model)
+    monkeypatch.setattr(kernels, "choose", lambda mode, device: (chosen, ""))
+    packed = Extractor(model, [0, 1, 2], store_final=True, out_dtype="float32")
+    return packed, lone
+
+
+def _batch(vocab: int):
+    gen = torch.Generator().manual_seed(5)
+    cu = torch.tensor([0, *torch.tensor(PACKED_LENGTHS).cumsum(0).tolist()])
+    return torch.randint(0, vocab, (int(cu[-1]),), generator=gen), cu
+
+
+@pytest.mark.parametrize("kind", ["qwen3.5 hybrid", "qwen3"])
+def test_a_packed_batch_stores_what_each_sample_alone_gives(kind, tiny_model, monkeypatch):
+    """Packed rows (positions restarting per sample, varlen conv, delta rule and attention) against transformers'
+    forward of the same samples right-padded: every stored layer and the final state of every sample."""
+    packed, lone = _packed_pair(monkeypatch, kind, tiny_model)
+    assert packed.packs and "rows packed (varlen attention: sdpa_varlen_attention" in packed.kernels_line
+    ids, cu = _batch(200)
+    batch = packed.batch(ids, cu, 136, 0, pin=False)
+    assert isinstance(batch, PackedBatch) and batch.input_ids.shape == (1, int(cu[-1])) and batch.max_len == 130
+    assert batch.positions[0, cu[3]:cu[4]].tolist() == list(range(70))
+    got, got_final = packed.run(batch)
+    want, want_final = lone.run(lone.batch(ids, cu, 136, 0, pin=False))
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(got_final, want_final, rtol=2e-5, atol=2e-5)
+
+
+def _leaky_attention(model):
+    """Reference kernels whose attention runs over the whole packed row: samples see the ones before them."""
+    ref = _reference(model)
+
+    def attention(q, k, v, rows, scale):
+        one = kernels.Rows(rows.cu32[[0, -1]], rows.cu64[[0, -1]], rows.cu_host[[0, -1]], int(rows.cu_host[-1]))
+        return ref.varlen_attention(q, k, v, one, scale)
+    return kernels.KernelSet(ref.name, ref.rms_norm, ref.rms_norm_gated, ref.swiglu, ref.causal_conv1d,
+                             ref.gated_delta_rule, attention)
+
+
+def _leaky_conv(model):
+    """Reference kernels whose Gated DeltaNet convolution ignores the samples' bounds."""
+    ref = _reference(model)
+    return kernels.KernelSet(ref.name, ref.rms_norm, ref.rms_norm_gated, ref.swiglu,
+                             lambda x, w, b, act, rows=None: ref.causal_conv1d(x, w, b, act),
+                             ref.gated_delta_rule, ref.varlen_attention)
+
+
+@pytest.mark.parametrize("broken", [_leaky_attention, _leaky_conv])
+def test_the_packed_parity_test_fails_when_a_sample_sees_another(broken, tiny_model, monkeypatch):
+    packed, lone = _packed_pair(monkeypatch, "qwen3.5 hybrid", tiny_model, broken)
+    ids, cu = _batch(200)
+    got = torch.cat(packed.run(packed.batch(ids, cu, 136, 0, pin=False)), dim=1)   # layers 0-2 and the final state
+    want = torch.cat(lone.run(lone.batch(ids, cu, 136, 0, pin=False)), dim=1)
+    first = slice(0, int(cu[1]))   # the first sample sees nothing before it either way
+    torch.testing.assert_close(got[first], want[first], rtol=2e-5, atol=2e-5)
+    assert float((got - want).abs().max()) > 1e-2
+
+
+def test_a_packed_forward_whose_attention_was_not_routed_is_refused(tiny_model, monkeypatch):
+    """A mixer of a class the router does not know would run as one sequence: the forward is refused, not stored."""
+    packed, _ = _packed_pair(monkeypatch, "qwen3.5 hybrid", tiny_model)
+    ids, cu = _batch(200)
+    monkeypatch.setattr(kernels, "ATTENTIONS", set())
+    with pytest.raises(RuntimeError, match="0 of 1 attention and 3 of 3 Gated DeltaNet layers"):
+        packed.run(packed.batch(ids, cu, 136, 0, pin=False))
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    assert "sdpa" not in ALL_ATTENTION_FUNCTIONS._local_mapping   # the router is gone after the forward
+
+
+def test_packing_is_off_where_it_would_not_be_exact(tiny_model, monkeypatch):
+    hybrid = _tiny_hybrid()
+    ref = _reference(hybrid)
+    decoder = _decoder(hybrid)
+    monkeypatch.setattr(kernels, "choose", lambda mode, device: (ref, ""))
+    assert kernels.prepare(decoder, "auto", "cpu").packs
+    padded = kernels.prepare(decoder, "padded", "cpu")
+    assert not padded.packs and padded.line.endswith("rows padded (--kernels padded)")
+    no_varlen = kernels.KernelSet(*(getattr(ref, f) for f in ("name", "rms_norm", "rms_norm_gated", "swiglu",
+                                                               "causal_conv1d", "gated_delta_rule")))
+    kernels.uninstall(decoder.layers)
+    kernels.install(decoder.layers, no_varlen)
+    assert kernels.packing_ready(decoder, no_varlen, "cpu") == (False, "no varlen attention kernel here")
+    kernels.uninstall(decoder.layers)
+    kernels.install(decoder.layers, ref)
+    gdn = next(m for m in decoder.modules() if type(m).__name__ in kernels.GATED_DELTANETS)
+    kernels._unbind(gdn)
+    ok, why = kernels.packing_ready(decoder, ref, "cpu")
+    assert not ok and why == "1 Gated DeltaNet layers run transformers' forward (no varlen conv there)"
+    eager_attention = AutoModel.from_pretrained(str(tiny_model), dtype=torch.float32, attn_implementation="eager")
+    dense = _decoder(eager_attention)
+    kernels.install(dense.layers, ref)
+    assert kernels.packing_ready(dense, ref, "cpu") == (
+        False, "attention implementation 'eager' (packed rows route sdpa's)")
+    monkeypatch.undo()   # transformers' own choice again: the CPU has no fused kernels, so rows stay padded
+    on_cpu = Extractor(AutoModel.from_pretrained(str(tiny_model), dtype=torch.float32), [1], store_final=False,
+                       out_dtype="float32")
+    assert not on_cpu.packs and isinstance(on_cpu.batch(torch.arange(4), torch.tensor([0, 4]), 8, 0, False),
+                                           PaddedBatch)

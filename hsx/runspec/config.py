@@ -83,7 +83,7 @@ class WorkerConfig:
     memory_spool_dir: Path | None = None  # the memory tier (tmpfs); None: disk tier only
     memory_spool_budget_bytes: int = 0
     memory_spool_why: str = ""  # how the memory tier's budget was chosen (hsx worker's start line says it)
-    kernels: str = D.DEFAULT_KERNELS  # auto: fused kernels where available (gpu_worker/kernels.py) | eager
+    kernels: str = D.DEFAULT_KERNELS  # auto: fused kernels + packed rows where available (gpu_worker/kernels.py) | padded | eager
 
     @property
     def tiers(self):
