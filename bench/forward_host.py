@@ -201,7 +201,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="hybrid27b", choices=shapes.SHAPES)
     ap.add_argument("--compute-dtype", default="float8", choices=("bfloat16", "float8"))
-    ap.add_argument("--kernels", default="auto", choices=("auto", "eager"))
+    ap.add_argument("--kernels", default="auto", choices=("auto", "padded", "eager"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cpu", action="store_true", help="tiny-hybrid on the CPU (float32)")
     ap.add_argument("--out", default="")

@@ -97,9 +97,8 @@ def _sync(device) -> None:
 
 def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int, forward_tokens: int) -> tuple[float, int]:
     """Seconds to run every batch of ``planned`` (a first pass over the shapes untimed), and the forwards run.
-    Tree batches run with the plan's budget, cached tokens (two budgets) and price of a forward."""
-    from gpu_worker.extractor import pad_batch
-
+    Tree batches run with the plan's budget, cached tokens (two budgets) and price of a forward; plain batches
+    as the worker lays them out (``Extractor.batch``: one packed row where the forward packs, else padded)."""
     def one(batch) -> None:
         rows = [torch.as_tensor(seqs[i], dtype=torch.int64) for i in batch.members]
         ids = torch.cat(rows)
@@ -107,18 +106,20 @@ def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int, forward_to
         if batch.groups:
             ex.run_shared(ids, cu, [list(g) for g in batch.groups], token_budget, 2 * token_budget, forward_tokens)
         else:
-            ex.run(pad_batch(ids, cu, batch.padded_len, pad_id, pin=ex.device.type == "cuda"))
+            ex.run(ex.batch(ids, cu, batch.padded_len, pad_id, pin=ex.device.type == "cuda"))
 
     for batch in planned[:WARM_BATCHES]:   # untimed (fla compiles per shape; the fastest pass is kept anyway)
         one(batch)
     _sync(ex.device)
-    forwards, real = [0], ex.forward_packed
+    forwards = [0]
 
-    def counted(*args, **kwargs):
-        forwards[0] += 1
-        return real(*args, **kwargs)
+    def counting(real):
+        def counted(*args, **kwargs):
+            forwards[0] += 1
+            return real(*args, **kwargs)
+        return counted
 
-    ex.forward_packed = counted
+    ex.forward_packed, ex.forward_rows = counting(ex.forward_packed), counting(ex.forward_rows)
     try:
         t = time.perf_counter()
         for batch in planned:
@@ -126,7 +127,7 @@ def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int, forward_to
         _sync(ex.device)
         return time.perf_counter() - t, forwards[0]
     finally:
-        del ex.forward_packed
+        del ex.forward_packed, ex.forward_rows
 
 
 def fidelity(ex, seqs: list, planned, limit: int, budget: int, forward_tokens: int) -> dict:
@@ -306,7 +307,7 @@ def main() -> int:
     ap.add_argument("--layers", default="", help="default: dflash (dflash:3 on the CPU's tiny shapes)")
     ap.add_argument("--compute-dtype", default="bfloat16", type=computes,
                     help="bfloat16, float8, or bfloat16,float8 (the same weights measured in bf16, then in FP8)")
-    ap.add_argument("--kernels", default="auto", choices=("auto", "eager"))
+    ap.add_argument("--kernels", default="auto", choices=("auto", "padded", "eager"))
     ap.add_argument("--fidelity-samples", type=int, default=16)
     ap.add_argument("--fidelity-only", action="store_true", help="reused and batched vs lone only, no timing")
     ap.add_argument("--model-dtype", default="bfloat16", choices=("bfloat16", "float32"),
