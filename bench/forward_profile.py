@@ -10,7 +10,9 @@ bf16 then FP8 compute (hsx's rowwise e4m3 linears), runs each variant of the for
 - ``eager``: transformers' forward (``hsx worker --kernels eager``, the path before issue 39);
 - ``fused``: gpu_worker/kernels.py's kernels (``--kernels auto``, the default);
 - with ``--levers``: the fused set one lever at a time on top of eager (norms, swiglu, gdn), so that each gain
-  is attributed, not guessed.
+  is attributed, not guessed;
+- ``+ packed rows``: the fused set with each batch's samples as one packed row (the default's layout where it is
+  exact: varlen attention and GDN, no padding computed).
 
 Per variant: useful tok/s over one timed pass of all batches (CUDA events, after a warm pass: fla compiles per
 shape), and a torch.profiler table of GPU time by kind (GEMM, GDN kernels, conv, attention, quantise, norm,
@@ -61,6 +63,8 @@ LEVERS = {  # name: the kernel kinds of gpu_worker/kernels.py's tables installed
     "+ swiglu": {"norm", "layer", "mlp"},
     "+ GDN conv, gating, gated norm (= fused)": {"norm", "layer", "mlp", "gated_deltanet"},
 }
+PACKED = "+ packed rows (varlen attention and GDN)"   # the fused set, each batch one packed row
+FUSED = {"norm", "layer", "mlp", "gated_deltanet"}
 
 
 def kind_of(name: str) -> str:
@@ -87,28 +91,67 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+class Batches:
+    """The same batches padded ([rows, padded_len] ids) or packed (one row each, the plan's sample bounds), and
+    one forward of either as the worker runs it."""
+
+    def __init__(self, decoder, kernel_set, batches, lengths: list[int], vocab: int, device):
+        from gpu_worker.extractor import pack_batch
+
+        gen = torch.Generator().manual_seed(0)
+        self.decoder, self.kernel_set, self.device = decoder, kernel_set, device
+        self.padded = [torch.randint(0, vocab, (len(b.members), b.padded_len), generator=gen).to(device)
+                       for b in batches]
+        self.packed = []
+        for b, ids in zip(batches, self.padded, strict=True):
+            lengths_b = torch.tensor([lengths[i] for i in b.members], dtype=torch.int64)
+            cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths_b.cumsum(0)])
+            real = torch.cat([ids[r, :int(n)].cpu() for r, n in enumerate(lengths_b)])
+            self.packed.append(pack_batch(real, cu, pin=device.type == "cuda"))
+
+    def items(self, packed: bool) -> list:
+        return self.packed if packed else self.padded
+
+    def forward(self, item) -> None:
+        if torch.is_tensor(item):
+            self.decoder(input_ids=item, use_cache=False)
+            return
+        dev = self.device
+        rows = kernels.Rows(item.cu_seqlens.to(dev, torch.int32), item.cu_seqlens.to(dev), item.cu_seqlens,
+                            item.max_len)
+        types = getattr(self.decoder.config, "layer_types", None) or ["full_attention"]
+        with kernels.packed_rows(self.decoder, rows, self.kernel_set):
+            self.decoder(input_ids=item.input_ids.to(dev, non_blocking=True),
+                         position_ids=item.positions.to(dev, non_blocking=True),
+                         attention_mask=dict.fromkeys(set(types)), use_cache=False)
+
+
+def computed(item) -> int:
+    return item.numel() if torch.is_tensor(item) else item.n_tokens
+
+
 @torch.inference_mode()
-def timed_pass(decoder, inputs, real: int, device) -> dict:
+def timed_pass(batches: Batches, items, real: int, device) -> dict:
     sync(device)
     t = time.perf_counter()
-    for ids in inputs:
-        decoder(input_ids=ids, use_cache=False)
+    for item in items:
+        batches.forward(item)
     sync(device)
     s = time.perf_counter() - t
-    return {"seconds": s, "tok_s": real / s, "computed_tok_s": sum(i.numel() for i in inputs) / s}
+    return {"seconds": s, "tok_s": real / s, "computed_tok_s": sum(computed(i) for i in items) / s}
 
 
 @torch.inference_mode()
-def profile_kinds(decoder, inputs, device) -> dict:
-    """GPU time by kind over ``inputs`` (ms and share of wall), kernel launches, and idle = wall - kernel time."""
+def profile_kinds(batches: Batches, items, device) -> dict:
+    """GPU time by kind over ``items`` (ms and share of wall), kernel launches, and idle = wall - kernel time."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
     sync(device)
     with profile(activities=activities) as prof:
         t = time.perf_counter()
-        for ids in inputs:
-            decoder(input_ids=ids, use_cache=False)
+        for item in items:
+            batches.forward(item)
         sync(device)
         wall_ms = (time.perf_counter() - t) * 1e3
     ms, launches, top = defaultdict(float), 0, defaultdict(float)
@@ -231,10 +274,8 @@ def main() -> int:
     lengths = harness.lengths_for("mix", args.tokens, seed=1)
     budget = 32768 if not args.cpu else 2048
     batches = cut_batches(lengths, budget, 512, 8)
-    gen = torch.Generator().manual_seed(0)
     vocab = config.vocab_size
-    inputs = [torch.randint(0, min(vocab, 1000), (len(b.members), b.padded_len), generator=gen).to(device)
-              for b in batches]
+    data = Batches(decoder, kernel_set, batches, lengths, min(vocab, 1000), device)
     real = sum(b.tokens for b in batches)
     result = {"shape": args.shape, "device": torch.cuda.get_device_name(0) if not args.cpu else "cpu",
               "torch": torch.__version__, "kernels": kernel_set.name, "batches": len(batches),
@@ -242,9 +283,16 @@ def main() -> int:
               "variants": {}, "parity": {}}
     print(f"[profile] {args.shape}: {len(batches)} batches ({real} real tokens), {len(decoder.layers)} layers, "
           f"{kernel_set.name}", flush=True)
-    variants = {"eager": None, "fused": {"norm", "layer", "mlp", "gated_deltanet"}}
+    variants = {"eager": None, "fused": FUSED}
     if args.levers:
         variants = {"eager": None, **LEVERS}
+    kernels.install(decoder.layers, kernel_set)
+    packs, why = kernels.packing_ready(decoder, kernel_set, device)
+    kernels.uninstall(decoder.layers)
+    if packs:
+        variants[PACKED] = FUSED
+    else:
+        print(f"[profile] no packed rows here: {why}", flush=True)
     json_path = out / f"forward_profile_{args.shape}.json"
     for compute in args.computes.split(","):
         if compute == "fp8":
@@ -262,11 +310,12 @@ def main() -> int:
             kernels.uninstall(decoder)
             if parts:
                 install_subset(decoder, kernel_set, parts)
+            items = data.items(packed=name == PACKED)
             t = time.perf_counter()
-            timed_pass(decoder, inputs, real, device)  # warm: every shape compiles / autotunes off the clock
+            timed_pass(data, items, real, device)  # warm: every shape compiles / autotunes off the clock
             warm_s = time.perf_counter() - t
-            timed = timed_pass(decoder, inputs, real, device)
-            prof = profile_kinds(decoder, inputs[: args.profile_batches], device)
+            timed = timed_pass(data, items, real, device)
+            prof = profile_kinds(data, items[: args.profile_batches], device)
             key = f"{compute} {name}"
             result["variants"][key] = {**timed, "warm_s": warm_s, **prof}
             print(f"[profile] {key}: {timed['tok_s']:.0f} tok/s (warm pass {warm_s:.1f}s), busy {prof['busy']:.1%}, "
@@ -282,12 +331,12 @@ def print_table(result: dict) -> None:
     base = {}
     print(f"\n{result['shape']} on {result['device']}, {result['real_tokens']} real tokens in {result['batches']} "
           f"batches, {result['layers']} layers; GPU ms by kind (share of wall, profiler on)")
-    print(f"{'variant':<44} {'tok/s':>7} {'x':>5} " + " ".join(f"{k[:10]:>16}" for k in ORDER))
+    print(f"{'variant':<46} {'tok/s':>7} {'x':>5} " + " ".join(f"{k[:10]:>16}" for k in ORDER))
     for key, v in variants.items():
         compute = key.split()[0]
         base.setdefault(compute, v["tok_s"])
         cells = " ".join(f"{v['kinds'][k]['ms']:>8.0f} ({v['kinds'][k]['share']:>4.1%})" for k in ORDER)
-        print(f"{key:<44} {v['tok_s']:>7.0f} {v['tok_s'] / base[compute]:>5.2f} {cells}")
+        print(f"{key:<46} {v['tok_s']:>7.0f} {v['tok_s'] / base[compute]:>5.2f} {cells}")
 
 
 if __name__ == "__main__":
