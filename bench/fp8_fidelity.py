@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.activation_stats import texts  # noqa: E402
-from gpu_worker.extractor import Extractor, PaddedBatch, pad_batch  # noqa: E402
+from gpu_worker.extractor import Extractor, pack_batch, pad_batch  # noqa: E402
 from gpu_worker.fp8compute import write_fp8_checkpoint  # noqa: E402
 from hsx.batch.dtypes import fp8_error, quantise_fp8  # noqa: E402
 from hsx.defaults import DEFAULT_FP8_ACCUMULATION, FP8_ACCUMULATIONS  # noqa: E402
@@ -43,10 +44,25 @@ from hsx_tools.tinymodel import build_tokenizer  # noqa: E402
 WIDTH, ROWS = 1024, 8   # every measured batch is ROWS x WIDTH, right-padded
 
 
-def fixed_batches(samples: list[list[int]]) -> list:
+@dataclass
+class Fixed:
+    """A measured batch: ROWS samples (packed ids, bounds), of which the first ``real`` tokens are measured."""
+
+    ids: torch.Tensor
+    cu: torch.Tensor
+    real: int
+
+    def run(self, ex: Extractor) -> torch.Tensor:
+        """The stored layers of the measured tokens, the batch laid out as ``ex``'s forward runs it: one packed
+        row where it packs rows, else ROWS rows right-padded to WIDTH."""
+        laid = pack_batch(self.ids, self.cu, pin=False) if ex.packs else pad_batch(self.ids, self.cu, WIDTH, 0, pin=False)
+        return ex.run(laid)[0][:self.real]
+
+
+def fixed_batches(samples: list[list[int]]) -> list[Fixed]:
     """The samples (each at most WIDTH tokens) in batches of one shape, ROWS right-padded rows of WIDTH (the
-    last filled with copies of the first sample, not measured twice: ``run`` keeps a batch's first ``real``
-    tokens). fla's Triton kernels compile and autotune per new shape, so one shape is one compile per column
+    last filled with copies of the first sample, not measured twice: only a batch's first ``real`` tokens are
+    kept). fla's Triton kernels compile and autotune per new shape, so one shape is one compile per column
     where a batch a text was minutes of compiling (the device calls of 2026-12-06 never finished it)."""
     batches = []
     for at in range(0, len(samples), ROWS):
@@ -55,8 +71,7 @@ def fixed_batches(samples: list[list[int]]) -> list:
         rows = rows + [samples[0]] * (ROWS - len(rows))
         ids = torch.tensor([t for r in rows for t in r])
         cu = torch.tensor([0] + [len(r) for r in rows]).cumsum(0)
-        batch = pad_batch(ids, cu, WIDTH, 0, pin=False)
-        batches.append(PaddedBatch(batch.input_ids, batch.flat_index[:real], real))
+        batches.append(Fixed(ids, cu, real))
     return batches
 
 
@@ -74,7 +89,7 @@ def compare(ref: torch.Tensor, x: torch.Tensor, n_layers: int) -> list[tuple[flo
 def extract(path: Path, layer_ids, batches, compute: str, accumulation: str = DEFAULT_FP8_ACCUMULATION) -> torch.Tensor:
     ex = Extractor.load(str(path), layer_ids, False, "cuda:0", "bfloat16", compute_dtype=compute,
                         fp8_accumulation=accumulation)
-    outs = [ex.run(b)[0].clone() for b in batches]
+    outs = [b.run(ex).clone() for b in batches]
     del ex
     torch.cuda.empty_cache()
     return torch.cat(outs)
@@ -86,7 +101,7 @@ def kernel_fidelity(path: Path, layer_ids, batches, device: str, only: str = "")
     def run(compute: str, kernels: str, dtype: str) -> torch.Tensor:
         ex = Extractor.load(str(path), layer_ids, False, device, out_dtype=dtype, model_dtype=dtype,
                             compute_dtype=compute, kernels=kernels)
-        outs = [ex.run(b)[0].float().clone() for b in batches]
+        outs = [b.run(ex).float().clone() for b in batches]
         del ex
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -94,8 +109,12 @@ def kernel_fidelity(path: Path, layer_ids, batches, device: str, only: str = "")
 
     ref = run("bfloat16", "eager", "float32")   # compute_dtype bfloat16 + model dtype float32: an fp32 forward
     fp8 = device.startswith("cuda") and torch.cuda.get_device_capability(device) >= (8, 9)
-    columns = [("bf16 eager", "bfloat16", "eager"), ("bf16 fused", "bfloat16", "auto")]
-    columns += [("FP8 eager", "float8", "eager"), ("FP8 fused", "float8", "auto")] if fp8 else []
+    # fused: the fused kernels on padded rows; packed: the same with each batch one packed row (the default
+    # where the forward packs; on the CPU no kernel packs, and the column is the eager forward again)
+    columns = [("bf16 eager", "bfloat16", "eager"), ("bf16 fused", "bfloat16", "padded"),
+               ("bf16 packed", "bfloat16", "auto")]
+    columns += [("FP8 eager", "float8", "eager"), ("FP8 fused", "float8", "padded"),
+                ("FP8 packed", "float8", "auto")] if fp8 else []
     if only:
         wanted = [c.strip() for c in only.split(",")]
         unknown = set(wanted) - {name for name, _, _ in columns}
