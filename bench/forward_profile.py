@@ -41,7 +41,7 @@ import shapes  # noqa: E402
 import torch  # noqa: E402
 
 from gpu_worker import fp8linear, kernels  # noqa: E402
-from gpu_worker.extractor import _decoder  # noqa: E402
+from gpu_worker.extractor import _decoder, decoder_packed  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.prep.planning import cut_batches  # noqa: E402
 
@@ -116,14 +116,7 @@ class Batches:
         if torch.is_tensor(item):
             self.decoder(input_ids=item, use_cache=False)
             return
-        dev = self.device
-        rows = kernels.Rows(item.cu_seqlens.to(dev, torch.int32), item.cu_seqlens.to(dev), item.cu_seqlens,
-                            item.max_len)
-        types = getattr(self.decoder.config, "layer_types", None) or ["full_attention"]
-        with kernels.packed_rows(self.decoder, rows, self.kernel_set):
-            self.decoder(input_ids=item.input_ids.to(dev, non_blocking=True),
-                         position_ids=item.positions.to(dev, non_blocking=True),
-                         attention_mask=dict.fromkeys(set(types)), use_cache=False)
+        decoder_packed(self.decoder, self.kernel_set, item, self.device)
 
 
 def computed(item) -> int:

@@ -146,6 +146,20 @@ def pack_batch(packed_ids: torch.Tensor, cu_seqlens: torch.Tensor, pin: bool) ->
     return PackedBatch(ids, positions, cu, int(lengths.max()), n)
 
 
+def decoder_packed(decoder, kernel_set, batch: PackedBatch, device):
+    """``decoder``'s forward of a packed batch with ``kernel_set`` installed: the samples' bounds to every mixer
+    (gpu_worker/kernels.py ``packed_rows``), positions restarting at each sample, no mask."""
+    from gpu_worker import kernels
+
+    rows = kernels.Rows(batch.cu_seqlens.to(device, torch.int32, non_blocking=True),
+                        batch.cu_seqlens.to(device, non_blocking=True), batch.cu_seqlens, batch.max_len)
+    types = getattr(decoder.config, "layer_types", None) or ["full_attention"]
+    with kernels.packed_rows(decoder, rows, kernel_set):
+        return decoder(input_ids=batch.input_ids.to(device, non_blocking=True),
+                       position_ids=batch.positions.to(device, non_blocking=True),
+                       attention_mask=dict.fromkeys(set(types)), use_cache=False)
+
+
 class Extractor:
     """Holds the model; ``run`` maps a PaddedBatch or a PackedBatch to packed hidden states on the device."""
 
@@ -370,23 +384,13 @@ class Extractor:
         """One decoder forward of a packed batch (its samples in one row, each seen alone: gpu_worker/kernels.py
         ``packed_rows``); the stored layers as ``forward_packed`` gives them. ``capture`` False: the forward only
         (a benchmark's bare pass), returning nothing."""
-        from gpu_worker import kernels
-
         if self.kernel_set is None:
             raise RuntimeError("a packed batch needs the fused kernels (this forward runs transformers')")
-        dev = self.device
-        ids = batch.input_ids.to(dev, non_blocking=True)
-        positions = batch.positions.to(dev, non_blocking=True)
-        rows = kernels.Rows(batch.cu_seqlens.to(dev, torch.int32, non_blocking=True),
-                            batch.cu_seqlens.to(dev, non_blocking=True), batch.cu_seqlens, batch.max_len)
-        types = getattr(text_config(self.model.config), "layer_types", None) or ["full_attention"]
-        masks = dict.fromkeys(set(types))   # no mask: each layer sees the samples' bounds through ``rows``
         self._flat_index = None
-        self._out = torch.empty((batch.n_tokens, self.width), dtype=self.out_dtype, device=dev) if capture else None
+        self._out = (torch.empty((batch.n_tokens, self.width), dtype=self.out_dtype, device=self.device)
+                     if capture else None)
         try:
-            with kernels.packed_rows(self.decoder, rows, self.kernel_set):
-                result = self.decoder(input_ids=ids, position_ids=positions, attention_mask=masks, use_cache=False)
-            return self._finish(result)
+            return self._finish(decoder_packed(self.decoder, self.kernel_set, batch, self.device))
         finally:
             self._out = self._flat_index = None
 
