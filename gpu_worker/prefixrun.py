@@ -39,6 +39,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -123,10 +124,23 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
         raise RuntimeError(f"prefix batch: {len(segments) - going.segment} of {len(segments)} segments of rows "
                            f"going on were not run ({len(going.held)} groups held)")
     grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
-    alone = [(b, [b], 0) for b in range(len(cu) - 1) if b not in grouped]
-    if alone:
-        _run_rows(ex, ids, cu, alone, None, put)
+    alone = [b for b in range(len(cu) - 1) if b not in grouped]
+    if alone and ex.packs:   # no past to continue: one packed row, as a plain batch runs
+        _run_packed(ex, ids, cu, alone, put)
+    elif alone:
+        _run_rows(ex, ids, cu, [(b, [b], 0) for b in alone], None, put)
     return put.hidden, put.final
+
+
+def _run_packed(ex, ids: torch.Tensor, cu: list[int], rows: list[int], put) -> None:
+    """Samples computed alone, from token 0, as one packed row (``Extractor.forward_rows``), stored in place."""
+    from gpu_worker.extractor import pack_batch
+
+    lengths = [cu[b + 1] - cu[b] for b in rows]
+    bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
+    batch = pack_batch(torch.cat([ids[cu[b]:cu[b + 1]] for b in rows]), bounds, ex.device.type == "cuda")
+    put([(cu[b], int(bounds[i]), n) for i, (b, n) in enumerate(zip(rows, lengths, strict=True))],
+        ex.forward_rows(batch))
 
 
 class _Stored:

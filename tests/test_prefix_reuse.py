@@ -84,15 +84,29 @@ def _rows(seed: int, vocab: int = 200):
 
 
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
-@pytest.mark.parametrize("chunk_tokens", [4096, 16])   # 16: each spine longer than the piece a forward may take
-def test_every_sample_equals_its_lone_forward(kind, chunk_tokens, tiny_model):
+@pytest.mark.parametrize("chunk_tokens,packed", [(4096, False), (16, False), (4096, True)])
+def test_every_sample_equals_its_lone_forward(kind, chunk_tokens, packed, tiny_model, monkeypatch):
+    """16: each spine longer than the piece a forward may take. packed: the fused kernels (the reference set) and
+    the rows computed alone packed into one row, as a packing worker runs them."""
     model = _model(kind, tiny_model)
+    real_packed = prefixrun._run_packed
+    if packed:
+        from gpu_worker import kernels
+        from tests.test_kernels import _reference
+
+        reference = _reference(model)
+        monkeypatch.setattr(kernels, "choose", lambda mode, device: (reference, ""))
+        forwards = []
+        monkeypatch.setattr(prefixrun, "_run_packed", lambda *a: forwards.append(a[3]) or real_packed(*a))
     ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    assert ex.packs == packed
     rows, groups = _rows(1)
     ids, cu = _batch(rows)
     hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], chunk_tokens)
     worst = _lone_error(model, rows, hidden, final, cu)
     print(f"{kind}, pieces of {chunk_tokens}: max |reused - lone| = {worst:.2e}")
+    if packed:
+        assert forwards == [[6, 7]]   # the two rows alone, in one packed forward
 
 
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
