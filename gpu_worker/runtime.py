@@ -256,7 +256,8 @@ class WorkerRuntime(Role):
             self.current_batch = None
         self.batches_run += 1
         self.tokens_run += spec.tokens
-        self.tokens_computed += spec.computed_tokens
+        # what this forward computed: a plain batch packed into one row computes its real tokens only
+        self.tokens_computed += (padded.input_ids.numel() if not spec.prefix_groups else spec.computed_tokens)
         self.after_batch()
         return f"{bid}: {spec.samples} samples, {spec.tokens} tokens"
 

@@ -23,6 +23,11 @@ def test_a_packing_worker_stores_every_sample_as_computed_alone(r, redis_server,
         return real_run(self, batch, convert)
 
     monkeypatch.setattr(Extractor, "run", run)
+    from gpu_worker.runtime import WorkerRuntime
+
+    totals = []
+    real_after = WorkerRuntime.after_batch
+    monkeypatch.setattr(WorkerRuntime, "after_batch", lambda self: totals.append(self.totals()) or real_after(self))
     with caplog.at_level("INFO", logger="gpu_worker.runtime"):
         report = run_pipeline(redis_server.url, tiny_model, str(tmp_path / "store"), tmp_path / "spool", run="pk",
                               prefix_reuse="off")
@@ -32,3 +37,5 @@ def test_a_packing_worker_stores_every_sample_as_computed_alone(r, redis_server,
     assert any(s.padded > s.tokens for s in specs.values())   # the plan padded rows the worker did not compute
     stored, _, worst = _check_stored(r, open_store(str(tmp_path / "store")), "pk", tiny_model)
     assert stored == report.tokens and worst < 1e-5
+    # the worker counts what it computed: real tokens only (the plan counted the padding)
+    assert totals[-1]["tokens"] == totals[-1]["computed"] == report.tokens < sum(s.padded for s in specs.values())
