@@ -26,7 +26,7 @@ import torch
 
 from hsx.batch import FP8, fp8_error, quantise_fp8
 from hsx.batch import VALUE_DTYPES as DTYPES
-from hsx.defaults import DEFAULT_FP8_ACCUMULATION, DEFAULT_KERNELS, DEFAULT_PREFIX_FORWARD_TOKENS
+from hsx.defaults import DEFAULT_FP8_ACCUMULATION, DEFAULT_KERNELS, DEFAULT_PREFIX_FORWARD_TOKENS, PACK_MIN_PADDING
 from hsx.runspec import text_config
 
 log = logging.getLogger(__name__)
@@ -272,8 +272,10 @@ class Extractor:
 
     def batch(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, padded_len: int, pad_id: int,
               pin: bool) -> PaddedBatch | PackedBatch:
-        """A plan's batch (packed ids and bounds) laid out as this forward runs it: one packed row, or padded."""
-        if self.packs:
+        """A plan's batch (packed ids and bounds) laid out as this forward runs it: one packed row where the
+        forward packs and the padded rows would compute more than PACK_MIN_PADDING of padding, else padded."""
+        rows, real = cu_seqlens.shape[0] - 1, input_ids.shape[0]
+        if self.packs and rows * padded_len > (1 + PACK_MIN_PADDING) * real:
             return pack_batch(input_ids, cu_seqlens, pin)
         return pad_batch(input_ids, cu_seqlens, padded_len, pad_id, pin)
 

@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from hsx.defaults import KERNEL_MODES as KERNELS
+from hsx.defaults import PACK_MIN_PADDING
 
 log = logging.getLogger(__name__)
 
@@ -566,8 +567,9 @@ def prepare(decoder: torch.nn.Module, mode: str, device) -> Prepared:
             packing = "rows padded (--kernels padded)"
         else:
             packs, no = packing_ready(decoder, kernels, device)
-            packing = (f"rows packed (varlen attention: {kernels.varlen_attention.__name__}; GDN: {kernels.name} "
-                       "varlen)" if packs else f"rows padded ({no})")
+            packing = (f"rows packed where a batch pads > {PACK_MIN_PADDING:.0%} (varlen attention: "
+                       f"{kernels.varlen_attention.__name__}; GDN: {kernels.name} varlen)" if packs
+                       else f"rows padded ({no})")
     text = describe(kernels, counts, why, packing)
     log.info("forward kernels: %s", text)
     return Prepared(text, kernels, packs)

@@ -59,6 +59,11 @@ DEFAULT_DASHBOARD_PORT = 8787
 # one packed row (varlen attention and GDN: no padding computed) where that is exact, else transformers' eager
 # forward exactly; "padded" the same fused kernels on right-padded rows; "eager" always transformers' forward.
 KERNEL_MODES = ("auto", "padded", "eager")
+# A packed row computes no padding but runs other kernels (varlen flash attention, fla's varlen chunks): measured
+# on an H100 (docs/benchmarks.md, "Packed rows"), ~2-3 % slower a computed token than the same batch padded
+# (27B FP8: 16,384 vs 16,830; 8B FP8: 54,687 vs 55,740). So a batch is packed only where its padding is more
+# than this share of its real tokens; a large plan's length-bucketed batches (~0.6 % padding) stay padded.
+PACK_MIN_PADDING = 0.03
 DEFAULT_KERNELS = "auto"
 
 # Extract jobs a run keeps queued ahead of its workers (jobs): the plan is fed to the queue in steps
