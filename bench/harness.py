@@ -117,18 +117,24 @@ def timed_extractor(model, layer_ids, store_final, out_dtype, clock, kernels: st
 @torch.inference_mode()
 def bare_forward(decoder, layers, shapes, vocab: int, device, clock: Clock, warm: int, packed=None) -> dict:
     """Same padded batches through ``layers`` (no capture, no I/O); shapes: (rows, padded_len, real).
-    ``packed``: (extractor, [cu_seqlens of each batch]) where the extractor packs rows: the same batches as one
-    packed row each (random ids, the plan's sample bounds), through its forward without capture."""
-    from gpu_worker.extractor import pack_batch
+    ``packed``: (extractor, [cu_seqlens of each batch]) where the extractor packs rows: the same batches laid out
+    as its worker lays them out (``Extractor.batch``: a packed row where a batch pads enough, else padded; random
+    ids, the plan's sample bounds), through its forward without capture."""
+    from gpu_worker.extractor import PackedBatch
 
     saved, decoder.layers = decoder.layers, layers
     try:
         gen = torch.Generator().manual_seed(0)
         if packed:
             extractor, bounds = packed
-            inputs = [pack_batch(torch.randint(0, vocab, (int(cu[-1]),), generator=gen), cu, clock.cuda) for cu in bounds]
-            forward = functools.partial(extractor.forward_rows, capture=False)
-            key = lambda batch: batch.n_tokens  # noqa: E731  (packed: fla compiles per length, as the worker meets them)
+            inputs = [extractor.batch(torch.randint(0, vocab, (int(cu[-1]),), generator=gen), cu, length, 0, clock.cuda)
+                      for cu, (_, length, _) in zip(bounds, shapes, strict=True)]
+
+            def forward(batch):
+                if isinstance(batch, PackedBatch):
+                    return extractor.forward_rows(batch, capture=False)
+                return _plain(decoder, batch.input_ids.to(device))
+            key = lambda batch: batch.input_ids.shape  # noqa: E731  (fla compiles per shape, as the worker meets them)
         else:
             inputs = [torch.randint(0, vocab, (rows, length), generator=gen).to(device) for rows, length, _ in shapes]
             forward = functools.partial(_plain, decoder)
@@ -145,7 +151,7 @@ def bare_forward(decoder, layers, shapes, vocab: int, device, clock: Clock, warm
         for batch, (rows, length, real) in zip(inputs, shapes, strict=False):
             start = clock.mark()
             forward(batch)
-            marks.append((start, clock.mark(), real, real if packed else rows * length))
+            marks.append((start, clock.mark(), real, batch.input_ids.numel() if packed else rows * length))
         clock.sync()
     finally:
         decoder.layers = saved
