@@ -146,13 +146,14 @@ def pack_batch(packed_ids: torch.Tensor, cu_seqlens: torch.Tensor, pin: bool) ->
     return PackedBatch(ids, positions, cu, int(lengths.max()), n)
 
 
-def decoder_packed(decoder, kernel_set, batch: PackedBatch, device):
+def decoder_packed(decoder, kernel_set, batch: PackedBatch, device, past=None):
     """``decoder``'s forward of a packed batch with ``kernel_set`` installed: the samples' bounds to every mixer
-    (gpu_worker/kernels.py ``packed_rows``), positions restarting at each sample, no mask."""
+    (gpu_worker/kernels.py ``packed_rows``), the batch's positions, no mask. ``past``: the cached states each
+    sample continues (``kernels.Pasts``; its positions then start at its past)."""
     from gpu_worker import kernels
 
     rows = kernels.Rows(batch.cu_seqlens.to(device, torch.int32, non_blocking=True),
-                        batch.cu_seqlens.to(device, non_blocking=True), batch.cu_seqlens, batch.max_len)
+                        batch.cu_seqlens.to(device, non_blocking=True), batch.cu_seqlens, batch.max_len, past=past)
     types = getattr(decoder.config, "layer_types", None) or ["full_attention"]
     with kernels.packed_rows(decoder, rows, kernel_set):
         return decoder(input_ids=batch.input_ids.to(device, non_blocking=True),
@@ -382,17 +383,19 @@ class Extractor:
         return self.forward_packed(batch.input_ids.to(self.device, non_blocking=True),
                                    batch.flat_index.to(self.device, non_blocking=True), batch.n_tokens)
 
-    def forward_rows(self, batch: PackedBatch, capture: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_rows(self, batch: PackedBatch, capture: bool = True,
+                     past=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One decoder forward of a packed batch (its samples in one row, each seen alone: gpu_worker/kernels.py
         ``packed_rows``); the stored layers as ``forward_packed`` gives them. ``capture`` False: the forward only
-        (a benchmark's bare pass), returning nothing."""
+        (a benchmark's bare pass), returning nothing. ``past``: each sample continues cached states
+        (``kernels.Pasts``: gpu_worker/prefixrun.py's rows going on)."""
         if self.kernel_set is None:
             raise RuntimeError("a packed batch needs the fused kernels (this forward runs transformers')")
         self._flat_index = None
         self._out = (torch.empty((batch.n_tokens, self.width), dtype=self.out_dtype, device=self.device)
                      if capture else None)
         try:
-            return self._finish(decoder_packed(self.decoder, self.kernel_set, batch, self.device))
+            return self._finish(decoder_packed(self.decoder, self.kernel_set, batch, self.device, past))
         finally:
             self._out = self._flat_index = None
 

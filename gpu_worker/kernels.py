@@ -87,6 +87,76 @@ class Rows:
     attention_calls: int = 0
     gdn_calls: int = 0
     seen: set = field(default_factory=set)
+    past: Pasts | None = None   # the cached states each sample continues (None: every sample from token 0)
+
+
+class Pasts:
+    """The cached states the samples of a packed forward continue: sample i goes on from the one-row cache
+    ``caches[entry[i]]`` (``pasts[entry[i]]`` tokens: a shared prefix's keys and values, conv window and recurrent
+    state), its own tokens at positions past .. past + n - 1. Per layer, on demand (one layer's copies at a time):
+
+    - attention: the entries' keys and values stacked once, and each sample's keys as its entry's then its own
+      (``keys_values``: one gather into [sum(past + n), Hkv, D], bounds ``cu_k``);
+    - Gated DeltaNet: each sample's conv input as its entry's window (the last W inputs) then its own
+      (``conv_input``: [sum(W + n), D] in bounds ``conv_rows``; ``conv_new`` picks the outputs of its own
+      tokens), and its recurrent state (``states``: [samples, HV, K, V] fp32)."""
+
+    def __init__(self, caches: list, entry: list[int], pasts: list[int], lengths: list[int], window: int, device):
+        self.caches, self.device = caches, device
+        n = len(entry)
+        entry_t = torch.tensor(entry, dtype=torch.int64)
+        past_t = torch.tensor(pasts, dtype=torch.int64)[entry_t]
+        length_t = torch.tensor(lengths, dtype=torch.int64)
+        q_start = torch.cat([torch.zeros(1, dtype=torch.int64), length_t.cumsum(0)[:-1]])
+        p_start = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(pasts).cumsum(0)[:-1]])
+        self.held_keys = int(sum(pasts))           # rows of the stacked keys, before the new ones
+        cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), (past_t + length_t).cumsum(0)])
+        self.cu_k32 = _device(cu_k.to(torch.int32), device)
+        self.max_k = int((past_t + length_t).max())
+        # key row j of sample i: its entry's cached key j (j < past), else its own token j - past
+        self.kv_index = _device(_spans([(int(p_start[entry[i]]), int(past_t[i])) for i in range(n)],
+                                       [(self.held_keys + int(q_start[i]), int(length_t[i])) for i in range(n)]), device)
+        self.window = window
+        cu_conv = torch.cat([torch.zeros(1, dtype=torch.int64), (window + length_t).cumsum(0)])
+        self.conv_rows = Rows(cu_conv.to(torch.int32), _device(cu_conv, device), cu_conv,
+                              int(window + length_t.max()))
+        held = len(caches) * window
+        self.conv_index = _device(_spans([(entry[i] * window, window) for i in range(n)],
+                                         [(held + int(q_start[i]), int(length_t[i])) for i in range(n)]), device)
+        self.conv_new = _device(torch.cat([torch.arange(int(cu_conv[i]) + window, int(cu_conv[i + 1]))
+                                           for i in range(n)]), device)
+        self.entry = _device(entry_t, device)
+
+    def keys_values(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's keys and values [sum(past + n), Hkv, D]: its entry's cached ones, then ``keys`` /
+        ``values`` [N, Hkv, D] of its own tokens."""
+        out = []
+        for new, name in ((keys, "keys"), (values, "values")):
+            held = torch.cat([getattr(c.layers[layer], name)[0].transpose(0, 1) for c in self.caches])
+            out.append(torch.cat([held, new]).index_select(0, self.kv_index))
+        return out[0], out[1]
+
+    def conv_input(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """[1, sum(W + n), D]: each sample's entry's conv window (the last W inputs), then its own ``x`` [1, N, D]."""
+        held = torch.cat([c.layers[layer].conv_states[0][0].transpose(0, 1) for c in self.caches]).to(x.dtype)
+        return torch.cat([held, x[0]]).index_select(0, self.conv_index).unsqueeze(0)
+
+    def states(self, layer: int) -> torch.Tensor:
+        """[samples, HV, K, V] fp32: each sample's entry's recurrent state."""
+        return torch.cat([_recurrent_state(c, layer) for c in self.caches]).float().index_select(0, self.entry)
+
+
+def _spans(first: list[tuple[int, int]], second: list[tuple[int, int]]) -> torch.Tensor:
+    """Concatenated ranges: for each i, start .. start + n - 1 of ``first[i]`` then of ``second[i]``."""
+    parts = []
+    for (a, n), (b, m) in zip(first, second, strict=True):
+        parts += [torch.arange(a, a + n), torch.arange(b, b + m)]
+    return torch.cat(parts).to(torch.int64)
+
+
+def _device(t: torch.Tensor, device) -> torch.Tensor:
+    device = torch.device(device)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 @dataclass(frozen=True)
@@ -151,20 +221,27 @@ def fla_kernels() -> KernelSet:
 
 
 def flash_varlen_attention(q, k, v, rows: Rows, scale: float):
-    """torch's flash attention (FA2) over packed samples: causal within each, grouped kv heads as they are."""
-    return torch.ops.aten._flash_attention_forward(q, k, v, rows.cu32, rows.cu32, rows.max_len, rows.max_len, 0.0,
+    """torch's flash attention (FA2) over packed samples: causal within each, grouped kv heads as they are. With
+    ``rows.past`` each sample's keys are its past's then its own (``k``, ``v`` in ``past.cu_k32``): FA2's causal
+    mask is aligned to the end of the keys, so a token sees its past and its sample up to itself."""
+    cu_k, max_k = (rows.cu32, rows.max_len) if rows.past is None else (rows.past.cu_k32, rows.past.max_k)
+    return torch.ops.aten._flash_attention_forward(q, k, v, rows.cu32, cu_k, rows.max_len, max_k, 0.0,
                                                    True, False, scale=scale)[0]
 
 
 def sdpa_varlen_attention(q, k, v, rows: Rows, scale: float):
     """The same as ``flash_varlen_attention`` sample by sample through SDPA: the reference, and the CPU's."""
     bounds = rows.cu_host.tolist()
+    keys = bounds if rows.past is None else rows.past.cu_k32.cpu().tolist()
     group = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
-    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
-        qs, ks, vs = (t[s:e].transpose(0, 1) for t in (q, k, v))
-        ks, vs = ks.repeat_interleave(group, dim=0), vs.repeat_interleave(group, dim=0)
-        out[s:e] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1)
+    for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        qs = q[s:e].transpose(0, 1)
+        ks, vs = (t[keys[i]:keys[i + 1]].transpose(0, 1).repeat_interleave(group, dim=0) for t in (k, v))
+        past = ks.shape[1] - qs.shape[1]   # keys before the sample's own: all seen (the end-aligned causal mask)
+        mask = torch.arange(ks.shape[1]).unsqueeze(0) <= past + torch.arange(qs.shape[1]).unsqueeze(1)
+        out[s:e] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask.to(qs.device),
+                                                  scale=scale).transpose(0, 1)
     return out
 
 
@@ -240,10 +317,11 @@ def reference_kernels(chunk_rule: Callable) -> KernelSet:
     def delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False, rows=None):
         if rows is None:
             return one_rule(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state)
-        if initial_state is not None or output_final_state:
-            raise ValueError("packed rows carry no recurrent state in or out")
-        outs = [one_rule(q[:, s:e], k[:, s:e], v[:, s:e], a[:, s:e], b[:, s:e], A_log, dt_bias)[0]
-                for s, e in _segments(rows)]
+        if output_final_state:
+            raise ValueError("packed rows give no recurrent state out")
+        outs = [one_rule(q[:, s:e], k[:, s:e], v[:, s:e], a[:, s:e], b[:, s:e], A_log, dt_bias,
+                         None if initial_state is None else initial_state[i:i + 1])[0]
+                for i, (s, e) in enumerate(_segments(rows))]
         return torch.cat(outs, dim=1), None
 
     return KernelSet("reference (torch)", norm, gated, swiglu, conv, delta_rule, sdpa_varlen_attention)
@@ -299,7 +377,13 @@ def _gdn_forward(self, hidden_states, attention_mask=None, **kwargs):
     b = self.in_proj_b(hidden_states)
     a = self.in_proj_a(hidden_states)
     initial = None
-    if rows is not None:
+    if rows is not None and rows.past is not None:   # each sample after its entry's conv window, its state
+        past = rows.past
+        extended = kernels.causal_conv1d(past.conv_input(self.layer_idx, mixed_qkv), self._hsx_conv_weight,
+                                         self.conv1d.bias, self.activation, rows=past.conv_rows)
+        mixed_qkv = extended[0].index_select(0, past.conv_new).unsqueeze(0)
+        initial = past.states(self.layer_idx)
+    elif rows is not None:
         mixed_qkv = kernels.causal_conv1d(mixed_qkv, self._hsx_conv_weight, self.conv1d.bias, self.activation,
                                           rows=rows)
     elif cache is not None:   # the recurrent state first: updating the conv window marks the layer as started
@@ -338,6 +422,8 @@ def _routed(previous: Callable) -> Callable:
             raise RuntimeError(f"packed rows: {type(module).__name__} asked for what varlen attention here does not "
                                "do (one row, causal, no sliding window, no dropout)")
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+        if rows.past is not None:   # each sample's keys: its entry's cached ones, then its own
+            k, v = rows.past.keys_values(module.layer_idx, k, v)
         out = rows.kernels.varlen_attention(q, k, v, rows, scaling if scaling is not None else q.shape[-1] ** -0.5)
         rows.attention_calls += 1
         rows.seen.add(id(module))
@@ -431,12 +517,19 @@ def _check_varlen_attention(kernel_set: KernelSet, module, device) -> str:
     rows = Rows(cu.to(device, torch.int32), cu.to(device), cu, max(lengths))
     gen = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(int(cu[-1]), h, dim, generator=gen).to(device, dtype) for h in (heads, kv, kv))
+    # and the same samples continuing pasts of 5, 0 and 64 tokens (their keys first: the end-aligned causal mask)
+    keys = torch.tensor([0, 6, 76, 270], dtype=torch.int64)
+    continued = Rows(rows.cu32, rows.cu64, rows.cu_host, rows.max_len,
+                     past=types.SimpleNamespace(cu_k32=keys.to(device, torch.int32), max_k=194))
+    k2, v2 = (torch.randn(int(keys[-1]), kv, dim, generator=gen).to(device, dtype) for _ in range(2))
     try:
-        got = kernel_set.varlen_attention(q, k, v, rows, dim ** -0.5).float()
+        got = [kernel_set.varlen_attention(q, k, v, rows, dim ** -0.5).float(),
+               kernel_set.varlen_attention(q, k2, v2, continued, dim ** -0.5).float()]
     except (RuntimeError, TypeError) as exc:
         return f"varlen attention failed its check on the device: {str(exc).splitlines()[0]}"
-    want = sdpa_varlen_attention(q, k, v, rows, dim ** -0.5).float()
-    rel = float((got - want).norm() / want.norm())
+    want = [sdpa_varlen_attention(q, k, v, rows, dim ** -0.5).float(),
+            sdpa_varlen_attention(q, k2, v2, continued, dim ** -0.5).float()]
+    rel = max(float((g - w).norm() / w.norm()) for g, w in zip(got, want, strict=True))
     return "" if rel < 2e-2 else f"varlen attention differs from SDPA on the device (rel L2 {rel:.1e})"
 
 

@@ -248,9 +248,13 @@ class _Going:
                 entries = list(dict.fromkeys(e for e, _, _ in piece))
                 parts = [self.held[e - self.done] for e in entries]
                 counts = [sum(e == f for f, _, _ in piece) for e in entries]
+                going = [(b, held, self.held[e - self.done][1]) for e, b, held in piece]
+                if self.ex.packs:   # one packed row, each sample from its own group's states: no padding
+                    _run_rows_packed(self.ex, self.ids, self.cu, going, [entries.index(e) for e, _, _ in piece],
+                                     [c for c, _, _ in parts], [p for _, p, _ in parts], self.put)
+                    continue
                 cache = _merged_cache(self.ex, [c for c, _, _ in parts], counts, [p for _, p, _ in parts])
-                _run_rows(self.ex, self.ids, self.cu,
-                          [(b, held, self.held[e - self.done][1]) for e, b, held in piece], cache, self.put)
+                _run_rows(self.ex, self.ids, self.cu, going, cache, self.put)
         self.done += len(self.held)
         self.held = []
 
@@ -353,6 +357,33 @@ def _run_rows(ex, ids: torch.Tensor, cu: list[int], rows: list[tuple[int, list[i
     if len(set(pasts)) > 1:
         extra = row_pasts(ex, _to_device(torch.tensor(pasts, dtype=torch.int64), device), start, width)
     put(runs, ex.forward_packed(_to_device(padded, device), flat_index, len(flat), cache=cache, start=start, **extra))
+
+
+def _run_rows_packed(ex, ids: torch.Tensor, cu: list[int], rows: list[tuple[int, list[int], int]],
+                     entry: list[int], caches: list, pasts: list[int], put) -> None:
+    """``_run_rows`` of rows each continuing its own one-row cache (``caches[entry[i]]``, ``pasts[entry[i]]``
+    tokens) as one packed row: no padding, no mask; each row's attention reads its cache's keys then its own,
+    each Gated DeltaNet row starts from its cache's conv window and recurrent state (gpu_worker/kernels.py
+    ``Pasts``)."""
+    from gpu_worker.extractor import PackedBatch
+    from gpu_worker.kernels import Pasts
+
+    lengths = [cu[b + 1] - cu[b] - skip for b, _, skip in rows]
+    bounds = [0, *itertools.accumulate(lengths)]
+    tokens = torch.cat([ids[cu[b] + skip:cu[b + 1]] for b, _, skip in rows]).reshape(1, -1)
+    positions = torch.cat([torch.arange(skip, skip + n) for (_, _, skip), n in zip(rows, lengths, strict=True)])
+    cuda = ex.device.type == "cuda"
+    if cuda:
+        tokens, positions = tokens.pin_memory(), positions.pin_memory()
+    batch = PackedBatch(tokens, positions.reshape(1, -1), torch.tensor(bounds, dtype=torch.int64), max(lengths),
+                        bounds[-1])
+    config = text_config(ex.model.config)
+    window = getattr(config, "linear_conv_kernel_dim", 0) if "linear_attention" in (
+        getattr(config, "layer_types", None) or ()) else 0
+    past = Pasts(caches, entry, pasts, lengths, window, ex.device)
+    runs = [(cu[m] + skip, bounds[r], cu[m + 1] - cu[m] - skip)
+            for r, (_, held, skip) in enumerate(rows) for m in held]
+    put(runs, ex.forward_rows(batch, past=past))
 
 
 def row_pasts(ex, pasts: torch.Tensor, start: int, width: int) -> dict:

@@ -96,8 +96,12 @@ def test_every_sample_equals_its_lone_forward(kind, chunk_tokens, packed, tiny_m
 
         reference = _reference(model)
         monkeypatch.setattr(kernels, "choose", lambda mode, device: (reference, ""))
-        forwards = []
+        forwards, continued = [], []
         monkeypatch.setattr(prefixrun, "_run_packed", lambda *a: forwards.append(a[3]) or real_packed(*a))
+        real_continued = prefixrun._run_rows_packed
+        monkeypatch.setattr(prefixrun, "_run_rows_packed",
+                            lambda *a: continued.append([b for b, _, _ in a[3]]) or real_continued(*a))
+        monkeypatch.setattr(prefixrun, "_merged_cache", None)   # the padded way of rows going on: not taken
     ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
     assert ex.packs == packed
     rows, groups = _rows(1)
@@ -107,14 +111,25 @@ def test_every_sample_equals_its_lone_forward(kind, chunk_tokens, packed, tiny_m
     print(f"{kind}, pieces of {chunk_tokens}: max |reused - lone| = {worst:.2e}")
     if packed:
         assert forwards == [[6, 7]]   # the two rows alone, in one packed forward
+        # the rows going on from each group's states, packed (groups A and B: leaves; the turns: two third turns)
+        assert sorted(b for rows_ in continued for b in rows_) == [1, 2, 3, 4, 5, 10, 11], continued
 
 
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
-def test_a_leaf_continued_from_another_rows_state_fails_the_check(kind, tiny_model, monkeypatch):
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_leaf_continued_from_another_rows_state_fails_the_check(kind, packed, tiny_model, monkeypatch):
     """The check above can fail: group B's leaves continue from group A's states at its branch point (both
-    spines 40 tokens, two leaves each), everything else as in a real batch."""
+    spines 40 tokens, two leaves each), everything else as in a real batch; packed: the leaves in one packed
+    row, each from the states its group hands it (here A's for B's)."""
     model = _model(kind, tiny_model)
+    if packed:
+        from gpu_worker import kernels
+        from tests.test_kernels import _reference
+
+        reference = _reference(model)
+        monkeypatch.setattr(kernels, "choose", lambda mode, device: (reference, ""))
     ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    assert ex.packs == packed
     g = torch.Generator().manual_seed(2)
     rand = lambda n: torch.randint(0, 200, (n,), generator=g)   # noqa: E731
     a, b = rand(40), rand(40)
