@@ -112,7 +112,7 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
             entries += _entries(ids, cu, node)
     cache_tokens = cache_tokens or DEFAULT_PREFIX_CACHE_BUDGETS * chunk_tokens
     segments = merged_forwards(entries, cache_tokens, forward_tokens, chunk_tokens, _takes_row_pasts(ex))
-    going = _Going(ex, ids, cu, put, segments, _rows_for_states(ex, cache_tokens))
+    going = _Going(ex, ids, cu, put, segments, _rows_for_states(ex, cache_tokens), chunk_tokens)
     for node in forest:
         g = node[0]
         longest = _longest_holding_all(ids, cu, g)
@@ -226,9 +226,11 @@ class _Going:
     longest past and masked, each Gated DeltaNet row its own conv window and recurrent state (``_merged_cache``).
     Where the model cannot take such a mask (``_takes_row_pasts``), only groups of one past length merge."""
 
-    def __init__(self, ex, ids: torch.Tensor, cu: list[int], put, segments: list[list[list[int]]], max_rows: int = 0):
+    def __init__(self, ex, ids: torch.Tensor, cu: list[int], put, segments: list[list[list[int]]], max_rows: int = 0,
+                 token_budget: int = 0):
         self.ex, self.ids, self.cu, self.put = ex, ids, cu, put
         self.segments, self.max_rows = segments, max_rows   # max_rows: rows a forward at most (0: no bound)
+        self.token_budget = token_budget   # a packed forward's tokens at most (0: no bound)
         self.held: list[tuple[object, int, dict[int, list[int]]]] = []   # (one-row cache, past, rows going on)
         self.segment = self.done = 0   # the segment being held; entries of the segments before it (run)
 
@@ -240,6 +242,9 @@ class _Going:
             self.segment += 1
 
     def _run(self, segment: list[list[int]]) -> None:
+        if self.ex.packs:
+            self._run_packed([e for forward in segment for e in forward])
+            return
         for forward in segment:
             rows = [(e, b, held) for e in forward for b, held in self.held[e - self.done][2].items()]
             step = self.max_rows or len(rows)
@@ -249,12 +254,33 @@ class _Going:
                 parts = [self.held[e - self.done] for e in entries]
                 counts = [sum(e == f for f, _, _ in piece) for e in entries]
                 going = [(b, held, self.held[e - self.done][1]) for e, b, held in piece]
-                if self.ex.packs:   # one packed row, each sample from its own group's states: no padding
-                    _run_rows_packed(self.ex, self.ids, self.cu, going, [entries.index(e) for e, _, _ in piece],
-                                     [c for c, _, _ in parts], [p for _, p, _ in parts], self.put)
-                    continue
                 cache = _merged_cache(self.ex, [c for c, _, _ in parts], counts, [p for _, p, _ in parts])
                 _run_rows(self.ex, self.ids, self.cu, going, cache, self.put)
+        self.done += len(self.held)
+        self.held = []
+
+    def _run_packed(self, entries: list[int]) -> None:
+        """A packing forward's way: the segment's rows going on in as few packed rows as their GDN states
+        (``max_rows``) and the batch's token budget allow, each row from its own group's states. Packed rows
+        compute no padding, so groups the plan kept apart to spare padding run together too."""
+        rows = [(e, b, held) for e in entries for b, held in self.held[e - self.done][2].items()]
+        pieces, piece, tokens = [], [], 0
+        for row in rows:
+            e, b, _ = row
+            n = self.cu[b + 1] - self.cu[b] - self.held[e - self.done][1]
+            if piece and ((self.max_rows and len(piece) == self.max_rows)
+                          or (self.token_budget and tokens + n > self.token_budget)):
+                pieces.append(piece)
+                piece, tokens = [], 0
+            piece.append(row)
+            tokens += n
+        pieces.append(piece)
+        for piece in pieces:
+            used = list(dict.fromkeys(e for e, _, _ in piece))
+            parts = [self.held[e - self.done] for e in used]
+            _run_rows_packed(self.ex, self.ids, self.cu, [(b, held, self.held[e - self.done][1]) for e, b, held in piece],
+                             [used.index(e) for e, _, _ in piece], [c for c, _, _ in parts], [p for _, p, _ in parts],
+                             self.put)
         self.done += len(self.held)
         self.held = []
 

@@ -84,7 +84,7 @@ def _rows(seed: int, vocab: int = 200):
 
 
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
-@pytest.mark.parametrize("chunk_tokens,packed", [(4096, False), (16, False), (4096, True)])
+@pytest.mark.parametrize("chunk_tokens,packed", [(4096, False), (16, False), (4096, True), (16, True)])
 def test_every_sample_equals_its_lone_forward(kind, chunk_tokens, packed, tiny_model, monkeypatch):
     """16: each spine longer than the piece a forward may take. packed: the fused kernels (the reference set) and
     the rows computed alone packed into one row, as a packing worker runs them."""
