@@ -257,9 +257,7 @@ def main() -> int:
     layer_ids, _ = resolve_layers("dflash" if config.num_hidden_layers >= 8 else "dflash:3", config.num_hidden_layers)
     decoder.layers = decoder.layers[: max(layer_ids) + 1]
     if args.cpu:
-        gdn = next((m for m in decoder.modules() if type(m).__name__ in kernels.GATED_DELTANETS), None)
-        module = sys.modules[type(gdn).__module__] if gdn is not None else None
-        kernel_set = kernels.reference_kernels(getattr(module, "torch_chunk_gated_delta_rule", None))
+        kernel_set = kernels.reference_for(model)
     else:
         kernel_set, why = kernels.choose("auto", device)
         if kernel_set is None:

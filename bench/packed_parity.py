@@ -64,10 +64,7 @@ def main() -> int:
         config.layer_types = config.layer_types[:args.layers]
     model = shapes.build_model(config, device, torch.float32 if args.cpu else torch.bfloat16)
     if args.cpu:   # no Triton here: the reference kernels stand in for fla's, the same glue
-        import sys as _sys
-        gdn = next((m for m in model.modules() if type(m).__name__ in kernels.GATED_DELTANETS), None)
-        rule = getattr(_sys.modules[type(gdn).__module__], "torch_chunk_gated_delta_rule", None) if gdn else None
-        reference = kernels.reference_kernels(rule)
+        reference = kernels.reference_for(model)
         kernels.choose = lambda mode, dev: (reference, "")
     layer_ids = list(range(1, args.layers, 2))
     ex = Extractor(model, layer_ids, store_final=True, out_dtype="float32" if args.cpu else "bfloat16")

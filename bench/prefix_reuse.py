@@ -215,6 +215,11 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
     from hsx.runspec import text_config
 
     layer_ids, store_final = resolve_layers(args.layers, text_config(config).num_hidden_layers)
+    if cpu and args.reference_kernels:   # the fused glue and packed rows on the CPU: forwards counted, not timed
+        from gpu_worker import kernels
+
+        reference = kernels.reference_for(model)
+        kernels.choose = lambda mode, dev: (reference, "") if mode != "eager" else (None, "--kernels eager")
     ex = Extractor(model, layer_ids, store_final, out_dtype=out_dtype, kernels=args.kernels)
     result = {"shape": shape, "device": "cpu" if cpu else torch.cuda.get_device_name(0),
               "compute_dtype": args.compute_dtype, "forward": ex.kernels_line, "token_budget": args.token_budget,
@@ -308,6 +313,9 @@ def main() -> int:
     ap.add_argument("--compute-dtype", default="bfloat16", type=computes,
                     help="bfloat16, float8, or bfloat16,float8 (the same weights measured in bf16, then in FP8)")
     ap.add_argument("--kernels", default="auto", choices=("auto", "padded", "eager"))
+    ap.add_argument("--reference-kernels", action="store_true",
+                    help="with --cpu: the fused kernels' torch reference installed, so packed rows run here (the "
+                         "forwards a mode takes, counted; not a speed)")
     ap.add_argument("--fidelity-samples", type=int, default=16)
     ap.add_argument("--fidelity-only", action="store_true", help="reused and batched vs lone only, no timing")
     ap.add_argument("--model-dtype", default="bfloat16", choices=("bfloat16", "float32"),

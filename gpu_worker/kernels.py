@@ -327,6 +327,16 @@ def reference_kernels(chunk_rule: Callable) -> KernelSet:
     return KernelSet("reference (torch)", norm, gated, swiglu, conv, delta_rule, sdpa_varlen_attention)
 
 
+def reference_for(model) -> KernelSet:
+    """``reference_kernels`` with the chunk rule of ``model``'s own Gated DeltaNet module (transformers' torch
+    ``torch_chunk_gated_delta_rule``; None for a model without one): the fused glue on the CPU."""
+    import sys
+
+    gdn = next((m for m in model.modules() if type(m).__name__ in GATED_DELTANETS), None)
+    rule = getattr(sys.modules[type(gdn).__module__], "torch_chunk_gated_delta_rule", None) if gdn else None
+    return reference_kernels(rule)
+
+
 def _segments(rows: Rows) -> list[tuple[int, int]]:
     bounds = rows.cu_host.tolist()
     return list(zip(bounds[:-1], bounds[1:], strict=True))

@@ -50,9 +50,7 @@ def _counting(kernel_set: kernels.KernelSet, calls: dict) -> kernels.KernelSet:
 
 
 def _reference(model) -> kernels.KernelSet:
-    gdn = next((m for m in model.modules() if type(m).__name__ in kernels.GATED_DELTANETS), None)
-    chunk_rule = getattr(sys.modules[type(gdn).__module__], "torch_chunk_gated_delta_rule", None) if gdn else None
-    return kernels.reference_kernels(chunk_rule)
+    return kernels.reference_for(model)
 
 
 def _padded_ids(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
