@@ -182,6 +182,7 @@ class Extractor:
         self.kernels_line = ""  # what the forward runs, in words (the worker's start line)
         self.kernel_set = None  # the fused kernels installed (gpu_worker/kernels.py), None: transformers' forward
         self.packs = False      # a plain batch runs as one packed row (``batch``)
+        self.continues = False  # packed rows may continue cached states (gpu_worker/prefixrun.py)
         self._setup(model)
 
     @classmethod
@@ -236,7 +237,8 @@ class Extractor:
 
         decoder = _decoder(model)
         prepared = kernels.prepare(decoder, self.kernels, self.device)  # before the cut: a bench's full body too
-        self.kernels_line, self.kernel_set, self.packs = prepared.line, prepared.kernels, prepared.packs
+        self.kernels_line, self.kernel_set = prepared.line, prepared.kernels
+        self.packs, self.continues = prepared.packs, prepared.continues
         self.hidden_size = text_config(model.config).hidden_size
         last = self.layer_ids[-1]
         # The normed final output is needed when the last layer or the final hidden state is asked for.

@@ -242,7 +242,7 @@ class _Going:
             self.segment += 1
 
     def _run(self, segment: list[list[int]]) -> None:
-        if self.ex.packs:
+        if self.ex.continues:
             self._run_packed([e for forward in segment for e in forward])
             return
         for forward in segment:

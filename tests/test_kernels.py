@@ -354,3 +354,20 @@ def test_packing_is_off_where_it_would_not_be_exact(tiny_model, monkeypatch):
                        out_dtype="float32")
     assert not on_cpu.packs and isinstance(on_cpu.batch(torch.arange(4), torch.tensor([0, 4]), 8, 0, False),
                                            PaddedBatch)
+
+
+def test_rows_going_on_stay_padded_where_the_varlen_kernel_with_pasts_fails_its_check(monkeypatch):
+    """Plain packing and packed continuation are checked apart: a kernel that fails with pasts (say, a causal
+    mask aligned to the start of the keys) leaves plain batches packed and prefix reuse's rows going on padded."""
+    hybrid = _tiny_hybrid()
+    reference = _reference(hybrid)
+    monkeypatch.setattr(kernels, "choose", lambda mode, device: (reference, ""))
+    monkeypatch.setattr(kernels, "continuation_ready",
+                        lambda decoder, kernel_set, device: (False, "varlen attention with pasts differs"))
+    ex = Extractor(hybrid, [0, 1], store_final=False, out_dtype="float32")
+    assert ex.packs and not ex.continues
+    assert ex.kernels_line.endswith("; shared prefixes' rows going on padded (varlen attention with pasts differs)")
+    monkeypatch.undo()
+    monkeypatch.setattr(kernels, "choose", lambda mode, device: (reference, ""))
+    ex = Extractor(_tiny_hybrid(), [0, 1], store_final=False, out_dtype="float32")
+    assert ex.packs and ex.continues and ex.kernels_line.endswith("; shared prefixes' rows going on packed")
