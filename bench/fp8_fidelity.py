@@ -101,6 +101,7 @@ def kernel_fidelity(path: Path, layer_ids, batches, device: str, only: str = "")
     def run(compute: str, kernels: str, dtype: str) -> torch.Tensor:
         ex = Extractor.load(str(path), layer_ids, False, device, out_dtype=dtype, model_dtype=dtype,
                             compute_dtype=compute, kernels=kernels)
+        print(f"[fidelity] {compute} --kernels {kernels}: {ex.kernels_line}", flush=True)
         outs = [b.run(ex).float().clone() for b in batches]
         del ex
         if torch.cuda.is_available():
