@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|S|T|U|V|W
+#     bash bench/device_calls.sh E|F|...|S|T|U|V|W|X
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -54,6 +54,8 @@ case "$1:$GPU" in
             step 8b.log TOKENS_8B=300000 T_8B=170 KERNELS="auto padded" bash bench/run_gpu.sh 8b-kernels ;;
   V:*)      step fid.log FID_MIN=0.6 T_FID=330 bash bench/run_gpu.sh kernel-fidelity ;;   # packed columns added
   W:*)      step prof.log LEVERS= COMPUTES=bf16,fp8 T_PROF=480 bash bench/run_gpu.sh profile ;;   # eager, fused, packed
+  X:*)      step fid.log FID_MIN=0.5 T_FID=250 FID_HELD=32 FID_COLUMNS="bf16 fused,bf16 packed,FP8 fused,FP8 packed" \
+              bash bench/run_gpu.sh kernel-fidelity ;;   # V cut to what the last device seconds hold
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
