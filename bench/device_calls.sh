@@ -54,7 +54,7 @@ case "$1:$GPU" in
             step 8b.log TOKENS_8B=300000 T_8B=170 KERNELS="auto padded" bash bench/run_gpu.sh 8b-kernels ;;
   V:*)      step fid.log FID_MIN=0.6 T_FID=330 bash bench/run_gpu.sh kernel-fidelity ;;   # packed columns added
   W:*)      step prof.log LEVERS= COMPUTES=bf16,fp8 T_PROF=480 bash bench/run_gpu.sh profile ;;   # eager, fused, packed
-  X:*)      step fid.log FID_MIN=0.5 T_FID=250 FID_HELD=32 FID_COLUMNS="bf16 fused,bf16 packed,FP8 fused,FP8 packed" \
+  X:*)      step fid.log FID_MIN=0.4 T_FID=200 FID_HELD=16 FID_COLUMNS="bf16 fused,bf16 packed,FP8 fused,FP8 packed" \
               bash bench/run_gpu.sh kernel-fidelity ;;   # V cut to what the last device seconds hold
   *)        echo "unknown call $1"; exit 2 ;;
 esac
