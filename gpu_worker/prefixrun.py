@@ -24,6 +24,12 @@ alone, as before. For a group:
 4. every member's stored rows are its groups' spine rows followed by its row's (a member that is the spine
    itself, a strict prefix of the others, has none).
 
+Where the forward packs rows (gpu_worker/kernels.py ``packing_ready``, ``continuation_ready``: fused kernels with
+varlen attention and GDN), step 3 runs without padding or masks: a segment's rows going on are one packed row
+(or as few as the GDN-state bound and the token budget allow), each row's attention reading its group's cached
+keys then its own, each GDN row starting from its group's conv window and recurrent state (``kernels.Pasts``);
+and the batch's rows computed alone are one packed row from token 0.
+
 Memory a batch holds beyond a plain one: a one-row cache per open group on the path from the root and per group
 waiting with rows going on (at most ``MAX_HELD`` groups, their pasts within ``cache_tokens``), and the states
 expanded to one forward's rows (rows x (longest past + longest row) within ``cache_tokens``, a GDN state a row);
@@ -224,7 +230,8 @@ class _Going:
     segment groups' rows merged into one forward where the padding that adds costs less than the forward it
     saves). Each row continues its own group's states: the attention layers' keys and values left-padded to the
     longest past and masked, each Gated DeltaNet row its own conv window and recurrent state (``_merged_cache``).
-    Where the model cannot take such a mask (``_takes_row_pasts``), only groups of one past length merge."""
+    Where the model cannot take such a mask (``_takes_row_pasts``), only groups of one past length merge. Where
+    the forward packs rows (``Extractor.continues``), a segment's rows run as packed rows instead (``_run_packed``)."""
 
     def __init__(self, ex, ids: torch.Tensor, cu: list[int], put, segments: list[list[list[int]]], max_rows: int = 0,
                  token_budget: int = 0):
