@@ -8,10 +8,12 @@ bench/forward_profile.py (docs/benchmarks.md). The fallback must be exactly toda
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModel
 
 from gpu_worker import kernels
@@ -371,3 +373,36 @@ def test_rows_going_on_stay_padded_where_the_varlen_kernel_with_pasts_fails_its_
     monkeypatch.setattr(kernels, "choose", lambda mode, device: (reference, ""))
     ex = Extractor(_tiny_hybrid(), [0, 1], store_final=False, out_dtype="float32")
     assert ex.packs and ex.continues and ex.kernels_line.endswith("; shared prefixes' rows going on packed")
+
+
+def test_the_start_check_catches_a_start_aligned_causal_mask_and_a_kernel_that_raises():
+    """The device check of the varlen kernel (run on the CPU here): the reference passes plain and with pasts; a
+    kernel whose causal mask is aligned to the start of the keys (torch SDPA's is_causal for q shorter than k)
+    passes plain rows and fails with pasts; a kernel that raises turns the path off with its words."""
+    model = _tiny_hybrid(torch.bfloat16)
+    reference = _reference(model)
+    attention = next(m for m in model.modules() if type(m).__name__ in kernels.ATTENTIONS)
+    for pasts in (False, True):
+        assert kernels._check_varlen_attention(reference, attention, "cpu", pasts=pasts) == ""
+
+    def start_aligned(q, k, v, rows, scale):
+        keys = rows.cu_host.tolist() if rows.past is None else rows.past.cu_k32.tolist()
+        bounds, group, out = rows.cu_host.tolist(), q.shape[1] // k.shape[1], torch.empty_like(q)
+        for i in range(len(bounds) - 1):
+            qs = q[bounds[i]:bounds[i + 1]].transpose(0, 1)
+            ks, vs = (t[keys[i]:keys[i + 1]].transpose(0, 1).repeat_interleave(group, 0) for t in (k, v))
+            out[bounds[i]:bounds[i + 1]] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True,
+                                                                          scale=scale).transpose(0, 1)
+        return out
+
+    wrong = dataclasses.replace(reference, varlen_attention=start_aligned)
+    assert kernels._check_varlen_attention(wrong, attention, "cpu", pasts=False) == ""
+    assert kernels._check_varlen_attention(wrong, attention, "cpu", pasts=True).startswith(
+        "varlen attention with pasts differs from SDPA on the device (rel L2")
+
+    def raises(*args):
+        raise ValueError("no kernel image for this device")
+
+    broken = dataclasses.replace(reference, varlen_attention=raises)
+    assert kernels._check_varlen_attention(broken, attention, "cpu", pasts=False) == (
+        "varlen attention failed its check on the device: ValueError: no kernel image for this device")
