@@ -152,8 +152,8 @@ def decoder_packed(decoder, kernel_set, batch: PackedBatch, device, past=None):
     sample continues (``kernels.Pasts``; its positions then start at its past)."""
     from gpu_worker import kernels
 
-    rows = kernels.Rows(batch.cu_seqlens.to(device, torch.int32, non_blocking=True),
-                        batch.cu_seqlens.to(device, non_blocking=True), batch.cu_seqlens, batch.max_len, past=past)
+    cu = kernels.to_device(batch.cu_seqlens, device)   # pinned and async: a pageable copy would wait for the GPU
+    rows = kernels.Rows(cu.to(torch.int32), cu, batch.cu_seqlens, batch.max_len, past=past)
     types = getattr(decoder.config, "layer_types", None) or ["full_attention"]
     with kernels.packed_rows(decoder, rows, kernel_set):
         return decoder(input_ids=batch.input_ids.to(device, non_blocking=True),
@@ -348,14 +348,14 @@ class Extractor:
 
     @torch.inference_mode()
     def run_shared_checked(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, groups, chunk_tokens: int,
-                           padded: PaddedBatch, cache_tokens: int = 0,
+                           alone: PaddedBatch | PackedBatch, cache_tokens: int = 0,
                            forward_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """``run_shared``, and the same samples computed alone (``run`` of the padded batch): (hidden, final,
+        """``run_shared``, and the same samples computed alone (``run`` of the batch as a plain one): (hidden, final,
         [2, n] rel L2 and mean cosine of the shared against the lone, per stored layer and the final state)."""
         from gpu_worker.fp8reference import compare
 
         hidden, final = self.run_shared(input_ids, cu_seqlens, groups, chunk_tokens, cache_tokens, forward_tokens)
-        lone, lone_final = self.run(padded)
+        lone, lone_final = self.run(alone)
         error = compare(lone, hidden, len(self.layer_ids))
         if final is not None:
             error = torch.cat([error, compare(lone_final, final, 1)], dim=1)

@@ -111,35 +111,35 @@ class Pasts:
         p_start = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(pasts).cumsum(0)[:-1]])
         self.held_keys = int(sum(pasts))           # rows of the stacked keys, before the new ones
         cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), (past_t + length_t).cumsum(0)])
-        self.cu_k32 = _device(cu_k.to(torch.int32), device)
+        self.cu_k32 = to_device(cu_k.to(torch.int32), device)
         self.max_k = int((past_t + length_t).max())
         # key row j of sample i: its entry's cached key j (j < past), else its own token j - past
-        self.kv_index = _device(_spans([(int(p_start[entry[i]]), int(past_t[i])) for i in range(n)],
+        self.kv_index = to_device(_spans([(int(p_start[entry[i]]), int(past_t[i])) for i in range(n)],
                                        [(self.held_keys + int(q_start[i]), int(length_t[i])) for i in range(n)]), device)
         self.window = window
         cu_conv = torch.cat([torch.zeros(1, dtype=torch.int64), (window + length_t).cumsum(0)])
-        self.conv_rows = Rows(cu_conv.to(torch.int32), _device(cu_conv, device), cu_conv,
-                              int(window + length_t.max()))
+        cu_conv_device = to_device(cu_conv, device)
+        self.conv_rows = Rows(cu_conv_device.to(torch.int32), cu_conv_device, cu_conv, int(window + length_t.max()))
         held = len(caches) * window
-        self.conv_index = _device(_spans([(entry[i] * window, window) for i in range(n)],
+        self.conv_index = to_device(_spans([(entry[i] * window, window) for i in range(n)],
                                          [(held + int(q_start[i]), int(length_t[i])) for i in range(n)]), device)
-        self.conv_new = _device(torch.cat([torch.arange(int(cu_conv[i]) + window, int(cu_conv[i + 1]))
+        self.conv_new = to_device(torch.cat([torch.arange(int(cu_conv[i]) + window, int(cu_conv[i + 1]))
                                            for i in range(n)]), device)
-        self.entry = _device(entry_t, device)
+        self.entry = to_device(entry_t, device)
 
     def keys_values(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each sample's keys and values [sum(past + n), Hkv, D]: its entry's cached ones, then ``keys`` /
         ``values`` [N, Hkv, D] of its own tokens."""
         out = []
         for new, name in ((keys, "keys"), (values, "values")):
-            held = torch.cat([getattr(c.layers[layer], name)[0].transpose(0, 1) for c in self.caches])
-            out.append(torch.cat([held, new]).index_select(0, self.kv_index))
+            held = [getattr(c.layers[layer], name)[0].transpose(0, 1) for c in self.caches]
+            out.append(torch.cat([*held, new]).index_select(0, self.kv_index))
         return out[0], out[1]
 
     def conv_input(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """[1, sum(W + n), D]: each sample's entry's conv window (the last W inputs), then its own ``x`` [1, N, D]."""
-        held = torch.cat([c.layers[layer].conv_states[0][0].transpose(0, 1) for c in self.caches]).to(x.dtype)
-        return torch.cat([held, x[0]]).index_select(0, self.conv_index).unsqueeze(0)
+        held = [c.layers[layer].conv_states[0][0].transpose(0, 1).to(x.dtype) for c in self.caches]
+        return torch.cat([*held, x[0]]).index_select(0, self.conv_index).unsqueeze(0)
 
     def states(self, layer: int) -> torch.Tensor:
         """[samples, HV, K, V] fp32: each sample's entry's recurrent state."""
@@ -154,9 +154,14 @@ def _spans(first: list[tuple[int, int]], second: list[tuple[int, int]]) -> torch
     return torch.cat(parts).to(torch.int64)
 
 
-def _device(t: torch.Tensor, device) -> torch.Tensor:
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` on the device without a host sync on CUDA (a pageable copy waits for the GPU's queue to drain, so the
+    host could not queue the next forward's kernels while this one runs): pinned, then copied asynchronously; the
+    pinned block is not reused before the copy is done (torch's caching host allocator records it)."""
     device = torch.device(device)
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)

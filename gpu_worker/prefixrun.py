@@ -50,18 +50,10 @@ from collections.abc import Sequence
 
 import torch
 
+from gpu_worker.kernels import to_device
 from hsx.defaults import DEFAULT_PREFIX_CACHE_BUDGETS, DEFAULT_PREFIX_FORWARD_TOKENS
 from hsx.prep import MAX_HELD, PrefixGroup, merged_forwards
 from hsx.runspec import text_config
-
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on the device without a host sync on CUDA (a pageable copy waits for the GPU's queue to drain, so the
-    host could not queue the next forward's kernels while this one runs): pinned, then copied asynchronously; the
-    pinned block is not reused before the copy is done (torch's caching host allocator records it)."""
-    if device.type != "cuda" or t.device.type != "cpu":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _cache_for(model):
@@ -132,21 +124,10 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
     grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
     alone = [b for b in range(len(cu) - 1) if b not in grouped]
     if alone and ex.packs:   # no past to continue: one packed row, as a plain batch runs
-        _run_packed(ex, ids, cu, alone, put)
+        _run_rows_packed(ex, ids, cu, [(b, [b], 0) for b in alone], None, None, None, put)
     elif alone:
         _run_rows(ex, ids, cu, [(b, [b], 0) for b in alone], None, put)
     return put.hidden, put.final
-
-
-def _run_packed(ex, ids: torch.Tensor, cu: list[int], rows: list[int], put) -> None:
-    """Samples computed alone, from token 0, as one packed row (``Extractor.forward_rows``), stored in place."""
-    from gpu_worker.extractor import pack_batch
-
-    lengths = [cu[b + 1] - cu[b] for b in rows]
-    bounds = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
-    batch = pack_batch(torch.cat([ids[cu[b]:cu[b + 1]] for b in rows]), bounds, ex.device.type == "cuda")
-    put([(cu[b], int(bounds[i]), n) for i, (b, n) in enumerate(zip(rows, lengths, strict=True))],
-        ex.forward_rows(batch))
 
 
 class _Stored:
@@ -166,7 +147,7 @@ class _Stored:
 
     def spread(self, starts: list[int], got: tuple[torch.Tensor, torch.Tensor | None]) -> None:
         device = self.hidden.device
-        rows = (_to_device(torch.tensor(starts, dtype=torch.int64), device).unsqueeze(1)
+        rows = (to_device(torch.tensor(starts, dtype=torch.int64), device).unsqueeze(1)
                 + torch.arange(got[0].shape[0], device=device))
         self.hidden[rows] = got[0]
         if self.final is not None:
@@ -182,7 +163,7 @@ def _run_group(ex, ids: torch.Tensor, cu: list[int], node, cache, start: int, ch
     g = node[0]
     device = ex.device
     cache = _cache_for(ex.model) if cache is None else copy.deepcopy(cache)
-    spine = _to_device(ids[cu[g.first]:cu[g.first] + g.spine], device)
+    spine = to_device(ids[cu[g.first]:cu[g.first] + g.spine], device)
     members = range(g.first, g.first + g.count)
     for at in range(start, g.spine, max(1, chunk_tokens)):
         end = min(g.spine, at + chunk_tokens)
@@ -385,19 +366,19 @@ def _run_rows(ex, ids: torch.Tensor, cu: list[int], rows: list[tuple[int, list[i
             n = cu[m + 1] - cu[m] - skip
             runs.append((cu[m] + skip, len(flat), n))
             flat.extend(range(r * width, r * width + n))
-    flat_index = _to_device(torch.tensor(flat, dtype=torch.int64), device)
+    flat_index = to_device(torch.tensor(flat, dtype=torch.int64), device)
     extra = {}
     if len(set(pasts)) > 1:
-        extra = row_pasts(ex, _to_device(torch.tensor(pasts, dtype=torch.int64), device), start, width)
-    put(runs, ex.forward_packed(_to_device(padded, device), flat_index, len(flat), cache=cache, start=start, **extra))
+        extra = row_pasts(ex, to_device(torch.tensor(pasts, dtype=torch.int64), device), start, width)
+    put(runs, ex.forward_packed(to_device(padded, device), flat_index, len(flat), cache=cache, start=start, **extra))
 
 
 def _run_rows_packed(ex, ids: torch.Tensor, cu: list[int], rows: list[tuple[int, list[int], int]],
-                     entry: list[int], caches: list, pasts: list[int], put) -> None:
-    """``_run_rows`` of rows each continuing its own one-row cache (``caches[entry[i]]``, ``pasts[entry[i]]``
-    tokens) as one packed row: no padding, no mask; each row's attention reads its cache's keys then its own,
-    each Gated DeltaNet row starts from its cache's conv window and recurrent state (gpu_worker/kernels.py
-    ``Pasts``)."""
+                     entry: list[int] | None, caches: list | None, pasts: list[int] | None, put) -> None:
+    """``_run_rows`` as one packed row: no padding, no mask. Each row continues its own one-row cache
+    (``caches[entry[i]]``, ``pasts[entry[i]]`` tokens): its attention reads the cache's keys then its own, each
+    Gated DeltaNet row starts from the cache's conv window and recurrent state (gpu_worker/kernels.py ``Pasts``).
+    ``caches`` None: every row from token 0 (its past 0)."""
     from gpu_worker.extractor import PackedBatch
     from gpu_worker.kernels import Pasts
 
@@ -413,7 +394,7 @@ def _run_rows_packed(ex, ids: torch.Tensor, cu: list[int], rows: list[tuple[int,
     config = text_config(ex.model.config)
     window = getattr(config, "linear_conv_kernel_dim", 0) if "linear_attention" in (
         getattr(config, "layer_types", None) or ()) else 0
-    past = Pasts(caches, entry, pasts, lengths, window, ex.device)
+    past = None if caches is None else Pasts(caches, entry, pasts, lengths, window, ex.device)
     runs = [(cu[m] + skip, bounds[r], cu[m + 1] - cu[m] - skip)
             for r, (_, held, skip) in enumerate(rows) for m in held]
     put(runs, ex.forward_rows(batch, past=past))

@@ -237,9 +237,9 @@ class WorkerRuntime(Role):
         self.current_batch = bid
         self.ledger.publish_current(self.worker_name, bid)  # now, not at the next beat
         try:
-            padded, contents = self.prefetcher.take(spec)
+            batch, contents = self.prefetcher.take(spec)
             self._hint_next()
-            hidden, final, compute_error, reference = self._forward(spec, padded, contents)
+            hidden, final, compute_error, reference = self._forward(spec, batch, contents)
             measure = self.batches_run % life.Run.ERROR_SAMPLE_EVERY == 0
             stored = self.extractor.stored(hidden, final, measure_error=measure)
             if compute_error is not None:
@@ -257,11 +257,11 @@ class WorkerRuntime(Role):
         self.batches_run += 1
         self.tokens_run += spec.tokens
         # what this forward computed: a plain batch packed into one row computes its real tokens only
-        self.tokens_computed += (padded.input_ids.numel() if not spec.prefix_groups else spec.computed_tokens)
+        self.tokens_computed += (batch.input_ids.numel() if not spec.prefix_groups else spec.computed_tokens)
         self.after_batch()
         return f"{bid}: {spec.samples} samples, {spec.tokens} tokens"
 
-    def _forward(self, spec, padded, contents) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, str | None]:
+    def _forward(self, spec, batch, contents) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, str | None]:
         """The batch's forward: (hidden, final, compute error or None, its reference or None).
 
         Once a process, on its first plain batch, a float8 run's worker that wins the claim runs one extra forward
@@ -269,11 +269,11 @@ class WorkerRuntime(Role):
         if self.measure_compute and not spec.prefix_groups:
             self.measure_compute = False
             if self.ledger.claim_compute_error(self.worker_name):
-                return self.extractor.run_measured(padded)
+                return self.extractor.run_measured(batch)
         if spec.prefix_groups and self.check_prefixes:
             self.check_prefixes = False
             hidden, final, error = self.extractor.run_shared_checked(
-                contents.input_ids, contents.cu_seqlens, spec.prefix_groups, self.manifest.token_budget, padded,
+                contents.input_ids, contents.cu_seqlens, spec.prefix_groups, self.manifest.token_budget, batch,
                 self.manifest.prefix_cache_tokens, self.manifest.forward_tokens)
             self._record_prefix_error(spec, error)
         elif spec.prefix_groups:
@@ -281,7 +281,7 @@ class WorkerRuntime(Role):
                                                       self.manifest.token_budget, self.manifest.prefix_cache_tokens,
                                                       self.manifest.forward_tokens)
         else:
-            hidden, final = self.extractor.run(padded)
+            hidden, final = self.extractor.run(batch)
         return hidden, final, None, None
 
     def _hint_next(self) -> None:

@@ -369,6 +369,20 @@ def test_rows_going_on_stay_padded_where_the_varlen_kernel_with_pasts_fails_its_
     ex = Extractor(hybrid, [0, 1], store_final=False, out_dtype="float32")
     assert ex.packs and not ex.continues
     assert ex.kernels_line.endswith("; shared prefixes' rows going on padded (varlen attention with pasts differs)")
+    # a tree batch then continues its leaves padded (the merged cache), and packs only its rows computed alone
+    from gpu_worker import prefixrun
+
+    calls, merged = [], []
+    real_packed, real_merged = prefixrun._run_rows_packed, prefixrun._merged_cache
+    monkeypatch.setattr(prefixrun, "_run_rows_packed", lambda *a: calls.append(a[5]) or real_packed(*a))
+    monkeypatch.setattr(prefixrun, "_merged_cache", lambda *a: merged.append(1) or real_merged(*a))
+    gen = torch.Generator().manual_seed(7)
+    spine = torch.randint(0, 200, (40,), generator=gen)
+    rows = [torch.cat([spine, torch.randint(0, 200, (n,), generator=gen)]) for n in (5, 9)]
+    rows.append(torch.randint(0, 200, (30,), generator=gen))   # alone
+    cu = torch.tensor([0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()])
+    ex.run_shared(torch.cat(rows), cu, [[0, 2, 40]], 4096)
+    assert calls == [None] and merged   # the packed call is the alone row's (no caches); the leaves went padded
     monkeypatch.undo()
     monkeypatch.setattr(kernels, "choose", lambda mode, device: (reference, ""))
     ex = Extractor(_tiny_hybrid(), [0, 1], store_final=False, out_dtype="float32")

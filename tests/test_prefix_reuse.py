@@ -89,18 +89,19 @@ def test_every_sample_equals_its_lone_forward(kind, chunk_tokens, packed, tiny_m
     """16: each spine longer than the piece a forward may take. packed: the fused kernels (the reference set) and
     the rows computed alone packed into one row, as a packing worker runs them."""
     model = _model(kind, tiny_model)
-    real_packed = prefixrun._run_packed
+    real_packed = prefixrun._run_rows_packed
     if packed:
         from gpu_worker import kernels
         from tests.test_kernels import _reference
 
         reference = _reference(model)
         monkeypatch.setattr(kernels, "choose", lambda mode, device: (reference, ""))
-        forwards, continued = [], []
-        monkeypatch.setattr(prefixrun, "_run_packed", lambda *a: forwards.append(a[3]) or real_packed(*a))
-        real_continued = prefixrun._run_rows_packed
-        monkeypatch.setattr(prefixrun, "_run_rows_packed",
-                            lambda *a: continued.append([b for b, _, _ in a[3]]) or real_continued(*a))
+        forwards, continued = [], []   # packed rows from token 0 (no caches), and rows continuing caches
+
+        def packed_rows(*a):
+            (forwards if a[5] is None else continued).append([b for b, _, _ in a[3]])
+            return real_packed(*a)
+        monkeypatch.setattr(prefixrun, "_run_rows_packed", packed_rows)
         monkeypatch.setattr(prefixrun, "_merged_cache", None)   # the padded way of rows going on: not taken
     ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
     assert ex.packs == packed
