@@ -86,11 +86,13 @@ def _not_packed(position_ids):
     return None
 
 
-def _check_continued(model, cache, start: int, width: int) -> None:
-    """RuntimeError unless ``cache`` now holds ``start + width`` tokens (a model with attention layers: their keys
-    say it; a cache the model was not given is a row computed without its prefix, wrong data)."""
+def _check_continued(model, layers: int, cache, start: int, width: int) -> None:
+    """RuntimeError unless ``cache`` now holds ``start + width`` tokens (where the ``layers`` run, the decoder's
+    first, have attention layers: their keys say it; a cache the model was not given is a row computed without its
+    prefix, wrong data). Layers cut after the last stored one never run: with no attention layer among those
+    that do, the keys say nothing (transformers 5.17 then counts 0 tokens)."""
     types = getattr(text_config(model.config), "layer_types", None)
-    if types is not None and all(t == "linear_attention" for t in types):
+    if types is not None and all(t == "linear_attention" for t in types[:layers]):
         return
     held = cache.get_seq_length()
     if held != start + width:
@@ -436,7 +438,7 @@ class Extractor:
             with _rows_not_packed() if cache is None else contextlib.nullcontext():
                 result = self.decoder(input_ids=ids, **kwargs)
             if cache is not None:
-                _check_continued(self.model, cache, start, ids.shape[1])
+                _check_continued(self.model, len(self.decoder.layers), cache, start, ids.shape[1])
             return self._finish(result)
         finally:
             self._out = self._flat_index = None
