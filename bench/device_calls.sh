@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|S|T|U|V|W|X
+#     bash bench/device_calls.sh E|F|...|X|Y|Z
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -56,6 +56,10 @@ case "$1:$GPU" in
   W:*)      step prof.log LEVERS= COMPUTES=bf16,fp8 T_PROF=480 bash bench/run_gpu.sh profile ;;   # eager, fused, packed
   X:*)      step fid.log FID_MIN=0.4 T_FID=200 FID_HELD=16 FID_COLUMNS="bf16 fused,bf16 packed,FP8 fused,FP8 packed" \
               bash bench/run_gpu.sh kernel-fidelity ;;   # V cut to what the last device seconds hold
+  Y:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto padded" bash bench/run_gpu.sh 27b-kernels ;;  # T on the H200
+  Y:*)      step fid.log FID_MIN=0.6 T_FID=330 bash bench/run_gpu.sh kernel-fidelity ;;   # V
+  Z:*H200*) step fid.log FID_MIN=0.6 T_FID=330 bash bench/run_gpu.sh kernel-fidelity ;;   # V
+  Z:*)      step prof.log LEVERS= COMPUTES=bf16,fp8 T_PROF=480 bash bench/run_gpu.sh profile ;;   # W
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
