@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|X|Y|Z
+#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -60,6 +60,8 @@ case "$1:$GPU" in
   Y:*)      step fid.log FID_MIN=0.6 T_FID=330 bash bench/run_gpu.sh kernel-fidelity ;;   # V
   Z:*H200*) step fid.log FID_MIN=0.6 T_FID=330 bash bench/run_gpu.sh kernel-fidelity ;;   # V
   Z:*)      step prof.log LEVERS= COMPUTES=bf16,fp8 T_PROF=480 bash bench/run_gpu.sh profile ;;   # W
+  AA:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=330 \
+              PREFIX_ARGS="--fidelity-samples 4" bash bench/run_gpu.sh prefix ;;   # tree batches in packed waves
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

@@ -46,9 +46,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import itertools
 import logging
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -90,68 +91,144 @@ class Rows:
     past: Pasts | None = None   # the cached states each sample continues (None: every sample from token 0)
 
 
+class State:
+    """One row's cached states at a branch point of a shared prefix, as packed rows leave them (``Pasts`` with
+    ``record``): a node of a tree, holding only what its own tokens added. Its attention keys and values are its
+    ``parent``'s (and theirs, up to the root) followed by its own ``keys[layer]`` / ``values[layer]`` ([n, Hkv, D]),
+    so a spine's tokens are held once however many rows continue them; a Gated DeltaNet layer's ``conv[layer]``
+    (the last W conv inputs, [W, D]) and ``recurrent[layer]`` ([HV, K, V] fp32) are the whole row's, dropped
+    (``release``) once every row continuing them has run. ``past``: the tokens it holds."""
+
+    def __init__(self, parent: State | None, tokens: int):
+        self.parent, self.past = parent, (parent.past if parent is not None else 0) + tokens
+        self.tokens = tokens
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.conv: dict[int, torch.Tensor] | None = {}
+        self.recurrent: dict[int, torch.Tensor] | None = {}
+
+    def chain(self) -> list[State]:
+        """The nodes whose keys make this row's past, root first."""
+        out, node = [], self
+        while node is not None:
+            out.append(node)
+            node = node.parent
+        return out[::-1]
+
+    def release(self) -> None:
+        """Drop the Gated DeltaNet states (the keys stay: rows continuing a child read them)."""
+        self.conv = self.recurrent = None
+
+
 class Pasts:
-    """The cached states the samples of a packed forward continue: sample i goes on from the one-row cache
-    ``caches[entry[i]]`` (``pasts[entry[i]]`` tokens: a shared prefix's keys and values, conv window and recurrent
-    state), its own tokens at positions past .. past + n - 1. Per layer, on demand (one layer's copies at a time):
+    """The cached states the samples of a packed forward continue: sample i goes on from ``states[i]`` (a
+    ``State``: a shared prefix's keys and values, conv window and recurrent state; None: from token 0), its own
+    tokens at positions past .. past + n - 1. Per layer, on demand (one layer's copies at a time):
 
-    - attention: the entries' keys and values stacked once, and each sample's keys as its entry's then its own
-      (``keys_values``: one gather into [sum(past + n), Hkv, D], bounds ``cu_k``);
-    - Gated DeltaNet: each sample's conv input as its entry's window (the last W inputs) then its own
-      (``conv_input``: [sum(W + n), D] in bounds ``conv_rows``; ``conv_new`` picks the outputs of its own
-      tokens), and its recurrent state (``states``: [samples, HV, K, V] fp32)."""
+    - attention: the held keys and values of every node on the samples' chains stacked once, and each sample's
+      keys as its chain's then its own (``keys_values``: one gather into [sum(past + n), Hkv, D], bounds ``cu_k``);
+    - Gated DeltaNet: each sample's conv input as its state's window (the last W inputs; zeros from token 0) then
+      its own (``conv_input``: [sum(W + n), D] in bounds ``conv_rows``; ``conv_new`` picks the outputs of its own
+      tokens), and its recurrent state (``initial``: [samples, HV, K, V] fp32, zeros from token 0).
 
-    def __init__(self, caches: list, entry: list[int], pasts: list[int], lengths: list[int], window: int, device):
-        self.caches, self.device = caches, device
-        n = len(entry)
-        entry_t = torch.tensor(entry, dtype=torch.int64)
-        past_t = torch.tensor(pasts, dtype=torch.int64)[entry_t]
+    ``record``: the samples whose states at their last token are kept, as ``recorded[i]`` (a child ``State`` of
+    ``states[i]``): their own keys and values, the last W conv inputs and the final recurrent state, filled as
+    the layers run; ``check_recorded`` says whether every layer filled them."""
+
+    def __init__(self, states: list[State | None], lengths: list[int], window: int, device,
+                 record: Sequence[int] = ()):
+        self.device, self.window, self.states = device, window, states
+        n = len(states)
         length_t = torch.tensor(lengths, dtype=torch.int64)
-        q_start = torch.cat([torch.zeros(1, dtype=torch.int64), length_t.cumsum(0)[:-1]])
-        p_start = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(pasts).cumsum(0)[:-1]])
-        self.held_keys = int(sum(pasts))           # rows of the stacked keys, before the new ones
+        past_t = torch.tensor([0 if s is None else s.past for s in states], dtype=torch.int64)
+        self.q_start = [0, *itertools.accumulate(lengths)]
+        # the nodes whose keys any sample reads, each once; key row j of sample i: its chain's, then its own
+        self.nodes = list({id(node): node for s in states if s is not None for node in s.chain()}.values())
+        at = dict(zip(map(id, self.nodes), itertools.accumulate([0, *(node.tokens for node in self.nodes)]),
+                      strict=False))
+        self.held_keys = sum(node.tokens for node in self.nodes)
+        spans = []
+        for i, s in enumerate(states):
+            spans += [(at[id(node)], node.tokens) for node in (s.chain() if s is not None else ())]
+            spans.append((self.held_keys + self.q_start[i], lengths[i]))
+        self.kv_index = to_device(_spans(spans), device)
         cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), (past_t + length_t).cumsum(0)])
         self.cu_k32 = to_device(cu_k.to(torch.int32), device)
         self.max_k = int((past_t + length_t).max())
-        # key row j of sample i: its entry's cached key j (j < past), else its own token j - past
-        self.kv_index = to_device(_spans([(int(p_start[entry[i]]), int(past_t[i])) for i in range(n)],
-                                       [(self.held_keys + int(q_start[i]), int(length_t[i])) for i in range(n)]), device)
-        self.window = window
+        # conv input row j of sample i: its state's window (zeros: the block after the held windows), then its own
+        self.gdn = list({id(s): s for s in states if s is not None}.values())
+        slot = {id(s): k for k, s in enumerate(self.gdn)}
+        entry = [len(self.gdn) if s is None else slot[id(s)] for s in states]
+        self.entry = to_device(torch.tensor(entry, dtype=torch.int64), device)
         cu_conv = torch.cat([torch.zeros(1, dtype=torch.int64), (window + length_t).cumsum(0)])
         cu_conv_device = to_device(cu_conv, device)
         self.conv_rows = Rows(cu_conv_device.to(torch.int32), cu_conv_device, cu_conv, int(window + length_t.max()))
-        held = len(caches) * window
-        self.conv_index = to_device(_spans([(entry[i] * window, window) for i in range(n)],
-                                         [(held + int(q_start[i]), int(length_t[i])) for i in range(n)]), device)
+        held = (len(self.gdn) + 1) * window
+        self.conv_index = to_device(_spans([span for i in range(n) for span in (
+            (entry[i] * window, window), (held + self.q_start[i], lengths[i]))]), device)
         self.conv_new = to_device(torch.cat([torch.arange(int(cu_conv[i]) + window, int(cu_conv[i + 1]))
-                                           for i in range(n)]), device)
-        self.entry = to_device(entry_t, device)
+                                             for i in range(n)]), device)
+        self.conv_last = to_device(torch.cat([torch.arange(int(cu_conv[i + 1]) - window, int(cu_conv[i + 1]))
+                                              for i in record]) if record else torch.zeros(0, dtype=torch.int64),
+                                   device)
+        self.record = list(record)
+        self.recorded = {i: State(states[i], lengths[i]) for i in self.record}
+        self.record_index = to_device(torch.tensor(self.record, dtype=torch.int64), device)
 
     def keys_values(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each sample's keys and values [sum(past + n), Hkv, D]: its entry's cached ones, then ``keys`` /
-        ``values`` [N, Hkv, D] of its own tokens."""
+        """Each sample's keys and values [sum(past + n), Hkv, D]: its chain's held ones, then ``keys`` / ``values``
+        [N, Hkv, D] of its own tokens (the recorded samples' own kept)."""
+        for i, state in self.recorded.items():
+            state.keys[layer] = keys[self.q_start[i]:self.q_start[i + 1]].clone()
+            state.values[layer] = values[self.q_start[i]:self.q_start[i + 1]].clone()
+        if not self.nodes:
+            return keys, values
         out = []
-        for new, name in ((keys, "keys"), (values, "values")):
-            held = [getattr(c.layers[layer], name)[0].transpose(0, 1) for c in self.caches]
+        for new, held in ((keys, [node.keys[layer] for node in self.nodes]),
+                          (values, [node.values[layer] for node in self.nodes])):
             out.append(torch.cat([*held, new]).index_select(0, self.kv_index))
         return out[0], out[1]
 
     def conv_input(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """[1, sum(W + n), D]: each sample's entry's conv window (the last W inputs), then its own ``x`` [1, N, D]."""
-        held = [c.layers[layer].conv_states[0][0].transpose(0, 1).to(x.dtype) for c in self.caches]
-        return torch.cat([*held, x[0]]).index_select(0, self.conv_index).unsqueeze(0)
+        """[1, sum(W + n), D]: each sample's state's conv window (the last W inputs; zeros from token 0), then its
+        own ``x`` [1, N, D] (the recorded samples' last W kept)."""
+        zeros = x.new_zeros((self.window, x.shape[-1]))
+        held = [s.conv[layer].to(x.dtype) for s in self.gdn]
+        extended = torch.cat([*held, zeros, x[0]]).index_select(0, self.conv_index)
+        if self.record:
+            last = extended.index_select(0, self.conv_last).reshape(len(self.record), self.window, -1)
+            for k, i in enumerate(self.record):
+                self.recorded[i].conv[layer] = last[k]
+        return extended.unsqueeze(0)
 
-    def states(self, layer: int) -> torch.Tensor:
-        """[samples, HV, K, V] fp32: each sample's entry's recurrent state."""
-        return torch.cat([_recurrent_state(c, layer) for c in self.caches]).float().index_select(0, self.entry)
+    def initial(self, layer: int, like: torch.Tensor | None = None) -> torch.Tensor | None:
+        """[samples, HV, K, V] fp32: each sample's state's recurrent state (zeros from token 0); None where no
+        sample has a state (the kernel's own zero start)."""
+        if not self.gdn:
+            return None
+        held = torch.stack([s.recurrent[layer] for s in self.gdn]).float()
+        return torch.cat([held, held.new_zeros((1, *held.shape[1:]))]).index_select(0, self.entry)
+
+    def keep_final(self, layer: int, final: torch.Tensor | None) -> None:
+        """The recorded samples' final recurrent states [samples, HV, K, V] (the delta rule's output)."""
+        if self.record:
+            if final is None:
+                raise RuntimeError("packed rows: the delta rule gave no final state for the recorded samples")
+            for k, state in enumerate(final.index_select(0, self.record_index)):
+                self.recorded[self.record[k]].recurrent[layer] = state
+
+    def check_recorded(self, attention: set[int], gdn: set[int]) -> None:
+        """RuntimeError unless every recorded sample holds the states of the layers ``attention`` and ``gdn``."""
+        for i, state in self.recorded.items():
+            if set(state.keys) != attention or set(state.conv) != gdn or set(state.recurrent) != gdn:
+                raise RuntimeError(f"packed rows: sample {i}'s states were recorded for attention layers "
+                                   f"{sorted(state.keys)} and GDN layers {sorted(state.conv)}, not {sorted(attention)}"
+                                   f" and {sorted(gdn)}")
 
 
-def _spans(first: list[tuple[int, int]], second: list[tuple[int, int]]) -> torch.Tensor:
-    """Concatenated ranges: for each i, start .. start + n - 1 of ``first[i]`` then of ``second[i]``."""
-    parts = []
-    for (a, n), (b, m) in zip(first, second, strict=True):
-        parts += [torch.arange(a, a + n), torch.arange(b, b + m)]
-    return torch.cat(parts).to(torch.int64)
+def _spans(spans: list[tuple[int, int]]) -> torch.Tensor:
+    """Concatenated ranges start .. start + n - 1 of each (start, n)."""
+    return torch.cat([torch.arange(a, a + n) for a, n in spans] or [torch.zeros(0)]).to(torch.int64)
 
 
 def to_device(t: torch.Tensor, device) -> torch.Tensor:
@@ -322,12 +399,11 @@ def reference_kernels(chunk_rule: Callable) -> KernelSet:
     def delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False, rows=None):
         if rows is None:
             return one_rule(q, k, v, a, b, A_log, dt_bias, initial_state, output_final_state)
-        if output_final_state:
-            raise ValueError("packed rows give no recurrent state out")
         outs = [one_rule(q[:, s:e], k[:, s:e], v[:, s:e], a[:, s:e], b[:, s:e], A_log, dt_bias,
-                         None if initial_state is None else initial_state[i:i + 1])[0]
+                         None if initial_state is None else initial_state[i:i + 1], output_final_state)
                 for i, (s, e) in enumerate(_segments(rows))]
-        return torch.cat(outs, dim=1), None
+        final = torch.cat([o[1] for o in outs]) if output_final_state else None
+        return torch.cat([o[0] for o in outs], dim=1), final
 
     return KernelSet("reference (torch)", norm, gated, swiglu, conv, delta_rule, sdpa_varlen_attention)
 
@@ -397,7 +473,7 @@ def _gdn_forward(self, hidden_states, attention_mask=None, **kwargs):
         extended = kernels.causal_conv1d(past.conv_input(self.layer_idx, mixed_qkv), self._hsx_conv_weight,
                                          self.conv1d.bias, self.activation, rows=past.conv_rows)
         mixed_qkv = extended[0].index_select(0, past.conv_new).unsqueeze(0)
-        initial = past.states(self.layer_idx)
+        initial = past.initial(self.layer_idx)
     elif rows is not None:
         mixed_qkv = kernels.causal_conv1d(mixed_qkv, self._hsx_conv_weight, self.conv1d.bias, self.activation,
                                           rows=rows)
@@ -413,9 +489,12 @@ def _gdn_forward(self, hidden_states, attention_mask=None, **kwargs):
     query = query.reshape(batch, seq_len, -1, self.head_k_dim)
     key = key.reshape(batch, seq_len, -1, self.head_k_dim)
     value = value.reshape(batch, seq_len, -1, self.head_v_dim)
+    records = rows is not None and rows.past is not None and bool(rows.past.record)
     out, final = kernels.gated_delta_rule(query, key, value, a, b, self.A_log, self.dt_bias, initial_state=initial,
-                                          output_final_state=cache is not None,
+                                          output_final_state=cache is not None or records,
                                           **({} if rows is None else {"rows": rows}))
+    if records:
+        rows.past.keep_final(self.layer_idx, final)
     if rows is not None:
         rows.gdn_calls += 1
         rows.seen.add(id(self))
@@ -489,6 +568,8 @@ def packed_rows(decoder, rows: Rows, kernel_set: KernelSet):
         raise RuntimeError(f"packed rows: {rows.attention_calls} of {want_attention} attention and {rows.gdn_calls} "
                            f"of {want_gdn} Gated DeltaNet layers ran over the samples' bounds; the others would have "
                            "let samples see each other (run with --kernels padded)")
+    if rows.past is not None:
+        rows.past.check_recorded({m.layer_idx for m in attention}, {m.layer_idx for m in gdn})
 
 
 def packing_ready(decoder, kernel_set: KernelSet | None, device) -> tuple[bool, str]:

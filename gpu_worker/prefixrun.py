@@ -104,11 +104,16 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
             raise ValueError(f"prefix group {tuple(g)}: a member is shorter than its spine")
         if any(not torch.equal(ids[cu[b]:cu[b] + g.spine], ids[cu[g.first]:cu[g.first] + g.spine]) for b in members):
             raise ValueError(f"prefix group {tuple(g)}: its members do not share the spine's tokens")
+    grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
+    alone = [b for b in range(len(cu) - 1) if b not in grouped]
+    cache_tokens = cache_tokens or DEFAULT_PREFIX_CACHE_BUDGETS * chunk_tokens
+    if ex.continues:   # packed rows, each from its own states: the batch in waves
+        _run_waves(ex, ids, cu, forest, alone, chunk_tokens, _rows_for_states(ex, cache_tokens), put)
+        return put.hidden, put.final
     entries = []
     for node in forest:
         if _longest_holding_all(ids, cu, node[0]) is None:
             entries += _entries(ids, cu, node)
-    cache_tokens = cache_tokens or DEFAULT_PREFIX_CACHE_BUDGETS * chunk_tokens
     segments = merged_forwards(entries, cache_tokens, forward_tokens, chunk_tokens, _takes_row_pasts(ex))
     going = _Going(ex, ids, cu, put, segments, _rows_for_states(ex, cache_tokens), chunk_tokens)
     for node in forest:
@@ -121,10 +126,8 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
     if going.segment != len(segments) or going.held:   # rows never run would be stored as uninitialised memory
         raise RuntimeError(f"prefix batch: {len(segments) - going.segment} of {len(segments)} segments of rows "
                            f"going on were not run ({len(going.held)} groups held)")
-    grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
-    alone = [b for b in range(len(cu) - 1) if b not in grouped]
     if alone and ex.packs:   # no past to continue: one packed row, as a plain batch runs
-        _run_rows_packed(ex, ids, cu, [(b, [b], 0) for b in alone], None, None, None, put)
+        _run_rows_packed(ex, ids, cu, [(b, [b], 0, cu[b + 1] - cu[b]) for b in alone], None, put)
     elif alone:
         _run_rows(ex, ids, cu, [(b, [b], 0) for b in alone], None, put)
     return put.hidden, put.final
@@ -230,9 +233,6 @@ class _Going:
             self.segment += 1
 
     def _run(self, segment: list[list[int]]) -> None:
-        if self.ex.continues:
-            self._run_packed([e for forward in segment for e in forward])
-            return
         for forward in segment:
             rows = [(e, b, held) for e in forward for b, held in self.held[e - self.done][2].items()]
             step = self.max_rows or len(rows)
@@ -247,30 +247,84 @@ class _Going:
         self.done += len(self.held)
         self.held = []
 
-    def _run_packed(self, entries: list[int]) -> None:
-        """A packing forward's way: the segment's rows going on in as few packed rows as their GDN states
-        (``max_rows``) and the batch's token budget allow, each row from its own group's states. Packed rows
-        compute no padding, so groups the plan kept apart to spare padding run together too."""
-        rows = [(e, b, held) for e in entries for b, held in self.held[e - self.done][2].items()]
-        pieces, piece, tokens = [], [], 0
-        for row in rows:
-            e, b, _ = row
-            n = self.cu[b + 1] - self.cu[b] - self.held[e - self.done][1]
-            if piece and ((self.max_rows and len(piece) == self.max_rows)
-                          or (self.token_budget and tokens + n > self.token_budget)):
-                pieces.append(piece)
-                piece, tokens = [], 0
-            piece.append(row)
-            tokens += n
-        pieces.append(piece)
-        for piece in pieces:
-            used = list(dict.fromkeys(e for e, _, _ in piece))
-            parts = [self.held[e - self.done] for e in used]
-            _run_rows_packed(self.ex, self.ids, self.cu, [(b, held, self.held[e - self.done][1]) for e, b, held in piece],
-                             [used.index(e) for e, _, _ in piece], [c for c, _, _ in parts], [p for _, p, _ in parts],
-                             self.put)
-        self.done += len(self.held)
-        self.held = []
+
+class _Item:
+    """A piece of a wave: tokens ``start`` .. ``end`` - 1 of sample ``row``, continuing ``state`` (its first
+    ``start`` tokens' states; None: from token 0). A spine piece (``node``: its group) records its states at ``end``
+    and is stored for every member of its group; a row going on is stored for the members it holds (``held``)."""
+
+    __slots__ = ("row", "start", "end", "state", "node", "held")
+
+    def __init__(self, row: int, start: int, end: int, state, node=None, held: list[int] | None = None):
+        self.row, self.start, self.end, self.state, self.node, self.held = row, start, end, state, node, held
+
+
+def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[int], token_budget: int,
+               max_rows: int, put) -> int:
+    """A packing forward's way through a tree batch: every piece whose states are ready runs in one packed
+    forward, within the batch's token budget. A wave holds the spine pieces of every group whose parent's spine
+    is done (each recording its states at its end: ``kernels.Pasts``), the rows going on from every finished
+    spine and the rows computed alone, each sample from its own states: no padding, no mask, and a tree of depth
+    d runs in about d forwards however many groups and trees the batch holds. A spine longer than the room left
+    goes on piece by piece. ``max_rows``: the samples continuing or recording states in one forward at most (0: no
+    bound); a spine piece is taken only while at most ``MAX_HELD`` states are held, or when nothing else can run.
+    Rows going on come first (they free states), then spine pieces, then rows from token 0. How many forwards ran."""
+    ready: list[_Item] = []
+    for node in forest:
+        g = node[0]
+        longest = _longest_holding_all(ids, cu, g)
+        if longest is None:
+            ready.append(_Item(g.first, 0, g.spine, None, node))
+        else:   # a chain from token 0: its longest row, every member a prefix of it
+            ready.append(_Item(longest, 0, cu[longest + 1] - cu[longest], None,
+                               held=list(range(g.first, g.first + g.count))))
+    ready += [_Item(b, 0, cu[b + 1] - cu[b], None, held=[b]) for b in alone]
+    forwards = 0
+    while ready:
+        ready.sort(key=lambda it: 0 if it.state is not None and it.node is None else 1 if it.node is not None else 2)
+        held = {id(it.state) for it in ready if it.state is not None}
+        taken, later, tokens, stateful, recording = [], [], 0, 0, 0
+        for item in ready:
+            n = item.end - item.start
+            room = token_budget - tokens if token_budget else n
+            counts = item.state is not None or item.node is not None
+            fits = not taken or (room > 0 and not (counts and max_rows and stateful >= max_rows)
+                                 and (item.node is not None or n <= room)
+                                 and (item.node is None or len(held) + recording < MAX_HELD))
+            if not fits:
+                later.append(item)
+                continue
+            if item.node is not None and 0 < room < n:   # a spine piece cut to the room left; the rest goes on
+                later.append(_Item(item.row, item.start + room, item.end, None, item.node))
+                item = _Item(item.row, item.start, item.start + room, item.state, item.node)
+                later[-1].state = item   # replaced by this piece's recorded states after the forward
+            taken.append(item)
+            tokens += item.end - item.start
+            stateful += counts
+            recording += item.node is not None
+        record = [i for i, it in enumerate(taken) if it.node is not None]
+        got, pasts, bounds = _run_rows_packed(ex, ids, cu, [(it.row, it.held or [], it.start, it.end) for it in taken],
+                                              [it.state for it in taken], put, record)
+        forwards += 1
+        made = {id(taken[i]): pasts.recorded[i] for i in record}
+        for it in later:
+            if isinstance(it.state, _Item):
+                it.state = made[id(it.state)]
+        for i in record:   # each spine piece, stored for every member of its group
+            it, g = taken[i], taken[i].node[0]
+            part = tuple(None if t is None else t[bounds[i]:bounds[i + 1]] for t in got)
+            put.spread([cu[b] + it.start for b in range(g.first, g.first + g.count)], part)
+            if it.end == g.spine:   # the spine done: its branching groups and rows going on continue its states
+                state = made[id(it)]
+                rows, branching = going_and_branching(ids, cu, it.node)
+                later += [_Item(child[0].first, g.spine, child[0].spine, state, child) for child in branching]
+                later += [_Item(b, g.spine, cu[b + 1] - cu[b], state, held=members) for b, members in rows.items()]
+        still = {id(it.state) for it in later if it.state is not None}
+        for it in taken:
+            if it.state is not None and id(it.state) not in still:
+                it.state.release()   # every row continuing it has run
+        ready = later
+    return forwards
 
 
 def _rows_for_states(ex, cache_tokens: int) -> int:
@@ -373,31 +427,38 @@ def _run_rows(ex, ids: torch.Tensor, cu: list[int], rows: list[tuple[int, list[i
     put(runs, ex.forward_packed(to_device(padded, device), flat_index, len(flat), cache=cache, start=start, **extra))
 
 
-def _run_rows_packed(ex, ids: torch.Tensor, cu: list[int], rows: list[tuple[int, list[int], int]],
-                     entry: list[int] | None, caches: list | None, pasts: list[int] | None, put) -> None:
-    """``_run_rows`` as one packed row: no padding, no mask. Each row continues its own one-row cache
-    (``caches[entry[i]]``, ``pasts[entry[i]]`` tokens): its attention reads the cache's keys then its own, each
-    Gated DeltaNet row starts from the cache's conv window and recurrent state (gpu_worker/kernels.py ``Pasts``).
-    ``caches`` None: every row from token 0 (its past 0)."""
+def _run_rows_packed(ex, ids: torch.Tensor, cu: list[int], rows: list[tuple[int, list[int], int, int]],
+                     states: list | None, put, record: Sequence[int] = ()):
+    """Rows as one packed row: no padding, no mask. Each row (row, the members it stores, start, end) runs its
+    tokens start .. end - 1, continuing ``states[i]`` (a ``kernels.State`` of its first ``start`` tokens; None:
+    from token 0): its attention reads the state's keys then its own, each Gated DeltaNet row starts from the
+    state's conv window and recurrent state (gpu_worker/kernels.py ``Pasts``). ``record``: the rows whose states
+    at ``end`` are kept (``pasts.recorded``). Each row's output is stored for the members it holds (each a prefix
+    of it). (got, pasts or None, the rows' bounds in got)."""
     from gpu_worker.extractor import PackedBatch
     from gpu_worker.kernels import Pasts
 
-    lengths = [cu[b + 1] - cu[b] - skip for b, _, skip in rows]
+    lengths = [end - start for _, _, start, end in rows]
     bounds = [0, *itertools.accumulate(lengths)]
-    tokens = torch.cat([ids[cu[b] + skip:cu[b + 1]] for b, _, skip in rows]).reshape(1, -1)
-    positions = torch.cat([torch.arange(skip, skip + n) for (_, _, skip), n in zip(rows, lengths, strict=True)])
-    cuda = ex.device.type == "cuda"
-    if cuda:
+    tokens = torch.cat([ids[cu[b] + start:cu[b] + end] for b, _, start, end in rows]).reshape(1, -1)
+    positions = torch.cat([torch.arange(start, end) for _, _, start, end in rows])
+    if ex.device.type == "cuda":
         tokens, positions = tokens.pin_memory(), positions.pin_memory()
     batch = PackedBatch(tokens, positions.reshape(1, -1), torch.tensor(bounds, dtype=torch.int64), max(lengths),
                         bounds[-1])
-    config = text_config(ex.model.config)
-    window = getattr(config, "linear_conv_kernel_dim", 0) if "linear_attention" in (
-        getattr(config, "layer_types", None) or ()) else 0
-    past = None if caches is None else Pasts(caches, entry, pasts, lengths, window, ex.device)
-    runs = [(cu[m] + skip, bounds[r], cu[m + 1] - cu[m] - skip)
-            for r, (_, held, skip) in enumerate(rows) for m in held]
-    put(runs, ex.forward_rows(batch, past=past))
+    past = None
+    if record or (states is not None and any(s is not None for s in states)):
+        states = states or [None] * len(rows)
+        if any((0 if s is None else s.past) != start for s, (_, _, start, _) in zip(states, rows, strict=True)):
+            raise ValueError("packed rows: a row's states do not end where its tokens start")
+        config = text_config(ex.model.config)
+        window = getattr(config, "linear_conv_kernel_dim", 0) if "linear_attention" in (
+            getattr(config, "layer_types", None) or ()) else 0
+        past = Pasts(states, lengths, window, ex.device, record)
+    got = ex.forward_rows(batch, past=past)
+    put([(cu[m] + start, bounds[r], cu[m + 1] - cu[m] - start)
+         for r, (_, held, start, _) in enumerate(rows) for m in held], got)
+    return got, past, bounds
 
 
 def row_pasts(ex, pasts: torch.Tensor, start: int, width: int) -> dict:

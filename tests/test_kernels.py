@@ -374,7 +374,7 @@ def test_rows_going_on_stay_padded_where_the_varlen_kernel_with_pasts_fails_its_
 
     calls, merged = [], []
     real_packed, real_merged = prefixrun._run_rows_packed, prefixrun._merged_cache
-    monkeypatch.setattr(prefixrun, "_run_rows_packed", lambda *a: calls.append(a[5]) or real_packed(*a))
+    monkeypatch.setattr(prefixrun, "_run_rows_packed", lambda *a: calls.append(a[4]) or real_packed(*a))
     monkeypatch.setattr(prefixrun, "_merged_cache", lambda *a: merged.append(1) or real_merged(*a))
     gen = torch.Generator().manual_seed(7)
     spine = torch.randint(0, 200, (40,), generator=gen)

@@ -96,11 +96,11 @@ def test_every_sample_equals_its_lone_forward(kind, chunk_tokens, packed, tiny_m
 
         reference = _reference(model)
         monkeypatch.setattr(kernels, "choose", lambda mode, device: (reference, ""))
-        forwards, continued = [], []   # packed rows from token 0 (no caches), and rows continuing caches
+        forwards = []   # each packed forward: (its rows, (row, start, end) of the spine pieces it records)
 
-        def packed_rows(*a):
-            (forwards if a[5] is None else continued).append([b for b, _, _ in a[3]])
-            return real_packed(*a)
+        def packed_rows(ex_, ids_, cu_, rows_, states, put, record=()):
+            forwards.append(([b for b, _, _, _ in rows_], [rows_[i][0:1] + rows_[i][2:] for i in record]))
+            return real_packed(ex_, ids_, cu_, rows_, states, put, record)
         monkeypatch.setattr(prefixrun, "_run_rows_packed", packed_rows)
         monkeypatch.setattr(prefixrun, "_merged_cache", None)   # the padded way of rows going on: not taken
     ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
@@ -110,10 +110,16 @@ def test_every_sample_equals_its_lone_forward(kind, chunk_tokens, packed, tiny_m
     hidden, final = ex.run_shared(ids, cu, [list(g) for g in groups], chunk_tokens)
     worst = _lone_error(model, rows, hidden, final, cu)
     print(f"{kind}, pieces of {chunk_tokens}: max |reused - lone| = {worst:.2e}")
-    if packed:
-        assert forwards == [[6, 7]]   # the two rows alone, in one packed forward
-        # the rows going on from each group's states, packed (groups A and B: leaves; the turns: two third turns)
-        assert sorted(b for rows_ in continued for b in rows_) == [1, 2, 3, 4, 5, 10, 11], continued
+    if packed and chunk_tokens == 4096:   # in waves: a forward a depth of the trees
+        assert forwards == [
+            ([0, 4, 8, 14, 6, 7], [(0, 0, 70), (4, 0, 45), (8, 0, 35)]),   # the spines from 0, the chain, the rows alone
+            ([1, 2, 3, 4, 5, 9], [(9, 35, 61)]),   # A's and B's leaves, the second turn's spine from the first's states
+            ([10, 11], []),                       # the third turns, from the second's
+        ], forwards
+    elif packed:   # a spine longer than a forward's 16 tokens: recorded piece by piece, each from the last's states
+        assert [(0, 0, 16), (0, 16, 32), (0, 32, 48), (0, 48, 64), (0, 64, 70)] == [
+            piece for _, recorded in forwards for piece in recorded if piece[0] == 0]
+        assert all(sum(ids_[2] - ids_[1] for ids_ in recorded) <= 16 for _, recorded in forwards)
 
 
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
@@ -136,18 +142,29 @@ def test_a_leaf_continued_from_another_rows_state_fails_the_check(kind, packed, 
     a, b = rand(40), rand(40)
     rows = [torch.cat([a, rand(n)]) for n in (7, 3)] + [torch.cat([b, rand(n)]) for n in (6, 11)]
     ids, cu = _batch(rows)
-    real_add, first = prefixrun._Going.add, []
+    if packed:   # the leaves run in one packed forward: each of B's gets A's states (both spines end at 40)
+        from gpu_worker import kernels
 
-    def leaves_from_group_a(going, cache, past, rows_):
-        if not first:
-            first.append(cache)   # group A's states at its branch point
-        real_add(going, first[0], past, rows_)
+        real_pasts = kernels.Pasts
 
-    monkeypatch.setattr(prefixrun._Going, "add", leaves_from_group_a)
+        def leaves_from_group_a(states, *a, **k):
+            first = next((s for s in states if s is not None), None)
+            return real_pasts([first if s is not None else None for s in states], *a, **k)
+        target, name, real = kernels, "Pasts", real_pasts
+    else:
+        real_add, first = prefixrun._Going.add, []
+
+        def leaves_from_group_a(going, cache, past, rows_):
+            if not first:
+                first.append(cache)   # group A's states at its branch point
+            real_add(going, first[0], past, rows_)
+        target, name, real = prefixrun._Going, "add", real_add
+
+    monkeypatch.setattr(target, name, leaves_from_group_a)
     hidden, final = ex.run_shared(ids, cu, [[0, 2, 40], [2, 2, 40]], 4096)
     with pytest.raises(AssertionError, match="sample 2"):
         _lone_error(model, rows, hidden, final, cu)
-    monkeypatch.setattr(prefixrun._Going, "add", real_add)   # the same batch, untouched, passes
+    monkeypatch.setattr(target, name, real)   # the same batch, untouched, passes
     _lone_error(model, rows, *ex.run_shared(ids, cu, [[0, 2, 40], [2, 2, 40]], 4096), cu)
 
 
