@@ -60,8 +60,8 @@ case "$1:$GPU" in
   Y:*)      step fid.log FID_MIN=0.6 T_FID=330 bash bench/run_gpu.sh kernel-fidelity ;;   # V
   Z:*H200*) step fid.log FID_MIN=0.6 T_FID=330 bash bench/run_gpu.sh kernel-fidelity ;;   # V
   Z:*)      step prof.log LEVERS= COMPUTES=bf16,fp8 T_PROF=480 bash bench/run_gpu.sh profile ;;   # W
-  AA:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=330 \
-              PREFIX_ARGS="--fidelity-samples 4" bash bench/run_gpu.sh prefix ;;   # tree batches in packed waves
+  AA:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=420 \
+              PREFIX_ARGS="--fidelity-samples 4 --also-forward-tokens 0" bash bench/run_gpu.sh prefix ;;   # packed waves
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

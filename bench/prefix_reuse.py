@@ -242,6 +242,10 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
         off = cut_batches(lengths, args.token_budget, args.max_batch_rows, args.pad_multiple)
         on = cut_prefix_batches(seqs, args.token_budget, args.max_batch_rows, args.pad_multiple, args.min_prefix,
                                 2 * args.token_budget, args.forward_tokens)
+        modes = [("off", off), ("on", on)]
+        if args.also_forward_tokens is not None:   # the same mix planned at a second price, timed alongside
+            modes.append(("on_at", cut_prefix_batches(seqs, args.token_budget, args.max_batch_rows, args.pad_multiple,
+                                                      args.min_prefix, 2 * args.token_budget, args.also_forward_tokens)))
         row = {"mix": mix, "rows": len(seqs), "stored_tokens": stored}
         t0 = time.perf_counter()   # exactness first: a pass cut at its limit still has it
         row["fidelity"] = fid = fidelity(ex, seqs, on, args.fidelity_samples, args.token_budget, args.forward_tokens)
@@ -253,15 +257,15 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
             row["host_waits"] = waits = tree_batch_waits(ex, seqs, on, args)   # the next forward meanwhile)
             print(f"[bench] {mix}: one tree batch waits for the GPU {len(waits)} times"
                   + "".join(f"\n    {n} x {where}" for where, n in Counter(waits).most_common(8)), flush=True)
-        seconds, forwards = {"off": [], "on": []}, {}
+        seconds, forwards = {mode: [] for mode, _ in modes}, {}
         for _ in range(args.repeats):   # alternately, the fastest of each kept: a shared machine's noise out
-            for mode, planned in (("off", off), ("on", on)):
+            for mode, planned in modes:
                 t0 = time.perf_counter()
                 took, forwards[mode] = run_mode(ex, seqs, planned, 0, args.token_budget, args.forward_tokens)
                 seconds[mode].append(took)
                 print(f"[bench] {mix} {mode}: {len(planned)} batches, {forwards[mode]} forwards, timed {took:.1f}s "
                       f"(warm-up included: {time.perf_counter() - t0:.1f}s)", flush=True)
-        for mode, planned in (("off", off), ("on", on)):
+        for mode, planned in modes:
             computed = sum(b.computed for b in planned)
             seconds_ = min(seconds[mode])
             row[mode] = {"batches": len(planned), "forwards": forwards[mode], "computed_tokens": computed,
@@ -270,6 +274,12 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
         row["speedup"] = row["on"]["stored_tok_s"] / row["off"]["stored_tok_s"]
         rows.append(row)
         print(line(shape, row), flush=True)
+        if "on_at" in row:
+            at = row["on_at"]
+            at["forward_tokens"] = args.also_forward_tokens
+            print(f"{shape:10s} {mix:17s} planned at --prefix-forward-tokens {args.also_forward_tokens}: "
+                  f"{at['computed_tokens']:,} computed in {at['forwards']} forwards, {at['stored_tok_s']:,.0f} stored "
+                  f"tok/s | x{at['stored_tok_s'] / row['off']['stored_tok_s']:.2f} off", flush=True)
     return rows
 
 
@@ -320,6 +330,8 @@ def main() -> int:
     ap.add_argument("--fidelity-only", action="store_true", help="reused and batched vs lone only, no timing")
     ap.add_argument("--model-dtype", default="bfloat16", choices=("bfloat16", "float32"),
                     help="the GPU model's dtype (float32: reused vs lone without bf16 rounding; the CPU is float32)")
+    ap.add_argument("--also-forward-tokens", type=int, default=None,
+                    help="a third mode: the mixes planned at this price of a forward too, timed alongside")
     ap.add_argument("--repeats", type=int, default=2, help="timed passes of each mode, alternating; the fastest kept")
     ap.add_argument("--per-turn", default="hsx", type=per_turn_cuts,
                     help="how the agentic mix is cut into one sample a turn (see the module's text): hsx, "
