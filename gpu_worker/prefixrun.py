@@ -108,7 +108,7 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
     alone = [b for b in range(len(cu) - 1) if b not in grouped]
     cache_tokens = cache_tokens or DEFAULT_PREFIX_CACHE_BUDGETS * chunk_tokens
     if ex.continues:   # packed rows, each from its own states: the batch in waves
-        _run_waves(ex, ids, cu, forest, alone, chunk_tokens, _rows_for_states(ex, cache_tokens), put)
+        _run_waves(ex, ids, cu, forest, alone, chunk_tokens, _rows_for_states(ex, cache_tokens), cache_tokens, put)
         return put.hidden, put.final
     entries = []
     for node in forest:
@@ -260,14 +260,16 @@ class _Item:
 
 
 def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[int], token_budget: int,
-               max_rows: int, put) -> int:
+               max_rows: int, cache_tokens: int, put) -> int:
     """A packing forward's way through a tree batch: every piece whose states are ready runs in one packed
     forward, within the batch's token budget. A wave holds the spine pieces of every group whose parent's spine
     is done (each recording its states at its end: ``kernels.Pasts``), the rows going on from every finished
     spine and the rows computed alone, each sample from its own states: no padding, no mask, and a tree of depth
     d runs in about d forwards however many groups and trees the batch holds. A spine longer than the room left
     goes on piece by piece. ``max_rows``: the samples continuing or recording states in one forward at most (0: no
-    bound); a spine piece is taken only while at most ``MAX_HELD`` states are held, or when nothing else can run.
+    bound); ``cache_tokens``: the keys a forward's samples read at most (pasts and own tokens: one attention
+    layer's gather at a time); a spine piece is taken only while at most ``MAX_HELD`` states are held. The first
+    piece of a forward is always taken, so every forward runs something.
     Rows going on come first (they free states), then spine pieces, then rows from token 0. How many forwards ran."""
     ready: list[_Item] = []
     for node in forest:
@@ -283,13 +285,14 @@ def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[i
     while ready:
         ready.sort(key=lambda it: 0 if it.state is not None and it.node is None else 1 if it.node is not None else 2)
         held = {id(it.state) for it in ready if it.state is not None}
-        taken, later, tokens, stateful, recording = [], [], 0, 0, 0
+        taken, later, tokens, stateful, recording, keys = [], [], 0, 0, 0, 0
         for item in ready:
             n = item.end - item.start
             room = token_budget - tokens if token_budget else n
             counts = item.state is not None or item.node is not None
             fits = not taken or (room > 0 and not (counts and max_rows and stateful >= max_rows)
                                  and (item.node is not None or n <= room)
+                                 and keys + item.start + min(n, room) <= cache_tokens
                                  and (item.node is None or len(held) + recording < MAX_HELD))
             if not fits:
                 later.append(item)
@@ -300,6 +303,7 @@ def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[i
                 later[-1].state = item   # replaced by this piece's recorded states after the forward
             taken.append(item)
             tokens += item.end - item.start
+            keys += item.end
             stateful += counts
             recording += item.node is not None
         record = [i for i, it in enumerate(taken) if it.node is not None]

@@ -499,6 +499,43 @@ def test_a_forward_continues_no_more_rows_than_their_gdn_states_may_hold(monkeyp
     assert cached and max(cached) == 2, cached
 
 
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_waves_keep_their_bounds_and_stay_exact(kind, tiny_model, monkeypatch):
+    """A packing worker's waves: at most ``max_rows`` samples with states a forward, at most ``cache_tokens`` keys
+    read (pasts and own tokens), at most MAX_HELD states held; tight bounds only make more forwards, every sample
+    still equal to its lone forward, and each held state's Gated DeltaNet states dropped once its rows ran."""
+    from gpu_worker import kernels
+    from tests.test_kernels import _reference
+
+    model = _model(kind, tiny_model)
+    reference = _reference(model)
+    monkeypatch.setattr(kernels, "choose", lambda mode, device: (reference, ""))
+    ex = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    assert ex.continues
+    rows, groups = _rows(5)
+    ids, cu = _batch(rows)
+    seen, released, real_packed, real_release = [], [], prefixrun._run_rows_packed, kernels.State.release
+
+    def packed_rows(ex_, ids_, cu_, rows_, states, put, record=()):
+        stateful = sum(s is not None or i in record for i, s in enumerate(states or [None] * len(rows_)))
+        seen.append((stateful, sum(end for _, _, _, end in rows_), len(rows_)))
+        return real_packed(ex_, ids_, cu_, rows_, states, put, record)
+
+    monkeypatch.setattr(prefixrun, "_run_rows_packed", packed_rows)
+    monkeypatch.setattr(kernels.State, "release", lambda self: released.append(self) or real_release(self))
+    wide = _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096), cu)
+    forwards_wide = len(seen)
+    monkeypatch.setattr(prefixrun, "rows_for_states", lambda config, cache_tokens, dtype_bytes: 2)
+    monkeypatch.setattr(prefixrun, "MAX_HELD", 1)
+    seen.clear()
+    tight = _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096, cache_tokens=140), cu)
+    assert len(seen) > forwards_wide
+    assert all(stateful <= 2 for stateful, _, _ in seen), seen
+    assert all(keys <= 140 or n == 1 for _, keys, n in seen), seen   # a forward of one sample may read more
+    assert released and all(s.conv is None and s.recurrent is None for s in released)
+    print(f"{kind}: {forwards_wide} forwards wide, {len(seen)} tight; max |reused - lone| {wide:.1e} / {tight:.1e}")
+
+
 def test_rows_going_on_that_were_never_run_are_refused_not_stored(tiny_model, monkeypatch):
     """The worker runs the rows going on as the plan's segments fill; if its groups and the plan's entries ever
     disagree, rows would be left unwritten (uninitialised memory stored as hidden states): refused instead."""
