@@ -775,7 +775,7 @@ def prepare(decoder: torch.nn.Module, mode: str, device) -> Prepared:
                        else f"rows padded ({no})")
         if packs:
             continues, no = continuation_ready(decoder, kernels, device)
-            packing += ("; shared prefixes' rows going on packed" if continues
+            packing += ("; shared prefixes' trees in packed waves" if continues
                         else f"; shared prefixes' rows going on padded ({no})")
     text = describe(kernels, counts, why, packing)
     log.info("forward kernels: %s", text)

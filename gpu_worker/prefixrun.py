@@ -25,10 +25,15 @@ alone, as before. For a group:
    itself, a strict prefix of the others, has none).
 
 Where the forward packs rows (gpu_worker/kernels.py ``packing_ready``, ``continuation_ready``: fused kernels with
-varlen attention and GDN), step 3 runs without padding or masks: a segment's rows going on are one packed row
-(or as few as the GDN-state bound and the token budget allow), each row's attention reading its group's cached
-keys then its own, each GDN row starting from its group's conv window and recurrent state (``kernels.Pasts``);
-and the batch's rows computed alone are one packed row from token 0.
+varlen attention and GDN), the batch runs in **waves** instead (``_run_waves``): no transformers cache, no padding,
+no mask. Each forward is one packed row of every piece whose states are ready, within the token budget: the
+spine pieces of every group whose parent's spine is done, the rows going on from every finished spine, the rows
+computed alone. Each sample continues its own ``kernels.State`` (its attention reads the state's keys then its
+own; its Gated DeltaNet conv starts from the state's window and its delta rule from the state's recurrent
+state), and a spine piece records its states at its end (``Pasts(record=...)``: its own keys and values, the last
+conv inputs, fla's final state per sample) for the pieces that continue it. A tree of depth d runs in about d
+forwards however many groups and trees the batch holds; a state's keys are held once (a child's hold only its
+own tokens and point at its parent's), its Gated DeltaNet states dropped once every row continuing it has run.
 
 Memory a batch holds beyond a plain one: a one-row cache per open group on the path from the root and per group
 waiting with rows going on (at most ``MAX_HELD`` groups, their pasts within ``cache_tokens``), and the states

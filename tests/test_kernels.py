@@ -386,7 +386,7 @@ def test_rows_going_on_stay_padded_where_the_varlen_kernel_with_pasts_fails_its_
     monkeypatch.undo()
     monkeypatch.setattr(kernels, "choose", lambda mode, device: (reference, ""))
     ex = Extractor(_tiny_hybrid(), [0, 1], store_final=False, out_dtype="float32")
-    assert ex.packs and ex.continues and ex.kernels_line.endswith("; shared prefixes' rows going on packed")
+    assert ex.packs and ex.continues and ex.kernels_line.endswith("; shared prefixes' trees in packed waves")
 
 
 def test_the_start_check_catches_a_start_aligned_causal_mask_and_a_kernel_that_raises():
