@@ -63,9 +63,10 @@ def _tokenised(rows: list[dict], tokenizer_dir: Path, work: Path, per_turn: str,
     return [s for s in tokenise_file(whole, str(tokenizer_dir), max_length, per_turn=per_turn == "hsx") if len(s)]
 
 
-def mixes(tokens: int, work: Path, max_length: int, per_turn_how: str = "hsx") -> dict[str, list]:
+def mixes(tokens: int, work: Path, max_length: int, per_turn_how: str = "hsx", seeds_like: bool = True) -> dict[str, list]:
     """Token ids of each mix, about ``tokens`` tokens each; ``per_turn_how``: one cut or several, comma-separated
-    (one agentic mix each: ``agentic-per-turn`` for hsx's, ``agentic-every-message``), then seeds-like."""
+    (one agentic mix each: ``agentic-per-turn`` for hsx's, ``agentic-every-message``), then seeds-like (unless
+    ``seeds_like`` is False)."""
     from hsx_tools.demo import sample_dataset
     from hsx_tools.samples import agentic_rows
     from hsx_tools.tinymodel import build_tokenizer
@@ -77,7 +78,7 @@ def mixes(tokens: int, work: Path, max_length: int, per_turn_how: str = "hsx") -
     out = {}
     cuts = per_turn_how.split(",")
     named = [("agentic-per-turn" if cut == "hsx" else f"agentic-{cut}", cut) for cut in cuts]
-    for name, cut in (*named, ("seeds-like", "")):
+    for name, cut in (*named, *([("seeds-like", "")] if seeds_like else [])):
         rows, seqs, n = [], [], 16
         while True:
             agentic = agentic_rows(n, seed=11)
@@ -95,7 +96,8 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int, forward_tokens: int) -> tuple[float, int]:
+def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int, forward_tokens: int,
+             warm: int = WARM_BATCHES) -> tuple[float, int]:
     """Seconds to run every batch of ``planned`` (a first pass over the shapes untimed), and the forwards run.
     Tree batches run with the plan's budget, cached tokens (two budgets) and price of a forward; plain batches
     as the worker lays them out (``Extractor.batch``: one packed row where the forward packs, else padded)."""
@@ -108,7 +110,7 @@ def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int, forward_to
         else:
             ex.run(ex.batch(ids, cu, batch.padded_len, pad_id, pin=ex.device.type == "cuda"))
 
-    for batch in planned[:WARM_BATCHES]:   # untimed (fla compiles per shape; the fastest pass is kept anyway)
+    for batch in planned[:warm or len(planned)]:   # untimed (fla compiles per shape; the fastest pass is kept)
         one(batch)
     _sync(ex.device)
     forwards = [0]
@@ -151,7 +153,7 @@ def fidelity(ex, seqs: list, planned, limit: int, budget: int, forward_tokens: i
             g, w = got[:, k * H:(k + 1) * H], want[:, k * H:(k + 1) * H]
             worst[name][k] = max(worst[name][k], float((g - w).norm() / w.norm().clamp_min(1e-30)))
 
-    for batch in (b for b in planned if b.groups):
+    for batch in (b for b in planned if b.groups and limit > 0):
         rows = [torch.as_tensor(seqs[i], dtype=torch.int64) for i in batch.members]
         cu = torch.tensor([0, *torch.cumsum(torch.tensor([len(r) for r in rows]), 0).tolist()])
         ids = torch.cat(rows)
@@ -261,7 +263,8 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
         for _ in range(args.repeats):   # alternately, the fastest of each kept: a shared machine's noise out
             for mode, planned in modes:
                 t0 = time.perf_counter()
-                took, forwards[mode] = run_mode(ex, seqs, planned, 0, args.token_budget, args.forward_tokens)
+                took, forwards[mode] = run_mode(ex, seqs, planned, 0, args.token_budget, args.forward_tokens,
+                                                args.warm_batches)
                 seconds[mode].append(took)
                 print(f"[bench] {mix} {mode}: {len(planned)} batches, {forwards[mode]} forwards, timed {took:.1f}s "
                       f"(warm-up included: {time.perf_counter() - t0:.1f}s)", flush=True)
@@ -330,6 +333,10 @@ def main() -> int:
     ap.add_argument("--fidelity-only", action="store_true", help="reused and batched vs lone only, no timing")
     ap.add_argument("--model-dtype", default="bfloat16", choices=("bfloat16", "float32"),
                     help="the GPU model's dtype (float32: reused vs lone without bf16 rounding; the CPU is float32)")
+    ap.add_argument("--warm-batches", type=int, default=WARM_BATCHES,
+                    help="batches of each mode run untimed before its timed pass (0: all of them: every shape "
+                         "compiled off the clock)")
+    ap.add_argument("--no-seeds-like", action="store_true", help="the agentic mix(es) only")
     ap.add_argument("--also-forward-tokens", type=int, default=None,
                     help="a third mode: the mixes planned at this price of a forward too, timed alongside")
     ap.add_argument("--repeats", type=int, default=2, help="timed passes of each mode, alternating; the fastest kept")
@@ -344,7 +351,7 @@ def main() -> int:
     args.layers = args.layers or ("dflash:3" if args.cpu else "dflash")
     with tempfile.TemporaryDirectory(prefix="hsx-prefix-bench-") as tmp:
         t = time.perf_counter()
-        seqs = mixes(args.tokens, Path(tmp), args.max_length, args.per_turn)
+        seqs = mixes(args.tokens, Path(tmp), args.max_length, args.per_turn, not args.no_seeds_like)
         print(f"[bench] mixes tokenised in {time.perf_counter() - t:.1f}s: "
               + ", ".join(f"{k} {len(v):,} rows {sum(map(len, v)):,} tokens" for k, v in seqs.items()), flush=True)
         results = [bench_shape(args, shape, seqs) for shape in (("tiny", "tiny-hybrid") if args.cpu else (args.shape,))]

@@ -89,6 +89,21 @@ class Rows:
     gdn_calls: int = 0
     seen: set = field(default_factory=set)
     past: Pasts | None = None   # the cached states each sample continues (None: every sample from token 0)
+    chunks: torch.Tensor | None = field(default=None, repr=False)
+
+    def chunk_indices(self) -> torch.Tensor:
+        """fla's varlen chunk table ([chunks, 2]: each FLA_CHUNK-token chunk's sample and its index in it, int64 on
+        the device), built here from the host bounds and copied pinned and asynchronously. fla builds the same
+        table when given none, but copies it from pageable memory (``.to(cu_seqlens)``): a copy that waits for the
+        GPU's queue to drain, twice a forward (conv and chunk rule), so the host could not queue a forward's
+        kernels while the one before it ran."""
+        if self.chunks is None:
+            counts = (self.cu_host[1:] - self.cu_host[:-1] + FLA_CHUNK - 1) // FLA_CHUNK
+            sample = torch.repeat_interleave(torch.arange(len(counts), dtype=torch.int64), counts)
+            first = torch.cumsum(counts, 0) - counts
+            table = torch.stack([sample, torch.arange(len(sample), dtype=torch.int64) - first[sample]], 1)
+            self.chunks = to_device(table, self.cu64.device)
+        return self.chunks
 
 
 class State:
@@ -260,6 +275,7 @@ class KernelSet:
     varlen_attention: Callable | None = None
 
 
+FLA_CHUNK = 64     # fla 0.6's varlen conv and chunk rule: their default chunk size, the one hsx runs them at
 FLA_MIN = (0, 6)   # fla-core 0.6: chunk_gated_delta_rule takes use_gate_in_kernel, A_log, dt_bias and beta logits
 
 
@@ -276,6 +292,7 @@ def fla_kernels() -> KernelSet:
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
     from fla.modules.norm.layernorm import rms_norm
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.utils.index import prepare_chunk_indices
 
     def plain_norm(x, weight, eps):
         return rms_norm(x, weight, None, eps=eps)
@@ -289,17 +306,38 @@ def fla_kernels() -> KernelSet:
             return small_norm(x, weight, eps)
         return rms_norm(x, weight, None, residual=residual, eps=eps, prenorm=residual is not None)
 
+    own_table = same_chunk_table(prepare_chunk_indices)   # else fla builds it (one host wait each)
+    if not own_table:
+        log.warning("fla %s builds its varlen chunk table unlike hsx's: fla's own is used (a host wait a call)",
+                    version)
+
+    def varlen(rows):
+        bounds = {"cu_seqlens": rows.cu64, "cu_seqlens_cpu": rows.cu_host}
+        return {**bounds, "chunk_indices": rows.chunk_indices()} if own_table else bounds
+
     def conv(x, weight, bias, activation, rows=None):
-        bounds = {} if rows is None else {"cu_seqlens": rows.cu64, "cu_seqlens_cpu": rows.cu_host}
+        bounds = {} if rows is None else varlen(rows)
         return causal_conv1d(x, weight=weight, bias=bias, activation=activation, **bounds)[0]
 
     def delta_rule(q, k, v, a, b, A_log, dt_bias, initial_state=None, output_final_state=False, rows=None):
-        bounds = {} if rows is None else {"cu_seqlens": rows.cu64, "cu_seqlens_cpu": rows.cu_host}
+        bounds = {} if rows is None else varlen(rows)
         return chunk_gated_delta_rule(q, k, v, g=a, beta=b, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                                       A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True,
                                       initial_state=initial_state, output_final_state=output_final_state, **bounds)
 
     return KernelSet(f"fla {version}", norm, gated, swiglu, conv, delta_rule, flash_varlen_attention)
+
+
+def same_chunk_table(fla_table: Callable) -> bool:
+    """Whether ``Rows.chunk_indices`` gives what fla's own ``fla_table(cu_seqlens, FLA_CHUNK)`` gives, on bounds
+    with a sample of 1 token, one ending on a chunk boundary, one just past it and a long one (on the host)."""
+    cu = torch.tensor([0, 1, 65, 130, 1130, 1131], dtype=torch.int64)
+    ours = Rows(cu.to(torch.int32), cu, cu, 1000).chunk_indices()
+    try:
+        theirs = fla_table(cu, FLA_CHUNK)
+    except Exception:   # a self-check: whatever it raises means fla's own table is used
+        return False
+    return theirs.shape == ours.shape and bool(torch.equal(theirs.to(torch.int64), ours))
 
 
 def flash_varlen_attention(q, k, v, rows: Rows, scale: float):

@@ -420,3 +420,24 @@ def test_the_start_check_catches_a_start_aligned_causal_mask_and_a_kernel_that_r
     broken = dataclasses.replace(reference, varlen_attention=raises)
     assert kernels._check_varlen_attention(broken, attention, "cpu", pasts=False) == (
         "varlen attention failed its check on the device: ValueError: no kernel image for this device")
+
+
+def _chunk_table_by_loop(cu_seqlens: torch.Tensor, chunk: int) -> torch.Tensor:
+    """fla's varlen chunk table as its docs define it: for each sample, for each of its ceil(len / chunk) chunks,
+    (sample, chunk's index in the sample)."""
+    bounds = cu_seqlens.tolist()
+    return torch.tensor([(n, j) for n in range(len(bounds) - 1)
+                         for j in range(-(-(bounds[n + 1] - bounds[n]) // chunk))], dtype=torch.int64)
+
+
+def test_the_chunk_table_hsx_hands_fla_is_fla_s_own_and_a_different_one_is_not_used():
+    """hsx builds fla's varlen chunk table itself (pinned, no host wait) for the conv and the chunk rule; it is
+    used only where it equals fla's own (checked when the kernels load), so a fla that builds it otherwise, or
+    fails to, gets its own table back."""
+    cu = torch.tensor([0, 1, 65, 129, 130, 2178], dtype=torch.int64)   # 1, 64, 64, 1 and 2,048 tokens
+    rows = kernels.Rows(cu.to(torch.int32), cu, cu, 2048)
+    assert torch.equal(rows.chunk_indices(), _chunk_table_by_loop(cu, kernels.FLA_CHUNK))
+    assert rows.chunk_indices() is rows.chunk_indices()   # built once a forward
+    assert kernels.same_chunk_table(_chunk_table_by_loop)
+    assert not kernels.same_chunk_table(lambda cu_, chunk: _chunk_table_by_loop(cu_, chunk // 2))
+    assert not kernels.same_chunk_table(lambda cu_, chunk: 1 / 0)
