@@ -149,11 +149,22 @@ def test_flas_kernel_set_pads_the_small_norms_and_only_them(monkeypatch):
         seen.append(("gated", x.shape[0], False))
         return x
 
-    parts = {"fla.modules.activations": {"swiglu": None}, "fla.modules.causal_conv1d": {"causal_conv1d": None},
+    varlen = []   # the bounds fla's varlen conv and chunk rule get
+
+    def causal_conv1d(x, **kwargs):
+        varlen.append(kwargs)
+        return x, None
+
+    def chunk_gated_delta_rule(q, k, v, **kwargs):
+        varlen.append(kwargs)
+        return v, None
+
+    parts = {"fla.modules.activations": {"swiglu": None}, "fla.modules.causal_conv1d": {"causal_conv1d": causal_conv1d},
              "fla.modules.norm.fused_norm_gate": {"rms_norm_gated": rms_norm_gated},
              "fla.modules.norm.layernorm": {"rms_norm": rms_norm},
-             "fla.ops.gated_delta_rule": {"chunk_gated_delta_rule": None}}
-    for name in ("fla", "fla.modules", "fla.modules.norm", "fla.ops", *parts):
+             "fla.ops.gated_delta_rule": {"chunk_gated_delta_rule": chunk_gated_delta_rule},
+             "fla.ops.utils.index": {"prepare_chunk_indices": _chunk_table_by_loop}}
+    for name in ("fla", "fla.modules", "fla.modules.norm", "fla.ops", "fla.ops.utils", *parts):
         module = types.ModuleType(name)
         module.__dict__.update(parts.get(name, {}))
         monkeypatch.setitem(sys.modules, name, module)
@@ -173,6 +184,15 @@ def test_flas_kernel_set_pads_the_small_norms_and_only_them(monkeypatch):
     rows = 8 * kernels.GATED_NORM_ROWS_BLOCK + 5   # 9 blocks -> 10
     fla.rms_norm_gated(torch.randn(rows, 4), torch.randn(rows, 4), torch.ones(4), 1e-6)
     assert seen[-1] == ("gated", 9 * kernels.GATED_NORM_ROWS_BLOCK + 1, False)
+    # packed samples: the conv and the chunk rule get the samples' bounds and hsx's chunk table (one a forward)
+    cu = torch.tensor([0, 1, 70, 200])
+    rows_ = kernels.Rows(cu.to(torch.int32), cu, cu, 130)
+    x = torch.randn(1, 200, 8)
+    fla.causal_conv1d(x, torch.ones(8, 4), None, "silu", rows=rows_)
+    fla.gated_delta_rule(x, x, x, x, x, None, None, rows=rows_)
+    assert [call["cu_seqlens_cpu"] is cu and call["chunk_indices"] is rows_.chunk_indices() for call in varlen] == [
+        True, True]
+    assert torch.equal(varlen[0]["chunk_indices"], _chunk_table_by_loop(cu, 64))
 
 
 def test_uninstall_restores_transformers_forward_exactly():
