@@ -62,7 +62,7 @@ case "$1:$GPU" in
   Z:*)      step prof.log LEVERS= COMPUTES=bf16,fp8 T_PROF=480 bash bench/run_gpu.sh profile ;;   # W
   AA:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=420 \
               PREFIX_ARGS="--fidelity-samples 4 --also-forward-tokens 0" bash bench/run_gpu.sh prefix ;;   # packed waves
-  AB:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=350 PREFIX_ARGS="--fidelity-samples 0 \
+  AB:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=540 PREFIX_ARGS="--fidelity-samples 0 \
               --repeats 1 --warm-batches 0 --no-seeds-like --also-forward-tokens 0" bash bench/run_gpu.sh prefix ;;  # AA, cut
   *)        echo "unknown call $1"; exit 2 ;;
 esac

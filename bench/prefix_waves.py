@@ -1,25 +1,30 @@
-"""What batching prefix groups across a batch would buy (issue 40): a schedule model on the CPU, not a measurement.
+"""What a tree batch's schedule buys (issue 40): a schedule model on the CPU, not a measurement.
 
     python bench/prefix_waves.py [--tokens 100000] [--forward-seconds 0.150] [--computed-tok-s 16980]
+                                 [--packed-tok-s 16395]
 
-The worker today runs a tree batch group by group (gpu_worker/prefixrun.py): each group's spine, then the rows
-going on from it, one forward each. A "wave" schedule would run every piece of one depth of every tree of the
-batch in one forward (each row continuing its own cached state: per-row Gated DeltaNet states through fla's
-varlen kernels, keys and values under a mask), pieces sorted by length and split where a forward would pad a
-piece to more than twice its length or pass the token budget. ``--stored-multiple`` lets a tree batch store that
-many budgets of tokens (its computed tokens stay within one budget).
+Two runners of gpu_worker/prefixrun.py, their forwards counted by running them on a stand-in extractor:
+- **padded** (a worker whose forward does not pack rows): each group's spine its own forward, the groups' rows
+  going on merged under masks as the plan counts them, every forward's rows right-padded;
+- **waves** (a packing worker, the default on a GPU with fla: ``_run_waves``): each forward one packed row of
+  every spine piece whose parent is done, every row going on from a finished spine and every row alone, no
+  padding. Without reuse such a worker runs each plain batch as one packed row of its stored tokens.
+``--stored-multiple`` lets a tree batch store that many budgets of tokens (its computed tokens stay within one).
 
-Each schedule is priced with the H100 rates measured by `bench/run_gpu.sh prefix` (call F: 16,980 computed
-tok/s, ~0.150 s of host work a forward): a forward takes max(its host work, its tokens at that rate). It
-reproduces the measured off pass (191,904 tokens, 7 forwards: 11.3 s) by construction; nothing else in it is
-measured.
+Each forward is priced max(its host work, its tokens at the measured rate): ``--forward-seconds`` (0.150 s,
+bench/forward_host.py on the H100) and ``--computed-tok-s`` for padded rows (16,980: call F) or
+``--packed-tok-s`` for packed ones (16,395: call AB's packed plain batches of this mix, 9.9 s). That reproduces
+the measured off passes by construction; nothing else in it is measured, and it assumes no overlap of one
+forward's host work with another's kernels (a host that never waits would do better).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import torch
@@ -29,48 +34,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prefix_reuse import mixes  # noqa: E402
 
-from gpu_worker.prefixrun import _forest, _longest_holding_all, going_and_branching  # noqa: E402
 from hsx.prep import cut_batches, cut_prefix_batches  # noqa: E402
 
 
-def waves_of(batch, seqs) -> dict[int, list[int]]:
-    """A tree batch's pieces by depth: (new tokens of) each spine beyond its parent's, each row going on."""
-    lengths = [len(seqs[i]) for i in batch.members]
-    cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    ids = torch.cat([torch.as_tensor(seqs[i]) for i in batch.members])
-    waves: dict[int, list[int]] = {}
+def waves(batch, seqs, budget: int) -> list[int]:
+    """Tokens of each forward a packing worker runs for a tree batch: the worker's own ``_run_waves`` on a
+    stand-in extractor (no model: each packed forward's tokens counted, its recorded states empty)."""
+    from gpu_worker import kernels, prefixrun
 
-    def walk(node, depth: int, parent: int) -> None:
-        spine = node[0].spine
-        waves.setdefault(depth, []).append(spine - parent)
-        going, branching = going_and_branching(ids, cu, node)
-        for child in branching:
-            walk(child, depth + 1, spine)
-        waves.setdefault(depth + 1, []).extend(lengths[b] - spine for b in going)
+    fed: list[int] = []
 
-    grouped = set()
-    for node in _forest(batch.groups, len(lengths)):
-        g = node[0]
-        grouped.update(range(g.first, g.first + g.count))
-        longest = _longest_holding_all(ids, cu, g)
-        if longest is None:
-            walk(node, 0, 0)
-        else:
-            waves.setdefault(0, []).append(lengths[longest])
-    waves.setdefault(0, []).extend(lengths[m] for m in range(len(lengths)) if m not in grouped)
-    return waves
+    def packed(ex, ids, cu, rows, states, put, record=()):
+        lengths = [end - start for _, _, start, end in rows]
+        fed.append(sum(lengths))
+        bounds = [0, *itertools.accumulate(lengths)]
+        pasts = types.SimpleNamespace(recorded={i: kernels.State(states[i], lengths[i]) for i in record},
+                                      q_start=bounds)
+        return (torch.zeros((bounds[-1], 1)), None), pasts, bounds
 
-
-def split(pieces: list[int], budget: int) -> list[int]:
-    """Padded tokens of each forward of one wave: longest first, a new forward where the next piece would be
-    padded past twice its length or the forward past the budget."""
-    out, width, rows = [], 0, 0
-    for n in sorted(pieces, reverse=True):
-        if rows and ((rows + 1) * width > budget or n < width / 2):
-            out.append(rows * width)
-            rows = 0
-        width, rows = (n, 1) if not rows else (width, rows + 1)
-    return out + ([rows * width] if rows else [])
+    rows = [torch.as_tensor(seqs[i], dtype=torch.int64) for i in batch.members]
+    cu = [0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()]
+    forest = prefixrun._forest(batch.groups, len(rows))
+    grouped = {b for g in batch.groups for b in range(g.first, g.first + g.count)}
+    put = prefixrun._Stored(torch.zeros((cu[-1], 1)), None)
+    real = prefixrun._run_rows_packed
+    prefixrun._run_rows_packed = packed
+    try:   # the 27B's bound: 27 rows with states a forward at two budgets of cached tokens
+        prefixrun._run_waves(None, torch.cat(rows), cu, forest, [b for b in range(len(rows)) if b not in grouped],
+                             budget, 27, 2 * budget, put)
+    finally:
+        prefixrun._run_rows_packed = real
+    return fed
 
 
 def main() -> int:
@@ -79,37 +73,42 @@ def main() -> int:
     ap.add_argument("--token-budget", type=int, default=32768)
     ap.add_argument("--forward-seconds", type=float, default=0.150)
     ap.add_argument("--computed-tok-s", type=float, default=16_980)
+    ap.add_argument("--packed-tok-s", type=float, default=16_395)
     ap.add_argument("--prices", default="0,2560", help="--prefix-forward-tokens the plans are made at")
     ap.add_argument("--stored-multiple", default="1,4", help="budgets of stored tokens a tree batch may hold")
     args = ap.parse_args()
 
-    def seconds(forwards: list[int]) -> float:
-        return sum(max(args.forward_seconds, t / args.computed_tok_s) for t in forwards)
+    def seconds(forwards: list[int], rate: float) -> float:
+        return sum(max(args.forward_seconds, t / rate) for t in forwards)
 
     with tempfile.TemporaryDirectory(prefix="hsx-prefix-waves-") as tmp:
         by_mix = mixes(args.tokens, Path(tmp), args.token_budget, "every-message")
     budget = args.token_budget
-    print(f"{'mix':18s} {'price':>5} {'stored x':>8} {'schedule':>8} {'computed':>9} {'forwards':>8} {'model s':>7} {'x off':>6}")
+    print(f"{'mix':18s} {'price':>5} {'stored x':>8} {'schedule':>13} {'computed':>9} {'forwards':>8} {'model s':>7} "
+          f"{'x off':>6}")
     for mix, seqs in by_mix.items():
         lengths = [len(s) for s in seqs]
-        off = [b.padded for b in cut_batches(lengths, budget, 512, 8)]
-        print(f"{mix:18s} {'':>5} {'':>8} {'off':>8} {sum(off):>9,} {len(off):>8} {seconds(off):>7.1f} {1:>6.2f}")
+        plain = cut_batches(lengths, budget, 512, 8)
+        offs = {"padded": ([b.padded for b in plain], args.computed_tok_s),
+                "waves": ([sum(lengths[i] for i in b.members) for b in plain], args.packed_tok_s)}
+        for name, (fw, rate) in offs.items():
+            print(f"{mix:18s} {'':>5} {'':>8} {'off, ' + name:>13} {sum(fw):>9,} {len(fw):>8} {seconds(fw, rate):>7.1f} "
+                  f"{1:>6.2f}")
         for multiple in (int(x) for x in args.stored_multiple.split(",")):
             for price in (int(x) for x in args.prices.split(",")):
                 planned = stored_multiple(multiple, seqs, budget, price)
-                now, waves = [], []
+                runs = {"padded": [], "waves": []}
                 for b in planned:
                     if not b.groups:
-                        now.append(b.padded)
-                        waves.append(b.padded)
+                        runs["padded"].append(b.padded)
+                        runs["waves"].append(sum(lengths[i] for i in b.members))
                         continue
-                    pieces = waves_of(b, seqs)
-                    for depth in sorted(pieces):
-                        waves += split(pieces[depth], budget)
-                    now += group_by_group(b, seqs, budget, price)
-                for name, fw in (("now", now), ("waves", waves)):
-                    print(f"{mix:18s} {price:>5} {multiple:>8} {name:>8} {int(sum(fw)):>9,} {len(fw):>8} "
-                          f"{seconds(fw):>7.1f} {seconds(off) / seconds(fw):>6.2f}")
+                    runs["waves"] += waves(b, seqs, budget)
+                    runs["padded"] += group_by_group(b, seqs, budget, price)
+                for name, fw in runs.items():
+                    off, rate = offs[name][0], offs[name][1]
+                    print(f"{mix:18s} {price:>5} {multiple:>8} {name:>13} {int(sum(fw)):>9,} {len(fw):>8} "
+                          f"{seconds(fw, rate):>7.1f} {seconds(off, rate) / seconds(fw, rate):>6.2f}")
     return 0
 
 
@@ -121,6 +120,7 @@ def group_by_group(batch, seqs, budget: int, price: int) -> list[int]:
 
     class Counting:
         device, width, hidden_size, store_final, out_dtype, model = torch.device("cpu"), 1, 1, False, torch.float32, None
+        continues = packs = False   # the padded runner
 
         def forward_packed(self, ids, flat, n, cache=None, start=0, **_):
             fed.append(int(ids.numel()))
