@@ -185,6 +185,7 @@ class Extractor:
         self.kernel_set = None  # the fused kernels installed (gpu_worker/kernels.py), None: transformers' forward
         self.packs = False      # a plain batch runs as one packed row (``batch``)
         self.continues = False  # packed rows may continue cached states (gpu_worker/prefixrun.py)
+        self.tokens_fed = 0     # token positions every forward so far ran (padding in): what the GPU computed
         self._setup(model)
 
     @classmethod
@@ -395,6 +396,7 @@ class Extractor:
         (``kernels.Pasts``: gpu_worker/prefixrun.py's rows going on)."""
         if self.kernel_set is None:
             raise RuntimeError("a packed batch needs the fused kernels (this forward runs transformers')")
+        self.tokens_fed += batch.input_ids.numel()
         self._flat_index = None
         self._out = (torch.empty((batch.n_tokens, self.width), dtype=self.out_dtype, device=self.device)
                      if capture else None)
@@ -424,6 +426,7 @@ class Extractor:
         (gpu_worker/prefixrun.py continues a shared prefix); RuntimeError if the model did not append to it.
         Rows of different pasts (left-padded in the cache) come with their ``positions`` [B, T] and the
         ``attention_mask`` by layer type (prefixrun ``row_pasts``)."""
+        self.tokens_fed += ids.numel()
         self._flat_index = flat_index
         self._out = torch.empty((n_tokens, self.width), dtype=self.out_dtype, device=self.device)
         kwargs: dict = {"use_cache": False}

@@ -239,6 +239,7 @@ class WorkerRuntime(Role):
         try:
             batch, contents = self.prefetcher.take(spec)
             self._hint_next()
+            fed_before = self.extractor.tokens_fed
             hidden, final, compute_error, reference = self._forward(spec, batch, contents)
             measure = self.batches_run % life.Run.ERROR_SAMPLE_EVERY == 0
             stored = self.extractor.stored(hidden, final, measure_error=measure)
@@ -256,8 +257,9 @@ class WorkerRuntime(Role):
             self.current_batch = None
         self.batches_run += 1
         self.tokens_run += spec.tokens
-        # what this forward computed: a plain batch packed into one row computes its real tokens only
-        self.tokens_computed += (batch.input_ids.numel() if not spec.prefix_groups else spec.computed_tokens)
+        # what the batch's forwards computed (a packed row: its real tokens; a tree batch in waves: each piece once;
+        # a process's first float8 or prefix batch: its check's extra forward too)
+        self.tokens_computed += self.extractor.tokens_fed - fed_before
         self.after_batch()
         return f"{bid}: {spec.samples} samples, {spec.tokens} tokens"
 

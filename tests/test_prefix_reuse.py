@@ -518,20 +518,23 @@ def test_waves_keep_their_bounds_and_stay_exact(kind, tiny_model, monkeypatch):
 
     def packed_rows(ex_, ids_, cu_, rows_, states, put, record=()):
         stateful = sum(s is not None or i in record for i, s in enumerate(states or [None] * len(rows_)))
-        seen.append((stateful, sum(end for _, _, _, end in rows_), len(rows_)))
+        seen.append((stateful, sum(end for _, _, _, end in rows_), len(rows_), sum(e - s for _, _, s, e in rows_)))
         return real_packed(ex_, ids_, cu_, rows_, states, put, record)
 
     monkeypatch.setattr(prefixrun, "_run_rows_packed", packed_rows)
     monkeypatch.setattr(kernels.State, "release", lambda self: released.append(self) or real_release(self))
+    fed = ex.tokens_fed
     wide = _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096), cu)
     forwards_wide = len(seen)
+    # what the worker counts as computed: each piece's tokens once, fewer than the samples hold
+    assert ex.tokens_fed - fed == sum(n for *_, n in seen) < int(cu[-1])
     monkeypatch.setattr(prefixrun, "rows_for_states", lambda config, cache_tokens, dtype_bytes: 2)
     monkeypatch.setattr(prefixrun, "MAX_HELD", 1)
     seen.clear()
     tight = _lone_error(model, rows, *ex.run_shared(ids, cu, [list(g) for g in groups], 4096, cache_tokens=140), cu)
     assert len(seen) > forwards_wide
-    assert all(stateful <= 2 for stateful, _, _ in seen), seen
-    assert all(keys <= 140 or n == 1 for _, keys, n in seen), seen   # a forward of one sample may read more
+    assert all(stateful <= 2 for stateful, _, _, _ in seen), seen
+    assert all(keys <= 140 or n == 1 for _, keys, n, _ in seen), seen   # a forward of one sample may read more
     assert released and all(s.conv is None and s.recurrent is None for s in released)
     print(f"{kind}: {forwards_wide} forwards wide, {len(seen)} tight; max |reused - lone| {wide:.1e} / {tight:.1e}")
 
