@@ -273,8 +273,9 @@ def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[i
     d runs in about d forwards however many groups and trees the batch holds. A spine longer than the room left
     goes on piece by piece. ``max_rows``: the samples continuing or recording states in one forward at most (0: no
     bound); ``cache_tokens``: the keys a forward's samples read at most (pasts and own tokens: one attention
-    layer's gather at a time); a spine piece is taken only while at most ``MAX_HELD`` states are held. The first
-    piece of a forward is always taken, so every forward runs something.
+    layer's gather at a time); a spine piece is taken only while fewer than ``MAX_HELD`` states are held. Where
+    nothing fits these bounds (a row longer than the budget, the states all held by waiting spine pieces), the
+    first piece runs alone, so every forward runs something.
     Rows going on come first (they free states), then spine pieces, then rows from token 0. How many forwards ran."""
     ready: list[_Item] = []
     for node in forest:
@@ -290,27 +291,30 @@ def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[i
     while ready:
         ready.sort(key=lambda it: 0 if it.state is not None and it.node is None else 1 if it.node is not None else 2)
         held = {id(it.state) for it in ready if it.state is not None}
-        taken, later, tokens, stateful, recording, keys = [], [], 0, 0, 0, 0
-        for item in ready:
-            n = item.end - item.start
-            room = token_budget - tokens if token_budget else n
-            counts = item.state is not None or item.node is not None
-            fits = not taken or (room > 0 and not (counts and max_rows and stateful >= max_rows)
-                                 and (item.node is not None or n <= room)
-                                 and keys + item.start + min(n, room) <= cache_tokens
-                                 and (item.node is None or len(held) + recording < MAX_HELD))
-            if not fits:
-                later.append(item)
-                continue
-            if item.node is not None and 0 < room < n:   # a spine piece cut to the room left; the rest goes on
-                later.append(_Item(item.row, item.start + room, item.end, None, item.node))
-                item = _Item(item.row, item.start, item.start + room, item.state, item.node)
-                later[-1].state = item   # replaced by this piece's recorded states after the forward
-            taken.append(item)
-            tokens += item.end - item.start
-            keys += item.end
-            stateful += counts
-            recording += item.node is not None
+        for force in (False, True):   # forced: nothing fitted its bounds, so the first piece runs (one a forward)
+            taken, later, tokens, stateful, recording, keys = [], [], 0, 0, 0, 0
+            for item in ready:
+                n = item.end - item.start
+                room = token_budget - tokens if token_budget else n
+                counts = item.state is not None or item.node is not None
+                fits = (force and not taken) or (
+                    room > 0 and not (counts and max_rows and stateful >= max_rows)
+                    and (item.node is not None or n <= room) and keys + item.start + min(n, room) <= cache_tokens
+                    and (item.node is None or len(held) + recording < MAX_HELD))
+                if not fits:
+                    later.append(item)
+                    continue
+                if item.node is not None and 0 < room < n:   # a spine piece cut to the room left; the rest goes on
+                    later.append(_Item(item.row, item.start + room, item.end, None, item.node))
+                    item = _Item(item.row, item.start, item.start + room, item.state, item.node)
+                    later[-1].state = item   # replaced by this piece's recorded states after the forward
+                taken.append(item)
+                tokens += item.end - item.start
+                keys += item.end
+                stateful += counts
+                recording += item.node is not None
+            if taken:
+                break
         record = [i for i, it in enumerate(taken) if it.node is not None]
         got, pasts, bounds = _run_rows_packed(ex, ids, cu, [(it.row, it.held or [], it.start, it.end) for it in taken],
                                               [it.state for it in taken], put, record)
