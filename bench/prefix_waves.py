@@ -48,8 +48,7 @@ def waves(batch, seqs, budget: int) -> list[int]:
         lengths = [end - start for _, _, start, end in rows]
         fed.append(sum(lengths))
         bounds = [0, *itertools.accumulate(lengths)]
-        pasts = types.SimpleNamespace(recorded={i: kernels.State(states[i], lengths[i]) for i in record},
-                                      q_start=bounds)
+        pasts = types.SimpleNamespace(recorded={i: kernels.State(states[i], lengths[i]) for i in record})
         return (torch.zeros((bounds[-1], 1)), None), pasts, bounds
 
     rows = [torch.as_tensor(seqs[i], dtype=torch.int64) for i in batch.members]

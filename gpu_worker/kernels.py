@@ -152,20 +152,21 @@ class Pasts:
 
     def __init__(self, states: list[State | None], lengths: list[int], window: int, device,
                  record: Sequence[int] = ()):
-        self.device, self.window, self.states = device, window, states
+        self.window = window
         n = len(states)
         length_t = torch.tensor(lengths, dtype=torch.int64)
         past_t = torch.tensor([0 if s is None else s.past for s in states], dtype=torch.int64)
         self.q_start = [0, *itertools.accumulate(lengths)]
         # the nodes whose keys any sample reads, each once; key row j of sample i: its chain's, then its own
-        self.nodes = list({id(node): node for s in states if s is not None for node in s.chain()}.values())
+        chains = [() if s is None else s.chain() for s in states]
+        self.nodes = list({id(node): node for chain in chains for node in chain}.values())
         at = dict(zip(map(id, self.nodes), itertools.accumulate([0, *(node.tokens for node in self.nodes)]),
                       strict=False))
-        self.held_keys = sum(node.tokens for node in self.nodes)
+        held_keys = sum(node.tokens for node in self.nodes)
         spans = []
-        for i, s in enumerate(states):
-            spans += [(at[id(node)], node.tokens) for node in (s.chain() if s is not None else ())]
-            spans.append((self.held_keys + self.q_start[i], lengths[i]))
+        for i, chain in enumerate(chains):
+            spans += [(at[id(node)], node.tokens) for node in chain]
+            spans.append((held_keys + self.q_start[i], lengths[i]))
         self.kv_index = to_device(_spans(spans), device)
         cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), (past_t + length_t).cumsum(0)])
         self.cu_k32 = to_device(cu_k.to(torch.int32), device)
@@ -216,7 +217,7 @@ class Pasts:
                 self.recorded[i].conv[layer] = last[k]
         return extended.unsqueeze(0)
 
-    def initial(self, layer: int, like: torch.Tensor | None = None) -> torch.Tensor | None:
+    def initial(self, layer: int) -> torch.Tensor | None:
         """[samples, HV, K, V] fp32: each sample's state's recurrent state (zeros from token 0); None where no
         sample has a state (the kernel's own zero start)."""
         if not self.gdn:

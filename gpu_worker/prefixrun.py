@@ -120,7 +120,7 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
         if _longest_holding_all(ids, cu, node[0]) is None:
             entries += _entries(ids, cu, node)
     segments = merged_forwards(entries, cache_tokens, forward_tokens, chunk_tokens, _takes_row_pasts(ex))
-    going = _Going(ex, ids, cu, put, segments, _rows_for_states(ex, cache_tokens), chunk_tokens)
+    going = _Going(ex, ids, cu, put, segments, _rows_for_states(ex, cache_tokens))
     for node in forest:
         g = node[0]
         longest = _longest_holding_all(ids, cu, g)
@@ -219,14 +219,12 @@ class _Going:
     segment groups' rows merged into one forward where the padding that adds costs less than the forward it
     saves). Each row continues its own group's states: the attention layers' keys and values left-padded to the
     longest past and masked, each Gated DeltaNet row its own conv window and recurrent state (``_merged_cache``).
-    Where the model cannot take such a mask (``_takes_row_pasts``), only groups of one past length merge. Where
-    the forward packs rows (``Extractor.continues``), a segment's rows run as packed rows instead (``_run_packed``)."""
+    Where the model cannot take such a mask (``_takes_row_pasts``), only groups of one past length merge. (A
+    worker whose forward packs rows runs the batch in waves instead: ``_run_waves``.)"""
 
-    def __init__(self, ex, ids: torch.Tensor, cu: list[int], put, segments: list[list[list[int]]], max_rows: int = 0,
-                 token_budget: int = 0):
+    def __init__(self, ex, ids: torch.Tensor, cu: list[int], put, segments: list[list[list[int]]], max_rows: int = 0):
         self.ex, self.ids, self.cu, self.put = ex, ids, cu, put
         self.segments, self.max_rows = segments, max_rows   # max_rows: rows a forward at most (0: no bound)
-        self.token_budget = token_budget   # a packed forward's tokens at most (0: no bound)
         self.held: list[tuple[object, int, dict[int, list[int]]]] = []   # (one-row cache, past, rows going on)
         self.segment = self.done = 0   # the segment being held; entries of the segments before it (run)
 
@@ -265,7 +263,7 @@ class _Item:
 
 
 def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[int], token_budget: int,
-               max_rows: int, cache_tokens: int, put) -> int:
+               max_rows: int, cache_tokens: int, put) -> None:
     """A packing forward's way through a tree batch: every piece whose states are ready runs in one packed
     forward, within the batch's token budget. A wave holds the spine pieces of every group whose parent's spine
     is done (each recording its states at its end: ``kernels.Pasts``), the rows going on from every finished
@@ -276,7 +274,7 @@ def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[i
     layer's gather at a time); a spine piece is taken only while fewer than ``MAX_HELD`` states are held. Where
     nothing fits these bounds (a row longer than the budget, the states all held by waiting spine pieces), the
     first piece runs alone, so every forward runs something.
-    Rows going on come first (they free states), then spine pieces, then rows from token 0. How many forwards ran."""
+    Rows going on come first (they free states), then spine pieces, then rows from token 0."""
     ready: list[_Item] = []
     for node in forest:
         g = node[0]
@@ -287,7 +285,6 @@ def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[i
             ready.append(_Item(longest, 0, cu[longest + 1] - cu[longest], None,
                                held=list(range(g.first, g.first + g.count))))
     ready += [_Item(b, 0, cu[b + 1] - cu[b], None, held=[b]) for b in alone]
-    forwards = 0
     while ready:
         ready.sort(key=lambda it: 0 if it.state is not None and it.node is None else 1 if it.node is not None else 2)
         held = {id(it.state) for it in ready if it.state is not None}
@@ -305,9 +302,7 @@ def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[i
                     later.append(item)
                     continue
                 if item.node is not None and 0 < room < n:   # a spine piece cut to the room left; the rest goes on
-                    later.append(_Item(item.row, item.start + room, item.end, None, item.node))
                     item = _Item(item.row, item.start, item.start + room, item.state, item.node)
-                    later[-1].state = item   # replaced by this piece's recorded states after the forward
                 taken.append(item)
                 tokens += item.end - item.start
                 keys += item.end
@@ -318,17 +313,13 @@ def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[i
         record = [i for i, it in enumerate(taken) if it.node is not None]
         got, pasts, bounds = _run_rows_packed(ex, ids, cu, [(it.row, it.held or [], it.start, it.end) for it in taken],
                                               [it.state for it in taken], put, record)
-        forwards += 1
-        made = {id(taken[i]): pasts.recorded[i] for i in record}
-        for it in later:
-            if isinstance(it.state, _Item):
-                it.state = made[id(it.state)]
         for i in record:   # each spine piece, stored for every member of its group
-            it, g = taken[i], taken[i].node[0]
+            it, g, state = taken[i], taken[i].node[0], pasts.recorded[i]
             part = tuple(None if t is None else t[bounds[i]:bounds[i + 1]] for t in got)
             put.spread([cu[b] + it.start for b in range(g.first, g.first + g.count)], part)
-            if it.end == g.spine:   # the spine done: its branching groups and rows going on continue its states
-                state = made[id(it)]
+            if it.end < g.spine:   # cut to the room its forward had: the rest goes on from its states
+                later.append(_Item(it.row, it.end, g.spine, state, it.node))
+            else:   # the spine done: its branching groups and rows going on continue its states
                 rows, branching = going_and_branching(ids, cu, it.node)
                 later += [_Item(child[0].first, g.spine, child[0].spine, state, child) for child in branching]
                 later += [_Item(b, g.spine, cu[b + 1] - cu[b], state, held=members) for b, members in rows.items()]
@@ -337,7 +328,6 @@ def _run_waves(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[i
             if it.state is not None and id(it.state) not in still:
                 it.state.release()   # every row continuing it has run
         ready = later
-    return forwards
 
 
 def _rows_for_states(ex, cache_tokens: int) -> int:
