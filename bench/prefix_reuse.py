@@ -97,8 +97,9 @@ def _sync(device) -> None:
 
 
 def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int, forward_tokens: int,
-             warm: int = WARM_BATCHES) -> tuple[float, int]:
-    """Seconds to run every batch of ``planned`` (a first pass over the shapes untimed), and the forwards run.
+             warm: int = WARM_BATCHES) -> tuple[float, int, int]:
+    """Seconds to run every batch of ``planned`` (a first pass over the shapes untimed), the forwards run and the
+    tokens they ran (``Extractor.tokens_fed``: padding in, each packed piece once; the plan's count is padded).
     Tree batches run with the plan's budget, cached tokens (two budgets) and price of a forward; plain batches
     as the worker lays them out (``Extractor.batch``: one packed row where the forward packs, else padded)."""
     def one(batch) -> None:
@@ -123,11 +124,11 @@ def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int, forward_to
 
     ex.forward_packed, ex.forward_rows = counting(ex.forward_packed), counting(ex.forward_rows)
     try:
-        t = time.perf_counter()
+        t, fed = time.perf_counter(), ex.tokens_fed
         for batch in planned:
             one(batch)
         _sync(ex.device)
-        return time.perf_counter() - t, forwards[0]
+        return time.perf_counter() - t, forwards[0], ex.tokens_fed - fed
     finally:
         del ex.forward_packed, ex.forward_rows
 
@@ -259,12 +260,12 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
             row["host_waits"] = waits = tree_batch_waits(ex, seqs, on, args)   # the next forward meanwhile)
             print(f"[bench] {mix}: one tree batch waits for the GPU {len(waits)} times"
                   + "".join(f"\n    {n} x {where}" for where, n in Counter(waits).most_common(8)), flush=True)
-        seconds, forwards = {mode: [] for mode, _ in modes}, {}
+        seconds, forwards, ran = {mode: [] for mode, _ in modes}, {}, {}
         for _ in range(args.repeats):   # alternately, the fastest of each kept: a shared machine's noise out
             for mode, planned in modes:
                 t0 = time.perf_counter()
-                took, forwards[mode] = run_mode(ex, seqs, planned, 0, args.token_budget, args.forward_tokens,
-                                                args.warm_batches)
+                took, forwards[mode], ran[mode] = run_mode(ex, seqs, planned, 0, args.token_budget,
+                                                           args.forward_tokens, args.warm_batches)
                 seconds[mode].append(took)
                 print(f"[bench] {mix} {mode}: {len(planned)} batches, {forwards[mode]} forwards, timed {took:.1f}s "
                       f"(warm-up included: {time.perf_counter() - t0:.1f}s)", flush=True)
@@ -272,6 +273,7 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
             computed = sum(b.computed for b in planned)
             seconds_ = min(seconds[mode])
             row[mode] = {"batches": len(planned), "forwards": forwards[mode], "computed_tokens": computed,
+                         "tokens_run": ran[mode],
                          "seconds": seconds_,
                          "stored_tok_s": stored / seconds_, "computed_tok_s": computed / seconds_}
         row["speedup"] = row["on"]["stored_tok_s"] / row["off"]["stored_tok_s"]
@@ -281,7 +283,8 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
             at = row["on_at"]
             at["forward_tokens"] = args.also_forward_tokens
             print(f"{shape:10s} {mix:17s} planned at --prefix-forward-tokens {args.also_forward_tokens}: "
-                  f"{at['computed_tokens']:,} computed in {at['forwards']} forwards, {at['stored_tok_s']:,.0f} stored "
+                  f"{at['computed_tokens']:,} computed in {at['forwards']} forwards ({at['tokens_run']:,} run), "
+                  f"{at['stored_tok_s']:,.0f} stored "
                   f"tok/s | x{at['stored_tok_s'] / row['off']['stored_tok_s']:.2f} off", flush=True)
     return rows
 
@@ -290,7 +293,7 @@ def line(shape: str, row: dict) -> str:
     off, on, fid = row["off"], row["on"], row["fidelity"]
     return (f"{shape:10s} {row['mix']:17s} {row['stored_tokens']:>9,} stored | off: {off['computed_tokens']:>9,} "
             f"computed, {off['stored_tok_s']:>9,.0f} stored tok/s | on: {on['computed_tokens']:>9,} computed "
-            f"in {on['forwards']} forwards, "
+            f"in {on['forwards']} forwards ({on['tokens_run']:,} run; off ran {off['tokens_run']:,}), "
             f"{on['stored_tok_s']:>9,.0f} stored tok/s, {on['computed_tok_s']:>9,.0f} computed tok/s | "
             f"x{row['speedup']:.2f} | reused vs lone: rel L2 <= {max(fid['max_rel_l2_per_layer'] or [0]):.1e}, "
             f"max |d| {fid['max_abs']:.1e} ({fid['samples']} samples)")
