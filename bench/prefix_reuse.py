@@ -111,9 +111,11 @@ def run_mode(ex, seqs: list, planned, pad_id: int, token_budget: int, forward_to
         else:
             ex.run(ex.batch(ids, cu, batch.padded_len, pad_id, pin=ex.device.type == "cuda"))
 
-    for batch in planned[:warm or len(planned)]:   # untimed (fla compiles per shape; the fastest pass is kept)
+    for i, batch in enumerate(planned[:warm or len(planned)]):   # untimed (fla compiles per shape)
+        t = time.perf_counter()
         one(batch)
-    _sync(ex.device)
+        _sync(ex.device)   # each warm batch's seconds in the log: a compile shows as a batch far slower than the rest
+        print(f"  warm batch {i}: {len(batch.members)} rows, {len(batch.groups or ())} groups, {time.perf_counter() - t:.1f} s", flush=True)
     forwards = [0]
 
     def counting(real):
