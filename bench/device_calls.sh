@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|AB|AC
+#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|AB|AC|AD
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -65,8 +65,9 @@ case "$1:$GPU" in
   AB:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=540 PREFIX_ARGS="--fidelity-samples 0 \
               --repeats 1 --warm-batches 0 --no-seeds-like --also-forward-tokens 0" bash bench/run_gpu.sh prefix ;;  # AA, cut
   AC:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto padded" bash bench/run_gpu.sh 27b-kernels ;;  # Y on the H200
-  AC:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=540 PREFIX_ARGS="--fidelity-samples 0 \
-              --repeats 1 --warm-batches 0 --no-seeds-like --also-forward-tokens 0" bash bench/run_gpu.sh prefix ;;  # AB
+  AC:*|AD:*) step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=540 PREFIX_ARGS="--fidelity-samples 0 \
+              --repeats 1 --warm-batches 0 --no-seeds-like --also-forward-tokens 0 --also-stored-budgets 4" \
+              bash bench/run_gpu.sh prefix ;;  # AB, and tree batches storing 4 budgets
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

@@ -251,6 +251,11 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
         if args.also_forward_tokens is not None:   # the same mix planned at a second price, timed alongside
             modes.append(("on_at", cut_prefix_batches(seqs, args.token_budget, args.max_batch_rows, args.pad_multiple,
                                                       args.min_prefix, 2 * args.token_budget, args.also_forward_tokens)))
+        if args.also_stored_budgets:   # and at that price (or the default), batches of trees storing more budgets
+            price = args.forward_tokens if args.also_forward_tokens is None else args.also_forward_tokens
+            modes.append(("on_wide", cut_prefix_batches(
+                seqs, args.token_budget, args.max_batch_rows, args.pad_multiple, args.min_prefix, 2 * args.token_budget,
+                price, args.also_stored_budgets * args.token_budget)))
         row = {"mix": mix, "rows": len(seqs), "stored_tokens": stored}
         t0 = time.perf_counter()   # exactness first: a pass cut at its limit still has it
         row["fidelity"] = fid = fidelity(ex, seqs, on, args.fidelity_samples, args.token_budget, args.forward_tokens)
@@ -281,10 +286,11 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
         row["speedup"] = row["on"]["stored_tok_s"] / row["off"]["stored_tok_s"]
         rows.append(row)
         print(line(shape, row), flush=True)
-        if "on_at" in row:
-            at = row["on_at"]
-            at["forward_tokens"] = args.also_forward_tokens
-            print(f"{shape:10s} {mix:17s} planned at --prefix-forward-tokens {args.also_forward_tokens}: "
+        for mode, at in ((m, row[m]) for m in ("on_at", "on_wide") if m in row):
+            at["forward_tokens"] = args.forward_tokens if args.also_forward_tokens is None else args.also_forward_tokens
+            at["stored_budgets"] = args.also_stored_budgets if mode == "on_wide" else 1
+            print(f"{shape:10s} {mix:17s} planned at --prefix-forward-tokens {at['forward_tokens']}, "
+                  f"--prefix-stored-budgets {at['stored_budgets']}: {at['batches']} batches, "
                   f"{at['computed_tokens']:,} computed in {at['forwards']} forwards ({at['tokens_run']:,} run), "
                   f"{at['stored_tok_s']:,.0f} stored "
                   f"tok/s | x{at['stored_tok_s'] / row['off']['stored_tok_s']:.2f} off", flush=True)
@@ -344,6 +350,9 @@ def main() -> int:
     ap.add_argument("--no-seeds-like", action="store_true", help="the agentic mix(es) only")
     ap.add_argument("--also-forward-tokens", type=int, default=None,
                     help="a third mode: the mixes planned at this price of a forward too, timed alongside")
+    ap.add_argument("--also-stored-budgets", type=int, default=0,
+                    help="a mode more: the mixes planned with batches of trees storing this many token budgets "
+                         "(hsx produce --prefix-stored-budgets), at --also-forward-tokens' price if given")
     ap.add_argument("--repeats", type=int, default=2, help="timed passes of each mode, alternating; the fastest kept")
     ap.add_argument("--per-turn", default="hsx", type=per_turn_cuts,
                     help="how the agentic mix is cut into one sample a turn (see the module's text): hsx, "

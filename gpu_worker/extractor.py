@@ -352,13 +352,26 @@ class Extractor:
     @torch.inference_mode()
     def run_shared_checked(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, groups, chunk_tokens: int,
                            alone: PaddedBatch | PackedBatch, cache_tokens: int = 0,
-                           forward_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """``run_shared``, and the same samples computed alone (``run`` of the batch as a plain one): (hidden, final,
-        [2, n] rel L2 and mean cosine of the shared against the lone, per stored layer and the final state)."""
+                           forward_tokens: int = 0, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``run_shared``, and the same samples computed alone (``run`` of the batch as a plain one, ``alone``; a
+        batch storing more than ``chunk_tokens`` runs as plain ones of a budget each, padded with ``pad_id``):
+        (hidden, final, [2, n] rel L2 and mean cosine of the shared against the lone, per stored layer and the
+        final state)."""
         from gpu_worker.fp8reference import compare
+        from gpu_worker.prefixrun import budget_pieces
 
         hidden, final = self.run_shared(input_ids, cu_seqlens, groups, chunk_tokens, cache_tokens, forward_tokens)
-        lone, lone_final = self.run(alone)
+        if int(cu_seqlens[-1]) <= chunk_tokens:
+            lone, lone_final = self.run(alone)
+        else:
+            lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+            parts = []
+            for piece in budget_pieces(lengths, chunk_tokens, padded=not self.packs):
+                a, b = int(cu_seqlens[piece[0]]), int(cu_seqlens[piece[-1] + 1])
+                parts.append(self.run(self.batch(input_ids[a:b], cu_seqlens[piece[0]:piece[-1] + 2] - a,
+                                                 max(lengths[i] for i in piece), pad_id, pin=self.device.type == "cuda")))
+            lone = torch.cat([p[0] for p in parts])
+            lone_final = None if parts[0][1] is None else torch.cat([p[1] for p in parts])
         error = compare(lone, hidden, len(self.layer_ids))
         if final is not None:
             error = torch.cat([error, compare(lone_final, final, 1)], dim=1)

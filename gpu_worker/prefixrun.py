@@ -131,11 +131,30 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
     if going.segment != len(segments) or going.held:   # rows never run would be stored as uninitialised memory
         raise RuntimeError(f"prefix batch: {len(segments) - going.segment} of {len(segments)} segments of rows "
                            f"going on were not run ({len(going.held)} groups held)")
-    if alone and ex.packs:   # no past to continue: one packed row, as a plain batch runs
-        _run_rows_packed(ex, ids, cu, [(b, [b], 0, cu[b + 1] - cu[b]) for b in alone], None, put)
-    elif alone:
-        _run_rows(ex, ids, cu, [(b, [b], 0) for b in alone], None, put)
+    # no past to continue: packed rows (or padded ones), as a plain batch runs, a budget a forward (a batch of
+    # trees may store more: --prefix-stored-budgets)
+    for piece in budget_pieces([cu[b + 1] - cu[b] for b in alone], chunk_tokens, padded=not ex.packs):
+        rows = [alone[i] for i in piece]
+        if ex.packs:
+            _run_rows_packed(ex, ids, cu, [(b, [b], 0, cu[b + 1] - cu[b]) for b in rows], None, put)
+        else:
+            _run_rows(ex, ids, cu, [(b, [b], 0) for b in rows], None, put)
     return put.hidden, put.final
+
+
+def budget_pieces(lengths: Sequence[int], budget: int, padded: bool) -> list[list[int]]:
+    """Indices of ``lengths`` in order, in consecutive pieces of at most ``budget`` tokens each (``padded``: a
+    piece costs its rows x its longest); a length over the budget is a piece of its own."""
+    pieces: list[list[int]] = []
+    piece, total, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        cost = max(longest, n) * (len(piece) + 1) if padded else total + n
+        if piece and cost > budget:
+            pieces.append(piece)
+            piece, total, longest = [], 0, 0
+        piece.append(i)
+        total, longest = total + n, max(longest, n)
+    return pieces + [piece] if piece else pieces
 
 
 class _Stored:

@@ -276,7 +276,7 @@ class WorkerRuntime(Role):
             self.check_prefixes = False
             hidden, final, error = self.extractor.run_shared_checked(
                 contents.input_ids, contents.cu_seqlens, spec.prefix_groups, self.manifest.token_budget, batch,
-                self.manifest.prefix_cache_tokens, self.manifest.forward_tokens)
+                self.manifest.prefix_cache_tokens, self.manifest.forward_tokens, self.manifest.pad_token_id)
             self._record_prefix_error(spec, error)
         elif spec.prefix_groups:
             hidden, final = self.extractor.run_shared(contents.input_ids, contents.cu_seqlens, spec.prefix_groups,
@@ -302,12 +302,13 @@ class WorkerRuntime(Role):
         H100 (a stray non-zero would have passed a batch holding NaN)."""
         if not self.cuda:
             return Finished.of(spec, contents, stored, finite, None, lambda: None, reference)
-        buf = self.pinned.get()
+        tensors = {**stored, FINITE: finite}
+        buf = self.pinned.get(sum(_aligned(t.numel() * t.element_size()) for t in tensors.values()))
         stream = self.copy_stream
         stream.wait_stream(torch.cuda.current_stream(self.extractor.device))
         host, offset = {}, 0
         with torch.cuda.stream(stream):
-            for name, t in {**stored, FINITE: finite}.items():
+            for name, t in tensors.items():
                 nbytes = t.numel() * t.element_size()
                 if offset + nbytes > buf.numel():
                     self.pinned.put(buf)
@@ -316,7 +317,7 @@ class WorkerRuntime(Role):
                 view.copy_(t, non_blocking=True)
                 t.record_stream(stream)
                 host[name] = view
-                offset += -(-nbytes // 64) * 64  # keep every tensor 64-byte aligned
+                offset += _aligned(nbytes)
             event = torch.cuda.Event()
             event.record(stream)
         host_finite = host.pop(FINITE)
@@ -327,3 +328,8 @@ class WorkerRuntime(Role):
         """Count a failure: extracted again, or a dead letter at the run's max_attempts (nothing if done)."""
         self.ledger.release(bid)
         self.ledger.fail(bid, error)
+
+
+def _aligned(nbytes: int) -> int:
+    """Bytes a tensor takes in a pinned buffer: every tensor starts 64-byte aligned."""
+    return -(-nbytes // 64) * 64

@@ -74,7 +74,9 @@ MEASURED = ("fp8_error", "compute_error")   # keys of the extractor's dict that 
 
 
 class PinnedPool:
-    """Reused pinned host buffers (bytes), so host memory stays flat over a long run."""
+    """Reused pinned host buffers (bytes), so host memory stays flat over a long run. A batch that needs more than
+    a buffer (a batch of shared-prefix trees storing more than a token budget: --prefix-stored-budgets) gets one
+    of its own, dropped when given back (torch's caching host allocator keeps it for the next such batch)."""
 
     def __init__(self, count: int, nbytes: int):
         self._free: stdqueue.Queue = stdqueue.Queue()
@@ -82,11 +84,14 @@ class PinnedPool:
             self._free.put(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
         self.nbytes, self.count = nbytes, count
 
-    def get(self) -> torch.Tensor:
+    def get(self, nbytes: int = 0) -> torch.Tensor:
+        if nbytes > self.nbytes:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         return self._free.get()
 
     def put(self, buf: torch.Tensor) -> None:
-        self._free.put(buf)
+        if buf.numel() == self.nbytes:   # one of the pool's (a larger one of its own is dropped)
+            self._free.put(buf)
 
 
 class SpoolWriter:

@@ -15,6 +15,10 @@ DEFAULT_PREFIX_MIN_TOKENS = 32          # tokens: rows sharing at least this man
 DEFAULT_PREFIX_FORWARD_TOKENS = 2560
 LEGACY_PREFIX_FORWARD_TOKENS = 256      # the price runs planned before it was recorded were planned with
 DEFAULT_PREFIX_CACHE_BUDGETS = 2        # token budgets: the most cached spine tokens a batch holds (spine x leaves)
+# token budgets a batch of shared-prefix trees may store (its forwards each within one budget): more fills the
+# forwards of a tree batch, whose computed tokens are a fraction of its stored ones (docs/data.md)
+DEFAULT_PREFIX_STORED_BUDGETS = 1
+MAX_PREFIX_STORED_BUDGETS = 16
 DEFAULT_MAX_REJECT_SHARE = 0.01         # share of rows that may be rejected before produce fails
 DEFAULT_PRODUCER_LOCK_WAIT = 0.0        # seconds a second producer of a run waits for the first, then refuses
 DEFAULT_DTYPE = "bfloat16"              # dtype of the hidden states readers get

@@ -93,6 +93,10 @@ BATCH_FLAGS = (
          "prefixes saves: a tree is planned only where it saves more (default measured on the 27B hybrid in FP8: "
          "docs/benchmarks.md; lower it for a target whose forwards cost less). Recorded in the manifest", type=int,
          default=D.DEFAULT_PREFIX_FORWARD_TOKENS, min=1),
+    Flag("--prefix-stored-budgets", "token budgets a batch of shared-prefix trees may store, its forwards each "
+         "still within one budget: more fills a tree batch's forwards (its computed tokens are a fraction of its "
+         "stored ones) at the price of larger batch files and host buffers (docs/data.md). Recorded in the "
+         "manifest", type=int, default=D.DEFAULT_PREFIX_STORED_BUDGETS, min=1, max=D.MAX_PREFIX_STORED_BUDGETS),
 )
 
 FLAGS = (
@@ -165,7 +169,8 @@ def config(v) -> ProduceConfig:
         max_reject_share=v["max_reject_share"], lock_wait_seconds=v["lock_wait"],
         store_dtype=v["store_dtype"], codec=v["codec"], compute_dtype=v["compute_dtype"],
         fp8_accumulation=v["fp8_accumulation"], per_turn=bool(v["per_turn"]), prefix_reuse=v["prefix_reuse"],
-        prefix_min_tokens=v["prefix_min_tokens"], prefix_forward_tokens=v["prefix_forward_tokens"])
+        prefix_min_tokens=v["prefix_min_tokens"], prefix_forward_tokens=v["prefix_forward_tokens"],
+        prefix_stored_budgets=v["prefix_stored_budgets"])
 
 
 def run(cfg: ProduceConfig) -> int:

@@ -94,6 +94,7 @@ class InspectConfig:
     gpu_usd_per_hour: float | None
     storage_usd_per_tb_month: float
     mixture: object = None          # hsx.prep.Mixture (dataset: its file or first source), or None: one dataset
+    prefix_stored_budgets: int = 1  # token budgets a batch of trees stores (the plan's --prefix-stored-budgets)
 
 
 def whole_rows(cfg: InspectConfig, settings: TokeniseSettings) -> tuple[int, int]:

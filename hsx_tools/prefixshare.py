@@ -64,6 +64,7 @@ class PrefixPrediction:
     min_tokens: int
     cache_tokens: int = 0
     forward_tokens: int = 0
+    stored_tokens: int = 0   # the most a batch of trees stores (0: the token budget)
     computed: int = 0
     batches: int = 0
 
@@ -71,18 +72,21 @@ class PrefixPrediction:
     def of(cls, cfg, model_type: str) -> PrefixPrediction:
         from hsx.defaults import DEFAULT_PREFIX_CACHE_BUDGETS
         from hsx.runspec import PREFIX_EXACT_MODEL_TYPES
+        from hsx.runspec.plan import stored_tokens
 
         why = ("--prefix-reuse off" if cfg.prefix_reuse == "off" else "" if model_type in PREFIX_EXACT_MODEL_TYPES
                else f"model type {model_type} is not one shown exact")
         return cls(not why, why, cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple, cfg.prefix_min_tokens,
-                   DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget, cfg.prefix_forward_tokens)
+                   DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget, cfg.prefix_forward_tokens,
+                   stored_tokens(cfg.prefix_stored_budgets, cfg.token_budget))
 
     def add(self, samples) -> None:
         if self.on:
             from hsx.prep import cut_prefix_batches
 
             planned = cut_prefix_batches([s.input_ids for s in samples], self.token_budget, self.max_rows,
-                                         self.pad_multiple, self.min_tokens, self.cache_tokens, self.forward_tokens)
+                                         self.pad_multiple, self.min_tokens, self.cache_tokens, self.forward_tokens,
+                                         self.stored_tokens or None)
             self.computed += sum(b.computed for b in planned)
             self.batches += len(planned)
 
@@ -90,9 +94,13 @@ class PrefixPrediction:
         if not self.on:
             return f"  shared prefixes: off ({self.why}): {stored:,} tokens stored, {padded:,} computed"
         return (f"  shared prefixes (--prefix-reuse auto, spines of >= {self.min_tokens} tokens, "
-                f"{self.forward_tokens} tokens a forward): {stored:,} tokens "
+                f"{self.forward_tokens} tokens a forward{self._stored_said()}): {stored:,} tokens "
                 f"stored, {self.computed:,} computed in {self.batches:,} batches ({padded / max(self.computed, 1):.2f}x "
                 f"fewer than the {padded:,} of --prefix-reuse off)")
+
+
+    def _stored_said(self) -> str:
+        return f", {self.stored_tokens:,} stored a batch" if self.stored_tokens else ""
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:

@@ -613,6 +613,20 @@ def test_the_price_of_a_forward_is_recorded_and_a_run_planned_before_keeps_its_o
     priced = replace(manifest, prefix_forward_tokens=2560)
     assert json.loads(priced.to_json())["prefix_forward_tokens"] == 2560 and priced.forward_tokens == 2560
     assert Manifest.from_json(priced.to_json()).forward_tokens == 2560
+    # the stored tokens a batch of trees may hold: a budget unless recorded (written only when more)
+    assert manifest.stored_tokens == manifest.token_budget and "prefix_stored_tokens" not in json.loads(priced.to_json())
+    wide = replace(priced, prefix_stored_tokens=4 * manifest.token_budget)
+    assert Manifest.from_json(wide.to_json()).stored_tokens == 4 * manifest.token_budget
+
+
+def test_stored_budgets_out_of_bounds_are_refused_by_name():
+    from hsx.errors import ConfigError
+    from hsx.runspec.plan import stored_tokens
+
+    assert stored_tokens(1, 4096) == 0 and stored_tokens(4, 4096) == 16384
+    for budgets, budget in ((0, 4096), (17, 4096), (4, 2**21)):
+        with pytest.raises(ConfigError, match=f"--prefix-stored-budgets {budgets}"):
+            stored_tokens(budgets, budget)
 
 
 # ---- whole runs -------------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "st
                    "dataset_fingerprint", "chat_template_hash", "store_url", "template_kwargs", "columns",
                    "window_rows", "compute_dtype", "fp8_accumulation", "mixture", "per_turn")
 # Fields written only when they differ from this value (the value of every manifest written before them).
-OMITTED_AT = {"per_turn": False}
+OMITTED_AT = {"per_turn": False, "prefix_stored_tokens": 0}
 log = logging.getLogger(__name__)
 _warned: set[tuple[str, str]] = set()   # (run, field) whose relative path was reported: once a process
 
@@ -68,7 +68,7 @@ REQUIRED = {"run": _STR, "model": _STR, "model_config_hash": _STR, "model_type":
 OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "fp8_accumulation": _STR, "limits": _DICT, "template_kwargs": _DICT,
             "columns": _DICT, "window_rows": _INT, "format": _STR, "incarnation": _STR, "model_weights": _STR,
             "mixture": (list,), "per_turn": _BOOL, "prefix_reuse": _STR, "prefix_min_tokens": _INT,
-            "prefix_forward_tokens": _INT,
+            "prefix_forward_tokens": _INT, "prefix_stored_tokens": _INT,
             "prefix_cache_tokens": _INT}
 
 
@@ -126,11 +126,13 @@ class Manifest:
     # Shared prefixes computed once (hsx/prep/prefixplan.py): "on" or "off" (manifests older hsx wrote,
     # written only when on); spines of at least prefix_min_tokens, at most prefix_cache_tokens cached a batch,
     # a tree made where it saves more than prefix_forward_tokens a forward (0: a run planned before it was
-    # recorded, planned at LEGACY_PREFIX_FORWARD_TOKENS: ``forward_tokens`` says which).
+    # recorded, planned at LEGACY_PREFIX_FORWARD_TOKENS: ``forward_tokens`` says which); a batch of trees stores
+    # at most prefix_stored_tokens (0: the token budget, as runs planned before it was recorded: ``stored_tokens``).
     prefix_reuse: str = "off"
     prefix_min_tokens: int = 0
     prefix_cache_tokens: int = 0
     prefix_forward_tokens: int = 0
+    prefix_stored_tokens: int = 0
     extra: Mapping = field(default_factory=lambda: MappingProxyType({}))  # keys of a newer hsx, kept as read
 
     def __post_init__(self):
@@ -236,6 +238,7 @@ class Manifest:
                 prefix_reuse=data.get("prefix_reuse") or "off", prefix_min_tokens=data.get("prefix_min_tokens") or 0,
                 prefix_cache_tokens=data.get("prefix_cache_tokens") or 0,
                 prefix_forward_tokens=data.get("prefix_forward_tokens") or 0,
+                prefix_stored_tokens=data.get("prefix_stored_tokens") or 0,
                 extra=MappingProxyType({k: v for k, v in data.items() if k not in known}))
         except ManifestError as exc:
             raise ManifestError(f"{where}: {exc}") from None
@@ -254,6 +257,11 @@ class Manifest:
         from hsx.defaults import LEGACY_PREFIX_FORWARD_TOKENS
 
         return self.prefix_forward_tokens or LEGACY_PREFIX_FORWARD_TOKENS
+
+    @property
+    def stored_tokens(self) -> int:
+        """The most tokens a batch of shared-prefix trees stores (its forwards each compute at most a budget)."""
+        return self.prefix_stored_tokens or self.token_budget
 
     def to_dict(self) -> dict:
         """The JSON object, keys as every hsx wrote them (a window_rows of None is left out, as it was)."""
@@ -356,7 +364,7 @@ def check_values(m: Manifest) -> None:
               "pad_multiple": (1, 4096), "max_batch_rows": (1, MAX_TOKEN_BUDGET), "batches_per_shard": (1, 10**6),
               "window_rows": (1, 2**40), "pad_token_id": (0, 2**31 - 1),
               "prefix_min_tokens": (0, MAX_TOKEN_BUDGET), "prefix_cache_tokens": (0, 2**40),
-              "prefix_forward_tokens": (0, MAX_TOKEN_BUDGET)}
+              "prefix_forward_tokens": (0, MAX_TOKEN_BUDGET), "prefix_stored_tokens": (0, MAX_TOKEN_BUDGET)}
     for name, (low, high) in bounds.items():
         value = getattr(m, name)
         if value is not None and not low <= value <= high:

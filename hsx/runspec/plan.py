@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from hsx.batch import check_codec
-from hsx.defaults import DEFAULT_PREFIX_CACHE_BUDGETS, PREFIX_REUSE
+from hsx.defaults import DEFAULT_PREFIX_CACHE_BUDGETS, MAX_PREFIX_STORED_BUDGETS, MAX_TOKEN_BUDGET, PREFIX_REUSE
+from hsx.errors import ConfigError
 from hsx.runspec.compute import check_compute_dtype, check_fp8_accumulation
 from hsx.runspec.config import ProduceConfig
 from hsx.runspec.manifest import Manifest, RunLimits, check_same_run, new_manifest
@@ -65,6 +66,17 @@ def plan_manifest(cfg: ProduceConfig, facts: RunFacts) -> Manifest:
 PREFIX_EXACT_MODEL_TYPES = ("qwen3", "qwen3_5_text", "qwen3_5")   # shown equal to lone forwards: tests/test_prefix_reuse.py
 
 
+def stored_tokens(budgets: int, token_budget: int) -> int:
+    """The manifest's ``prefix_stored_tokens`` for ``--prefix-stored-budgets``: 0 for one budget (as runs planned
+    before it was recorded), else the tokens; ConfigError naming the flag where it is out of bounds."""
+    if not 1 <= budgets <= MAX_PREFIX_STORED_BUDGETS:
+        raise ConfigError(f"--prefix-stored-budgets {budgets}: expected 1 to {MAX_PREFIX_STORED_BUDGETS}")
+    if budgets * token_budget > MAX_TOKEN_BUDGET:
+        raise ConfigError(f"--prefix-stored-budgets {budgets} x --token-budget {token_budget} = "
+                          f"{budgets * token_budget} tokens a batch stores, more than {MAX_TOKEN_BUDGET}: lower either")
+    return 0 if budgets == 1 else budgets * token_budget
+
+
 def prefix_settings(cfg: ProduceConfig, facts: RunFacts) -> dict:
     """The manifest's prefix fields for ``--prefix-reuse`` (hsx/prep/prefixplan.py): auto is on where reuse is
     shown exact (the model types above), said in one line where it is not."""
@@ -78,12 +90,15 @@ def prefix_settings(cfg: ProduceConfig, facts: RunFacts) -> dict:
         return {"prefix_reuse": "off"}
     return {"prefix_reuse": "on", "prefix_min_tokens": max(1, cfg.prefix_min_tokens),
             "prefix_cache_tokens": DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget,
-            "prefix_forward_tokens": max(1, cfg.prefix_forward_tokens)}
+            "prefix_forward_tokens": max(1, cfg.prefix_forward_tokens),
+            "prefix_stored_tokens": stored_tokens(cfg.prefix_stored_budgets, cfg.token_budget)}
 
 
 def _prefixes_said(m: Manifest) -> str:
     return "off" if m.prefix_reuse != "on" else (f"on, spines of >= {m.prefix_min_tokens} tokens, "
-                                                  f"{m.forward_tokens} tokens a forward")
+                                                  f"{m.forward_tokens} tokens a forward" + (
+                                                      f", {m.stored_tokens} tokens stored a batch of trees"
+                                                      if m.prefix_stored_tokens else ""))
 
 
 def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerprint: str,
@@ -116,6 +131,7 @@ def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerp
                     "it began", planned.run, _prefixes_said(existing), _prefixes_said(planned))
     planned = replace(planned, prefix_reuse=existing.prefix_reuse, prefix_min_tokens=existing.prefix_min_tokens,
                       prefix_cache_tokens=existing.prefix_cache_tokens,
-                      prefix_forward_tokens=existing.prefix_forward_tokens)
+                      prefix_forward_tokens=existing.prefix_forward_tokens,
+                      prefix_stored_tokens=existing.prefix_stored_tokens)
     return replace(planned, created=existing.created, incarnation=existing.incarnation,
                    model_weights=planned.model_weights or existing.model_weights)
