@@ -775,23 +775,27 @@ def test_a_resumed_run_keeps_the_price_it_was_planned_at_and_says_so(r, redis_se
         caplog.messages
 
 
-def test_inspect_predicts_the_plans_stored_and_computed_tokens(r, redis_server, tiny_model, tmp_path, capsys):
+@pytest.mark.parametrize("budgets", [1, 3])
+def test_inspect_predicts_the_plans_stored_and_computed_tokens(budgets, r, redis_server, tiny_model, tmp_path, capsys):
     from hsx_cli.main import main
     from producer.produce import produce
 
     dataset = _per_turn(tmp_path)
     report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="ins", dataset=dataset,
-                                    max_length=4096, token_budget=8192, window_rows=16, enqueue=False,
-                                    prefix_forward_tokens=TINY_FORWARD_TOKENS))
+                                    max_length=4096, token_budget=4096, window_rows=16, enqueue=False,
+                                    prefix_forward_tokens=TINY_FORWARD_TOKENS, prefix_stored_budgets=budgets))
     capsys.readouterr()
     assert main(["inspect", "--dataset", str(dataset), "--model", str(tiny_model), "--layers", "dflash:3",
-                 "--samples", "0", "--tokenise-workers", "1", "--max-length", "4096", "--token-budget", "8192",
+                 "--samples", "0", "--tokenise-workers", "1", "--max-length", "4096", "--token-budget", "4096",
                  "--window-rows", "16", "--max-batch-rows", "64", "--pad-multiple", "1",
-                 "--prefix-forward-tokens", str(TINY_FORWARD_TOKENS)]) == 0
+                 "--prefix-forward-tokens", str(TINY_FORWARD_TOKENS), "--prefix-stored-budgets", str(budgets)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "shared prefixes (--prefix-reuse auto" in x)
     assert f"{report.tokens:,} tokens stored, {report.computed_tokens:,} computed in {report.batches:,} batches" in line
-    assert f"spines of >= 32 tokens, {TINY_FORWARD_TOKENS} tokens a forward)" in line
+    said = "" if budgets == 1 else f", {budgets * 4096:,} stored a batch"
+    assert f"spines of >= 32 tokens, {TINY_FORWARD_TOKENS} tokens a forward{said})" in line
     assert report.computed_tokens < report.tokens
+    specs = ledger.all_specs(r, "ins").values()
+    assert any(s.tokens > 4096 for s in specs) == (budgets > 1)
 
 
 def test_the_worker_says_the_snapshot_bound_at_start():
