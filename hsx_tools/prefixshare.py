@@ -71,8 +71,7 @@ class PrefixPrediction:
     @classmethod
     def of(cls, cfg, model_type: str) -> PrefixPrediction:
         from hsx.defaults import DEFAULT_PREFIX_CACHE_BUDGETS
-        from hsx.runspec import PREFIX_EXACT_MODEL_TYPES
-        from hsx.runspec.plan import stored_tokens
+        from hsx.runspec import PREFIX_EXACT_MODEL_TYPES, stored_tokens
 
         why = ("--prefix-reuse off" if cfg.prefix_reuse == "off" else "" if model_type in PREFIX_EXACT_MODEL_TYPES
                else f"model type {model_type} is not one shown exact")

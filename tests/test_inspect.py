@@ -99,3 +99,10 @@ def test_inspect_runs_produces_identify_step_and_refuses_a_budget_no_worker_can_
         assert "rows:" not in out and "plan:" not in out
         answers.append(err.strip().split(": error: ", 1)[1])
     assert answers[0] == answers[1] and answers[0].startswith(f"--token-budget {2**21} needs 576 GiB of pinned host memory")
+    # a budget that fits (9 GiB) times batches of trees storing 8 budgets (72 GiB) does not; with reuse off it does
+    common[-1] = str(2**15)
+    assert main(["inspect", *common, "--tokenise-workers", "1", "--prefix-stored-budgets", "8"]) == 2
+    assert capsys.readouterr().err.strip().split(": error: ", 1)[1].startswith(
+        f"--token-budget {2**15} x --prefix-stored-budgets 8 needs 72 GiB of pinned host memory")
+    assert main(["inspect", *common, "--tokenise-workers", "1", "--prefix-stored-budgets", "8", "--prefix-reuse",
+                 "off", "--samples", "0"]) == 0

@@ -621,7 +621,7 @@ def test_the_price_of_a_forward_is_recorded_and_a_run_planned_before_keeps_its_o
 
 def test_stored_budgets_out_of_bounds_are_refused_by_name():
     from hsx.errors import ConfigError
-    from hsx.runspec.plan import stored_tokens
+    from hsx.runspec import stored_tokens
 
     assert stored_tokens(1, 4096) == 0 and stored_tokens(4, 4096) == 16384
     for budgets, budget in ((0, 4096), (17, 4096), (4, 2**21)):

@@ -37,6 +37,6 @@ from hsx.runspec.visibility import RunNotVisible, check_model_visible, open_run_
 
 if TYPE_CHECKING:  # these modules import torch: loaded on first use (hsx/face.py)
     from hsx.runspec.identity import TargetIdentity, identify
-    from hsx.runspec.plan import PREFIX_EXACT_MODEL_TYPES, RunFacts, plan_manifest, prefix_settings, resumed_manifest
+    from hsx.runspec.plan import PREFIX_EXACT_MODEL_TYPES, RunFacts, plan_manifest, prefix_settings, resumed_manifest, stored_tokens
 
 __getattr__, __dir__, __all__ = face(__name__, __file__)

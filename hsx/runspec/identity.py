@@ -53,16 +53,20 @@ def identify(cfg) -> TargetIdentity:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
     store_dtype = check_store_dtype(cfg.store_dtype or cfg.dtype)
-    check_pinned_memory(cfg.token_budget, text_cfg.hidden_size, len(layer_ids) + store_final, store_dtype)
+    stored_budgets = cfg.prefix_stored_budgets if cfg.prefix_reuse != "off" else 1
+    check_pinned_memory(cfg.token_budget, text_cfg.hidden_size, len(layer_ids) + store_final, store_dtype, stored_budgets)
     return TargetIdentity(text_cfg, tokenizer, config_hash(config), tuple(layer_ids), store_final, store_dtype)
 
 
-def check_pinned_memory(token_budget: int, hidden_size: int, rows: int, store_dtype: str) -> None:
-    """A GPU worker pins DEFAULT_PINNED_BUFFERS x token_budget x the bytes a token stores (Manifest.host_bytes_per_token);
-    refuse absurd budgets."""
+def check_pinned_memory(token_budget: int, hidden_size: int, rows: int, store_dtype: str, stored_budgets: int = 1) -> None:
+    """A GPU worker pins DEFAULT_PINNED_BUFFERS x token_budget x the bytes a token stores (Manifest.host_bytes_per_token),
+    and up to as many buffers of ``stored_budgets`` budgets where batches of trees store more
+    (--prefix-stored-budgets); refuse absurd budgets."""
     per_token = hidden_bytes_per_token(hidden_size, rows, store_dtype)
-    need = DEFAULT_PINNED_BUFFERS * token_budget * per_token
+    need = DEFAULT_PINNED_BUFFERS * token_budget * per_token * stored_budgets
     if need > MAX_PINNED_BYTES:
-        raise ConfigError(f"--token-budget {token_budget} needs {need / 2**30:.0f} GiB of pinned host memory per GPU "
-                          f"worker ({DEFAULT_PINNED_BUFFERS} x budget x {per_token} bytes a token of {store_dtype}); at "
-                          f"most {MAX_PINNED_BYTES // 2**30} GiB: lower --token-budget")
+        stored = f" x --prefix-stored-budgets {stored_budgets}" if stored_budgets > 1 else ""
+        raise ConfigError(f"--token-budget {token_budget}{stored} needs {need / 2**30:.0f} GiB of pinned host memory "
+                          f"per GPU worker ({DEFAULT_PINNED_BUFFERS} x budget{stored} x {per_token} bytes a token of "
+                          f"{store_dtype}); at most {MAX_PINNED_BYTES // 2**30} GiB: lower "
+                          + ("--prefix-stored-budgets or --token-budget" if stored else "--token-budget"))
