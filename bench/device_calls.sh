@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|AB|AC|AD
+#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|AB|AC|AD|AE
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -68,6 +68,9 @@ case "$1:$GPU" in
   AC:*|AD:*) step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=540 PREFIX_ARGS="--fidelity-samples 0 \
               --repeats 1 --warm-batches 0 --no-seeds-like --also-forward-tokens 0 --also-stored-budgets 4" \
               bash bench/run_gpu.sh prefix ;;  # AB, and tree batches storing 4 budgets
+  AE:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=470 PREFIX_ARGS="--fidelity-samples 0 \
+              --repeats 1 --warm-batches 0 --no-seeds-like --forward-tokens 0 --also-stored-budgets 4" \
+              bash bench/run_gpu.sh prefix ;;  # AD cut to what few device seconds hold: off, every tree kept, 4 budgets
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
