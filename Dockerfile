@@ -62,7 +62,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 RUN python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 COPY --from=deps /opt/hsx /opt/hsx
 ARG EXTRA_PIP=""
-RUN EXTRA_PIP="${EXTRA_PIP}" sh /opt/hsx/docker/install.sh deps
+# and the gpu extra: fla's kernels, so the worker packs rows and runs shared prefixes in waves (docs/benchmarks.md)
+RUN EXTRA_PIP="${EXTRA_PIP}" sh /opt/hsx/docker/install.sh deps gpu
 COPY --from=src /opt/hsx /opt/hsx
 RUN sh /opt/hsx/docker/install.sh hsx
 USER hsx

@@ -412,3 +412,25 @@ def test_dockerfile_torch_index_is_a_build_argument():
     assert re.search(r"^ARG TORCH_INDEX_URL=https://download\.pytorch\.org/whl/cpu$", text, re.M)
     (line,) = [ln for ln in text.splitlines() if ln.startswith("RUN pip install") and "torch==" in ln]
     assert '--index-url "${TORCH_INDEX_URL}"' in line and "https://" not in line
+
+
+def test_the_gpu_image_installs_the_gpu_extra_and_the_cpu_image_does_not():
+    """The gpu target's workers run fla's kernels (packed rows, shared prefixes in waves): its deps layer installs
+    pyproject's gpu extra, pinned, as install.sh reads it; the cpu target installs none of it."""
+    import subprocess
+
+    import tomllib
+
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.split(r"^FROM\s+", text, flags=re.M)
+    runs = {re.match(r"\S+\s+AS\s+(\S+)", s, re.I).group(1): [ln for ln in s.splitlines() if "install.sh deps" in ln]
+            for s in stages[1:] if re.match(r"\S+\s+AS\s+(cpu|gpu)\b", s, re.I)}
+    assert runs["gpu"] and all(ln.rstrip().endswith("install.sh deps gpu") for ln in runs["gpu"]), runs
+    assert runs["cpu"] and all(ln.rstrip().endswith("install.sh deps") for ln in runs["cpu"]), runs
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    listed = subprocess.run(["sh", str(ROOT / "docker" / "install.sh"), "reqs", "gpu"], capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    assert listed == project["dependencies"] + project["optional-dependencies"]["gpu"]
+    assert all("==" in req for req in project["optional-dependencies"]["gpu"])
+    wrong = subprocess.run(["sh", str(ROOT / "docker" / "install.sh"), "reqs", "gpus"], capture_output=True, text=True)
+    assert wrong.returncode != 0 and "no extra 'gpus'" in wrong.stderr
