@@ -386,8 +386,28 @@ class Extractor:
         nbytes = snapshot_bytes(self.model.config, manifest.prefix_cache_tokens, manifest.max_batch_rows,
                                 torch.finfo(next(self.model.parameters()).dtype).bits // 8)
         gdn = "" if "GDN:" not in self.kernels_line else "; the fused GDN continues cached states"
+        wide = getattr(manifest, "prefix_stored_tokens", 0)   # batches of trees storing more than a budget
+        stored = "" if not wide else (
+            f"; a batch of trees stores up to {wide} tokens ({self.stored_bytes(wide) / 2**30:.2f} GiB of hidden "
+            "states on the device, as many pinned on the host)")
         return (f"on, spines of >= {manifest.prefix_min_tokens} tokens computed once; snapshots at most "
-                f"{nbytes / 2**20:.1f} MiB a batch ({manifest.prefix_cache_tokens} cached tokens){gdn}")
+                f"{nbytes / 2**20:.1f} MiB a batch ({manifest.prefix_cache_tokens} cached tokens){gdn}{stored}")
+
+    def prefix_plan_warning(self, manifest) -> str:
+        """What to say where this worker runs tree batches group by group (no packed waves) on a plan priced for
+        the waves (a forward under the default price): every tree kept costs such a worker more forwards than
+        it saves (docs/data.md); "" otherwise."""
+        price = manifest.forward_tokens if manifest.prefix_reuse == "on" else DEFAULT_PREFIX_FORWARD_TOKENS
+        if self.continues or price >= DEFAULT_PREFIX_FORWARD_TOKENS:
+            return ""
+        return (f"this run's trees were planned at {price} token{'s' * (price != 1)} a forward, for workers that run them in packed "
+                "waves; this one runs them group by group (no packed rows here: fla's varlen kernels on a GPU), "
+                f"where that plan is slower than one at the default {DEFAULT_PREFIX_FORWARD_TOKENS} (docs/data.md)")
+
+    def stored_bytes(self, tokens: int) -> int:
+        """Bytes of the stored hidden states (and final state) of ``tokens`` tokens on the device."""
+        width = self.width + (self.hidden_size if self.store_final else 0)
+        return tokens * width * torch.empty((), dtype=self.out_dtype).element_size()
 
     @torch.inference_mode()
     def run(self, batch: PaddedBatch, convert: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -103,6 +103,9 @@ class WorkerRuntime(Role):
                  self.extractor.device, self.run, self.worker_name)
         log.info("forward: %s", self.extractor.kernels_line)
         log.info("shared prefixes: %s", self.extractor.prefix_line(self.manifest))
+        slower = self.extractor.prefix_plan_warning(self.manifest)
+        if slower:
+            log.warning("shared prefixes: %s", slower)
         why = self.cfg.memory_spool_why
         log.info("spool: %s%s", self.tiers.describe(), f" (memory tier: {why})" if why else "")
 

@@ -809,3 +809,13 @@ def test_the_worker_says_the_snapshot_bound_at_start():
     assert prefixrun.snapshot_bytes(ex.model.config, 8192, 64, 4) == 4_194_304 + 1_351_680
     assert ex.prefix_line(on) == "on, spines of >= 32 tokens computed once; snapshots at most 5.3 MiB a batch (8192 cached tokens)"
     assert ex.prefix_line(SimpleNamespace(prefix_reuse="off")).startswith("off (--prefix-reuse off")
+    # batches of trees storing 4 budgets: 32,768 tokens x (3 stored layers + the final) x 64 wide x 4 bytes
+    wide = SimpleNamespace(**vars(on), prefix_stored_tokens=32768)
+    # a plan priced for the waves, on a worker that runs tree batches group by group (this one): said
+    assert not ex.continues and ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=2560)) == ""
+    assert "planned at 1 token a forward" in ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=1))
+    ex.continues = True   # a packing worker runs that plan in waves: nothing to say
+    assert ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=1)) == ""
+    assert ex.stored_bytes(32768) == 32768 * 4 * 64 * 4 and ex.prefix_line(wide).endswith(
+        "; a batch of trees stores up to 32768 tokens (0.03 GiB of hidden states on the device, as many pinned on "
+        "the host)")
