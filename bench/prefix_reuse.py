@@ -239,23 +239,25 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
     return result
 
 
+def planned_at(args, seqs: list, price: int, stored_budgets: int = 1):
+    """The mix's batches with shared prefixes computed once, planned at ``price`` a forward and ``stored_budgets``
+    token budgets a batch of trees may store (the producer's planner, as `hsx produce` calls it)."""
+    return cut_prefix_batches(seqs, args.token_budget, args.max_batch_rows, args.pad_multiple, args.min_prefix,
+                              2 * args.token_budget, price, stored_budgets * args.token_budget)
+
+
 def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
     rows = []
     for mix, seqs in seqs_by_mix.items():
         lengths = [len(s) for s in seqs]
         stored = sum(lengths)
         off = cut_batches(lengths, args.token_budget, args.max_batch_rows, args.pad_multiple)
-        on = cut_prefix_batches(seqs, args.token_budget, args.max_batch_rows, args.pad_multiple, args.min_prefix,
-                                2 * args.token_budget, args.forward_tokens)
+        on = planned_at(args, seqs, args.forward_tokens)
         modes = [("off", off), ("on", on)]
         if args.also_forward_tokens is not None:   # the same mix planned at a second price, timed alongside
-            modes.append(("on_at", cut_prefix_batches(seqs, args.token_budget, args.max_batch_rows, args.pad_multiple,
-                                                      args.min_prefix, 2 * args.token_budget, args.also_forward_tokens)))
+            modes.append(("on_at", planned_at(args, seqs, args.also_price)))
         if args.also_stored_budgets:   # and at that price (or the default), batches of trees storing more budgets
-            price = args.forward_tokens if args.also_forward_tokens is None else args.also_forward_tokens
-            modes.append(("on_wide", cut_prefix_batches(
-                seqs, args.token_budget, args.max_batch_rows, args.pad_multiple, args.min_prefix, 2 * args.token_budget,
-                price, args.also_stored_budgets * args.token_budget)))
+            modes.append(("on_wide", planned_at(args, seqs, args.also_price, args.also_stored_budgets)))
         row = {"mix": mix, "rows": len(seqs), "stored_tokens": stored}
         t0 = time.perf_counter()   # exactness first: a pass cut at its limit still has it
         row["fidelity"] = fid = fidelity(ex, seqs, on, args.fidelity_samples, args.token_budget, args.forward_tokens)
@@ -287,7 +289,7 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
         rows.append(row)
         print(line(shape, row), flush=True)
         for mode, at in ((m, row[m]) for m in ("on_at", "on_wide") if m in row):
-            at["forward_tokens"] = args.forward_tokens if args.also_forward_tokens is None else args.also_forward_tokens
+            at["forward_tokens"] = args.also_price
             at["stored_budgets"] = args.also_stored_budgets if mode == "on_wide" else 1
             print(f"{shape:10s} {mix:17s} planned at --prefix-forward-tokens {at['forward_tokens']}, "
                   f"--prefix-stored-budgets {at['stored_budgets']}: {at['batches']} batches, "
@@ -362,6 +364,7 @@ def main() -> int:
     args.tokens = args.tokens or (30_000 if args.cpu else 300_000)
     args.token_budget = args.token_budget or (8192 if args.cpu else 32768)
     args.max_length = args.max_length or args.token_budget
+    args.also_price = args.forward_tokens if args.also_forward_tokens is None else args.also_forward_tokens
     args.layers = args.layers or ("dflash:3" if args.cpu else "dflash")
     with tempfile.TemporaryDirectory(prefix="hsx-prefix-bench-") as tmp:
         t = time.perf_counter()

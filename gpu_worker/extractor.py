@@ -351,27 +351,24 @@ class Extractor:
 
     @torch.inference_mode()
     def run_shared_checked(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, groups, chunk_tokens: int,
-                           alone: PaddedBatch | PackedBatch, cache_tokens: int = 0,
-                           forward_tokens: int = 0, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """``run_shared``, and the same samples computed alone (``run`` of the batch as a plain one, ``alone``; a
-        batch storing more than ``chunk_tokens`` runs as plain ones of a budget each, padded with ``pad_id``):
-        (hidden, final, [2, n] rel L2 and mean cosine of the shared against the lone, per stored layer and the
-        final state)."""
+                           cache_tokens: int = 0, forward_tokens: int = 0,
+                           pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``run_shared``, and the same samples computed alone: ``run`` of them as plain batches of at most
+        ``chunk_tokens`` each (a batch of trees may store more: --prefix-stored-budgets), padded with ``pad_id``.
+        Returns (hidden, final, [2, n] rel L2 and mean cosine of the shared against the lone, per stored layer and
+        the final state)."""
         from gpu_worker.fp8reference import compare
         from gpu_worker.prefixrun import budget_pieces
 
         hidden, final = self.run_shared(input_ids, cu_seqlens, groups, chunk_tokens, cache_tokens, forward_tokens)
-        if int(cu_seqlens[-1]) <= chunk_tokens:
-            lone, lone_final = self.run(alone)
-        else:
-            lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-            parts = []
-            for piece in budget_pieces(lengths, chunk_tokens, padded=not self.packs):
-                a, b = int(cu_seqlens[piece[0]]), int(cu_seqlens[piece[-1] + 1])
-                parts.append(self.run(self.batch(input_ids[a:b], cu_seqlens[piece[0]:piece[-1] + 2] - a,
-                                                 max(lengths[i] for i in piece), pad_id, pin=self.device.type == "cuda")))
-            lone = torch.cat([p[0] for p in parts])
-            lone_final = None if parts[0][1] is None else torch.cat([p[1] for p in parts])
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        parts = []
+        for piece in budget_pieces(lengths, chunk_tokens, padded=not self.packs):
+            a, b = int(cu_seqlens[piece[0]]), int(cu_seqlens[piece[-1] + 1])
+            parts.append(self.run(self.batch(input_ids[a:b], cu_seqlens[piece[0]:piece[-1] + 2] - a,
+                                             max(lengths[i] for i in piece), pad_id, pin=self.device.type == "cuda")))
+        lone = torch.cat([p[0] for p in parts])
+        lone_final = None if final is None else torch.cat([p[1] for p in parts])
         error = compare(lone, hidden, len(self.layer_ids))
         if final is not None:
             error = torch.cat([error, compare(lone_final, final, 1)], dim=1)
@@ -386,7 +383,7 @@ class Extractor:
         nbytes = snapshot_bytes(self.model.config, manifest.prefix_cache_tokens, manifest.max_batch_rows,
                                 torch.finfo(next(self.model.parameters()).dtype).bits // 8)
         gdn = "" if "GDN:" not in self.kernels_line else "; the fused GDN continues cached states"
-        wide = getattr(manifest, "prefix_stored_tokens", 0)   # batches of trees storing more than a budget
+        wide = manifest.prefix_stored_tokens   # batches of trees storing more than a budget
         stored = "" if not wide else (
             f"; a batch of trees stores up to {wide} tokens ({self.stored_bytes(wide) / 2**30:.2f} GiB of hidden "
             "states on the device, as many pinned on the host)")
@@ -397,8 +394,8 @@ class Extractor:
         """What to say where this worker runs tree batches group by group (no packed waves) on a plan priced for
         the waves (a forward under the default price): every tree kept costs such a worker more forwards than
         it saves (docs/data.md); "" otherwise."""
-        price = manifest.forward_tokens if manifest.prefix_reuse == "on" else DEFAULT_PREFIX_FORWARD_TOKENS
-        if self.continues or price >= DEFAULT_PREFIX_FORWARD_TOKENS:
+        price = manifest.forward_tokens
+        if manifest.prefix_reuse != "on" or self.continues or price >= DEFAULT_PREFIX_FORWARD_TOKENS:
             return ""
         return (f"this run's trees were planned at {price} token{'s' * (price != 1)} a forward, for workers that run them in packed "
                 "waves; this one runs them group by group (no packed rows here: fla's varlen kernels on a GPU), "
@@ -407,7 +404,7 @@ class Extractor:
     def stored_bytes(self, tokens: int) -> int:
         """Bytes of the stored hidden states (and final state) of ``tokens`` tokens on the device."""
         width = self.width + (self.hidden_size if self.store_final else 0)
-        return tokens * width * torch.empty((), dtype=self.out_dtype).element_size()
+        return tokens * width * self.out_dtype.itemsize
 
     @torch.inference_mode()
     def run(self, batch: PaddedBatch, convert: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -278,7 +278,7 @@ class WorkerRuntime(Role):
         if spec.prefix_groups and self.check_prefixes:
             self.check_prefixes = False
             hidden, final, error = self.extractor.run_shared_checked(
-                contents.input_ids, contents.cu_seqlens, spec.prefix_groups, self.manifest.token_budget, batch,
+                contents.input_ids, contents.cu_seqlens, spec.prefix_groups, self.manifest.token_budget,
                 self.manifest.prefix_cache_tokens, self.manifest.forward_tokens, self.manifest.pad_token_id)
             self._record_prefix_error(spec, error)
         elif spec.prefix_groups:
@@ -313,9 +313,6 @@ class WorkerRuntime(Role):
         with torch.cuda.stream(stream):
             for name, t in tensors.items():
                 nbytes = t.numel() * t.element_size()
-                if offset + nbytes > buf.numel():
-                    self.pinned.put(buf)
-                    raise RuntimeError(f"pinned buffer of {buf.numel()} bytes is too small for batch {spec.batch_id}")
                 view = buf[offset:offset + nbytes].view(t.dtype).view(t.shape)
                 view.copy_(t, non_blocking=True)
                 t.record_stream(stream)

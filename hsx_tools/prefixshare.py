@@ -85,7 +85,7 @@ class PrefixPrediction:
 
             planned = cut_prefix_batches([s.input_ids for s in samples], self.token_budget, self.max_rows,
                                          self.pad_multiple, self.min_tokens, self.cache_tokens, self.forward_tokens,
-                                         self.stored_tokens or None)
+                                         self.stored_tokens)
             self.computed += sum(b.computed for b in planned)
             self.batches += len(planned)
 
@@ -96,7 +96,6 @@ class PrefixPrediction:
                 f"{self.forward_tokens} tokens a forward{self._stored_said()}): {stored:,} tokens "
                 f"stored, {self.computed:,} computed in {self.batches:,} batches ({padded / max(self.computed, 1):.2f}x "
                 f"fewer than the {padded:,} of --prefix-reuse off)")
-
 
     def _stored_said(self) -> str:
         return f", {self.stored_tokens:,} stored a batch" if self.stored_tokens else ""

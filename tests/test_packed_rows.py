@@ -84,7 +84,7 @@ def test_tree_batches_storing_three_budgets_compute_a_budget_a_forward_and_stay_
     assert all(s.tokens <= budget for s in specs if not s.prefix_groups)
     # the worker's first tree batch, checked against its samples alone (the check's own forwards included)
     check = life.Run(r, "sb").prefix_error()
-    assert check is not None and max(check["rel_l2"]) < 1e-5, check
+    assert check is not None and max(check["rel_l2"]) < 1e-5 and check["tokens"] > budget, check   # run in pieces
     assert fed and max(fed) <= budget, sorted(fed)[-5:]
     stored, computed, worst = _check_stored(r, open_store(str(tmp_path / "store")), "sb", tiny_model)
     assert stored == report.tokens and worst < 1e-5

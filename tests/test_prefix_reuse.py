@@ -802,15 +802,17 @@ def test_the_worker_says_the_snapshot_bound_at_start():
     from types import SimpleNamespace
 
     ex = Extractor(_tiny_hybrid(), LAYERS, store_final=True, out_dtype="float32")
-    on = SimpleNamespace(prefix_reuse="on", prefix_min_tokens=32, prefix_cache_tokens=8192, max_batch_rows=64)
+    on = SimpleNamespace(prefix_reuse="on", prefix_min_tokens=32, prefix_cache_tokens=8192, max_batch_rows=64,
+                         prefix_stored_tokens=0)
     # keys and values: 1 attention layer x 2 x 2 heads x 16 x 4 bytes x 8192 tokens x 2 (expanded to the rows
     # going on, and the held groups' own) = 4,194,304; GDN: 3 layers x (recurrent 4 x 16 x 16 x 4 bytes + conv 128
     # channels x 3 taps x 4 bytes) x (64 rows + 16 held groups) = 1,351,680
     assert prefixrun.snapshot_bytes(ex.model.config, 8192, 64, 4) == 4_194_304 + 1_351_680
     assert ex.prefix_line(on) == "on, spines of >= 32 tokens computed once; snapshots at most 5.3 MiB a batch (8192 cached tokens)"
-    assert ex.prefix_line(SimpleNamespace(prefix_reuse="off")).startswith("off (--prefix-reuse off")
+    off = SimpleNamespace(prefix_reuse="off", forward_tokens=1)
+    assert ex.prefix_line(off).startswith("off (--prefix-reuse off") and ex.prefix_plan_warning(off) == ""
     # batches of trees storing 4 budgets: 32,768 tokens x (3 stored layers + the final) x 64 wide x 4 bytes
-    wide = SimpleNamespace(**vars(on), prefix_stored_tokens=32768)
+    wide = SimpleNamespace(**{**vars(on), "prefix_stored_tokens": 32768})
     # a plan priced for the waves, on a worker that runs tree batches group by group (this one): said
     assert not ex.continues and ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=2560)) == ""
     assert "planned at 1 token a forward" in ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=1))
