@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AF
+#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AG
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -73,6 +73,9 @@ case "$1:$GPU" in
               bash bench/run_gpu.sh prefix ;;  # AD cut to what few device seconds hold: off, every tree kept, 4 budgets
   AF:*H200*) step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto padded" bash bench/run_gpu.sh 27b-kernels ;;  # AC
   AF:*)     step prof.log LEVERS= COMPUTES=bf16,fp8 T_PROF=480 bash bench/run_gpu.sh profile ;;   # W: the levers attributed
+  AG:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=540 PREFIX_ARGS="--fidelity-samples 4 \
+              --repeats 1 --warm-batches 0 --also-forward-tokens 2560" bash bench/run_gpu.sh prefix ;;  # item 7 at the new
+              # defaults (512 a forward, 4 stored budgets) against off and the old default (2560, 1), seeds-like too
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

@@ -24,8 +24,9 @@ Per mix and mode: stored tok/s (the samples' tokens over the wall time of every 
 per shape), the modes timed alternately ``--repeats`` times and the fastest kept.
 Fidelity: up to ``--fidelity-samples`` samples of prefix groups, each stored by ``run_shared`` and computed
 alone by ``run`` on the same extractor: max relative L2 error per stored layer and max |difference|.
-The plan prices a forward at ``--forward-tokens`` (the producer's --prefix-forward-tokens default): the on
-mode's forwards and time say what a forward costs beside its tokens on the target measured.
+The plan prices a forward at ``--forward-tokens`` and lets a batch of trees store ``--stored-budgets`` token
+budgets (the producer's --prefix-forward-tokens and --prefix-stored-budgets defaults): the on mode's forwards
+and time say what a forward costs beside its tokens on the target measured.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shapes  # noqa: E402
 import torch  # noqa: E402
 
-from hsx.defaults import DEFAULT_PREFIX_FORWARD_TOKENS  # noqa: E402
+from hsx.defaults import DEFAULT_PREFIX_FORWARD_TOKENS, DEFAULT_PREFIX_STORED_BUDGETS  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.prep import cut_batches, cut_prefix_batches  # noqa: E402
 
@@ -252,7 +253,7 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
         lengths = [len(s) for s in seqs]
         stored = sum(lengths)
         off = cut_batches(lengths, args.token_budget, args.max_batch_rows, args.pad_multiple)
-        on = planned_at(args, seqs, args.forward_tokens)
+        on = planned_at(args, seqs, args.forward_tokens, args.stored_budgets)
         modes = [("off", off), ("on", on)]
         if args.also_forward_tokens is not None:   # the same mix planned at a second price, timed alongside
             modes.append(("on_at", planned_at(args, seqs, args.also_price)))
@@ -352,6 +353,8 @@ def main() -> int:
     ap.add_argument("--no-seeds-like", action="store_true", help="the agentic mix(es) only")
     ap.add_argument("--also-forward-tokens", type=int, default=None,
                     help="a third mode: the mixes planned at this price of a forward too, timed alongside")
+    ap.add_argument("--stored-budgets", type=int, default=DEFAULT_PREFIX_STORED_BUDGETS,
+                    help="token budgets a batch of trees may store in the timed mode (hsx produce's default)")
     ap.add_argument("--also-stored-budgets", type=int, default=0,
                     help="a mode more: the mixes planned with batches of trees storing this many token budgets "
                          "(hsx produce --prefix-stored-budgets), at --also-forward-tokens' price if given")

@@ -11,13 +11,19 @@ PREFIX_REUSE = ("auto", "off")          # --prefix-reuse: shared prefixes comput
 DEFAULT_PREFIX_MIN_TOKENS = 32          # tokens: rows sharing at least this many leading tokens share one spine
 # tokens: the price of one more forward beside its tokens, against what a tree saves. Measured: the 27B hybrid
 # in FP8 on an H100 (bench/prefix_reuse.py) computes ~17k tok/s and each extra forward cost ~0.15 s (its
-# launches and host work), ~2,500 tokens; 256, the first guess, planned per-turn runs ~2x slower than none
-DEFAULT_PREFIX_FORWARD_TOKENS = 2560
+# launches and host work), ~2,500 tokens. But trees' forwards share that cost where the worker packs them in
+# waves, and a tree batch storing several budgets fills them: 512 with 4 stored budgets models faster than
+# 2560 with 1 for both runners (per-turn data: 3.26x against 1.87x in waves, 1.42x against 1.39x group by
+# group; bench/prefix_waves.py, docs/data.md); 256, the first guess, planned per-turn runs ~2x slower than none
+DEFAULT_PREFIX_FORWARD_TOKENS = 512
 LEGACY_PREFIX_FORWARD_TOKENS = 256      # the price runs planned before it was recorded were planned with
 DEFAULT_PREFIX_CACHE_BUDGETS = 2        # token budgets: the most cached spine tokens a batch holds (spine x leaves)
 # token budgets a batch of shared-prefix trees may store (its forwards each within one budget): more fills the
-# forwards of a tree batch, whose computed tokens are a fraction of its stored ones (docs/data.md)
-DEFAULT_PREFIX_STORED_BUDGETS = 1
+# forwards of a tree batch, whose computed tokens are a fraction of its stored ones (docs/data.md). The flag's
+# default, AUTO_PREFIX_STORED_BUDGETS, stores up to this many where the pinned host buffers and MAX_TOKEN_BUDGET
+# allow (hsx.runspec.identity.fit_stored_budgets)
+DEFAULT_PREFIX_STORED_BUDGETS = 4
+AUTO_PREFIX_STORED_BUDGETS = 0
 MAX_PREFIX_STORED_BUDGETS = 16
 DEFAULT_MAX_REJECT_SHARE = 0.01         # share of rows that may be rejected before produce fails
 DEFAULT_PRODUCER_LOCK_WAIT = 0.0        # seconds a second producer of a run waits for the first, then refuses

@@ -90,13 +90,14 @@ BATCH_FLAGS = (
     Flag("--prefix-min-tokens", "tokens rows must share for --prefix-reuse to compute them once", type=int,
          default=D.DEFAULT_PREFIX_MIN_TOKENS, min=1),
     Flag("--prefix-forward-tokens", "the price of one more forward, in tokens, against what a tree of shared "
-         "prefixes saves: a tree is planned only where it saves more (default measured on the 27B hybrid in FP8: "
-         "docs/benchmarks.md; lower it for a target whose forwards cost less). Recorded in the manifest", type=int,
+         "prefixes saves: a tree is planned only where it saves more (the default: the price that, with the default "
+         "stored budgets, serves workers that pack rows and those that do not; docs/data.md). Recorded in the manifest", type=int,
          default=D.DEFAULT_PREFIX_FORWARD_TOKENS, min=1),
     Flag("--prefix-stored-budgets", "token budgets a batch of shared-prefix trees may store, its forwards each "
          "still within one budget: more fills a tree batch's forwards (its computed tokens are a fraction of its "
-         "stored ones) at the price of larger batch files and host buffers (docs/data.md). Recorded in the "
-         "manifest", type=int, default=D.DEFAULT_PREFIX_STORED_BUDGETS, min=1, max=D.MAX_PREFIX_STORED_BUDGETS),
+         "stored ones) at the price of larger batch files and host buffers (docs/data.md). 0 (the default): "
+         f"{D.DEFAULT_PREFIX_STORED_BUDGETS}, or as many as the pinned host buffers' bound allows. Recorded in the "
+         "manifest", type=int, default=D.AUTO_PREFIX_STORED_BUDGETS, min=0, max=D.MAX_PREFIX_STORED_BUDGETS),
 )
 
 FLAGS = (

@@ -94,7 +94,7 @@ class InspectConfig:
     gpu_usd_per_hour: float | None
     storage_usd_per_tb_month: float
     mixture: object = None          # hsx.prep.Mixture (dataset: its file or first source), or None: one dataset
-    prefix_stored_budgets: int = 1  # token budgets a batch of trees stores (the plan's --prefix-stored-budgets)
+    prefix_stored_budgets: int = 0  # token budgets a batch of trees stores (the plan's --prefix-stored-budgets; 0: auto)
 
 
 def whole_rows(cfg: InspectConfig, settings: TokeniseSettings) -> tuple[int, int]:
@@ -212,7 +212,7 @@ def run_inspect(cfg: InspectConfig) -> int:
     target = identify(cfg)
     settings = TokeniseSettings.of(cfg.model, cfg.max_length, cfg.overlong, cfg.template_kwargs, cfg.columns,
                                    cfg.mixture, cfg.per_turn)
-    seen = read_rows(cfg, settings, PrefixPrediction.of(cfg, target.text_cfg.model_type))
+    seen = read_rows(cfg, settings, PrefixPrediction.of(cfg, target.text_cfg.model_type, target.stored_budgets))
     print_rows(cfg, target.tokenizer, settings, seen)
     if not len(seen.lengths):
         print("plan: nothing to plan (no usable rows)")

@@ -69,7 +69,7 @@ class PrefixPrediction:
     batches: int = 0
 
     @classmethod
-    def of(cls, cfg, model_type: str) -> PrefixPrediction:
+    def of(cls, cfg, model_type: str, stored_budgets: int) -> PrefixPrediction:
         from hsx.defaults import DEFAULT_PREFIX_CACHE_BUDGETS
         from hsx.runspec import PREFIX_EXACT_MODEL_TYPES, stored_tokens
 
@@ -77,7 +77,7 @@ class PrefixPrediction:
                else f"model type {model_type} is not one shown exact")
         return cls(not why, why, cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple, cfg.prefix_min_tokens,
                    DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget, cfg.prefix_forward_tokens,
-                   stored_tokens(cfg.prefix_stored_budgets, cfg.token_budget))
+                   stored_tokens(stored_budgets, cfg.token_budget))
 
     def add(self, samples) -> None:
         if self.on:

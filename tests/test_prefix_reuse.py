@@ -577,15 +577,15 @@ def test_rows_sharing_less_than_the_threshold_stay_alone():
 
 
 def test_a_tree_is_planned_only_where_it_saves_more_than_its_forwards_cost():
-    """The price of a forward (--prefix-forward-tokens; the default is the 27B's measured ~2,500 tokens): six
-    rows sharing 200 tokens save 1,000 tokens for 2 forwards, planned at a price of 64, not at the default; six
-    sharing 3,000 save 15,000, planned at both."""
+    """The price of a forward (--prefix-forward-tokens; the default 512): six rows sharing 90 tokens save 450
+    tokens for their spine's forward, planned at a price of 64, not at the default; six sharing 3,000 save
+    15,000, planned at both."""
     from hsx.defaults import DEFAULT_PREFIX_FORWARD_TOKENS
 
-    short = [[7] * 200 + [i] * 100 for i in range(6)]
+    short = [[7] * 90 + [i] * 100 for i in range(6)]
     long = [[7] * 3000 + [i] * 100 for i in range(6)]
     assert [rows for rows, _ in find_groups(short, 32, 64)] == [list(range(6))]
-    assert find_groups(short, 32) == [] and DEFAULT_PREFIX_FORWARD_TOKENS == 2560
+    assert find_groups(short, 32) == [] and DEFAULT_PREFIX_FORWARD_TOKENS == 512
     assert find_groups(long, 32) == [(list(range(6)), 3000)]
 
 
@@ -627,6 +627,25 @@ def test_stored_budgets_out_of_bounds_are_refused_by_name():
     for budgets, budget in ((0, 4096), (17, 4096), (4, 2**21)):
         with pytest.raises(ConfigError, match=f"--prefix-stored-budgets {budgets}"):
             stored_tokens(budgets, budget)
+
+
+def test_the_default_stored_budgets_are_four_where_the_bounds_allow():
+    """--prefix-stored-budgets 0 (the default): 4 budgets, fewer where a batch would pass MAX_TOKEN_BUDGET or the
+    pinned buffers 64 GiB; a value given is kept for check_pinned_memory to judge (refused there by name)."""
+    from hsx.defaults import AUTO_PREFIX_STORED_BUDGETS, MAX_TOKEN_BUDGET
+    from hsx.errors import ConfigError
+    from hsx.runspec.identity import check_pinned_memory, fit_stored_budgets
+
+    per_token = 4 * 5120 * 2   # the 27B's dflash layers in bf16
+    assert fit_stored_budgets(AUTO_PREFIX_STORED_BUDGETS, 32768, per_token) == 4
+    assert fit_stored_budgets(AUTO_PREFIX_STORED_BUDGETS, MAX_TOKEN_BUDGET // 2, 16) == 2   # tokens a batch
+    assert fit_stored_budgets(AUTO_PREFIX_STORED_BUDGETS, 131072, per_token) == 4   # 3 x 512k x 40 KiB = 60 GiB
+    assert fit_stored_budgets(AUTO_PREFIX_STORED_BUDGETS, 262144, per_token) == 2   # 4 would pin 120 GiB
+    assert fit_stored_budgets(AUTO_PREFIX_STORED_BUDGETS, 2**20, per_token) == 1   # one budget: its own check
+    assert fit_stored_budgets(7, 262144, per_token) == 7
+    check_pinned_memory(262144, 5120, 4, "bfloat16", 2)
+    with pytest.raises(ConfigError, match="--prefix-stored-budgets 7 needs 210 GiB"):
+        check_pinned_memory(262144, 5120, 4, "bfloat16", 7)
 
 
 # ---- whole runs -------------------------------------------------------------------------------------------------
@@ -770,12 +789,14 @@ def test_a_resumed_run_keeps_the_price_it_was_planned_at_and_says_so(r, redis_se
         produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="price",
                                prefix_forward_tokens=4096, **settings))
     assert ledger.get_manifest(r, "price").forward_tokens == TINY_FORWARD_TOKENS
-    assert any(f"keeps shared prefixes on, spines of >= 32 tokens, {TINY_FORWARD_TOKENS} tokens a forward as planned "
-               "(this call asked on, spines of >= 32 tokens, 4096 tokens a forward)" in m for m in caplog.messages), \
+    stored = "32768 tokens stored a batch of trees"   # the default stored budgets: 4 x 8192
+    assert any(f"keeps shared prefixes on, spines of >= 32 tokens, {TINY_FORWARD_TOKENS} tokens a forward, {stored} as "
+               f"planned (this call asked on, spines of >= 32 tokens, 4096 tokens a forward, {stored})" in m
+               for m in caplog.messages), \
         caplog.messages
 
 
-@pytest.mark.parametrize("budgets", [1, 3])
+@pytest.mark.parametrize("budgets", [1, 3, 0])   # 0: the default, auto (4 budgets where they fit)
 def test_inspect_predicts_the_plans_stored_and_computed_tokens(budgets, r, redis_server, tiny_model, tmp_path, capsys):
     from hsx_cli.main import main
     from producer.produce import produce
@@ -791,11 +812,13 @@ def test_inspect_predicts_the_plans_stored_and_computed_tokens(budgets, r, redis
                  "--prefix-forward-tokens", str(TINY_FORWARD_TOKENS), "--prefix-stored-budgets", str(budgets)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "shared prefixes (--prefix-reuse auto" in x)
     assert f"{report.tokens:,} tokens stored, {report.computed_tokens:,} computed in {report.batches:,} batches" in line
-    said = "" if budgets == 1 else f", {budgets * 4096:,} stored a batch"
+    resolved = budgets or 4
+    assert ledger.get_manifest(r, "ins").stored_tokens == resolved * 4096
+    said = "" if resolved == 1 else f", {resolved * 4096:,} stored a batch"
     assert f"spines of >= 32 tokens, {TINY_FORWARD_TOKENS} tokens a forward{said})" in line
     assert report.computed_tokens < report.tokens
     specs = ledger.all_specs(r, "ins").values()
-    assert any(s.tokens > 4096 for s in specs) == (budgets > 1)
+    assert any(s.tokens > 4096 for s in specs) == (resolved > 1)
 
 
 def test_the_worker_says_the_snapshot_bound_at_start():

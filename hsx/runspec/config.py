@@ -62,7 +62,7 @@ class ProduceConfig:
     prefix_reuse: str = "auto"       # auto: shared prefixes computed once where exact (hsx/prep/prefixplan.py) | off
     prefix_min_tokens: int = D.DEFAULT_PREFIX_MIN_TOKENS   # tokens a spine has at least
     prefix_forward_tokens: int = D.DEFAULT_PREFIX_FORWARD_TOKENS   # the price of a forward in tokens (planning)
-    prefix_stored_budgets: int = D.DEFAULT_PREFIX_STORED_BUDGETS   # token budgets a batch of trees may store
+    prefix_stored_budgets: int = D.AUTO_PREFIX_STORED_BUDGETS   # token budgets a batch of trees may store (0: auto)
 
 
 @dataclass(frozen=True)

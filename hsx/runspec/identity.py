@@ -13,7 +13,8 @@ import hashlib
 from dataclasses import dataclass
 
 from hsx.batch import check_store_dtype, hidden_bytes_per_token
-from hsx.defaults import DEFAULT_PINNED_BUFFERS, MAX_PINNED_BYTES
+from hsx.defaults import (AUTO_PREFIX_STORED_BUDGETS, DEFAULT_PINNED_BUFFERS, DEFAULT_PREFIX_STORED_BUDGETS,
+                          MAX_PINNED_BYTES, MAX_TOKEN_BUDGET)
 from hsx.errors import ConfigError
 from hsx.layers import resolve_layers
 from hsx.runspec.compute import check_compute_dtype, check_fp8_accumulation
@@ -29,6 +30,7 @@ class TargetIdentity:
     layer_ids: tuple[int, ...]      # resolved from --layers, low to high
     store_final: bool               # --layers asked for the final (normed) state
     store_dtype: str                # checked: what batch files hold
+    stored_budgets: int = 1         # token budgets a batch of trees stores (--prefix-stored-budgets resolved)
 
     def facts(self, dataset_fingerprint: str, model_weights: str, mixture: tuple = ()) -> RunFacts:
         """The facts the manifest records, with the producer's fingerprints of the dataset and the weights."""
@@ -39,7 +41,8 @@ class TargetIdentity:
             layer_ids=self.layer_ids, store_final=self.store_final, store_dtype=self.store_dtype,
             dataset_fingerprint=dataset_fingerprint,
             chat_template_hash=hashlib.sha256(str(self.tokenizer.chat_template or "").encode()).hexdigest(),
-            pad_token_id=pad if pad is not None else 0, model_weights=model_weights, mixture=tuple(mixture))
+            pad_token_id=pad if pad is not None else 0, model_weights=model_weights, mixture=tuple(mixture),
+            prefix_stored_budgets=self.stored_budgets)
 
 
 def identify(cfg) -> TargetIdentity:
@@ -53,9 +56,27 @@ def identify(cfg) -> TargetIdentity:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     layer_ids, store_final = resolve_layers(cfg.layers, text_cfg.num_hidden_layers)
     store_dtype = check_store_dtype(cfg.store_dtype or cfg.dtype)
-    stored_budgets = cfg.prefix_stored_budgets if cfg.prefix_reuse != "off" else 1
+    per_token = hidden_bytes_per_token(text_cfg.hidden_size, len(layer_ids) + store_final, store_dtype)
+    stored_budgets = fit_stored_budgets(cfg.prefix_stored_budgets, cfg.token_budget, per_token) \
+        if cfg.prefix_reuse != "off" else 1
     check_pinned_memory(cfg.token_budget, text_cfg.hidden_size, len(layer_ids) + store_final, store_dtype, stored_budgets)
-    return TargetIdentity(text_cfg, tokenizer, config_hash(config), tuple(layer_ids), store_final, store_dtype)
+    return TargetIdentity(text_cfg, tokenizer, config_hash(config), tuple(layer_ids), store_final, store_dtype,
+                          stored_budgets)
+
+
+def pinned_bytes(token_budget: int, per_token: int, stored_budgets: int = 1) -> int:
+    """Pinned host memory a GPU worker may hold: DEFAULT_PINNED_BUFFERS buffers of a batch's stored tokens."""
+    return DEFAULT_PINNED_BUFFERS * token_budget * per_token * stored_budgets
+
+
+def fit_stored_budgets(budgets: int, token_budget: int, per_token: int) -> int:
+    """``--prefix-stored-budgets`` resolved: as given (check_pinned_memory and the manifest's bounds judge it), or
+    for AUTO_PREFIX_STORED_BUDGETS (the default) the most, up to DEFAULT_PREFIX_STORED_BUDGETS, that keep a batch
+    within MAX_TOKEN_BUDGET and the pinned buffers within MAX_PINNED_BYTES; at least 1."""
+    if budgets != AUTO_PREFIX_STORED_BUDGETS:
+        return budgets
+    return max(n for n in range(1, DEFAULT_PREFIX_STORED_BUDGETS + 1) if n == 1 or (
+        n * token_budget <= MAX_TOKEN_BUDGET and pinned_bytes(token_budget, per_token, n) <= MAX_PINNED_BYTES))
 
 
 def check_pinned_memory(token_budget: int, hidden_size: int, rows: int, store_dtype: str, stored_budgets: int = 1) -> None:
@@ -63,7 +84,7 @@ def check_pinned_memory(token_budget: int, hidden_size: int, rows: int, store_dt
     and up to as many buffers of ``stored_budgets`` budgets where batches of trees store more
     (--prefix-stored-budgets); refuse absurd budgets."""
     per_token = hidden_bytes_per_token(hidden_size, rows, store_dtype)
-    need = DEFAULT_PINNED_BUFFERS * token_budget * per_token * stored_budgets
+    need = pinned_bytes(token_budget, per_token, stored_budgets)
     if need > MAX_PINNED_BYTES:
         stored = f" x --prefix-stored-budgets {stored_budgets}" if stored_budgets > 1 else ""
         raise ConfigError(f"--token-budget {token_budget}{stored} needs {need / 2**30:.0f} GiB of pinned host memory "

@@ -38,6 +38,7 @@ class RunFacts:
     pad_token_id: int           # the tokenizer's, 0 if it has none
     model_weights: str          # weights_fingerprint() of the model's weight files
     mixture: tuple = ()         # a mixture's sources as the manifest keeps them (hsx.prep.Mixture.records)
+    prefix_stored_budgets: int = 1  # --prefix-stored-budgets resolved (hsx.runspec.identity.fit_stored_budgets)
 
 
 def plan_manifest(cfg: ProduceConfig, facts: RunFacts) -> Manifest:
@@ -91,7 +92,7 @@ def prefix_settings(cfg: ProduceConfig, facts: RunFacts) -> dict:
     return {"prefix_reuse": "on", "prefix_min_tokens": max(1, cfg.prefix_min_tokens),
             "prefix_cache_tokens": DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget,
             "prefix_forward_tokens": max(1, cfg.prefix_forward_tokens),
-            "prefix_stored_tokens": stored_tokens(cfg.prefix_stored_budgets, cfg.token_budget)}
+            "prefix_stored_tokens": stored_tokens(facts.prefix_stored_budgets, cfg.token_budget)}
 
 
 def _prefixes_said(m: Manifest) -> str:
