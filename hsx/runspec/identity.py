@@ -13,8 +13,13 @@ import hashlib
 from dataclasses import dataclass
 
 from hsx.batch import check_store_dtype, hidden_bytes_per_token
-from hsx.defaults import (AUTO_PREFIX_STORED_BUDGETS, DEFAULT_PINNED_BUFFERS, DEFAULT_PREFIX_STORED_BUDGETS,
-                          MAX_PINNED_BYTES, MAX_TOKEN_BUDGET)
+from hsx.defaults import (
+    AUTO_PREFIX_STORED_BUDGETS,
+    DEFAULT_PINNED_BUFFERS,
+    DEFAULT_PREFIX_STORED_BUDGETS,
+    MAX_PINNED_BYTES,
+    MAX_TOKEN_BUDGET,
+)
 from hsx.errors import ConfigError
 from hsx.layers import resolve_layers
 from hsx.runspec.compute import check_compute_dtype, check_fp8_accumulation
