@@ -5,6 +5,7 @@ import boto3
 import pytest
 
 from hsx.batch import batchfile
+from hsx.errors import HsxError
 from hsx.store import ObjectNotFound, StoreError, VerifyError, open_store
 from hsx.store.quirks import EndpointQuirks
 from hsx.store.s3 import S3Settings, S3Store
@@ -76,6 +77,7 @@ def test_a_missing_object_is_object_not_found_still_a_key_error(s3_endpoint, s3_
             with pytest.raises(ObjectNotFound) as missing:
                 store.get_bytes("run/nothing", *span)
             assert isinstance(missing.value, KeyError) and missing.value.args == (store.url("run/nothing"),)
+            assert isinstance(missing.value, HsxError) and str(missing.value) == f"no object at {store.url('run/nothing')}"
 
 
 def test_store_down_is_a_clear_error(tmp_path):

@@ -28,10 +28,13 @@ class VerifyError(StoreError):
     """An object in the store does not match the bytes that were sent."""
 
 
-class ObjectNotFound(KeyError):
+class ObjectNotFound(HsxError, KeyError):
     """The store has no object at this key (its address is the argument). A KeyError, as the store's "not
     found" always was: code that caught KeyError still does; catch this, so that a KeyError of a bug nearby is
-    not taken for a missing object."""
+    not taken for a missing object. An HsxError: where nothing catches it, the CLI says it in one line."""
+
+    def __str__(self) -> str:
+        return f"no object at {self.args[0]}" if self.args else "no object"
 
 
 @dataclass(frozen=True)
