@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AG
+#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AH
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -76,6 +76,7 @@ case "$1:$GPU" in
   AG:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=540 PREFIX_ARGS="--fidelity-samples 4 \
               --repeats 1 --warm-batches 0 --also-forward-tokens 2560" bash bench/run_gpu.sh prefix ;;  # item 7 at the new
               # defaults (512 a forward, 4 stored budgets) against off and the old default (2560, 1), seeds-like too
+  AH:*)     step 27b.log CD=bfloat16 TOKENS_27B=200000 T_27B=300 KERNELS="auto padded" bash bench/run_gpu.sh 27b-kernels ;;  # bf16, packed
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
