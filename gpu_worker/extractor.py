@@ -401,6 +401,18 @@ class Extractor:
                 "waves; this one runs them group by group (no packed rows here: fla's varlen kernels on a GPU), "
                 f"where that plan is slower than one at the default {DEFAULT_PREFIX_FORWARD_TOKENS} (docs/data.md)")
 
+    def wide_batch_warning(self, manifest, free_bytes: int) -> str:
+        """What to say where this run's batches of trees store more than a budget (--prefix-stored-budgets) and
+        their stored states alone would take more than half of the device memory free after the model
+        (``free_bytes``): the rest is the forward's own; "" otherwise."""
+        wide = manifest.prefix_stored_tokens
+        need = self.stored_bytes(wide) if manifest.prefix_reuse == "on" and wide else 0
+        if need <= free_bytes / 2:
+            return ""
+        return (f"a batch of trees stores up to {wide} tokens, {need / 2**30:.2f} GiB of hidden states on the device, "
+                f"where {free_bytes / 2**30:.2f} GiB are free after the model: such a batch may run out of memory "
+                f"(plan the run with a lower --prefix-stored-budgets, or --token-budget; docs/data.md)")
+
     def stored_bytes(self, tokens: int) -> int:
         """Bytes of the stored hidden states (and final state) of ``tokens`` tokens on the device."""
         width = self.width + (self.hidden_size if self.store_final else 0)

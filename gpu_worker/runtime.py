@@ -106,6 +106,10 @@ class WorkerRuntime(Role):
         slower = self.extractor.prefix_plan_warning(self.manifest)
         if slower:
             log.warning("shared prefixes: %s", slower)
+        if self.extractor.device.type == "cuda":
+            tight = self.extractor.wide_batch_warning(self.manifest, torch.cuda.mem_get_info(self.extractor.device)[0])
+            if tight:
+                log.warning("shared prefixes: %s", tight)
         why = self.cfg.memory_spool_why
         log.info("spool: %s%s", self.tiers.describe(), f" (memory tier: {why})" if why else "")
 

@@ -844,3 +844,11 @@ def test_the_worker_says_the_snapshot_bound_at_start():
     assert ex.stored_bytes(32768) == 32768 * 4 * 64 * 4 and ex.prefix_line(wide).endswith(
         "; a batch of trees stores up to 32768 tokens (0.03 GiB of hidden states on the device, as many pinned on "
         "the host)")
+    # stored states over half the device memory free after the model: said, naming the flag; not at half or less,
+    # nor for a plan of one stored budget or without reuse
+    need = ex.stored_bytes(32768)
+    assert ex.wide_batch_warning(wide, 2 * need) == "" and ex.wide_batch_warning(on, 1) == ""
+    assert ex.wide_batch_warning(SimpleNamespace(**{**vars(wide), "prefix_reuse": "off"}), 1) == ""
+    assert "stores up to 32768 tokens, 0.03 GiB of hidden states on the device, where 0.06 GiB are free after the " \
+           "model: such a batch may run out of memory (plan the run with a lower --prefix-stored-budgets" \
+        in ex.wide_batch_warning(wide, 2 * need - 1)
