@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AI
+#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AJ
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -79,6 +79,9 @@ case "$1:$GPU" in
   AH:*)     step 27b.log CD=bfloat16 TOKENS_27B=200000 T_27B=300 KERNELS="auto padded" bash bench/run_gpu.sh 27b-kernels ;;  # bf16, packed
   AI:*)     step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto padded" bash bench/run_gpu.sh 27b-kernels ;;  # AC on any
               # card: the issue's 16,000 on an H200; on an H100, T again after the host-wait fixes
+  AJ:*)     step 27b.log TOKENS_27B=200000 T_27B=240 KERNELS="auto padded" bash bench/run_gpu.sh 27b-kernels   # AI
+            step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=300 PREFIX_ARGS="--fidelity-samples 4 \
+              --repeats 1 --warm-batches 0 --also-forward-tokens 2560" bash bench/run_gpu.sh prefix ;;  # AG, cut to fit
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
