@@ -130,6 +130,8 @@ def _queue_state(r) -> dict[str, object]:
     return {k: (r.type(k), read[r.type(k)](k)) for k in keys}
 
 
+# the planted started-registry member "evil-started" lacks rq's job_id:execution_id form: rq warns when it reads it
+@pytest.mark.filterwarnings("ignore:Composite key must contain job_id:DeprecationWarning")
 def test_every_rq_route_never_unpickles_never_500s_and_changes_nothing(r, redis_server, tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()
