@@ -1,7 +1,7 @@
 """What a tree batch's schedule buys (issue 40): a schedule model on the CPU, not a measurement.
 
     python bench/prefix_waves.py [--tokens 100000] [--forward-seconds 0.150] [--computed-tok-s 16980]
-                                 [--packed-tok-s 16395]
+                                 [--packed-tok-s 16395] [--per-turn every-message|hsx|hsx,every-message]
 
 Two runners of gpu_worker/prefixrun.py, their forwards counted by running them on a stand-in extractor:
 - **padded** (a worker whose forward does not pack rows): each group's spine its own forward, the groups' rows
@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from prefix_reuse import mixes  # noqa: E402
+from prefix_reuse import mixes, per_turn_cuts  # noqa: E402
 
 from hsx.prep import cut_batches, cut_prefix_batches  # noqa: E402
 
@@ -75,13 +75,15 @@ def main() -> int:
     ap.add_argument("--packed-tok-s", type=float, default=16_395)
     ap.add_argument("--prices", default="0,2560", help="--prefix-forward-tokens the plans are made at")
     ap.add_argument("--stored-multiple", default="1,4", help="budgets of stored tokens a tree batch may hold")
+    ap.add_argument("--per-turn", default="every-message", type=per_turn_cuts,
+                    help="how the agentic mix is cut (bench/prefix_reuse.py): hsx, every-message, or both")
     args = ap.parse_args()
 
     def seconds(forwards: list[int], rate: float) -> float:
         return sum(max(args.forward_seconds, t / rate) for t in forwards)
 
     with tempfile.TemporaryDirectory(prefix="hsx-prefix-waves-") as tmp:
-        by_mix = mixes(args.tokens, Path(tmp), args.token_budget, "every-message")
+        by_mix = mixes(args.tokens, Path(tmp), args.token_budget, args.per_turn)
     budget = args.token_budget
     print(f"{'mix':18s} {'price':>5} {'stored x':>8} {'schedule':>13} {'computed':>9} {'forwards':>8} {'model s':>7} "
           f"{'x off':>6}")

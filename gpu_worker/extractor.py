@@ -26,7 +26,13 @@ import torch
 
 from hsx.batch import FP8, fp8_error, quantise_fp8
 from hsx.batch import VALUE_DTYPES as DTYPES
-from hsx.defaults import DEFAULT_FP8_ACCUMULATION, DEFAULT_KERNELS, DEFAULT_PREFIX_FORWARD_TOKENS, PACK_MIN_PADDING
+from hsx.defaults import (
+    DEFAULT_FP8_ACCUMULATION,
+    DEFAULT_KERNELS,
+    DEFAULT_PREFIX_FORWARD_TOKENS,
+    GROUPWISE_PREFIX_FORWARD_TOKENS,
+    PACK_MIN_PADDING,
+)
 from hsx.runspec import text_config
 
 log = logging.getLogger(__name__)
@@ -392,14 +398,16 @@ class Extractor:
 
     def prefix_plan_warning(self, manifest) -> str:
         """What to say where this worker runs tree batches group by group (no packed waves) on a plan priced for
-        the waves (a forward under the default price): every tree kept costs such a worker more forwards than
-        it saves (docs/data.md); "" otherwise."""
+        the waves (under GROUPWISE_PREFIX_FORWARD_TOKENS a forward, as the default is): such a worker pays a forward
+        a spine, and on per-turn data such a plan can run slower than none (docs/data.md); "" otherwise."""
         price = manifest.forward_tokens
-        if manifest.prefix_reuse != "on" or self.continues or price >= DEFAULT_PREFIX_FORWARD_TOKENS:
+        if manifest.prefix_reuse != "on" or self.continues or price >= GROUPWISE_PREFIX_FORWARD_TOKENS:
             return ""
-        return (f"this run's trees were planned at {price} token{'s' * (price != 1)} a forward, for workers that run them in packed "
-                "waves; this one runs them group by group (no packed rows here: fla's varlen kernels on a GPU), "
-                f"where that plan is slower than one at the default {DEFAULT_PREFIX_FORWARD_TOKENS} (docs/data.md)")
+        return (f"this run's trees were planned at {price} token{'s' * (price != 1)} a forward, for workers that run "
+                "them in packed waves; this one runs them group by group (no packed rows here: fla's varlen kernels "
+                "on a GPU, the gpu extra), a forward a spine, where such a plan can be slower than none (per-turn "
+                f"data: 0.77x modelled); plan runs for such workers with --prefix-forward-tokens "
+                f"{GROUPWISE_PREFIX_FORWARD_TOKENS} (docs/data.md)")
 
     def wide_batch_warning(self, manifest, free_bytes: int) -> str:
         """What to say where this run's batches of trees store more than a budget (--prefix-stored-budgets) and

@@ -11,11 +11,13 @@ PREFIX_REUSE = ("auto", "off")          # --prefix-reuse: shared prefixes comput
 DEFAULT_PREFIX_MIN_TOKENS = 32          # tokens: rows sharing at least this many leading tokens share one spine
 # tokens: the price of one more forward beside its tokens, against what a tree saves. Measured: the 27B hybrid
 # in FP8 on an H100 (bench/prefix_reuse.py) computes ~17k tok/s and each extra forward cost ~0.15 s (its
-# launches and host work), ~2,500 tokens. But trees' forwards share that cost where the worker packs them in
-# waves, and a tree batch storing several budgets fills them: 512 with 4 stored budgets models faster than
-# 2560 with 1 for both runners (per-turn data: 3.26x against 1.87x in waves, 1.42x against 1.39x group by
-# group; bench/prefix_waves.py, docs/data.md); 256, the first guess, planned per-turn runs ~2x slower than none
+# launches and host work), ~2,500 tokens: the price for a worker that runs tree batches group by group (no
+# packed rows). A worker that packs runs them in waves, a spine's forward shared with the batch's other trees,
+# and a tree batch storing several budgets fills them: there 512 with 4 stored budgets ran per-turn data 3.24x
+# the no-reuse pass, 2560 with 1 budget 1.90x (docs/benchmarks.md, "The defaults, timed"). The default is the
+# packing worker's; a group-by-group worker on a plan priced under its own warns at start (docs/data.md)
 DEFAULT_PREFIX_FORWARD_TOKENS = 512
+GROUPWISE_PREFIX_FORWARD_TOKENS = 2560
 LEGACY_PREFIX_FORWARD_TOKENS = 256      # the price runs planned before it was recorded were planned with
 DEFAULT_PREFIX_CACHE_BUDGETS = 2        # token budgets: the most cached spine tokens a batch holds (spine x leaves)
 # token budgets a batch of shared-prefix trees may store (its forwards each within one budget): more fills the

@@ -90,8 +90,8 @@ BATCH_FLAGS = (
     Flag("--prefix-min-tokens", "tokens rows must share for --prefix-reuse to compute them once", type=int,
          default=D.DEFAULT_PREFIX_MIN_TOKENS, min=1),
     Flag("--prefix-forward-tokens", "the price of one more forward, in tokens, against what a tree of shared "
-         "prefixes saves: a tree is planned only where it saves more (the default: the price that, with the default "
-         "stored budgets, serves workers that pack rows and those that do not; docs/data.md). Recorded in the manifest", type=int,
+         "prefixes saves: a tree is planned only where it saves more (the default is priced for GPU workers that pack "
+         "rows, as the gpu image's do; 2560 where the workers cannot: docs/data.md). Recorded in the manifest", type=int,
          default=D.DEFAULT_PREFIX_FORWARD_TOKENS, min=1),
     Flag("--prefix-stored-budgets", "token budgets a batch of shared-prefix trees may store, its forwards each "
          "still within one budget: more fills a tree batch's forwards (its computed tokens are a fraction of its "

@@ -839,6 +839,9 @@ def test_the_worker_says_the_snapshot_bound_at_start():
     # a plan priced for the waves, on a worker that runs tree batches group by group (this one): said
     assert not ex.continues and ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=2560)) == ""
     assert "planned at 1 token a forward" in ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=1))
+    assert ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=512)).endswith(   # the default's
+        "where such a plan can be slower than none (per-turn data: 0.77x modelled); plan runs for such workers with "
+        "--prefix-forward-tokens 2560 (docs/data.md)")
     ex.continues = True   # a packing worker runs that plan in waves: nothing to say
     assert ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=1)) == ""
     assert ex.stored_bytes(32768) == 32768 * 4 * 64 * 4 and ex.prefix_line(wide).endswith(
