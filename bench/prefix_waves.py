@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prefix_reuse import mixes, per_turn_cuts  # noqa: E402
 
+from hsx.defaults import GROUPWISE_PREFIX_FORWARD_TOKENS  # noqa: E402
 from hsx.prep import cut_batches, cut_prefix_batches  # noqa: E402
 
 
@@ -85,7 +86,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hsx-prefix-waves-") as tmp:
         by_mix = mixes(args.tokens, Path(tmp), args.token_budget, args.per_turn)
     budget = args.token_budget
-    print(f"{'mix':18s} {'price':>5} {'stored x':>8} {'schedule':>13} {'computed':>9} {'forwards':>8} {'model s':>7} "
+    print(f"{'mix':18s} {'price':>5} {'stored x':>8} {'schedule':>15} {'computed':>9} {'forwards':>8} {'model s':>7} "
           f"{'x off':>6}")
     for mix, seqs in by_mix.items():
         lengths = [len(s) for s in seqs]
@@ -93,27 +94,29 @@ def main() -> int:
         offs = {"padded": ([b.padded for b in plain], args.computed_tok_s),
                 "waves": ([sum(lengths[i] for i in b.members) for b in plain], args.packed_tok_s)}
         for name, (fw, rate) in offs.items():
-            print(f"{mix:18s} {'':>5} {'':>8} {'off, ' + name:>13} {sum(fw):>9,} {len(fw):>8} {seconds(fw, rate):>7.1f} "
+            print(f"{mix:18s} {'':>5} {'':>8} {'off, ' + name:>15} {sum(fw):>9,} {len(fw):>8} {seconds(fw, rate):>7.1f} "
                   f"{1:>6.2f}")
         for multiple in (int(x) for x in args.stored_multiple.split(",")):
             for price in (int(x) for x in args.prices.split(",")):
                 planned = stored_multiple(multiple, seqs, budget, price)
-                runs = {"padded": [], "waves": []}
+                runs = {"padded": [], "padded, chooses": [], "waves": []}
                 for b in planned:
                     if not b.groups:
                         runs["padded"].append(b.padded)
+                        runs["padded, chooses"].append(b.padded)
                         runs["waves"].append(sum(lengths[i] for i in b.members))
                         continue
                     runs["waves"] += waves(b, seqs, budget)
                     runs["padded"] += group_by_group(b, seqs, budget, price)
+                    runs["padded, chooses"] += group_by_group(b, seqs, budget, price, GROUPWISE_PREFIX_FORWARD_TOKENS)
                 for name, fw in runs.items():
-                    off, rate = offs[name][0], offs[name][1]
-                    print(f"{mix:18s} {price:>5} {multiple:>8} {name:>13} {int(sum(fw)):>9,} {len(fw):>8} "
+                    off, rate = offs[name.split(",")[0]][0], offs[name.split(",")[0]][1]
+                    print(f"{mix:18s} {price:>5} {multiple:>8} {name:>15} {int(sum(fw)):>9,} {len(fw):>8} "
                           f"{seconds(fw, rate):>7.1f} {seconds(off, rate) / seconds(fw, rate):>6.2f}")
     return 0
 
 
-def group_by_group(batch, seqs, budget: int, price: int) -> list[int]:
+def group_by_group(batch, seqs, budget: int, price: int, choose: int = 0) -> list[int]:
     """Padded tokens of each forward the worker runs today (one a spine piece, the groups' rows going on merged
     as the plan counts them, the rows alone), counted by running the worker's own runner on a stand-in
     extractor (a model that takes a mask by row: the 27B's)."""
@@ -122,6 +125,7 @@ def group_by_group(batch, seqs, budget: int, price: int) -> list[int]:
     class Counting:
         device, width, hidden_size, store_final, out_dtype, model = torch.device("cpu"), 1, 1, False, torch.float32, None
         continues = packs = False   # the padded runner
+        groupwise_price = choose    # > 0: a worker choosing trees or samples alone at that price (hsx worker's)
 
         def forward_packed(self, ids, flat, n, cache=None, start=0, **_):
             fed.append(int(ids.numel()))

@@ -190,6 +190,9 @@ class Extractor:
         self.kernels_line = ""  # what the forward runs, in words (the worker's start line)
         self.kernel_set = None  # the fused kernels installed (gpu_worker/kernels.py), None: transformers' forward
         self.packs = False      # a plain batch runs as one packed row (``batch``)
+        # tokens a forward costs this worker where it runs tree batches group by group: such a batch runs its
+        # samples alone where that costs less (gpu_worker/prefixrun.py ``cheaper_alone``); 0: trees as planned
+        self.groupwise_price = 0
         self.continues = False  # packed rows may continue cached states (gpu_worker/prefixrun.py)
         self.tokens_fed = 0     # token positions every forward so far ran (padding in): what the GPU computed
         self._setup(model)
@@ -403,11 +406,14 @@ class Extractor:
         price = manifest.forward_tokens
         if manifest.prefix_reuse != "on" or self.continues or price >= GROUPWISE_PREFIX_FORWARD_TOKENS:
             return ""
+        alone = (f"; it runs a batch's samples alone where its trees cost more at {self.groupwise_price} tokens a "
+                 "forward (hsx worker --prefix-forward-tokens), which does not undo the plan" if self.groupwise_price
+                 else "")
         return (f"this run's trees were planned at {price} token{'s' * (price != 1)} a forward, for workers that run "
                 "them in packed waves; this one runs them group by group (no packed rows here: fla's varlen kernels "
-                "on a GPU, the gpu extra), a forward a spine, where such a plan can be slower than none (per-turn "
-                f"data: 0.77x modelled); plan runs for such workers with --prefix-forward-tokens "
-                f"{GROUPWISE_PREFIX_FORWARD_TOKENS} (docs/data.md)")
+                "on a GPU, the gpu extra), a forward a spine, where such a plan can be slower than none (hsx's "
+                f"per-turn cut: 0.77x modelled, 0.81x choosing){alone}; plan runs for such workers with hsx produce "
+                f"--prefix-forward-tokens {GROUPWISE_PREFIX_FORWARD_TOKENS} (docs/data.md)")
 
     def wide_batch_warning(self, manifest, free_bytes: int) -> str:
         """What to say where this run's batches of trees store more than a budget (--prefix-stored-budgets) and

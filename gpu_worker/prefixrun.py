@@ -115,12 +115,15 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
     if ex.continues:   # packed rows, each from its own states: the batch in waves
         _run_waves(ex, ids, cu, forest, alone, chunk_tokens, _rows_for_states(ex, cache_tokens), cache_tokens, put)
         return put.hidden, put.final
-    entries = []
-    for node in forest:
-        if _longest_holding_all(ids, cu, node[0]) is None:
-            entries += _entries(ids, cu, node)
-    segments = merged_forwards(entries, cache_tokens, forward_tokens, chunk_tokens, _takes_row_pasts(ex))
-    going = _Going(ex, ids, cu, put, segments, _rows_for_states(ex, cache_tokens))
+    entries, segments = _going_plan(ex, ids, cu, forest, chunk_tokens, cache_tokens, forward_tokens)
+    max_rows = _rows_for_states(ex, cache_tokens)
+    if ex.groupwise_price and cheaper_alone(
+            groupwise_feeds(ids, cu, forest, entries, segments, alone, chunk_tokens, max_rows, not ex.packs),
+            piece_feeds([cu[b + 1] - cu[b] for b in range(len(cu) - 1)], chunk_tokens, not ex.packs),
+            ex.groupwise_price):
+        _run_alone(ex, ids, cu, list(range(len(cu) - 1)), chunk_tokens, put)   # each sample computed alone: exact
+        return put.hidden, put.final
+    going = _Going(ex, ids, cu, put, segments, max_rows)
     for node in forest:
         g = node[0]
         longest = _longest_holding_all(ids, cu, g)
@@ -131,15 +134,90 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
     if going.segment != len(segments) or going.held:   # rows never run would be stored as uninitialised memory
         raise RuntimeError(f"prefix batch: {len(segments) - going.segment} of {len(segments)} segments of rows "
                            f"going on were not run ({len(going.held)} groups held)")
-    # no past to continue: packed rows (or padded ones), as a plain batch runs, a budget a forward (a batch of
-    # trees may store more: --prefix-stored-budgets)
+    _run_alone(ex, ids, cu, alone, chunk_tokens, put)
+    return put.hidden, put.final
+
+
+def _going_plan(ex, ids: torch.Tensor, cu: list[int], forest: list, chunk_tokens: int, cache_tokens: int,
+                forward_tokens: int) -> tuple[list, list]:
+    """(entries, segments): each group's rows going on, and the forwards that merge them as the plan counted."""
+    entries = []
+    for node in forest:
+        if _longest_holding_all(ids, cu, node[0]) is None:
+            entries += _entries(ids, cu, node)
+    return entries, merged_forwards(entries, cache_tokens, forward_tokens, chunk_tokens, _takes_row_pasts(ex))
+
+
+def groupwise_costs(ex, input_ids: torch.Tensor, cu_seqlens, groups: Sequence[PrefixGroup], chunk_tokens: int,
+                    cache_tokens: int = 0, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS) -> tuple[list, list]:
+    """Tokens of each forward a group-by-group worker (``ex``: no packed waves) runs for a tree batch, counted
+    before it runs: (with its trees, with every sample alone); ``run_prefix_batch``'s arguments."""
+    ids, cu = input_ids.to(torch.int64), [int(x) for x in cu_seqlens]
+    forest = _forest(groups, len(cu) - 1)
+    grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
+    alone = [b for b in range(len(cu) - 1) if b not in grouped]
+    cache_tokens = cache_tokens or DEFAULT_PREFIX_CACHE_BUDGETS * chunk_tokens
+    entries, segments = _going_plan(ex, ids, cu, forest, chunk_tokens, cache_tokens, forward_tokens)
+    return (groupwise_feeds(ids, cu, forest, entries, segments, alone, chunk_tokens,
+                            _rows_for_states(ex, cache_tokens), not ex.packs),
+            piece_feeds([cu[b + 1] - cu[b] for b in range(len(cu) - 1)], chunk_tokens, not ex.packs))
+
+
+def _run_alone(ex, ids: torch.Tensor, cu: list[int], alone: list[int], chunk_tokens: int, put) -> None:
+    """Rows with no past to continue: packed rows (or padded ones), as a plain batch runs, a budget a forward (a
+    batch of trees may store more: --prefix-stored-budgets)."""
+    if not ex.packs:   # padded rows: the longest together, as a plain batch's are cut (sorted by length)
+        alone = sorted(alone, key=lambda b: cu[b] - cu[b + 1])
     for piece in budget_pieces([cu[b + 1] - cu[b] for b in alone], chunk_tokens, padded=not ex.packs):
         rows = [alone[i] for i in piece]
         if ex.packs:
             _run_rows_packed(ex, ids, cu, [(b, [b], 0, cu[b + 1] - cu[b]) for b in rows], None, put)
         else:
             _run_rows(ex, ids, cu, [(b, [b], 0) for b in rows], None, put)
-    return put.hidden, put.final
+
+
+def groupwise_feeds(ids: torch.Tensor, cu: list[int], forest: list, entries: list, segments: list, alone: list[int],
+                    chunk_tokens: int, max_rows: int, padded: bool) -> list[int]:
+    """Tokens (padding in) of each forward the group-by-group runner runs for a tree batch, counted before it
+    runs: each group's spine a piece of at most ``chunk_tokens`` at a time from its parent's, each chain's longest
+    row, the rows going on as ``segments`` merge them (at most ``max_rows`` a forward; 0: no bound), the rows
+    alone a budget at a time."""
+    feeds: list[int] = []
+
+    def spines(node, start: int) -> None:
+        g = node[0]
+        feeds.extend(min(chunk_tokens, g.spine - at) for at in range(start, g.spine, max(1, chunk_tokens)))
+        for child in going_and_branching(ids, cu, node)[1]:
+            spines(child, g.spine)
+
+    for node in forest:
+        longest = _longest_holding_all(ids, cu, node[0])
+        if longest is None:
+            spines(node, 0)
+        else:
+            feeds.append(cu[longest + 1] - cu[longest])
+    for segment in segments:
+        for forward in segment:
+            lengths = [n for e in forward for n in entries[e][1]]
+            step = max_rows or len(lengths)
+            feeds.extend(len(lengths[at:at + step]) * max(lengths[at:at + step]) for at in range(0, len(lengths), step))
+    return feeds + piece_feeds([cu[b + 1] - cu[b] for b in alone], chunk_tokens, padded)
+
+
+def piece_feeds(lengths: Sequence[int], budget: int, padded: bool) -> list[int]:
+    """Tokens of each forward that runs ``lengths`` alone as ``_run_alone`` does, in ``budget_pieces`` (``padded``:
+    longest first, rows x the longest)."""
+    lengths = sorted(lengths, reverse=True) if padded else list(lengths)
+    pieces = [[lengths[i] for i in piece] for piece in budget_pieces(lengths, budget, padded)]
+    return [len(p) * max(p) if padded else sum(p) for p in pieces]
+
+
+def cheaper_alone(trees: list[int], alone: list[int], price: int) -> bool:
+    """Whether a group-by-group worker runs a tree batch faster with every sample alone: each forward (its tokens,
+    padding in: ``groupwise_costs``) priced at the larger of ``price`` (its launches and host work, in tokens:
+    GROUPWISE_PREFIX_FORWARD_TOKENS on the 27B) and its tokens. A plan priced for packed waves keeps trees whose
+    spines each cost such a worker a forward more than they save."""
+    return sum(max(price, t) for t in trees) >= sum(max(price, t) for t in alone)
 
 
 def budget_pieces(lengths: Sequence[int], budget: int, padded: bool) -> list[list[int]]:

@@ -160,6 +160,7 @@ def load_runtime(cfg: WorkerConfig) -> WorkerRuntime:
     extractor = Extractor.load(model_path, list(manifest.layer_ids), manifest.store_final, cfg.device, manifest.dtype,
                                store_dtype=manifest.store_dtype, compute_dtype=manifest.compute_dtype,
                                fp8_accumulation=manifest.fp8_accumulation, kernels=cfg.kernels, measure_compute=measure)
+    extractor.groupwise_price = cfg.prefix_forward_tokens
     folder = local_folder(model_path)   # after the load: a hub id's snapshot is on this host now
     loaded = str(folder.resolve()) if folder is not None else model_path
     manifest = check_run_weights(run, store, manifest, loaded, cfg)

@@ -46,6 +46,11 @@ FLAGS = (
          "attention and GDN: no padding computed) where exact, else transformers' forward; padded = the same fused "
          "kernels on right-padded rows; eager = transformers' forward always", choices=D.KERNEL_MODES,
          default=D.DEFAULT_KERNELS, env="HSX_KERNELS"),
+    Flag("--prefix-forward-tokens", "where this worker runs batches of shared-prefix trees group by group (no packed "
+         "rows: no fla, or a CPU), the price of one of its forwards in tokens: such a batch runs its samples alone "
+         "where that costs less than its trees at this price (measured on the 27B: docs/data.md); 0: every tree as "
+         "planned. A worker that packs runs trees in waves and ignores it", type=int,
+         default=D.GROUPWISE_PREFIX_FORWARD_TOKENS, min=0),
     Flag("--grace-seconds", "on SIGTERM, seconds to finish writing computed batches before handing the rest back",
          type=float, default=D.DEFAULT_GRACE_SECONDS, min=0),
     REDIS_URL,
@@ -72,7 +77,8 @@ def config(v) -> WorkerConfig:
         wait_for_plan=v["wait_for_plan"],
         exit_when_complete=v["exit_when_complete"],
         log_every_seconds=v["log_every_seconds"], memory_spool_dir=memory_dir,
-        memory_spool_budget_bytes=memory_budget, memory_spool_why=why, kernels=v["kernels"])
+        memory_spool_budget_bytes=memory_budget, memory_spool_why=why, kernels=v["kernels"],
+        prefix_forward_tokens=v["prefix_forward_tokens"])
 
 
 def run(cfg: WorkerConfig) -> int:

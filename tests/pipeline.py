@@ -21,7 +21,8 @@ def produce_config(redis_url: str, model: Path, store: StoreSettings | str, run:
 
 def worker_config(redis_url: str, spool: Path, run: str = "t1", host: str = "testhost", **overrides) -> WorkerConfig:
     fields = dict(run=run, redis_url=redis_url, device="cpu", spool_dir=spool, spool_budget_bytes=2**40,
-                  host=host, model_override=None, burst=True, worker_name=f"gpu-{host}-{run}", heartbeat_seconds=1.0)
+                  host=host, model_override=None, burst=True, worker_name=f"gpu-{host}-{run}", heartbeat_seconds=1.0,
+                  prefix_forward_tokens=0)   # trees as planned: the exactness tests run them (test_prefix_reuse)
     fields.update(overrides)
     return WorkerConfig(**fields)
 

@@ -396,7 +396,11 @@ def test_the_worker_computes_what_the_plan_counted(price, tiny_model, monkeypatc
     from token 0 and under a spine, branching turns, leaves, and (at a price of 200 tokens a forward) the rows
     going on from several groups in one forward. Every planned tree batch of per-turn rows (each turn a prefix of
     the next, and a conversation that branches) is run and its forwards' tokens (rows x width, padding in) and
-    forwards counted; every sample stays exact."""
+    forwards counted; every sample stays exact. ``groupwise_costs`` counts the same forwards before they run (a
+    group-by-group worker's choice of trees or samples alone rests on it), and a worker whose forwards cost more
+    than the trees save (``groupwise_price``) runs the samples alone, as counted, still exact."""
+    from gpu_worker.prefixrun import groupwise_costs
+
     rng = np.random.default_rng(5)
     ids = lambda n: list(rng.integers(0, 200, n))   # noqa: E731
     system, seqs = ids(120), []
@@ -421,6 +425,7 @@ def test_the_worker_computes_what_the_plan_counted(price, tiny_model, monkeypatc
         "attention_mask" in k) or real(x, *a, **k))
     trees = [b for b in cut_prefix_batches(seqs, 2048, 64, 1, 16, 8192, forward_tokens=price) if b.groups]
     assert len(trees) >= 1
+    ran_alone = 0
     for b in trees:
         rows = [torch.tensor(seqs[i]) for i in b.members]
         batch_ids, cu = _batch(rows)
@@ -428,6 +433,16 @@ def test_the_worker_computes_what_the_plan_counted(price, tiny_model, monkeypatc
         hidden, final = ex.run_shared(batch_ids, cu, [list(g) for g in b.groups], 2048, 8192, price)
         assert sum(fed) == b.computed, (b.groups, fed, b.computed)
         _lone_error(model, rows, hidden, final, cu)
+        by_trees, by_alone = groupwise_costs(ex, batch_ids, cu, [PrefixGroup(*g) for g in b.groups], 2048, 8192, price)
+        assert fed == by_trees and sum(by_alone) > sum(by_trees), (fed, by_trees, by_alone)
+        # priced by tokens alone the trees win; by forwards alone the fewer forwards do (a tie: alone)
+        for ex.groupwise_price, runs in ((1, by_trees), (10**6, by_alone if len(by_trees) >= len(by_alone) else by_trees)):
+            fed.clear()
+            _lone_error(model, rows, *ex.run_shared(batch_ids, cu, [list(g) for g in b.groups], 2048, 8192, price), cu)
+            assert fed == runs, (ex.groupwise_price, fed, runs)
+        ran_alone += len(by_trees) > len(by_alone)
+        ex.groupwise_price = 0
+    assert ran_alone, "no tree batch of more forwards than its samples alone: the choice was not tried"
     assert any(masked) == (price > 1), masked   # rows of groups with different pasts in one forward
 
 
@@ -840,8 +855,12 @@ def test_the_worker_says_the_snapshot_bound_at_start():
     assert not ex.continues and ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=2560)) == ""
     assert "planned at 1 token a forward" in ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=1))
     assert ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=512)).endswith(   # the default's
-        "where such a plan can be slower than none (per-turn data: 0.77x modelled); plan runs for such workers with "
-        "--prefix-forward-tokens 2560 (docs/data.md)")
+        "where such a plan can be slower than none (hsx's per-turn cut: 0.77x modelled, 0.81x choosing); plan runs "
+        "for such workers with hsx produce --prefix-forward-tokens 2560 (docs/data.md)")
+    ex.groupwise_price = 2560   # hsx worker's default: it says that it chooses
+    assert "; it runs a batch's samples alone where its trees cost more at 2560 tokens a forward (hsx worker " \
+           "--prefix-forward-tokens), which does not undo the plan; plan runs" in \
+        ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=512))
     ex.continues = True   # a packing worker runs that plan in waves: nothing to say
     assert ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=1)) == ""
     assert ex.stored_bytes(32768) == 32768 * 4 * 64 * 4 and ex.prefix_line(wide).endswith(

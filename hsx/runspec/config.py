@@ -85,6 +85,9 @@ class WorkerConfig:
     memory_spool_budget_bytes: int = 0
     memory_spool_why: str = ""  # how the memory tier's budget was chosen (hsx worker's start line says it)
     kernels: str = D.DEFAULT_KERNELS  # auto: fused kernels + packed rows where available (gpu_worker/kernels.py) | padded | eager
+    # tokens a forward costs this worker where it runs tree batches group by group (no packed waves): a tree batch
+    # runs its samples alone where that costs less (gpu_worker/prefixrun.py ``cheaper_alone``); 0: trees as planned
+    prefix_forward_tokens: int = D.GROUPWISE_PREFIX_FORWARD_TOKENS
 
     @property
     def tiers(self):
