@@ -50,7 +50,7 @@ FLAGS = (
          "rows: no fla, or a CPU), the price of one of its forwards in tokens: such a batch runs its samples alone "
          "where that costs less than its trees at this price (measured on the 27B: docs/data.md); 0: every tree as "
          "planned. A worker that packs runs trees in waves and ignores it", type=int,
-         default=D.GROUPWISE_PREFIX_FORWARD_TOKENS, min=0),
+         default=D.GROUPWISE_PREFIX_FORWARD_TOKENS, min=0, env="HSX_WORKER_PREFIX_FORWARD_TOKENS"),
     Flag("--grace-seconds", "on SIGTERM, seconds to finish writing computed batches before handing the rest back",
          type=float, default=D.DEFAULT_GRACE_SECONDS, min=0),
     REDIS_URL,

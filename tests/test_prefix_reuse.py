@@ -874,3 +874,20 @@ def test_the_worker_says_the_snapshot_bound_at_start():
     assert "stores up to 32768 tokens, 0.03 GiB of hidden states on the device, where 0.06 GiB are free after the " \
            "model: such a batch may run out of memory (plan the run with a lower --prefix-stored-budgets" \
         in ex.wide_batch_warning(wide, 2 * need - 1)
+
+
+def test_hsx_worker_takes_its_own_price_of_a_forward(monkeypatch):
+    """hsx worker --prefix-forward-tokens: the price a group-by-group worker chooses trees or samples alone at
+    (default 2560; 0: trees as planned), from its own variable, not produce's HSX_PREFIX_FORWARD_TOKENS."""
+    from hsx_cli import worker as worker_cmd
+    from hsx_cli.flags import resolve
+    from hsx_cli.main import build_parser
+
+    def cfg(*args):
+        return worker_cmd.config(resolve(worker_cmd.FLAGS, build_parser().parse_args(["worker", "--device", "cpu", *args])))
+
+    monkeypatch.setenv("HSX_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("HSX_PREFIX_FORWARD_TOKENS", "1")   # hsx produce's: a plan's price, not this worker's
+    assert cfg().prefix_forward_tokens == 2560 and cfg("--prefix-forward-tokens", "0").prefix_forward_tokens == 0
+    monkeypatch.setenv("HSX_WORKER_PREFIX_FORWARD_TOKENS", "4096")
+    assert cfg().prefix_forward_tokens == 4096
