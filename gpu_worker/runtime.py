@@ -104,8 +104,8 @@ class WorkerRuntime(Role):
         log.info("forward: %s", self.extractor.kernels_line)
         log.info("shared prefixes: %s", self.extractor.prefix_line(self.manifest))
         slower = self.extractor.prefix_plan_warning(self.manifest)
-        if slower:
-            log.warning("shared prefixes: %s", slower)
+        if slower:   # a warning where this worker runs the trees as planned; said where it chooses per batch
+            (log.info if self.extractor.groupwise_price else log.warning)("shared prefixes: %s", slower)
         if self.extractor.device.type == "cuda":
             tight = self.extractor.wide_batch_warning(self.manifest, torch.cuda.mem_get_info(self.extractor.device)[0])
             if tight:
