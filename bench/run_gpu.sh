@@ -56,20 +56,29 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRANSFORM
 # fla's Triton kernels compile and autotune for each new shape and dtype: minutes of a step's first pass, on every
 # fresh machine. Triton keeps both in TRITON_CACHE_DIR (fla caches its autotune results there). A call may carry the
 # last call's cache as .triton-cache.tgz; this one leaves its own in $OUT as triton-cache.tgz.partNN (15 MiB each,
-# at most 30 MiB: what comes back from $OUT and what a carry can hold); `cat` them into .triton-cache.tgz.
+# at most 30 MiB: what comes back from $OUT and what a carry can hold; past that, its newest entries that fit);
+# `cat` them into .triton-cache.tgz.
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/hsx-triton-cache}"
 mkdir -p "$TRITON_CACHE_DIR"
 if [[ -f .triton-cache.tgz ]] && tar xzf .triton-cache.tgz -C "$TRITON_CACHE_DIR"; then
   echo "[triton] the last call's cache: $(du -sh "$TRITON_CACHE_DIR" | cut -f1) in $TRITON_CACHE_DIR"
 fi
-keep_triton_cache() {
-  local tgz=/tmp/hsx-triton-cache.tgz
+keep_triton_cache() {   # over 30 MiB compressed: its newest entries (this call's compiles first) that fit
+  local tgz=/tmp/hsx-triton-cache.tgz limit=$((30 * 1024 * 1024))
   tar czf "$tgz" -C "$TRITON_CACHE_DIR" . || return
-  local bytes; bytes=$(stat -c %s "$tgz")
-  if (( bytes > 30 * 1024 * 1024 )); then
+  local bytes keep total; bytes=$(stat -c %s "$tgz")
+  local -a entries; mapfile -t entries < <(ls -1t "$TRITON_CACHE_DIR")
+  keep=${#entries[@]} total=${#entries[@]}
+  while (( bytes > limit && keep > 1 )); do
+    keep=$(( keep * limit / bytes * 9 / 10 )); (( keep < 1 )) && keep=1
+    tar czf "$tgz" -C "$TRITON_CACHE_DIR" "${entries[@]:0:keep}" || return
+    bytes=$(stat -c %s "$tgz")
+  done
+  if (( bytes > limit )); then
     echo "[triton] cache of $((bytes >> 20)) MiB compressed: over 30 MiB, not kept"
   else
-    split -b 15m -d "$tgz" "$OUTDIR/triton-cache.tgz.part" && echo "[triton] cache kept: $((bytes >> 20)) MiB in $OUTDIR"
+    split -b 15m -d "$tgz" "$OUTDIR/triton-cache.tgz.part" && echo "[triton] cache kept: $((bytes >> 20)) MiB in" \
+      "$OUTDIR$( (( keep < total )) && echo " ($keep of its $total entries, the newest)")"
   fi
   rm -f "$tgz"
 }
