@@ -412,8 +412,8 @@ class Extractor:
         return (f"this run's trees were planned at {price} token{'s' * (price != 1)} a forward, for workers that run "
                 "them in packed waves; this one runs them group by group (no packed rows here: fla's varlen kernels "
                 "on a GPU, the gpu extra), a forward a spine, where such a plan can be slower than none (hsx's "
-                f"per-turn cut: 0.77x modelled, 0.81x choosing){alone}; plan runs for such workers with hsx produce "
-                f"--prefix-forward-tokens {GROUPWISE_PREFIX_FORWARD_TOKENS} (docs/data.md)")
+                f"per-turn cut, modelled: docs/data.md){alone}; plan runs for such workers with hsx produce "
+                f"--prefix-forward-tokens {GROUPWISE_PREFIX_FORWARD_TOKENS}")
 
     def wide_batch_warning(self, manifest, free_bytes: int) -> str:
         """What to say where this run's batches of trees store more than a budget (--prefix-stored-budgets) and

@@ -109,18 +109,15 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
             raise ValueError(f"prefix group {tuple(g)}: a member is shorter than its spine")
         if any(not torch.equal(ids[cu[b]:cu[b] + g.spine], ids[cu[g.first]:cu[g.first] + g.spine]) for b in members):
             raise ValueError(f"prefix group {tuple(g)}: its members do not share the spine's tokens")
-    grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
-    alone = [b for b in range(len(cu) - 1) if b not in grouped]
+    alone = _alone(groups, cu)
     cache_tokens = cache_tokens or DEFAULT_PREFIX_CACHE_BUDGETS * chunk_tokens
+    max_rows = _rows_for_states(ex, cache_tokens)
     if ex.continues:   # packed rows, each from its own states: the batch in waves
-        _run_waves(ex, ids, cu, forest, alone, chunk_tokens, _rows_for_states(ex, cache_tokens), cache_tokens, put)
+        _run_waves(ex, ids, cu, forest, alone, chunk_tokens, max_rows, cache_tokens, put)
         return put.hidden, put.final
     entries, segments = _going_plan(ex, ids, cu, forest, chunk_tokens, cache_tokens, forward_tokens)
-    max_rows = _rows_for_states(ex, cache_tokens)
-    if ex.groupwise_price and cheaper_alone(
-            groupwise_feeds(ids, cu, forest, entries, segments, alone, chunk_tokens, max_rows, not ex.packs),
-            piece_feeds([cu[b + 1] - cu[b] for b in range(len(cu) - 1)], chunk_tokens, not ex.packs),
-            ex.groupwise_price):
+    if ex.groupwise_price and cheaper_alone(*_feeds(ex, ids, cu, forest, alone, entries, segments, chunk_tokens,
+                                                    max_rows), ex.groupwise_price):
         _run_alone(ex, ids, cu, list(range(len(cu) - 1)), chunk_tokens, put)   # each sample computed alone: exact
         return put.hidden, put.final
     going = _Going(ex, ids, cu, put, segments, max_rows)
@@ -148,19 +145,29 @@ def _going_plan(ex, ids: torch.Tensor, cu: list[int], forest: list, chunk_tokens
     return entries, merged_forwards(entries, cache_tokens, forward_tokens, chunk_tokens, _takes_row_pasts(ex))
 
 
+def _alone(groups: Sequence[PrefixGroup], cu: list[int]) -> list[int]:
+    """The batch's rows in no group: computed alone."""
+    grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
+    return [b for b in range(len(cu) - 1) if b not in grouped]
+
+
+def _feeds(ex, ids: torch.Tensor, cu: list[int], forest: list, alone: list[int], entries: list, segments: list,
+           chunk_tokens: int, max_rows: int) -> tuple[list[int], list[int]]:
+    """Tokens of each forward a group-by-group worker runs for a tree batch: (with its trees, every sample alone)."""
+    return (groupwise_feeds(ids, cu, forest, entries, segments, alone, chunk_tokens, max_rows, not ex.packs),
+            piece_feeds([cu[b + 1] - cu[b] for b in range(len(cu) - 1)], chunk_tokens, not ex.packs))
+
+
 def groupwise_costs(ex, input_ids: torch.Tensor, cu_seqlens, groups: Sequence[PrefixGroup], chunk_tokens: int,
                     cache_tokens: int = 0, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS) -> tuple[list, list]:
-    """Tokens of each forward a group-by-group worker (``ex``: no packed waves) runs for a tree batch, counted
-    before it runs: (with its trees, with every sample alone); ``run_prefix_batch``'s arguments."""
+    """``_feeds`` of a batch, counted before it runs, from ``run_prefix_batch``'s arguments (``ex``: a worker
+    without packed waves): (with its trees, with every sample alone)."""
     ids, cu = input_ids.to(torch.int64), [int(x) for x in cu_seqlens]
     forest = _forest(groups, len(cu) - 1)
-    grouped = {b for g in groups for b in range(g.first, g.first + g.count)}
-    alone = [b for b in range(len(cu) - 1) if b not in grouped]
     cache_tokens = cache_tokens or DEFAULT_PREFIX_CACHE_BUDGETS * chunk_tokens
     entries, segments = _going_plan(ex, ids, cu, forest, chunk_tokens, cache_tokens, forward_tokens)
-    return (groupwise_feeds(ids, cu, forest, entries, segments, alone, chunk_tokens,
-                            _rows_for_states(ex, cache_tokens), not ex.packs),
-            piece_feeds([cu[b + 1] - cu[b] for b in range(len(cu) - 1)], chunk_tokens, not ex.packs))
+    return _feeds(ex, ids, cu, forest, _alone(groups, cu), entries, segments, chunk_tokens,
+                  _rows_for_states(ex, cache_tokens))
 
 
 def _run_alone(ex, ids: torch.Tensor, cu: list[int], alone: list[int], chunk_tokens: int, put) -> None:

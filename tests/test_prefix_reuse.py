@@ -658,9 +658,9 @@ def test_the_default_stored_budgets_are_four_where_the_bounds_allow():
     assert fit_stored_budgets(AUTO_PREFIX_STORED_BUDGETS, 262144, per_token) == 2   # 4 would pin 120 GiB
     assert fit_stored_budgets(AUTO_PREFIX_STORED_BUDGETS, 2**20, per_token) == 1   # one budget: its own check
     assert fit_stored_budgets(7, 262144, per_token) == 7
-    check_pinned_memory(262144, 5120, 4, "bfloat16", 2)
+    check_pinned_memory(262144, per_token, "bfloat16", 2)
     with pytest.raises(ConfigError, match="--prefix-stored-budgets 7 needs 210 GiB"):
-        check_pinned_memory(262144, 5120, 4, "bfloat16", 7)
+        check_pinned_memory(262144, per_token, "bfloat16", 7)
 
 
 # ---- whole runs -------------------------------------------------------------------------------------------------
@@ -855,8 +855,8 @@ def test_the_worker_says_the_snapshot_bound_at_start():
     assert not ex.continues and ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=2560)) == ""
     assert "planned at 1 token a forward" in ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=1))
     assert ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=512)).endswith(   # the default's
-        "where such a plan can be slower than none (hsx's per-turn cut: 0.77x modelled, 0.81x choosing); plan runs "
-        "for such workers with hsx produce --prefix-forward-tokens 2560 (docs/data.md)")
+        "where such a plan can be slower than none (hsx's per-turn cut, modelled: docs/data.md); plan runs for such "
+        "workers with hsx produce --prefix-forward-tokens 2560")
     ex.groupwise_price = 2560   # hsx worker's default: it says that it chooses
     assert "; it runs a batch's samples alone where its trees cost more at 2560 tokens a forward (hsx worker " \
            "--prefix-forward-tokens), which does not undo the plan; plan runs" in \

@@ -169,6 +169,8 @@ def test_a_worker_and_an_uploader_stop_in_bound_while_redis_is_away(tmp_path, ti
         assert [line.split(": ", 1)[1].split(" (")[0] for line in said] == [
             f"Redis at {server.url} lost", f"{'worker gpu-worker' if name == 'worker' else 'uploader up-redis'} stops without Redis"], said
         assert "Traceback" not in roles.log(name)
+    # a CPU worker runs tree batches group by group, choosing at hsx worker's default price (said at info)
+    assert "it runs a batch's samples alone where its trees cost more at 2560 tokens a forward" in roles.log("worker")
 
 
 def test_a_worker_and_an_uploader_stop_in_bound_while_the_store_is_away(tmp_path, tiny_model, s3_server, s3_bucket,

@@ -64,7 +64,7 @@ def identify(cfg) -> TargetIdentity:
     per_token = hidden_bytes_per_token(text_cfg.hidden_size, len(layer_ids) + store_final, store_dtype)
     stored_budgets = fit_stored_budgets(cfg.prefix_stored_budgets, cfg.token_budget, per_token) \
         if cfg.prefix_reuse != "off" else 1
-    check_pinned_memory(cfg.token_budget, text_cfg.hidden_size, len(layer_ids) + store_final, store_dtype, stored_budgets)
+    check_pinned_memory(cfg.token_budget, per_token, store_dtype, stored_budgets)
     return TargetIdentity(text_cfg, tokenizer, config_hash(config), tuple(layer_ids), store_final, store_dtype,
                           stored_budgets)
 
@@ -84,11 +84,10 @@ def fit_stored_budgets(budgets: int, token_budget: int, per_token: int) -> int:
         n * token_budget <= MAX_TOKEN_BUDGET and pinned_bytes(token_budget, per_token, n) <= MAX_PINNED_BYTES))
 
 
-def check_pinned_memory(token_budget: int, hidden_size: int, rows: int, store_dtype: str, stored_budgets: int = 1) -> None:
+def check_pinned_memory(token_budget: int, per_token: int, store_dtype: str, stored_budgets: int = 1) -> None:
     """A GPU worker pins DEFAULT_PINNED_BUFFERS x token_budget x the bytes a token stores (Manifest.host_bytes_per_token),
     and up to as many buffers of ``stored_budgets`` budgets where batches of trees store more
     (--prefix-stored-budgets); refuse absurd budgets."""
-    per_token = hidden_bytes_per_token(hidden_size, rows, store_dtype)
     need = pinned_bytes(token_budget, per_token, stored_budgets)
     if need > MAX_PINNED_BYTES:
         stored = f" x --prefix-stored-budgets {stored_budgets}" if stored_budgets > 1 else ""
