@@ -232,6 +232,18 @@ def _reason(exc: BaseException) -> str:
     return text_.splitlines()[0][:200]
 
 
+def _server_pid(url: str) -> int | None:
+    """The process id of the Redis server answering at ``url``, or None where none answers."""
+    try:
+        return int(redis.Redis.from_url(url, socket_connect_timeout=1).info("server")["process_id"])
+    except (redis.RedisError, OSError, KeyError, ValueError):   # none, or one that will not say (a password)
+        return None
+
+
+class PortTaken(RuntimeError):
+    """Another process listens on the port a local redis-server was to use."""
+
+
 def reachable(url: str) -> bool:
     try:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
@@ -250,6 +262,7 @@ class LocalRedis:
 
     def __init__(self, data_dir: Path, port: int | None = None, binary: str | None = None):
         self.data_dir = Path(data_dir)
+        self.chosen = port is not None   # a port given is kept; one picked here is picked again if it was taken
         self.port = port or free_port()
         self.binary = binary or os.environ.get("HSX_REDIS_SERVER") or shutil.which("redis-server")
         self.proc: subprocess.Popen | None = None
@@ -258,13 +271,25 @@ class LocalRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0, **popen) -> LocalRedis:
+    def start(self, timeout: float = 10.0, attempts: int = 3, **popen) -> LocalRedis:
         """``popen``: more Popen arguments (hsx_tools.processes.child_options: a session of its own, SIGTERM when
-        the parent dies)."""
+        the parent dies). Started only once the server answering on the port is this process's redis-server: another
+        that took a picked port first (between the pick and the bind) is never used; the port is picked again, up to
+        ``attempts`` times."""
         if not self.binary:
             raise RuntimeError("redis-server is not installed and no Redis is reachable. Install it "
                                "(apt-get install redis-server) or point HSX_REDIS_URL at a running Redis.")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout, **popen)
+            except PortTaken:
+                if self.chosen or attempt == attempts - 1:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float, **popen) -> LocalRedis:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
              "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
@@ -272,9 +297,14 @@ class LocalRedis:
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, **popen)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            answering = _server_pid(self.url)
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with code {self.proc.returncode} on port {self.port}")
-            if reachable(self.url):
+                code, self.proc = self.proc.returncode, None
+                if answering is not None:
+                    raise PortTaken(f"redis-server could not listen on port {self.port}: another process (pid "
+                                    f"{answering}) answers there")
+                raise RuntimeError(f"redis-server exited with code {code} on port {self.port}")
+            if answering == self.proc.pid:
                 return self
             time.sleep(0.05)
         self.stop()

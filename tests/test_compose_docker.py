@@ -255,7 +255,7 @@ def fresh_batch_in_hand(r, worker: str, max_age: float = 1.0) -> str | None:
 
 # ---- the test -----------------------------------------------------------------------------------
 
-def test_compose_stack_on_a_real_engine(engine, tmp_path, capsys):
+def test_compose_stack_on_a_real_engine(engine, tmp_path, report):
     t = Timings()
     image = f"hsx-ci-{uuid.uuid4().hex[:8]}"
     project, ports = make_project(tmp_path, image)
@@ -264,8 +264,7 @@ def test_compose_stack_on_a_real_engine(engine, tmp_path, capsys):
     try:
         _scenario(stack, ports, t, tmp_path)
     finally:
-        with capsys.disabled():
-            print(f"\n{t.line()} (engine {engine['server']})", flush=True)
+        report(f"{t.line()} (engine {engine['server']})")   # in the run's summary, passed or failed (conftest.report)
         stack.compose("down", "-v", "--remove-orphans", "-t", "30", check=False, seconds=600)
         stack.docker("rmi", "-f", f"{image}:cpu")
         left = stack.docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={stack.name}").stdout.split()

@@ -143,7 +143,7 @@ def _evaluate(target, drafter, held_out, store) -> dict:
 
 
 @pytest.mark.slow
-def test_acceptance_length_catches_wrong_data(redis_server, redis_env, sharp_target, tmp_path, capsys):
+def test_acceptance_length_catches_wrong_data(redis_server, redis_env, sharp_target, tmp_path, capsys, report):
     started = time.monotonic()
     peer_python("specforge")   # skip (fail under CI) before any work when the venv is missing
     eos = json.loads((sharp_target / "config.json").read_text())["eos_token_id"]
@@ -171,18 +171,18 @@ def test_acceptance_length_catches_wrong_data(redis_server, redis_env, sharp_tar
     evaluated = time.monotonic()
     tau = {name: r["decode"]["tau"] for name, r in reports.items()}
     forced = {name: r["teacher_forced"]["accepted_prefix_mean"] for name, r in reports.items()}
-    with capsys.disabled():   # the table, past the capture the CLI calls use
-        print(f"\nhsx evaluate (CPU, sharp 6-layer target, DFlash block 4, {STEPS} steps, seed {SEED}, 8 held-out prompts, "
-              f"20 new tokens):")
-        print(f"{'drafter':<10}{'tau':>7}{'fwd/token':>11}{'speedup':>9}{'forced':>8}{'identical':>11}  loss first -> last")
-        for name, r in reports.items():
-            d = r["decode"]
-            loss = losses.get({"trained": "good"}.get(name, name))
-            print(f"{name:<10}{d['tau']:>7.3f}{d['target_forwards_per_token']:>11.3f}{d['speedup']:>8.2f}x"
-                  f"{forced[name]:>8.3f}{d['identical_prompts']:>6}/{d['prompts']}"
-                  + (f"  {loss[0]:.4f} -> {loss[-1]:.4f}" if loss else ""))
-        print(f"seconds: extract {extracted - started:.0f}, train {trained - extracted:.0f}, "
-              f"evaluate {evaluated - trained:.0f} (a prompt: {reports['trained']['decode']['seconds_per_prompt']:.2f})")
+    lines = [f"hsx evaluate (CPU, sharp 6-layer target, DFlash block 4, {STEPS} steps, seed {SEED}, 8 held-out prompts, "
+             f"20 new tokens):",
+             f"{'drafter':<10}{'tau':>7}{'fwd/token':>11}{'speedup':>9}{'forced':>8}{'identical':>11}  loss first -> last"]
+    for name, r in reports.items():
+        d = r["decode"]
+        loss = losses.get({"trained": "good"}.get(name, name))
+        lines.append(f"{name:<10}{d['tau']:>7.3f}{d['target_forwards_per_token']:>11.3f}{d['speedup']:>8.2f}x"
+                     f"{forced[name]:>8.3f}{d['identical_prompts']:>6}/{d['prompts']}"
+                     + (f"  {loss[0]:.4f} -> {loss[-1]:.4f}" if loss else ""))
+    lines.append(f"seconds: extract {extracted - started:.0f}, train {trained - extracted:.0f}, "
+                 f"evaluate {evaluated - trained:.0f} (a prompt: {reports['trained']['decode']['seconds_per_prompt']:.2f})")
+    report("\n".join(lines))   # the table, in the run's summary (conftest.report)
     for name, r in reports.items():   # lossless: speculative greedy == target-only greedy, every prompt
         d = r["decode"]
         assert d["identical_prompts"] == d["prompts"] == 8, (name, [p["first_difference"] for p in d["per_prompt"]])

@@ -32,7 +32,7 @@ def test_the_cache_and_kernel_glue_hold_on_the_gpu_images_transformers():
         pytest.skip(message)
     env = {**os.environ, **thread_env(), "PYTHONPATH": os.pathsep.join([str(COMPAT), str(ROOT)])}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels.py",
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "tests/test_kernels.py",
          "tests/test_prefix_reuse.py", "-k", "not per_turn_run and not workers_check and not prefix_reuse_off "
          "and not resumed_run and not inspect_predicts",
          "-W", "ignore::DeprecationWarning"],
