@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AL
+#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AM
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -89,6 +89,10 @@ case "$1:$GPU" in
               --repeats 1 --warm-batches 0 --also-forward-tokens 2560" bash bench/run_gpu.sh prefix ;;
   AL:*)     step 27b.log TOKENS_27B=200000 T_27B=270 KERNELS="auto padded" bash bench/run_gpu.sh 27b-kernels ;;  # AI on an
               # H100: the FP8 packed pipeline after the host-wait fixes (AG's prefix table on an H100 is made already)
+  AM:*H200*) step 27b.log TOKENS_27B=200000 T_27B=240 KERNELS="auto padded" bash bench/run_gpu.sh 27b-kernels   # AJ
+            step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=300 PREFIX_ARGS="--fidelity-samples 4 \
+              --repeats 1 --warm-batches 0 --also-forward-tokens 2560" bash bench/run_gpu.sh prefix ;;
+  AM:*)     echo "an H100 again: AL measured all an H100 has left to give; nothing run" ;;  # the start's seconds only
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
