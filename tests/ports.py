@@ -42,3 +42,16 @@ def listens(pid: int, port: int) -> bool:
         if link.startswith("socket:[") and link[8:-1] in inodes:
             return True
     return False
+
+
+def start_on_free_ports(start_once, attempts: int = 3):
+    """``start_once()``: start a server on ports it picks as free, and return it once the process listening there is
+    that server. A port another process took between the pick and the server's bind makes the server exit ("address
+    already in use"): picked again, ``attempts`` times in all. Other errors are raised at once."""
+    for attempt in range(attempts):
+        try:
+            return start_once()
+        except RuntimeError as exc:
+            if "address already in use" not in str(exc) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hsx.redisconn import free_port
 from hsx_tools.processes import stop_all
-from tests.ports import listens
+from tests.ports import listens, start_on_free_ports
 from tests.waiting import exits_fail, scaled, wait_until
 
 START_SECONDS = 60.0  # s rclone may take to listen on a quiet machine (wait_until scales it on a loaded one)
@@ -62,12 +62,7 @@ class RcloneS3:
     def start(self, attempts: int = 3) -> RcloneS3:
         """Listen on a free port; a port another process took between the pick and rclone's bind is picked again
         (``attempts`` in all): the server answering is always this rclone (tests/ports.py), never the other."""
-        for attempt in range(attempts):
-            try:
-                return self._start_once()
-            except RuntimeError as exc:
-                if "address already in use" not in str(exc) or attempt == attempts - 1:
-                    raise
+        return start_on_free_ports(self._start_once, attempts)
 
     def _start_once(self) -> RcloneS3:
         self.port = free_port()
