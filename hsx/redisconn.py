@@ -240,6 +240,22 @@ def _server_pid(url: str) -> int | None:
         return None
 
 
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is ``ancestor`` or one of its descendants (HSX_REDIS_SERVER may be a wrapper that
+    starts redis-server as its child), from /proc; a process that cannot be read counts as unrelated."""
+    for _ in range(16):
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
+
+
 class PortTaken(RuntimeError):
     """Another process listens on the port a local redis-server was to use."""
 
@@ -304,7 +320,7 @@ class LocalRedis:
                     raise PortTaken(f"redis-server could not listen on port {self.port}: another process (pid "
                                     f"{answering}) answers there")
                 raise RuntimeError(f"redis-server exited with code {code} on port {self.port}")
-            if answering == self.proc.pid:
+            if answering is not None and _descends_from(answering, self.proc.pid):
                 return self
             time.sleep(0.05)
         self.stop()
