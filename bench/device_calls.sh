@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AN
+#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AO
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -96,6 +96,9 @@ case "$1:$GPU" in
   AN:*H200*) step 27b.log TOKENS_27B=200000 T_27B=240 KERNELS="auto padded" bash bench/run_gpu.sh 27b-kernels ;;  # AM's
               # first half: issue 39 on an H200, what ~500 device seconds hold
   AN:*)     echo "an H100 again: AL measured all an H100 has left to give; nothing run" ;;
+  AO:*H200*) step 27b.log TOKENS_27B=200000 T_27B=170 KERNELS=auto bash bench/run_gpu.sh 27b-kernels ;;  # AK on an
+              # H200 only: the packed pipeline, what a session's last ~300 device seconds hold
+  AO:*)     echo "an H100 again: AL measured all an H100 has left to give; nothing run" ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
