@@ -235,7 +235,8 @@ def _reason(exc: BaseException) -> str:
 def _server_pid(url: str) -> int | None:
     """The process id of the Redis server answering at ``url``, or None where none answers."""
     try:
-        return int(redis.Redis.from_url(url, socket_connect_timeout=1).info("server")["process_id"])
+        with redis.Redis.from_url(url, socket_connect_timeout=1) as client:   # closed: it runs every 50 ms at start
+            return int(client.info("server")["process_id"])
     except (redis.RedisError, OSError, KeyError, ValueError):   # none, or one that will not say (a password)
         return None
 
@@ -254,6 +255,19 @@ def _descends_from(pid: int, ancestor: int) -> bool:
         if pid <= 1:
             return False
     return False
+
+
+def start_on_free_ports(start_once, taken, attempts: int = 3):
+    """``start_once()``: start a server on ports picked as free, and return it once the process answering there is
+    that server. Another process can take a port between the pick and the server's bind: where ``taken(exc)`` says
+    so of what ``start_once`` raised, it is called again (it picks again), ``attempts`` times in all."""
+    for attempt in range(attempts):
+        try:
+            return start_once()
+        except Exception as exc:
+            if not taken(exc) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 class PortTaken(RuntimeError):
@@ -296,14 +310,8 @@ class LocalRedis:
             raise RuntimeError("redis-server is not installed and no Redis is reachable. Install it "
                                "(apt-get install redis-server) or point HSX_REDIS_URL at a running Redis.")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        for attempt in range(attempts):
-            try:
-                return self._start_once(timeout, **popen)
-            except PortTaken:
-                if self.chosen or attempt == attempts - 1:
-                    raise
-                self.port = free_port()
-        raise AssertionError("unreachable")
+        return start_on_free_ports(lambda: self._start_once(timeout, **popen),
+                                   lambda exc: isinstance(exc, PortTaken) and not self.chosen, attempts)
 
     def _start_once(self, timeout: float, **popen) -> LocalRedis:
         self.proc = subprocess.Popen(
@@ -317,8 +325,11 @@ class LocalRedis:
             if self.proc.poll() is not None:
                 code, self.proc = self.proc.returncode, None
                 if answering is not None:
-                    raise PortTaken(f"redis-server could not listen on port {self.port}: another process (pid "
-                                    f"{answering}) answers there")
+                    taken = PortTaken(f"redis-server could not listen on port {self.port}: another process (pid "
+                                      f"{answering}) answers there")
+                    if not self.chosen:
+                        self.port = free_port()   # for the next attempt (start_on_free_ports)
+                    raise taken
                 raise RuntimeError(f"redis-server exited with code {code} on port {self.port}")
             if answering is not None and _descends_from(answering, self.proc.pid):
                 return self

@@ -44,14 +44,6 @@ def listens(pid: int, port: int) -> bool:
     return False
 
 
-def start_on_free_ports(start_once, attempts: int = 3):
-    """``start_once()``: start a server on ports it picks as free, and return it once the process listening there is
-    that server. A port another process took between the pick and the server's bind makes the server exit ("address
-    already in use"): picked again, ``attempts`` times in all. Other errors are raised at once."""
-    for attempt in range(attempts):
-        try:
-            return start_once()
-        except RuntimeError as exc:
-            if "address already in use" not in str(exc) or attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")
+def address_in_use(exc: BaseException) -> bool:
+    """For hsx.redisconn.start_on_free_ports: a server process that exited because its port was taken."""
+    return isinstance(exc, RuntimeError) and "address already in use" in str(exc)

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hsx.redisconn import free_port
+from hsx.redisconn import free_port, start_on_free_ports
 from hsx_tools.processes import stop_all
-from tests.ports import listens, start_on_free_ports
+from tests.ports import address_in_use, listens
 from tests.waiting import exits_fail, scaled, wait_until
 
 START_SECONDS = 60.0  # s rclone may take to listen on a quiet machine (wait_until scales it on a loaded one)
@@ -62,7 +62,7 @@ class RcloneS3:
     def start(self, attempts: int = 3) -> RcloneS3:
         """Listen on a free port; a port another process took between the pick and rclone's bind is picked again
         (``attempts`` in all): the server answering is always this rclone (tests/ports.py), never the other."""
-        return start_on_free_ports(self._start_once, attempts)
+        return start_on_free_ports(self._start_once, address_in_use, attempts)
 
     def _start_once(self) -> RcloneS3:
         self.port = free_port()

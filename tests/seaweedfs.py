@@ -22,9 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hsx.redisconn import free_port
+from hsx.redisconn import free_port, start_on_free_ports
 from hsx_tools.processes import child_options, stop_all
-from tests.ports import listens, start_on_free_ports
+from tests.ports import address_in_use, listens
 from tests.waiting import exits_fail, scaled, wait_until
 
 START_SECONDS = 60.0  # s weed may take to answer S3 (about 1 s on a quiet machine; wait_until scales it)
@@ -71,7 +71,7 @@ class SeaweedS3:
     def start(self, attempts: int = 3) -> SeaweedS3:
         """Listen on free ports; where another process took one between the pick and weed's bind, the ports are
         picked again (``attempts`` in all): the S3 server answering is always this weed (tests/ports.py)."""
-        return start_on_free_ports(self._start_once, attempts)
+        return start_on_free_ports(self._start_once, address_in_use, attempts)
 
     def _start_once(self) -> SeaweedS3:
         import boto3
