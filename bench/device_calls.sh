@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AP
+#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AQ
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -103,6 +103,9 @@ case "$1:$GPU" in
               --repeats 1 --warm-batches 0 --also-forward-tokens 2560" bash bench/run_gpu.sh prefix ;;  # AG on the H200:
               # issue 40's item 7 (issue 39 is resolved, so the whole call goes to this table)
   AP:*)     echo "an H100 again: AG made this table on an H100 already; nothing run" ;;
+  AQ:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=540 PREFIX_ARGS="--fidelity-samples 4 \
+              --repeats 1 --warm-batches 0 --also-padded-rows" bash bench/run_gpu.sh prefix ;;  # AG with --prefix-rows
+              # packed (the new default) against padded (the plan before): issue 40's table on an H200, the ratio on an H100
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

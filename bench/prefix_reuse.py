@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shapes  # noqa: E402
 import torch  # noqa: E402
 
-from hsx.defaults import DEFAULT_PREFIX_FORWARD_TOKENS, DEFAULT_PREFIX_STORED_BUDGETS  # noqa: E402
+from hsx.defaults import DEFAULT_PREFIX_FORWARD_TOKENS, DEFAULT_PREFIX_STORED_BUDGETS, PREFIX_ROWS  # noqa: E402
 from hsx.layers import resolve_layers  # noqa: E402
 from hsx.prep import cut_batches, cut_prefix_batches  # noqa: E402
 
@@ -240,11 +240,13 @@ def bench_shape(args, shape: str, seqs_by_mix: dict) -> dict:
     return result
 
 
-def planned_at(args, seqs: list, price: int, stored_budgets: int = 1):
-    """The mix's batches with shared prefixes computed once, planned at ``price`` a forward and ``stored_budgets``
-    token budgets a batch of trees may store (the producer's planner, as `hsx produce` calls it)."""
+def planned_at(args, seqs: list, price: int, stored_budgets: int = 1, rows: str = ""):
+    """The mix's batches with shared prefixes computed once, planned at ``price`` a forward, ``stored_budgets``
+    token budgets a batch of trees may store and ``rows`` (packed | padded; default ``--prefix-rows``): the
+    producer's planner, as `hsx produce` calls it."""
     return cut_prefix_batches(seqs, args.token_budget, args.max_batch_rows, args.pad_multiple, args.min_prefix,
-                              2 * args.token_budget, price, stored_budgets * args.token_budget)
+                              2 * args.token_budget, price, stored_budgets * args.token_budget,
+                              packed=(rows or args.prefix_rows) == "packed")
 
 
 def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
@@ -259,6 +261,8 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
             modes.append(("on_at", planned_at(args, seqs, args.also_price)))
         if args.also_stored_budgets:   # and at that price (or the default), batches of trees storing more budgets
             modes.append(("on_wide", planned_at(args, seqs, args.also_price, args.also_stored_budgets)))
+        if args.also_padded_rows:   # the on mode's plan with a group's rows padded (the plan before --prefix-rows)
+            modes.append(("on_padded", planned_at(args, seqs, args.forward_tokens, args.stored_budgets, "padded")))
         row = {"mix": mix, "rows": len(seqs), "stored_tokens": stored}
         t0 = time.perf_counter()   # exactness first: a pass cut at its limit still has it
         row["fidelity"] = fid = fidelity(ex, seqs, on, args.fidelity_samples, args.token_budget, args.forward_tokens)
@@ -289,11 +293,12 @@ def bench_mixes(args, ex, seqs_by_mix: dict, shape: str) -> list[dict]:
         row["speedup"] = row["on"]["stored_tok_s"] / row["off"]["stored_tok_s"]
         rows.append(row)
         print(line(shape, row), flush=True)
-        for mode, at in ((m, row[m]) for m in ("on_at", "on_wide") if m in row):
-            at["forward_tokens"] = args.also_price
-            at["stored_budgets"] = args.also_stored_budgets if mode == "on_wide" else 1
+        for mode, at in ((m, row[m]) for m in ("on_at", "on_wide", "on_padded") if m in row):
+            at["forward_tokens"] = args.forward_tokens if mode == "on_padded" else args.also_price
+            at["stored_budgets"] = {"on_wide": args.also_stored_budgets, "on_padded": args.stored_budgets}.get(mode, 1)
+            at["rows"] = "padded" if mode == "on_padded" else args.prefix_rows
             print(f"{shape:10s} {mix:17s} planned at --prefix-forward-tokens {at['forward_tokens']}, "
-                  f"--prefix-stored-budgets {at['stored_budgets']}: {at['batches']} batches, "
+                  f"--prefix-stored-budgets {at['stored_budgets']}, --prefix-rows {at['rows']}: {at['batches']} batches, "
                   f"{at['computed_tokens']:,} computed in {at['forwards']} forwards ({at['tokens_run']:,} run), "
                   f"{at['stored_tok_s']:,.0f} stored "
                   f"tok/s | x{at['stored_tok_s'] / row['off']['stored_tok_s']:.2f} off", flush=True)
@@ -358,6 +363,10 @@ def main() -> int:
     ap.add_argument("--also-stored-budgets", type=int, default=0,
                     help="a mode more: the mixes planned with batches of trees storing this many token budgets "
                          "(hsx produce --prefix-stored-budgets), at --also-forward-tokens' price if given")
+    ap.add_argument("--prefix-rows", default=PREFIX_ROWS[0], choices=PREFIX_ROWS,
+                    help="how the on mode's plan counts a tree batch's rows (hsx produce --prefix-rows)")
+    ap.add_argument("--also-padded-rows", action="store_true",
+                    help="a mode more: the on mode's plan with --prefix-rows padded (the plan before it), timed alongside")
     ap.add_argument("--repeats", type=int, default=2, help="timed passes of each mode, alternating; the fastest kept")
     ap.add_argument("--per-turn", default="hsx", type=per_turn_cuts,
                     help="how the agentic mix is cut into one sample a turn (see the module's text): hsx, "

@@ -159,7 +159,7 @@ class Cache:
 
 def stored_multiple(multiple: int, seqs, budget: int, price: int):
     """The producer's tree plan with a tree batch allowed ``multiple`` budgets of stored tokens."""
-    return cut_prefix_batches(seqs, budget, 512, 8, 32, 2 * budget, price, stored_budget=multiple * budget)
+    return cut_prefix_batches(seqs, budget, 512, 8, 32, 2 * budget, price, stored_budget=multiple * budget, packed=bool(__import__("os").environ.get("PACKED")))
 
 
 if __name__ == "__main__":

@@ -120,7 +120,7 @@ def run_prefix_batch(extractor, input_ids: torch.Tensor, cu_seqlens: torch.Tenso
                                                     max_rows), ex.groupwise_price):
         _run_alone(ex, ids, cu, list(range(len(cu) - 1)), chunk_tokens, put)   # each sample computed alone: exact
         return put.hidden, put.final
-    going = _Going(ex, ids, cu, put, segments, max_rows)
+    going = _Going(ex, ids, cu, put, segments, max_rows, chunk_tokens)
     for node in forest:
         g = node[0]
         longest = _longest_holding_all(ids, cu, g)
@@ -206,8 +206,8 @@ def groupwise_feeds(ids: torch.Tensor, cu: list[int], forest: list, entries: lis
     for segment in segments:
         for forward in segment:
             lengths = [n for e in forward for n in entries[e][1]]
-            step = max_rows or len(lengths)
-            feeds.extend(len(lengths[at:at + step]) * max(lengths[at:at + step]) for at in range(0, len(lengths), step))
+            feeds.extend(len(piece) * max(lengths[i] for i in piece)
+                         for piece in row_pieces(lengths, chunk_tokens, max_rows))
     return feeds + piece_feeds([cu[b + 1] - cu[b] for b in alone], chunk_tokens, padded)
 
 
@@ -225,6 +225,20 @@ def cheaper_alone(trees: list[int], alone: list[int], price: int) -> bool:
     GROUPWISE_PREFIX_FORWARD_TOKENS on the 27B) and its tokens. A plan priced for packed waves keeps trees whose
     spines each cost such a worker a forward more than they save."""
     return sum(max(price, t) for t in trees) >= sum(max(price, t) for t in alone)
+
+
+def row_pieces(lengths: Sequence[int], budget: int, max_rows: int) -> list[list[int]]:
+    """Indices of one planned forward's rows going on (their lengths), as the padded runner runs them: in order
+    where they fit, else longest first in forwards of rows x longest within ``budget`` (a row over it alone),
+    each of at most ``max_rows`` rows (0: no bound on either)."""
+    everything = list(range(len(lengths)))
+    if budget and len(lengths) * max(lengths, default=0) > budget:
+        order = sorted(everything, key=lambda i: -lengths[i])
+        pieces = [[order[i] for i in p] for p in budget_pieces([lengths[i] for i in order], budget, padded=True)]
+    else:
+        pieces = [everything] if lengths else []
+    step = max_rows or max(1, len(lengths))
+    return [p[at:at + step] for p in pieces for at in range(0, len(p), step)]
 
 
 def budget_pieces(lengths: Sequence[int], budget: int, padded: bool) -> list[list[int]]:
@@ -326,9 +340,12 @@ class _Going:
     Where the model cannot take such a mask (``_takes_row_pasts``), only groups of one past length merge. (A
     worker whose forward packs rows runs the batch in waves instead: ``_run_waves``.)"""
 
-    def __init__(self, ex, ids: torch.Tensor, cu: list[int], put, segments: list[list[list[int]]], max_rows: int = 0):
+    def __init__(self, ex, ids: torch.Tensor, cu: list[int], put, segments: list[list[list[int]]], max_rows: int = 0,
+                 budget: int = 0):
         self.ex, self.ids, self.cu, self.put = ex, ids, cu, put
-        self.segments, self.max_rows = segments, max_rows   # max_rows: rows a forward at most (0: no bound)
+        # max_rows: rows a forward at most; budget: its rows x longest row at most (a plan for packing workers
+        # keeps a group's rows of any length: ``row_pieces``); 0: no bound
+        self.segments, self.max_rows, self.budget = segments, max_rows, budget
         self.held: list[tuple[object, int, dict[int, list[int]]]] = []   # (one-row cache, past, rows going on)
         self.segment = self.done = 0   # the segment being held; entries of the segments before it (run)
 
@@ -342,9 +359,10 @@ class _Going:
     def _run(self, segment: list[list[int]]) -> None:
         for forward in segment:
             rows = [(e, b, held) for e in forward for b, held in self.held[e - self.done][2].items()]
-            step = self.max_rows or len(rows)
-            for at in range(0, len(rows), step):   # the GDN states of at most max_rows rows at once
-                piece = rows[at:at + step]
+            past = {e: self.held[e - self.done][1] for e in forward}
+            lengths = [self.cu[b + 1] - self.cu[b] - past[e] for e, b, _ in rows]
+            for indices in row_pieces(lengths, self.budget, self.max_rows):   # at most max_rows GDN states at once
+                piece = [rows[i] for i in indices]
                 entries = list(dict.fromkeys(e for e, _, _ in piece))
                 parts = [self.held[e - self.done] for e in entries]
                 counts = [sum(e == f for f, _, _ in piece) for e in entries]

@@ -17,6 +17,10 @@ DEFAULT_PREFIX_MIN_TOKENS = 32          # tokens: rows sharing at least this man
 # the no-reuse pass, 2560 with 1 budget 1.90x (docs/benchmarks.md, "The defaults, timed"). The default is the
 # packing worker's; a group-by-group worker on a plan priced under its own warns at start (docs/data.md)
 DEFAULT_PREFIX_FORWARD_TOKENS = 512
+# how workers run a tree batch's rows, planned for: packed (one packed row a forward, no padding: a GPU worker with
+# fla's varlen kernels, the gpu image's), or padded (each group's rows padded to its longest: workers that cannot
+# pack; plan those with GROUPWISE_PREFIX_FORWARD_TOKENS). Runs planned before it was recorded were planned padded
+PREFIX_ROWS = ("packed", "padded")
 GROUPWISE_PREFIX_FORWARD_TOKENS = 2560
 LEGACY_PREFIX_FORWARD_TOKENS = 256      # the price runs planned before it was recorded were planned with
 DEFAULT_PREFIX_CACHE_BUDGETS = 2        # token budgets: the most cached spine tokens a batch holds (spine x leaves)

@@ -49,7 +49,7 @@ def config(v):
         store_dtype=v["store_dtype"], codec=v["codec"], compute_dtype=v["compute_dtype"],
         fp8_accumulation=v["fp8_accumulation"], per_turn=bool(v["per_turn"]), prefix_reuse=v["prefix_reuse"],
         prefix_min_tokens=v["prefix_min_tokens"], prefix_forward_tokens=v["prefix_forward_tokens"],
-        prefix_stored_budgets=v["prefix_stored_budgets"], samples=v["samples"],
+        prefix_stored_budgets=v["prefix_stored_budgets"], prefix_rows=v["prefix_rows"], samples=v["samples"],
         seed=v["seed"], sample_chars=v["sample_chars"], plain=v["plain"], limit_rows=v["limit_rows"],
         gpu_tokens_per_s=v["gpu_tokens_per_s"], gpu_usd_per_hour=v["gpu_usd_per_hour"],
         storage_usd_per_tb_month=v["storage_usd_per_tb_month"])

@@ -93,6 +93,11 @@ BATCH_FLAGS = (
          "prefixes saves: a tree is planned only where it saves more (the default is priced for GPU workers that pack "
          "rows, as the gpu image's do; 2560 where the workers cannot: docs/data.md). Recorded in the manifest", type=int,
          default=D.DEFAULT_PREFIX_FORWARD_TOKENS, min=1),
+    Flag("--prefix-rows", "how the workers run a batch of shared-prefix trees, planned for: packed (one packed row a "
+         "forward, as GPU workers with fla's kernels do: a tree's rows are not padded, and rows sharing nothing ride "
+         "in its forwards) or padded (workers that cannot pack: a group's rows padded to its longest; plan those "
+         f"with --prefix-forward-tokens {D.GROUPWISE_PREFIX_FORWARD_TOKENS}). Recorded in the manifest",
+         choices=D.PREFIX_ROWS, default=D.PREFIX_ROWS[0]),
     Flag("--prefix-stored-budgets", "token budgets a batch of shared-prefix trees may store, its forwards each "
          "still within one budget: more fills a tree batch's forwards (its computed tokens are a fraction of its "
          "stored ones) at the price of larger batch files and host buffers (docs/data.md). 0 (the default): "
@@ -171,7 +176,7 @@ def config(v) -> ProduceConfig:
         store_dtype=v["store_dtype"], codec=v["codec"], compute_dtype=v["compute_dtype"],
         fp8_accumulation=v["fp8_accumulation"], per_turn=bool(v["per_turn"]), prefix_reuse=v["prefix_reuse"],
         prefix_min_tokens=v["prefix_min_tokens"], prefix_forward_tokens=v["prefix_forward_tokens"],
-        prefix_stored_budgets=v["prefix_stored_budgets"])
+        prefix_stored_budgets=v["prefix_stored_budgets"], prefix_rows=v["prefix_rows"])
 
 
 def run(cfg: ProduceConfig) -> int:

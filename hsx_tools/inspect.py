@@ -95,6 +95,7 @@ class InspectConfig:
     storage_usd_per_tb_month: float
     mixture: object = None          # hsx.prep.Mixture (dataset: its file or first source), or None: one dataset
     prefix_stored_budgets: int = 0  # token budgets a batch of trees stores (the plan's --prefix-stored-budgets; 0: auto)
+    prefix_rows: str = "packed"     # packed | padded: how the workers run a tree batch's rows (--prefix-rows)
 
 
 def whole_rows(cfg: InspectConfig, settings: TokeniseSettings) -> tuple[int, int]:

@@ -65,6 +65,7 @@ class PrefixPrediction:
     cache_tokens: int = 0
     forward_tokens: int = 0
     stored_tokens: int = 0   # the most a batch of trees stores (0: the token budget)
+    packed: bool = True      # planned for workers that pack rows (--prefix-rows packed)
     computed: int = 0
     batches: int = 0
 
@@ -77,7 +78,7 @@ class PrefixPrediction:
                else f"model type {model_type} is not one shown exact")
         return cls(not why, why, cfg.token_budget, cfg.max_batch_rows, cfg.pad_multiple, cfg.prefix_min_tokens,
                    DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget, cfg.prefix_forward_tokens,
-                   stored_tokens(stored_budgets, cfg.token_budget))
+                   stored_tokens(stored_budgets, cfg.token_budget), packed=cfg.prefix_rows == "packed")
 
     def add(self, samples) -> None:
         if self.on:
@@ -85,7 +86,7 @@ class PrefixPrediction:
 
             planned = cut_prefix_batches([s.input_ids for s in samples], self.token_budget, self.max_rows,
                                          self.pad_multiple, self.min_tokens, self.cache_tokens, self.forward_tokens,
-                                         self.stored_tokens)
+                                         self.stored_tokens, packed=self.packed)
             self.computed += sum(b.computed for b in planned)
             self.batches += len(planned)
 
@@ -93,7 +94,8 @@ class PrefixPrediction:
         if not self.on:
             return f"  shared prefixes: off ({self.why}): {stored:,} tokens stored, {padded:,} computed"
         return (f"  shared prefixes (--prefix-reuse auto, spines of >= {self.min_tokens} tokens, "
-                f"{self.forward_tokens} tokens a forward{self._stored_said()}): {stored:,} tokens "
+                f"{self.forward_tokens} tokens a forward, rows {'packed' if self.packed else 'padded'}"
+                f"{self._stored_said()}): {stored:,} tokens "
                 f"stored, {self.computed:,} computed in {self.batches:,} batches ({padded / max(self.computed, 1):.2f}x "
                 f"fewer than the {padded:,} of --prefix-reuse off)")
 

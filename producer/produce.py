@@ -261,7 +261,8 @@ def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> Wind
     if manifest.prefix_reuse == "on":   # shared prefixes computed once (hsx/prep/prefixplan.py)
         planned = cut_prefix_batches([s.input_ids for s in samples], cfg.token_budget, cfg.max_batch_rows,
                                      cfg.pad_multiple, manifest.prefix_min_tokens, manifest.prefix_cache_tokens,
-                                     manifest.forward_tokens, manifest.stored_tokens)
+                                     manifest.forward_tokens, manifest.stored_tokens,
+                                     packed=manifest.prefix_rows == "packed")
     else:
         planned = cut_batches([len(s.input_ids) for s in samples], cfg.token_budget, cfg.max_batch_rows,
                               cfg.pad_multiple)

@@ -704,7 +704,10 @@ def test_a_per_turn_run_stores_every_sample_exact_with_spines_across_windows(r, 
     assert any("spines of >= 32 tokens, where a tree saves more than 64 tokens a forward" in line
                for line in report.lines()), report.lines()
     specs = ledger.all_specs(r, "pt").values()
-    assert any(s.prefix_groups for s in specs) and any(not s.prefix_groups for s in specs)
+    assert manifest.prefix_rows == "packed" and json.loads(manifest.to_json())["prefix_rows"] == "packed"
+    grouped = [{b for first, count, _ in s.prefix_groups for b in range(first, first + count)} for s in specs]
+    # rows sharing nothing ride in the tree batches (a packed plan), or make plain batches of their own
+    assert any(s.prefix_groups for s in specs) and any(len(g) < s.samples for g, s in zip(grouped, specs, strict=True))
     stored, computed, worst = _check_stored(r, open_store(str(tmp_path / "store")), "pt", tiny_model)
     assert stored == report.tokens and computed == report.computed_tokens < 0.75 * stored
     totals = ledger.run_totals(r, "pt")
@@ -805,32 +808,35 @@ def test_a_resumed_run_keeps_the_price_it_was_planned_at_and_says_so(r, redis_se
                                prefix_forward_tokens=4096, **settings))
     assert ledger.get_manifest(r, "price").forward_tokens == TINY_FORWARD_TOKENS
     stored = "32768 tokens stored a batch of trees"   # the default stored budgets: 4 x 8192
-    assert any(f"keeps shared prefixes on, spines of >= 32 tokens, {TINY_FORWARD_TOKENS} tokens a forward, {stored} as "
-               f"planned (this call asked on, spines of >= 32 tokens, 4096 tokens a forward, {stored})" in m
+    assert any(f"keeps shared prefixes on, spines of >= 32 tokens, {TINY_FORWARD_TOKENS} tokens a forward, {stored}, "
+               f"rows packed as planned (this call asked on, spines of >= 32 tokens, 4096 tokens a forward, {stored}, "
+               "rows packed)" in m
                for m in caplog.messages), \
         caplog.messages
 
 
-@pytest.mark.parametrize("budgets", [1, 3, 0])   # 0: the default, auto (4 budgets where they fit)
-def test_inspect_predicts_the_plans_stored_and_computed_tokens(budgets, r, redis_server, tiny_model, tmp_path, capsys):
+@pytest.mark.parametrize("budgets, rows", [(1, "padded"), (3, "packed"), (0, "packed")])   # 0: auto (4 where they fit)
+def test_inspect_predicts_the_plans_stored_and_computed_tokens(budgets, rows, r, redis_server, tiny_model, tmp_path, capsys):
     from hsx_cli.main import main
     from producer.produce import produce
 
     dataset = _per_turn(tmp_path)
     report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="ins", dataset=dataset,
                                     max_length=4096, token_budget=4096, window_rows=16, enqueue=False,
-                                    prefix_forward_tokens=TINY_FORWARD_TOKENS, prefix_stored_budgets=budgets))
+                                    prefix_forward_tokens=TINY_FORWARD_TOKENS, prefix_stored_budgets=budgets,
+                                    prefix_rows=rows))
     capsys.readouterr()
     assert main(["inspect", "--dataset", str(dataset), "--model", str(tiny_model), "--layers", "dflash:3",
                  "--samples", "0", "--tokenise-workers", "1", "--max-length", "4096", "--token-budget", "4096",
-                 "--window-rows", "16", "--max-batch-rows", "64", "--pad-multiple", "1",
+                 "--window-rows", "16", "--max-batch-rows", "64", "--pad-multiple", "1", "--prefix-rows", rows,
                  "--prefix-forward-tokens", str(TINY_FORWARD_TOKENS), "--prefix-stored-budgets", str(budgets)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "shared prefixes (--prefix-reuse auto" in x)
     assert f"{report.tokens:,} tokens stored, {report.computed_tokens:,} computed in {report.batches:,} batches" in line
     resolved = budgets or 4
     assert ledger.get_manifest(r, "ins").stored_tokens == resolved * 4096
     said = "" if resolved == 1 else f", {resolved * 4096:,} stored a batch"
-    assert f"spines of >= 32 tokens, {TINY_FORWARD_TOKENS} tokens a forward{said})" in line
+    assert f"spines of >= 32 tokens, {TINY_FORWARD_TOKENS} tokens a forward, rows {rows}{said})" in line
+    assert ledger.get_manifest(r, "ins").prefix_rows == rows
     assert report.computed_tokens < report.tokens
     specs = ledger.all_specs(r, "ins").values()
     assert any(s.tokens > 4096 for s in specs) == (resolved > 1)

@@ -82,14 +82,18 @@ class Tree:
                 going.append(end)
         return going, branching
 
-    def cost(self, lengths, pad_multiple: int, parent: int = 0) -> int:
+    def cost(self, lengths, pad_multiple: int, parent: int = 0, packed: bool = False) -> int:
+        """Tokens computed: the spines, and the rows going on from each (``packed``: each its own remainder, as a
+        packing worker runs them; else each padded to its group's longest)."""
         end = self.chain_end(lengths)
         if end is not None:
             return end - parent
         going, branching = self._rows_going_on(lengths)
-        width = round_up(max(going, default=self.spine) - self.spine, pad_multiple)
-        return (self.spine - parent + len(going) * width
-                + sum(c.cost(lengths, pad_multiple, self.spine) for c in branching))
+        if packed:
+            rows = sum(going) - len(going) * self.spine
+        else:
+            rows = len(going) * round_up(max(going, default=self.spine) - self.spine, pad_multiple)
+        return self.spine - parent + rows + sum(c.cost(lengths, pad_multiple, self.spine, packed) for c in branching)
 
     def forwards(self, lengths) -> int:
         """Forwards the worker runs for this group and its children: its spine, the rows going on from it (one
@@ -179,10 +183,12 @@ def merged_forwards(entries: list[tuple[int, list[int]]], cache_tokens: int, for
 
 
 def batch_computed(trees: list[Tree], lengths, pad_multiple: int, cache_tokens: int, forward_tokens: int,
-                   token_budget: int) -> int:
+                   token_budget: int, packed: bool = False) -> int:
     """The tokens a tree batch computes (padding in), as the worker runs it: each spine once, the rows going on
-    from all its groups in ``merged_forwards``."""
+    from all its groups in ``merged_forwards`` (``packed``: each row its own tokens, no padding)."""
     entries, computed = going_entries(trees, lengths)
+    if packed:
+        return computed + sum(sum(rows) for _, rows in entries)
     for segment in merged_forwards(entries, cache_tokens, forward_tokens, token_budget):
         for forward in segment:
             width = round_up(max(max(entries[e][1]) for e in forward), pad_multiple)
@@ -202,8 +208,10 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def find_trees(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS) -> list[Tree]:
-    """The groups of ``sequences`` (token ids of each row) sharing at least ``min_prefix`` tokens, as trees."""
+def find_trees(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS,
+               packed: bool = False) -> list[Tree]:
+    """The groups of ``sequences`` (token ids of each row) sharing at least ``min_prefix`` tokens, as trees.
+    ``packed``: planned for workers that pack a group's rows going on (no padding): every leaf is kept."""
     seqs = [np.asarray(s, dtype=">u4") for s in sequences]   # big-endian: byte order = token order
     lengths = [len(s) for s in seqs]
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].tobytes())
@@ -237,6 +245,8 @@ def find_trees(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_
         (members: the leaves with top - spine < l <= top, a contiguous range by length). O(n log n)."""
         import bisect
 
+        if packed:   # no padding: every leaf saves its spine
+            return sorted(leaves)
         done = [i for i in leaves if lengths[i] <= spine]   # strict prefixes of the spine: nothing to compute
         going = sorted((lengths[i] - spine, i) for i in leaves if lengths[i] > spine)
         lefts = [left for left, _ in going]
@@ -262,7 +272,7 @@ def find_trees(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_
         """What ``rows`` cost planned as ``t``: its computed tokens, its spines' forwards at ``forward_tokens``,
         and the rows it left out computed alone."""
         kept = set(t.rows())
-        return (t.cost(lengths, 1) + forward_tokens * spine_forwards(t)
+        return (t.cost(lengths, 1, packed=packed) + forward_tokens * spine_forwards(t)
                 + sum(lengths[i] for i in rows if i not in kept))
 
     def prune(node: Tree) -> None:
@@ -293,13 +303,14 @@ def find_trees(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_
                 prune(tree)
                 rows = tree.rows()
                 alone = sum(len(seqs[i]) for i in rows)
-                if len(rows) >= 2 and tree.cost(lengths, 1) + forward_tokens * spine_forwards(tree) < alone:
+                if len(rows) >= 2 and tree.cost(lengths, 1, packed=packed) + forward_tokens * spine_forwards(tree) < alone:
                     trees.append(tree)
             start = k
     return trees
 
 
-def find_groups(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS) -> list[tuple[list[int], int]]:
+def find_groups(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS,
+                packed: bool = False) -> list[tuple[list[int], int]]:
     """Every group of ``find_trees``, flat: (its rows, its spine)."""
     out = []
 
@@ -308,35 +319,36 @@ def find_groups(sequences, min_prefix: int, forward_tokens: int = DEFAULT_PREFIX
         for c in t.children:
             walk(c)
 
-    for t in find_trees(sequences, min_prefix, forward_tokens):
+    for t in find_trees(sequences, min_prefix, forward_tokens, packed):
         walk(t)
     return out
 
 
 def _fits(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: int, cache_tokens: int,
-          stored_budget: int | None = None) -> bool:
+          stored_budget: int | None = None, packed: bool = False) -> bool:
     """Computed tokens within the budget and stored ones within ``stored_budget`` (default the budget: the
     worker's output and pinned buffers hold a budget's tokens), rows within max_rows, the expanded cache within
     cache_tokens."""
     rows = tree.rows()
-    return (tree.cost(lengths, pad_multiple) <= token_budget
+    return (tree.cost(lengths, pad_multiple, packed=packed) <= token_budget
             and sum(lengths[i] for i in rows) <= (stored_budget or token_budget)
             and len(rows) <= max_rows and tree.cached(lengths) <= cache_tokens)
 
 
 def _fit(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: int, cache_tokens: int,
-         stored_budget: int | None = None) -> list[Tree]:
+         stored_budget: int | None = None, packed: bool = False) -> list[Tree]:
     """``tree`` as trees that each fit one batch (children cut loose, leaves cut into pieces)."""
-    if _fits(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget):
+    if _fits(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget, packed):
         return [tree]
     out = []
     for child in tree.children:
-        out += _fit(child, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget)
+        out += _fit(child, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget, packed)
     piece: list[int] = []
     for i in sorted(tree.leaves, key=lambda i: -lengths[i]) + [None]:
         if i is not None:
             trial = Tree(tree.spine, leaves=piece + [i])
-            if not piece or _fits(trial, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget):
+            if not piece or _fits(trial, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget,
+                                  packed):
                 piece = trial.leaves
                 continue
         out.append(Tree(tree.spine, leaves=piece))
@@ -346,44 +358,60 @@ def _fit(tree: Tree, lengths, token_budget: int, max_rows: int, pad_multiple: in
 
 def cut_prefix_batches(sequences, token_budget: int, max_rows: int, pad_multiple: int, min_prefix: int,
                        cache_tokens: int, forward_tokens: int = DEFAULT_PREFIX_FORWARD_TOKENS,
-                       stored_budget: int | None = None) -> list[PlannedBatch]:
+                       stored_budget: int | None = None, packed: bool = False) -> list[PlannedBatch]:
     """Batches over ``sequences`` with shared prefixes computed once; rows sharing none: ``cut_batches``.
     ``stored_budget``: the stored tokens a tree batch may hold (default the token budget; bench/prefix_waves.py
-    models more)."""
+    models more). ``packed``: planned for workers that pack rows (the waves of gpu_worker/prefixrun.py): a
+    group's rows going on are not padded, and rows sharing nothing fill the tree batches' room first (they ride
+    in the waves' forwards), the rest cut as plain batches."""
     lengths = [len(s) for s in sequences]
+    stored_budget = stored_budget or token_budget
     trees, alone = [], []
-    for tree in find_trees(sequences, min_prefix, forward_tokens):
-        for t in _fit(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget):
+    for tree in find_trees(sequences, min_prefix, forward_tokens, packed):
+        for t in _fit(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget, packed):
             (trees if len(t.rows()) > 1 else alone).append(t)
     grouped = {i for t in trees for i in t.rows()}
     alone_rows = sorted(set(range(len(sequences))) - grouped)
-    batches: list[PlannedBatch] = []
-    current: list[Tree] = []
-
-    def close() -> None:
-        members, groups = [], []
-        for t in current:
-            groups += t.groups(len(members))
-            members += t.rows()
-        padded_len = round_up(max(lengths[i] for i in members), pad_multiple)
-        batches.append(PlannedBatch(members, padded_len, sum(lengths[i] for i in members), len(members) * padded_len,
-                                    computed=computed(current), groups=tuple(groups)))
-        current.clear()
 
     def computed(ts: list[Tree]) -> int:
-        return batch_computed(ts, lengths, pad_multiple, cache_tokens, forward_tokens, token_budget)
+        return batch_computed(ts, lengths, pad_multiple, cache_tokens, forward_tokens, token_budget, packed)
 
-    costs = {id(t): t.cost(lengths, pad_multiple) for t in trees}
+    closed: list[list[Tree]] = []
+    current: list[Tree] = []
+    costs = {id(t): t.cost(lengths, pad_multiple, packed=packed) for t in trees}
     for tree in sorted(trees, key=lambda t: -costs[id(t)]):
         trial = current + [tree]
         fits = (sum(costs[id(t)] for t in trial) <= token_budget and computed(trial) <= token_budget
                 and sum(len(t.rows()) for t in trial) <= max_rows
-                and sum(lengths[i] for t in trial for i in t.rows()) <= (stored_budget or token_budget))
+                and sum(lengths[i] for t in trial for i in t.rows()) <= stored_budget)
         if current and not fits:
-            close()
+            closed.append(current)
+            current = []
         current.append(tree)
     if current:
-        close()
+        closed.append(current)
+    riders: list[list[int]] = [[] for _ in closed]
+    if packed:   # rows alone ride in a tree batch's waves where its budgets have room, longest first
+        room = [[token_budget - computed(ts), stored_budget - sum(lengths[i] for t in ts for i in t.rows()),
+                 max_rows - sum(len(t.rows()) for t in ts)] for ts in closed]
+        for i in sorted(alone_rows, key=lambda i: -lengths[i]):
+            for b, (compute, store, rows) in enumerate(room):
+                if lengths[i] <= min(compute, store) and rows:
+                    riders[b].append(i)
+                    room[b] = [compute - lengths[i], store - lengths[i], rows - 1]
+                    break
+        rode = {i for r in riders for i in r}
+        alone_rows = [i for i in alone_rows if i not in rode]
+    batches: list[PlannedBatch] = []
+    for ts, extra in zip(closed, riders, strict=True):
+        members, groups = [], []
+        for t in ts:
+            groups += t.groups(len(members))
+            members += t.rows()
+        members += sorted(extra)
+        padded_len = round_up(max(lengths[i] for i in members), pad_multiple)
+        batches.append(PlannedBatch(members, padded_len, sum(lengths[i] for i in members), len(members) * padded_len,
+                                    computed=computed(ts) + sum(lengths[i] for i in extra), groups=tuple(groups)))
     planned = cut_batches([lengths[i] for i in alone_rows], token_budget, max_rows, pad_multiple)
     batches += [PlannedBatch([alone_rows[j] for j in b.members], b.padded_len, b.tokens, b.padded) for b in planned]
     return batches

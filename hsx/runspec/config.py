@@ -63,6 +63,7 @@ class ProduceConfig:
     prefix_min_tokens: int = D.DEFAULT_PREFIX_MIN_TOKENS   # tokens a spine has at least
     prefix_forward_tokens: int = D.DEFAULT_PREFIX_FORWARD_TOKENS   # the price of a forward in tokens (planning)
     prefix_stored_budgets: int = D.AUTO_PREFIX_STORED_BUDGETS   # token budgets a batch of trees may store (0: auto)
+    prefix_rows: str = D.PREFIX_ROWS[0]   # packed | padded: how the workers run a tree batch's rows (planning)
 
 
 @dataclass(frozen=True)

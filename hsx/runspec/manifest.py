@@ -28,7 +28,7 @@ IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "store_final", "dtype", "st
                    "dataset_fingerprint", "chat_template_hash", "store_url", "template_kwargs", "columns",
                    "window_rows", "compute_dtype", "fp8_accumulation", "mixture", "per_turn")
 # Fields written only when they differ from this value (the value of every manifest written before them).
-OMITTED_AT = {"per_turn": False, "prefix_stored_tokens": 0}
+OMITTED_AT = {"per_turn": False, "prefix_stored_tokens": 0, "prefix_rows": "padded"}
 log = logging.getLogger(__name__)
 _warned: set[tuple[str, str]] = set()   # (run, field) whose relative path was reported: once a process
 
@@ -68,7 +68,7 @@ REQUIRED = {"run": _STR, "model": _STR, "model_config_hash": _STR, "model_type":
 OPTIONAL = {"store_dtype": _STR, "codec": _STR, "compute_dtype": _STR, "fp8_accumulation": _STR, "limits": _DICT, "template_kwargs": _DICT,
             "columns": _DICT, "window_rows": _INT, "format": _STR, "incarnation": _STR, "model_weights": _STR,
             "mixture": (list,), "per_turn": _BOOL, "prefix_reuse": _STR, "prefix_min_tokens": _INT,
-            "prefix_forward_tokens": _INT, "prefix_stored_tokens": _INT,
+            "prefix_forward_tokens": _INT, "prefix_stored_tokens": _INT, "prefix_rows": _STR,
             "prefix_cache_tokens": _INT}
 
 
@@ -133,6 +133,9 @@ class Manifest:
     prefix_cache_tokens: int = 0
     prefix_forward_tokens: int = 0
     prefix_stored_tokens: int = 0
+    # how the workers run a tree batch's rows, planned for (hsx.defaults.PREFIX_ROWS): "packed", or "padded" (as
+    # runs planned before it was recorded were; written only when packed)
+    prefix_rows: str = "padded"
     extra: Mapping = field(default_factory=lambda: MappingProxyType({}))  # keys of a newer hsx, kept as read
 
     def __post_init__(self):
@@ -239,6 +242,7 @@ class Manifest:
                 prefix_cache_tokens=data.get("prefix_cache_tokens") or 0,
                 prefix_forward_tokens=data.get("prefix_forward_tokens") or 0,
                 prefix_stored_tokens=data.get("prefix_stored_tokens") or 0,
+                prefix_rows=data.get("prefix_rows") or "padded",
                 extra=MappingProxyType({k: v for k, v in data.items() if k not in known}))
         except ManifestError as exc:
             raise ManifestError(f"{where}: {exc}") from None
@@ -354,7 +358,8 @@ def check_values(m: Manifest) -> None:
         raise _bad("layer_ids", ids, "not distinct and rising (low to high, each layer once)")
     choices = {"dtype": tuple(D.STORE_DTYPES[:-1]), "store_dtype": (m.dtype, FP8), "codec": D.CODECS,
                "compute_dtype": D.COMPUTE_DTYPES, "fp8_accumulation": D.FP8_ACCUMULATIONS,
-               "overlong": ("drop", "truncate"), "prefix_reuse": ("on", "off")}
+               "overlong": ("drop", "truncate"), "prefix_reuse": ("on", "off"),
+               "prefix_rows": D.PREFIX_ROWS}
     for name, allowed in choices.items():
         if getattr(m, name) not in allowed:
             raise _bad(name, getattr(m, name), f"not one of {', '.join(dict.fromkeys(allowed))}")

@@ -92,14 +92,15 @@ def prefix_settings(cfg: ProduceConfig, facts: RunFacts) -> dict:
     return {"prefix_reuse": "on", "prefix_min_tokens": max(1, cfg.prefix_min_tokens),
             "prefix_cache_tokens": DEFAULT_PREFIX_CACHE_BUDGETS * cfg.token_budget,
             "prefix_forward_tokens": max(1, cfg.prefix_forward_tokens),
-            "prefix_stored_tokens": stored_tokens(facts.prefix_stored_budgets, cfg.token_budget)}
+            "prefix_stored_tokens": stored_tokens(facts.prefix_stored_budgets, cfg.token_budget),
+            "prefix_rows": cfg.prefix_rows}
 
 
 def _prefixes_said(m: Manifest) -> str:
     return "off" if m.prefix_reuse != "on" else (f"on, spines of >= {m.prefix_min_tokens} tokens, "
                                                   f"{m.forward_tokens} tokens a forward" + (
                                                       f", {m.stored_tokens} tokens stored a batch of trees"
-                                                      if m.prefix_stored_tokens else ""))
+                                                      if m.prefix_stored_tokens else "") + f", rows {m.prefix_rows}")
 
 
 def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerprint: str,
@@ -133,6 +134,6 @@ def resumed_manifest(existing: Manifest | None, planned: Manifest, named_fingerp
     planned = replace(planned, prefix_reuse=existing.prefix_reuse, prefix_min_tokens=existing.prefix_min_tokens,
                       prefix_cache_tokens=existing.prefix_cache_tokens,
                       prefix_forward_tokens=existing.prefix_forward_tokens,
-                      prefix_stored_tokens=existing.prefix_stored_tokens)
+                      prefix_stored_tokens=existing.prefix_stored_tokens, prefix_rows=existing.prefix_rows)
     return replace(planned, created=existing.created, incarnation=existing.incarnation,
                    model_weights=planned.model_weights or existing.model_weights)
