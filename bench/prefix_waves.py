@@ -76,6 +76,8 @@ def main() -> int:
     ap.add_argument("--packed-tok-s", type=float, default=16_395)
     ap.add_argument("--prices", default="0,2560", help="--prefix-forward-tokens the plans are made at")
     ap.add_argument("--stored-multiple", default="1,4", help="budgets of stored tokens a tree batch may hold")
+    ap.add_argument("--rows", default="padded,packed",
+                    help="how the plans count a tree batch's rows (hsx produce --prefix-rows): padded, packed or both")
     ap.add_argument("--per-turn", default="every-message", type=per_turn_cuts,
                     help="how the agentic mix is cut (bench/prefix_reuse.py): hsx, every-message, or both")
     args = ap.parse_args()
@@ -86,7 +88,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hsx-prefix-waves-") as tmp:
         by_mix = mixes(args.tokens, Path(tmp), args.token_budget, args.per_turn)
     budget = args.token_budget
-    print(f"{'mix':18s} {'price':>5} {'stored x':>8} {'schedule':>15} {'computed':>9} {'forwards':>8} {'model s':>7} "
+    print(f"{'mix':18s} {'rows':>6} {'price':>5} {'stored x':>8} {'schedule':>15} {'computed':>9} {'forwards':>8} {'model s':>7} "
           f"{'x off':>6}")
     for mix, seqs in by_mix.items():
         lengths = [len(s) for s in seqs]
@@ -94,25 +96,26 @@ def main() -> int:
         offs = {"padded": ([b.padded for b in plain], args.computed_tok_s),
                 "waves": ([sum(lengths[i] for i in b.members) for b in plain], args.packed_tok_s)}
         for name, (fw, rate) in offs.items():
-            print(f"{mix:18s} {'':>5} {'':>8} {'off, ' + name:>15} {sum(fw):>9,} {len(fw):>8} {seconds(fw, rate):>7.1f} "
+            print(f"{mix:18s} {'':>6} {'':>5} {'':>8} {'off, ' + name:>15} {sum(fw):>9,} {len(fw):>8} {seconds(fw, rate):>7.1f} "
                   f"{1:>6.2f}")
-        for multiple in (int(x) for x in args.stored_multiple.split(",")):
-            for price in (int(x) for x in args.prices.split(",")):
-                planned = stored_multiple(multiple, seqs, budget, price)
-                runs = {"padded": [], "padded, chooses": [], "waves": []}
-                for b in planned:
-                    if not b.groups:
-                        runs["padded"].append(b.padded)
-                        runs["padded, chooses"].append(b.padded)
-                        runs["waves"].append(sum(lengths[i] for i in b.members))
-                        continue
-                    runs["waves"] += waves(b, seqs, budget)
-                    runs["padded"] += group_by_group(b, seqs, budget, price)
-                    runs["padded, chooses"] += group_by_group(b, seqs, budget, price, GROUPWISE_PREFIX_FORWARD_TOKENS)
-                for name, fw in runs.items():
-                    off, rate = offs[name.split(",")[0]][0], offs[name.split(",")[0]][1]
-                    print(f"{mix:18s} {price:>5} {multiple:>8} {name:>15} {int(sum(fw)):>9,} {len(fw):>8} "
-                          f"{seconds(fw, rate):>7.1f} {seconds(off, rate) / seconds(fw, rate):>6.2f}")
+        for rows, multiple, price in itertools.product(args.rows.split(","),
+                                                       (int(x) for x in args.stored_multiple.split(",")),
+                                                       (int(x) for x in args.prices.split(","))):
+            planned = stored_multiple(multiple, seqs, budget, price, rows)
+            runs = {"padded": [], "padded, chooses": [], "waves": []}
+            for b in planned:
+                if not b.groups:
+                    runs["padded"].append(b.padded)
+                    runs["padded, chooses"].append(b.padded)
+                    runs["waves"].append(sum(lengths[i] for i in b.members))
+                    continue
+                runs["waves"] += waves(b, seqs, budget)
+                runs["padded"] += group_by_group(b, seqs, budget, price)
+                runs["padded, chooses"] += group_by_group(b, seqs, budget, price, GROUPWISE_PREFIX_FORWARD_TOKENS)
+            for name, fw in runs.items():
+                off, rate = offs[name.split(",")[0]][0], offs[name.split(",")[0]][1]
+                print(f"{mix:18s} {rows:>6} {price:>5} {multiple:>8} {name:>15} {int(sum(fw)):>9,} {len(fw):>8} "
+                      f"{seconds(fw, rate):>7.1f} {seconds(off, rate) / seconds(fw, rate):>6.2f}")
     return 0
 
 
@@ -157,9 +160,11 @@ class Cache:
         pass
 
 
-def stored_multiple(multiple: int, seqs, budget: int, price: int):
-    """The producer's tree plan with a tree batch allowed ``multiple`` budgets of stored tokens."""
-    return cut_prefix_batches(seqs, budget, 512, 8, 32, 2 * budget, price, stored_budget=multiple * budget, packed=bool(__import__("os").environ.get("PACKED")))
+def stored_multiple(multiple: int, seqs, budget: int, price: int, rows: str = "padded"):
+    """The producer's tree plan with a tree batch allowed ``multiple`` budgets of stored tokens, its rows
+    counted ``rows`` (hsx produce --prefix-rows)."""
+    return cut_prefix_batches(seqs, budget, 512, 8, 32, 2 * budget, price, stored_budget=multiple * budget,
+                              packed=rows == "packed")
 
 
 if __name__ == "__main__":

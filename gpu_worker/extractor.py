@@ -403,17 +403,20 @@ class Extractor:
         """What to say where this worker runs tree batches group by group (no packed waves) on a plan priced for
         the waves (under GROUPWISE_PREFIX_FORWARD_TOKENS a forward, as the default is): such a worker pays a forward
         a spine, and on per-turn data such a plan can run slower than none (docs/data.md); "" otherwise."""
-        price = manifest.forward_tokens
-        if manifest.prefix_reuse != "on" or self.continues or price >= GROUPWISE_PREFIX_FORWARD_TOKENS:
+        if manifest.prefix_reuse != "on" or self.continues:
+            return ""
+        price, packed = manifest.forward_tokens, manifest.prefix_rows == "packed"
+        if price >= GROUPWISE_PREFIX_FORWARD_TOKENS and not packed:
             return ""
         alone = (f"; it runs a batch's samples alone where its trees cost more at {self.groupwise_price} tokens a "
                  "forward (hsx worker --prefix-forward-tokens), which does not undo the plan" if self.groupwise_price
                  else "")
-        return (f"this run's trees were planned at {price} token{'s' * (price != 1)} a forward, for workers that run "
-                "them in packed waves; this one runs them group by group (no packed rows here: fla's varlen kernels "
-                "on a GPU, the gpu extra), a forward a spine, where such a plan can be slower than none (hsx's "
-                f"per-turn cut, modelled: docs/data.md){alone}; plan runs for such workers with hsx produce "
-                f"--prefix-forward-tokens {GROUPWISE_PREFIX_FORWARD_TOKENS}")
+        rows = ", rows packed" if packed else ""
+        return (f"this run's trees were planned at {price} token{'s' * (price != 1)} a forward{rows}, for workers "
+                "that run them in packed waves; this one runs them group by group (no packed rows here: fla's varlen "
+                "kernels on a GPU, the gpu extra), a forward a spine and a group's rows padded, where such a plan can "
+                f"be slower than none (modelled: docs/data.md){alone}; plan runs for such workers with hsx produce "
+                f"--prefix-rows padded --prefix-forward-tokens {GROUPWISE_PREFIX_FORWARD_TOKENS}")
 
     def wide_batch_warning(self, manifest, free_bytes: int) -> str:
         """What to say where this run's batches of trees store more than a budget (--prefix-stored-budgets) and

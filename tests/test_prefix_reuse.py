@@ -446,6 +446,51 @@ def test_the_worker_computes_what_the_plan_counted(price, tiny_model, monkeypatc
     assert any(masked) == (price > 1), masked   # rows of groups with different pasts in one forward
 
 
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_a_packed_plan_keeps_every_leaf_and_each_runner_computes_it_exactly(kind, tiny_model, monkeypatch):
+    """--prefix-rows packed: a group's rows going on are not padded, so every leaf of a spine is kept, however its
+    length differs from the others' (a padded plan keeps the range of lengths that pays for its padding), and rows
+    sharing nothing ride in the tree batches where their budgets have room. A packing worker's waves compute
+    exactly the tokens the plan counted; a worker that pads runs the same batch with no forward over the budget
+    (a group's rows cut longest first: ``row_pieces``). Every sample equals its lone forward on both."""
+    from gpu_worker import kernels
+    from gpu_worker.prefixrun import row_pieces
+    from tests.test_kernels import _reference
+
+    rng = np.random.default_rng(3)
+    ids = lambda n: list(rng.integers(0, 200, n))   # noqa: E731
+    system = ids(150)
+    seqs = [system + ids(n) for n in (12, 40, 25, 700, 30)] + [ids(n) for n in (90, 60, 300, 35)]
+    padded = find_groups(seqs, 16, 1)
+    packed = find_groups(seqs, 16, 1, packed=True)
+    assert packed == [([0, 1, 2, 3, 4], 150)] and padded and 3 not in padded[0][0], (packed, padded)
+    budget = 1200
+    planned = cut_prefix_batches(seqs, budget, 64, 8, 16, 2 * budget, 1, stored_budget=2 * budget, packed=True)
+    assert sorted(i for b in planned for i in b.members) == list(range(len(seqs)))   # every row once
+    tree = next(b for b in planned if b.groups)
+    riders = tree.members[5:]
+    assert tree.members[:5] == [0, 1, 2, 3, 4] and riders and all(i >= 5 for i in riders)
+    assert tree.computed == 150 + (12 + 40 + 25 + 700 + 30) + sum(len(seqs[i]) for i in riders) <= budget
+    assert all(b.tokens <= 2 * budget and b.computed <= budget for b in planned)
+
+    model = _model(kind, tiny_model)
+    rows = [torch.tensor(seqs[i]) for i in tree.members]
+    batch_ids, cu = _batch(rows)
+    groups = [list(g) for g in tree.groups]
+    pads = Extractor(model, LAYERS, store_final=True, out_dtype="float32")   # the padded runner, group by group
+    fed, real = [], pads.forward_packed
+    monkeypatch.setattr(pads, "forward_packed", lambda x, *a, **k: fed.append(x.numel()) or real(x, *a, **k))
+    _lone_error(model, rows, *pads.run_shared(batch_ids, cu, groups, budget, 2 * budget, 1), cu)
+    assert fed and max(fed) <= budget, fed   # 5 rows going on x 700 would be 3,500 in one forward
+    assert row_pieces([700, 30, 12], 800, 0) == [[0], [1, 2]] and row_pieces([30, 12], 800, 1) == [[0], [1]]
+    monkeypatch.setattr(kernels, "choose", lambda mode, device: (_reference(model), ""))
+    waves = Extractor(model, LAYERS, store_final=True, out_dtype="float32")
+    assert waves.continues
+    before = waves.tokens_fed
+    _lone_error(model, rows, *waves.run_shared(batch_ids, cu, groups, budget, 2 * budget, 1), cu)
+    assert waves.tokens_fed - before == tree.computed
+
+
 def test_merged_forwards_pays_only_where_the_padding_costs_less_than_a_forward(monkeypatch):
     """The rows going on from groups (past, lengths after it) are merged largest first: a group joins where its
     padding is under the price, the forward within the budget and its keys within the cache; a model that takes
@@ -847,7 +892,7 @@ def test_the_worker_says_the_snapshot_bound_at_start():
 
     ex = Extractor(_tiny_hybrid(), LAYERS, store_final=True, out_dtype="float32")
     on = SimpleNamespace(prefix_reuse="on", prefix_min_tokens=32, prefix_cache_tokens=8192, max_batch_rows=64,
-                         prefix_stored_tokens=0)
+                         prefix_stored_tokens=0, prefix_rows="padded")
     # keys and values: 1 attention layer x 2 x 2 heads x 16 x 4 bytes x 8192 tokens x 2 (expanded to the rows
     # going on, and the held groups' own) = 4,194,304; GDN: 3 layers x (recurrent 4 x 16 x 16 x 4 bytes + conv 128
     # channels x 3 taps x 4 bytes) x (64 rows + 16 held groups) = 1,351,680
@@ -859,10 +904,13 @@ def test_the_worker_says_the_snapshot_bound_at_start():
     wide = SimpleNamespace(**{**vars(on), "prefix_stored_tokens": 32768})
     # a plan priced for the waves, on a worker that runs tree batches group by group (this one): said
     assert not ex.continues and ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=2560)) == ""
-    assert "planned at 1 token a forward" in ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=1))
-    assert ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=512)).endswith(   # the default's
-        "where such a plan can be slower than none (hsx's per-turn cut, modelled: docs/data.md); plan runs for such "
-        "workers with hsx produce --prefix-forward-tokens 2560")
+    assert "planned at 1 token a forward, for" in ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=1))
+    packed = SimpleNamespace(**{**vars(on), "prefix_rows": "packed"})   # rows planned unpadded: said at any price
+    assert "planned at 2560 tokens a forward, rows packed, for" in ex.prefix_plan_warning(
+        SimpleNamespace(**vars(packed), forward_tokens=2560))
+    assert ex.prefix_plan_warning(SimpleNamespace(**vars(packed), forward_tokens=512)).endswith(   # the default's
+        "where such a plan can be slower than none (modelled: docs/data.md); plan runs for such workers with hsx "
+        "produce --prefix-rows padded --prefix-forward-tokens 2560")
     ex.groupwise_price = 2560   # hsx worker's default: it says that it chooses
     assert "; it runs a batch's samples alone where its trees cost more at 2560 tokens a forward (hsx worker " \
            "--prefix-forward-tokens), which does not undo the plan; plan runs" in \
