@@ -63,7 +63,8 @@ def test_inspect_takes_produces_own_flag_declarations_and_refuses_alike(capsys):
                       "--dtype", "--store-dtype", "--codec", "--compute-dtype", "--fp8-accumulation", "--template-kwargs",
                       "--columns", "--max-length",
                       "--overlong", "--max-reject-share", "--tokenise-workers", "--window-rows", "--per-turn",
-                      "--prefix-reuse", "--prefix-min-tokens", "--prefix-forward-tokens", "--prefix-stored-budgets"}
+                      "--prefix-reuse", "--prefix-min-tokens", "--prefix-forward-tokens", "--prefix-stored-budgets",
+                      "--prefix-rows"}
     by_name = {f.name: f for f in produce.FLAGS}
     assert all(f is by_name[f.name] for f in inspect.FLAGS if f.name in shared)   # one declaration, not a copy
     # Before, inspect declared --token-budget and --pad-multiple without produce's upper limits.

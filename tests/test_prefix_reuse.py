@@ -662,7 +662,7 @@ def test_a_nested_group_is_kept_only_where_it_saves_more_than_its_forwards():
 def test_the_price_of_a_forward_is_recorded_and_a_run_planned_before_keeps_its_own():
     from dataclasses import replace
 
-    from hsx.runspec.manifest import Manifest
+    from hsx.runspec.manifest import Manifest, ManifestError
     from tests.manifests import example_manifest
 
     before = {**json.loads(example_manifest().to_json()), "prefix_reuse": "on", "prefix_min_tokens": 32,
@@ -677,6 +677,12 @@ def test_the_price_of_a_forward_is_recorded_and_a_run_planned_before_keeps_its_o
     assert manifest.stored_tokens == manifest.token_budget and "prefix_stored_tokens" not in json.loads(priced.to_json())
     wide = replace(priced, prefix_stored_tokens=4 * manifest.token_budget)
     assert Manifest.from_json(wide.to_json()).stored_tokens == 4 * manifest.token_budget
+    # how the rows were planned: padded where not recorded (a run planned before it), written only when packed
+    assert manifest.prefix_rows == "padded" and "prefix_rows" not in json.loads(priced.to_json())
+    packed = replace(priced, prefix_rows="packed")
+    assert Manifest.from_json(packed.to_json()).prefix_rows == "packed" == json.loads(packed.to_json())["prefix_rows"]
+    with pytest.raises(ManifestError, match="prefix_rows"):
+        Manifest.from_json(json.dumps({**json.loads(packed.to_json()), "prefix_rows": "sideways"}))
 
 
 def test_stored_budgets_out_of_bounds_are_refused_by_name():
