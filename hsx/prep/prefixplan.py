@@ -7,13 +7,14 @@ at least ``min_prefix`` more tokens, each sub-run is a child group whose spine c
 row in no child is a leaf of its group, computing only its remainder. Per-turn rows of one conversation make a
 chain of groups (turn k's history is the spine of turns k+1..), rows of one system prompt a root over them.
 
-A tree's cost is what it computes: each group's spine beyond its parent's, plus its leaves x their padded
-length; a batch holds trees whose costs sum to at most the token budget, and whose stored tokens do too (the
-worker's output and pinned buffers, and the batch file, hold a budget's tokens), whose leaves x spine (the
-cache expanded to a group's leaves: gpu_worker/prefixrun.py) stay under ``cache_tokens``. A tree too large for one
+A tree's cost is what it computes: each group's spine beyond its parent's, plus its rows going on (``packed``,
+planned for workers that pack rows: each its own tokens; else each padded to the group's longest); a batch
+holds trees whose costs sum to at most the token budget, and whose stored tokens do too (the worker's output
+and pinned buffers, and the batch file, hold a budget's tokens), whose leaves x spine (the cache expanded to a
+group's leaves: gpu_worker/prefixrun.py) stay under ``cache_tokens``. A tree too large for one
 batch is cut: its child groups become trees of their own (their spines computed again from token 0) and its
-own leaves are cut into pieces that each compute the spine again. A batch holds trees only, or rows computed
-alone only (``cut_batches``).
+own leaves are cut into pieces that each compute the spine again. A batch holds trees, or rows computed alone
+only (``cut_batches``); a packed plan lets rows computed alone ride in a tree batch's room (they fill its waves).
 
 Forwards are priced too (``forward_tokens`` a forward, measured: hsx/defaults.py): a tree is made, and a nested
 group kept, only where it saves more tokens than its spines' forwards cost. A group whose members are all
