@@ -2,7 +2,7 @@
 # This stop's device calls, one a call, each branching on the card it finds (an H200 gives the headline figures,
 # an H100 the ratios, the profile and the fidelity); every step tees its log under $OUT.
 #
-#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AR
+#     bash bench/device_calls.sh E|F|...|X|Y|Z|AA|...|AS
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"
@@ -109,6 +109,11 @@ case "$1:$GPU" in
   AR:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=60000 T_PREFIX=380 PREFIX_ARGS="--fidelity-samples 2 \
               --repeats 1 --warm-batches 0" bash bench/run_gpu.sh prefix ;;  # AQ cut to what ~450 device seconds hold:
               # off against the defaults (packed rows) on both mixes, 60k tokens a mix
+  AS:*H200*) step prefix.log PER_TURN=every-message TOKENS_PREFIX=40000 T_PREFIX=290 PREFIX_ARGS="--fidelity-samples 2 \
+              --repeats 1 --warm-batches 0" bash bench/run_gpu.sh prefix ;;  # AR cut to a session's last ~430 s
+  AS:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=60000 T_PREFIX=290 PREFIX_ARGS="--fidelity-samples 2 \
+              --repeats 1 --warm-batches 0 --seeds-like-first" bash bench/run_gpu.sh prefix ;;  # on an H100 the
+              # seeds-like mix first: the packed plan's +5 % goal
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS

@@ -356,6 +356,8 @@ def main() -> int:
                     help="batches of each mode run untimed before its timed pass (0: all of them: every shape "
                          "compiled off the clock)")
     ap.add_argument("--no-seeds-like", action="store_true", help="the agentic mix(es) only")
+    ap.add_argument("--seeds-like-first", action="store_true",
+                    help="measure the seeds-like mix before the agentic one(s) (a call cut at its limit keeps it)")
     ap.add_argument("--also-forward-tokens", type=int, default=None,
                     help="a third mode: the mixes planned at this price of a forward too, timed alongside")
     ap.add_argument("--stored-budgets", type=int, default=DEFAULT_PREFIX_STORED_BUDGETS,
@@ -381,6 +383,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hsx-prefix-bench-") as tmp:
         t = time.perf_counter()
         seqs = mixes(args.tokens, Path(tmp), args.max_length, args.per_turn, not args.no_seeds_like)
+        if args.seeds_like_first:
+            seqs = dict(sorted(seqs.items(), key=lambda item: item[0] != "seeds-like"))
         print(f"[bench] mixes tokenised in {time.perf_counter() - t:.1f}s: "
               + ", ".join(f"{k} {len(v):,} rows {sum(map(len, v)):,} tokens" for k, v in seqs.items()), flush=True)
         results = [bench_shape(args, shape, seqs) for shape in (("tiny", "tiny-hybrid") if args.cpu else (args.shape,))]
