@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -287,6 +288,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _stop_pid(pid: int, sig: int, timeout: float) -> None:
+    """Signal ``pid`` (not this process's child: a wrapper's) and wait until it is gone."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while not _gone(pid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"redis-server (pid {pid}) did not exit within {timeout}s of signal {sig}")
+        time.sleep(0.05)
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or one that exited and waits to be reaped by its parent (a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
 class LocalRedis:
     """A private redis-server on loopback with AOF on, for the embedded default and tests."""
 
@@ -296,6 +323,7 @@ class LocalRedis:
         self.port = port or free_port()
         self.binary = binary or os.environ.get("HSX_REDIS_SERVER") or shutil.which("redis-server")
         self.proc: subprocess.Popen | None = None
+        self.server_pid: int | None = None   # the redis-server that answered as this one's (a wrapper's child)
 
     @property
     def url(self) -> str:
@@ -332,16 +360,22 @@ class LocalRedis:
                     raise taken
                 raise RuntimeError(f"redis-server exited with code {code} on port {self.port}")
             if answering is not None and _descends_from(answering, self.proc.pid):
+                self.server_pid = answering
                 return self
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout}s")
 
-    def stop(self, kill: bool = False) -> None:
+    def stop(self, kill: bool = False, timeout: float = 10.0) -> None:
+        """The server stopped (SIGTERM: it writes its AOF and exits; ``kill``: SIGKILL), and where it was started
+        through a wrapper script, the redis-server child that answered as this one's too."""
+        child = self.server_pid if self.proc is not None and self.server_pid != self.proc.pid else None
         if self.proc and self.proc.poll() is None:
             self.proc.kill() if kill else self.proc.terminate()
-            self.proc.wait(timeout=10)
-        self.proc = None
+            self.proc.wait(timeout=timeout)
+        if child is not None:
+            _stop_pid(child, signal.SIGKILL if kill else signal.SIGTERM, timeout)
+        self.proc = self.server_pid = None
 
     def __enter__(self) -> LocalRedis:
         return self.start()

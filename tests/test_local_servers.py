@@ -4,15 +4,13 @@ so its tests talked to the proxy's moto server, and failed with the proxy's 403)
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import socket
 
 import pytest
 
 import tests.rclone
-from hsx.redisconn import LocalRedis, PortTaken, connect
+from hsx.redisconn import LocalRedis, PortTaken, _gone, connect
 from tests.ports import listens
 from tests.rclone import RcloneS3
 
@@ -61,14 +59,15 @@ def test_rclone_on_a_taken_port_starts_again_on_another(tmp_path, monkeypatch):
 
 def test_a_local_redis_started_through_a_wrapper_is_its_own(tmp_path):
     """HSX_REDIS_SERVER may name a script that starts redis-server as its child: the server answering is the
-    wrapper's descendant, so it is this LocalRedis's own."""
+    wrapper's descendant, so it is this LocalRedis's own, and stopping it stops that child too (not the wrapper
+    alone, which would leave the server holding its port and data)."""
     wrapper = tmp_path / "redis-wrapper"
     wrapper.write_text(f'#!/bin/sh\n"{shutil.which("redis-server")}" "$@"\n')
     wrapper.chmod(0o755)
     server = LocalRedis(tmp_path / "data", binary=str(wrapper)).start()
     pid = connect(server.url).info("server")["process_id"]
     try:
-        assert pid != server.proc.pid   # the child answers, not the wrapper
+        assert pid != server.proc.pid and server.server_pid == pid   # the child answers, not the wrapper
     finally:
-        os.kill(pid, signal.SIGTERM)    # stopping the wrapper leaves its child
         server.stop()
+    assert _gone(pid)   # exited (or a zombie its new parent has yet to reap)
