@@ -107,14 +107,19 @@ def test_a_store_whose_head_lies_is_caught_by_read_back(r, redis_server, tiny_mo
 
 def test_incomplete_multipart_uploads_are_reported_and_stale_ones_aborted(r, redis_server, tiny_model, s3_server,
                                                                            s3_bucket, lying_store, tmp_path):
+    import math
     import time
 
+    from tests.waiting import scaled
     from uploader.worker import run_uploader
 
     lying_store.lies_left = 0  # an honest store; the proxy gives each upload its true start time
     settings = _settings(lying_store.url, s3_bucket)
+    # the young upload must stay younger than a lease through verify and the uploader's start-up: 5 s on a quiet
+    # machine, stretched on a loaded one (at load 6-7 on 2 cores those two took more than 5 s)
+    lease = math.ceil(scaled(5))
     produce(produce_config(redis_server.url, tiny_model, settings, run="mp", dataset=_rows(tmp_path), enqueue=False,
-                           lease_seconds=5))
+                           lease_seconds=lease))
     s3 = _s3(lying_store.url)
     specs = ledger.all_specs(r, "mp")
 
@@ -128,7 +133,7 @@ def test_incomplete_multipart_uploads_are_reported_and_stale_ones_aborted(r, red
     live = start("b0000001")     # another uploader's upload in progress: it holds its batch's lease
     with batchlife.uploading(r, "mp", "b0000001", UploadJob("otherhost", "", 0, ""), 600):  # until that uploader dies too
         other_run = start("b0000002", run="notarun")  # not a run of this Redis: not ours to touch
-        time.sleep(5.5)              # the run's lease length (5 s) on the store's clock
+        time.sleep(lease + 0.5)      # the run's lease length on the store's clock
         young = start("b0000003")    # started just now (no lease seen: the listing may run ahead of a lease read)
         store = open_store(settings.url, lying_store.url, "us-east-1", "path")
         report = verify_run(r, store, "mp")
