@@ -405,7 +405,7 @@ class Extractor:
         a spine, and on per-turn data such a plan can run slower than none (docs/data.md); "" otherwise."""
         if manifest.prefix_reuse != "on" or self.continues:
             return ""
-        price, packed = manifest.forward_tokens, manifest.prefix_rows == "packed"
+        price, packed = manifest.forward_tokens, manifest.rows_packed
         if price >= GROUPWISE_PREFIX_FORWARD_TOKENS and not packed:
             return ""
         alone = (f"; it runs a batch's samples alone where its trees cost more at {self.groupwise_price} tokens a "

@@ -218,10 +218,17 @@ def check_reachable(url: str, wait_seconds: float) -> None:
             probe.close()
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (0: state, 1: parent pid, 19: start ticks);
+    OSError where the process cannot be read."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()
+
+
 def _process_age_seconds() -> float:
     """Seconds since this process started (Linux /proc; 0 where unknown)."""
     try:
-        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        start_ticks = int(_stat_fields("self")[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])
         return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
     except (OSError, ValueError, IndexError):
@@ -249,8 +256,7 @@ def _descends_from(pid: int, ancestor: int) -> bool:
         if pid == ancestor:
             return True
         try:
-            with open(f"/proc/{pid}/stat") as fh:
-                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            pid = int(_stat_fields(pid)[1])
         except (OSError, ValueError, IndexError):
             return False
         if pid <= 1:
@@ -308,9 +314,8 @@ def _gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
+        return _stat_fields(pid)[0] == "Z"
+    except (OSError, IndexError):
         return False
 
 

@@ -262,7 +262,7 @@ def _plan_window(planning: Planning, manifest: Manifest, window: Window) -> Wind
         planned = cut_prefix_batches([s.input_ids for s in samples], cfg.token_budget, cfg.max_batch_rows,
                                      cfg.pad_multiple, manifest.prefix_min_tokens, manifest.prefix_cache_tokens,
                                      manifest.forward_tokens, manifest.stored_tokens,
-                                     packed=manifest.prefix_rows == "packed")
+                                     packed=manifest.rows_packed)
     else:
         planned = cut_batches([len(s.input_ids) for s in samples], cfg.token_budget, cfg.max_batch_rows,
                               cfg.pad_multiple)

@@ -681,6 +681,7 @@ def test_the_price_of_a_forward_is_recorded_and_a_run_planned_before_keeps_its_o
     assert manifest.prefix_rows == "padded" and "prefix_rows" not in json.loads(priced.to_json())
     packed = replace(priced, prefix_rows="packed")
     assert Manifest.from_json(packed.to_json()).prefix_rows == "packed" == json.loads(packed.to_json())["prefix_rows"]
+    assert packed.rows_packed and not priced.rows_packed
     with pytest.raises(ManifestError, match="prefix_rows"):
         Manifest.from_json(json.dumps({**json.loads(packed.to_json()), "prefix_rows": "sideways"}))
 
@@ -757,8 +758,8 @@ def test_a_per_turn_run_stores_every_sample_exact_with_spines_across_windows(r, 
     specs = ledger.all_specs(r, "pt").values()
     assert manifest.prefix_rows == "packed" and json.loads(manifest.to_json())["prefix_rows"] == "packed"
     grouped = [{b for first, count, _ in s.prefix_groups for b in range(first, first + count)} for s in specs]
-    # rows sharing nothing ride in the tree batches (a packed plan), or make plain batches of their own
-    assert any(s.prefix_groups for s in specs) and any(len(g) < s.samples for g, s in zip(grouped, specs, strict=True))
+    # a packed plan: rows sharing nothing ride in the tree batches' room
+    assert any(s.prefix_groups and len(g) < s.samples for g, s in zip(grouped, specs, strict=True))
     stored, computed, worst = _check_stored(r, open_store(str(tmp_path / "store")), "pt", tiny_model)
     assert stored == report.tokens and computed == report.computed_tokens < 0.75 * stored
     totals = ledger.run_totals(r, "pt")
@@ -898,7 +899,7 @@ def test_the_worker_says_the_snapshot_bound_at_start():
 
     ex = Extractor(_tiny_hybrid(), LAYERS, store_final=True, out_dtype="float32")
     on = SimpleNamespace(prefix_reuse="on", prefix_min_tokens=32, prefix_cache_tokens=8192, max_batch_rows=64,
-                         prefix_stored_tokens=0, prefix_rows="padded")
+                         prefix_stored_tokens=0, rows_packed=False)
     # keys and values: 1 attention layer x 2 x 2 heads x 16 x 4 bytes x 8192 tokens x 2 (expanded to the rows
     # going on, and the held groups' own) = 4,194,304; GDN: 3 layers x (recurrent 4 x 16 x 16 x 4 bytes + conv 128
     # channels x 3 taps x 4 bytes) x (64 rows + 16 held groups) = 1,351,680
@@ -911,7 +912,7 @@ def test_the_worker_says_the_snapshot_bound_at_start():
     # a plan priced for the waves, on a worker that runs tree batches group by group (this one): said
     assert not ex.continues and ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=2560)) == ""
     assert "planned at 1 token a forward, for" in ex.prefix_plan_warning(SimpleNamespace(**vars(on), forward_tokens=1))
-    packed = SimpleNamespace(**{**vars(on), "prefix_rows": "packed"})   # rows planned unpadded: said at any price
+    packed = SimpleNamespace(**{**vars(on), "rows_packed": True})   # rows planned unpadded: said at any price
     assert "planned at 2560 tokens a forward, rows packed, for" in ex.prefix_plan_warning(
         SimpleNamespace(**vars(packed), forward_tokens=2560))
     assert ex.prefix_plan_warning(SimpleNamespace(**vars(packed), forward_tokens=512)).endswith(   # the default's

@@ -367,10 +367,9 @@ def cut_prefix_batches(sequences, token_budget: int, max_rows: int, pad_multiple
     in the waves' forwards), the rest cut as plain batches."""
     lengths = [len(s) for s in sequences]
     stored_budget = stored_budget or token_budget
-    trees, alone = [], []
-    for tree in find_trees(sequences, min_prefix, forward_tokens, packed):
-        for t in _fit(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget, packed):
-            (trees if len(t.rows()) > 1 else alone).append(t)
+    trees = [t for tree in find_trees(sequences, min_prefix, forward_tokens, packed)
+             for t in _fit(tree, lengths, token_budget, max_rows, pad_multiple, cache_tokens, stored_budget, packed)
+             if len(t.rows()) > 1]   # a piece of one row is computed alone
     grouped = {i for t in trees for i in t.rows()}
     alone_rows = sorted(set(range(len(sequences))) - grouped)
 

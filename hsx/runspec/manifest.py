@@ -263,6 +263,11 @@ class Manifest:
         return self.prefix_forward_tokens or LEGACY_PREFIX_FORWARD_TOKENS
 
     @property
+    def rows_packed(self) -> bool:
+        """Whether the run's trees were planned for workers that pack rows (``hsx produce --prefix-rows``)."""
+        return self.prefix_rows == "packed"
+
+    @property
     def stored_tokens(self) -> int:
         """The most tokens a batch of shared-prefix trees stores (its forwards each compute at most a budget)."""
         return self.prefix_stored_tokens or self.token_budget
