@@ -114,6 +114,9 @@ case "$1:$GPU" in
   AS:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=60000 T_PREFIX=290 PREFIX_ARGS="--fidelity-samples 2 \
               --repeats 1 --warm-batches 0 --seeds-like-first" bash bench/run_gpu.sh prefix ;;  # on an H100 the
               # seeds-like mix first: the packed plan's +5 % goal
+  AT:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=400 PREFIX_ARGS="--fidelity-samples 2 \
+              --repeats 1 --warm-batches 0 --also-padded-rows --seeds-like-first" bash bench/run_gpu.sh prefix ;;  # AQ's
+              # seeds-like half, which AQ's Triton compiles pushed past its limit: carry AQ's cache (.triton-cache.tgz)
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
