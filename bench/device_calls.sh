@@ -117,6 +117,9 @@ case "$1:$GPU" in
   AT:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=400 PREFIX_ARGS="--fidelity-samples 2 \
               --repeats 1 --warm-batches 0 --also-padded-rows --seeds-like-first" bash bench/run_gpu.sh prefix ;;  # AQ's
               # seeds-like half, which AQ's Triton compiles pushed past its limit: carry AQ's cache (.triton-cache.tgz)
+  AU:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=420 PREFIX_ARGS="--fidelity-samples 2 \
+              --repeats 2 --warm-batches 0 --also-padded-rows --seeds-like-first" bash bench/run_gpu.sh prefix ;;  # AT
+              # with two timed passes a mode: on an H200 issue 40's table, on an H100 AT again on another machine
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
