@@ -120,6 +120,12 @@ case "$1:$GPU" in
   AU:*)     step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=420 PREFIX_ARGS="--fidelity-samples 2 \
               --repeats 2 --warm-batches 0 --also-padded-rows --seeds-like-first" bash bench/run_gpu.sh prefix ;;  # AT
               # with two timed passes a mode: on an H200 issue 40's table, on an H100 AT again on another machine
+  AV:*H200*) step prefix.log PER_TURN=every-message,hsx TOKENS_PREFIX=100000 T_PREFIX=430 PREFIX_ARGS="--fidelity-samples 2 \
+              --repeats 1 --warm-batches 0 --also-padded-rows --seeds-like-first" bash bench/run_gpu.sh prefix ;;  # AT on
+              # an H200 (issue 40's table), then hsx's own per-turn cut
+  AV:*)     step prefix.log PER_TURN=hsx TOKENS_PREFIX=100000 T_PREFIX=430 PREFIX_ARGS="--fidelity-samples 2 \
+              --repeats 1 --warm-batches 0 --also-padded-rows --no-seeds-like" bash bench/run_gpu.sh prefix ;;  # on an
+              # H100 (AT and AU made the every-message and seeds-like rows there): hsx's own per-turn cut
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
