@@ -126,6 +126,10 @@ case "$1:$GPU" in
   AV:*)     step prefix.log PER_TURN=hsx TOKENS_PREFIX=100000 T_PREFIX=430 PREFIX_ARGS="--fidelity-samples 2 \
               --repeats 1 --warm-batches 0 --also-padded-rows --no-seeds-like" bash bench/run_gpu.sh prefix ;;  # on an
               # H100 (AT and AU made the every-message and seeds-like rows there): hsx's own per-turn cut
+  AW:*H200*) step prefix.log PER_TURN=every-message TOKENS_PREFIX=100000 T_PREFIX=250 PREFIX_ARGS="--fidelity-samples 2 \
+              --repeats 1 --warm-batches 0 --seeds-like-first" bash bench/run_gpu.sh prefix ;;  # AT on an H200, off
+              # against the defaults only: what a session's last ~380 device seconds hold
+  AW:*)     echo "an H100 again: AT, AU and AV made these rows on H100s already; nothing run" ;;
   *)        echo "unknown call $1"; exit 2 ;;
 esac
 exit $STATUS
