@@ -23,6 +23,7 @@ from redis.retry import Retry
 
 from hsx.defaults import DEFAULT_REDIS_CONNECT_SECONDS
 from hsx.errors import HsxError
+from hsx.pids import gone, stat_fields
 from hsx.retry import backoff_delay, pause
 
 log = logging.getLogger(__name__)
@@ -218,17 +219,10 @@ def check_reachable(url: str, wait_seconds: float) -> None:
             probe.close()
 
 
-def _stat_fields(pid: int | str) -> list[str]:
-    """The fields of ``/proc/<pid>/stat`` after the command name (0: state, 1: parent pid, 19: start ticks);
-    OSError where the process cannot be read."""
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().rsplit(")", 1)[1].split()
-
-
 def _process_age_seconds() -> float:
     """Seconds since this process started (Linux /proc; 0 where unknown)."""
     try:
-        start_ticks = int(_stat_fields("self")[19])
+        start_ticks = int(stat_fields("self")[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])
         return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
     except (OSError, ValueError, IndexError):
@@ -256,7 +250,7 @@ def _descends_from(pid: int, ancestor: int) -> bool:
         if pid == ancestor:
             return True
         try:
-            pid = int(_stat_fields(pid)[1])
+            pid = int(stat_fields(pid)[1])
         except (OSError, ValueError, IndexError):
             return False
         if pid <= 1:
@@ -301,22 +295,10 @@ def _stop_pid(pid: int, sig: int, timeout: float) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout
-    while not _gone(pid):
+    while not gone(pid):
         if time.monotonic() > deadline:
             raise RuntimeError(f"redis-server (pid {pid}) did not exit within {timeout}s of signal {sig}")
         time.sleep(0.05)
-
-
-def _gone(pid: int) -> bool:
-    """No such process, or one that exited and waits to be reaped by its parent (a zombie)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        return _stat_fields(pid)[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 class LocalRedis:

@@ -104,13 +104,27 @@ def _stop_while_starting(signum, frame) -> None:
     raise StoppedWhileStarting(signal.Signals(signum).name)
 
 
+class Terminated(BaseException):   # not an Exception: no `except Exception` on the way swallows it
+    """SIGTERM to a command with no stop of its own: raised where it stands, so it unwinds as Ctrl-C does."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
 def _install_start_handlers(command: Command) -> None:
     """Until rq's work loop installs its own (hsx/fleet/role.py restores these after it), a role's first SIGTERM
     ends it at once with exit 0: importing torch and loading a model take seconds to minutes, and a pod evicted
-    then (KEDA scaling down) died by the signal's default action (exit -15) instead of stopping."""
+    then (KEDA scaling down) died by the signal's default action (exit -15) instead of stopping.
+    Every other command (`hsx run` sets its own on top) unwinds on SIGTERM as on Ctrl-C, its `finally`s and
+    `with`s run: a producer stopped by `hsx run`, compose or a scheduler died by the default action, holding its
+    run's lock for 30 s (the same command again, at once, was refused) and leaving a plan window's temp file in a
+    local store (the complete run then verified "GAPS FOUND")."""
     if command.name in STOPPABLE_WHILE_STARTING:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, _stop_while_starting)
+    else:
+        signal.signal(signal.SIGTERM, _terminate)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hsx {command.name}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"hsx {command.name}: stopped by SIGTERM", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except OutOfMemoryError as exc:  # a command's write (roles ride it out: hsx/redisconn.py)
         print(f"hsx {command.name}: error: Redis refuses writes: its memory is at maxmemory with maxmemory-policy "
               f"noeviction ({exc}); raise its maxmemory (CONFIG SET maxmemory) or free memory, then run this again",

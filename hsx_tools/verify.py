@@ -23,6 +23,7 @@ from hsx.monitor import Progress
 from hsx.printable import printable
 from hsx.runspec import RunLimits
 from hsx.store import check_store, layout
+from hsx.store.local import writer_gone
 
 log = logging.getLogger(__name__)
 VERIFY_THREADS = 8   # store reads in flight
@@ -65,7 +66,8 @@ class VerifyReport:
             out.append(f"  {len(self.missing_samples)} planned sample ids are missing, e.g. {self.missing_samples[:5]}")
         if self.temp_files:
             out.append(f"  {len(self.temp_files)} temp files of killed writers in the store, e.g. {self.temp_files[:3]}"
-                       " (--repair removes those older than 10 min)")
+                       " (--repair removes those of a writer of this host that no longer runs, and any older than"
+                       " 10 min)")
         if self.stale_uploads:
             out.append(f"  {len(self.stale_uploads)} incomplete multipart uploads of killed uploaders (billed storage, "
                        f"no object), e.g. {self.stale_uploads[:3]} (--repair or a starting uploader aborts them)")
@@ -134,7 +136,7 @@ def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, re
         report.repaired = ledger.repair_batches(store, bad, specs) + ledger.requeue_orphans()
         if temp_files is not None:
             for path, age in temp_files(run):
-                if age >= STALE_TEMP_SECONDS:
+                if age >= STALE_TEMP_SECONDS or writer_gone(path):
                     path.unlink(missing_ok=True)
                     report.removed_temp_files.append(str(path))
     return report

@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import struct
 
 import pytest
@@ -12,6 +13,7 @@ from hsx.store import layout, open_store
 from hsx_tools.demo import sample_dataset
 from hsx_tools.verify import verify_run
 from producer.produce import produce
+from tests.deadpid import a_dead_pid
 from tests.pipeline import produce_config
 
 
@@ -54,15 +56,21 @@ def test_verify_reports_and_repair_removes_store_temp_files(r, redis_server, tin
     produce(produce_config(redis_server.url, tiny_model, str(store_dir), run="tf", enqueue=False))
     shard = store_dir / "tf" / "batches" / "00000"
     shard.mkdir(parents=True)
-    stale = shard / ".b0000000.safetensors.tmp-4242"  # a producer/uploader killed mid-put
-    fresh = shard / ".b0000001.safetensors.tmp-4343"  # a put in progress right now
-    stale.write_bytes(b"partial")
-    fresh.write_bytes(b"partial")
+    host = socket.gethostname()
+    stale = shard / ".b0000000.safetensors.tmp-4242"  # a producer/uploader killed mid-put (an older hsx's name)
+    fresh = shard / ".b0000001.safetensors.tmp-4343"  # a put in progress right now, its writer not known
+    killed = shard / f".b0000002.safetensors.tmp-{host}-{a_dead_pid()}"   # a writer of this host, gone: at once
+    live = shard / f".b0000003.safetensors.tmp-{host}-{os.getpid()}"      # this host's, running: kept
+    elsewhere = shard / f".b0000004.safetensors.tmp-otherhost-{a_dead_pid()}"   # another host's pid: not known
+    for path in (stale, fresh, killed, live, elsewhere):
+        path.write_bytes(b"partial")
     os.utime(stale, (1e9, 1e9))
     store = open_store(str(store_dir))
     report = verify_run(r, store, "tf")
-    assert not report.ok and sorted(report.temp_files) == sorted([str(stale), str(fresh)])
+    assert not report.ok and sorted(report.temp_files) == sorted(map(str, (stale, fresh, killed, live, elsewhere)))
     assert any("temp files of killed writers" in line for line in report.lines())
+    assert killed.exists()   # verify alone reads only
     repaired = verify_run(r, store, "tf", repair=True)
-    assert repaired.removed_temp_files == [str(stale)] and not stale.exists() and fresh.exists()
+    assert sorted(repaired.removed_temp_files) == sorted([str(stale), str(killed)])
+    assert not stale.exists() and not killed.exists() and fresh.exists() and live.exists() and elsewhere.exists()
     assert layout.batch_key("tf", "00000", "b0000000") not in store.list_keys("tf/")

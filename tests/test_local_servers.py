@@ -10,7 +10,8 @@ import socket
 import pytest
 
 import tests.rclone
-from hsx.redisconn import LocalRedis, PortTaken, _gone, connect
+from hsx.pids import gone
+from hsx.redisconn import LocalRedis, PortTaken, connect
 from tests.ports import listens
 from tests.rclone import RcloneS3
 
@@ -70,4 +71,4 @@ def test_a_local_redis_started_through_a_wrapper_is_its_own(tmp_path):
         assert pid != server.proc.pid and server.server_pid == pid   # the child answers, not the wrapper
     finally:
         server.stop()
-    assert _gone(pid)   # exited (or a zombie its new parent has yet to reap)
+    assert gone(pid)   # exited (or a zombie its new parent has yet to reap)

@@ -1,6 +1,9 @@
 """The producer at scale: windows enqueued early, rejects counted and bounded, resume, one producer a run."""
 
 import json
+import logging
+import os
+import socket
 import threading
 
 import pytest
@@ -10,6 +13,7 @@ from hsx.life.keys import RunKeys
 from hsx.life.producerlock import LockLost, ProducerBusy, ProducerLock
 from hsx_tools.demo import sample_dataset
 from producer.produce import produce
+from tests.deadpid import a_dead_pid
 from tests.pipeline import planned_specs, produce_config
 
 WINDOW = 20   # rows a window: the 160 shipped sample rows make 8 windows
@@ -124,6 +128,28 @@ def test_two_producers_of_one_run_never_enqueue_twice(r, redis_server, tiny_mode
     queued = _queued(r, "twice")
     assert first.enqueued == first.batches and third.enqueued == 0
     assert len(queued) == len(set(queued)) == first.batches
+
+
+def test_a_lock_naming_a_process_of_this_host_that_is_gone_is_taken_over_at_once(r, caplog):
+    """A producer SIGKILLed (or OOM-killed) cannot release its lock; the same command again was refused for the
+    rest of the lock's 30 s (`hsx run` starts its producer with --lock-wait 0)."""
+    key = RunKeys("takeover").producer_lock
+
+    def held_by(host: str, pid: int) -> None:
+        r.set(key, json.dumps({"host": host, "pid": pid, "nonce": "n"}), px=30_000)
+
+    held_by(socket.gethostname(), os.getpid())       # alive here (this very process: a thread's produce())
+    with pytest.raises(ProducerBusy, match="another producer"):
+        ProducerLock(r, "takeover").__enter__()
+    held_by("another-host", a_dead_pid())             # a pid of another host says nothing of that host's processes
+    with pytest.raises(ProducerBusy, match="another producer"):
+        ProducerLock(r, "takeover").__enter__()
+    gone = a_dead_pid()
+    held_by(socket.gethostname(), gone)
+    with caplog.at_level(logging.WARNING, logger="hsx.life.producerlock"), ProducerLock(r, "takeover") as taker:
+        taker.check()
+    assert f"pid {gone} on {socket.gethostname()}" in caplog.text and "took the lock over" in caplog.text
+    assert not r.exists(key)                          # released on the way out, as any holder's
 
 
 def test_lock_of_a_dead_producer_expires_on_redis_clock(r):

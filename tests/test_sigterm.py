@@ -206,6 +206,13 @@ def test_the_producer_and_the_dashboard_stop_in_bound(tmp_path, tiny_model, r, r
         wait_until("planning", lambda: ledger.run_totals(r, "sig-produce").get("planning"), 60,
                    check=lambda: roles.alive("produce"))
         roles.stop("produce")
+        # It unwinds: the run's lock released (the same command again is not refused for 30 s) and no temp file of
+        # a plan window left in the store (a complete run verified "GAPS FOUND" over one). It died by the
+        # signal's default action before (rc -15).
+        assert roles.procs["produce"].returncode == 128 + signal.SIGTERM
+        assert "hsx produce: stopped by SIGTERM" in roles.log("produce")
+        assert not r.exists(RunKeys("sig-produce").producer_lock)
+        assert not list((tmp_path / "store").rglob(".*.tmp-*"))
         port = free_port()
         roles.start("dashboard", "dashboard", "--port", str(port))
         wait_until("the dashboard listens", lambda: socket.create_connection(("127.0.0.1", port), timeout=scaled(2)).close() or True,

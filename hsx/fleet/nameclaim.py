@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 
 from hsx import life
 from hsx.errors import HsxError
 from hsx.life import RunKeys
+from hsx.pids import predecessor_gone
 
 log = logging.getLogger(__name__)
 
@@ -28,24 +28,12 @@ class NameTaken(HsxError, RuntimeError):
     """Another live worker holds this --name."""
 
 
-def _pid_gone(pid) -> bool:
-    if not isinstance(pid, int) or pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def predecessor_dead(r, run: str, name: str, host: str) -> bool:
     raw = r.get(RunKeys(run).heartbeat(name))
     if raw is None:
         return True
     stats = json.loads(raw)
-    return stats.get("host") == host and _pid_gone(stats.get("pid"))
+    return stats.get("host") == host and predecessor_gone(stats.get("pid"))
 
 
 def claim_name(r, rq_worker, run: str, host: str, heartbeat_seconds: float) -> bool:

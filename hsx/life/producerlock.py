@@ -3,7 +3,8 @@
 The lock is ``hsx:<run>:producer_lock`` (STRING, the holder's random token,
 PX TTL). Expiry is Redis' own clock, so host clocks do not matter. The holder
 refreshes it every TTL / 3 from a thread; a producer that stops (killed,
-paused past the TTL) loses it and a second one may take over. Enqueueing is
+paused past the TTL) loses it and a second one may take over. A lock that names
+a process of this host that no longer runs is taken over at once. Enqueueing is
 guarded by WATCH on the lock key (``guarded_pipeline``): a holder that lost
 the lock between two windows cannot enqueue another batch.
 """
@@ -22,6 +23,7 @@ import redis
 
 from hsx.errors import HsxError
 from hsx.life.keys import RunKeys
+from hsx.pids import gone
 
 log = logging.getLogger(__name__)
 LOCK_TTL_MS = 30_000   # a dead producer's lock frees itself after this long
@@ -60,6 +62,10 @@ class ProducerLock:
         waited = False
         while not self.r.set(self.key, self.token, nx=True, px=self.ttl_ms):
             holder = self.r.get(self.key)
+            if holder is not None and _holder_gone(holder) and self.r.eval(_RELEASE, 1, self.key, holder):
+                log.warning("run %s: the producer %s holding its lock is gone (killed?); took the lock over",
+                            self.run, _describe(holder))
+                continue
             if time.monotonic() >= deadline:
                 raise ProducerBusy(
                     f"another producer is working on run {self.run!r} ({_describe(holder)}); two at once would "
@@ -116,6 +122,20 @@ class ProducerLock:
             self.r.eval(_RELEASE, 1, self.key, self.token)
         except redis.RedisError as exc:
             log.warning("run %s: could not release the producer lock (%s); it expires by itself", self.run, exc)
+
+
+def _holder_gone(raw) -> bool:
+    """True where the lock names a process of this host that no longer runs: a producer killed before it could
+    release it (SIGKILL, OOM), whose lock would otherwise refuse the same command for the rest of its TTL."""
+    try:
+        holder = json.loads(raw)
+    except (TypeError, ValueError):
+        return False
+    if not isinstance(holder, dict):
+        return False
+    pid = holder.get("pid")
+    return holder.get("host") == socket.gethostname() and isinstance(pid, int) and gone(pid)   # this process's own
+    # pid is alive: a second produce() of this process (a thread) must not take a lock its first still holds
 
 
 def _describe(raw) -> str:

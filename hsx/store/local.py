@@ -5,10 +5,25 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 from pathlib import Path
 
 from hsx.digest import file_sha256
+from hsx.pids import gone
 from hsx.store.base import ObjectInfo, ObjectNotFound, Store, VerifyError
+
+TEMP_MARK = ".tmp-"   # a put's temp file: .<name>.tmp-<host>-<pid> (an older hsx: .<name>.tmp-<pid>)
+
+
+def _temp_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}{TEMP_MARK}{socket.gethostname()}-{os.getpid()}")
+
+
+def writer_gone(tmp: Path) -> bool:
+    """True where ``tmp`` names its writer as a process of this host that no longer runs (killed mid-put: the
+    file is litter now). A writer of another host, or of an older hsx's name (no host), is not known: False."""
+    host, _, pid = tmp.name.rpartition(TEMP_MARK)[2].rpartition("-")
+    return host == socket.gethostname() and pid.isdigit() and gone(int(pid))
 
 
 class LocalStore(Store):
@@ -44,7 +59,7 @@ class LocalStore(Store):
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
         final = self.path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        tmp = _temp_path(final)
         try:
             tmp.write_bytes(data)
             self._commit(tmp, final)
@@ -56,7 +71,7 @@ class LocalStore(Store):
         """Copy (or, on the same filesystem, hard-link: no second write of the bytes) and verify."""
         final = self.path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        tmp = _temp_path(final)
         try:
             try:
                 os.link(path, tmp)  # spool files are never modified in place (temp + rename)
@@ -108,7 +123,8 @@ class LocalStore(Store):
         return sizes
 
     def temp_files(self, prefix: str) -> list[tuple[Path, float]]:
-        """Hidden ``.<name>.tmp-<pid>`` files under ``prefix`` (a writer killed mid-put) with their age in s."""
+        """Hidden ``.<name>.tmp-<host>-<pid>`` files under ``prefix`` (a writer killed mid-put, or one writing
+        now) with their age in s."""
         import time
 
         base = self.path(prefix) if prefix else self.root
@@ -122,6 +138,14 @@ class LocalStore(Store):
             except FileNotFoundError:  # committed or removed meanwhile
                 pass
         return found
+
+    def remove_temp_files_of_gone_writers(self, prefix: str) -> list[Path]:
+        """Remove the temp files under ``prefix`` whose writer was a process of this host that no longer runs;
+        the files removed. A live writer's, or another host's, are left."""
+        removed = [tmp for tmp, _ in self.temp_files(prefix) if writer_gone(tmp)]
+        for tmp in removed:
+            tmp.unlink(missing_ok=True)
+        return removed
 
     def delete(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
