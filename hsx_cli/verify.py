@@ -11,7 +11,8 @@ FLAGS = (
     Flag("--quick", "sizes only; do not read every object (same-size corruption needs the full check)", type=bool),
     Flag("--repair", "re-extract every batch found bad (out of the ledger, bad object deleted, re-enqueued at the "
          "front), re-enqueue batches in no queue, remove temp files of killed writers from a local store (a "
-         "writer of this host that no longer runs: at once; any: older than 10 min), and abort multipart uploads of killed uploaders in S3", type=bool),
+         "writer of this host that no longer runs: at once; any: older than 10 min), and abort multipart uploads "
+         "of killed uploaders in S3", type=bool),
     Flag("--rebuild-ledger", "first record done every planned batch whose object is in the store and checks out in "
          "full (after Redis lost the run, `hsx produce` restores the plan and does the same with a lighter check)",
          type=bool),
