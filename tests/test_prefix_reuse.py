@@ -620,6 +620,19 @@ def test_a_group_too_large_for_one_batch_recomputes_its_spine_in_each():
     assert sum(b.computed for b in planned) == 300 * len(planned) + 20 * 40
 
 
+def test_a_piece_of_a_cut_tree_whose_padding_outweighs_its_spine_is_computed_alone():
+    """Cut into pieces of two rows (--max-batch-rows 2) and padded to 64, a spine of 40 with 1-4 token leaves
+    costs 40 + 2 x 64 a piece where its two rows alone cost 2 x 64: every piece goes, where the whole tree (weighed
+    unpadded) pays. Before, such a plan computed more than no reuse (an outside check: 68,253 against 59,328)."""
+    seqs = [[7] * 40 + [i] * (1 + i % 4) for i in range(20)] + [[9] * 200 + [i] * 100 for i in range(4)]
+    planned = cut_prefix_batches(seqs, 1024, 2, 64, 16, 8192, 1)
+    plain = cut_prefix_batches(seqs, 1024, 2, 64, 10_000, 8192, 1)   # a threshold no row shares: no reuse
+    assert not any(g.spine == 40 for b in planned for g in b.groups)   # the short rows' pieces: alone
+    assert [g.spine for b in planned for g in b.groups] == [200, 200]  # the long rows' pieces still save
+    assert sum(b.computed or b.padded for b in planned) < sum(b.padded for b in plain)
+    assert sorted(i for b in planned for i in b.members) == list(range(len(seqs)))
+
+
 def test_a_tree_batch_stores_at_most_its_stored_budget():
     """``stored_budget`` (bench/prefix_waves.py's model of larger tree batches) lets a batch of trees store more
     than it computes; without it stored tokens stay within the token budget."""
