@@ -22,8 +22,7 @@ from hsx import fleet, life
 from hsx.monitor import Progress
 from hsx.printable import printable
 from hsx.runspec import RunLimits
-from hsx.store import check_store, layout
-from hsx.store.local import writer_gone
+from hsx.store import check_store, layout, writer_gone
 
 log = logging.getLogger(__name__)
 VERIFY_THREADS = 8   # store reads in flight

@@ -50,7 +50,8 @@ def test_no_code_cites_a_design_file_outside_the_repo():
 # The kernel's wings (issues 21, 33): hsx/ is seven sub-systems on a ground of a few base modules. A wing may
 # import only the wings below it (the ground is open to all and imports no wing); outside a wing, code sees
 # only the wing's face, the names its __init__ lists in __all__.
-GROUND = {"__init__", "defaults", "digest", "errors", "face", "layers", "localdirs", "printable", "redisconn", "retry"}
+GROUND = {"__init__", "defaults", "digest", "errors", "face", "layers", "localdirs", "pids", "printable", "redisconn",
+          "retry"}
 BELOW = {
     "prep": set(),                        # token preparation knows nothing of batch files, stores or Redis
     "batch": set(),                       # the batch-file format
