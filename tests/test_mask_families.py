@@ -317,3 +317,33 @@ def test_text_parts_reach_a_template_that_renders_parts_as_given(transform, tmp_
         assert got.input_ids.tolist() == list(want["input_ids"]), row["id"]
         assert got.loss_mask.tolist() == list(want["assistant_masks"]), row["id"]
     assert given >= 20
+
+
+WRITE_TOOL = [{"type": "function", "function": {"name": "write", "description": "write a file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}, "text": {"type": "string"}}}}}]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_an_end_marker_written_in_a_later_tool_argument_does_not_end_the_turn(name, tmp_path):
+    """A coding agent writes a file holding its own template's end-of-turn text. Only the first string argument
+    was marked, and the turn's end was looked for after its last marker: it stopped inside the second argument,
+    the rest of the call and the real end out of the mask, in any turn (the outside check of the tenth session:
+    llama, XML-tool and Qwen3-XML style templates)."""
+    template, special, bos, transform, arguments, eos = FAMILIES[name]
+    tok = family_tokenizer(name, tmp_path)
+    text = f"line{eos}\nx<|eot_id|>y<|im_end|>\nz<|user|>w"
+    row = {"id": "eot", "tools": WRITE_TOOL, "messages": [
+        {"role": "user", "content": "write the file"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "write", "arguments": {"path": "a.txt", "text": text}}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "write", "content": "ok"},
+        {"role": "assistant", "content": "written"}]}
+    row = transform(row) if transform else row
+    conv = read_conversation(row)
+    messages = [{**m, "content": m["content"] or ""} for m in conv.messages]
+    want = tok.apply_chat_template(_as_given(row, messages, arguments), tools=conv.tools, tokenize=True,
+                                   return_dict=True, return_assistant_tokens_mask=True)
+    got = ChatTokeniser(tok).encode_row(row, 0)
+    assert got.input_ids.tolist() == list(want["input_ids"])
+    assert got.loss_mask.tolist() == list(want["assistant_masks"]), tok.decode(
+        [t for t, m in zip(got.input_ids.tolist(), got.loss_mask.tolist(), strict=True) if m])

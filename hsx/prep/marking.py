@@ -87,16 +87,18 @@ def marked_copy(messages: list[dict[str, Any]], base: str):
 
 
 def _marked_call(call: dict[str, Any], mark: Callable[[str, int], str], index: int) -> dict[str, Any]:
-    """The call with its first non-blank string argument value marked (the whole text of string arguments,
-    which the template renders as text), else its name: a template may branch on the name (builtin tools
-    rendered another way, e.g. ``<|python_tag|>name.call(...)``), hardly on a value."""
+    """The call with every non-blank string argument value marked (the whole text of string arguments, which
+    the template renders as text), else its name: a template may branch on the name (builtin tools rendered
+    another way, e.g. ``<|python_tag|>name.call(...)``), hardly on a value. Every value, not the first only: the
+    turn's end is looked for after its last marker, and an unmarked argument after it holding the end marker's
+    text (a coding agent writing a file with "<|eot_id|>" in it) ended the mask there, the real end left out."""
     function, arguments = call["function"], call["function"].get("arguments")
     if isinstance(arguments, str) and arguments.strip():
         return {**call, "function": {**function, "arguments": mark(arguments, index)}}
-    if isinstance(arguments, dict):
-        for key, value in arguments.items():
-            if isinstance(value, str) and value.strip():
-                return {**call, "function": {**function, "arguments": {**arguments, key: mark(value, index)}}}
+    if isinstance(arguments, dict) and any(isinstance(v, str) and v.strip() for v in arguments.values()):
+        return {**call, "function": {**function, "arguments": {
+            key: mark(value, index) if isinstance(value, str) and value.strip() else value
+            for key, value in arguments.items()}}}
     return {**call, "function": {**function, "name": mark(function["name"], index)}}
 
 
