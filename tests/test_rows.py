@@ -95,6 +95,17 @@ def test_the_tokeniser_reads_rows_through_the_column_mapping(chat):
     assert chat.tok.decode(got.input_ids[got.loss_mask.astype(bool)].tolist()) == "because<|im_end|>\n"
 
 
+def test_a_row_holding_none_of_its_user_columns_is_rejected_by_name_not_trained_on_an_empty_prompt():
+    """A typo in --columns (an outside check: user=instrction+input) gave every row an empty user turn, kept."""
+    mapping = ColumnMapping.parse("user=instrction+input,assistant=output")
+    with pytest.raises(RowRejected, match=r"none of the user columns \(instrction\+input\).*instruction, output") as exc:
+        read_conversation({"instruction": "say hi", "output": "hi"}, mapping)
+    assert exc.value.reason == "missing_column"
+    conv = read_conversation({"instrction": "say hi", "input": "", "output": "hi"}, mapping)   # present, one empty
+    assert conv.messages[0] == {"role": "user", "content": "say hi"}
+    assert read_conversation({"input": "", "output": "hi"}, mapping).messages[0]["content"] == ""   # present, empty
+
+
 def test_template_kwargs_parse():
     assert parse_template_kwargs("enable_thinking=false, date_string=01 Jan 2030") == {
         "enable_thinking": False, "date_string": "01 Jan 2030"}

@@ -186,6 +186,10 @@ def _instruction_messages(data: dict[str, Any], mapping: ColumnMapping) -> list[
                 parts.append(value)
         return "\n\n".join(parts)
 
+    if mapping.user and all(data.get(col) is None for col in mapping.user):
+        # a typo in --columns: every prompt would be empty, each answer trained as if nothing had been asked
+        raise RowRejected("missing_column", f"none of the user columns ({'+'.join(mapping.user)}) is in this row; "
+                          f"its columns: {', '.join(sorted(map(str, data))[:12])}")
     messages = []
     if system := joined(mapping.system, "system"):
         messages.append({"role": "system", "content": system})
