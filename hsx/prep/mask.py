@@ -260,7 +260,15 @@ def _turn_start(render: Render, marked: list[dict[str, Any]], tools, index: int,
             ends = (len(generation) - k for k in range(1, len(generation))
                     if (generation[k - 1] == "\n" or any(generation.startswith(t, k) for t in shape.specials))
                     and piece.startswith(generation[k:], context))
-            return context + max(shared, next(ends, 0)), how
+            start = context + max(shared, next(ends, 0))
+            if start == context and shape.end and piece.startswith(shape.end, context):
+                # the turn before, an assistant's, is left open where it ends the conversation (no end marker
+                # after the last turn): its end opens the piece, and the prompt's header follows it
+                after = context + len(shape.end)
+                at = piece.find(generation, after) if generation.strip() else -1
+                if at >= 0 and not piece[after:at].strip():
+                    return at + len(generation), how
+            return start, how
     at = next((at + len(h) for h in shape.headers if (at := piece.rfind(h)) >= 0), -1)
     if at < 0:
         raise RowRejected("turn_not_located", f"turn {index} (assistant): neither the generation prompt rendered "
