@@ -78,10 +78,14 @@ def test_bad_rows_are_named_and_good_rows_kept(r, redis_server, tiny_model, tmp_
 
 def test_truncation_is_counted(r, redis_server, tiny_model, tmp_path):
     data = _write(tmp_path / "long.jsonl", [
-        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "word " * 300}]}, GOOD])
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "word " * 300}]}, GOOD,
+        {"id": "all-prompt", "messages": [{"role": "user", "content": "q " * 300}, {"role": "assistant", "content": "a"}]}])
     report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="trunc", dataset=data,
-                                    max_length=64, overlong="truncate"))
+                                    max_length=64, overlong="truncate", max_reject_share=0.5))
+    # The row cut to its prompt alone is rejected, and counted there only (it was counted truncated too: an
+    # outside check, the tenth session)
     assert report.tokenise.truncated == 1 and report.tokenise.kept == 2
+    assert report.tokenise.rejected == {"no_assistant_token_after_truncation": 1}
     assert max(spec.padded_len for spec in ledger.all_specs(r, "trunc").values()) <= 64
 
 

@@ -51,7 +51,7 @@ class TokeniseReport:
 
     rows: int = 0
     kept: int = 0
-    truncated: int = 0
+    truncated: int = 0          # kept after cutting to --max-length (one rejected after its cut is not counted)
     dropped_overlong: int = 0
     duplicate_ids: int = 0
     turn_rows: int = 0          # --per-turn: rows made into one sample a turn (kept, truncated, dropped_overlong

@@ -192,13 +192,13 @@ class _WindowBuilder:
     def _add_sample(self, result: TokenisedRow) -> None:
         report, s = self.window.report, self.settings
         index, sample_id, ids, mask = result.index, result.sample_id, result.input_ids, result.loss_mask
-        if len(ids) > s.max_length:
+        truncated = len(ids) > s.max_length
+        if truncated:
             if s.overlong == "drop":
                 report.dropped_overlong += 1
                 report.note(index, sample_id, f"{len(ids)} tokens > max length {s.max_length}, dropped")
                 return
             ids, mask = ids[:s.max_length], mask[:s.max_length]
-            report.truncated += 1
             if not mask.any():
                 report.reject(index, sample_id, "no_assistant_token_after_truncation",
                               f"no assistant token left after truncation to {s.max_length}")
@@ -210,6 +210,7 @@ class _WindowBuilder:
         self.seen.add(sample_id)
         self.window.samples.append(Sample(sample_id, ids, mask))
         report.kept += 1
+        report.truncated += truncated   # kept samples only: one rejected after its cut counts as rejected alone
 
 
 def _chunks(rows: Iterator, window_rows: int, first_window: int) -> Iterator[tuple[int, list]]:
