@@ -106,6 +106,19 @@ def test_a_row_holding_none_of_its_user_columns_is_rejected_by_name_not_trained_
     assert read_conversation({"input": "", "output": "hi"}, mapping).messages[0]["content"] == ""   # present, empty
 
 
+@pytest.mark.parametrize("value, said", [({"k": 1}, "holds a dict"), ([1], "holds a list"), (True, "holds a bool"),
+                                         ("", "is empty"), ("  ", "is empty")])
+def test_an_id_that_is_no_string_or_number_or_is_empty_is_rejected_by_name(chat, value, said):
+    """It became its Python repr ("{'k': 1}", "True") or an empty id, kept (an outside check)."""
+    with pytest.raises(RowRejected, match=said) as exc:
+        chat.encode_row({"id": value, "messages": [{"role": "user", "content": "q"},
+                                                    {"role": "assistant", "content": "a"}]}, 4)
+    assert exc.value.reason == "bad_id"
+    for fine, stored in ((7, "7"), (1.5, "1.5"), ("r-1", "r-1"), (None, "4")):
+        assert chat.encode_row({"id": fine, "messages": [{"role": "user", "content": "q"},
+                                                          {"role": "assistant", "content": "a"}]}, 4).sample_id == stored
+
+
 def test_template_kwargs_parse():
     assert parse_template_kwargs("enable_thinking=false, date_string=01 Jan 2030") == {
         "enable_thinking": False, "date_string": "01 Jan 2030"}

@@ -125,9 +125,18 @@ def probe_parts(render) -> bool:
 
 
 def sample_id_of(data: dict[str, Any], index: int, mapping: ColumnMapping) -> str:
-    """The row's stable id: its id column when present, else its 0-based position in the dataset."""
+    """The row's stable id: its id column when present, else its 0-based position in the dataset. RowRejected
+    (``bad_id``) for an id that is no string or number (an object, a list, true: it became its Python repr), or
+    an empty one."""
     value = data.get(mapping.id)
-    return str(value) if value is not None else str(index)
+    if value is None:
+        return str(index)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise RowRejected("bad_id", f"id column {mapping.id!r} holds a {type(value).__name__} "
+                          f"({repr(value)[:60]}), not a string or a number")
+    if not str(value).strip():
+        raise RowRejected("bad_id", f"id column {mapping.id!r} is empty")
+    return str(value)
 
 
 class ChatTokeniser:

@@ -140,7 +140,10 @@ def _encode_one(item: Row | RowError | MixedRow) -> TokenisedRow | list[Tokenise
         return RejectedRow(item.index, f"{prefix}{item.index}" if prefix else None, code, str(item.reason),
                            "unreadable", source)
     data = item.data
-    row_id = prefix + sample_id_of(data, item.index, tokeniser.columns)
+    try:
+        row_id = prefix + sample_id_of(data, item.index, tokeniser.columns)
+    except RowRejected as exc:   # an id hsx will not store: the row is named by its position
+        return RejectedRow(item.index, f"{prefix}{item.index}", reason_code(exc), str(exc), source_format(data), source)
     try:
         encoded = tokeniser.encode_turns(data, item.index) if _per_turn else [tokeniser.encode_row(data, item.index)]
     except RowRejected as exc:  # a bad row: counted under its reason, named, and the run goes on
