@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 
 def stat_fields(pid: int | str) -> list[str]:
@@ -25,6 +26,13 @@ def gone(pid: int) -> bool:
         return stat_fields(pid)[0] == "Z"
     except (OSError, IndexError):
         return False
+
+
+def gone_here(host, pid) -> bool:
+    """True where (``host``, ``pid``), recorded by a process, names one of this host that no longer runs; a pid
+    of another host (or none) says nothing: False. Read from a lock or a temp file's name that such a process
+    left behind, so that it can be taken over or removed at once rather than when it ages out."""
+    return host == socket.gethostname() and isinstance(pid, int) and gone(pid)
 
 
 def predecessor_gone(pid) -> bool:

@@ -223,8 +223,8 @@ def _verify(run: life.Run, spec: Launch, out: Callable[[str], None] = say) -> in
     check_store(settings, "verify", run=spec.run)
     store = settings.open()
     run.write_index_if_complete(store)
-    tidy = getattr(store, "remove_temp_files_of_gone_writers", None)   # a local store: puts of this host's
-    removed = tidy(spec.run) if tidy else []   # killed processes (a second Ctrl-C, an OOM kill) left these
+    tidy = getattr(store, "remove_temp_files", None)   # a local store: puts of this host's killed processes
+    removed = tidy(spec.run) if tidy else []         # (a second Ctrl-C, an OOM kill) left these
     if removed:
         out(printable(f"removed {len(removed)} temp files that killed writers of this host left in the store, e.g. "
                       f"{removed[0]}"))

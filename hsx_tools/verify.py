@@ -22,7 +22,7 @@ from hsx import fleet, life
 from hsx.monitor import Progress
 from hsx.printable import printable
 from hsx.runspec import RunLimits
-from hsx.store import check_store, layout, writer_gone
+from hsx.store import check_store, layout
 
 log = logging.getLogger(__name__)
 VERIFY_THREADS = 8   # store reads in flight
@@ -134,10 +134,7 @@ def verify_run(r, store, run: str, quick: bool = False, repair: bool = False, re
         bad = sorted(bid for bid in report.problems if bid in specs and bid in infos)
         report.repaired = ledger.repair_batches(store, bad, specs) + ledger.requeue_orphans()
         if temp_files is not None:
-            for path, age in temp_files(run):
-                if age >= STALE_TEMP_SECONDS or writer_gone(path):
-                    path.unlink(missing_ok=True)
-                    report.removed_temp_files.append(str(path))
+            report.removed_temp_files = [str(p) for p in store.remove_temp_files(run, STALE_TEMP_SECONDS)]
     return report
 
 

@@ -23,7 +23,7 @@ import redis
 
 from hsx.errors import HsxError
 from hsx.life.keys import RunKeys
-from hsx.pids import gone
+from hsx.pids import gone_here
 
 log = logging.getLogger(__name__)
 LOCK_TTL_MS = 30_000   # a dead producer's lock frees itself after this long
@@ -131,11 +131,8 @@ def _holder_gone(raw) -> bool:
         holder = json.loads(raw)
     except (TypeError, ValueError):
         return False
-    if not isinstance(holder, dict):
-        return False
-    pid = holder.get("pid")
-    return holder.get("host") == socket.gethostname() and isinstance(pid, int) and gone(pid)   # this process's own
-    # pid is alive: a second produce() of this process (a thread) must not take a lock its first still holds
+    # this process's own pid is alive: a second produce() of this process (a thread) must not take its first's lock
+    return isinstance(holder, dict) and gone_here(holder.get("host"), holder.get("pid"))
 
 
 def _describe(raw) -> str:

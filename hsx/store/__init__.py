@@ -7,14 +7,14 @@ from pathlib import Path
 from hsx.errors import HsxError
 from hsx.store import layout
 from hsx.store.base import ObjectInfo, ObjectNotFound, PermanentStoreError, Store, StoreError, VerifyError
-from hsx.store.local import LocalStore, writer_gone
+from hsx.store.local import LocalStore
 from hsx.store.quirks import EndpointQuirks
 from hsx.store.settings import StoreSettings
 from hsx.store.startcheck import check_integrity, check_store
 
 __all__ = [
     "Store", "ObjectInfo", "ObjectNotFound", "StoreError", "PermanentStoreError", "VerifyError", "StoreURLError", "LocalStore",
-    "StoreSettings", "EndpointQuirks", "open_store", "check_store", "check_integrity", "writer_gone",
+    "StoreSettings", "EndpointQuirks", "open_store", "check_store", "check_integrity",
     "layout",  # a namespace: the object keys of a run
 ]
 

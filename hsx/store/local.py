@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 from hsx.digest import file_sha256
-from hsx.pids import gone
+from hsx.pids import gone_here
 from hsx.store.base import ObjectInfo, ObjectNotFound, Store, VerifyError
 
 TEMP_MARK = ".tmp-"   # a put's temp file: .<name>.tmp-<host>-<pid> (an older hsx: .<name>.tmp-<pid>)
@@ -19,11 +19,11 @@ def _temp_path(final: Path) -> Path:
     return final.with_name(f".{final.name}{TEMP_MARK}{socket.gethostname()}-{os.getpid()}")
 
 
-def writer_gone(tmp: Path) -> bool:
+def _writer_gone(tmp: Path) -> bool:
     """True where ``tmp`` names its writer as a process of this host that no longer runs (killed mid-put: the
     file is litter now). A writer of another host, or of an older hsx's name (no host), is not known: False."""
     host, _, pid = tmp.name.rpartition(TEMP_MARK)[2].rpartition("-")
-    return host == socket.gethostname() and pid.isdigit() and gone(int(pid))
+    return pid.isdigit() and gone_here(host, int(pid))
 
 
 class LocalStore(Store):
@@ -139,10 +139,11 @@ class LocalStore(Store):
                 pass
         return found
 
-    def remove_temp_files_of_gone_writers(self, prefix: str) -> list[Path]:
-        """Remove the temp files under ``prefix`` whose writer was a process of this host that no longer runs;
-        the files removed. A live writer's, or another host's, are left."""
-        removed = [tmp for tmp, _ in self.temp_files(prefix) if writer_gone(tmp)]
+    def remove_temp_files(self, prefix: str, older_than: float | None = None) -> list[Path]:
+        """Remove the temp files under ``prefix`` whose writer was a process of this host that no longer runs, and
+        any at least ``older_than`` seconds old; the files removed. A live or unknown writer's fresh one is left."""
+        removed = [tmp for tmp, age in self.temp_files(prefix)
+                   if _writer_gone(tmp) or (older_than is not None and age >= older_than)]
         for tmp in removed:
             tmp.unlink(missing_ok=True)
         return removed
