@@ -57,11 +57,12 @@ def test_bad_rows_are_named_and_good_rows_kept(r, redis_server, tiny_model, tmp_
         {"messages": [{"role": "user", "content": "long " * 400}, {"role": "assistant", "content": "ok"}]},  # 14 over-long
         {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]},   # 15 good, pre-tokenised
         {"conversations": [{"from": "human", "value": "hey"}, {"from": "gpt", "value": "hello"}]},  # 16 good ShareGPT
+        {"id": {"k": 1}, **GOOD},                                 # 17 an id that is an object
     ])
     report = produce(produce_config(redis_server.url, tiny_model, str(tmp_path / "store"), run="bad", dataset=data,
                                     max_length=256, max_reject_share=1.0))
     t = report.tokenise
-    assert t.rows == 17 and t.kept == 4 and t.dropped_overlong == 1
+    assert t.rows == 18 and t.kept == 4 and t.dropped_overlong == 1 and t.rejected["bad_id"] == 1
     text = "\n".join(report.lines())
     for index, reason in [(1, "line 2 of bad.jsonl is empty"),
                           (2, "line 3 of bad.jsonl is not valid JSON: Expecting property name enclosed in double quotes "
@@ -69,7 +70,8 @@ def test_bad_rows_are_named_and_good_rows_kept(r, redis_server, tiny_model, tmp_
                           (4, "unknown role 'robot'"), (5, "no assistant turn"), (6, "empty"),
                           (7, "no 'messages', 'conversations' or 'input_ids'"), (8, "no loss_mask"),
                           (9, "loss_mask must be 3 values"), (10, "outside the vocabulary"), (11, "no text content"),
-                          (13, "duplicate sample id 'dup'"), (14, "tokens > max length 256, dropped")]:
+                          (13, "duplicate sample id 'dup'"), (14, "tokens > max length 256, dropped"),
+                          (17, "id column 'id' holds a dict")]:
         line = [x for x in text.splitlines() if x.strip().startswith((f"row {index + 1}:", f"row {index + 1} ("))]
         assert len(line) == 1 and reason in line[0], (index, reason)   # rows are quoted 1-based
     planned = {s for spec in planned_specs(r, "bad").values() for s in spec.sample_ids}
